@@ -1,0 +1,22 @@
+/*
+ * fastbus.h - the fastbus core, for brokers and programs that embed it.
+ *
+ *   fb_trie.h       subscription trie: exact and prefix keys, match, remove_subscriber
+ *   fb_forwarder.h  minimal upstream subscription diffs (dedup / subsume, cap, snapshot)
+ *   fb_batch.h      the batch wire format: decode, CRC32C
+ *   fb_outbox.h     per-destination batch buffers with a flush policy
+ *   fb_common.h     status codes, id vectors, key lists
+ *
+ * Plain C11, no dependencies.  Build with the Makefile in this directory
+ * (libfastbus.a) or compile the .c files into your program.
+ */
+#ifndef FASTBUS_H
+#define FASTBUS_H
+
+#include "fb_common.h"
+#include "fb_trie.h"
+#include "fb_forwarder.h"
+#include "fb_batch.h"
+#include "fb_outbox.h"
+
+#endif /* FASTBUS_H */

@@ -1,0 +1,140 @@
+/* fb_arena.c - segmented arena with 32-bit refs (see fb_arena.h). */
+#include "fb_arena.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define SEG_BYTES ((size_t)FB_SEG_UNITS * FB_UNIT)
+
+static size_t units_of(size_t bytes)
+{
+    size_t u = (bytes + FB_UNIT - 1) / FB_UNIT;
+    return u ? u : 1;
+}
+
+void fb_arena_init(fb_arena *a) { memset(a, 0, sizeof *a); }
+
+void fb_arena_destroy(fb_arena *a)
+{
+    for (uint32_t i = 0; i < a->nsegs; i++) free(a->segs[i]);
+    free(a->segs);
+    for (uint32_t i = 0; i < a->nbigs; i++)
+        if (!((uintptr_t)a->bigs[i] & 1u)) free(a->bigs[i]);
+    free(a->bigs);
+    memset(a, 0, sizeof *a);
+}
+
+static inline uint32_t *next_of(fb_arena *a, fb_ref r) { return (uint32_t *)fb_arena_ptr(a, r); }
+
+static fb_ref small_alloc(fb_arena *a, uint32_t units)
+{
+    fb_ref r = a->freelist[units];
+    if (r != FB_NULLREF) {
+        a->freelist[units] = *next_of(a, r);
+        a->live += (size_t)units * FB_UNIT;
+        return r;
+    }
+    if (a->nsegs == 0 || a->top + units > FB_SEG_UNITS) {
+        if (a->nsegs == FB_MAX_SEGS) return FB_NULLREF;
+        if (a->nsegs == a->capsegs) {
+            uint32_t c = a->capsegs ? a->capsegs * 2 : 16;
+            if (c > FB_MAX_SEGS) c = FB_MAX_SEGS;
+            unsigned char **s = realloc(a->segs, (size_t)c * sizeof *s);
+            if (!s) return FB_NULLREF;
+            a->segs = s;
+            a->capsegs = c;
+        }
+        unsigned char *seg = malloc(SEG_BYTES);
+        if (!seg) return FB_NULLREF;
+        if (a->nsegs > 0 && a->top < FB_SEG_UNITS) {
+            /* The tail of the old segment is smaller than `units` <= MAXUNITS:
+             * keep it on the free list of its size instead of wasting it. */
+            uint32_t tail = FB_SEG_UNITS - a->top;
+            fb_ref tr = ((a->nsegs - 1) << FB_SEG_SHIFT) | a->top;
+            *next_of(a, tr) = a->freelist[tail];
+            a->freelist[tail] = tr;
+        }
+        a->segs[a->nsegs++] = seg;
+        a->reserved += SEG_BYTES;
+        /* Unit 0 of segment 0 is never handed out, so ref 0 can mean NULL. */
+        a->top = (a->nsegs == 1) ? 1 : 0;
+    }
+    fb_ref r2 = ((a->nsegs - 1) << FB_SEG_SHIFT) | a->top;
+    a->top += units;
+    a->live += (size_t)units * FB_UNIT;
+    return r2;
+}
+
+static fb_ref big_alloc(fb_arena *a, size_t bytes)
+{
+    uint32_t idx;
+    if (a->bigfree) {
+        idx = a->bigfree - 1;
+    } else {
+        if (a->nbigs == a->capbigs) {
+            uint32_t c = a->capbigs ? a->capbigs * 2 : 16;
+            if (c > 0x7fffffffu || c < a->capbigs) return FB_NULLREF;
+            void **b = realloc(a->bigs, (size_t)c * sizeof *b);
+            if (!b) return FB_NULLREF;
+            a->bigs = b;
+            a->capbigs = c;
+        }
+        idx = a->nbigs;
+    }
+    void *p = malloc(bytes);
+    if (!p) return FB_NULLREF;
+    if (a->bigfree) a->bigfree = (uint32_t)((uintptr_t)a->bigs[idx] >> 1);
+    else a->nbigs++;
+    a->bigs[idx] = p;
+    a->live += bytes;
+    a->reserved += bytes;
+    return FB_REF_BIG | idx;
+}
+
+fb_ref fb_arena_alloc(fb_arena *a, size_t bytes)
+{
+    size_t u = units_of(bytes);
+    if (u <= FB_ARENA_MAXUNITS) return small_alloc(a, (uint32_t)u);
+    return big_alloc(a, u * FB_UNIT);
+}
+
+void fb_arena_free(fb_arena *a, fb_ref r, size_t bytes)
+{
+    if (r == FB_NULLREF) return;
+    size_t u = units_of(bytes);
+    if (r & FB_REF_BIG) {
+        uint32_t idx = r & ~FB_REF_BIG;
+        free(a->bigs[idx]);
+        a->bigs[idx] = (void *)(((uintptr_t)a->bigfree << 1) | 1u);
+        a->bigfree = idx + 1;
+        a->live -= u * FB_UNIT;
+        a->reserved -= u * FB_UNIT;
+        return;
+    }
+    *next_of(a, r) = a->freelist[u];
+    a->freelist[u] = r;
+    a->live -= u * FB_UNIT;
+}
+
+fb_ref fb_arena_realloc(fb_arena *a, fb_ref r, size_t oldbytes, size_t newbytes)
+{
+    size_t ou = units_of(oldbytes), nu = units_of(newbytes);
+    if (r != FB_NULLREF && ou == nu) return r;
+    if (r != FB_NULLREF && (r & FB_REF_BIG) && nu > FB_ARENA_MAXUNITS) {
+        uint32_t idx = r & ~FB_REF_BIG;
+        void *p = realloc(a->bigs[idx], nu * FB_UNIT);
+        if (!p) return FB_NULLREF;
+        a->bigs[idx] = p;
+        a->live = a->live - ou * FB_UNIT + nu * FB_UNIT;
+        a->reserved = a->reserved - ou * FB_UNIT + nu * FB_UNIT;
+        return r;
+    }
+    fb_ref n = fb_arena_alloc(a, newbytes);
+    if (n == FB_NULLREF) return FB_NULLREF;
+    if (r != FB_NULLREF) {
+        size_t keep = (ou < nu ? ou : nu) * FB_UNIT;
+        memcpy(fb_arena_ptr(a, n), fb_arena_ptr(a, r), keep);
+        fb_arena_free(a, r, oldbytes);
+    }
+    return n;
+}

@@ -1,0 +1,66 @@
+/*
+ * fb_arena.h - internal: a segmented arena addressed by 32-bit references.
+ *
+ * Why: the trie holds millions of small nodes.  malloc costs 8-16 bytes of
+ * header and rounding per block, and 8-byte pointers double the size of child
+ * tables.  Here blocks are carved from 1 MiB segments in 8-byte units with no
+ * header, and a block is named by a 32-bit ref (segment index, unit offset).
+ * Freed blocks go to an exact-size free list, so the steady state of
+ * subscribe/unsubscribe churn reuses memory without fragmentation growth.
+ *
+ * Blocks above FB_ARENA_MAXUNITS units (4 KiB: nodes of very long keys, index
+ * arrays of subscribers with hundreds of keys) are malloc'd and named by a ref
+ * with the top bit set, indexing a table of pointers.  Such a block keeps its
+ * ref when it is resized.
+ *
+ * The caller remembers the size of each block (the trie can always recompute
+ * it from a node header), which is what lets blocks carry no header.
+ * Not thread-safe: the owner serialises access.
+ */
+#ifndef FB_ARENA_H
+#define FB_ARENA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef uint32_t fb_ref;
+#define FB_NULLREF 0u
+
+#define FB_UNIT 8u
+#define FB_SEG_SHIFT 17u                       /* 2^17 units = 1 MiB a segment */
+#define FB_SEG_UNITS (1u << FB_SEG_SHIFT)
+#define FB_SEG_MASK (FB_SEG_UNITS - 1u)
+#define FB_REF_BIG 0x80000000u
+#define FB_MAX_SEGS (1u << (31u - FB_SEG_SHIFT)) /* 16384 segments = 16 GiB */
+#define FB_ARENA_MAXUNITS 512u                  /* 4 KiB; larger blocks are malloc'd */
+
+typedef struct fb_arena {
+    unsigned char **segs;
+    uint32_t nsegs, capsegs;
+    uint32_t top;                               /* units used in the newest segment */
+    uint32_t freelist[FB_ARENA_MAXUNITS + 1];   /* head ref per size in units */
+    void **bigs;                                /* big block pointers; free slots tagged */
+    uint32_t nbigs, capbigs;
+    uint32_t bigfree;                           /* 1 + index of a free big slot, 0 = none */
+    size_t live;                                /* bytes in live blocks */
+    size_t reserved;                            /* bytes held from malloc */
+} fb_arena;
+
+void fb_arena_init(fb_arena *a);
+void fb_arena_destroy(fb_arena *a);
+
+/* A block of at least `bytes` bytes (8-byte aligned); FB_NULLREF when out of
+ * memory.  Contents are undefined. */
+fb_ref fb_arena_alloc(fb_arena *a, size_t bytes);
+void fb_arena_free(fb_arena *a, fb_ref r, size_t bytes);
+/* Resize keeping the first min(old, new) bytes.  Returns the (possibly new)
+ * ref, or FB_NULLREF with the old block untouched when out of memory. */
+fb_ref fb_arena_realloc(fb_arena *a, fb_ref r, size_t oldbytes, size_t newbytes);
+
+static inline void *fb_arena_ptr(const fb_arena *a, fb_ref r)
+{
+    if (r & FB_REF_BIG) return a->bigs[r & ~FB_REF_BIG];
+    return a->segs[r >> FB_SEG_SHIFT] + ((size_t)(r & FB_SEG_MASK) * FB_UNIT);
+}
+
+#endif /* FB_ARENA_H */

@@ -1,0 +1,134 @@
+/* fb_outbox.c - batch buffers with a flush policy (see fb_outbox.h). */
+#include "fb_outbox.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MIN_CAP 256u
+#define MAX_HINT 65536u
+
+void fb_outbox_init(fb_outbox *o, const fb_outbox_limits *lim)
+{
+    memset(o, 0, sizeof *o);
+    if (lim) o->lim = *lim;
+    o->cap_hint = MIN_CAP;
+}
+
+void fb_outbox_destroy(fb_outbox *o)
+{
+    free(o->buf);
+    o->buf = NULL;
+    o->len = o->cap = 0;
+    o->count = 0;
+}
+
+static int reserve(fb_outbox *o, size_t extra)
+{
+    if (extra > SIZE_MAX - o->len) return FB_ETOOBIG;
+    size_t need = o->len + extra;
+    if (need <= o->cap) return FB_OK;
+    size_t c = o->cap ? o->cap : o->cap_hint;
+    while (c < need) c = c > SIZE_MAX / 2 ? need : c * 2;
+    unsigned char *b = realloc(o->buf, c);
+    if (!b) return FB_ENOMEM;
+    o->buf = b;
+    o->cap = c;
+    return FB_OK;
+}
+
+static inline int due_now(const fb_outbox *o)
+{
+    return (o->lim.max_messages && o->count >= o->lim.max_messages) ||
+           (o->lim.max_bytes && fb_outbox_bytes(o) >= o->lim.max_bytes);
+}
+
+int fb_outbox_append(fb_outbox *o, const void *topic, size_t tlen,
+                     const void *payload, size_t plen, uint64_t now_ns)
+{
+    if ((tlen && !topic) || (plen && !payload)) return FB_EINVAL;
+    if (tlen > UINT32_MAX || plen > UINT32_MAX || o->count == UINT32_MAX) return FB_ETOOBIG;
+    size_t rec = fb_varint_len((uint32_t)tlen) + fb_varint_len((uint32_t)plen);
+    if (tlen + plen > SIZE_MAX - rec - FB_BATCH_HEADER - 4) return FB_ETOOBIG;
+    rec += tlen + plen;
+    int rc = reserve(o, rec + (o->count ? 0 : FB_BATCH_HEADER));
+    if (rc < 0) return rc;
+    if (o->count == 0) {
+        unsigned char *h = o->buf;
+        h[0] = FB_BATCH_MAGIC0;
+        h[1] = FB_BATCH_MAGIC1;
+        h[2] = FB_BATCH_VERSION;
+        h[3] = o->lim.checksum ? FB_BATCH_F_CRC32C : 0;
+        memset(h + 4, 0, 4);          /* count, written at take */
+        o->len = FB_BATCH_HEADER;
+        o->first_ns = now_ns;
+    }
+    unsigned char *p = o->buf + o->len;
+    p += fb_put_varint(p, (uint32_t)tlen);
+    p += fb_put_varint(p, (uint32_t)plen);
+    if (tlen) memcpy(p, topic, tlen);
+    p += tlen;
+    if (plen) memcpy(p, payload, plen);
+    p += plen;
+    o->len = (size_t)(p - o->buf);
+    o->count++;
+    return due_now(o);
+}
+
+int fb_outbox_due(const fb_outbox *o, uint64_t now_ns)
+{
+    if (o->count == 0) return 0;
+    if (due_now(o)) return 1;
+    return o->lim.max_age_ns && now_ns >= o->first_ns && now_ns - o->first_ns >= o->lim.max_age_ns;
+}
+
+uint64_t fb_outbox_deadline(const fb_outbox *o)
+{
+    if (o->count == 0 || !o->lim.max_age_ns) return UINT64_MAX;
+    if (o->first_ns > UINT64_MAX - o->lim.max_age_ns) return UINT64_MAX;
+    return o->first_ns + o->lim.max_age_ns;
+}
+
+int fb_outbox_take(fb_outbox *o, unsigned char **buf, size_t *len)
+{
+    if (o->count == 0) {
+        *buf = NULL;
+        *len = 0;
+        return FB_OK;
+    }
+    unsigned char *h = o->buf;
+    h[4] = (unsigned char)o->count;
+    h[5] = (unsigned char)(o->count >> 8);
+    h[6] = (unsigned char)(o->count >> 16);
+    h[7] = (unsigned char)(o->count >> 24);
+    if (o->lim.checksum) {
+        int rc = reserve(o, 4);
+        if (rc < 0) return rc;
+        uint32_t c = fb_crc32c(0, o->buf, o->len);
+        unsigned char *t = o->buf + o->len;
+        t[0] = (unsigned char)c;
+        t[1] = (unsigned char)(c >> 8);
+        t[2] = (unsigned char)(c >> 16);
+        t[3] = (unsigned char)(c >> 24);
+        o->len += 4;
+    }
+    *buf = o->buf;
+    *len = o->len;
+    /* The next batch starts at the size this one reached, so a steady stream
+     * allocates once per batch and never regrows; capped so that one huge
+     * record does not make every later batch of this destination huge. */
+    size_t limit = o->lim.max_bytes ? o->lim.max_bytes : MAX_HINT;
+    size_t hint = o->len < limit ? o->len : limit;
+    o->cap_hint = hint < MIN_CAP ? MIN_CAP : hint;
+    o->buf = NULL;
+    o->len = o->cap = 0;
+    o->count = 0;
+    return FB_OK;
+}
+
+void fb_outbox_clear(fb_outbox *o)
+{
+    free(o->buf);
+    o->buf = NULL;
+    o->len = o->cap = 0;
+    o->count = 0;
+}

@@ -1,0 +1,76 @@
+/*
+ * fb_outbox.h - a per-destination batch buffer with a flush policy.
+ *
+ * Records are appended already encoded in the batch format (fb_batch.h), so
+ * taking a batch is handing over a buffer: no copy, no second pass.  A batch
+ * is due when it holds max_messages records, or max_bytes bytes, or its
+ * oldest record is max_age_ns old: the flush loop of a buffered publisher,
+ * in C.  Time is passed in by the caller (fb_now_ns() or any monotonic
+ * nanosecond clock), which keeps the core clock-free and testable.
+ *
+ * The struct is public so that a broker can keep outboxes in an array; treat
+ * its fields as private.  Not thread-safe.
+ */
+#ifndef FB_OUTBOX_H
+#define FB_OUTBOX_H
+
+#include "fb_common.h"
+#include "fb_batch.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fb_outbox_limits {
+    size_t max_messages;   /* due at this many records; 0 = no limit */
+    size_t max_bytes;      /* due at this many encoded bytes; 0 = no limit */
+    uint64_t max_age_ns;   /* due when the oldest record is this old; 0 = no limit */
+    int checksum;          /* append a CRC32C trailer to each batch */
+} fb_outbox_limits;
+
+typedef struct fb_outbox {
+    fb_outbox_limits lim;
+    unsigned char *buf;    /* header + records; NULL when empty */
+    size_t len, cap;
+    size_t cap_hint;       /* size to allocate for the next batch */
+    uint32_t count;
+    uint64_t first_ns;     /* append time of the oldest record */
+} fb_outbox;
+
+/* lim may be NULL (no limits).  Allocates nothing until the first append. */
+void fb_outbox_init(fb_outbox *o, const fb_outbox_limits *lim);
+void fb_outbox_destroy(fb_outbox *o);
+
+/* Append one record.  Returns 1 if the batch is now due by count or size,
+ * 0 if not, FB_ETOOBIG if a length exceeds 2^32 - 1 or the batch already
+ * holds 2^32 - 1 records, FB_ENOMEM.  A record is never dropped: one larger
+ * than max_bytes makes the batch due at once. */
+int fb_outbox_append(fb_outbox *o, const void *topic, size_t tlen,
+                     const void *payload, size_t plen, uint64_t now_ns);
+
+/* 1 if a flush is due at time now_ns. */
+int fb_outbox_due(const fb_outbox *o, uint64_t now_ns);
+
+/* When the age limit will make the batch due; UINT64_MAX if empty or no
+ * age limit.  A flush loop sleeps until the earliest deadline. */
+uint64_t fb_outbox_deadline(const fb_outbox *o);
+
+/* Hand the pending batch over: *buf (free with fb_free) and *len.  Empty
+ * outbox: *buf = NULL, *len = 0.  FB_ENOMEM only when the checksum trailer
+ * cannot be appended (the batch then stays in the outbox). */
+int fb_outbox_take(fb_outbox *o, unsigned char **buf, size_t *len);
+
+/* Drop the pending batch. */
+void fb_outbox_clear(fb_outbox *o);
+
+static inline size_t fb_outbox_count(const fb_outbox *o) { return o->count; }
+/* Encoded size of the pending batch (header and trailer included). */
+static inline size_t fb_outbox_bytes(const fb_outbox *o)
+{
+    return o->count ? o->len + (o->lim.checksum ? 4 : 0) : 0;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FB_OUTBOX_H */

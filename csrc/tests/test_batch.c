@@ -1,0 +1,225 @@
+/* Tests of the batch format (fb_batch) and the outbox (fb_outbox). */
+#include "ctest.h"
+#include "fb_outbox.h"
+
+static void test_crc32c(void)
+{
+    /* The standard check value of CRC-32C. */
+    CHECK_EQ(fb_crc32c(0, "123456789", 9), 0xE3069283u);
+    CHECK_EQ(fb_crc32c(0, "", 0), 0);
+    /* Incremental use gives the same result. */
+    uint32_t c = fb_crc32c(0, "1234", 4);
+    CHECK_EQ(fb_crc32c(c, "56789", 5), 0xE3069283u);
+    /* Long unaligned input: hardware and table paths agree with incremental. */
+    unsigned char buf[1000];
+    for (int i = 0; i < 1000; i++) buf[i] = (unsigned char)(i * 7);
+    uint32_t whole = fb_crc32c(0, buf + 1, 999);
+    uint32_t part = fb_crc32c(fb_crc32c(0, buf + 1, 333), buf + 334, 666);
+    CHECK_EQ(whole, part);
+}
+
+static unsigned char *make_batch(int checksum, size_t *len, size_t nrec)
+{
+    fb_outbox_limits lim = { 0, 0, 0, checksum };
+    fb_outbox o;
+    fb_outbox_init(&o, &lim);
+    char topic[32], payload[300];
+    for (size_t i = 0; i < nrec; i++) {
+        int tl = snprintf(topic, sizeof topic, "t.%zu", i);
+        size_t pl = (i * 37) % 300;
+        memset(payload, (int)('a' + i % 26), pl);
+        REQUIRE(fb_outbox_append(&o, topic, (size_t)tl, payload, pl, 0) >= 0);
+    }
+    unsigned char *b;
+    REQUIRE(fb_outbox_take(&o, &b, len) == FB_OK);
+    fb_outbox_destroy(&o);
+    return b;
+}
+
+static void test_roundtrip(void)
+{
+    for (int cs = 0; cs < 2; cs++) {
+        size_t len, n;
+        unsigned char *b = make_batch(cs, &len, 50);
+        uint32_t count;
+        uint8_t flags;
+        CHECK_EQ(fb_batch_header(b, len, &count, &flags), FB_OK);
+        CHECK_EQ(count, 50);
+        CHECK_EQ(flags, cs ? FB_BATCH_F_CRC32C : 0);
+        fb_record recs[50];
+        CHECK_EQ(fb_batch_decode(b, len, NULL, recs, 50, &n), FB_OK);
+        CHECK_EQ(n, 50);
+        for (size_t i = 0; i < n; i++) {
+            char topic[32];
+            int tl = snprintf(topic, sizeof topic, "t.%zu", i);
+            CHECK_EQ(recs[i].topic_len, tl);
+            CHECK(!memcmp(recs[i].topic, topic, (size_t)tl));
+            CHECK_EQ(recs[i].payload_len, (i * 37) % 300);
+            for (size_t j = 0; j < recs[i].payload_len; j++) CHECK(recs[i].payload[j] == 'a' + i % 26);
+        }
+        CHECK_EQ(fb_batch_decode(b, len, NULL, recs, 49, &n), FB_EINVAL);   /* out too small */
+        CHECK_EQ(fb_batch_decode(b, len, NULL, NULL, 0, &n), FB_OK);        /* validate only */
+        fb_decode_limits lim = { 8, 0, 0, 0 };
+        CHECK_EQ(fb_batch_decode(b, len, &lim, NULL, 0, &n), FB_OK);
+        lim.max_topic = 3;
+        CHECK_EQ(fb_batch_decode(b, len, &lim, NULL, 0, &n), FB_ELIMIT);
+        fb_decode_limits lim2 = { 0, 100, 0, 0 };
+        CHECK_EQ(fb_batch_decode(b, len, &lim2, NULL, 0, &n), FB_ELIMIT);
+        fb_decode_limits lim3 = { 0, 0, 49, 0 };
+        CHECK_EQ(fb_batch_decode(b, len, &lim3, NULL, 0, &n), FB_ELIMIT);
+        fb_decode_limits lim4 = { 0, 0, 0, 1 };
+        CHECK_EQ(fb_batch_decode(b, len, &lim4, NULL, 0, &n), cs ? FB_OK : FB_ECHECKSUM);
+        fb_free(b);
+    }
+}
+
+static void test_every_truncation(void)
+{
+    for (int cs = 0; cs < 2; cs++) {
+        size_t len, n;
+        unsigned char *b = make_batch(cs, &len, 20);
+        for (size_t cut = 0; cut < len; cut++) {
+            unsigned char *c = malloc(cut ? cut : 1);   /* exact-size copy: ASan sees any overread */
+            memcpy(c, b, cut);
+            int rc = fb_batch_decode(c, cut, NULL, NULL, 0, &n);
+            CHECK(rc < 0);
+            CHECK_EQ(n, 0);
+            free(c);
+        }
+        fb_free(b);
+    }
+}
+
+static void test_every_corruption(void)
+{
+    /* With the checksum, every single-byte change is rejected.  Without it,
+     * a change is either rejected or decodes within the buffer (ASan). */
+    for (int cs = 0; cs < 2; cs++) {
+        size_t len, n;
+        unsigned char *b = make_batch(cs, &len, 12);
+        fb_record *recs = malloc(len * sizeof *recs);
+        for (size_t pos = 0; pos < len; pos++) {
+            for (int delta = 1; delta < 256; delta += 37) {
+                unsigned char *c = malloc(len);
+                memcpy(c, b, len);
+                c[pos] = (unsigned char)(c[pos] + delta);
+                int rc = fb_batch_decode(c, len, NULL, recs, len, &n);
+                if (cs) CHECK(rc < 0);
+                if (rc == FB_OK)
+                    for (size_t i = 0; i < n; i++) {
+                        CHECK(recs[i].topic >= c && recs[i].topic + recs[i].topic_len <= c + len);
+                        CHECK(recs[i].payload >= c && recs[i].payload + recs[i].payload_len <= c + len);
+                    }
+                free(c);
+            }
+        }
+        free(recs);
+        fb_free(b);
+    }
+}
+
+static void test_hostile_inputs(void)
+{
+    size_t n;
+    uint32_t cnt;
+    /* Wrong magic, even in a short buffer. */
+    CHECK_EQ(fb_batch_decode("X", 1, NULL, NULL, 0, &n), FB_EMALFORMED);
+    CHECK_EQ(fb_batch_decode("FB", 2, NULL, NULL, 0, &n), FB_ETRUNCATED);
+    CHECK_EQ(fb_batch_header("", 0, &cnt, NULL), FB_ETRUNCATED);
+    unsigned char h[64] = { 'F', 'B', 1, 0, 1, 0, 0, 0 };
+    /* Unknown version and flags. */
+    h[2] = 2;
+    CHECK_EQ(fb_batch_decode(h, 8, NULL, NULL, 0, &n), FB_EVERSION);
+    h[2] = 1; h[3] = 0x80;
+    CHECK_EQ(fb_batch_decode(h, 8, NULL, NULL, 0, &n), FB_EVERSION);
+    h[3] = 0;
+    /* A count the buffer cannot hold. */
+    h[4] = h[5] = h[6] = h[7] = 0xff;
+    CHECK_EQ(fb_batch_decode(h, 10, NULL, NULL, 0, &n), FB_ETRUNCATED);
+    h[4] = 1; h[5] = h[6] = h[7] = 0;
+    /* One record: non-minimal varint (0x80 0x00). */
+    h[8] = 0x80; h[9] = 0x00; h[10] = 0x00;
+    CHECK_EQ(fb_batch_decode(h, 11, NULL, NULL, 0, &n), FB_EMALFORMED);
+    /* A varint beyond 32 bits. */
+    unsigned char v[] = { 'F', 'B', 1, 0, 1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x1f, 0x00 };
+    CHECK_EQ(fb_batch_decode(v, sizeof v, NULL, NULL, 0, &n), FB_EMALFORMED);
+    /* A 4 GB length in a small buffer. */
+    unsigned char w[] = { 'F', 'B', 1, 0, 1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x00, 'x' };
+    CHECK_EQ(fb_batch_decode(w, sizeof w, NULL, NULL, 0, &n), FB_ETRUNCATED);
+    /* Trailing bytes after the declared records. */
+    unsigned char t[] = { 'F', 'B', 1, 0, 1, 0, 0, 0, 1, 1, 'a', 'b', 'z' };
+    CHECK_EQ(fb_batch_decode(t, sizeof t, NULL, NULL, 0, &n), FB_EMALFORMED);
+    CHECK_EQ(fb_batch_decode(t, sizeof t - 1, NULL, NULL, 0, &n), FB_OK);
+    /* Zero records is a valid (empty) batch. */
+    unsigned char z[] = { 'F', 'B', 1, 0, 0, 0, 0, 0 };
+    CHECK_EQ(fb_batch_decode(z, sizeof z, NULL, NULL, 0, &n), FB_OK);
+    CHECK_EQ(n, 0);
+    /* Checksum flag on a buffer too short for the trailer. */
+    unsigned char c[] = { 'F', 'B', 1, 1, 0, 0, 0, 0, 0 };
+    CHECK_EQ(fb_batch_decode(c, sizeof c, NULL, NULL, 0, &n), FB_ETRUNCATED);
+}
+
+static void test_outbox_policy(void)
+{
+    fb_outbox_limits lim = { 3, 0, 1000, 0 };
+    fb_outbox o;
+    fb_outbox_init(&o, &lim);
+    unsigned char *b;
+    size_t len;
+    CHECK_EQ(fb_outbox_take(&o, &b, &len), FB_OK);   /* empty */
+    CHECK(b == NULL && len == 0);
+    CHECK_EQ(fb_outbox_due(&o, 5000), 0);
+    CHECK_EQ(fb_outbox_deadline(&o), UINT64_MAX);
+    CHECK_EQ(fb_outbox_append(&o, "a", 1, "x", 1, 100), 0);
+    CHECK_EQ(fb_outbox_deadline(&o), 1100);
+    CHECK_EQ(fb_outbox_due(&o, 1099), 0);
+    CHECK_EQ(fb_outbox_due(&o, 1100), 1);           /* by age of the oldest record */
+    CHECK_EQ(fb_outbox_due(&o, 50), 0);             /* a clock behind the record */
+    CHECK_EQ(fb_outbox_append(&o, "a", 1, "y", 1, 900), 0);
+    CHECK_EQ(fb_outbox_deadline(&o), 1100);          /* still the oldest */
+    CHECK_EQ(fb_outbox_append(&o, "a", 1, "z", 1, 901), 1);   /* by count */
+    CHECK_EQ(fb_outbox_count(&o), 3);
+    CHECK_EQ(fb_outbox_take(&o, &b, &len), FB_OK);
+    CHECK_EQ(fb_outbox_count(&o), 0);
+    CHECK_EQ(fb_outbox_bytes(&o), 0);
+    size_t n;
+    fb_record r[3];
+    CHECK_EQ(fb_batch_decode(b, len, NULL, r, 3, &n), FB_OK);
+    CHECK(r[0].payload[0] == 'x' && r[1].payload[0] == 'y' && r[2].payload[0] == 'z');
+    fb_free(b);
+    fb_outbox_destroy(&o);
+
+    fb_outbox_limits blim = { 0, 64, 0, 1 };
+    fb_outbox_init(&o, &blim);
+    char big[100] = { 0 };
+    CHECK_EQ(fb_outbox_append(&o, "t", 1, big, 10, 0), 0);
+    CHECK_EQ(fb_outbox_bytes(&o), 8 + 2 + 11 + 4);
+    CHECK_EQ(fb_outbox_append(&o, "t", 1, big, 100, 0), 1);   /* by size; never dropped */
+    CHECK_EQ(fb_outbox_take(&o, &b, &len), FB_OK);
+    CHECK_EQ(fb_batch_decode(b, len, NULL, r, 3, &n), FB_OK);
+    CHECK_EQ(n, 2);
+    CHECK_EQ(r[1].payload_len, 100);
+    fb_free(b);
+    /* Binary topics and empty fields. */
+    CHECK_EQ(fb_outbox_append(&o, "\0\xff", 2, NULL, 0, 0), 0);
+    CHECK_EQ(fb_outbox_append(&o, NULL, 0, "p", 1, 0), 0);
+    CHECK_EQ(fb_outbox_append(&o, NULL, 3, "p", 1, 0), FB_EINVAL);
+    CHECK_EQ(fb_outbox_take(&o, &b, &len), FB_OK);
+    CHECK_EQ(fb_batch_decode(b, len, NULL, r, 3, &n), FB_OK);
+    CHECK(n == 2 && r[0].topic_len == 2 && r[0].topic[1] == 0xff && r[0].payload_len == 0);
+    CHECK(r[1].topic_len == 0 && r[1].payload_len == 1);
+    fb_free(b);
+    fb_outbox_clear(&o);
+    fb_outbox_destroy(&o);
+}
+
+int main(void)
+{
+    RUN(test_crc32c);
+    RUN(test_roundtrip);
+    RUN(test_every_truncation);
+    RUN(test_every_corruption);
+    RUN(test_hostile_inputs);
+    RUN(test_outbox_policy);
+    CTEST_END();
+}
