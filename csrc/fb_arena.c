@@ -1,10 +1,15 @@
 /* fb_arena.c - segmented arena with 32-bit refs (see fb_arena.h). */
+#define _DEFAULT_SOURCE 1 /* madvise */
 #include "fb_arena.h"
 
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #define SEG_BYTES ((size_t)FB_SEG_UNITS * FB_UNIT)
+#define SEG_USABLE (FB_SEG_UNITS - FB_ARENA_SLACK / FB_UNIT) /* units handed out per segment */
 
 static size_t units_of(size_t bytes)
 {
@@ -24,17 +29,76 @@ void fb_arena_destroy(fb_arena *a)
     memset(a, 0, sizeof *a);
 }
 
+/* Segments are aligned to, and as large as, a 2 MiB huge page.  A big trie
+ * is walked at random: with 4 KiB pages nearly every node visit would also
+ * miss the TLB.  Where the kernel offers transparent huge pages on request,
+ * ask for them; elsewhere this is an ordinary aligned allocation. */
+static unsigned char *seg_alloc(void)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, SEG_BYTES, SEG_BYTES) != 0) return NULL;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    madvise(p, SEG_BYTES, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
 static inline uint32_t *next_of(fb_arena *a, fb_ref r) { return (uint32_t *)fb_arena_ptr(a, r); }
+
+static inline void push_free(fb_arena *a, fb_ref r, uint32_t units)
+{
+    *next_of(a, r) = a->freelist[units];
+    a->freelist[units] = r;
+    a->nonempty[units / 64] |= 1ull << (units % 64);
+}
+
+static inline fb_ref pop_free(fb_arena *a, uint32_t units)
+{
+    fb_ref r = a->freelist[units];
+    a->freelist[units] = *next_of(a, r);
+    if (a->freelist[units] == FB_NULLREF) a->nonempty[units / 64] &= ~(1ull << (units % 64));
+    return r;
+}
+
+static inline unsigned ctz64(uint64_t x)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    return (unsigned)__builtin_ctzll(x);
+#else
+    unsigned n = 0;
+    while (!(x & 1u)) { x >>= 1; n++; }
+    return n;
+#endif
+}
+
+/* Smallest size >= from with a free block, or 0. */
+static uint32_t next_nonempty(const fb_arena *a, uint32_t from)
+{
+    for (uint32_t w = from / 64; w < sizeof a->nonempty / sizeof a->nonempty[0]; w++) {
+        uint64_t bits = a->nonempty[w];
+        if (w == from / 64) bits &= ~0ull << (from % 64);
+        if (bits) return w * 64 + ctz64(bits);
+    }
+    return 0;
+}
 
 static fb_ref small_alloc(fb_arena *a, uint32_t units)
 {
-    fb_ref r = a->freelist[units];
-    if (r != FB_NULLREF) {
-        a->freelist[units] = *next_of(a, r);
+    if (a->freelist[units] != FB_NULLREF) {
+        a->live += (size_t)units * FB_UNIT;
+        return pop_free(a, units);
+    }
+    /* Split the best-fitting larger block; prefer one that leaves at least two
+     * units, since a one-unit crumb fits no request the trie makes. */
+    uint32_t v = next_nonempty(a, units + 2);
+    if (!v) v = next_nonempty(a, units + 1);
+    if (v) {
+        fb_ref r = pop_free(a, v);
+        push_free(a, r + units, v - units);
         a->live += (size_t)units * FB_UNIT;
         return r;
     }
-    if (a->nsegs == 0 || a->top + units > FB_SEG_UNITS) {
+    if (a->nsegs == 0 || a->top + units > SEG_USABLE) {
         if (a->nsegs == FB_MAX_SEGS) return FB_NULLREF;
         if (a->nsegs == a->capsegs) {
             uint32_t c = a->capsegs ? a->capsegs * 2 : 16;
@@ -44,15 +108,13 @@ static fb_ref small_alloc(fb_arena *a, uint32_t units)
             a->segs = s;
             a->capsegs = c;
         }
-        unsigned char *seg = malloc(SEG_BYTES);
+        unsigned char *seg = seg_alloc();
         if (!seg) return FB_NULLREF;
-        if (a->nsegs > 0 && a->top < FB_SEG_UNITS) {
+        if (a->nsegs > 0 && a->top < SEG_USABLE) {
             /* The tail of the old segment is smaller than `units` <= MAXUNITS:
              * keep it on the free list of its size instead of wasting it. */
-            uint32_t tail = FB_SEG_UNITS - a->top;
-            fb_ref tr = ((a->nsegs - 1) << FB_SEG_SHIFT) | a->top;
-            *next_of(a, tr) = a->freelist[tail];
-            a->freelist[tail] = tr;
+            uint32_t tail = SEG_USABLE - a->top;
+            push_free(a, ((a->nsegs - 1) << FB_SEG_SHIFT) | a->top, tail);
         }
         a->segs[a->nsegs++] = seg;
         a->reserved += SEG_BYTES;
@@ -81,7 +143,7 @@ static fb_ref big_alloc(fb_arena *a, size_t bytes)
         }
         idx = a->nbigs;
     }
-    void *p = malloc(bytes);
+    void *p = malloc(bytes + FB_ARENA_SLACK);
     if (!p) return FB_NULLREF;
     if (a->bigfree) a->bigfree = (uint32_t)((uintptr_t)a->bigs[idx] >> 1);
     else a->nbigs++;
@@ -111,8 +173,7 @@ void fb_arena_free(fb_arena *a, fb_ref r, size_t bytes)
         a->reserved -= u * FB_UNIT;
         return;
     }
-    *next_of(a, r) = a->freelist[u];
-    a->freelist[u] = r;
+    push_free(a, r, (uint32_t)u);
     a->live -= u * FB_UNIT;
 }
 
@@ -122,7 +183,7 @@ fb_ref fb_arena_realloc(fb_arena *a, fb_ref r, size_t oldbytes, size_t newbytes)
     if (r != FB_NULLREF && ou == nu) return r;
     if (r != FB_NULLREF && (r & FB_REF_BIG) && nu > FB_ARENA_MAXUNITS) {
         uint32_t idx = r & ~FB_REF_BIG;
-        void *p = realloc(a->bigs[idx], nu * FB_UNIT);
+        void *p = realloc(a->bigs[idx], nu * FB_UNIT + FB_ARENA_SLACK);
         if (!p) return FB_NULLREF;
         a->bigs[idx] = p;
         a->live = a->live - ou * FB_UNIT + nu * FB_UNIT;

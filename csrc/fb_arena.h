@@ -3,10 +3,14 @@
  *
  * Why: the trie holds millions of small nodes.  malloc costs 8-16 bytes of
  * header and rounding per block, and 8-byte pointers double the size of child
- * tables.  Here blocks are carved from 1 MiB segments in 8-byte units with no
+ * tables.  Here blocks are carved from 2 MiB segments in 8-byte units with no
  * header, and a block is named by a 32-bit ref (segment index, unit offset).
- * Freed blocks go to an exact-size free list, so the steady state of
- * subscribe/unsubscribe churn reuses memory without fragmentation growth.
+ * Freed blocks go to a free list per size.  Because blocks carry no header,
+ * any free block can be split: a request that finds its own list empty takes
+ * the smallest larger free block and returns the rest to the list of its size
+ * (best fit, found through a bitmap of non-empty lists).  So memory freed by
+ * nodes that grew is reused by any smaller request, and subscribe/unsubscribe
+ * churn does not grow the footprint.
  *
  * Blocks above FB_ARENA_MAXUNITS units (4 KiB: nodes of very long keys, index
  * arrays of subscribers with hundreds of keys) are malloc'd and named by a ref
@@ -27,18 +31,24 @@ typedef uint32_t fb_ref;
 #define FB_NULLREF 0u
 
 #define FB_UNIT 8u
-#define FB_SEG_SHIFT 17u                       /* 2^17 units = 1 MiB a segment */
+#define FB_SEG_SHIFT 18u                       /* 2^18 units = 2 MiB a segment */
 #define FB_SEG_UNITS (1u << FB_SEG_SHIFT)
 #define FB_SEG_MASK (FB_SEG_UNITS - 1u)
 #define FB_REF_BIG 0x80000000u
-#define FB_MAX_SEGS (1u << (31u - FB_SEG_SHIFT)) /* 16384 segments = 16 GiB */
+#define FB_MAX_SEGS (1u << (31u - FB_SEG_SHIFT)) /* 8192 segments = 16 GiB */
 #define FB_ARENA_MAXUNITS 512u                  /* 4 KiB; larger blocks are malloc'd */
+/* Bytes after any block that are always mapped: a reader may load up to this
+ * many bytes starting anywhere inside a block (e.g. 16 labels at once with
+ * SIMD) without leaving its allocation.  Segments keep their last
+ * FB_ARENA_SLACK bytes unused; big blocks are allocated this much larger. */
+#define FB_ARENA_SLACK 16u
 
 typedef struct fb_arena {
     unsigned char **segs;
     uint32_t nsegs, capsegs;
     uint32_t top;                               /* units used in the newest segment */
     uint32_t freelist[FB_ARENA_MAXUNITS + 1];   /* head ref per size in units */
+    uint64_t nonempty[(FB_ARENA_MAXUNITS + 64) / 64]; /* bit u: freelist[u] has a block */
     void **bigs;                                /* big block pointers; free slots tagged */
     uint32_t nbigs, capbigs;
     uint32_t bigfree;                           /* 1 + index of a free big slot, 0 = none */

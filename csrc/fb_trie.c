@@ -37,6 +37,9 @@
 
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* ------------------------------------------------------------------------ */
 /* Layout                                                                     */
@@ -88,6 +91,8 @@ struct fb_trie {
     uint32_t epoch;
     unsigned char *kbuf;       /* scratch for rebuilding keys */
     size_t kcap;
+    struct hit *hits;          /* scratch for fb_trie_match_batch */
+    size_t hcap_hits;
 };
 
 _Static_assert(sizeof(node) == HDR, "node header is 12 bytes");
@@ -116,8 +121,40 @@ static inline unsigned char *n_seg(node *n) { return n_labels(n) + n->nchild; }
 static inline int child_index(node *n, unsigned char b)
 {
     const unsigned char *l = n_labels(n);
-    const unsigned char *p = memchr(l, b, n->nchild);
+    uint32_t nc = n->nchild;
+    if (nc <= 16) {
+#if defined(__SSE2__)
+        /* Compare all (up to 16) labels at once: no data-dependent loop exit
+         * to mispredict.  The load may read past the node, never past its
+         * allocation (FB_ARENA_SLACK); the extra lanes are masked off. */
+        if (nc) {
+            __m128i v = _mm_loadu_si128((const __m128i *)l);
+            unsigned m = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8((char)b)));
+            m &= (1u << nc) - 1u;
+            return m ? __builtin_ctz(m) : -1;
+        }
+        return -1;
+#else
+        for (uint32_t i = 0; i < nc; i++)
+            if (l[i] == b) return (int)i;
+        return -1;
+#endif
+    }
+    const unsigned char *p = memchr(l, b, nc);
     return p ? (int)(p - l) : -1;
+}
+
+/* Does the node's segment equal k[0..seglen)?  (Caller checked the length.) */
+static inline int seg_equal(node *n, const unsigned char *k)
+{
+    const unsigned char *s = n_seg(n);
+    uint32_t len = n->seglen;
+    if (len <= 16) {
+        for (uint32_t i = 0; i < len; i++)
+            if (s[i] != k[i]) return 0;
+        return 1;
+    }
+    return memcmp(s, k, len) == 0;
 }
 
 static inline uint32_t hs_count(node *n, int kind)
@@ -380,20 +417,22 @@ static fb_ref rebuild(fb_trie *t, fb_ref oref, const reb *r)
     return nref;
 }
 
-/* A fresh node without holders: a leaf, or (with child != NULLREF) a node
- * with one child.  It is not linked into its parent. */
+/* A fresh node: a leaf, or (with child != NULLREF) a node with one child.
+ * `flags` may ask for one holder set, which is zeroed (refs == 0 marks it
+ * unfilled) for the caller to fill.  It is not linked into its parent. */
 static fb_ref make_node(fb_trie *t, fb_ref parent, const unsigned char *seg, size_t seglen,
-                        fb_ref child, unsigned char label)
+                        fb_ref child, unsigned char label, uint8_t flags)
 {
     size_t nc = child != FB_NULLREF;
-    fb_ref r = fb_arena_alloc(&t->a, node_bytes(0, nc, seglen));
+    fb_ref r = fb_arena_alloc(&t->a, node_bytes(flags, nc, seglen));
     if (r == FB_NULLREF) return FB_NULLREF;
     node *n = N(t, r);
     n->parent = parent;
     n->seglen = (uint32_t)seglen;
     n->nchild = (uint16_t)nc;
-    n->flags = 0;
+    n->flags = flags;
     n->pad = 0;
+    if (flags) memset((unsigned char *)n + HDR, 0, HSET * nsets(flags));
     if (nc) {
         n_children(n)[0] = child;
         n_labels(n)[0] = label;
@@ -454,18 +493,22 @@ static fb_ref find_node(const fb_trie *t, const unsigned char *key, size_t len)
         if (ci < 0) return FB_NULLREF;
         fb_ref c = n_children(n)[ci];
         node *cn = N(t, c);
-        if (len - i < cn->seglen || memcmp(n_seg(cn), key + i, cn->seglen) != 0) return FB_NULLREF;
+        if (len - i < cn->seglen || !seg_equal(cn, key + i)) return FB_NULLREF;
         i += cn->seglen;
         cur = c;
     }
     return cur;
 }
 
-/* Find or create the node of `key`.  On ENOMEM the trie is left correct and
+/* Find or create the node of `key`.  A leaf created here already has an
+ * unfilled holder set of `kind` (*fresh = 1), so the caller fills it in place
+ * instead of rebuilding the node.  On ENOMEM the trie is left correct and
  * *out is the deepest node reached, which may be a fresh split that the
  * caller passes to cleanup(). */
-static int insert_node(fb_trie *t, const unsigned char *key, size_t len, fb_ref *out)
+static int insert_node(fb_trie *t, const unsigned char *key, size_t len, int kind,
+                       fb_ref *out, int *fresh)
 {
+    *fresh = 0;
     fb_ref cur = t->root;
     size_t i = 0;
     for (;;) {
@@ -473,8 +516,8 @@ static int insert_node(fb_trie *t, const unsigned char *key, size_t len, fb_ref 
         node *n = N(t, cur);
         int ci = child_index(n, key[i]);
         if (ci < 0) {
-            fb_ref leaf = make_node(t, cur, key + i, len - i, FB_NULLREF, 0);
-            if (leaf == FB_NULLREF) return FB_ENOMEM;
+            fb_ref leaf = make_node(t, cur, key + i, len - i, FB_NULLREF, 0, KF(kind));
+            if (leaf == FB_NULLREF) { *out = cur; return FB_ENOMEM; }
             n = N(t, cur);
             reb r = { n->flags, REB_INSERT, key[i], leaf, NULL, 0, 0 };
             if (rebuild(t, cur, &r) == FB_NULLREF) {
@@ -483,6 +526,7 @@ static int insert_node(fb_trie *t, const unsigned char *key, size_t len, fb_ref 
                 return FB_ENOMEM;
             }
             *out = leaf;
+            *fresh = 1;
             return FB_OK;
         }
         fb_ref c = n_children(n)[ci];
@@ -493,7 +537,7 @@ static int insert_node(fb_trie *t, const unsigned char *key, size_t len, fb_ref 
         while (m < lim && seg[m] == key[i + m]) m++;
         if (m == cn->seglen) { cur = c; i += m; continue; }
         /* Split c after m bytes: mid takes seg[0..m), c keeps seg[m..). */
-        fb_ref mid = make_node(t, cur, seg, m, c, seg[m]);
+        fb_ref mid = make_node(t, cur, seg, m, c, seg[m], 0);
         if (mid == FB_NULLREF) { *out = cur; return FB_ENOMEM; }
         n = N(t, cur);
         cn = N(t, c);
@@ -536,12 +580,26 @@ static int64_t holder_find(const fb_trie *t, fb_ref nr, int kind, uint32_t s)
     return -1;
 }
 
-/* Add slot as a new holder of (node, kind) with one reference.  *nrp is
- * updated if the node moves.  Returns 1 if it is the first holder. */
+/* Link holder h (at position pos of (nr, kind)) and the subscriber's next
+ * index entry to each other.  The index has room (slot_reserve). */
+static void holder_link(fb_trie *t, fb_ref nr, int kind, uint32_t s, holder *h, uint32_t pos)
+{
+    slot *sl = &t->slots[s];
+    uint32_t sp = sl->nkeys++;
+    subent *e = sub_index(t, s) + sp;
+    e->node = nr;
+    e->pos_kind = (pos << 1) | (uint32_t)kind;
+    h->slot = s;
+    h->refs = 1;
+    h->subpos = sp;
+    t->nsubs++;
+}
+
+/* Add slot as a new holder of (node, kind) with one reference; the index has
+ * room (slot_reserve).  *nrp is updated if the node moves.  Returns 1 if it
+ * is the first holder. */
 static int holder_add(fb_trie *t, fb_ref *nrp, int kind, uint32_t s)
 {
-    int rc = slot_reserve(t, s);
-    if (rc < 0) return rc;
     fb_ref nr = *nrp;
     node *n = N(t, nr);
     uint32_t c = hs_count(n, kind);
@@ -584,15 +642,7 @@ static int holder_add(fb_trie *t, fb_ref *nrp, int kind, uint32_t s)
         pos = hs->many.n++;
         h = (holder *)fb_arena_ptr(&t->a, hs->many.arr) + pos;
     }
-    slot *sl = &t->slots[s];
-    uint32_t sp = sl->nkeys++;
-    subent *e = sub_index(t, s) + sp;
-    e->node = nr;
-    e->pos_kind = (pos << 1) | (uint32_t)kind;
-    h->slot = s;
-    h->refs = 1;
-    h->subpos = sp;
-    t->nsubs++;
+    holder_link(t, nr, kind, s, h, pos);
     if (c == 0) t->nkeys++;
     return c == 0;
 }
@@ -673,7 +723,7 @@ fb_trie *fb_trie_new(void)
     fb_trie *t = calloc(1, sizeof *t);
     if (!t) return NULL;
     fb_arena_init(&t->a);
-    t->root = make_node(t, FB_NULLREF, NULL, 0, FB_NULLREF, 0);
+    t->root = make_node(t, FB_NULLREF, NULL, 0, FB_NULLREF, 0, 0);
     if (t->root == FB_NULLREF) {
         fb_arena_destroy(&t->a);
         free(t);
@@ -690,6 +740,7 @@ void fb_trie_free(fb_trie *t)
     free(t->hkeys);
     free(t->hvals);
     free(t->kbuf);
+    free(t->hits);
     free(t);
 }
 
@@ -706,29 +757,35 @@ int fb_trie_add(fb_trie *t, const void *key, size_t len, int kind, uint64_t subs
     int rc = check_args(key, len, kind);
     if (rc < 0) return rc;
     const unsigned char *k = key;
-    int64_t s = slot_lookup(t, subscriber);
-    if (s >= 0) {
-        /* Fast path: already held -> bump the count, no allocation. */
-        fb_ref nr = find_node(t, k, len);
-        if (nr != FB_NULLREF) {
-            int64_t pos = holder_find(t, nr, kind, (uint32_t)s);
-            if (pos >= 0) {
-                holder *h = hs_get(t, N(t, nr), kind, (uint32_t)pos);
-                if (h->refs == UINT32_MAX) return FB_EOVERFLOW;
-                h->refs++;
-                return 0;
-            }
-        }
-    }
     uint32_t sl;
-    int created_slot = s < 0;
+    int created_slot = slot_lookup(t, subscriber) < 0;
     rc = slot_get_or_create(t, subscriber, &sl);
     if (rc < 0) return rc;
+    /* Room for one more index entry first: after that nothing can fail
+     * between creating a node and linking its holder. */
+    rc = slot_reserve(t, sl);
     fb_ref nr = t->root;
-    rc = insert_node(t, k, len, &nr);
-    if (rc >= 0) rc = holder_add(t, &nr, kind, sl);
-    if (rc < 0) cleanup(t, nr);
-    if (rc < 0 && created_slot) slot_release(t, sl);
+    int fresh = 0;
+    if (rc >= 0) rc = insert_node(t, k, len, kind, &nr, &fresh);
+    if (rc >= 0) {
+        if (fresh) {
+            holder_link(t, nr, kind, sl, &n_hset(N(t, nr), kind)->one, 0);
+            t->nkeys++;
+            return 1;
+        }
+        int64_t pos = created_slot ? -1 : holder_find(t, nr, kind, sl);
+        if (pos >= 0) {
+            holder *h = hs_get(t, N(t, nr), kind, (uint32_t)pos);
+            if (h->refs == UINT32_MAX) return FB_EOVERFLOW;
+            h->refs++;
+            return 0;
+        }
+        rc = holder_add(t, &nr, kind, sl);
+    }
+    if (rc < 0) {
+        cleanup(t, nr);
+        if (created_slot) slot_release(t, sl);
+    }
     return rc;
 }
 
@@ -850,7 +907,7 @@ static inline int match_one(fb_trie *t, const unsigned char *k, size_t len, fb_i
         if (ci < 0) return FB_OK;
         cur = n_children(n)[ci];
         node *cn = N(t, cur);
-        if (len - i < cn->seglen || memcmp(n_seg(cn), k + i, cn->seglen) != 0) return FB_OK;
+        if (len - i < cn->seglen || !seg_equal(cn, k + i)) return FB_OK;
         i += cn->seglen;
     }
 }
@@ -865,13 +922,128 @@ int fb_trie_match(fb_trie *t, const void *topic, size_t len, fb_idvec *out)
     return got > 0x7fffffff ? 0x7fffffff : (int)got;
 }
 
+/*
+ * Batch matching hides memory latency.  A lookup in a large trie is a chain of
+ * dependent cache misses (one per level below the cached top), so matching
+ * topics one after another leaves the CPU waiting on each miss in turn.  Here
+ * LANES topics are walked together: each round advances every lane by one
+ * node and prefetches that lane's next node, so the misses of different
+ * topics overlap.  Pass 1 records, per topic, the nodes whose holders match
+ * (at most HITS_PER_TOPIC; a topic with more falls back to match_one);
+ * pass 2 collects the subscribers topic by topic, from nodes pass 1 has just
+ * brought into cache, so the output stays grouped by topic.
+ */
+#ifndef LANES
+#define LANES 16
+#endif
+#define HITS_PER_TOPIC 6
+
+typedef struct hit { fb_ref node; uint32_t kinds; } hit; /* kinds: bit FB_EXACT, bit FB_PREFIX */
+
+typedef struct lane {
+    const unsigned char *k;
+    size_t len, i, topic;
+    fb_ref cur;
+    uint32_t nhits;
+    int active;
+} lane;
+
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
+
+/* A macro, not a function: GCC's pure/const analysis treats a void helper
+ * whose only statements are prefetches as free of side effects and deletes
+ * the call.  Two lines: most nodes are under 64 bytes, few start on a line. */
+#define PREFETCH_NODE(t, r) do { \
+        const char *p_ = (const char *)fb_arena_ptr(&(t)->a, (r)); \
+        PREFETCH(p_); \
+        PREFETCH(p_ + 56); \
+    } while (0)
+
+/* Advance one lane by one node.  Returns 0 when its topic is done. */
+static inline int lane_step(const fb_trie *t, lane *l, hit *hits, uint8_t *nh)
+{
+    node *n = N(t, l->cur);
+    if (l->cur != t->root) {
+        /* Verify the segment of the node we descended into. */
+        if (l->len - l->i < n->seglen || !seg_equal(n, l->k + l->i)) return 0;
+        l->i += n->seglen;
+    }
+    uint32_t kinds = 0;
+    if (n->flags & NF_PREFIX) kinds |= 1u << FB_PREFIX;
+    if (l->i == l->len && (n->flags & NF_EXACT)) kinds |= 1u << FB_EXACT;
+    if (kinds) {
+        if (l->nhits == HITS_PER_TOPIC) {
+            nh[l->topic] = UINT8_MAX; /* overflow: pass 2 redoes this topic */
+            return 0;
+        }
+        hits[l->topic * HITS_PER_TOPIC + l->nhits++] = (hit){ l->cur, kinds };
+        nh[l->topic] = (uint8_t)l->nhits;
+    }
+    if (l->i == l->len) return 0;
+    int ci = child_index(n, l->k[l->i]);
+    if (ci < 0) return 0;
+    l->cur = n_children(n)[ci];
+    PREFETCH_NODE(t, l->cur);
+    return 1;
+}
+
 int fb_trie_match_batch(fb_trie *t, const fb_span *topics, size_t n, size_t *offsets, fb_idvec *out)
 {
     size_t before = out->n;
+    for (size_t i = 0; i < n; i++)
+        if (topics[i].len && !topics[i].ptr) return FB_EINVAL;
+    if (n > SIZE_MAX / (HITS_PER_TOPIC * sizeof(hit) + 1)) return FB_ENOMEM;
+    size_t need = n * (HITS_PER_TOPIC * sizeof(hit) + 1);
+    if (need > t->hcap_hits) {
+        void *p = realloc(t->hits, need);
+        if (!p) return FB_ENOMEM;
+        t->hits = p;
+        t->hcap_hits = need;
+    }
+    hit *hits = t->hits;
+    uint8_t *nh = (uint8_t *)(hits + n * HITS_PER_TOPIC);
+    memset(nh, 0, n);
+
+    /* Pass 1: find the matching nodes, LANES topics at a time. */
+    lane lanes[LANES];
+    size_t next = 0, active = 0;
+    for (int j = 0; j < LANES; j++) lanes[j].active = 0;
+    do {
+        active = 0;
+        for (int j = 0; j < LANES; j++) {
+            lane *l = &lanes[j];
+            if (!l->active) {
+                if (next == n) continue;
+                *l = (lane){ topics[next].ptr, topics[next].len, 0, next, t->root, 0, 1 };
+                /* The topic a lane will take after the current ones. */
+                if (next + LANES < n) PREFETCH(topics[next + LANES].ptr);
+                next++;
+            }
+            l->active = lane_step(t, l, hits, nh);
+            active += (size_t)l->active;
+        }
+    } while (active || next < n);
+
+    /* Pass 2: collect subscribers per topic, each once. */
     for (size_t i = 0; i < n; i++) {
         offsets[i] = out->n;
-        if (topics[i].len && !topics[i].ptr) { out->n = before; return FB_EINVAL; }
-        if (match_one(t, topics[i].ptr, topics[i].len, out) < 0) { out->n = before; return FB_ENOMEM; }
+        int rc = FB_OK;
+        if (nh[i] == UINT8_MAX) {
+            rc = match_one(t, topics[i].ptr, topics[i].len, out);
+        } else if (nh[i]) {
+            uint32_t ep = next_epoch(t);
+            const hit *h = hits + i * HITS_PER_TOPIC;
+            for (uint32_t j = 0; j < nh[i] && rc == FB_OK; j++) {
+                node *nd = N(t, h[j].node);
+                if (h[j].kinds & (1u << FB_PREFIX)) rc = collect(t, nd, FB_PREFIX, ep, out);
+                if (rc == FB_OK && (h[j].kinds & (1u << FB_EXACT))) rc = collect(t, nd, FB_EXACT, ep, out);
+            }
+        }
+        if (rc < 0) { out->n = before; return rc; }
     }
     offsets[n] = out->n;
     return FB_OK;
