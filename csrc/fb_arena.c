@@ -9,7 +9,16 @@
 #endif
 
 #define SEG_BYTES ((size_t)FB_SEG_UNITS * FB_UNIT)
-#define SEG_USABLE (FB_SEG_UNITS - FB_ARENA_SLACK / FB_UNIT) /* units handed out per segment */
+#define SEG_FIRST_UNITS 4096u /* 32 KiB: a small table stays small */
+
+/* Segment i holds min(32 KiB << i, 2 MiB): a trie with a handful of keys
+ * costs tens of KiB, not a huge page, while a big one soon reaches full-size,
+ * huge-page-backed segments.  Addresses never move, so refs stay
+ * (segment, offset) with a fixed 18-bit offset. */
+static uint32_t seg_units(uint32_t i)
+{
+    return i >= 6 ? FB_SEG_UNITS : SEG_FIRST_UNITS << i;
+}
 
 static size_t units_of(size_t bytes)
 {
@@ -33,14 +42,19 @@ void fb_arena_destroy(fb_arena *a)
  * is walked at random: with 4 KiB pages nearly every node visit would also
  * miss the TLB.  Where the kernel offers transparent huge pages on request,
  * ask for them; elsewhere this is an ordinary aligned allocation. */
-static unsigned char *seg_alloc(void)
+static unsigned char *seg_alloc(size_t bytes)
 {
+#if defined(_WIN32)
+    return malloc(bytes);
+#else
+    if (bytes < SEG_BYTES) return malloc(bytes);
     void *p = NULL;
     if (posix_memalign(&p, SEG_BYTES, SEG_BYTES) != 0) return NULL;
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     madvise(p, SEG_BYTES, MADV_HUGEPAGE);
 #endif
     return p;
+#endif
 }
 
 static inline uint32_t *next_of(fb_arena *a, fb_ref r) { return (uint32_t *)fb_arena_ptr(a, r); }
@@ -98,7 +112,7 @@ static fb_ref small_alloc(fb_arena *a, uint32_t units)
         a->live += (size_t)units * FB_UNIT;
         return r;
     }
-    if (a->nsegs == 0 || a->top + units > SEG_USABLE) {
+    if (a->nsegs == 0 || a->top + units > a->segcap) {
         if (a->nsegs == FB_MAX_SEGS) return FB_NULLREF;
         if (a->nsegs == a->capsegs) {
             uint32_t c = a->capsegs ? a->capsegs * 2 : 16;
@@ -108,16 +122,19 @@ static fb_ref small_alloc(fb_arena *a, uint32_t units)
             a->segs = s;
             a->capsegs = c;
         }
-        unsigned char *seg = seg_alloc();
+        size_t bytes = (size_t)seg_units(a->nsegs) * FB_UNIT;
+        unsigned char *seg = seg_alloc(bytes);
         if (!seg) return FB_NULLREF;
-        if (a->nsegs > 0 && a->top < SEG_USABLE) {
+        if (a->nsegs > 0 && a->top < a->segcap) {
             /* The tail of the old segment is smaller than `units` <= MAXUNITS:
              * keep it on the free list of its size instead of wasting it. */
-            uint32_t tail = SEG_USABLE - a->top;
+            uint32_t tail = a->segcap - a->top;
             push_free(a, ((a->nsegs - 1) << FB_SEG_SHIFT) | a->top, tail);
         }
         a->segs[a->nsegs++] = seg;
-        a->reserved += SEG_BYTES;
+        a->reserved += bytes;
+        /* The last FB_ARENA_SLACK bytes are never handed out. */
+        a->segcap = (uint32_t)(bytes / FB_UNIT) - FB_ARENA_SLACK / FB_UNIT;
         /* Unit 0 of segment 0 is never handed out, so ref 0 can mean NULL. */
         a->top = (a->nsegs == 1) ? 1 : 0;
     }

@@ -31,7 +31,7 @@ typedef uint32_t fb_ref;
 #define FB_NULLREF 0u
 
 #define FB_UNIT 8u
-#define FB_SEG_SHIFT 18u                       /* 2^18 units = 2 MiB a segment */
+#define FB_SEG_SHIFT 18u                       /* 2^18 units = 2 MiB, the largest segment */
 #define FB_SEG_UNITS (1u << FB_SEG_SHIFT)
 #define FB_SEG_MASK (FB_SEG_UNITS - 1u)
 #define FB_REF_BIG 0x80000000u
@@ -47,6 +47,7 @@ typedef struct fb_arena {
     unsigned char **segs;
     uint32_t nsegs, capsegs;
     uint32_t top;                               /* units used in the newest segment */
+    uint32_t segcap;                            /* units the newest segment can hand out */
     uint32_t freelist[FB_ARENA_MAXUNITS + 1];   /* head ref per size in units */
     uint64_t nonempty[(FB_ARENA_MAXUNITS + 64) / 64]; /* bit u: freelist[u] has a block */
     void **bigs;                                /* big block pointers; free slots tagged */

@@ -1,0 +1,62 @@
+"""fastbus: fast pub/sub and reliable messaging, with a C core.
+
+The core (this release): a subscription trie, diff-only subscription
+forwarding and batch outboxes, implemented in C (``csrc/``) and exposed here:
+
+* :class:`Trie` - who wants a topic: exact and prefix keys, reference-counted
+  per subscriber, ``match`` / ``match_many`` / ``match_flat``.
+* :class:`Forwarder` - the minimal upstream subscription diff for a broker.
+* :class:`Outbox` / :class:`Batch` - batching with a flush policy, and the
+  versioned batch wire format (:func:`encode`, :func:`decode`).
+"""
+
+from __future__ import annotations
+
+import os
+from importlib.metadata import PackageNotFoundError, version
+
+from fastbus._core import (
+    BATCH_VERSION,
+    CORE_VERSION,
+    EXACT,
+    PREFIX,
+    SUBSCRIBE,
+    UNSUBSCRIBE,
+    Batch,
+    Forwarder,
+    Outbox,
+    Trie,
+    batch_count,
+    crc32c,
+    decode,
+    encode,
+)
+from fastbus.errors import BatchError, FastbusError, ForwarderError, NotSubscribedError
+
+try:
+    __version__ = version("fastbus")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "BATCH_VERSION", "CORE_VERSION", "EXACT", "PREFIX", "SUBSCRIBE", "UNSUBSCRIBE",
+    "Batch", "Forwarder", "Outbox", "Trie", "batch_count", "crc32c", "decode", "encode",
+    "BatchError", "FastbusError", "ForwarderError", "NotSubscribedError",
+    "get_include", "get_library_dirs",
+]
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def get_include() -> str:
+    """Directory of the core's C headers (``fastbus.h`` and ``fb_*.h``), to
+    pass as ``include_dirs`` when building an extension that uses the C API.
+    The Cython declarations (``fastbus/_core.pxd``, ``fastbus/includes/*.pxd``)
+    are found through ``sys.path`` like any installed package."""
+    return os.path.join(_HERE, "includes")
+
+
+def get_library_dirs() -> list[str]:
+    """Directories holding the static core library; link with
+    ``libraries=["fastbus"]``."""
+    return [os.path.join(_HERE, "lib")]

@@ -1,0 +1,5 @@
+import sys
+
+from fastbus.cli import main
+
+sys.exit(main())

@@ -1,0 +1,34 @@
+# Extension types of fastbus._core, for other Cython extensions:
+#
+#   from fastbus._core cimport Trie
+#   from fastbus.includes.fb_trie cimport fb_trie_match
+#   cdef Trie t = Trie()
+#   with nogil: fb_trie_match(t._t, ...)      # hold t's lock if threads share t
+#
+# Each object owns its C struct (_t / _f / _o) and a lock that every method
+# takes; code that calls the C API directly on a shared object takes it too.
+from cpython.pythread cimport PyThread_type_lock
+from fastbus.includes.fb_trie cimport fb_trie
+from fastbus.includes.fb_forwarder cimport fb_forwarder
+from fastbus.includes.fb_outbox cimport fb_outbox
+
+
+cdef class Trie:
+    cdef fb_trie *_t
+    cdef PyThread_type_lock _lock
+
+
+cdef class Forwarder:
+    cdef fb_forwarder *_f
+    cdef PyThread_type_lock _lock
+
+
+cdef class Batch:
+    cdef unsigned char *_buf
+    cdef size_t _len
+    cdef Py_ssize_t _exports
+
+
+cdef class Outbox:
+    cdef fb_outbox _o
+    cdef PyThread_type_lock _lock

@@ -1,0 +1,29 @@
+# Mirrors csrc/fb_outbox.h
+from libc.stdint cimport uint32_t, uint64_t
+
+cdef extern from "fb_outbox.h" nogil:
+    ctypedef struct fb_outbox_limits:
+        size_t max_messages
+        size_t max_bytes
+        uint64_t max_age_ns
+        int checksum
+
+    ctypedef struct fb_outbox:
+        fb_outbox_limits lim
+        unsigned char *buf
+        size_t len
+        size_t cap
+        size_t cap_hint
+        uint32_t count
+        uint64_t first_ns
+
+    void fb_outbox_init(fb_outbox *o, const fb_outbox_limits *lim)
+    void fb_outbox_destroy(fb_outbox *o)
+    int fb_outbox_append(fb_outbox *o, const void *topic, size_t tlen,
+                         const void *payload, size_t plen, uint64_t now_ns)
+    int fb_outbox_due(const fb_outbox *o, uint64_t now_ns)
+    uint64_t fb_outbox_deadline(const fb_outbox *o)
+    int fb_outbox_take(fb_outbox *o, unsigned char **buf, size_t *len)
+    void fb_outbox_clear(fb_outbox *o)
+    size_t fb_outbox_count(const fb_outbox *o)
+    size_t fb_outbox_bytes(const fb_outbox *o)

@@ -1,0 +1,96 @@
+"""Build of fastbus: the C core (csrc/) as a static library, and the Cython
+extension fastbus._core linked against it.
+
+Environment switches:
+  FASTBUS_SANITIZE=1   -O0 -g -fsanitize=address,undefined (run Python with
+                       LD_PRELOAD of libasan; see docs/DEVELOPING.md)
+  FASTBUS_DEBUG=1      -O0 -g, no sanitizers
+
+The static library and the C headers are installed inside the package
+(fastbus/lib, fastbus/includes) so that other extensions can compile and link
+against the core: see fastbus.get_include() and fastbus.get_library_dirs().
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_clib import build_clib
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).resolve().parent
+CORE_SOURCES = ["fb_common.c", "fb_arena.c", "fb_trie.c", "fb_forwarder.c", "fb_batch.c", "fb_outbox.c"]
+SANITIZE = os.environ.get("FASTBUS_SANITIZE", "") == "1"
+DEBUG = SANITIZE or os.environ.get("FASTBUS_DEBUG", "") == "1"
+
+
+def _copy_headers() -> None:
+    # csrc/ is the source of truth; the package carries a copy for get_include().
+    dest = HERE / "fastbus" / "includes"
+    for header in (HERE / "csrc").glob("*.h"):
+        target = dest / header.name
+        if not target.exists() or target.read_bytes() != header.read_bytes():
+            shutil.copyfile(header, target)
+
+
+def _cflags(compiler_type: str, core: bool) -> list:
+    if compiler_type == "msvc":
+        return ["/Od", "/Zi"] if DEBUG else ["/O2"]
+    flags = ["-fno-strict-aliasing"]
+    if core:
+        flags += ["-std=c11", "-Wall", "-Wextra"]
+    if SANITIZE:
+        flags += ["-O0", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]
+    elif DEBUG:
+        flags += ["-O0", "-g"]
+    else:
+        flags += ["-O3"]
+    return flags
+
+
+def _ldflags(compiler_type: str) -> list:
+    if compiler_type != "msvc" and SANITIZE:
+        return ["-fsanitize=address,undefined"]
+    return []
+
+
+class BuildClib(build_clib):
+    def build_libraries(self, libraries):
+        ct = self.compiler.compiler_type
+        for _name, info in libraries:
+            info["cflags"] = _cflags(ct, core=True)
+        super().build_libraries(libraries)
+
+
+class BuildExt(build_ext):
+    def build_extensions(self):
+        ct = self.compiler.compiler_type
+        for ext in self.extensions:
+            ext.extra_compile_args = _cflags(ct, core=False)
+            ext.extra_link_args = _ldflags(ct)
+        super().build_extensions()
+
+    def run(self):
+        super().run()
+        # Ship the static core next to the package for downstream linking.
+        clib = self.get_finalized_command("build_clib")
+        name = self.compiler.library_filename("fastbus") if self.compiler else "libfastbus.a"
+        built = Path(clib.build_clib) / name
+        root = HERE if self.inplace else Path(self.build_lib)
+        dest = root / "fastbus" / "lib"
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(built, dest / name)
+
+
+_copy_headers()
+
+setup(
+    libraries=[("fastbus", {"sources": [f"csrc/{s}" for s in CORE_SOURCES], "include_dirs": ["csrc"]})],
+    ext_modules=cythonize(
+        [Extension("fastbus._core", ["fastbus/_core.pyx"], include_dirs=["csrc"], libraries=["fastbus"])],
+        compiler_directives={"language_level": "3", "embedsignature": True},
+    ),
+    cmdclass={"build_clib": BuildClib, "build_ext": BuildExt},
+)

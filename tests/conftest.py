@@ -1,0 +1,37 @@
+"""Shared test setup.
+
+The tests run against the *installed* package (``pip install ".[test]"`` then
+``pytest``), never against the source tree, which has no compiled extension.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Machines here are small and noisy: no per-example deadline; CI may ask for
+# more examples with HYPOTHESIS_PROFILE=thorough.
+settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", deadline=None, max_examples=1000,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+try:
+    import fastbus  # noqa: F401
+    from fastbus import _core  # noqa: F401
+except ImportError as exc:  # pragma: no cover - a setup problem, not a test failure
+    where = sys.modules.get("fastbus")
+    hint = ""
+    if where is not None and Path(where.__file__).resolve().parent == REPO / "fastbus":
+        hint = (" (imported from the source tree: install with `pip install .` and run `pytest`, "
+                "not `python -m pytest`, from the repository root)")
+    pytest.exit(f"cannot import the compiled fastbus extension: {exc}{hint}", returncode=4)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO

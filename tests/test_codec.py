@@ -1,0 +1,122 @@
+"""The batch format: round trips, and every truncation or corruption of a
+valid batch rejected cleanly (see docs/BATCH_FORMAT.md)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fastbus
+from fastbus import BatchError, batch_count, crc32c, decode, encode
+
+records_st = st.lists(st.tuples(st.binary(max_size=40), st.binary(max_size=300)), max_size=30)
+
+
+@given(records_st, st.booleans())
+def test_round_trip(records, checksum):
+    b = encode(records, checksum=checksum)
+    assert decode(b) == records
+    assert b.count == len(records) == batch_count(b)
+    assert decode(bytes(b), require_checksum=checksum) == records
+
+
+def test_large_records_round_trip():
+    records = [(b"t" * 70_000, b"\x00\xff" * 3_000_000), (b"", b"")]   # 64 KiB+ topic, 6 MB payload
+    assert decode(encode(records, checksum=True)) == records
+
+
+@given(st.lists(st.tuples(st.binary(max_size=10), st.binary(max_size=40)), min_size=1, max_size=8),
+       st.booleans())
+def test_every_truncation_is_rejected(records, checksum):
+    data = bytes(encode(records, checksum=checksum))
+    for cut in range(len(data)):
+        with pytest.raises(BatchError) as ei:
+            decode(data[:cut])
+        assert ei.value.reason in ("truncated", "checksum", "malformed")
+
+
+def test_every_single_byte_corruption_is_rejected_with_checksum():
+    records = [(b"market.NYSE.%05d.trades" % i, b"x" * (i * 7)) for i in range(12)]
+    data = bytearray(encode(records, checksum=True))
+    for pos in range(len(data)):
+        for delta in (1, 0x80, 0xFF):
+            bad = bytearray(data)
+            bad[pos] = (bad[pos] + delta) & 0xFF
+            with pytest.raises(BatchError):
+                decode(bytes(bad))
+
+
+@given(st.binary(max_size=200))
+def test_garbage_never_crashes(data):
+    try:
+        out = decode(data)
+    except BatchError as exc:
+        assert exc.reason in ("malformed", "truncated", "version", "limit", "checksum")
+    else:
+        assert isinstance(out, list)
+
+
+@given(records_st, st.data())
+def test_corruption_without_checksum_is_rejected_or_stays_in_bounds(records, data):
+    raw = bytearray(encode(records))
+    if not raw:
+        return
+    pos = data.draw(st.integers(0, len(raw) - 1))
+    raw[pos] = data.draw(st.integers(0, 255))
+    try:
+        out = decode(bytes(raw))
+    except BatchError:
+        return
+    assert sum(len(t) + len(p) for t, p in out) <= len(raw)
+
+
+def test_hostile_headers():
+    with pytest.raises(BatchError, match="malformed"):
+        decode(b"XB\x01\x00\x00\x00\x00\x00")
+    with pytest.raises(BatchError) as ei:
+        decode(b"FB\x02\x00\x00\x00\x00\x00")
+    assert ei.value.reason == "version"
+    with pytest.raises(BatchError) as ei:
+        decode(b"FB\x01\x80\x00\x00\x00\x00")            # unknown flag bit
+    assert ei.value.reason == "version"
+    # A count of 4 billion records in a 10-byte buffer: rejected without allocating for it.
+    with pytest.raises(BatchError, match="truncated"):
+        decode(b"FB\x01\x00\xff\xff\xff\xff\x00\x00")
+    # Non-minimal varint, 5-byte varint over 32 bits, trailing bytes.
+    with pytest.raises(BatchError, match="malformed"):
+        decode(b"FB\x01\x00\x01\x00\x00\x00\x80\x00\x00")
+    with pytest.raises(BatchError, match="malformed"):
+        decode(b"FB\x01\x00\x01\x00\x00\x00\xff\xff\xff\xff\x1f\x00")
+    with pytest.raises(BatchError, match="malformed"):
+        decode(b"FB\x01\x00\x01\x00\x00\x00\x01\x01ab!")
+    with pytest.raises(TypeError):
+        decode("not bytes")
+
+
+def test_decoder_limits():
+    b = encode([(b"topic", b"x" * 100)] * 3)
+    assert len(decode(b, max_topic=5, max_payload=100, max_records=3)) == 3
+    for kwargs in ({"max_topic": 4}, {"max_payload": 99}, {"max_records": 2}):
+        with pytest.raises(BatchError) as ei:
+            decode(b, **kwargs)
+        assert ei.value.reason == "limit"
+    with pytest.raises(BatchError) as ei:
+        decode(b, require_checksum=True)
+    assert ei.value.reason == "checksum"
+
+
+def test_batch_is_a_zero_copy_buffer():
+    box = fastbus.Outbox()
+    box.append(b"t", b"payload")
+    b = box.take()
+    view = memoryview(b)
+    assert view.obj is b and view.readonly and bytes(view) == bytes(b)
+    assert len(b) == len(bytes(b)) and b.records() == [(b"t", b"payload")]
+    del view
+    with pytest.raises(TypeError):
+        fastbus.Batch()
+
+
+def test_empty_batch_and_crc():
+    assert decode(encode([])) == [] and decode(encode([], checksum=True)) == []
+    assert crc32c(b"123456789") == 0xE3069283                 # the CRC-32C check value
+    assert crc32c(b"56789", crc32c(b"1234")) == 0xE3069283

@@ -1,0 +1,70 @@
+"""The outbox: flush policy by count, size and age; nothing lost."""
+
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fastbus import Outbox, decode
+
+
+def test_due_by_count_size_and_age():
+    box = Outbox(max_messages=3, max_bytes=0, max_delay=0.001)
+    assert box.take() is None and not box.due() and box.deadline_ns() is None
+    assert box.append(b"a", b"1", now_ns=1_000) is False
+    assert box.deadline_ns() == 1_000 + 1_000_000
+    assert not box.due(now_ns=1_000_999) and box.due(now_ns=1_001_000)   # by age of the oldest
+    assert box.append(b"a", b"2", now_ns=900_000) is False
+    assert box.deadline_ns() == 1_001_000                                  # still the oldest
+    assert box.append(b"a", b"3", now_ns=900_001) is True                  # by count
+    assert len(box) == 3
+    assert decode(box.take()) == [(b"a", b"1"), (b"a", b"2"), (b"a", b"3")]
+    assert len(box) == 0 and box.nbytes == 0
+
+    big = Outbox(max_messages=0, max_bytes=100, max_delay=None)
+    assert big.append(b"t", b"x" * 10) is False
+    assert big.append(b"t", b"x" * 500) is True      # never dropped; due at once
+    assert [len(p) for _t, p in decode(big.take())] == [10, 500]
+
+
+def test_real_clock_age():
+    box = Outbox(max_messages=0, max_bytes=0, max_delay=0.02)
+    box.append(b"t", b"p")
+    assert not box.due()
+    time.sleep(0.03)
+    assert box.due()
+
+
+@given(st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=64)), max_size=200),
+       st.integers(1, 50))
+def test_nothing_lost_or_reordered(records, max_messages):
+    box = Outbox(max_messages=max_messages, max_bytes=0, max_delay=None)
+    out = []
+    for topic, payload in records:
+        if box.append(topic, payload):
+            out.extend(decode(box.take()))
+    rest = box.take()
+    if rest is not None:
+        out.extend(decode(rest))
+    assert out == records
+
+
+def test_extend_and_checksum():
+    box = Outbox(max_messages=10, checksum=True)
+    assert box.extend([(b"a", b"1"), ("b", "2")]) is False
+    assert box.limits["checksum"] is True
+    assert decode(box.take(), require_checksum=True) == [(b"a", b"1"), (b"b", b"2")]
+    with pytest.raises(TypeError):
+        box.extend([(b"a", 5)])
+    box.clear()
+    assert box.take() is None
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="max_messages"):
+        Outbox(max_messages=-1)
+    with pytest.raises(ValueError, match="max_delay"):
+        Outbox(max_delay=-0.5)
+    with pytest.raises(ValueError, match="max_delay"):
+        Outbox(max_delay=float("nan"))
