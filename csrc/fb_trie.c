@@ -994,6 +994,10 @@ static inline int lane_step(const fb_trie *t, lane *l, hit *hits, uint8_t *nh)
 int fb_trie_match_batch(fb_trie *t, const fb_span *topics, size_t n, size_t *offsets, fb_idvec *out)
 {
     size_t before = out->n;
+    if (n == 0) {
+        offsets[0] = out->n;
+        return FB_OK;
+    }
     for (size_t i = 0; i < n; i++)
         if (topics[i].len && !topics[i].ptr) return FB_EINVAL;
     if (n > SIZE_MAX / (HITS_PER_TOPIC * sizeof(hit) + 1)) return FB_ENOMEM;

@@ -369,6 +369,11 @@ static void test_batch_match(void)
     CHECK_EQ(off[2], 2);
     CHECK_EQ(off[3], 3);
     CHECK_EQ(v.ids[2], 1);
+    /* An empty batch, before the scratch buffer exists on a fresh trie. */
+    fb_trie *t2 = fb_trie_new();
+    CHECK_EQ(fb_trie_match_batch(t2, NULL, 0, off, &v), FB_OK);
+    CHECK_EQ(off[0], v.n);
+    fb_trie_free(t2);
     fb_idvec_free(&v);
     fb_trie_free(t);
 }
