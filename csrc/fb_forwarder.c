@@ -238,39 +238,36 @@ static int finish(fb_forwarder *f, fb_keylist *diff)
     return fb_keylist_extend(diff, &f->scratch);
 }
 
-int fb_fwd_subscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
-                     fb_keylist *diff)
+/* One downstream event: change the trie, then derive U's change.  On error
+ * the trie change is undone, so a failed call leaves no trace. */
+static int fwd_event(fb_forwarder *f, int subscribe, uint64_t peer, const void *key, size_t len,
+                     int kind, fb_keylist *diff)
 {
     fb_keylist_clear(&f->scratch);
     size_t nup = f->nup;
-    int rc = fb_trie_add(f->t, key, len, kind, peer);
+    int rc = subscribe ? fb_trie_add(f->t, key, len, kind, peer) : fb_trie_remove(f->t, key, len, kind, peer);
     if (rc <= 0) return rc;
-    rc = on_first(f, key, len, kind);
+    rc = subscribe ? on_first(f, key, len, kind) : on_last(f, key, len, kind);
     if (rc == FB_OK) rc = finish(f, diff);
     if (rc < 0) {
-        /* Undo, so a failed call leaves no trace. */
-        fb_trie_remove(f->t, key, len, kind, peer);
+        if (subscribe) fb_trie_remove(f->t, key, len, kind, peer);
+        else fb_trie_add(f->t, key, len, kind, peer);
         f->nup = nup;
         return rc;
     }
     return 1;
 }
 
+int fb_fwd_subscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
+                     fb_keylist *diff)
+{
+    return fwd_event(f, 1, peer, key, len, kind, diff);
+}
+
 int fb_fwd_unsubscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
                        fb_keylist *diff)
 {
-    fb_keylist_clear(&f->scratch);
-    size_t nup = f->nup;
-    int rc = fb_trie_remove(f->t, key, len, kind, peer);
-    if (rc <= 0) return rc;
-    rc = on_last(f, key, len, kind);
-    if (rc == FB_OK) rc = finish(f, diff);
-    if (rc < 0) {
-        fb_trie_add(f->t, key, len, kind, peer);
-        f->nup = nup;
-        return rc;
-    }
-    return 1;
+    return fwd_event(f, 0, peer, key, len, kind, diff);
 }
 
 typedef struct order { size_t len; uint32_t kind; size_t idx; } order;

@@ -483,20 +483,24 @@ static void cleanup(fb_trie *t, fb_ref nr)
 /* ------------------------------------------------------------------------ */
 /* Finding and creating nodes                                                 */
 
+/* One step down: the child of n whose whole segment equals k[*i..], with *i
+ * advanced past it; FB_NULLREF if there is none.  Requires *i < len. */
+static inline fb_ref descend(const fb_trie *t, node *n, const unsigned char *k, size_t len, size_t *i)
+{
+    int ci = child_index(n, k[*i]);
+    if (ci < 0) return FB_NULLREF;
+    fb_ref c = n_children(n)[ci];
+    node *cn = N(t, c);
+    if (len - *i < cn->seglen || !seg_equal(cn, k + *i)) return FB_NULLREF;
+    *i += cn->seglen;
+    return c;
+}
+
 static fb_ref find_node(const fb_trie *t, const unsigned char *key, size_t len)
 {
     fb_ref cur = t->root;
     size_t i = 0;
-    while (i < len) {
-        node *n = N(t, cur);
-        int ci = child_index(n, key[i]);
-        if (ci < 0) return FB_NULLREF;
-        fb_ref c = n_children(n)[ci];
-        node *cn = N(t, c);
-        if (len - i < cn->seglen || !seg_equal(cn, key + i)) return FB_NULLREF;
-        i += cn->seglen;
-        cur = c;
-    }
+    while (i < len && cur != FB_NULLREF) cur = descend(t, N(t, cur), key, len, &i);
     return cur;
 }
 
@@ -647,6 +651,21 @@ static int holder_add(fb_trie *t, fb_ref *nrp, int kind, uint32_t s)
     return c == 0;
 }
 
+/* Swap-remove entry `subpos` of subscriber s's index, repointing the holder
+ * of the entry that moves into its place. */
+static void index_unlink(fb_trie *t, uint32_t s, uint32_t subpos)
+{
+    slot *sl = &t->slots[s];
+    subent *idx = sub_index(t, s);
+    uint32_t last = --sl->nkeys;
+    if (subpos != last) {
+        idx[subpos] = idx[last];
+        node *m = N(t, idx[last].node);
+        hs_get(t, m, (int)(idx[last].pos_kind & 1u), idx[last].pos_kind >> 1)->subpos = subpos;
+    }
+    t->nsubs--;
+}
+
 /* Remove the holder at `pos` of (node, kind) whatever its count.  Returns the
  * node's ref (it moves when its last holder of this kind goes) and sets
  * *emptied when the set became empty.  May fail only when an inline->removal
@@ -665,16 +684,7 @@ static fb_ref holder_del(fb_trie *t, fb_ref nr, int kind, uint32_t pos, int *emp
         nr = nn;
         *emptied = 1;
         t->nkeys--;
-        /* Swap-remove the subscriber's index entry. */
-        slot *sl = &t->slots[gone.slot];
-        subent *idx = sub_index(t, gone.slot);
-        uint32_t last = --sl->nkeys;
-        if (gone.subpos != last) {
-            idx[gone.subpos] = idx[last];
-            node *m = N(t, idx[last].node);
-            hs_get(t, m, (int)(idx[last].pos_kind & 1u), idx[last].pos_kind >> 1)->subpos = gone.subpos;
-        }
-        t->nsubs--;
+        index_unlink(t, gone.slot, gone.subpos);
         return nr;
     }
     hset *hs = n_hset(n, kind);
@@ -703,15 +713,7 @@ static fb_ref holder_del(fb_trie *t, fb_ref nr, int kind, uint32_t pos, int *emp
             hs->many.cap = ncap;
         }
     }
-    slot *sl = &t->slots[gone.slot];
-    subent *idx = sub_index(t, gone.slot);
-    uint32_t last = --sl->nkeys;
-    if (gone.subpos != last) {
-        idx[gone.subpos] = idx[last];
-        node *m = N(t, idx[last].node);
-        hs_get(t, m, (int)(idx[last].pos_kind & 1u), idx[last].pos_kind >> 1)->subpos = gone.subpos;
-    }
-    t->nsubs--;
+    index_unlink(t, gone.slot, gone.subpos);
     return nr;
 }
 
@@ -903,12 +905,8 @@ static inline int match_one(fb_trie *t, const unsigned char *k, size_t len, fb_i
             if ((n->flags & NF_EXACT) && collect(t, n, FB_EXACT, ep, out) < 0) return FB_ENOMEM;
             return FB_OK;
         }
-        int ci = child_index(n, k[i]);
-        if (ci < 0) return FB_OK;
-        cur = n_children(n)[ci];
-        node *cn = N(t, cur);
-        if (len - i < cn->seglen || !seg_equal(cn, k + i)) return FB_OK;
-        i += cn->seglen;
+        cur = descend(t, n, k, len, &i);
+        if (cur == FB_NULLREF) return FB_OK;
     }
 }
 
@@ -1062,12 +1060,8 @@ int fb_trie_any_match(const fb_trie *t, const void *topic, size_t len)
         node *n = N(t, cur);
         if (n->flags & NF_PREFIX) return 1;
         if (i == len) return (n->flags & NF_EXACT) ? 1 : 0;
-        int ci = child_index(n, k[i]);
-        if (ci < 0) return 0;
-        cur = n_children(n)[ci];
-        node *cn = N(t, cur);
-        if (len - i < cn->seglen || memcmp(n_seg(cn), k + i, cn->seglen) != 0) return 0;
-        i += cn->seglen;
+        cur = descend(t, n, k, len, &i);
+        if (cur == FB_NULLREF) return 0;
     }
 }
 
@@ -1080,12 +1074,8 @@ int fb_trie_covered(const fb_trie *t, const void *key, size_t len, int kind)
         node *n = N(t, cur);
         if (i == len) return (kind == FB_EXACT && (n->flags & NF_PREFIX)) ? 1 : 0;
         if (n->flags & NF_PREFIX) return 1;
-        int ci = child_index(n, k[i]);
-        if (ci < 0) return 0;
-        cur = n_children(n)[ci];
-        node *cn = N(t, cur);
-        if (len - i < cn->seglen || memcmp(n_seg(cn), k + i, cn->seglen) != 0) return 0;
-        i += cn->seglen;
+        cur = descend(t, n, k, len, &i);
+        if (cur == FB_NULLREF) return 0;
     }
 }
 
