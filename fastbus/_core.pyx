@@ -493,25 +493,34 @@ cdef class Forwarder:
 
     def apply(self, events) -> list:
         """Apply many ``(op, peer, key, prefix)`` events (op SUBSCRIBE or
-        UNSUBSCRIBE) and return their combined diff.  If an event fails, the
-        ones before it stay applied and ForwarderError carries their diff."""
+        UNSUBSCRIBE) and return their combined diff.  If an event fails (or
+        is malformed, or the iterable raises), the events before it stay
+        applied and ForwarderError carries their diff and the failing index;
+        the original error is its ``__cause__``."""
         cdef fb_keylist diff
         cdef int rc, op
+        cdef uint64_t peer
+        cdef bytes k
         cdef Py_ssize_t index = 0
         fb_keylist_init(&diff)
         try:
-            for index, ev in enumerate(events):
-                op_o, peer, key, prefix = ev
-                op = op_o
-                if op != FB_OP_SUBSCRIBE and op != FB_OP_UNSUBSCRIBE:
-                    err = ValueError(f"event {index}: op must be SUBSCRIBE (1) or UNSUBSCRIBE (0), not {op_o!r}")
-                    raise ForwarderError(str(err), _keylist_to_list(&diff, True, False), index) from err
-                rc = _fwd_event(self, op, peer, _as_bytes(key), _kind(prefix), &diff)
-                if rc < 0:
-                    try:
-                        _raise(rc, f"event {index}")
-                    except Exception as err:
-                        raise ForwarderError(str(err), _keylist_to_list(&diff, True, False), index) from err
+            try:
+                for ev in events:
+                    op_o, peer_o, key, prefix = ev
+                    if op_o != FB_OP_SUBSCRIBE and op_o != FB_OP_UNSUBSCRIBE:
+                        raise ValueError(f"op must be SUBSCRIBE (1) or UNSUBSCRIBE (0), not {op_o!r}")
+                    op = op_o
+                    peer = peer_o
+                    k = _as_bytes(key)
+                    rc = _fwd_event(self, op, peer, k, _kind(prefix), &diff)
+                    if rc == FB_ENOTFOUND:
+                        raise NotSubscribedError(
+                            f"peer {peer} does not hold {'prefix' if prefix else 'exact'} key {k!r}")
+                    _check(rc)
+                    index += 1
+            except Exception as err:
+                raise ForwarderError(f"event {index}: {err}", _keylist_to_list(&diff, True, False),
+                                     index) from err
             return _keylist_to_list(&diff, True, False)
         finally:
             fb_keylist_free(&diff)

@@ -93,6 +93,33 @@ def test_apply_batches_events_and_keeps_the_partial_diff_on_error():
     assert f.peer_keys(2) == [(b"b", True, 1)]
 
 
+@pytest.mark.parametrize("bad", [
+    (SUBSCRIBE, -1, b"x", False),          # peer out of range
+    (7, 1, b"x", False),                   # unknown op
+    (SUBSCRIBE, 1, 12345, False),          # key of the wrong type
+    (SUBSCRIBE, 1),                        # not a 4-tuple
+])
+def test_apply_malformed_event_keeps_the_partial_diff(bad):
+    f = Forwarder()
+    with pytest.raises(ForwarderError) as ei:
+        f.apply([(SUBSCRIBE, 1, b"a", False), bad, (SUBSCRIBE, 2, b"never", False)])
+    assert ei.value.index == 1
+    assert ei.value.diff == [(SUBSCRIBE, b"a", False)]
+    assert f.snapshot() == [(SUBSCRIBE, b"a", False)]     # the event after it was not applied
+
+
+def test_apply_iterable_that_raises_keeps_the_partial_diff():
+    def events():
+        yield (SUBSCRIBE, 1, b"a", False)
+        raise RuntimeError("source failed")
+
+    f = Forwarder()
+    with pytest.raises(ForwarderError) as ei:
+        f.apply(events())
+    assert ei.value.diff == [(SUBSCRIBE, b"a", False)] and ei.value.index == 1
+    assert isinstance(ei.value.__cause__, RuntimeError)
+
+
 # ---------------------------------------------------------------------------
 
 ALPHABET = [b"a", b"b", b"\x00", b"\xff"]
