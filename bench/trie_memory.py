@@ -1,6 +1,8 @@
 """Memory per subscription of each table, each built in a fresh process:
 the growth of RSS from just before building to just after, divided by the
-number of subscriptions; for fastbus also its own accounting.
+number of subscriptions; for fastbus also its own accounting; and the time
+to build the table from Python (datrie: loaded from bench/.cache, since
+building 1M keys takes ~20 minutes).
 
     python bench/trie_memory.py [--sizes 10000,100000,1000000] [--impls fastbus,datrie,pygtrie,dict]
 """
@@ -12,6 +14,7 @@ import gc
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -26,15 +29,19 @@ def rss_bytes() -> int:
 def child(impl: str, n: int) -> None:
     from workload import build_datrie, build_dict, build_fastbus, build_pygtrie, subscriptions
     build = {"fastbus": build_fastbus, "datrie": build_datrie, "pygtrie": build_pygtrie, "dict": build_dict}[impl]
+    if impl != "dict":
+        __import__(impl)                 # loading the module is not part of the table
     if impl == "datrie":
         build(subscriptions(n))          # make sure the cached trie exists before measuring
     subs = subscriptions(n)
     gc.collect()
     before = rss_bytes()
+    t0 = time.perf_counter()
     t = build(subs)
+    seconds = time.perf_counter() - t0
     gc.collect()
     after = rss_bytes()
-    out = {"impl": impl, "n": n, "rss_per_sub": (after - before) / n}
+    out = {"impl": impl, "n": n, "rss_per_sub": (after - before) / n, "build_s": seconds}
     if impl == "fastbus":
         s = t.stats()
         out["live_per_sub"] = s["bytes_live"] / n
@@ -60,12 +67,13 @@ def main() -> None:
             if r.returncode != 0:
                 sys.exit(f"{impl} {n} failed:\n{r.stderr}")
             rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
-    print("| impl | subscriptions | RSS B/sub | core live B/sub | core reserved B/sub |")
-    print("|---|---|---|---|---|")
+    print("| impl | subscriptions | RSS B/sub | core live B/sub | core reserved B/sub | build s |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         live = f"{r['live_per_sub']:.1f}" if "live_per_sub" in r else ""
         res = f"{r['reserved_per_sub']:.1f}" if "reserved_per_sub" in r else ""
-        print(f"| {r['impl']} | {r['n']:,} | {r['rss_per_sub']:.1f} | {live} | {res} |")
+        build = "(cached)" if r["impl"] == "datrie" else f"{r['build_s']:.2f}"
+        print(f"| {r['impl']} | {r['n']:,} | {r['rss_per_sub']:.1f} | {live} | {res} | {build} |")
 
 
 if __name__ == "__main__":
