@@ -21,7 +21,7 @@ from setuptools.command.build_clib import build_clib
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
-CORE_SOURCES = ["fb_common.c", "fb_arena.c", "fb_trie.c", "fb_forwarder.c", "fb_batch.c", "fb_outbox.c"]
+CORE_SOURCES = sorted(p.name for p in (HERE / "csrc").glob("fb_*.c"))
 SANITIZE = os.environ.get("FASTBUS_SANITIZE", "") == "1"
 DEBUG = SANITIZE or os.environ.get("FASTBUS_DEBUG", "") == "1"
 

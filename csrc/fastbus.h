@@ -5,6 +5,7 @@
  *   fb_forwarder.h  minimal upstream subscription diffs (dedup / subsume, cap, snapshot)
  *   fb_batch.h      the batch wire format: decode, CRC32C
  *   fb_outbox.h     per-destination batch buffers with a flush policy
+ *   fb_router.h     a broker's routing step: a batch into per-link outboxes
  *   fb_common.h     status codes, id vectors, key lists
  *
  * Plain C11, no dependencies.  Build with the Makefile in this directory
@@ -18,5 +19,6 @@
 #include "fb_forwarder.h"
 #include "fb_batch.h"
 #include "fb_outbox.h"
+#include "fb_router.h"
 
 #endif /* FASTBUS_H */

@@ -25,6 +25,7 @@ from fastbus._core import (
     Batch,
     Forwarder,
     Outbox,
+    Router,
     Trie,
     batch_count,
     crc32c,
@@ -40,7 +41,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 __all__ = [
     "BATCH_VERSION", "CORE_VERSION", "EXACT", "PREFIX", "SUBSCRIBE", "UNSUBSCRIBE",
-    "Batch", "Forwarder", "Outbox", "Trie", "batch_count", "crc32c", "decode", "encode",
+    "Batch", "Forwarder", "Outbox", "Router", "Trie", "batch_count", "crc32c", "decode", "encode",
     "BatchError", "FastbusError", "ForwarderError", "NotSubscribedError",
     "get_include", "get_library_dirs",
 ]

@@ -11,6 +11,8 @@ from cpython.pythread cimport PyThread_type_lock
 from fastbus.includes.fb_trie cimport fb_trie
 from fastbus.includes.fb_forwarder cimport fb_forwarder
 from fastbus.includes.fb_outbox cimport fb_outbox
+from fastbus.includes.fb_batch cimport fb_decode_limits
+from fastbus.includes.fb_router cimport fb_router
 
 
 cdef class Trie:
@@ -31,4 +33,11 @@ cdef class Batch:
 
 cdef class Outbox:
     cdef fb_outbox _o
+    cdef PyThread_type_lock _lock
+
+
+cdef class Router:
+    cdef fb_router *_r
+    cdef Trie _trie
+    cdef fb_decode_limits _lim
     cdef PyThread_type_lock _lock

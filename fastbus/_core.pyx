@@ -14,7 +14,7 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
 from cpython cimport array
-from libc.stdint cimport uint8_t, uint32_t, uint64_t, UINT64_MAX
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, UINT64_MAX, UINT32_MAX
 from libc.stdlib cimport malloc
 from libc.string cimport memcpy
 
@@ -23,6 +23,7 @@ from fastbus.includes.fb_trie cimport *
 from fastbus.includes.fb_forwarder cimport *
 from fastbus.includes.fb_batch cimport *
 from fastbus.includes.fb_outbox cimport *
+from fastbus.includes.fb_router cimport *
 
 import array as _pyarray
 
@@ -639,6 +640,24 @@ cdef inline uint64_t _now(now_ns) except? 0:
     return fb_now_ns() if now_ns is None else <uint64_t>now_ns
 
 
+cdef fb_outbox_limits _limits(Py_ssize_t max_messages, Py_ssize_t max_bytes, max_delay,
+                              bint checksum) except *:
+    """Validated outbox limits (shared by Outbox and Router)."""
+    if max_messages < 0 or max_bytes < 0:
+        raise ValueError("max_messages and max_bytes must be >= 0 (0: no limit)")
+    cdef double delay = 0.0 if max_delay is None else max_delay
+    if not (delay >= 0.0) or delay > 1e9:
+        raise ValueError(f"max_delay must be seconds >= 0 (0 or None: no limit), not {max_delay!r}")
+    cdef fb_outbox_limits lim
+    lim.max_messages = <size_t>max_messages
+    lim.max_bytes = <size_t>max_bytes
+    lim.max_age_ns = <uint64_t>(delay * 1e9)
+    if delay > 0 and lim.max_age_ns == 0:
+        lim.max_age_ns = 1
+    lim.checksum = checksum
+    return lim
+
+
 cdef class Outbox:
     """A batch buffer for one destination, with a flush policy.
 
@@ -656,18 +675,7 @@ cdef class Outbox:
 
     def __cinit__(self, Py_ssize_t max_messages=1000, Py_ssize_t max_bytes=1 << 20,
                   max_delay=0.005, bint checksum=False):
-        if max_messages < 0 or max_bytes < 0:
-            raise ValueError("max_messages and max_bytes must be >= 0 (0: no limit)")
-        cdef double delay = 0.0 if max_delay is None else max_delay
-        if not (delay >= 0.0) or delay > 1e9:
-            raise ValueError(f"max_delay must be seconds >= 0 (0 or None: no limit), not {max_delay!r}")
-        cdef fb_outbox_limits lim
-        lim.max_messages = <size_t>max_messages
-        lim.max_bytes = <size_t>max_bytes
-        lim.max_age_ns = <uint64_t>(delay * 1e9)
-        if delay > 0 and lim.max_age_ns == 0:
-            lim.max_age_ns = 1
-        lim.checksum = checksum
+        cdef fb_outbox_limits lim = _limits(max_messages, max_bytes, max_delay, checksum)
         self._lock = _new_lock()
         fb_outbox_init(&self._o, &lim)
 
@@ -841,3 +849,175 @@ def crc32c(data, uint32_t crc=0) -> int:
         return fb_crc32c(crc, view.buf, <size_t>view.len)
     finally:
         PyBuffer_Release(&view)
+
+
+# --------------------------------------------------------------------------
+# Router
+
+cdef enum:
+    LINKS_PER_CALL = 4096
+
+
+cdef list _router_links(Router self, bint only_due, uint64_t now):
+    cdef uint32_t *buf = <uint32_t *>PyMem_Malloc(LINKS_PER_CALL * sizeof(uint32_t))
+    cdef size_t n, i
+    if buf is NULL:
+        raise MemoryError()
+    try:
+        _lock(self._lock)
+        if only_due:
+            n = fb_router_due(self._r, now, buf, LINKS_PER_CALL)
+        else:
+            n = fb_router_pending(self._r, buf, LINKS_PER_CALL)
+        _unlock(self._lock)
+        return [buf[i] for i in range(n)]
+    finally:
+        PyMem_Free(buf)
+
+
+cdef class Router:
+    """A broker's routing step: received batches into per-link outboxes.
+
+    Links are integers ``0 .. 2**31 - 1``, the subscriber ids of ``trie``.
+    ``route(batch, source)`` validates a batch whole, matches all its topics
+    in one call and appends each record to the outbox of every matching link
+    except ``source`` (a message never goes back where it came from).  Then
+    ``due()`` lists the links whose outbox is due and ``take(link)`` hands a
+    batch over.  Outbox limits as in :class:`Outbox`; decoder limits (0: none)
+    bound what a peer may send.
+    """
+
+    def __cinit__(self, Trie trie not None, Py_ssize_t max_messages=1000, Py_ssize_t max_bytes=1 << 20,
+                  max_delay=0.001, bint checksum=False, uint32_t max_topic=0, uint32_t max_payload=0,
+                  uint32_t max_records=0):
+        cdef fb_outbox_limits lim = _limits(max_messages, max_bytes, max_delay, checksum)
+        self._lim.max_topic = max_topic
+        self._lim.max_payload = max_payload
+        self._lim.max_records = max_records
+        self._lim.require_checksum = 0
+        self._trie = trie
+        self._lock = _new_lock()
+        self._r = fb_router_new(&lim)
+        if self._r is NULL:
+            raise MemoryError("cannot allocate a router")
+
+    def __dealloc__(self):
+        if self._r is not NULL:
+            fb_router_free(self._r)
+        if self._lock is not NULL:
+            PyThread_free_lock(self._lock)
+
+    @property
+    def trie(self) -> Trie:
+        return self._trie
+
+    def add_link(self, uint32_t link) -> None:
+        """Give a link an outbox (idempotent)."""
+        _lock(self._lock)
+        rc = fb_router_add_link(self._r, link)
+        _unlock(self._lock)
+        _check(rc, "add_link")
+
+    def remove_link(self, uint32_t link) -> int:
+        """Drop a link's outbox; returns how many records it still held."""
+        _lock(self._lock)
+        n = fb_router_remove_link(self._r, link)
+        _unlock(self._lock)
+        return n
+
+    def has_link(self, uint32_t link) -> bool:
+        _lock(self._lock)
+        n = fb_router_has_link(self._r, link)
+        _unlock(self._lock)
+        return n != 0
+
+    def route(self, batch, source=None, now_ns=None) -> int:
+        """Route one received batch; returns its record count.  Raises
+        BatchError (nothing routed) for a malformed batch or one over the
+        decoder limits."""
+        cdef Py_buffer view
+        cdef uint64_t src = UINT64_MAX if source is None else <uint64_t>source
+        cdef uint64_t now = _now(now_ns)
+        cdef int rc
+        PyObject_GetBuffer(batch, &view, PyBUF_SIMPLE)
+        try:
+            _lock(self._lock)
+            _lock(self._trie._lock)
+            with nogil:
+                rc = fb_router_route(self._r, self._trie._t, view.buf, <size_t>view.len, &self._lim, src, now)
+            _unlock(self._trie._lock)
+            _unlock(self._lock)
+        finally:
+            PyBuffer_Release(&view)
+        return _check(rc, "route")
+
+    def due(self, now_ns=None) -> list:
+        """Links whose outbox is due now (by count, size or age), up to 4096
+        per call: take their batches, then call again for more."""
+        return _router_links(self, True, _now(now_ns))
+
+    def pending(self) -> list:
+        """Links whose outbox holds records, due or not (up to 4096 per call)."""
+        return _router_links(self, False, 0)
+
+    def take(self, uint32_t link):
+        """Hand over a link's pending batch (a Batch), or None."""
+        cdef unsigned char *buf = NULL
+        cdef size_t n = 0
+        cdef fb_outbox *ob
+        cdef int rc = FB_OK
+        _lock(self._lock)
+        ob = fb_router_outbox(self._r, link)
+        if ob is not NULL:
+            rc = fb_outbox_take(ob, &buf, &n)
+        _unlock(self._lock)
+        _check(rc, "take")
+        return None if buf is NULL else _wrap_batch(buf, n)
+
+    def append(self, uint32_t link, topic, payload, now_ns=None) -> bool:
+        """Append one record to a link's outbox directly; True when due.
+        KeyError if the link has no outbox."""
+        cdef bytes t = _as_bytes(topic)
+        cdef bytes p = _as_bytes(payload)
+        cdef uint64_t now = _now(now_ns)
+        cdef fb_outbox *ob
+        cdef int rc
+        _lock(self._lock)
+        ob = fb_router_outbox(self._r, link)
+        if ob is NULL:
+            _unlock(self._lock)
+            raise KeyError(f"no link {link}")
+        rc = fb_outbox_append(ob, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(p),
+                              PyBytes_GET_SIZE(p), now)
+        if rc >= 0:
+            fb_router_touch(self._r, link)
+        _unlock(self._lock)
+        return _check(rc, "append") == 1
+
+    def queued(self, uint32_t link) -> tuple:
+        """(records, bytes) pending in a link's outbox."""
+        cdef fb_outbox *ob
+        cdef size_t count = 0, nbytes = 0
+        _lock(self._lock)
+        ob = fb_router_outbox(self._r, link)
+        if ob is not NULL:
+            count = fb_outbox_count(ob)
+            nbytes = fb_outbox_bytes(ob)
+        _unlock(self._lock)
+        return count, nbytes
+
+    def deadline_ns(self):
+        """Earliest time an outbox becomes due by age (monotonic ns), or None."""
+        _lock(self._lock)
+        d = fb_router_deadline(self._r)
+        _unlock(self._lock)
+        return None if d == UINT64_MAX else d
+
+    def stats(self) -> dict:
+        """batches, records, bytes, deliveries, unrouted, rejected (cumulative)."""
+        cdef fb_router_stats s
+        _lock(self._lock)
+        fb_router_get_stats(self._r, &s)
+        _unlock(self._lock)
+        return {"batches": s.batches, "records": s.records, "bytes": s.bytes,
+                "deliveries": s.deliveries, "unrouted": s.unrouted, "rejected": s.rejected}

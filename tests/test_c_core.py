@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-CORE = ["fb_common.c", "fb_arena.c", "fb_trie.c", "fb_forwarder.c", "fb_batch.c", "fb_outbox.c"]
-TESTS = ["test_trie", "test_forwarder", "test_batch"]
+CSRC = Path(__file__).resolve().parent.parent / "csrc"
+CORE = sorted(p.name for p in CSRC.glob("fb_*.c"))
+TESTS = sorted(p.stem for p in (CSRC / "tests").glob("test_*.c")) or ["(no C sources)"]
 FLAGS = {
     "optimised": ["-O2", "-g"],
     "sanitized": ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",

@@ -1,0 +1,219 @@
+/* fb_router.c - per-batch routing into per-link outboxes (see fb_router.h). */
+#include "fb_router.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct linkbox {
+    fb_outbox ob;
+    uint8_t active;
+    uint8_t listed;   /* in r->pending */
+} linkbox;
+
+struct fb_router {
+    fb_outbox_limits lim;
+    linkbox *links;
+    uint32_t caplinks;
+    uint32_t *pending;        /* links that may hold records: the only ones due() looks at */
+    size_t npending, cappending;
+    fb_record *recs;
+    size_t caprecs;
+    fb_span *spans;
+    size_t capspans;
+    size_t *offsets;
+    size_t capoffsets;
+    fb_idvec ids;
+    fb_router_stats st;
+};
+
+fb_router *fb_router_new(const fb_outbox_limits *lim)
+{
+    fb_router *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    if (lim) r->lim = *lim;
+    fb_idvec_init(&r->ids);
+    return r;
+}
+
+void fb_router_free(fb_router *r)
+{
+    if (!r) return;
+    for (uint32_t i = 0; i < r->caplinks; i++) fb_outbox_destroy(&r->links[i].ob);
+    free(r->links);
+    free(r->pending);
+    free(r->recs);
+    free(r->spans);
+    free(r->offsets);
+    fb_idvec_free(&r->ids);
+    free(r);
+}
+
+int fb_router_add_link(fb_router *r, uint32_t link)
+{
+    if (link >= 0x80000000u) return FB_EINVAL;
+    if (link >= r->caplinks) {
+        uint32_t c = r->caplinks ? r->caplinks : 16;
+        while (c <= link) c *= 2;
+        linkbox *nl = realloc(r->links, (size_t)c * sizeof *nl);
+        if (!nl) return FB_ENOMEM;
+        memset(nl + r->caplinks, 0, (size_t)(c - r->caplinks) * sizeof *nl);
+        r->links = nl;
+        r->caplinks = c;
+    }
+    linkbox *lb = &r->links[link];
+    if (!lb->active) {
+        fb_outbox_init(&lb->ob, &r->lim);
+        lb->active = 1;
+    }
+    return FB_OK;
+}
+
+size_t fb_router_remove_link(fb_router *r, uint32_t link)
+{
+    if (link >= r->caplinks || !r->links[link].active) return 0;
+    linkbox *lb = &r->links[link];
+    size_t dropped = fb_outbox_count(&lb->ob);
+    fb_outbox_destroy(&lb->ob);
+    lb->active = 0;    /* stays listed until due() passes over it */
+    return dropped;
+}
+
+int fb_router_has_link(const fb_router *r, uint32_t link)
+{
+    return link < r->caplinks && r->links[link].active;
+}
+
+static int list_link(fb_router *r, uint32_t link)
+{
+    linkbox *lb = &r->links[link];
+    if (lb->listed) return FB_OK;
+    if (r->npending == r->cappending) {
+        size_t c = r->cappending ? r->cappending * 2 : 16;
+        uint32_t *p = realloc(r->pending, c * sizeof *p);
+        if (!p) return FB_ENOMEM;
+        r->pending = p;
+        r->cappending = c;
+    }
+    r->pending[r->npending++] = link;
+    lb->listed = 1;
+    return FB_OK;
+}
+
+void fb_router_touch(fb_router *r, uint32_t link)
+{
+    if (link < r->caplinks && r->links[link].active && fb_outbox_count(&r->links[link].ob))
+        (void)list_link(r, link); /* on ENOMEM the outbox is still flushed by a later touch or route */
+}
+
+static int reserve(void **p, size_t *cap, size_t need, size_t item)
+{
+    if (need <= *cap) return FB_OK;
+    size_t c = *cap ? *cap : 64;
+    while (c < need) c *= 2;
+    if (c > SIZE_MAX / item) return FB_ENOMEM;
+    void *np = realloc(*p, c * item);
+    if (!np) return FB_ENOMEM;
+    *p = np;
+    *cap = c;
+    return FB_OK;
+}
+
+int fb_router_route(fb_router *r, fb_trie *t, const void *batch, size_t len,
+                    const fb_decode_limits *lim, uint64_t source, uint64_t now_ns)
+{
+    uint32_t count;
+    size_t n = 0;
+    int rc = fb_batch_header(batch, len, &count, NULL);
+    if (rc == FB_OK) {
+        /* A count the buffer cannot hold is rejected by the decoder without
+         * this router allocating for it first. */
+        size_t cap = count <= len / 2 ? count : 0;
+        rc = reserve((void **)&r->recs, &r->caprecs, cap ? cap : 1, sizeof(fb_record));
+        if (rc == FB_OK) rc = fb_batch_decode(batch, len, lim, cap ? r->recs : NULL, cap, &n);
+    }
+    if (rc < 0) {
+        if (rc != FB_ENOMEM) r->st.rejected++;
+        return rc;
+    }
+    rc = reserve((void **)&r->spans, &r->capspans, n ? n : 1, sizeof(fb_span));
+    if (rc == FB_OK) rc = reserve((void **)&r->offsets, &r->capoffsets, n + 1, sizeof(size_t));
+    if (rc < 0) return rc;
+    for (size_t i = 0; i < n; i++) {
+        r->spans[i].ptr = r->recs[i].topic;
+        r->spans[i].len = r->recs[i].topic_len;
+    }
+    fb_idvec_clear(&r->ids);
+    rc = fb_trie_match_batch(t, r->spans, n, r->offsets, &r->ids);
+    if (rc < 0) return rc;
+    uint64_t delivered = 0;
+    for (size_t i = 0; i < n; i++) {
+        const fb_record *rec = &r->recs[i];
+        size_t before = delivered;
+        for (size_t j = r->offsets[i]; j < r->offsets[i + 1]; j++) {
+            uint64_t id = r->ids.ids[j];
+            if (id == source || id >= r->caplinks) continue;
+            linkbox *lb = &r->links[id];
+            if (!lb->active) continue;
+            if (fb_outbox_count(&lb->ob) == 0 && (rc = list_link(r, (uint32_t)id)) < 0) return rc;
+            rc = fb_outbox_append(&lb->ob, rec->topic, rec->topic_len, rec->payload, rec->payload_len, now_ns);
+            if (rc < 0) return rc;
+            delivered++;
+        }
+        if (delivered == before) r->st.unrouted++;
+    }
+    r->st.batches++;
+    r->st.records += n;
+    r->st.bytes += len;
+    r->st.deliveries += delivered;
+    return n > 0x7fffffff ? 0x7fffffff : (int)n;
+}
+
+/* Walk the pending list, dropping links that no longer hold records, and
+ * report those that pass `pick` (due, or merely pending). */
+static size_t scan(fb_router *r, uint64_t now_ns, int only_due, uint32_t *links, size_t cap)
+{
+    size_t out = 0, w = 0, i = 0;
+    for (; i < r->npending && out < cap; i++) {
+        uint32_t link = r->pending[i];
+        linkbox *lb = &r->links[link];
+        if (!lb->active || fb_outbox_count(&lb->ob) == 0) {
+            lb->listed = 0;
+            continue;
+        }
+        r->pending[w++] = link;
+        if (!only_due || fb_outbox_due(&lb->ob, now_ns)) links[out++] = link;
+    }
+    /* Keep whatever the cap left unvisited. */
+    while (i < r->npending) r->pending[w++] = r->pending[i++];
+    r->npending = w;
+    return out;
+}
+
+size_t fb_router_due(fb_router *r, uint64_t now_ns, uint32_t *links, size_t cap)
+{
+    return scan(r, now_ns, 1, links, cap);
+}
+
+size_t fb_router_pending(fb_router *r, uint32_t *links, size_t cap)
+{
+    return scan(r, 0, 0, links, cap);
+}
+
+uint64_t fb_router_deadline(const fb_router *r)
+{
+    uint64_t d = UINT64_MAX;
+    for (size_t i = 0; i < r->npending; i++) {
+        const linkbox *lb = &r->links[r->pending[i]];
+        if (!lb->active) continue;
+        uint64_t x = fb_outbox_deadline(&lb->ob);
+        if (x < d) d = x;
+    }
+    return d;
+}
+
+fb_outbox *fb_router_outbox(fb_router *r, uint32_t link)
+{
+    return link < r->caplinks && r->links[link].active ? &r->links[link].ob : NULL;
+}
+
+void fb_router_get_stats(const fb_router *r, fb_router_stats *s) { *s = r->st; }

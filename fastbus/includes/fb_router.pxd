@@ -1,0 +1,31 @@
+# Mirrors csrc/fb_router.h
+from libc.stdint cimport uint32_t, uint64_t
+from fastbus.includes.fb_batch cimport fb_decode_limits
+from fastbus.includes.fb_outbox cimport fb_outbox, fb_outbox_limits
+from fastbus.includes.fb_trie cimport fb_trie
+
+cdef extern from "fb_router.h" nogil:
+    ctypedef struct fb_router:
+        pass
+
+    ctypedef struct fb_router_stats:
+        uint64_t batches
+        uint64_t records
+        uint64_t bytes
+        uint64_t deliveries
+        uint64_t unrouted
+        uint64_t rejected
+
+    fb_router *fb_router_new(const fb_outbox_limits *lim)
+    void fb_router_free(fb_router *r)
+    int fb_router_add_link(fb_router *r, uint32_t link)
+    size_t fb_router_remove_link(fb_router *r, uint32_t link)
+    int fb_router_has_link(const fb_router *r, uint32_t link)
+    int fb_router_route(fb_router *r, fb_trie *t, const void *batch, size_t len,
+                        const fb_decode_limits *lim, uint64_t source, uint64_t now_ns)
+    size_t fb_router_due(fb_router *r, uint64_t now_ns, uint32_t *links, size_t cap)
+    size_t fb_router_pending(fb_router *r, uint32_t *links, size_t cap)
+    uint64_t fb_router_deadline(const fb_router *r)
+    fb_outbox *fb_router_outbox(fb_router *r, uint32_t link)
+    void fb_router_touch(fb_router *r, uint32_t link)
+    void fb_router_get_stats(const fb_router *r, fb_router_stats *s)
