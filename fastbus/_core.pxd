@@ -8,6 +8,7 @@
 # Each object owns its C struct (_t / _f / _o) and a lock that every method
 # takes; code that calls the C API directly on a shared object takes it too.
 from cpython.pythread cimport PyThread_type_lock
+from libc.stdint cimport uint64_t
 from fastbus.includes.fb_trie cimport fb_trie
 from fastbus.includes.fb_forwarder cimport fb_forwarder
 from fastbus.includes.fb_outbox cimport fb_outbox
@@ -34,6 +35,8 @@ cdef class Batch:
 cdef class Outbox:
     cdef fb_outbox _o
     cdef PyThread_type_lock _lock
+    cdef uint64_t _accepted
+    cdef uint64_t _refused
 
 
 cdef class Router:

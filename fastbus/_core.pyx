@@ -696,6 +696,39 @@ cdef class Outbox:
         _unlock(self._lock)
         return _check(rc, "append") == 1
 
+    def offer(self, topic, payload, Trie wanted=None) -> int:
+        """Append a record unless ``wanted`` (a Trie of what subscribers
+        want) says nobody wants its topic: -1 if refused, 0 if appended,
+        1 if appended and a flush is due.  The publisher-side filter and the
+        append are one call; counts are in ``accepted`` and ``refused``."""
+        cdef bytes t = _as_bytes(topic)
+        cdef bytes p = _as_bytes(payload)
+        cdef int rc
+        if wanted is not None:
+            _lock(wanted._lock)
+            rc = fb_trie_any_match(wanted._t, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t))
+            _unlock(wanted._lock)
+            if rc == 0:
+                self._refused += 1
+                return -1
+        _lock(self._lock)
+        rc = fb_outbox_append(&self._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t),
+                              PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), fb_now_ns())
+        if rc >= 0:
+            self._accepted += 1
+        _unlock(self._lock)
+        return _check(rc, "append")
+
+    @property
+    def accepted(self) -> int:
+        """Records appended by offer()."""
+        return self._accepted
+
+    @property
+    def refused(self) -> int:
+        """Records offer() refused because nobody wanted their topic."""
+        return self._refused
+
     def extend(self, records, now_ns=None) -> bool:
         """Add many ``(topic, payload)`` records in one call; True when a
         flush is due.  On an error the records before the bad one are kept."""

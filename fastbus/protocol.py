@@ -1,0 +1,107 @@
+"""The fastbus wire protocol, version 1: frame layouts shared by the broker
+and the clients.  docs/PROTOCOL.md is the normative description.
+
+Every message is a ZeroMQ multipart message whose first frame is one command
+byte.  Clients use a DEALER socket, the broker a ROUTER socket (which adds the
+peer's routing id in front).  Batches of messages use the batch format of
+docs/BATCH_FORMAT.md; subscription operations too (an "ops batch": one
+record per operation, the key as topic and one flags byte as payload).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterable
+
+from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Batch, decode, encode
+from fastbus.errors import FastbusError
+
+VERSION = 1
+DEFAULT_PORT = 6464
+DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
+
+# client -> broker
+HELLO = b"H"        # [H, json hello]
+SUB = b"S"          # [S, seq u64, ops batch]
+PUB = b"P"          # [P, message batch]
+PING = b"p"         # [p, token]
+STATS = b"Q"        # [Q]
+BYE = b"B"          # [B]
+# broker -> client
+WELCOME = b"h"      # [h, json]
+CONFIRM = b"c"      # [c, seq u64]
+DATA = b"D"         # [D, acked seq u64, message batch]
+WANT = b"W"         # [W, flags u8, ops batch]   flags bit 0: reset (a full snapshot)
+GAP = b"G"          # [G, lost u64]
+PONG = b"q"         # [q, token, broker instance]
+STATS_REPLY = b"R"  # [R, json]
+KICK = b"X"         # [X, json {"reason": ...}]
+
+WANT_RESET = 1
+
+# ops batch flags byte
+OP_SUBSCRIBE = 0x01
+OP_PREFIX = 0x02
+
+U64 = struct.Struct("<Q")
+
+
+class ProtocolError(FastbusError, ValueError):
+    """A peer sent something that is not valid protocol."""
+
+
+def new_instance_id() -> bytes:
+    """A random id for one run of a broker or client (detects restarts)."""
+    return os.urandom(8).hex().encode()
+
+
+def pack_u64(n: int) -> bytes:
+    return U64.pack(n)
+
+
+def unpack_u64(frame) -> int:
+    b = frame if isinstance(frame, (bytes, bytearray, memoryview)) else frame.buffer
+    if len(b) != 8:
+        raise ProtocolError(f"expected an 8-byte integer frame, got {len(b)} bytes")
+    return U64.unpack(b)[0]
+
+
+def encode_ops(ops: Iterable[tuple[int, bytes, bool]]) -> Batch:
+    """Subscription operations ``(op, key, prefix)`` as an ops batch."""
+    return encode(
+        (key, bytes(((OP_SUBSCRIBE if op == SUBSCRIBE else 0) | (OP_PREFIX if prefix else 0),)))
+        for op, key, prefix in ops)
+
+
+def decode_ops(data, *, max_key: int = 0, max_ops: int = 0) -> list[tuple[int, bytes, bool]]:
+    """An ops batch back into ``(op, key, prefix)``; ProtocolError if invalid."""
+    try:
+        records = decode(data, max_topic=max_key, max_payload=1, max_records=max_ops)
+    except ValueError as exc:
+        raise ProtocolError(f"bad subscription batch: {exc}") from exc
+    ops = []
+    for key, flags in records:
+        if len(flags) != 1 or flags[0] & ~(OP_SUBSCRIBE | OP_PREFIX):
+            raise ProtocolError(f"bad subscription flags {flags!r}")
+        f = flags[0]
+        ops.append((SUBSCRIBE if f & OP_SUBSCRIBE else UNSUBSCRIBE, key, bool(f & OP_PREFIX)))
+    return ops
+
+
+def dump_json(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def load_json(frame, limit: int = 65536) -> dict:
+    b = frame if isinstance(frame, (bytes, bytearray)) else bytes(frame.buffer if hasattr(frame, "buffer") else frame)
+    if len(b) > limit:
+        raise ProtocolError(f"control message of {len(b)} bytes is over the {limit}-byte limit")
+    try:
+        obj = json.loads(b)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(f"bad JSON in control message: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ProtocolError("control message must be a JSON object")
+    return obj
