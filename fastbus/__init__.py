@@ -1,7 +1,11 @@
 """fastbus: fast pub/sub and reliable messaging, with a C core.
 
-The core (this release): a subscription trie, diff-only subscription
-forwarding and batch outboxes, implemented in C (``csrc/``) and exposed here:
+* :class:`Client` / :class:`PubSub` - publish and subscribe through a
+  fastbus broker, with redis-py's pub/sub API.
+* :class:`Broker` / :class:`BrokerConfig` - the broker, embedded in a Python
+  process (``fastbus broker`` runs one from the shell).
+
+The core, implemented in C (``csrc/``) and exposed here:
 
 * :class:`Trie` - who wants a topic: exact and prefix keys, reference-counted
   per subscriber, ``match`` / ``match_many`` / ``match_flat``.
@@ -33,6 +37,9 @@ from fastbus._core import (
     encode,
 )
 from fastbus.errors import BatchError, FastbusError, ForwarderError, NotSubscribedError
+from fastbus.protocol import DEFAULT_ENDPOINT, DEFAULT_PORT, ProtocolError
+from fastbus.client import Client, ConnectionClosed, PubSub
+from fastbus.broker import Broker, BrokerConfig
 
 try:
     __version__ = version("fastbus")
@@ -42,7 +49,8 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 __all__ = [
     "BATCH_VERSION", "CORE_VERSION", "EXACT", "PREFIX", "SUBSCRIBE", "UNSUBSCRIBE",
     "Batch", "Forwarder", "Outbox", "Router", "Trie", "batch_count", "crc32c", "decode", "encode",
-    "BatchError", "FastbusError", "ForwarderError", "NotSubscribedError",
+    "BatchError", "FastbusError", "ForwarderError", "NotSubscribedError", "ProtocolError",
+    "ConnectionClosed", "Client", "PubSub", "Broker", "BrokerConfig", "DEFAULT_ENDPOINT", "DEFAULT_PORT",
     "get_include", "get_library_dirs",
 ]
 

@@ -84,6 +84,8 @@ class BrokerConfig:
     curve_public_key: str | None = None
     curve_allowed: list[str] | None = None
     name: str = "fastbus"
+    #: Log a line of counters every this many seconds (0: never).
+    stats_interval: float = 0.0
 
     def check(self) -> None:
         """Raise ValueError on a setting that cannot work."""
@@ -99,6 +101,8 @@ class BrokerConfig:
                 raise ValueError(f"{name} must be positive")
         if not 0 < self.max_delay <= 10:
             raise ValueError("max_delay must be between 0 and 10 seconds")
+        if self.stats_interval < 0:
+            raise ValueError("stats_interval must be >= 0 (0: no periodic log)")
         if not 0 < self.probe_interval <= 60 or not 0 < self.heartbeat_timeout <= 600:
             raise ValueError("probe_interval and heartbeat_timeout must be positive (seconds)")
         if (self.curve_secret_key is None) != (self.curve_public_key is None):
@@ -215,8 +219,8 @@ class Broker:
             self._error = exc
             self._ready.set()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving (from any thread): pending batches are sent first."""
+    def request_stop(self) -> None:
+        """Ask the loop to finish (safe from a signal handler); returns at once."""
         self._stop_requested = True
         try:
             s = self._ctx.socket(zmq.PAIR)
@@ -226,6 +230,11 @@ class Broker:
             s.close()
         except zmq.ZMQError:
             pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving (from any thread) and wait: pending batches are sent
+        first."""
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -272,6 +281,7 @@ class Broker:
             "slow_consumer", "unrouted", "malformed", "protocol", "unknown_peer", "not_subscribed",
             "too_many_subscriptions", "disconnected_slow", "unreachable"], 0)
         self._started = time.monotonic()
+        self._next_stats_log = self._started + (self.config.stats_interval or 0)
 
         self._wake = ctx.socket(zmq.PAIR)
         self._wake.bind(self._wake_addr)
@@ -717,7 +727,7 @@ class Broker:
                 elif cmd == P.KICK:
                     log.info("upstream asked for a resync: %s", frames[1].bytes[:200])
                     self._upstream_hello()
-                elif cmd in (P.CONFIRM, P.GAP, P.STATS_REPLY):
+                elif cmd in (P.CONFIRM, P.GAP, P.STATS_REPLY, P.PING):
                     if cmd == P.GAP:
                         self.drops["slow_consumer"] += P.unpack_u64(frames[1])
                 else:
@@ -842,6 +852,12 @@ class Broker:
         if self._upstream is not None:
             self._send(self._upstream, [P.PING, b"probe"])
         self._publish_stats()
+        if self.config.stats_interval and now >= self._next_stats_log:
+            self._next_stats_log = now + self.config.stats_interval
+            s = self._stats_snapshot
+            log.info("peers %d, subscriptions %d, in %d msg (%d batches), out %d msg, dropped %s",
+                     s["peers"], s["subscriptions"], s["messages_in"], s["batches_in"], s["messages_out"],
+                     {k: v for k, v in s["drops"].items() if v} or "nothing")
 
     def _stats_dict(self) -> dict:
         ts = self._trie.stats()

@@ -658,6 +658,8 @@ class _IOThread(threading.Thread):
         elif cmd == P.KICK:
             reason = P.load_json(frames[1]).get("reason", "")
             self._resync(conn, str(reason))
+        elif cmd == P.PING:
+            pass                     # the broker's liveness probe: nothing to answer
         elif cmd == P.STATS_REPLY:
             if self._stats_waiters:
                 self._stats_waiters.popleft().put(P.load_json(frames[1], limit=16 << 20))

@@ -1,0 +1,150 @@
+"""``fastbus demo``: a broker with live publishers and subscribers that
+print their rates: seed 000's workload (50 channels "0".."49", 20-byte
+messages, every subscriber on every channel), each client in its own process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _publisher(endpoint: str, channels: int, size: int, stop, counts, index: int) -> None:
+    import fastbus
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    chans = [str(i).encode() for i in range(channels)]
+    payload = b"x" * size
+    client = fastbus.Client(endpoint=endpoint, name=f"demo-pub-{index}")
+    n = 0
+    publish = client.publish
+    while not stop.is_set():
+        for ch in chans:
+            publish(ch, payload)
+        n += len(chans)
+        if n % 10000 == 0:
+            counts[index] = n
+    client.close()
+    counts[index] = client.stats()["published"]
+
+
+def _subscriber(endpoint: str, channels: int, ready, stop, counts, index: int) -> None:
+    import fastbus
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    client = fastbus.Client(endpoint=endpoint, name=f"demo-sub-{index}")
+    p = client.pubsub()
+    p.subscribe(*[str(i) for i in range(channels)])
+    confirmed = 0
+    while confirmed < channels:
+        m = p.get_message(timeout=5)
+        if m is None:
+            raise SystemExit("subscriber: no confirmation from the broker")
+        confirmed += m["type"] == "subscribe"
+    ready.set()
+    n = 0
+    idle_since = None
+    while True:
+        got = len(p.get_batch(timeout=0.2))
+        n += got
+        counts[index] = n
+        if stop.is_set():
+            # drain what is still in flight, then stop
+            if got == 0:
+                if idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > 0.5:
+                    break
+            else:
+                idle_since = None
+    client.close()
+
+
+def run_demo(seconds: float, publishers: int, subscribers: int, channels: int, size: int, out) -> int:
+    """Start a broker and the clients, print rates every second, then stop
+    everything and print the totals.  Returns a process exit code."""
+    port = free_port()
+    endpoint = f"tcp://127.0.0.1:{port}"
+    broker = subprocess.Popen([sys.executable, "-m", "fastbus", "broker", "--bind", endpoint,
+                               "--log-level", "WARNING"])
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    procs = []
+    try:
+        _wait_for_broker(endpoint, broker)
+        sub_counts = ctx.Array("q", subscribers)
+        pub_counts = ctx.Array("q", publishers)
+        readies = []
+        for i in range(subscribers):
+            ready = ctx.Event()
+            readies.append(ready)
+            procs.append(ctx.Process(target=_subscriber, args=(endpoint, channels, ready, stop, sub_counts, i)))
+        for p in procs:
+            p.start()
+        for r in readies:
+            if not r.wait(30):
+                print("a subscriber did not start", file=sys.stderr)
+                return 1
+        for i in range(publishers):
+            p = ctx.Process(target=_publisher, args=(endpoint, channels, size, stop, pub_counts, i))
+            p.start()
+            procs.append(p)
+        print(f"broker on {endpoint}; {publishers} publisher(s) -> {subscribers} subscriber(s), "
+              f"{channels} channels, {size}-byte messages", file=out)
+        last_pub = last_sub = 0
+        t_last = time.monotonic()
+        end = t_last + seconds
+        while time.monotonic() < end:
+            time.sleep(min(1.0, max(0.0, end - time.monotonic())))
+            now = time.monotonic()
+            pub, sub = sum(pub_counts), sum(sub_counts)
+            dt = now - t_last
+            print(f"  published {(pub - last_pub) / dt:>12,.0f} msg/s   delivered {(sub - last_sub) / dt:>12,.0f} msg/s"
+                  f"   ({(sub - last_sub) / dt / max(1, subscribers):,.0f} per subscriber)", file=out, flush=True)
+            last_pub, last_sub, t_last = pub, sub, now
+        stop.set()
+        for p in procs:
+            p.join(30)
+        pub, sub = sum(pub_counts), sum(sub_counts)
+        expected = pub * subscribers
+        print(f"total: published {pub:,}, delivered {sub:,} of {expected:,} expected"
+              f" ({'no loss' if sub == expected else f'{expected - sub:,} missing'})", file=out)
+        return 0 if sub == expected else 1
+    finally:
+        stop.set()
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+        broker.send_signal(signal.SIGTERM)
+        try:
+            broker.wait(10)
+        except subprocess.TimeoutExpired:
+            broker.kill()
+            broker.wait()
+
+
+def _wait_for_broker(endpoint: str, proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    from fastbus.cli import query_stats
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the broker exited with status {proc.returncode}")
+        try:
+            query_stats(endpoint, timeout=0.5)
+            return
+        except TimeoutError:
+            continue
+    raise SystemExit(f"the broker did not answer on {endpoint}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run_demo(5, 1, 2, 50, 20, sys.stdout))
