@@ -273,6 +273,7 @@ class Broker:
         self._next_link = 1
         self._blocked: set[int] = set()              # links with queued frames
         self._kicked: set[bytes] = set()             # unknown peers already asked to say hello
+        self._gone: dict[bytes, str] = {}             # removed peers -> why, told when they reappear
         self._sock_handlers: dict = {}
         self.counters = dict.fromkeys([
             "batches_in", "messages_in", "bytes_in", "batches_out", "messages_out", "bytes_out",
@@ -289,7 +290,10 @@ class Broker:
         r = self._sock = ctx.socket(zmq.ROUTER)
         r.router_mandatory = 1
         r.linger = 1000
-        r.sndhwm = 100                   # batches; beyond, our own queue and policy take over
+        # Batches held by libzmq per peer.  Small, so that a stalled subscriber
+        # soon shows up as EAGAIN and our own accounted queue and slow-consumer
+        # policy take over (16 x max_bytes, plus the kernel's socket buffers).
+        r.sndhwm = 16
         r.rcvhwm = 1000
         r.maxmsgsize = cfg.max_message_bytes
         r.heartbeat_ivl = int(cfg.probe_interval * 1000)
@@ -304,7 +308,8 @@ class Broker:
                 allowed = {k.encode() if isinstance(k, str) else k for k in cfg.curve_allowed}
                 self._auth = ThreadAuthenticator(ctx, log=logging.getLogger("fastbus.broker.auth"))
                 self._auth.start()
-                self._auth.configure_curve_callback("*", credentials_provider=_AllowedKeys(allowed))
+                # The provider is looked up by the socket's exact ZAP domain.
+                self._auth.configure_curve_callback("fastbus", credentials_provider=_AllowedKeys(allowed))
                 r.zap_domain = b"fastbus"
         for ep in cfg.bind:
             r.bind(ep)
@@ -400,6 +405,10 @@ class Broker:
         self._blocked.discard(peer.link)
         self._free_links.append(peer.link)
         self.counters["peers_left"] += 1
+        if peer.ident is not None and reason != "bye":
+            if len(self._gone) > 10000:
+                self._gone.clear()
+            self._gone[peer.ident] = reason
 
     # -- subscriptions -----------------------------------------------------
 
@@ -468,7 +477,8 @@ class Broker:
     def _send(self, peer: Peer, frames: list, records: int = 0) -> None:
         """Send now if the peer keeps up, else queue; records > 0 marks data
         that the slow-consumer policy may drop."""
-        if peer.queue:
+        if peer.queue or peer.lost:
+            # Behind others already queued, or behind a pending loss notice.
             self._enqueue(peer, frames, records)
             return
         if not self._try_send(peer, frames):
@@ -532,23 +542,21 @@ class Broker:
             if peer is None:
                 self._blocked.discard(link)
                 continue
-            if peer.lost and peer.queue and peer.queue[0][1]:
-                # Before the data that follows a loss, the notice of the loss.
-                if not self._try_send(peer, [P.GAP, P.pack_u64(peer.lost)]):
-                    continue
-                peer.lost = 0
-            while peer.queue:
-                frames, _recs, size = peer.queue[0]
-                if self._links.get(link) is not peer:
+            while True:
+                if peer.lost and (not peer.queue or peer.queue[0][1]):
+                    # A loss is reported before the data that follows it.
+                    if not self._try_send(peer, [P.GAP, P.pack_u64(peer.lost)]):
+                        break
+                    peer.lost = 0
+                if not peer.queue:
                     break
-                if not self._try_send(peer, frames):
+                frames, _recs, size = peer.queue[0]
+                if not self._try_send(peer, frames) or self._links.get(link) is not peer:
                     break
                 peer.queue.popleft()
                 peer.queued_bytes -= size
-            if not peer.queue:
+            if not peer.queue and not peer.lost:
                 self._blocked.discard(link)
-                if peer.lost and self._try_send(peer, [P.GAP, P.pack_u64(peer.lost)]):
-                    peer.lost = 0
 
     def _flush_link(self, link: int) -> None:
         peer = self._links.get(link)
@@ -637,6 +645,9 @@ class Broker:
             self._on_hello(ident, peer, rest)
         elif cmd == P.PING:
             self._reply(ident, [P.PONG, rest[0].bytes if rest else b"", self.instance])
+            if peer is None:
+                # A client we dropped (or never met) that is still alive.
+                self._hello_required(ident)
         elif cmd == P.STATS:
             self._reply(ident, [P.STATS_REPLY, P.dump_json(self._stats_dict())])
         elif peer is None:
@@ -665,7 +676,8 @@ class Broker:
         if len(self._kicked) > 10000:
             self._kicked.clear()
         self._kicked.add(ident)
-        self._reply(ident, [P.KICK, P.dump_json({"reason": "hello required"})])
+        reason = self._gone.pop(ident, None)
+        self._reply(ident, [P.KICK, P.dump_json({"reason": f"disconnected: {reason}" if reason else "hello required"})])
 
     def _reply(self, ident: bytes, frames: list) -> None:
         try:
@@ -685,6 +697,7 @@ class Broker:
         if role not in ("client", "broker"):
             raise P.ProtocolError(f"unknown role {role!r}")
         self._kicked.discard(ident)
+        self._gone.pop(ident, None)
         if peer is not None:
             self._remove_peer(peer, "hello again")   # a resync starts from nothing
         name = str(hello.get("name", ""))[:100] or ident.hex()
@@ -831,6 +844,10 @@ class Broker:
             self._drain_queues()
         finally:
             self._publish_stats()
+            st = self._stats_snapshot
+            log.info("stopped after %.1f s: %d messages in, %d out, %d peers left, dropped %s",
+                     st["uptime_s"], st["messages_in"], st["messages_out"], st["peers"],
+                     {k: v for k, v in st["drops"].items() if v} or "nothing")
             self._teardown()
             self._stopped.set()
 
@@ -901,6 +918,5 @@ class _AllowedKeys:
         self.keys = keys
 
     def callback(self, domain: str, key: bytes) -> bool:
-        import zmq.utils.z85
-        z = zmq.utils.z85.encode(key) if len(key) == 32 else key
-        return z in self.keys
+        """pyzmq passes the client's public key, Z85-encoded."""
+        return key in self.keys

@@ -163,17 +163,19 @@ def cmd_broker(args: argparse.Namespace) -> int:
             print(f"fastbus broker: cannot listen: {exc}", file=sys.stderr)
             return 1
         raise
-    logging.getLogger("fastbus.broker").info("stopped")
     return 0
 
 
-def query_stats(endpoint: str, timeout: float = 5.0) -> dict:
-    """A broker's counters, over a short-lived connection."""
+def query_stats(endpoint: str, timeout: float = 5.0, curve: tuple[str, str, str] | None = None) -> dict:
+    """A broker's counters, over a short-lived connection.  ``curve``:
+    (broker public key, client public key, client secret key), Z85."""
     import zmq
     ctx = zmq.Context.instance()
     s = ctx.socket(zmq.DEALER)
     s.linger = 0
     try:
+        if curve:
+            s.curve_serverkey, s.curve_publickey, s.curve_secretkey = (k.encode() for k in curve)
         s.connect(endpoint)
         s.send(P.STATS)
         if not s.poll(int(timeout * 1000)):
@@ -188,8 +190,16 @@ def query_stats(endpoint: str, timeout: float = 5.0) -> dict:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     endpoint = args.connect or f"tcp://{args.host}:{args.port}"
+    curve = None
+    if args.curve_server_key or args.curve_cert:
+        if not (args.curve_server_key and args.curve_cert):
+            raise SystemExit("fastbus stats: CURVE needs both --curve-server-key and --curve-cert")
+        public, secret = _load_curve_keys(args.curve_cert)
+        if not secret:
+            raise SystemExit(f"fastbus stats: {args.curve_cert!r} has no secret key")
+        curve = (args.curve_server_key, public, secret)
     try:
-        st = query_stats(endpoint, args.timeout)
+        st = query_stats(endpoint, args.timeout, curve)
     except (TimeoutError, RuntimeError) as exc:
         print(f"fastbus stats: {exc}", file=sys.stderr)
         return 1
@@ -284,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--port", type=int, default=P.DEFAULT_PORT)
     st.add_argument("--timeout", type=float, default=5.0)
     st.add_argument("--json", action="store_true", help="all counters as JSON")
+    st.add_argument("--curve-server-key", metavar="KEY", help="the broker's public key (Z85), for a CURVE broker")
+    st.add_argument("--curve-cert", metavar="FILE", help="this client's secret certificate, for a CURVE broker")
     st.set_defaults(func=cmd_stats)
 
     demo = sub.add_parser("demo", help="a broker with live publishers and subscribers printing their rates",

@@ -78,6 +78,8 @@ class _Conn:
         self.instance = b""               # the broker's, from WELCOME / PONG
         self.subs: set[tuple[bytes, bool]] = set()   # what the broker was told (sub conns)
         self.seq = 0
+        self.paused = False               # inbox full: not reading the socket
+        self.polling = False              # registered with the I/O thread's poller
 
 
 class Client:
@@ -86,7 +88,11 @@ class Client:
 
     Publishing is buffered: at most ``max_messages`` records or ``max_bytes``
     bytes per batch, and a batch leaves at most ``max_delay`` seconds after
-    its oldest message.  ``decode_responses=True`` gives str channels and
+    its oldest message.  Each PubSub holds at most ``max_inbox_bytes`` of
+    received batches not yet read; beyond that the client stops reading its
+    socket, so a subscriber that falls behind pushes back on the broker
+    (which then drops its oldest messages with a ``gap`` notice, or
+    disconnects it, as configured) instead of growing without bound.  ``decode_responses=True`` gives str channels and
     payloads.  CURVE: pass the broker's public key and this client's key
     pair (Z85 strings).
     """
@@ -96,11 +102,14 @@ class Client:
                  max_delay: float = 0.001, curve_server_key: str | None = None,
                  curve_public_key: str | None = None, curve_secret_key: str | None = None,
                  name: str | None = None, context: zmq.Context | None = None,
-                 ping_interval: float = 1.0) -> None:
+                 ping_interval: float = 1.0, max_inbox_bytes: int = 64 * 1024 * 1024) -> None:
         if max_delay is None or not 0 < max_delay <= 10:
             raise ValueError("max_delay must be between 0 and 10 seconds")
         if not 0 < ping_interval <= 60:
             raise ValueError("ping_interval must be between 0 and 60 seconds")
+        if max_inbox_bytes <= 0:
+            raise ValueError("max_inbox_bytes must be positive")
+        self.max_inbox_bytes = max_inbox_bytes
         if (curve_server_key is None) != (curve_secret_key is None) or \
                 (curve_public_key is None) != (curve_secret_key is None):
             raise ValueError("CURVE needs curve_server_key, curve_public_key and curve_secret_key together")
@@ -146,6 +155,12 @@ class Client:
         if due:
             self._io.wake()
         return n
+
+    def is_wanted(self, channel) -> bool:
+        """Would publish() send this channel?  True until the broker has told
+        this client what its subscribers want, then whether anyone does."""
+        wanted = self._wanted
+        return True if wanted is None else wanted.any_match(_key(channel))
 
     def flush(self, timeout: float | None = 10.0) -> None:
         """Send everything queued and wait until the broker has it (a ping
@@ -242,6 +257,7 @@ class PubSub:
         self._unsub_seqs: deque[int] = deque()    # seqs of unsubscribes not yet confirmed
         self._cond = threading.Condition()
         self._inbox: deque = deque()              # filled by the I/O thread
+        self._inbox_bytes = 0
         self._control: deque = deque()            # confirmations, gaps, reconnects for get_message
         self._pending: deque = deque()            # decoded (channel, data) not yet returned
         self._closed = False
@@ -329,7 +345,13 @@ class PubSub:
                     if left <= 0:
                         return None
                     self._cond.wait(left)
-            return self._inbox.popleft()
+            item = self._inbox.popleft()
+            if item[0] == "data":
+                self._inbox_bytes -= len(item[2])
+                if self._conn.paused and self._inbox_bytes <= self._client.max_inbox_bytes // 2:
+                    self._conn.paused = False
+                    self._client._io.call("resume", self._conn)
+            return item
 
     def _take(self, deadline: float | None) -> bool:
         """Move one inbox item into _pending or _control; False on timeout."""
@@ -432,10 +454,17 @@ class PubSub:
 
     # -- called by the I/O thread -----------------------------------------
 
-    def _deliver(self, item: tuple) -> None:
+    def _deliver(self, item: tuple) -> bool:
+        """Returns False when the inbox is full: stop reading for now."""
         with self._cond:
             self._inbox.append(item)
+            if item[0] == "data":
+                self._inbox_bytes += len(item[2])
             self._cond.notify()
+            if self._inbox_bytes > self._client.max_inbox_bytes:
+                self._conn.paused = True
+                return False
+            return True
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -554,8 +583,8 @@ class _IOThread(threading.Thread):
     def _open(self, conn: _Conn) -> None:
         s = self.client._ctx.socket(zmq.DEALER)
         s.linger = 2000
-        s.sndhwm = 10000
-        s.rcvhwm = 10000
+        s.sndhwm = 1000
+        s.rcvhwm = 16                     # batches: back-pressure reaches the broker soon
         s.reconnect_ivl = 100
         s.reconnect_ivl_max = 2000
         s.heartbeat_ivl = 1000
@@ -569,6 +598,7 @@ class _IOThread(threading.Thread):
         conn.sock = s
         self._conns[s] = conn
         self._poller.register(s, zmq.POLLIN)
+        conn.polling = True
         self._hello(conn)
 
     def _hello(self, conn: _Conn) -> None:
@@ -610,6 +640,12 @@ class _IOThread(threading.Thread):
             conn, done = args
             self._close_conn(conn)
             done.set()
+        elif cmd == "resume":
+            conn = args[0]
+            if conn.sock is not None and not conn.polling:
+                self._poller.register(conn.sock, zmq.POLLIN)
+                conn.polling = True
+                self._drain(conn)
         elif cmd == "stop":
             self._stopping = True
 
@@ -617,7 +653,9 @@ class _IOThread(threading.Thread):
         if conn.sock is None:
             return
         self._send(conn, [P.BYE])
-        self._poller.unregister(conn.sock)
+        if conn.polling:
+            self._poller.unregister(conn.sock)
+            conn.polling = False
         del self._conns[conn.sock]
         conn.sock.close(linger=1000)
         conn.sock = None
@@ -625,6 +663,11 @@ class _IOThread(threading.Thread):
     def _drain(self, conn: _Conn) -> None:
         sock = conn.sock
         for _ in range(1000):
+            if conn.paused:
+                # Stop polling it until the reader catches up ("resume").
+                self._poller.unregister(sock)
+                conn.polling = False
+                return
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -638,7 +681,7 @@ class _IOThread(threading.Thread):
         cmd = frames[0].bytes
         ps = conn.pubsub
         if cmd == P.DATA and ps is not None and len(frames) == 3:
-            ps._deliver(("data", P.unpack_u64(frames[1]), frames[2]))
+            ps._deliver(("data", P.unpack_u64(frames[1]), frames[2]))   # may pause the conn
         elif cmd == P.CONFIRM and ps is not None:
             ps._deliver(("confirm", P.unpack_u64(frames[1])))
         elif cmd == P.WANT and conn.kind == "pub" and len(frames) == 3:

@@ -35,3 +35,20 @@ except ImportError as exc:  # pragma: no cover - a setup problem, not a test fai
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+@pytest.fixture
+def brokers():
+    """Start brokers in subprocesses: ``brokers(*cli_args)``; all are
+    stopped at the end of the test."""
+    from brokers import BrokerProcess
+    started = []
+
+    def start(*args, port=None, curve=None):
+        b = BrokerProcess(*args, port=port, curve=curve)
+        started.append(b)
+        return b
+
+    yield start
+    for b in started:
+        b.stop()

@@ -1,0 +1,481 @@
+"""The broker and clients, with real brokers in subprocesses on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+import threading
+import time
+
+import pytest
+import zmq
+from brokers import free_port, python_process, wait_for
+
+import fastbus
+from fastbus import protocol as P
+from fastbus.client import Client
+
+
+def confirm(p, n: int, kind: str = None) -> list:
+    got = []
+    while len(got) < n:
+        m = p.get_message(timeout=5)
+        assert m is not None, f"only {len(got)} of {n} confirmations"
+        if kind is None or m["type"] == kind:
+            got.append(m)
+    return got
+
+
+def wait_wanted(client, *channels, timeout: float = 10.0) -> None:
+    """Until the publisher's filter is active and wants every channel (the
+    view follows confirmations by a moment; docs/PROTOCOL.md)."""
+    wait_for(lambda: client.stats()["filter_active"] and all(client.is_wanted(c) for c in channels),
+             timeout=timeout, what=f"the publisher to want {channels}")
+
+
+def collect(p, n: int, timeout: float = 10.0) -> list:
+    out = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        m = p.get_message(timeout=0.1)
+        if m is not None and m["type"] in ("message", "pmessage"):
+            out.append(m)
+    return out
+
+
+def quiet(p, seconds: float = 0.3) -> list:
+    """Data messages arriving within `seconds` (expected: none)."""
+    return collect(p, 10 ** 9, timeout=seconds)
+
+
+@pytest.fixture
+def client_factory():
+    made = []
+
+    def make(endpoint, **kw):
+        c = Client(endpoint=endpoint, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close(timeout=2)
+
+
+def test_exact_and_prefix_delivery_once(brokers, client_factory):
+    b = brokers()
+    c = client_factory(b.endpoint)
+    p = c.pubsub()
+    p.subscribe("a.b")
+    p.psubscribe("a.*", "a.b*")                # three subscriptions match "a.b"
+    conf = confirm(p, 3)
+    assert [(m["type"], m["channel"], m["data"]) for m in conf] == [
+        ("subscribe", b"a.b", 1), ("psubscribe", b"a.*", 2), ("psubscribe", b"a.b*", 3)]
+    wait_wanted(c, "a.b", "a.c", "a.bc")
+    for ch, data in [("a.b", "1"), ("a.c", "2"), ("b", "3"), ("a.bc", "4")]:
+        c.publish(ch, data)
+    c.flush()
+    got = [(m["type"], m["pattern"], m["channel"], m["data"]) for m in collect(p, 3)]
+    assert got == [("message", None, b"a.b", b"1"), ("pmessage", b"a.*", b"a.c", b"2"),
+                   ("pmessage", b"a.b*", b"a.bc", b"4")]
+    assert quiet(p) == []                       # nothing twice
+    assert c.stats()["filtered"] == 1           # "b": nobody wanted it
+
+
+def test_unsubscribe_stops_delivery_and_confirms(brokers, client_factory):
+    b = brokers()
+    c = client_factory(b.endpoint, decode_responses=True)
+    p = c.pubsub()
+    p.subscribe("x", "y")
+    confirm(p, 2)
+    p.unsubscribe("x")
+    assert confirm(p, 1) == [{"type": "unsubscribe", "pattern": None, "channel": "x", "data": 1}]
+    wait_wanted(c, "y")
+    wait_for(lambda: not c.is_wanted("x"), what="the filter to drop x")
+    c.publish("x", "no")
+    c.publish("y", "yes")
+    c.flush()
+    assert [(m["channel"], m["data"]) for m in collect(p, 1)] == [("y", "yes")]
+    assert quiet(p) == []
+    p.unsubscribe()
+    assert confirm(p, 1)[0]["data"] == 0 and not p.subscribed
+
+
+def test_confirmed_subscription_gets_every_later_message_in_order(brokers, client_factory):
+    """The delivery contract: from its confirmation on, a subscriber gets
+    every message, once, in publish order, while the publisher never pauses."""
+    b = brokers()
+    pub = client_factory(b.endpoint)
+    sub = client_factory(b.endpoint)
+    stop = threading.Event()
+    sent = []
+
+    def publish():
+        i = 0
+        deadline = time.monotonic() + 20
+        while not stop.is_set() and i < 5_000_000 and time.monotonic() < deadline:
+            pub.publish("seq", i.to_bytes(4, "big"))
+            i += 1
+            if i % 1000 == 0:
+                time.sleep(0.0005)
+        pub.flush()
+        sent.append(i)
+
+    t = threading.Thread(target=publish)
+    t.start()
+    time.sleep(0.1)
+    p = sub.pubsub()
+    p.subscribe("seq")
+    confirm(p, 1, "subscribe")
+    got = []
+    until = time.monotonic() + 0.5
+    while time.monotonic() < until:
+        got.extend(int.from_bytes(d, "big") for _c, d in p.get_batch(timeout=0.1))
+    stop.set()
+    t.join(30)
+    while batch := p.get_batch(timeout=1.0):
+        got.extend(int.from_bytes(d, "big") for _c, d in batch)
+    n_total = sent[0]
+    assert got, "nothing delivered"
+    assert got == list(range(got[0], n_total)), "a gap, a duplicate or disorder after confirmation"
+
+
+def test_unwanted_messages_never_reach_the_broker(brokers, client_factory):
+    b = brokers()
+    c = client_factory(b.endpoint)
+    wait_for(lambda: c.stats()["filter_active"], what="the initial want snapshot")
+    for _ in range(1000):
+        assert c.publish("nobody", b"x") == 0
+    c.flush()
+    assert c.stats()["filtered"] == 1000
+    assert b.stats()["messages_in"] == 0
+    # A new subscription reaches the publisher within moments on loopback.
+    s = client_factory(b.endpoint)
+    p = s.pubsub()
+    p.subscribe("nobody")
+    confirm(p, 1)
+    wait_wanted(c, "nobody", timeout=2)
+    for i in range(10):
+        assert c.publish("nobody", b"%d" % i) == 1
+    c.flush()
+    assert [m["data"] for m in collect(p, 10)] == [b"%d" % i for i in range(10)]
+
+
+def test_three_tier_federation_each_link_once(brokers, client_factory):
+    a = brokers(port=free_port())
+    b = brokers("--upstream", a.endpoint)
+    c = brokers("--upstream", b.endpoint)
+    subs = []
+    for _ in range(2):                          # two subscribers under C
+        p = client_factory(c.endpoint).pubsub(ignore_subscribe_messages=True)
+        p.subscribe("x")
+        subs.append(p)
+    pz = client_factory(a.endpoint).pubsub(ignore_subscribe_messages=True)
+    pz.psubscribe("up.*")                       # a subscriber at the top
+    py = client_factory(b.endpoint).pubsub(ignore_subscribe_messages=True)
+    py.subscribe("y")
+    top = client_factory(a.endpoint)
+    bottom = client_factory(c.endpoint)
+    wait_wanted(top, "x", "y")
+    wait_wanted(bottom, "up.1", "y")
+    for i in range(100):
+        top.publish("x", b"%d" % i)
+    top.flush()
+    for p in subs:
+        assert [m["data"] for m in collect(p, 100)] == [b"%d" % i for i in range(100)]
+    # Link traffic: A sent each message once (to B), B once (to C); C twice (its two subscribers).
+    assert a.stats()["messages_out"] == 100
+    assert wait_for(lambda: b.stats()["messages_out"] == 100, what="B's count")
+    assert wait_for(lambda: c.stats()["messages_out"] == 200, what="C's count")
+    # And upwards, and sideways: from the bottom to A's and B's subscribers.
+    for i in range(50):
+        bottom.publish("up.%d" % i, b"u")
+        bottom.publish("y", b"%d" % i)
+    bottom.flush()
+    assert len(collect(pz, 50)) == 50
+    assert [m["data"] for m in collect(py, 50)] == [b"%d" % i for i in range(50)]
+    assert quiet(pz) == [] and all(quiet(p, 0.1) == [] for p in subs)
+
+
+SUBSCRIBER = textwrap.dedent("""
+    import sys, time, fastbus
+    c = fastbus.Client(endpoint=sys.argv[1])
+    p = c.pubsub()
+    p.subscribe(sys.argv[2])
+    while p.get_message(timeout=5)["type"] != "subscribe":
+        pass
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_killed_subscriber_subscriptions_vanish_upstream(brokers):
+    a = brokers()
+    b = brokers("--upstream", a.endpoint, "--max-delay", "0.001")
+    proc = python_process(SUBSCRIBER, b.endpoint, "gone", stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        wait_for(lambda: a.stats()["keys"] == 1, what="the subscription to reach the upstream")
+        proc.kill()                             # kill -9: no goodbye
+        proc.wait(10)
+        wait_for(lambda: b.stats()["subscriptions"] == 0, timeout=20, what="B to drop the dead subscriber")
+        wait_for(lambda: a.stats()["keys"] == 0, timeout=10, what="the unsubscription upstream")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_clients_resubscribe_after_broker_restart(brokers, client_factory):
+    port = free_port()
+    b = brokers(port=port)
+    sub = client_factory(b.endpoint, ping_interval=0.2)
+    pub = client_factory(b.endpoint, ping_interval=0.2)
+    p = sub.pubsub(ignore_subscribe_messages=True)
+    p.subscribe("r")
+    p.psubscribe("s.*")
+    wait_wanted(pub, "r", "s.1")
+    pub.publish("r", b"before")
+    pub.flush()
+    assert [m["data"] for m in collect(p, 1)] == [b"before"]
+    b.kill()                                    # kill -9 of the broker
+    b.start()                                   # same port, new instance, no state
+    wait_for(lambda: b.stats()["subscriptions"] == 2, timeout=20, what="subscriptions resent")
+    wait_wanted(pub, "r", "s.1")
+    pub.publish("r", b"after")
+    pub.publish("s.1", b"after2")
+    pub.flush()
+    data, notices = [], []
+    deadline = time.monotonic() + 10
+    while len(data) < 2 and time.monotonic() < deadline:
+        m = p.get_message(timeout=0.1)
+        if m is not None:
+            (data if m["type"] in ("message", "pmessage") else notices).append(m)
+    assert [m["data"] for m in data] == [b"after", b"after2"]
+    assert "reconnect" in [m["type"] for m in notices]   # the subscriber was told
+
+
+def raw_dealer(endpoint: str) -> zmq.Socket:
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.linger = 0
+    s.connect(endpoint)
+    return s
+
+
+def expect_kick(s: zmq.Socket) -> str:
+    while s.poll(5000):
+        frames = s.recv_multipart()
+        if frames[0] == P.KICK:
+            return json.loads(frames[1])["reason"]
+    raise AssertionError("no KICK from the broker")
+
+
+def test_malformed_input_is_counted_and_the_sender_dropped(brokers, client_factory):
+    b = brokers("--max-payload", "1000")
+    hello = [P.HELLO, P.dump_json({"v": 1, "role": "client", "pub": True, "name": "evil"})]
+    good = bytes(fastbus.encode([(b"t", b"x" * 10)] * 5))
+    cases = [
+        [P.PUB, b"garbage"],                                  # not a batch
+        [P.PUB, good[:-3]],                                   # truncated
+        [P.PUB, bytes(fastbus.encode([(b"t", b"x" * 2000)]))],  # payload over the limit
+        [P.SUB, P.pack_u64(1), b"FB\x01\x00\x01\x00\x00\x00\x01\x01k\x80"],  # bad op flags
+        [P.SUB, b"short", good],                              # bad sequence frame
+        [b"?"],                                               # unknown command
+        [P.HELLO, b"{not json"],
+    ]
+    for frames in cases:
+        s = raw_dealer(b.endpoint)
+        if frames[0] != P.HELLO:
+            s.send_multipart(hello)
+        s.send_multipart(frames)
+        assert "protocol error" in expect_kick(s), frames[:2]
+        s.close()
+    # An oversized frame: libzmq drops that connection; the broker lives on.
+    s = raw_dealer(b.endpoint)
+    s.send_multipart([P.PUB, b"x" * (65 << 20)])
+    s.close()
+    st = b.stats()
+    assert st["drops"]["malformed"] >= 3 and st["drops"]["protocol"] >= 3
+    assert st["peers"] == 0
+    # A well-behaved client still works.
+    c = client_factory(b.endpoint)
+    p = c.pubsub()
+    p.subscribe("ok")
+    confirm(p, 1)
+    wait_wanted(c, "ok")
+    c.publish("ok", b"fine")
+    c.flush()
+    assert [m["data"] for m in collect(p, 1)] == [b"fine"]
+
+
+def test_plain_zeromq_sub_pub_and_push(brokers, client_factory):
+    xpub, xsub, pull = (f"tcp://127.0.0.1:{free_port()}" for _ in range(3))
+    b = brokers("--zmq-pub", xpub, "--zmq-sub", xsub, "--zmq-pull", pull)
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.linger = 0
+    sub.connect(xpub)
+    sub.subscribe(b"news")
+    c = client_factory(b.endpoint)
+    wait_wanted(c, "news.1")
+    c.publish("news.1", b"hello")
+    c.publish("sports", b"no")
+    c.flush()
+    assert sub.poll(5000)
+    assert sub.recv_multipart() == [b"news.1", b"hello"]
+    assert not sub.poll(300)
+    # Plain publishers into fastbus subscribers.
+    p = c.pubsub(ignore_subscribe_messages=True)
+    p.subscribe("from-pub", "from-push")
+    confirm_until = time.monotonic() + 5
+    while b.stats()["subscriptions"] < 3 and time.monotonic() < confirm_until:
+        time.sleep(0.02)
+    pub = ctx.socket(zmq.PUB)
+    pub.linger = 0
+    pub.connect(xsub)
+    push = ctx.socket(zmq.PUSH)
+    push.linger = 0
+    push.connect(pull)
+    push.send_multipart([b"from-push", b"pushed"])
+    got = []
+    deadline = time.monotonic() + 10
+    while not any(m["channel"] == b"from-pub" for m in got) and time.monotonic() < deadline:
+        pub.send_multipart([b"from-pub", b"published"])   # PUB drops until connected: retry
+        got += collect(p, 1, timeout=0.2)
+    got += collect(p, 1, timeout=0.5)
+    assert {(m["channel"], m["data"]) for m in got} >= {(b"from-pub", b"published"), (b"from-push", b"pushed")}
+    for s in (sub, pub, push):
+        s.close()
+
+
+def test_curve_accepts_allowed_keys_only(brokers, tmp_path, client_factory):
+    import zmq.auth
+    server_pub, server_sec = (k.decode() for k in zmq.auth.load_certificate(
+        zmq.auth.create_certificates(str(tmp_path), "server")[1]))
+    (tmp_path / "allowed").mkdir()
+    allowed = zmq.auth.create_certificates(str(tmp_path / "allowed"), "good")[0]
+    good_pub, good_sec = (k.decode() for k in zmq.auth.load_certificate(str(tmp_path / "allowed" / "good.key_secret")))
+    bad_pub, bad_sec = (k.decode() for k in zmq.curve_keypair())
+    b = brokers("--curve-cert", str(tmp_path / "server.key_secret"), "--curve-allow", os.path.dirname(allowed),
+                curve=(server_pub, good_pub, good_sec))
+    good = client_factory(b.endpoint, curve_server_key=server_pub, curve_public_key=good_pub,
+                          curve_secret_key=good_sec)
+    p = good.pubsub()
+    p.subscribe("secret")
+    confirm(p, 1)
+    # A client with a key the broker does not know gets and sends nothing.
+    bad = client_factory(b.endpoint, curve_server_key=server_pub, curve_public_key=bad_pub,
+                         curve_secret_key=bad_sec)
+    bp = bad.pubsub()
+    bp.subscribe("secret")
+    assert bp.get_message(timeout=1.0) is None
+    bad.publish("secret", b"forged")
+    plain = client_factory(b.endpoint)        # no CURVE at all
+    plain.publish("secret", b"forged too")
+    wait_wanted(good, "secret")
+    good.publish("secret", b"real")
+    good.flush()
+    assert [m["data"] for m in collect(p, 1)] == [b"real"]
+    assert quiet(p, 0.5) == []
+    assert b.stats()["peers"] == 2            # the good client's two connections only (stats uses its own)
+
+
+def test_slow_subscriber_gets_a_gap_notice_and_nothing_is_lost_silently(brokers, client_factory):
+    b = brokers("--max-queue-bytes", "300000", "--max-bytes", "65536")
+    slow = client_factory(b.endpoint, max_inbox_bytes=200_000)
+    fast = client_factory(b.endpoint)
+    p = slow.pubsub(ignore_subscribe_messages=True)
+    p.subscribe("flood")
+    q = fast.pubsub(ignore_subscribe_messages=True)
+    q.subscribe("flood")
+    pub = client_factory(b.endpoint)
+    wait_for(lambda: b.stats()["subscriptions"] == 2, what="subscriptions")
+    wait_wanted(pub, "flood")
+    n = 200_000
+    payload = b"x" * 200
+    fast_got = [0]
+
+    def drain_fast():
+        while fast_got[0] < n:
+            batch = q.get_batch(timeout=10)
+            if not batch:
+                return
+            fast_got[0] += len(batch)
+
+    t = threading.Thread(target=drain_fast)
+    t.start()
+    for i in range(n):                         # 40 MB while `slow` reads nothing
+        pub.publish("flood", payload)
+    pub.flush()
+    t.join(60)
+    assert fast_got[0] == n                    # one slow subscriber does not stall the others
+    got = lost = 0
+    while got + lost < n:
+        m = p.get_message(timeout=5.0)
+        if m is None:
+            break
+        if m["type"] == "gap":
+            lost += m["data"]
+        elif m["type"] == "message":
+            got += 1
+    st = b.stats()
+    diag = f"got {got} lost {lost} broker {st['messages_out']} out, drops {st['drops']}, paused {p._conn.paused}"
+    assert lost > 0, "the slow subscriber was never told of a loss: " + diag
+    assert got + lost == n, diag               # every message delivered or reported lost
+    assert b.stats()["drops"]["slow_consumer"] == lost
+
+
+def test_slow_subscriber_disconnect_policy(brokers, client_factory):
+    b = brokers("--max-queue-bytes", "200000", "--max-bytes", "65536", "--slow-policy", "disconnect")
+    slow = client_factory(b.endpoint, max_inbox_bytes=100_000)
+    p = slow.pubsub(ignore_subscribe_messages=True)
+    p.subscribe("flood")
+    pub = client_factory(b.endpoint)
+    wait_wanted(pub, "flood")
+    for _ in range(200_000):                   # 40 MB while nobody reads
+        pub.publish("flood", b"y" * 200)
+    pub.flush()
+    wait_for(lambda: b.stats()["drops"]["disconnected_slow"] >= 1, what="the disconnect")
+    kinds = set()
+    while (m := p.get_message(timeout=1.0)) is not None:
+        kinds.add(m["type"])
+    assert "reconnect" in kinds                 # told, and resubscribed automatically
+    wait_for(lambda: b.stats()["subscriptions"] == 1, what="the resubscription")
+
+
+def test_embedded_broker_and_config_errors():
+    with fastbus.Broker(bind=["tcp://127.0.0.1:0"], name="embedded") as b:
+        assert b.endpoint.startswith("tcp://127.0.0.1:")
+        with Client(endpoint=b.endpoint) as c:
+            p = c.pubsub()
+            p.subscribe("e")
+            confirm(p, 1)
+            assert c.broker_stats()["name"] == "embedded"
+    with pytest.raises(ValueError, match="loopback"):
+        fastbus.Broker(bind=["tcp://0.0.0.0:6464"])
+    with pytest.raises(ValueError, match="unsupported endpoint"):
+        fastbus.Broker(bind=["udp://127.0.0.1:5"])
+    with pytest.raises(ValueError, match="slow_policy"):
+        fastbus.Broker(slow_policy="ignore")
+    with pytest.raises(TypeError, match="unknown broker setting"):
+        fastbus.Broker(colour="blue")
+
+
+def test_client_argument_errors():
+    c = Client(endpoint=f"tcp://127.0.0.1:{free_port()}")
+    p = c.pubsub()
+    with pytest.raises(ValueError, match="another glob"):
+        p.psubscribe("a?b*")
+    with pytest.raises(ValueError, match="trailing"):
+        p.psubscribe("news")
+    with pytest.raises(TypeError):
+        p.subscribe(object())
+    with pytest.raises(ValueError):
+        p.subscribe()
+    with pytest.raises(TimeoutError):
+        c.flush(timeout=0.3)                   # no broker there
+    c.close(timeout=0.3)
+    with pytest.raises(fastbus.ConnectionClosed):
+        c.publish("x", "y")
