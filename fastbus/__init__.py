@@ -40,6 +40,8 @@ from fastbus.errors import BatchError, FastbusError, ForwarderError, NotSubscrib
 from fastbus.protocol import DEFAULT_ENDPOINT, DEFAULT_PORT, ProtocolError
 from fastbus.client import Client, ConnectionClosed, PubSub
 from fastbus.broker import Broker, BrokerConfig
+from fastbus.sharding import ShardedClient, ShardedPubSub
+from fastbus import aio  # noqa: E402  (fastbus.aio.Client, fastbus.aio.PubSub)
 
 try:
     __version__ = version("fastbus")
@@ -51,6 +53,7 @@ __all__ = [
     "Batch", "Forwarder", "Outbox", "Router", "Trie", "batch_count", "crc32c", "decode", "encode",
     "BatchError", "FastbusError", "ForwarderError", "NotSubscribedError", "ProtocolError",
     "ConnectionClosed", "Client", "PubSub", "Broker", "BrokerConfig", "DEFAULT_ENDPOINT", "DEFAULT_PORT",
+    "ShardedClient", "ShardedPubSub", "aio",
     "get_include", "get_library_dirs",
 ]
 

@@ -261,6 +261,7 @@ class PubSub:
         self._control: deque = deque()            # confirmations, gaps, reconnects for get_message
         self._pending: deque = deque()            # decoded (channel, data) not yet returned
         self._closed = False
+        self._wakers: list = []                   # called (I/O thread) on each delivery: asyncio, sharding
         self._conn = _Conn("sub", self)
         client._io.call("open", self._conn)
 
@@ -461,6 +462,8 @@ class PubSub:
             if item[0] == "data":
                 self._inbox_bytes += len(item[2])
             self._cond.notify()
+            for wake in self._wakers:
+                wake()
             if self._inbox_bytes > self._client.max_inbox_bytes:
                 self._conn.paused = True
                 return False
@@ -478,8 +481,14 @@ class PubSub:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            for wake in self._wakers:
+                wake()
 
     reset = close   # redis-py's name
+
+    def has_ready(self) -> bool:
+        """Is anything ready for get_message()/get_batch() without waiting?"""
+        return bool(self._control or self._pending or self._inbox)
 
     def __enter__(self) -> PubSub:
         return self
