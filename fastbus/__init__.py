@@ -29,6 +29,7 @@ from fastbus._core import (
     Batch,
     Forwarder,
     Outbox,
+    Publisher,
     Router,
     Trie,
     batch_count,
@@ -50,7 +51,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 __all__ = [
     "BATCH_VERSION", "CORE_VERSION", "EXACT", "PREFIX", "SUBSCRIBE", "UNSUBSCRIBE",
-    "Batch", "Forwarder", "Outbox", "Router", "Trie", "batch_count", "crc32c", "decode", "encode",
+    "Batch", "Forwarder", "Outbox", "Publisher", "Router", "Trie", "batch_count", "crc32c", "decode", "encode",
     "BatchError", "FastbusError", "ForwarderError", "NotSubscribedError", "ProtocolError",
     "ConnectionClosed", "Client", "PubSub", "Broker", "BrokerConfig", "DEFAULT_ENDPOINT", "DEFAULT_PORT",
     "ShardedClient", "ShardedPubSub", "aio",

@@ -5,9 +5,11 @@
 #   cdef Trie t = Trie()
 #   with nogil: fb_trie_match(t._t, ...)      # hold t's lock if threads share t
 #
-# Each object owns its C struct (_t / _f / _o) and a lock that every method
-# takes; code that calls the C API directly on a shared object takes it too.
-from cpython.pythread cimport PyThread_type_lock
+# Each object owns its C struct (_t / _f / _o) and a lock (fb_lock.h) that
+# every method takes; code that calls the C API directly on an object other
+# threads also use takes it too (fb_lock_wait / fb_lock_release on &obj._lock,
+# without holding the GIL while waiting).
+from fastbus.includes.fb_lock cimport fb_lock
 from libc.stdint cimport uint64_t
 from fastbus.includes.fb_trie cimport fb_trie
 from fastbus.includes.fb_forwarder cimport fb_forwarder
@@ -18,12 +20,12 @@ from fastbus.includes.fb_router cimport fb_router
 
 cdef class Trie:
     cdef fb_trie *_t
-    cdef PyThread_type_lock _lock
+    cdef fb_lock _lock
 
 
 cdef class Forwarder:
     cdef fb_forwarder *_f
-    cdef PyThread_type_lock _lock
+    cdef fb_lock _lock
 
 
 cdef class Batch:
@@ -34,7 +36,7 @@ cdef class Batch:
 
 cdef class Outbox:
     cdef fb_outbox _o
-    cdef PyThread_type_lock _lock
+    cdef fb_lock _lock
     cdef uint64_t _accepted
     cdef uint64_t _refused
 
@@ -43,4 +45,12 @@ cdef class Router:
     cdef fb_router *_r
     cdef Trie _trie
     cdef fb_decode_limits _lim
-    cdef PyThread_type_lock _lock
+    cdef fb_lock _lock
+
+
+cdef class Publisher:
+    cdef public Outbox outbox
+    cdef public object wanted
+    cdef public object wake
+    cdef public object closed_error
+    cdef public bint closed

@@ -11,8 +11,7 @@ codes become exceptions in one place, ``_raise``.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact, PyBytes_FromStringAndSize
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBuffer_FillInfo, PyBUF_SIMPLE
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
-from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
-                               PyThread_acquire_lock, PyThread_release_lock, NOWAIT_LOCK, WAIT_LOCK)
+from fastbus.includes.fb_lock cimport fb_lock, fb_lock_try, fb_lock_release, fb_lock_wait
 from cpython cimport array
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, UINT64_MAX, UINT32_MAX
 from libc.stdlib cimport malloc
@@ -76,20 +75,14 @@ cdef inline int _check(int rc, str what="") except -1:
 # --------------------------------------------------------------------------
 # Helpers
 
-cdef inline void _lock(PyThread_type_lock l) noexcept:
-    # Never block while holding the GIL: the holder may need it to finish.
-    if not PyThread_acquire_lock(l, NOWAIT_LOCK):
+cdef inline void _lock(fb_lock *l) noexcept:
+    # Never wait while holding the GIL: the holder may need it to finish.
+    if not fb_lock_try(l):
         with nogil:
-            PyThread_acquire_lock(l, WAIT_LOCK)
+            fb_lock_wait(l)
 
-cdef inline void _unlock(PyThread_type_lock l) noexcept nogil:
-    PyThread_release_lock(l)
-
-cdef inline PyThread_type_lock _new_lock() except NULL:
-    cdef PyThread_type_lock l = PyThread_allocate_lock()
-    if l is NULL:
-        raise MemoryError("cannot allocate a lock")
-    return l
+cdef inline void _unlock(fb_lock *l) noexcept nogil:
+    fb_lock_release(l)
 
 cdef inline bytes _as_bytes(object o):
     """bytes as is; str as UTF-8; any other buffer copied to bytes."""
@@ -176,13 +169,13 @@ cdef class _Spans:
 
 cdef int _trie_match_batch(Trie self, _Spans sp, size_t *offsets, fb_idvec *v) except -1:
     cdef int rc
-    _lock(self._lock)
+    _lock(&self._lock)
     if sp.n >= NOGIL_MIN_TOPICS:
         with nogil:
             rc = fb_trie_match_batch(self._t, sp.spans, sp.n, offsets, v)
     else:
         rc = fb_trie_match_batch(self._t, sp.spans, sp.n, offsets, v)
-    _unlock(self._lock)
+    _unlock(&self._lock)
     return _check(rc, "match")
 
 
@@ -200,7 +193,6 @@ cdef class Trie:
     """
 
     def __cinit__(self):
-        self._lock = _new_lock()
         self._t = fb_trie_new()
         if self._t is NULL:
             raise MemoryError("cannot allocate a trie")
@@ -208,17 +200,15 @@ cdef class Trie:
     def __dealloc__(self):
         if self._t is not NULL:
             fb_trie_free(self._t)
-        if self._lock is not NULL:
-            PyThread_free_lock(self._lock)
 
     def add(self, key, uint64_t subscriber, *, bint prefix=False) -> bool:
         """Add one reference of ``subscriber`` to the key.  True if the key
         (of this kind) just got its first holder."""
         cdef bytes k = _as_bytes(key)
         cdef int rc
-        _lock(self._lock)
+        _lock(&self._lock)
         rc = fb_trie_add(self._t, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), _kind(prefix), subscriber)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return _check(rc, "add") == 1
 
     def remove(self, key, uint64_t subscriber, *, bint prefix=False) -> bool:
@@ -227,9 +217,9 @@ cdef class Trie:
         hold the key; nothing changes then."""
         cdef bytes k = _as_bytes(key)
         cdef int rc
-        _lock(self._lock)
+        _lock(&self._lock)
         rc = fb_trie_remove(self._t, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), _kind(prefix), subscriber)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         if rc == FB_ENOTFOUND:
             raise NotSubscribedError(
                 f"subscriber {subscriber} does not hold {'prefix' if prefix else 'exact'} key {k!r}")
@@ -243,10 +233,10 @@ cdef class Trie:
         cdef int rc
         fb_keylist_init(&gone)
         try:
-            _lock(self._lock)
+            _lock(&self._lock)
             with nogil:
                 rc = fb_trie_remove_subscriber(self._t, subscriber, &gone)
-            _unlock(self._lock)
+            _unlock(&self._lock)
             _check(rc, "remove_subscriber")
             return _keylist_to_list(&gone, False, False)
         finally:
@@ -260,9 +250,9 @@ cdef class Trie:
         cdef size_t i
         fb_idvec_init(&v)
         try:
-            _lock(self._lock)
+            _lock(&self._lock)
             rc = fb_trie_match(self._t, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), &v)
-            _unlock(self._lock)
+            _unlock(&self._lock)
             _check(rc, "match")
             return [v.ids[i] for i in range(v.n)]
         finally:
@@ -306,33 +296,33 @@ cdef class Trie:
     def any_match(self, topic) -> bool:
         """Does any subscriber want this topic?"""
         cdef bytes k = _as_bytes(topic)
-        _lock(self._lock)
+        _lock(&self._lock)
         rc = fb_trie_any_match(self._t, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k))
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return rc == 1
 
     def covered(self, key, *, bint prefix=False) -> bool:
         """Is the key covered by another held prefix key?"""
         cdef bytes k = _as_bytes(key)
-        _lock(self._lock)
+        _lock(&self._lock)
         rc = fb_trie_covered(self._t, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), _kind(prefix))
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return rc == 1
 
     def refcount(self, key, uint64_t subscriber, *, bint prefix=False) -> int:
         """How many times the subscriber holds the key (0: not at all)."""
         cdef bytes k = _as_bytes(key)
-        _lock(self._lock)
+        _lock(&self._lock)
         n = fb_trie_refcount(self._t, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), _kind(prefix), subscriber)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return n
 
     def holders(self, key, *, bint prefix=False) -> int:
         """Number of subscribers holding the key."""
         cdef bytes k = _as_bytes(key)
-        _lock(self._lock)
+        _lock(&self._lock)
         n = fb_trie_holders(self._t, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), _kind(prefix))
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return n
 
     def keys(self, prefix=b"") -> list:
@@ -345,10 +335,10 @@ cdef class Trie:
         cdef size_t plen = PyBytes_GET_SIZE(p)
         fb_keylist_init(&kl)
         try:
-            _lock(self._lock)
+            _lock(&self._lock)
             with nogil:
                 rc = fb_trie_walk(self._t, pp, plen, _keys_cb, &kl)
-            _unlock(self._lock)
+            _unlock(&self._lock)
             _check(rc, "keys")
             return _keylist_to_list(&kl, False, True)
         finally:
@@ -359,9 +349,9 @@ cdef class Trie:
         cdef fb_keylist kl
         fb_keylist_init(&kl)
         try:
-            _lock(self._lock)
+            _lock(&self._lock)
             rc = fb_trie_subscriber_keys(self._t, subscriber, &kl)
-            _unlock(self._lock)
+            _unlock(&self._lock)
             _check(rc, "subscriber_keys")
             return _keylist_to_list(&kl, False, True)
         finally:
@@ -372,9 +362,9 @@ cdef class Trie:
         bytes_live (in live allocations) and bytes_reserved (held from the
         allocator)."""
         cdef fb_trie_stats s
-        _lock(self._lock)
+        _lock(&self._lock)
         fb_trie_get_stats(self._t, &s)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return {"keys": s.keys, "subscriptions": s.subscriptions, "subscribers": s.subscribers,
                 "nodes": s.nodes, "bytes_live": s.bytes_live, "bytes_reserved": s.bytes_reserved}
 
@@ -382,9 +372,9 @@ cdef class Trie:
         """Verify the trie's internal invariants; raise FastbusError if one
         is broken (a bug: please report it)."""
         cdef const char *why = NULL
-        _lock(self._lock)
+        _lock(&self._lock)
         rc = fb_trie_check(self._t, &why)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         if rc == FB_ENOMEM:
             raise MemoryError()
         if rc != FB_OK:
@@ -392,9 +382,9 @@ cdef class Trie:
 
     def __len__(self) -> int:
         cdef fb_trie_stats s
-        _lock(self._lock)
+        _lock(&self._lock)
         fb_trie_get_stats(self._t, &s)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return s.keys
 
     def __repr__(self) -> str:
@@ -409,12 +399,12 @@ cdef dict _MODES = {"dedup": FB_FWD_DEDUP, "subsume": FB_FWD_SUBSUME}
 
 cdef int _fwd_event(Forwarder self, int op, uint64_t peer, bytes k, int kind, fb_keylist *diff) noexcept:
     cdef int rc
-    _lock(self._lock)
+    _lock(&self._lock)
     if op == FB_OP_SUBSCRIBE:
         rc = fb_fwd_subscribe(self._f, peer, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), kind, diff)
     else:
         rc = fb_fwd_unsubscribe(self._f, peer, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), kind, diff)
-    _unlock(self._lock)
+    _unlock(&self._lock)
     return rc
 
 
@@ -456,7 +446,6 @@ cdef class Forwarder:
         cdef Py_ssize_t low = (cap * 3 // 4) if cap_low is None else cap_low
         if low < 0 or low > cap:
             raise ValueError(f"cap_low must be between 0 and cap ({cap}), not {low}")
-        self._lock = _new_lock()
         self._f = fb_fwd_new(<fb_fwd_mode>_MODES[mode], <size_t>cap, <size_t>low)
         if self._f is NULL:
             raise MemoryError("cannot allocate a forwarder")
@@ -464,8 +453,6 @@ cdef class Forwarder:
     def __dealloc__(self):
         if self._f is not NULL:
             fb_fwd_free(self._f)
-        if self._lock is not NULL:
-            PyThread_free_lock(self._lock)
 
     def subscribe(self, uint64_t peer, key, *, bint prefix=False) -> list:
         """A downstream peer subscribes; returns the upstream diff."""
@@ -482,10 +469,10 @@ cdef class Forwarder:
         cdef int rc
         fb_keylist_init(&diff)
         try:
-            _lock(self._lock)
+            _lock(&self._lock)
             with nogil:
                 rc = fb_fwd_remove_peer(self._f, peer, &diff)
-            _unlock(self._lock)
+            _unlock(&self._lock)
             out = _keylist_to_list(&diff, True, False)
             _check(rc, "remove_peer")
             return out
@@ -532,9 +519,9 @@ cdef class Forwarder:
         cdef fb_keylist out
         fb_keylist_init(&out)
         try:
-            _lock(self._lock)
+            _lock(&self._lock)
             rc = fb_fwd_snapshot(self._f, &out)
-            _unlock(self._lock)
+            _unlock(&self._lock)
             _check(rc, "snapshot")
             return _keylist_to_list(&out, True, False)
         finally:
@@ -545,9 +532,9 @@ cdef class Forwarder:
         cdef fb_keylist kl
         fb_keylist_init(&kl)
         try:
-            _lock(self._lock)
+            _lock(&self._lock)
             rc = fb_trie_subscriber_keys(fb_fwd_trie(self._f), peer, &kl)
-            _unlock(self._lock)
+            _unlock(&self._lock)
             _check(rc, "peer_keys")
             return _keylist_to_list(&kl, False, True)
         finally:
@@ -556,17 +543,17 @@ cdef class Forwarder:
     @property
     def upstream_count(self) -> int:
         """Keys upstream holds when not collapsed (dedup: distinct keys)."""
-        _lock(self._lock)
+        _lock(&self._lock)
         n = fb_fwd_upstream_count(self._f)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return n
 
     @property
     def collapsed(self) -> bool:
         """True while the cap has collapsed upstream to the prefix b""."""
-        _lock(self._lock)
+        _lock(&self._lock)
         c = fb_fwd_collapsed(self._f)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return c != 0
 
     @property
@@ -676,13 +663,10 @@ cdef class Outbox:
     def __cinit__(self, Py_ssize_t max_messages=1000, Py_ssize_t max_bytes=1 << 20,
                   max_delay=0.005, bint checksum=False):
         cdef fb_outbox_limits lim = _limits(max_messages, max_bytes, max_delay, checksum)
-        self._lock = _new_lock()
         fb_outbox_init(&self._o, &lim)
 
     def __dealloc__(self):
         fb_outbox_destroy(&self._o)
-        if self._lock is not NULL:
-            PyThread_free_lock(self._lock)
 
     def append(self, topic, payload, now_ns=None) -> bool:
         """Add one record; True when a flush is due by count or size."""
@@ -690,10 +674,10 @@ cdef class Outbox:
         cdef bytes p = _as_bytes(payload)
         cdef uint64_t now = _now(now_ns)
         cdef int rc
-        _lock(self._lock)
+        _lock(&self._lock)
         rc = fb_outbox_append(&self._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t),
                               PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), now)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return _check(rc, "append") == 1
 
     def offer(self, topic, payload, Trie wanted=None) -> int:
@@ -705,18 +689,18 @@ cdef class Outbox:
         cdef bytes p = _as_bytes(payload)
         cdef int rc
         if wanted is not None:
-            _lock(wanted._lock)
+            _lock(&wanted._lock)
             rc = fb_trie_any_match(wanted._t, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t))
-            _unlock(wanted._lock)
+            _unlock(&wanted._lock)
             if rc == 0:
                 self._refused += 1
                 return -1
-        _lock(self._lock)
+        _lock(&self._lock)
         rc = fb_outbox_append(&self._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t),
                               PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), fb_now_ns())
         if rc >= 0:
             self._accepted += 1
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return _check(rc, "append")
 
     @property
@@ -740,10 +724,10 @@ cdef class Outbox:
             topic, payload = rec
             t = _as_bytes(topic)
             p = _as_bytes(payload)
-            _lock(self._lock)
+            _lock(&self._lock)
             rc = fb_outbox_append(&self._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t),
                                   PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), now)
-            _unlock(self._lock)
+            _unlock(&self._lock)
             if _check(rc, f"record {index}") == 1:
                 due = True
         return due
@@ -751,26 +735,26 @@ cdef class Outbox:
     def due(self, now_ns=None) -> bool:
         """Is a flush due (by count, size or age)?"""
         cdef uint64_t now = _now(now_ns)
-        _lock(self._lock)
+        _lock(&self._lock)
         d = fb_outbox_due(&self._o, now)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return d != 0
 
     def deadline_ns(self):
         """When the age limit makes the batch due (monotonic ns), or None
         (empty, or no age limit).  A flush loop sleeps until then."""
-        _lock(self._lock)
+        _lock(&self._lock)
         d = fb_outbox_deadline(&self._o)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return None if d == UINT64_MAX else d
 
     def take(self):
         """Hand the pending batch over (a Batch), or None if empty."""
         cdef unsigned char *buf = NULL
         cdef size_t n = 0
-        _lock(self._lock)
+        _lock(&self._lock)
         rc = fb_outbox_take(&self._o, &buf, &n)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         _check(rc, "take")
         if buf is NULL:
             return None
@@ -778,9 +762,9 @@ cdef class Outbox:
 
     def clear(self) -> None:
         """Drop the pending records."""
-        _lock(self._lock)
+        _lock(&self._lock)
         fb_outbox_clear(&self._o)
-        _unlock(self._lock)
+        _unlock(&self._lock)
 
     def __len__(self) -> int:
         return fb_outbox_count(&self._o)
@@ -797,6 +781,51 @@ cdef class Outbox:
 
     def __repr__(self) -> str:
         return f"<fastbus.Outbox records={len(self)} bytes={self.nbytes}>"
+
+
+cdef class Publisher:
+    """The publish path of a client as one call into C: the publisher-side
+    filter (``wanted``, a Trie or None for no filter), the append to
+    ``outbox``, and ``wake()`` when a batch is due.  ``publish`` returns 1,
+    or 0 when nobody wants the channel.  Attributes are set by the client."""
+
+    def __cinit__(self, Outbox outbox not None, wake not None):
+        self.outbox = outbox
+        self.wanted = None
+        self.wake = wake
+        self.closed = False
+        self.closed_error = RuntimeError
+
+    def publish(self, channel, message) -> int:
+        """Queue a message; 0 if no subscriber wants its channel."""
+        if self.closed:
+            raise self.closed_error("client is closed")
+        cdef bytes t = _as_bytes(channel)
+        cdef bytes p = _as_bytes(message)
+        cdef Outbox ob = self.outbox
+        cdef object w = self.wanted
+        cdef Trie trie
+        cdef int rc
+        if w is not None:
+            trie = <Trie>w
+            _lock(&trie._lock)
+            rc = fb_trie_any_match(trie._t, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t))
+            _unlock(&trie._lock)
+            if rc == 0:
+                ob._refused += 1
+                return 0
+        _lock(&ob._lock)
+        # The outbox uses the time only for the first record of a batch.
+        rc = fb_outbox_append(&ob._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(p),
+                              PyBytes_GET_SIZE(p), fb_now_ns() if fb_outbox_count(&ob._o) == 0 else 0)
+        if rc >= 0:
+            ob._accepted += 1
+        _unlock(&ob._lock)
+        if rc < 0:
+            _raise(rc, "publish")
+        if rc == 1:
+            self.wake()
+        return 1
 
 
 def encode(records, *, bint checksum=False) -> Batch:
@@ -897,12 +926,12 @@ cdef list _router_links(Router self, bint only_due, uint64_t now):
     if buf is NULL:
         raise MemoryError()
     try:
-        _lock(self._lock)
+        _lock(&self._lock)
         if only_due:
             n = fb_router_due(self._r, now, buf, LINKS_PER_CALL)
         else:
             n = fb_router_pending(self._r, buf, LINKS_PER_CALL)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return [buf[i] for i in range(n)]
     finally:
         PyMem_Free(buf)
@@ -929,7 +958,6 @@ cdef class Router:
         self._lim.max_records = max_records
         self._lim.require_checksum = 0
         self._trie = trie
-        self._lock = _new_lock()
         self._r = fb_router_new(&lim)
         if self._r is NULL:
             raise MemoryError("cannot allocate a router")
@@ -937,8 +965,6 @@ cdef class Router:
     def __dealloc__(self):
         if self._r is not NULL:
             fb_router_free(self._r)
-        if self._lock is not NULL:
-            PyThread_free_lock(self._lock)
 
     @property
     def trie(self) -> Trie:
@@ -946,22 +972,22 @@ cdef class Router:
 
     def add_link(self, uint32_t link) -> None:
         """Give a link an outbox (idempotent)."""
-        _lock(self._lock)
+        _lock(&self._lock)
         rc = fb_router_add_link(self._r, link)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         _check(rc, "add_link")
 
     def remove_link(self, uint32_t link) -> int:
         """Drop a link's outbox; returns how many records it still held."""
-        _lock(self._lock)
+        _lock(&self._lock)
         n = fb_router_remove_link(self._r, link)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return n
 
     def has_link(self, uint32_t link) -> bool:
-        _lock(self._lock)
+        _lock(&self._lock)
         n = fb_router_has_link(self._r, link)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return n != 0
 
     def route(self, batch, source=None, now_ns=None) -> int:
@@ -974,12 +1000,12 @@ cdef class Router:
         cdef int rc
         PyObject_GetBuffer(batch, &view, PyBUF_SIMPLE)
         try:
-            _lock(self._lock)
-            _lock(self._trie._lock)
+            _lock(&self._lock)
+            _lock(&self._trie._lock)
             with nogil:
                 rc = fb_router_route(self._r, self._trie._t, view.buf, <size_t>view.len, &self._lim, src, now)
-            _unlock(self._trie._lock)
-            _unlock(self._lock)
+            _unlock(&self._trie._lock)
+            _unlock(&self._lock)
         finally:
             PyBuffer_Release(&view)
         return _check(rc, "route")
@@ -999,11 +1025,11 @@ cdef class Router:
         cdef size_t n = 0
         cdef fb_outbox *ob
         cdef int rc = FB_OK
-        _lock(self._lock)
+        _lock(&self._lock)
         ob = fb_router_outbox(self._r, link)
         if ob is not NULL:
             rc = fb_outbox_take(ob, &buf, &n)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         _check(rc, "take")
         return None if buf is NULL else _wrap_batch(buf, n)
 
@@ -1015,42 +1041,42 @@ cdef class Router:
         cdef uint64_t now = _now(now_ns)
         cdef fb_outbox *ob
         cdef int rc
-        _lock(self._lock)
+        _lock(&self._lock)
         ob = fb_router_outbox(self._r, link)
         if ob is NULL:
-            _unlock(self._lock)
+            _unlock(&self._lock)
             raise KeyError(f"no link {link}")
         rc = fb_outbox_append(ob, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(p),
                               PyBytes_GET_SIZE(p), now)
         if rc >= 0:
             fb_router_touch(self._r, link)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return _check(rc, "append") == 1
 
     def queued(self, uint32_t link) -> tuple:
         """(records, bytes) pending in a link's outbox."""
         cdef fb_outbox *ob
         cdef size_t count = 0, nbytes = 0
-        _lock(self._lock)
+        _lock(&self._lock)
         ob = fb_router_outbox(self._r, link)
         if ob is not NULL:
             count = fb_outbox_count(ob)
             nbytes = fb_outbox_bytes(ob)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return count, nbytes
 
     def deadline_ns(self):
         """Earliest time an outbox becomes due by age (monotonic ns), or None."""
-        _lock(self._lock)
+        _lock(&self._lock)
         d = fb_router_deadline(self._r)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return None if d == UINT64_MAX else d
 
     def stats(self) -> dict:
         """batches, records, bytes, deliveries, unrouted, rejected (cumulative)."""
         cdef fb_router_stats s
-        _lock(self._lock)
+        _lock(&self._lock)
         fb_router_get_stats(self._r, &s)
-        _unlock(self._lock)
+        _unlock(&self._lock)
         return {"batches": s.batches, "records": s.records, "bytes": s.bytes,
                 "deliveries": s.deliveries, "unrouted": s.unrouted, "rejected": s.rejected}

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 import zmq
 
 from fastbus import protocol as P
-from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Outbox, Trie, decode
+from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Outbox, Publisher, Trie, decode
 from fastbus.errors import FastbusError
 
 log = logging.getLogger("fastbus.client")
@@ -119,27 +119,32 @@ class Client:
         self._curve = (curve_server_key, curve_public_key, curve_secret_key) if curve_secret_key else None
         self._ctx = context or zmq.Context.instance()
         self._outbox = Outbox(max_messages=max_messages, max_bytes=max_bytes, max_delay=max_delay)
-        self._wanted: Trie | None = None       # None until the broker's first want snapshot
         self._ping_interval = ping_interval
         self._closed = False
         self._io = _IOThread(self)
+        # The hot path, in C: filter, append, wake when a batch is due.
+        self._publisher = Publisher(self._outbox, self._io.wake)
+        self._publisher.closed_error = ConnectionClosed
+        self.publish = self._publisher.publish
         self._io.start()
         self._pub = _Conn("pub")
         self._io.call("open", self._pub)
 
     # -- publishing --------------------------------------------------------
 
-    def publish(self, channel, message) -> int:
+    @property
+    def _wanted(self) -> Trie | None:
+        """What subscribers want (the broker's view), None until it is known."""
+        return self._publisher.wanted
+
+    @_wanted.setter
+    def _wanted(self, trie: Trie | None) -> None:
+        self._publisher.wanted = trie
+
+    def publish(self, channel, message) -> int:  # replaced per instance by Publisher.publish
         """Queue a message; returns 1, or 0 when no subscriber wants its
         channel (the broker said so), in which case it is not sent."""
-        if self._closed:
-            raise ConnectionClosed("client is closed")
-        r = self._outbox.offer(channel, message, self._wanted)
-        if r < 0:
-            return 0
-        if r:
-            self._io.wake()
-        return 1
+        return self._publisher.publish(channel, message)
 
     def publish_many(self, messages) -> int:
         """Queue many ``(channel, message)`` pairs; returns how many were queued."""
@@ -210,6 +215,7 @@ class Client:
         except (TimeoutError, ConnectionClosed):
             log.warning("closing %s with messages the broker did not confirm", self.name)
         self._closed = True
+        self._publisher.closed = True
         self._io.stop(timeout)
 
     def __enter__(self) -> Client:
@@ -594,6 +600,11 @@ class _IOThread(threading.Thread):
         s.linger = 2000
         s.sndhwm = 1000
         s.rcvhwm = 16                     # batches: back-pressure reaches the broker soon
+        if conn.kind == "sub":
+            # A fixed kernel buffer too (loopback autotuning may grow one to
+            # 32 MB): what a subscriber holds unread stays bounded, and a
+            # stalled one shows up at the broker.
+            s.rcvbuf = min(max(self.client.max_inbox_bytes // 4, 256 * 1024), 8 * 1024 * 1024)
         s.reconnect_ivl = 100
         s.reconnect_ivl_max = 2000
         s.heartbeat_ivl = 1000

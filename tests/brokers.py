@@ -44,6 +44,7 @@ class BrokerProcess:
                 return
             except TimeoutError:
                 continue
+        self.kill()        # never leave a broker behind
         raise RuntimeError(f"broker did not start:\n{self.log()}")
 
     def log(self) -> str:
