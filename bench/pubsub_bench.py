@@ -3,23 +3,33 @@
 P publisher processes publish 20-byte messages to random channels among 50
 ("0".."49") as fast as they can; S subscriber processes are subscribed to
 all 50 channels and count what they receive.  Cases are P:S pairs: the seed's
-N:N for N = 1, 2, 4, and 1:2, the case DESIGN.md's peer figures were read on.  Every system gets the same
-publishing loop (a precomputed random channel sequence, so the random
-generator does not dominate) and its best normal consumer:
+N:N for N = 1, 2, 4, and 1:2, the case DESIGN.md's peer figures were read on.
+Every system gets the same publishing loop (a precomputed random channel
+sequence, so the random generator does not dominate).  Two consumer styles:
 
-  fastbus  fastbus broker; Client.publish; PubSub.get_batch
+  seed   every system through seed 000's clients: one message dict per
+         message, redis-py's shape (redis-py PubSub.get_message;
+         ZMQPubSub-style recv + partition + dict; fastbus PubSub.listen())
+  bulk   each system's fastest consumer (fastbus PubSub.get_batch; pyzmq
+         bare recv loop; redis-py has no other, so redis runs as in seed)
+
+  fastbus  fastbus broker (--max-queue-bytes 8 GiB: lossless, as the peers'
+           settings below); Client.publish
   redis    redis-server 7 (Debian); redis-py with hiredis; the publisher is seed
-           000's BufferedRedis (pipeline flushed every 1000 messages or 200 ms);
-           subscribers use PubSub.get_message
+           000's BufferedRedis (pipeline flushed every 1000 messages)
   zmq      libzmq XSUB/XPUB proxy (zmq.proxy); PUB -> proxy -> SUB, one-frame
            "channel payload" messages as seed 000's ZMQPubSub; high-water
            marks 0 (unlimited) set before bind/connect, the only lossless setting
 
-Rates are taken over the middle of the run (after a warm-up); afterwards the
-publishers stop, the subscribers drain, and loss = published x subscribers -
-received.  Everything runs on loopback; every loop is bounded in time.
+Rates are taken over the middle of the run (after a warm-up).  Then the
+publishers stop and the subscribers drain what is queued for them, for at
+most --drain seconds.  "dropped" is what a server discarded (fastbus's own
+counter; the peers' settings here never discard); "undelivered" is
+published x subscribers - received - dropped: a backlog still queued when the
+drain time ran out, when publishers outran subscribers.  Everything runs on
+loopback; every loop is bounded in time.
 
-    python bench/pubsub_bench.py --cases 1:2,1:1,2:2,4:4 --seconds 5 --png bench/pubsub.png
+    python bench/pubsub_bench.py --cases 1:2,1:1,2:2,4:4 --styles seed,bulk --seconds 5 --png bench/pubsub.png
 """
 
 from __future__ import annotations
@@ -61,8 +71,10 @@ class Server:
         self.dir = tempfile.mkdtemp(prefix=f"bench-{system}-")
         if system == "fastbus":
             self.endpoint = f"tcp://127.0.0.1:{self.port}"
+            # Lossless like the peers' settings (Redis: unlimited pub/sub output
+            # buffer; libzmq: HWM 0): a subscriber queue the run cannot fill.
             cmd = [sys.executable, "-m", "fastbus", "broker", "--bind", self.endpoint, "--log-level", "WARNING",
-                   "--stats-interval", "0"]
+                   "--stats-interval", "0", "--max-queue-bytes", str(8 << 30)]
         elif system == "redis":
             exe = shutil.which("redis-server")
             if not exe:
@@ -142,18 +154,29 @@ def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed
         send = s.send
         while not stop.is_set():
             for _ in range(1000):
-                send(next(chans) + b" " + msg)
+                send(b"%s %s" % (next(chans), msg))     # seed 000's ZMQPubSub.publish
             n += 1000
             count.value = n
         s.close(linger=-1)
     count.value = n
 
 
-def subscriber(system: str, server: dict, stop_all, ready, count) -> None:
+def subscriber(system: str, style: str, server: dict, stop_all, ready, count, drain: float) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     n = 0
     idle_limit = 1.0
     last_msg = time.monotonic()
+    end = [None]
+
+    def done() -> bool:
+        # After the publishers stop: when nothing came for a second, or the
+        # drain time is up.
+        if not stop_all.is_set():
+            return False
+        if end[0] is None:
+            end[0] = time.monotonic() + drain
+        return time.monotonic() - last_msg > idle_limit or time.monotonic() > end[0]
+
     if system == "fastbus":
         import fastbus
         c = fastbus.Client(endpoint=server["endpoint"])
@@ -166,12 +189,24 @@ def subscriber(system: str, server: dict, stop_all, ready, count) -> None:
                 raise SystemExit("fastbus subscriber: no confirmation")
             confirmed += m["type"] == "subscribe"
         ready.set()
-        while not (stop_all.is_set() and time.monotonic() - last_msg > idle_limit):
-            got = len(p.get_batch(timeout=0.1))
-            if got:
-                n += got
-                count.value = n
-                last_msg = time.monotonic()
+        if style == "bulk":
+            while not done():
+                got = len(p.get_batch(timeout=0.1))
+                if got:
+                    n += got
+                    count.value = n
+                    last_msg = time.monotonic()
+        else:
+            get = p.get_message
+            while not done():
+                m = get(timeout=0.1)
+                if m is None:
+                    count.value = n
+                    continue
+                n += 1
+                if n % 1000 == 0:
+                    count.value = n
+                    last_msg = time.monotonic()
     elif system == "redis":
         import redis
         r = redis.Redis(host="127.0.0.1", port=server["port"])
@@ -181,7 +216,7 @@ def subscriber(system: str, server: dict, stop_all, ready, count) -> None:
             pass
         ready.set()
         get = p.get_message
-        while not (stop_all.is_set() and time.monotonic() - last_msg > idle_limit):
+        while not done():
             m = get(timeout=0.1)
             if m is None:
                 count.value = n
@@ -200,20 +235,24 @@ def subscriber(system: str, server: dict, stop_all, ready, count) -> None:
         time.sleep(0.5)
         ready.set()
         recv = s.recv
-        while not (stop_all.is_set() and time.monotonic() - last_msg > idle_limit):
+        while not done():
             if s.poll(100):
                 for _ in range(1000):
                     try:
-                        recv(zmq.NOBLOCK)
+                        raw = recv(zmq.NOBLOCK)
                     except zmq.Again:
                         break
+                    if style == "seed":        # seed 000's ZMQPubSub.listen()
+                        channel, _, data = raw.partition(b" ")
+                        {"type": "message", "channel": channel, "data": data}
                     n += 1
                 count.value = n
                 last_msg = time.monotonic()
     count.value = n
 
 
-def run_case(system: str, npubs: int, nclients: int, seconds: float, size: int) -> dict:
+def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float, size: int,
+             drain: float) -> dict:
     srv = Server(system)
     ctx = mp.get_context("spawn")
     info = {"endpoint": getattr(srv, "endpoint", None), "port": srv.port, "port2": getattr(srv, "port2", None)}
@@ -221,7 +260,8 @@ def run_case(system: str, npubs: int, nclients: int, seconds: float, size: int) 
     pubc = [ctx.Value("q", 0) for _ in range(npubs)]
     subc = [ctx.Value("q", 0) for _ in range(nclients)]
     readies = [ctx.Event() for _ in range(nclients)]
-    subs = [ctx.Process(target=subscriber, args=(system, info, stop_all, readies[i], subc[i])) for i in range(nclients)]
+    subs = [ctx.Process(target=subscriber, args=(system, style, info, stop_all, readies[i], subc[i], drain))
+            for i in range(nclients)]
     pubs = [ctx.Process(target=publisher, args=(system, info, size, stop_pub, ready_pub, pubc[i], i))
             for i in range(npubs)]
     try:
@@ -245,15 +285,22 @@ def run_case(system: str, npubs: int, nclients: int, seconds: float, size: int) 
             p.join(60)
         stop_all.set()
         for p in subs:
-            p.join(120)
+            p.join(drain + 30)
         published = sum(c.value for c in pubc)
         received = sum(c.value for c in subc)
         expected = published * nclients
-        return {"system": system, "case": f"{npubs}:{nclients}", "publishers": npubs, "clients": nclients,
+        dropped = 0
+        if system == "fastbus":
+            from fastbus.cli import query_stats
+            dropped = query_stats(info["endpoint"])["drops"]["slow_consumer"]
+        return {"system": system, "style": style, "case": f"{npubs}:{nclients}", "publishers": npubs,
+                "clients": nclients,
                 "delivered_per_s": (s1 - s0) / (t1 - t0),
                 "per_subscriber_per_s": [(b - a) / (t1 - t0) for a, b in zip(per0, per1)],
-                "published": published, "received": received, "lost": expected - received,
-                "loss_pct": 100.0 * (expected - received) / expected if expected else 0.0}
+                "published": published, "received": received, "dropped": dropped,
+                "undelivered": expected - received - dropped, "lost": expected - received,
+                "loss_pct": 100.0 * dropped / expected if expected else 0.0,
+                "undelivered_pct": 100.0 * (expected - received - dropped) / expected if expected else 0.0}
     finally:
         stop_pub.set()
         stop_all.set()
@@ -268,16 +315,19 @@ def plot(results: list[dict], path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    cases = list(dict.fromkeys(r["case"] for r in results))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for r in results:
+        r["label"] = f"{r['style']} {r['case']}"
+    cases = list(dict.fromkeys(r["label"] for r in results))
     systems = list(dict.fromkeys(r["system"] for r in results))
     width = 0.8 / len(systems)
     for k, system in enumerate(systems):
-        vals = [next((r["delivered_per_s"] / 1e6 for r in results if r["system"] == system and r["case"] == c), 0)
+        vals = [next((r["delivered_per_s"] / 1e6 for r in results if r["system"] == system and r["label"] == c), 0)
                 for c in cases]
         bars = ax.bar([i + k * width for i in range(len(cases))], vals, width, label=system)
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
-    ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(cases))], [f"{c} (pub:sub)" for c in cases])
+    ax.set_xticks([i + width * (len(systems) - 1) / 2 for i in range(len(cases))], cases, fontsize=7)
+    ax.set_xlabel("consumer style, publishers:subscribers")
     ax.set_ylabel("delivered messages / s (millions)")
     ax.set_title("Seed 000 workload: 50 channels, 20-byte messages, one 2-core machine")
     ax.grid(True, alpha=0.3)
@@ -290,8 +340,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default="fastbus,redis,zmq")
     ap.add_argument("--cases", default="1:2,1:1,2:2,4:4", help="publishers:subscribers pairs")
+    ap.add_argument("--styles", default="seed,bulk", help="consumer styles: seed, bulk")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--size", type=int, default=20)
+    ap.add_argument("--drain", type=float, default=20.0, help="seconds subscribers may drain after publishing")
     ap.add_argument("--png", help="write a plot here")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--zmq-proxy", nargs=2, type=int, help=argparse.SUPPRESS)
@@ -302,23 +354,30 @@ def main() -> None:
     if not 0 < args.seconds <= 120:
         raise SystemExit("--seconds must be between 0 and 120")
     results = []
-    for case in args.cases.split(","):
-        npubs, nsubs = (int(x) for x in case.split(":"))
-        for system in args.systems.split(","):
-            r = run_case(system, npubs, nsubs, args.seconds, args.size)
-            results.append(r)
-            print(f"{system:8s} {case}: {r['delivered_per_s']:>12,.0f} delivered/s "
+    for style in args.styles.split(","):
+        for case in args.cases.split(","):
+            npubs, nsubs = (int(x) for x in case.split(":"))
+            for system in args.systems.split(","):
+                if system == "redis" and style != "seed" and "seed" in args.styles:
+                    # redis-py has one consumer: reuse the seed-style reading of this run
+                    r = dict(next(x for x in results if x["system"] == "redis" and x["case"] == case), style=style)
+                else:
+                    r = run_case(system, style, npubs, nsubs, args.seconds, args.size, args.drain)
+                results.append(r)
+                print(f"{style:5s} {system:8s} {case}: {r['delivered_per_s']:>12,.0f} delivered/s "
                   f"({', '.join(f'{x:,.0f}' for x in r['per_subscriber_per_s'])} per subscriber); "
-                  f"published {r['published']:,}, lost {r['lost']:,} ({r['loss_pct']:.2f}%)", flush=True)
-    print("\n| pub:sub | " + " | ".join(dict.fromkeys(r["system"] for r in results)) +
+                      f"published {r['published']:,}, dropped {r['dropped']:,}, "
+                      f"undelivered after the drain {r['undelivered']:,} ({r['undelivered_pct']:.1f}%)", flush=True)
+    print("\n| style | pub:sub | " + " | ".join(dict.fromkeys(r["system"] for r in results)) +
           " | fastbus / redis | fastbus / zmq |")
-    print("|---|" + "---|" * (len(set(r["system"] for r in results)) + 2))
-    for case in dict.fromkeys(r["case"] for r in results):
-        row = {r["system"]: r for r in results if r["case"] == case}
-        cells = [f"{row[s]['delivered_per_s']:,.0f} ({row[s]['loss_pct']:.1f}% lost)" for s in row]
+    print("|---|---|" + "---|" * (len(set(r["system"] for r in results)) + 2))
+    for style, case in dict.fromkeys((r["style"], r["case"]) for r in results):
+        row = {r["system"]: r for r in results if r["case"] == case and r["style"] == style}
+        cells = [f"{row[s]['delivered_per_s']:,.0f}" + (f" ({row[s]['dropped']:,} dropped)" if row[s]["dropped"] else "")
+                 + (f" ({row[s]['undelivered_pct']:.0f}% backlog)" if row[s]["undelivered"] else "") for s in row]
         fb = row.get("fastbus", {}).get("delivered_per_s")
         ratios = [f"{fb / row[s]['delivered_per_s']:.1f}x" if fb and s in row else "" for s in ("redis", "zmq")]
-        print(f"| {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+        print(f"| {style} | {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
     if args.png:
         plot(results, args.png)
     if args.json:

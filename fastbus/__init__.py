@@ -35,6 +35,7 @@ from fastbus._core import (
     batch_count,
     crc32c,
     decode,
+    decode_messages,
     encode,
 )
 from fastbus.errors import BatchError, FastbusError, ForwarderError, NotSubscribedError
@@ -51,7 +52,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 
 __all__ = [
     "BATCH_VERSION", "CORE_VERSION", "EXACT", "PREFIX", "SUBSCRIBE", "UNSUBSCRIBE",
-    "Batch", "Forwarder", "Outbox", "Publisher", "Router", "Trie", "batch_count", "crc32c", "decode", "encode",
+    "Batch", "Forwarder", "Outbox", "Publisher", "Router", "Trie", "batch_count", "crc32c", "decode", "decode_messages", "encode",
     "BatchError", "FastbusError", "ForwarderError", "NotSubscribedError", "ProtocolError",
     "ConnectionClosed", "Client", "PubSub", "Broker", "BrokerConfig", "DEFAULT_ENDPOINT", "DEFAULT_PORT",
     "ShardedClient", "ShardedPubSub", "aio",

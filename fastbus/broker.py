@@ -41,7 +41,7 @@ from fastbus.errors import BatchError, NotSubscribedError
 log = logging.getLogger("fastbus.broker")
 
 SLOW_POLICIES = ("drop", "disconnect")
-RECV_BUDGET = 2000          # messages taken from one socket per loop turn
+RECV_BUDGET = 256           # messages taken from one socket per loop turn
 
 
 @dataclass
@@ -75,7 +75,7 @@ class BrokerConfig:
     max_message_bytes: int = 64 * 1024 * 1024
     max_subscriptions: int = 1_000_000
     #: How often idle peers are probed (a dead one fails the probe), and the
-    #: transport heartbeat that detects stuck connections.
+    #: TCP keepalive idle time (seconds) that finds half-open connections.
     probe_interval: float = 1.0
     heartbeat_timeout: float = 5.0
     #: CURVE: the broker's secret key (Z85, with its public key) and the
@@ -280,7 +280,7 @@ class Broker:
             "peers_joined", "peers_left", "subscribe_ops", "unsubscribe_ops", "control_in"], 0)
         self.drops = dict.fromkeys([
             "slow_consumer", "unrouted", "malformed", "protocol", "unknown_peer", "not_subscribed",
-            "too_many_subscriptions", "disconnected_slow", "unreachable"], 0)
+            "too_many_subscriptions", "disconnected_slow", "unreachable", "internal"], 0)
         self._started = time.monotonic()
         self._next_stats_log = self._started + (self.config.stats_interval or 0)
 
@@ -296,8 +296,15 @@ class Broker:
         r.sndhwm = 16
         r.rcvhwm = 1000
         r.maxmsgsize = cfg.max_message_bytes
-        r.heartbeat_ivl = int(cfg.probe_interval * 1000)
-        r.heartbeat_timeout = int(cfg.heartbeat_timeout * 1000)
+        # No ZMTP heartbeat timeouts: heartbeats share the data stream, so a
+        # subscriber that is merely slow (not reading) would be cut off as
+        # dead, losing its gap count.  A dead process closes its connection
+        # (found by the next probe); a slow one is the slow-consumer policy's;
+        # TCP keepalive finds half-open connections.
+        r.tcp_keepalive = 1
+        r.tcp_keepalive_idle = int(cfg.heartbeat_timeout)
+        r.tcp_keepalive_intvl = max(1, int(cfg.probe_interval))
+        r.tcp_keepalive_cnt = 3
         self._auth = None
         if cfg.curve_secret_key:
             r.curve_server = True
@@ -351,8 +358,7 @@ class Broker:
         s = self._ctx.socket(zmq.DEALER)
         s.linger = 0
         s.sndhwm = 1000
-        s.heartbeat_ivl = int(self.config.probe_interval * 1000)
-        s.heartbeat_timeout = int(self.config.heartbeat_timeout * 1000)
+        s.tcp_keepalive = 1
         s.reconnect_ivl = 100
         s.reconnect_ivl_max = 2000
         s.connect(self.config.upstream)
@@ -443,15 +449,18 @@ class Broker:
                         diffs.setdefault(other.link, []).extend(d)
         self._emit_all(diff_all)
         for link, d in diffs.items():
-            self._emit_link(self._links[link], d)
+            other = self._links.get(link)
+            if other is not None:
+                self._emit_link(other, d)
 
     def _emit_all(self, diff: list) -> None:
         """Tell the publishing clients what is now (un)wanted."""
         if not diff:
             return
         frame = P.encode_ops(diff)
-        for peer in self._links.values():
-            if peer.publisher and peer.role == "client":
+        # A snapshot: a send may find another peer dead and remove it.
+        for peer in list(self._links.values()):
+            if peer.publisher and peer.role == "client" and self._links.get(peer.link) is peer:
                 self._send(peer, [P.WANT, b"\x00", frame])
 
     def _emit_link(self, peer: Peer, diff: list) -> None:
@@ -715,6 +724,9 @@ class Broker:
         self.counters["batches_in"] += 1
         self.counters["messages_in"] += n
         self.counters["bytes_in"] += len(batch)
+        # Outboxes that reached their size or count go out now, not after the
+        # receive loop: under a flood they would otherwise grow without bound.
+        self._flush_due()
 
     def _on_upstream(self) -> None:
         peer = self._upstream
@@ -832,13 +844,13 @@ class Broker:
                     if sock is self._wake:
                         self._wake.recv()
                         continue
-                    self._sock_handlers[sock]()
-                self._flush_due()
+                    self._guarded(self._sock_handlers[sock])
+                self._guarded(self._flush_due)
                 if self._blocked:
-                    self._drain_queues()
+                    self._guarded(self._drain_queues)
                 now = time.monotonic()
                 if now >= next_maint:
-                    self._maintenance(now)
+                    self._guarded(self._maintenance, now)
                     next_maint = now + self.config.probe_interval
             self._flush_due(everything=True)
             self._drain_queues()
@@ -850,6 +862,17 @@ class Broker:
                      {k: v for k, v in st["drops"].items() if v} or "nothing")
             self._teardown()
             self._stopped.set()
+
+    def _guarded(self, fn, *args) -> None:
+        """Run one step of the loop; an unexpected error (a bug) is logged
+        with its traceback and counted, and the broker serves on."""
+        try:
+            fn(*args)
+        except zmq.ContextTerminated:
+            raise
+        except Exception:
+            self.drops["internal"] += 1
+            log.exception("internal error in %s; the broker continues", getattr(fn, "__name__", fn))
 
     def _poll_timeout(self, next_maint: float) -> int:
         if self._blocked:

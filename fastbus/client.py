@@ -34,12 +34,13 @@ from collections.abc import Iterator
 import zmq
 
 from fastbus import protocol as P
-from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Outbox, Publisher, Trie, decode
+from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Outbox, Publisher, Trie, decode, decode_messages
 from fastbus.errors import FastbusError
 
 log = logging.getLogger("fastbus.client")
 
 GLOB_SPECIALS = set("*?[")
+BATCH_MESSAGES = 8192     # get_batch(): about this many messages per call by default
 
 
 class ConnectionClosed(FastbusError):
@@ -261,11 +262,13 @@ class PubSub:
         self._seq = 0
         self._confirms: dict[int, list] = {}      # seq -> confirmation dicts
         self._unsub_seqs: deque[int] = deque()    # seqs of unsubscribes not yet confirmed
+        self._classes: dict = {}                  # channel -> (type, pattern) or None; reset on (un)subscribe
         self._cond = threading.Condition()
         self._inbox: deque = deque()              # filled by the I/O thread
         self._inbox_bytes = 0
         self._control: deque = deque()            # confirmations, gaps, reconnects for get_message
-        self._pending: deque = deque()            # decoded (channel, data) not yet returned
+        self._pending: deque = deque()            # decoded (channel, data) not yet returned (get_batch)
+        self._dicts: deque = deque()              # decoded message dicts not yet returned (get_message)
         self._closed = False
         self._wakers: list = []                   # called (I/O thread) on each delivery: asyncio, sharding
         self._conn = _Conn("sub", self)
@@ -296,6 +299,7 @@ class PubSub:
                 ops.append((UNSUBSCRIBE, key, prefix))
             confirms.append({"type": kind, "pattern": None, "channel": self._out(name),
                              "data": len(self.channels) + len(self.patterns)})
+        self._classes.clear()
         self._seq += 1
         seq = self._seq
         self._confirms[seq] = confirms
@@ -360,17 +364,23 @@ class PubSub:
                     self._client._io.call("resume", self._conn)
             return item
 
-    def _take(self, deadline: float | None) -> bool:
-        """Move one inbox item into _pending or _control; False on timeout."""
+    def _take(self, deadline: float | None, as_dicts: bool = False) -> bool:
+        """Move one inbox item into _pending (tuples), _dicts (message dicts)
+        or _control; False on timeout."""
         item = self._wait_item(deadline)
         if item is None:
             return False
         kind = item[0]
         if kind == "data":
             _, acked, batch = item
-            records = decode(batch)
             while self._unsub_seqs and self._unsub_seqs[0] <= acked:
                 self._unsub_seqs.popleft()
+            if as_dicts:
+                # Classification also drops what no subscription matches.
+                self._dicts.extend(decode_messages(batch, self._classes, self._classify,
+                                                   self._client.decode_responses))
+                return True
+            records = decode(batch)
             if self._unsub_seqs:
                 # Routed before an unsubscribe took effect: keep only what
                 # still matches our subscriptions.
@@ -387,33 +397,44 @@ class PubSub:
                                   "data": self._out(item[1])})
         return True
 
-    def _message(self, channel: bytes, data: bytes) -> dict | None:
+    def _classify(self, channel: bytes):
+        """("message", None) if a channel matches exactly, ("pmessage",
+        pattern) for the longest matching pattern, None if nothing matches
+        (unsubscribed while in flight).  Cached per channel."""
         ids = self._local.match(channel)
-        if not ids:
-            return None                       # unsubscribed while in flight
-        pattern = None
+        result = None
         best = -1
         for i in ids:
             key, prefix = self._byid.get(i, (None, None))
             if key is None:
                 continue
             if not prefix:
-                pattern = None
-                best = len(channel) + 1
+                result = ("message", None)
                 break
             if len(key) > best:
                 best = len(key)
-                pattern = key + b"*"
-        if best < 0:
+                result = ("pmessage", self._out(key + b"*"))
+        if len(self._classes) >= 100_000:
+            self._classes.clear()
+        self._classes[channel] = result
+        return result
+
+    def _message(self, channel: bytes, data: bytes) -> dict | None:
+        cls = self._classes.get(channel, False)
+        if cls is False:
+            cls = self._classify(channel)
+        if cls is None:
             return None
-        if pattern is None:
-            return {"type": "message", "pattern": None, "channel": self._out(channel), "data": self._out(data)}
-        return {"type": "pmessage", "pattern": self._out(pattern), "channel": self._out(channel),
-                "data": self._out(data)}
+        if self._client.decode_responses:
+            return {"type": cls[0], "pattern": cls[1], "channel": channel.decode("utf-8"),
+                    "data": data.decode("utf-8")}
+        return {"type": cls[0], "pattern": cls[1], "channel": channel, "data": data}
 
     def get_message(self, ignore_subscribe_messages: bool = False, timeout: float | None = 0.0) -> dict | None:
         """The next message, or None if none arrives within ``timeout``
         seconds (0: do not wait; None: wait for ever)."""
+        if self._dicts and not self._control and not self._pending:
+            return self._dicts.popleft()           # the common case
         ignore = ignore_subscribe_messages or self.ignore_subscribe_messages
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -422,16 +443,21 @@ class PubSub:
                 if ignore and msg["type"] in ("subscribe", "psubscribe", "unsubscribe", "punsubscribe"):
                     continue
                 return msg
-            while self._pending:
+            while self._pending:                   # left by get_batch(): keep the order
                 msg = self._message(*self._pending.popleft())
                 if msg is not None:
                     return msg
-            if not self._take(deadline):
+            if self._dicts:
+                return self._dicts.popleft()
+            if not self._take(deadline, as_dicts=True):
                 return None
 
     def listen(self) -> Iterator[dict]:
         """Messages as they arrive, for ever (until close())."""
+        dicts = self._dicts
         while True:
+            while dicts and not self._control and not self._pending:
+                yield dicts.popleft()
             try:
                 msg = self.get_message(timeout=None)
             except ConnectionClosed:
@@ -442,15 +468,22 @@ class PubSub:
     def get_batch(self, timeout: float | None = None, max_messages: int | None = None) -> list:
         """Data messages many at a time, as ``(channel, data)`` tuples (bytes,
         or str with decode_responses); [] if none arrive within ``timeout``.
+        At most ``max_messages``, or by default what has arrived up to about
+        8192 (whole received batches), so a call never takes long.
         Confirmations and notices wait for get_message()."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self._dicts:                            # left by get_message(): keep the order
+            out = [(d["channel"], d["data"]) for d in self._dicts]
+            self._dicts.clear()
+            return out
         while not self._pending:
             if not self._take(deadline):
                 return []
         # Without waiting, also take what had arrived by now, and no more: a
         # sender as fast as this reader must not keep the call from returning.
+        limit = max_messages if max_messages is not None else BATCH_MESSAGES
         for _ in range(len(self._inbox)):
-            if max_messages is not None and len(self._pending) >= max_messages:
+            if len(self._pending) >= limit:
                 break
             self._take(0.0)
         if max_messages is None or max_messages >= len(self._pending):
@@ -497,7 +530,7 @@ class PubSub:
 
     def has_ready(self) -> bool:
         """Is anything ready for get_message()/get_batch() without waiting?"""
-        return bool(self._control or self._pending or self._inbox)
+        return bool(self._control or self._pending or self._dicts or self._inbox)
 
     def __enter__(self) -> PubSub:
         return self
@@ -610,8 +643,9 @@ class _IOThread(threading.Thread):
             s.rcvbuf = min(max(self.client.max_inbox_bytes // 4, 256 * 1024), 8 * 1024 * 1024)
         s.reconnect_ivl = 100
         s.reconnect_ivl_max = 2000
-        s.heartbeat_ivl = 1000
-        s.heartbeat_timeout = 5000
+        # No ZMTP heartbeat timeout: a subscriber that pauses reading (full
+        # inbox) must not be cut off as dead.  Broker restarts show in PONGs.
+        s.tcp_keepalive = 1
         if self.client._curve:
             server, public, secret = self.client._curve
             s.curve_serverkey = server.encode()

@@ -53,7 +53,11 @@ class BrokerProcess:
         return self._log.read()
 
     def stats(self) -> dict:
-        return query_stats(self.endpoint, timeout=5, curve=self.curve)
+        try:
+            return query_stats(self.endpoint, timeout=5, curve=self.curve)
+        except TimeoutError as exc:
+            state = "running" if self.proc.poll() is None else f"exited with {self.proc.returncode}"
+            raise TimeoutError(f"{exc} (broker {state}); its log:\n{self.log()[-5000:]}") from None
 
     def kill(self) -> None:
         """SIGKILL, as a crash."""

@@ -50,5 +50,15 @@ def brokers():
         return b
 
     yield start
+    internal = {}
     for b in started:
+        if b.proc.poll() is None:
+            try:
+                n = b.stats()["drops"].get("internal", 0)
+            except TimeoutError:
+                n = 0
+            if n:
+                internal[b.endpoint] = (n, b.log()[-3000:])
         b.stop()
+    # The broker survives its own bugs by design; the tests must not.
+    assert not internal, f"brokers logged internal errors: {internal}"
