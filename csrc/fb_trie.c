@@ -935,6 +935,7 @@ int fb_trie_match(fb_trie *t, const void *topic, size_t len, fb_idvec *out)
 #define LANES 16
 #endif
 #define HITS_PER_TOPIC 6
+#define SMALL_TRIE_NODES 2048   /* ~100 KB of nodes: walked one topic at a time */
 
 typedef struct hit { fb_ref node; uint32_t kinds; } hit; /* kinds: bit FB_EXACT, bit FB_PREFIX */
 
@@ -998,6 +999,18 @@ int fb_trie_match_batch(fb_trie *t, const fb_span *topics, size_t n, size_t *off
     }
     for (size_t i = 0; i < n; i++)
         if (topics[i].len && !topics[i].ptr) return FB_EINVAL;
+    if (t->nnodes <= SMALL_TRIE_NODES) {
+        /* A small trie stays in cache: the lanes would only add overhead. */
+        for (size_t i = 0; i < n; i++) {
+            offsets[i] = out->n;
+            if (match_one(t, topics[i].ptr, topics[i].len, out) < 0) {
+                out->n = before;
+                return FB_ENOMEM;
+            }
+        }
+        offsets[n] = out->n;
+        return FB_OK;
+    }
     if (n > SIZE_MAX / (HITS_PER_TOPIC * sizeof(hit) + 1)) return FB_ENOMEM;
     size_t need = n * (HITS_PER_TOPIC * sizeof(hit) + 1);
     if (need > t->hcap_hits) {

@@ -378,6 +378,52 @@ static void test_batch_match(void)
     fb_trie_free(t);
 }
 
+static void test_batch_match_large_trie(void)
+{
+    /* Big enough for the interleaved (lane) path; compared with match_one.
+     * Some topics match more nodes than a lane records (the fallback). */
+    fb_trie *t = fb_trie_new();
+    char key[64];
+    for (int i = 0; i < 30000; i++) {
+        int len = snprintf(key, sizeof key, "m.%c%c.%05u.%c", 'a' + (int)rndn(8), 'a' + (int)rndn(8),
+                           rndn(100000), 'x' + (int)rndn(3));
+        fb_trie_add(t, key, (size_t)len, (int)rndn(2), rndn(500));
+    }
+    for (int i = 1; i <= 12; i++) fb_trie_add(t, "m.aa.00001.x", (size_t)i, FB_PREFIX, 900 + (uint64_t)i);
+    fb_trie_stats st;
+    fb_trie_get_stats(t, &st);
+    CHECK(st.nodes > 4096);
+    enum { NT = 3000 };
+    static char tbuf[NT][64];
+    static fb_span spans[NT];
+    static size_t off[NT + 1];
+    for (int i = 0; i < NT; i++) {
+        int len = i % 50 == 0 ? snprintf(tbuf[i], 64, "m.aa.00001.x")
+                              : snprintf(tbuf[i], 64, "m.%c%c.%05u.%c", 'a' + (int)rndn(8), 'a' + (int)rndn(8),
+                                         rndn(100000), 'x' + (int)rndn(3));
+        spans[i].ptr = (const unsigned char *)tbuf[i];
+        spans[i].len = (size_t)len;
+    }
+    fb_idvec batch, one;
+    fb_idvec_init(&batch);
+    fb_idvec_init(&one);
+    CHECK_EQ(fb_trie_match_batch(t, spans, NT, off, &batch), FB_OK);
+    for (int i = 0; i < NT; i++) {
+        fb_idvec_clear(&one);
+        fb_trie_match(t, spans[i].ptr, spans[i].len, &one);
+        size_t nb = off[i + 1] - off[i];
+        CHECK_EQ(nb, one.n);
+        if (nb != one.n) break;
+        uint64_t *a = batch.ids + off[i];
+        if (nb) qsort(a, nb, sizeof *a, cmp_u64);
+        if (one.n) qsort(one.ids, one.n, sizeof *one.ids, cmp_u64);
+        for (size_t j = 0; j < nb; j++) CHECK_EQ(a[j], one.ids[j]);
+    }
+    fb_idvec_free(&batch);
+    fb_idvec_free(&one);
+    fb_trie_free(t);
+}
+
 int main(void)
 {
     RUN(test_basics);
@@ -388,5 +434,6 @@ int main(void)
     RUN(test_random_vs_model);
     RUN(test_many_holders);
     RUN(test_batch_match);
+    RUN(test_batch_match_large_trie);
     CTEST_END();
 }
