@@ -257,6 +257,26 @@ def test_clients_resubscribe_after_broker_restart(brokers, client_factory):
     assert "reconnect" in [m["type"] for m in notices]   # the subscriber was told
 
 
+def test_downstream_broker_resubscribes_after_upstream_restart(brokers, client_factory):
+    port = free_port()
+    a = brokers(port=port)
+    b = brokers("--upstream", a.endpoint)
+    p = client_factory(b.endpoint).pubsub(ignore_subscribe_messages=True)
+    p.subscribe("fed")
+    top = client_factory(a.endpoint, ping_interval=0.2)
+    wait_wanted(top, "fed")
+    top.publish("fed", b"before")
+    top.flush()
+    assert [m["data"] for m in collect(p, 1)] == [b"before"]
+    a.kill()                                    # kill -9 of the upstream broker
+    a.start()
+    wait_for(lambda: a.stats()["keys"] == 1, timeout=20, what="B to resend its subscriptions")
+    wait_wanted(top, "fed")
+    top.publish("fed", b"after")
+    top.flush()
+    assert [m["data"] for m in collect(p, 1)] == [b"after"]
+
+
 def raw_dealer(endpoint: str) -> zmq.Socket:
     s = zmq.Context.instance().socket(zmq.DEALER)
     s.linger = 0
@@ -463,6 +483,23 @@ def test_slow_subscriber_disconnect_policy(brokers, client_factory):
         kinds.add(m["type"])
     assert "reconnect" in kinds                 # told, and resubscribed automatically
     wait_for(lambda: b.stats()["subscriptions"] == 1, what="the resubscription")
+
+
+def test_ipc_and_inproc_endpoints(tmp_path):
+    ctx = zmq.Context()
+    ipc = f"ipc://{tmp_path}/fastbus.sock"
+    with fastbus.Broker(bind=[ipc, "inproc://fastbus-test"], context=ctx) as b:
+        assert b.endpoints[:1] == [ipc]
+        for ep in (ipc, "inproc://fastbus-test"):
+            with Client(endpoint=ep, context=ctx) as c:
+                p = c.pubsub()
+                p.subscribe("local")
+                confirm(p, 1)
+                wait_wanted(c, "local")
+                c.publish("local", ep)
+                c.flush()
+                assert [m["data"] for m in collect(p, 1)] == [ep.encode()]
+    ctx.term()
 
 
 def test_embedded_broker_and_config_errors():
