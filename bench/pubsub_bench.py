@@ -115,12 +115,18 @@ def zmq_proxy(front: int, back: int) -> None:
 
 # -- clients ---------------------------------------------------------------
 
-def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed: int) -> None:
+def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed: int,
+              window: int = 0, pub_counts=(), sub_counts=()) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     chans = channel_cycle(seed)
     msg = b"x" * size
     n = 0
     ready_pub.wait()
+    if window:
+        # Paced: stay at most `window` messages ahead of the slowest
+        # subscriber (application-level flow control, the same for every
+        # system; the slower publishers of the peers rarely reach it).
+        stop = _Paced(stop, window, pub_counts, sub_counts)
     if system == "fastbus":
         import fastbus
         c = fastbus.Client(endpoint=server["endpoint"])
@@ -159,6 +165,26 @@ def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed
             count.value = n
         s.close(linger=-1)
     count.value = n
+
+
+class _Paced:
+    """A stop event whose is_set() also waits while the publishers are more
+    than `window` messages ahead of the slowest subscriber."""
+
+    def __init__(self, stop, window: int, pub_counts, sub_counts) -> None:
+        self.stop, self.window, self.pubs, self.subs = stop, window, pub_counts, sub_counts
+        self.waited = 0.0
+
+    def is_set(self) -> bool:
+        t0 = time.monotonic()
+        while not self.stop.is_set():
+            if sum(c.value for c in self.pubs) - min(c.value for c in self.subs) <= self.window:
+                break
+            if time.monotonic() - t0 > 5.0:       # bounded: subscribers stalled; go on
+                break
+            time.sleep(0.0002)
+        self.waited += time.monotonic() - t0
+        return self.stop.is_set()
 
 
 def subscriber(system: str, style: str, server: dict, stop_all, ready, count, drain: float) -> None:
@@ -252,7 +278,7 @@ def subscriber(system: str, style: str, server: dict, stop_all, ready, count, dr
 
 
 def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float, size: int,
-             drain: float) -> dict:
+             drain: float, window: int = 0) -> dict:
     srv = Server(system)
     ctx = mp.get_context("spawn")
     info = {"endpoint": getattr(srv, "endpoint", None), "port": srv.port, "port2": getattr(srv, "port2", None)}
@@ -262,7 +288,8 @@ def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float,
     readies = [ctx.Event() for _ in range(nclients)]
     subs = [ctx.Process(target=subscriber, args=(system, style, info, stop_all, readies[i], subc[i], drain))
             for i in range(nclients)]
-    pubs = [ctx.Process(target=publisher, args=(system, info, size, stop_pub, ready_pub, pubc[i], i))
+    pubs = [ctx.Process(target=publisher, args=(system, info, size, stop_pub, ready_pub, pubc[i], i,
+                                                window, pubc, subc))
             for i in range(npubs)]
     try:
         for p in subs:
@@ -294,6 +321,7 @@ def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float,
             from fastbus.cli import query_stats
             dropped = query_stats(info["endpoint"])["drops"]["slow_consumer"]
         return {"system": system, "style": style, "case": f"{npubs}:{nclients}", "publishers": npubs,
+                "window": window,
                 "clients": nclients,
                 "delivered_per_s": (s1 - s0) / (t1 - t0),
                 "per_subscriber_per_s": [(b - a) / (t1 - t0) for a, b in zip(per0, per1)],
@@ -344,6 +372,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--size", type=int, default=20)
     ap.add_argument("--drain", type=float, default=20.0, help="seconds subscribers may drain after publishing")
+    ap.add_argument("--window", type=int, default=0,
+                    help="pace publishers: at most this many messages ahead of the slowest subscriber "
+                         "(0: publish as fast as possible)")
     ap.add_argument("--png", help="write a plot here")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--zmq-proxy", nargs=2, type=int, help=argparse.SUPPRESS)
@@ -362,7 +393,8 @@ def main() -> None:
                     # redis-py has one consumer: reuse the seed-style reading of this run
                     r = dict(next(x for x in results if x["system"] == "redis" and x["case"] == case), style=style)
                 else:
-                    r = run_case(system, style, npubs, nsubs, args.seconds, args.size, args.drain)
+                    r = run_case(system, style, npubs, nsubs, args.seconds, args.size, args.drain,
+                                 args.window)
                 results.append(r)
                 print(f"{style:5s} {system:8s} {case}: {r['delivered_per_s']:>12,.0f} delivered/s "
                   f"({', '.join(f'{x:,.0f}' for x in r['per_subscriber_per_s'])} per subscriber); "

@@ -74,6 +74,11 @@ int fb_outbox_append(fb_outbox *o, const void *topic, size_t tlen,
     return due_now(o);
 }
 
+int fb_outbox_full(const fb_outbox *o)
+{
+    return o->count && due_now(o);
+}
+
 int fb_outbox_due(const fb_outbox *o, uint64_t now_ns)
 {
     if (o->count == 0) return 0;

@@ -51,6 +51,12 @@ int fb_outbox_append(fb_outbox *o, const void *topic, size_t tlen,
 /* 1 if a flush is due at time now_ns. */
 int fb_outbox_due(const fb_outbox *o, uint64_t now_ns);
 
+/* 1 if the count or size limit is reached (age not considered).  Every
+ * append past a limit returns 1; a caller that wakes a sender on it wakes
+ * it only when this was 0 before the append (once per batch, not once per
+ * record until the sender runs). */
+int fb_outbox_full(const fb_outbox *o);
+
 /* When the age limit will make the batch due; UINT64_MAX if empty or no
  * age limit.  A flush loop sleeps until the earliest deadline. */
 uint64_t fb_outbox_deadline(const fb_outbox *o);

@@ -364,9 +364,9 @@ class PubSub:
                     self._client._io.call("resume", self._conn)
             return item
 
-    def _take(self, deadline: float | None, as_dicts: bool = False) -> bool:
-        """Move one inbox item into _pending (tuples), _dicts (message dicts)
-        or _control; False on timeout."""
+    def _take(self, deadline: float | None, as_dicts: bool = False, sink: list | None = None) -> bool:
+        """Move one inbox item into ``sink`` or _pending (tuples), _dicts
+        (message dicts) or _control; False on timeout."""
         item = self._wait_item(deadline)
         if item is None:
             return False
@@ -386,7 +386,7 @@ class PubSub:
                 # still matches our subscriptions.
                 offsets, _ids = self._local.match_flat([t for t, _p in records])
                 records = [r for i, r in enumerate(records) if offsets[i + 1] > offsets[i]]
-            self._pending.extend(records)
+            (self._pending if sink is None else sink).extend(records)
         elif kind == "confirm":
             for msg in self._confirms.pop(item[1], ()):
                 self._control.append(msg)
@@ -476,21 +476,30 @@ class PubSub:
             out = [(d["channel"], d["data"]) for d in self._dicts]
             self._dicts.clear()
             return out
-        while not self._pending:
-            if not self._take(deadline):
+        if max_messages is not None and max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        limit = max_messages if max_messages is not None else BATCH_MESSAGES
+        pending = self._pending
+        if pending:                                # left by get_message()/max_messages: first
+            if len(pending) <= limit:
+                out = list(pending)
+                pending.clear()
+            else:
+                return [pending.popleft() for _ in range(limit)]
+        else:
+            out = []
+        while not out:
+            if not self._take(deadline, sink=out):
                 return []
         # Without waiting, also take what had arrived by now, and no more: a
         # sender as fast as this reader must not keep the call from returning.
-        limit = max_messages if max_messages is not None else BATCH_MESSAGES
         for _ in range(len(self._inbox)):
-            if len(self._pending) >= limit:
+            if len(out) >= limit:
                 break
-            self._take(0.0)
-        if max_messages is None or max_messages >= len(self._pending):
-            out = list(self._pending)
-            self._pending.clear()
-        else:
-            out = [self._pending.popleft() for _ in range(max_messages)]
+            self._take(0.0, sink=out)
+        if max_messages is not None and len(out) > max_messages:
+            pending.extendleft(reversed(out[max_messages:]))
+            del out[max_messages:]
         if self._client.decode_responses:
             out = [(c.decode("utf-8"), d.decode("utf-8")) for c, d in out]
         return out

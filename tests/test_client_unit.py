@@ -1,6 +1,8 @@
 """Client internals that need no broker."""
 
 import threading
+
+import pytest
 import time
 
 import fastbus
@@ -41,3 +43,37 @@ def test_get_batch_returns_while_batches_keep_arriving():
         stop.set()
         t.join()
         c.close(timeout=0.2)
+
+
+def test_mixed_receive_calls_keep_order_and_lose_nothing():
+    """get_message(), get_batch(max_messages=k) and get_batch() interleaved
+    return every message once, in arrival order (each keeps what the others
+    left for later)."""
+    c = fastbus.Client(endpoint=f"tcp://127.0.0.1:{free_port()}")
+    p = c.pubsub()
+    p.subscribe("t")
+    n, per = 5000, 250
+    for start in range(0, n, per):
+        batch = fastbus.encode([(b"t", b"%d" % i) for i in range(start, start + per)])
+        assert p._deliver(("data", 0, bytes(batch)))
+    got = []
+    calls = 0
+    while len(got) < n:
+        calls += 1
+        kind = calls % 3
+        if kind == 0:
+            m = p.get_message(ignore_subscribe_messages=True, timeout=1)
+            if m is not None and m["type"] == "message":
+                got.append(int(m["data"]))
+        elif kind == 1:
+            part = p.get_batch(timeout=1, max_messages=calls % 700 + 1)
+            assert len(part) <= calls % 700 + 1
+            got.extend(int(d) for _c, d in part)
+        else:
+            got.extend(int(d) for _c, d in p.get_batch(timeout=1))
+        assert calls < 10_000
+    assert got == list(range(n))
+    assert p.get_batch(timeout=0.05) == []
+    with pytest.raises(ValueError, match="max_messages"):
+        p.get_batch(max_messages=0)
+    c.close(timeout=0.2)

@@ -68,3 +68,19 @@ def test_bad_arguments():
         Outbox(max_delay=-0.5)
     with pytest.raises(ValueError, match="max_delay"):
         Outbox(max_delay=float("nan"))
+
+
+def test_publisher_wakes_the_sender_once_per_batch():
+    """Publisher calls wake() when its record makes the batch due, not again
+    for every record appended before the sender takes the batch."""
+    from fastbus._core import Publisher
+    box = Outbox(max_messages=100, max_bytes=0, max_delay=None)
+    wakes = []
+    pub = Publisher(box, lambda: wakes.append(len(box)))
+    for i in range(350):
+        assert pub.publish(b"t", b"%d" % i) == 1
+    assert wakes == [100]
+    assert len(decode(box.take())) == 350          # nothing lost past the limit
+    for i in range(100):
+        pub.publish(b"t", b"x")
+    assert wakes == [100, 100]
