@@ -62,3 +62,26 @@ def brokers():
         b.stop()
     # The broker survives its own bugs by design; the tests must not.
     assert not internal, f"brokers logged internal errors: {internal}"
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """One embedded Redis-compatible server for the session
+    (``fastbus.redis.EmbeddedServer``): ``$FASTBUS_TEST_REDIS_SERVER`` if set,
+    else fastbus's default binary.  Tests may kill or restart it."""
+    from fastbus.redis import EmbeddedServer
+    with EmbeddedServer(os.environ.get("FASTBUS_TEST_REDIS_SERVER") or None) as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server) -> str:
+    """The URL of the session's server, running (started again if a test
+    killed it) and emptied (FLUSHALL)."""
+    redis_server.start()
+    client = redis_server.client()
+    try:
+        client.flushall()
+    finally:
+        client.close()
+    return redis_server.url

