@@ -20,5 +20,6 @@
 #include "fb_batch.h"
 #include "fb_outbox.h"
 #include "fb_router.h"
+#include "fb_resp.h"
 
 #endif /* FASTBUS_H */

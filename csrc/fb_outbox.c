@@ -1,6 +1,7 @@
 /* fb_outbox.c - batch buffers with a flush policy (see fb_outbox.h). */
 #include "fb_outbox.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,10 +43,74 @@ static inline int due_now(const fb_outbox *o)
            (o->lim.max_bytes && fb_outbox_bytes(o) >= o->lim.max_bytes);
 }
 
+int fb_outbox_init_resp(fb_outbox *o, const fb_outbox_limits *lim, const char *verb)
+{
+    fb_outbox_init(o, lim);
+    size_t n = verb ? strlen(verb) : 0;
+    if (n == 0 || n > FB_OUTBOX_VERB_MAX) return FB_EINVAL;
+    for (size_t i = 0; i < n; i++) {
+        char c = verb[i];
+        int ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                 c == '.' || c == '_' || c == '-';
+        if (!ok) return FB_EINVAL;
+    }
+    int k = snprintf((char *)o->resp, sizeof o->resp, "*3\r\n$%u\r\n%s\r\n", (unsigned)n, verb);
+    o->resp_len = (uint8_t)k;
+    o->lim.checksum = 0;
+    return FB_OK;
+}
+
+/* Decimal digits of v, written at p; returns their count. */
+static size_t put_dec(unsigned char *p, size_t v)
+{
+    unsigned char tmp[24];
+    size_t n = 0;
+    do {
+        tmp[n++] = (unsigned char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (size_t i = 0; i < n; i++) p[i] = tmp[n - 1 - i];
+    return n;
+}
+
+/* "$<len>\r\n<bytes>\r\n" */
+static unsigned char *put_bulk(unsigned char *p, const void *s, size_t n)
+{
+    *p++ = '$';
+    p += put_dec(p, n);
+    *p++ = '\r';
+    *p++ = '\n';
+    if (n) memcpy(p, s, n);
+    p += n;
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
+static int append_resp(fb_outbox *o, const void *topic, size_t tlen,
+                       const void *payload, size_t plen, uint64_t now_ns)
+{
+    /* Redis refuses bulk strings over 512 MB; so do we, before the network. */
+    if (tlen > 512u * 1024 * 1024 || plen > 512u * 1024 * 1024 || o->count == UINT32_MAX) return FB_ETOOBIG;
+    size_t need = o->resp_len + 2 * (1 + 20 + 2 + 2) + tlen + plen;
+    int rc = reserve(o, need);
+    if (rc < 0) return rc;
+    if (o->count == 0) o->first_ns = now_ns;
+    unsigned char *p = o->buf + o->len;
+    memcpy(p, o->resp, o->resp_len);
+    p += o->resp_len;
+    p = put_bulk(p, topic, tlen);
+    p = put_bulk(p, payload, plen);
+    o->len = (size_t)(p - o->buf);
+    o->count++;
+    return due_now(o);
+}
+
 int fb_outbox_append(fb_outbox *o, const void *topic, size_t tlen,
                      const void *payload, size_t plen, uint64_t now_ns)
 {
     if ((tlen && !topic) || (plen && !payload)) return FB_EINVAL;
+    if (o->resp_len) return append_resp(o, topic, tlen, payload, plen, now_ns);
     if (tlen > UINT32_MAX || plen > UINT32_MAX || o->count == UINT32_MAX) return FB_ETOOBIG;
     size_t rec = fb_varint_len((uint32_t)tlen) + fb_varint_len((uint32_t)plen);
     if (tlen + plen > SIZE_MAX - rec - FB_BATCH_HEADER - 4) return FB_ETOOBIG;
@@ -100,21 +165,23 @@ int fb_outbox_take(fb_outbox *o, unsigned char **buf, size_t *len)
         *len = 0;
         return FB_OK;
     }
-    unsigned char *h = o->buf;
-    h[4] = (unsigned char)o->count;
-    h[5] = (unsigned char)(o->count >> 8);
-    h[6] = (unsigned char)(o->count >> 16);
-    h[7] = (unsigned char)(o->count >> 24);
-    if (o->lim.checksum) {
-        int rc = reserve(o, 4);
-        if (rc < 0) return rc;
-        uint32_t c = fb_crc32c(0, o->buf, o->len);
-        unsigned char *t = o->buf + o->len;
-        t[0] = (unsigned char)c;
-        t[1] = (unsigned char)(c >> 8);
-        t[2] = (unsigned char)(c >> 16);
-        t[3] = (unsigned char)(c >> 24);
-        o->len += 4;
+    if (!o->resp_len) {     /* batch format: count and checksum (a RESP pipeline has neither) */
+        unsigned char *h = o->buf;
+        h[4] = (unsigned char)o->count;
+        h[5] = (unsigned char)(o->count >> 8);
+        h[6] = (unsigned char)(o->count >> 16);
+        h[7] = (unsigned char)(o->count >> 24);
+        if (o->lim.checksum) {
+            int rc = reserve(o, 4);
+            if (rc < 0) return rc;
+            uint32_t c = fb_crc32c(0, o->buf, o->len);
+            unsigned char *t = o->buf + o->len;
+            t[0] = (unsigned char)c;
+            t[1] = (unsigned char)(c >> 8);
+            t[2] = (unsigned char)(c >> 16);
+            t[3] = (unsigned char)(c >> 24);
+            o->len += 4;
+        }
     }
     *buf = o->buf;
     *len = o->len;

@@ -28,8 +28,14 @@ typedef struct fb_outbox_limits {
     int checksum;          /* append a CRC32C trailer to each batch */
 } fb_outbox_limits;
 
+#define FB_OUTBOX_VERB_MAX 15
+
 typedef struct fb_outbox {
     fb_outbox_limits lim;
+    /* RESP mode (fb_outbox_init_resp): "*3\r\n$<n>\r\n<VERB>\r\n", the
+     * start of every command; resp_len == 0 in batch-format mode. */
+    unsigned char resp[FB_OUTBOX_VERB_MAX + 16];
+    uint8_t resp_len;
     unsigned char *buf;    /* header + records; NULL when empty */
     size_t len, cap;
     size_t cap_hint;       /* size to allocate for the next batch */
@@ -39,6 +45,15 @@ typedef struct fb_outbox {
 
 /* lim may be NULL (no limits).  Allocates nothing until the first append. */
 void fb_outbox_init(fb_outbox *o, const fb_outbox_limits *lim);
+
+/* An outbox whose records are Redis commands instead: each append writes
+ * the RESP array `VERB topic payload` (VERB such as "PUBLISH", "SPUBLISH",
+ * "RPUSH"), and a taken batch is a pipeline to write to a Redis connection
+ * as is: no header, no checksum (lim->checksum is ignored).  Same flush
+ * policy; max_bytes counts the encoded commands.  FB_EINVAL if the verb is
+ * empty, longer than FB_OUTBOX_VERB_MAX or holds bytes other than letters,
+ * digits, '.', '_' or '-'. */
+int fb_outbox_init_resp(fb_outbox *o, const fb_outbox_limits *lim, const char *verb);
 void fb_outbox_destroy(fb_outbox *o);
 
 /* Append one record.  Returns 1 if the batch is now due by count or size,
@@ -73,7 +88,7 @@ static inline size_t fb_outbox_count(const fb_outbox *o) { return o->count; }
 /* Encoded size of the pending batch (header and trailer included). */
 static inline size_t fb_outbox_bytes(const fb_outbox *o)
 {
-    return o->count ? o->len + (o->lim.checksum ? 4 : 0) : 0;
+    return o->count ? o->len + (o->lim.checksum && !o->resp_len ? 4 : 0) : 0;
 }
 
 #ifdef __cplusplus

@@ -54,3 +54,9 @@ cdef class Publisher:
     cdef public object wake
     cdef public object closed_error
     cdef public bint closed
+    cdef public object pending_error
+    cdef public object block
+    cdef public Py_ssize_t max_buffer_bytes
+    cdef object _sealed
+    cdef Py_ssize_t _sealed_bytes
+    cdef Py_ssize_t _sealed_count

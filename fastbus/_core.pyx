@@ -23,7 +23,7 @@ cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void *op)
 from fastbus.includes.fb_lock cimport fb_lock, fb_lock_try, fb_lock_release, fb_lock_wait
 from cpython cimport array
-from libc.stdint cimport uint8_t, uint32_t, uint64_t, UINT64_MAX, UINT32_MAX
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t, UINT64_MAX, UINT32_MAX
 from libc.stdlib cimport malloc
 from libc.string cimport memcpy, memcmp, memset
 
@@ -33,8 +33,10 @@ from fastbus.includes.fb_forwarder cimport *
 from fastbus.includes.fb_batch cimport *
 from fastbus.includes.fb_outbox cimport *
 from fastbus.includes.fb_router cimport *
+from fastbus.includes.fb_resp cimport *
 
 import array as _pyarray
+from collections import deque
 
 from fastbus.errors import BatchError, FastbusError, ForwarderError, NotSubscribedError
 
@@ -106,6 +108,17 @@ cdef inline bytes _as_bytes(object o):
         return bytes(memoryview(o))
     except TypeError:
         raise TypeError(f"expected bytes, str or a bytes-like object, not {type(o).__name__}") from None
+
+cdef inline bytes _as_message(object o):
+    """What publish() accepts: _as_bytes, and numbers as redis-py sends them."""
+    if PyBytes_CheckExact(o):
+        return <bytes>o
+    if isinstance(o, (int, float)) and not isinstance(o, bool):
+        return repr(o).encode()
+    try:
+        return _as_bytes(o)
+    except TypeError:
+        raise TypeError(f"expected bytes, str, a number or a bytes-like object, not {type(o).__name__}") from None
 
 cdef inline int _kind(bint prefix) noexcept:
     return FB_PREFIX if prefix else FB_EXACT
@@ -671,9 +684,18 @@ cdef class Outbox:
     """
 
     def __cinit__(self, Py_ssize_t max_messages=1000, Py_ssize_t max_bytes=1 << 20,
-                  max_delay=0.005, bint checksum=False):
+                  max_delay=0.005, bint checksum=False, str command=None):
         cdef fb_outbox_limits lim = _limits(max_messages, max_bytes, max_delay, checksum)
-        fb_outbox_init(&self._o, &lim)
+        cdef bytes verb
+        if command is None:
+            fb_outbox_init(&self._o, &lim)
+            return
+        # RESP mode: each record is the Redis command `command topic payload`
+        # and a batch is a pipeline to write as is (see fb_outbox.h).
+        verb = command.encode("ascii", "replace")
+        if fb_outbox_init_resp(&self._o, &lim, verb) < 0:
+            raise ValueError(f"not a Redis command name: {command!r} (letters, digits, '.', '_', '-'; "
+                             f"at most {FB_OUTBOX_VERB_MAX} characters)")
 
     def __dealloc__(self):
         fb_outbox_destroy(&self._o)
@@ -722,6 +744,20 @@ cdef class Outbox:
     def refused(self) -> int:
         """Records offer() refused because nobody wanted their topic."""
         return self._refused
+
+    def take_counted(self):
+        """``(batch, records)``: take() and the number of records it held, in
+        one step (a RESP pipeline has no header to count them)."""
+        cdef unsigned char *buf = NULL
+        cdef size_t n = 0, count
+        _lock(&self._lock)
+        count = fb_outbox_count(&self._o)
+        rc = fb_outbox_take(&self._o, &buf, &n)
+        _unlock(&self._lock)
+        _check(rc, "take")
+        if buf is NULL:
+            return None, 0
+        return _wrap_batch(buf, n), count
 
     def extend(self, records, now_ns=None) -> bool:
         """Add many ``(topic, payload)`` records in one call; True when a
@@ -796,8 +832,18 @@ cdef class Outbox:
 cdef class Publisher:
     """The publish path of a client as one call into C: the publisher-side
     filter (``wanted``, a Trie or None for no filter), the append to
-    ``outbox``, and ``wake()`` when a batch is due.  ``publish`` returns 1,
-    or 0 when nobody wants the channel.  Attributes are set by the client."""
+    ``outbox``, and ``wake()`` when the sender has work.  ``publish``
+    returns 1, or 0 when nobody wants the channel.  Attributes are set by
+    the client.
+
+    Batches stay bounded when the sender falls behind: a full batch the
+    sender has not taken yet is sealed (kept aside as it is) and the next
+    record starts a new one, so a batch never grows past the outbox's
+    ``max_messages``/``max_bytes`` by more than one record.  The sender
+    takes sealed batches first, oldest first, with ``take()``.  When the
+    sealed batches and the outbox together hold ``max_buffer_bytes`` (0: no
+    limit), ``publish`` calls ``block()`` before queuing: it waits for room
+    or raises, and then the message is not queued."""
 
     def __cinit__(self, Outbox outbox not None, wake not None):
         self.outbox = outbox
@@ -805,17 +851,31 @@ cdef class Publisher:
         self.wake = wake
         self.closed = False
         self.closed_error = RuntimeError
+        self.pending_error = None
+        self.block = None
+        self.max_buffer_bytes = 0
+        self._sealed = deque()
+        self._sealed_bytes = 0
+        self._sealed_count = 0
 
     def publish(self, channel, message) -> int:
         """Queue a message; 0 if no subscriber wants its channel."""
         if self.closed:
             raise self.closed_error("client is closed")
-        cdef bytes t = _as_bytes(channel)
-        cdef bytes p = _as_bytes(message)
+        if self.pending_error is not None:
+            # An earlier failure, reported once, by the next call; this
+            # call's message is not queued.
+            err, self.pending_error = self.pending_error, None
+            raise err
+        cdef bytes t = _as_message(channel)
+        cdef bytes p = _as_message(message)
         cdef Outbox ob = self.outbox
         cdef object w = self.wanted
         cdef Trie trie
-        cdef int rc, was_full
+        cdef int rc, took = FB_OK
+        cdef bint became_due, starts
+        cdef unsigned char *sealed = NULL
+        cdef size_t sealed_len = 0, sealed_count = 0
         if w is not None:
             trie = <Trie>w
             _lock(&trie._lock)
@@ -824,22 +884,70 @@ cdef class Publisher:
             if rc == 0:
                 ob._refused += 1
                 return 0
+        if self.max_buffer_bytes and self.block is not None and \
+                self._sealed_bytes + <Py_ssize_t>fb_outbox_bytes(&ob._o) >= self.max_buffer_bytes:
+            self.block()
         _lock(&ob._lock)
-        was_full = fb_outbox_full(&ob._o)
+        if fb_outbox_full(&ob._o):
+            # The sender has not taken this full batch yet: seal it.
+            sealed_count = fb_outbox_count(&ob._o)
+            took = fb_outbox_take(&ob._o, &sealed, &sealed_len)
+        starts = fb_outbox_count(&ob._o) == 0
         # The outbox uses the time only for the first record of a batch.
         rc = fb_outbox_append(&ob._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(p),
-                              PyBytes_GET_SIZE(p), fb_now_ns() if fb_outbox_count(&ob._o) == 0 else 0)
+                              PyBytes_GET_SIZE(p), fb_now_ns() if starts else 0)
         if rc >= 0:
             ob._accepted += 1
         _unlock(&ob._lock)
+        if sealed is not NULL:
+            self._sealed.append((_wrap_batch(sealed, sealed_len), sealed_count))
+            self._sealed_bytes += sealed_len
+            self._sealed_count += sealed_count
+        if took < 0:
+            _raise(took, "publish")
         if rc < 0:
             _raise(rc, "publish")
-        # Wake the sender once per batch: until it takes the batch, every
-        # further append is "due" too, and a wake (a pipe write) per record
-        # tripled the cost of publish under load.
-        if rc == 1 and not was_full:
+        # Wake the sender when a batch starts (it then sleeps until the
+        # batch's deadline, not until its own next timer) and when it
+        # becomes due; not for every record: a wake (a pipe write) per
+        # record tripled the cost of publish under load.
+        if rc == 1 or (starts and sealed is NULL):
             self.wake()
         return 1
+
+    def take(self, bint force=False):
+        """For the sender: ``(batch, records)`` of the oldest sealed batch,
+        else of the outbox's batch if it is due (or ``force``), else None."""
+        cdef Outbox ob = self.outbox
+        cdef unsigned char *buf = NULL
+        cdef size_t n = 0, count = 0
+        cdef int rc = FB_OK
+        if self._sealed:
+            item = self._sealed.popleft()
+            self._sealed_bytes -= len(<Batch>item[0])
+            self._sealed_count -= <Py_ssize_t>item[1]
+            return item
+        _lock(&ob._lock)
+        if fb_outbox_count(&ob._o) and (force or fb_outbox_due(&ob._o, fb_now_ns())):
+            count = fb_outbox_count(&ob._o)
+            rc = fb_outbox_take(&ob._o, &buf, &n)
+        _unlock(&ob._lock)
+        _check(rc, "take")
+        return None if buf is NULL else (_wrap_batch(buf, n), count)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes queued: sealed batches and the outbox's batch."""
+        return self._sealed_bytes + <Py_ssize_t>fb_outbox_bytes(&self.outbox._o)
+
+    @property
+    def queued(self) -> int:
+        """Messages queued, not yet taken by the sender."""
+        return self._sealed_count + <Py_ssize_t>fb_outbox_count(&self.outbox._o)
+
+    def has_sealed(self) -> bool:
+        """Is a full batch waiting for the sender?"""
+        return bool(self._sealed)
 
 
 def encode(records, *, bint checksum=False) -> Batch:
@@ -1041,6 +1149,61 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
     finally:
         _tc_clear(&cache)
         PyMem_Free(recs)
+        PyBuffer_Release(&view)
+
+
+def resp_scan(data, Py_ssize_t start=0, Py_ssize_t end=-1, Py_ssize_t max_replies=-1) -> tuple:
+    """Scan the complete Redis replies in ``data[start:end]`` (at most
+    ``max_replies``; -1: all) without building them: returns ``(replies,
+    consumed, int_sum, error_indexes, first_error)``, where ``consumed`` is
+    the bytes those replies took (an incomplete reply at the end is left),
+    ``int_sum`` the sum of integer replies, ``error_indexes`` the positions
+    of error replies among them and ``first_error`` the first one's message
+    (bytes) or None.  Bytes that are not RESP raise BatchError: the
+    connection they came from is unusable."""
+    cdef Py_buffer view
+    cdef fb_resp_tally t
+    cdef uint32_t idx[64]
+    cdef const unsigned char *p
+    cdef size_t avail, cap
+    cdef int rc
+    cdef list errs = []
+    cdef size_t done = 0, k, total_consumed = 0
+    cdef int64_t total_sum = 0
+    cdef object first = None
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        if end < 0 or end > view.len:
+            end = view.len
+        if start < 0 or start > end:
+            raise ValueError("resp_scan: start out of range")
+        p = <const unsigned char *>view.buf + start
+        avail = <size_t>(end - start)
+        cap = <size_t>max_replies if max_replies >= 0 else <size_t>-1
+        # Errors are rare; when more than fit in idx arrive, scan on from
+        # the last one reported so that every index is returned.
+        while True:
+            with nogil:
+                rc = fb_resp_scan(p + total_consumed, avail - total_consumed, cap - done, &t, idx, 64)
+            for k in range(t.errors if t.errors < 64 else 64):
+                errs.append(done + idx[k])
+            if first is None and t.errors:
+                first = PyBytes_FromStringAndSize(<const char *>(p + total_consumed + t.first_err_off),
+                                                  t.first_err_len)
+            if rc < 0 or t.errors <= 64:
+                done += t.replies
+                total_consumed += t.consumed
+                total_sum += t.int_sum
+                if rc < 0:
+                    _raise(rc, f"redis reply after {done} good ones")
+                break
+            # More than 64 errors: rescan only up to and including the 64th.
+            rc = fb_resp_scan(p + total_consumed, avail - total_consumed, idx[63] + 1, &t, NULL, 0)
+            done += t.replies
+            total_consumed += t.consumed
+            total_sum += t.int_sum
+        return done, total_consumed, total_sum, errs, first
+    finally:
         PyBuffer_Release(&view)
 
 

@@ -69,6 +69,16 @@ class BrokerConfig:
     #: "disconnect".
     max_queue_bytes: int = 32 * 1024 * 1024
     slow_policy: str = "drop"
+    #: Flow control: when this many bytes are queued for one subscriber, the
+    #: publishers connected here are asked to pause until every such queue
+    #: is down to a quarter of it; their buffers then fill and publish()
+    #: blocks (Client.max_buffer_bytes), instead of the broker's queues
+    #: growing to the slow-consumer limit.  A subscriber that holds them
+    #: back for flow_max_pause seconds no longer does, until it catches up
+    #: (the slow-consumer policy applies to it).  0: no flow control; None:
+    #: 4 MiB or a quarter of max_queue_bytes, whichever is less.
+    flow_pause_bytes: int | None = None
+    flow_max_pause: float = 1.0
     #: Limits on what a peer may send.
     max_topic: int = 65535
     max_payload: int = 16 * 1024 * 1024
@@ -101,6 +111,12 @@ class BrokerConfig:
                 raise ValueError(f"{name} must be positive")
         if not 0 < self.max_delay <= 10:
             raise ValueError("max_delay must be between 0 and 10 seconds")
+        if self.flow_pause_bytes is not None and (
+                self.flow_pause_bytes < 0 or
+                (self.flow_pause_bytes and self.flow_pause_bytes >= self.max_queue_bytes)):
+            raise ValueError("flow_pause_bytes must be 0 (no flow control) or less than max_queue_bytes")
+        if not 0 < self.flow_max_pause <= 600:
+            raise ValueError("flow_max_pause must be between 0 and 600 seconds")
         if self.stats_interval < 0:
             raise ValueError("stats_interval must be >= 0 (0: no periodic log)")
         if not 0 < self.probe_interval <= 60 or not 0 < self.heartbeat_timeout <= 600:
@@ -144,7 +160,7 @@ class Peer:
     downstream broker), or over its own socket (the upstream broker)."""
 
     __slots__ = ("link", "ident", "role", "publisher", "name", "acked_seq", "queue", "queued_bytes",
-                 "lost", "last_sent", "forwarder", "subs", "sock")
+                 "lost", "last_sent", "forwarder", "subs", "sock", "flow_exempt")
 
     def __init__(self, link: int, ident: bytes | None, role: str, publisher: bool, name: str, sock):
         self.link = link
@@ -160,6 +176,7 @@ class Peer:
         self.forwarder: Forwarder | None = None   # broker links: our subscriptions there
         self.subs = 0
         self.sock = sock
+        self.flow_exempt = False          # held publishers back too long: no longer does
 
     def describe(self) -> dict:
         return {"link": self.link, "role": self.role, "name": self.name, "publisher": self.publisher,
@@ -272,12 +289,18 @@ class Broker:
         self._free_links: list[int] = []
         self._next_link = 1
         self._blocked: set[int] = set()              # links with queued frames
+        self._holding: set[int] = set()              # links whose queue has publishers paused
+        self._flow_bytes = cfg.flow_pause_bytes if cfg.flow_pause_bytes is not None else \
+            min(4 << 20, cfg.max_queue_bytes // 4)
+        self._flow_paused = False
+        self._pause_started = 0.0
         self._kicked: set[bytes] = set()             # unknown peers already asked to say hello
         self._gone: dict[bytes, str] = {}             # removed peers -> why, told when they reappear
         self._sock_handlers: dict = {}
         self.counters = dict.fromkeys([
             "batches_in", "messages_in", "bytes_in", "batches_out", "messages_out", "bytes_out",
-            "peers_joined", "peers_left", "subscribe_ops", "unsubscribe_ops", "control_in"], 0)
+            "peers_joined", "peers_left", "subscribe_ops", "unsubscribe_ops", "control_in",
+            "flow_pauses", "flow_timeouts"], 0)
         self.drops = dict.fromkeys([
             "slow_consumer", "unrouted", "malformed", "protocol", "unknown_peer", "not_subscribed",
             "too_many_subscriptions", "disconnected_slow", "unreachable", "internal"], 0)
@@ -409,6 +432,9 @@ class Broker:
         if peer.ident is not None:
             self._peers.pop(peer.ident, None)
         self._blocked.discard(peer.link)
+        self._holding.discard(peer.link)
+        if self._flow_paused and not self._holding:
+            self._set_flow(False)
         self._free_links.append(peer.link)
         self.counters["peers_left"] += 1
         if peer.ident is not None and reason != "bye":
@@ -520,6 +546,12 @@ class Broker:
         peer.queue.append((frames, records, size))
         peer.queued_bytes += size
         self._blocked.add(peer.link)
+        flow = self._flow_bytes
+        if records and flow and peer.queued_bytes > flow and not peer.flow_exempt and \
+                peer.link not in self._holding:
+            self._holding.add(peer.link)
+            if not self._flow_paused:
+                self._set_flow(True)
         if peer.queued_bytes <= self.config.max_queue_bytes:
             return
         if self.config.slow_policy == "disconnect":
@@ -564,8 +596,38 @@ class Broker:
                     break
                 peer.queue.popleft()
                 peer.queued_bytes -= size
+            if peer.queued_bytes <= self._flow_bytes // 4:
+                self._holding.discard(link)
+                peer.flow_exempt = False
             if not peer.queue and not peer.lost:
                 self._blocked.discard(link)
+        if self._flow_paused and not self._holding:
+            self._set_flow(False)
+
+    def _set_flow(self, paused: bool) -> None:
+        """Ask the publishers connected here to pause or resume."""
+        self._flow_paused = paused
+        if paused:
+            self._pause_started = time.monotonic()
+            self.counters["flow_pauses"] += 1
+        for peer in list(self._links.values()):
+            if peer.publisher and peer.role == "client":
+                self._send(peer, [P.FLOW, P.FLOW_PAUSE if paused else P.FLOW_RESUME])
+
+    def _check_flow(self, now: float) -> None:
+        """Subscribers that held publishers back too long stop doing so."""
+        if not self._flow_paused or now - self._pause_started < self.config.flow_max_pause:
+            return
+        for link in self._holding:
+            peer = self._links.get(link)
+            if peer is not None:
+                peer.flow_exempt = True
+                log.warning("subscriber %s (link %d) kept publishers paused for %.1f s; it no longer does "
+                            "(%d bytes queued for it)", peer.name, link, now - self._pause_started,
+                            peer.queued_bytes)
+        self.counters["flow_timeouts"] += 1
+        self._holding.clear()
+        self._set_flow(False)
 
     def _flush_link(self, link: int) -> None:
         peer = self._links.get(link)
@@ -718,6 +780,8 @@ class Broker:
             self._send(peer, [P.WANT, bytes([P.WANT_RESET]), P.encode_ops(peer.forwarder.snapshot())])
         elif peer.publisher:
             self._send(peer, [P.WANT, bytes([P.WANT_RESET]), P.encode_ops(self._fwd_all.snapshot())])
+            if self._flow_paused:
+                self._send(peer, [P.FLOW, P.FLOW_PAUSE])
 
     def _route(self, batch, source: int | None) -> None:
         n = self._router.route(batch, source=source)
@@ -752,7 +816,9 @@ class Broker:
                 elif cmd == P.KICK:
                     log.info("upstream asked for a resync: %s", frames[1].bytes[:200])
                     self._upstream_hello()
-                elif cmd in (P.CONFIRM, P.GAP, P.STATS_REPLY, P.PING):
+                elif cmd in (P.CONFIRM, P.GAP, P.STATS_REPLY, P.PING, P.FLOW):
+                    # FLOW: upstream's flow control is for its clients; a
+                    # broker keeps forwarding (its own limits apply).
                     if cmd == P.GAP:
                         self.drops["slow_consumer"] += P.unpack_u64(frames[1])
                 else:
@@ -849,6 +915,8 @@ class Broker:
                 if self._blocked:
                     self._guarded(self._drain_queues)
                 now = time.monotonic()
+                if self._flow_paused:
+                    self._guarded(self._check_flow, now)
                 if now >= next_maint:
                     self._guarded(self._maintenance, now)
                     next_maint = now + self.config.probe_interval

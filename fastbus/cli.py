@@ -138,6 +138,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
         zmq_pub=args.zmq_pub, zmq_sub=args.zmq_sub, zmq_pull=args.zmq_pull,
         max_messages=args.max_messages, max_bytes=args.max_bytes, max_delay=args.max_delay,
         max_queue_bytes=args.max_queue_bytes, slow_policy=args.slow_policy, max_topic=args.max_topic,
+        flow_pause_bytes=None if args.flow_pause_bytes is None else int(args.flow_pause_bytes),
+        flow_max_pause=args.flow_max_pause,
         max_payload=args.max_payload, max_subscriptions=args.max_subscriptions, name=args.name,
         stats_interval=args.stats_interval)
     if args.curve_cert:
@@ -276,6 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bytes queued for a slow subscriber before --slow-policy applies")
     b.add_argument("--slow-policy", choices=["drop", "disconnect"], default="drop",
                    help="slow subscriber: drop its oldest batches (with a gap notice) or disconnect it")
+    b.add_argument("--flow-pause-bytes", type=_nonneg, default=None,
+                   help="ask publishers to pause while this many bytes are queued for a subscriber; "
+                        "0: no flow control (default: 4 MiB or a quarter of --max-queue-bytes)")
+    b.add_argument("--flow-max-pause", type=float, default=1.0,
+                   help="seconds one subscriber may keep publishers paused (default: %(default)s)")
     b.add_argument("--max-topic", type=_positive, default=65535, help="longest channel name accepted")
     b.add_argument("--max-payload", type=_positive, default=16 << 20, help="largest payload accepted")
     b.add_argument("--max-subscriptions", type=_positive, default=1_000_000, help="per client")

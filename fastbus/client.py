@@ -41,10 +41,17 @@ log = logging.getLogger("fastbus.client")
 
 GLOB_SPECIALS = set("*?[")
 BATCH_MESSAGES = 8192     # get_batch(): about this many messages per call by default
+SEND_BURST = 32           # batches the I/O thread sends before it reads the broker again
 
 
 class ConnectionClosed(FastbusError):
     """The client or pubsub was closed."""
+
+
+class PublishTimeout(FastbusError, TimeoutError):
+    """publish() waited ``block_timeout`` seconds for room in a full
+    buffer (the broker unreachable, or asking publishers to pause because a
+    subscriber is behind); the message was not queued."""
 
 
 def _key(value) -> bytes:
@@ -89,7 +96,12 @@ class Client:
 
     Publishing is buffered: at most ``max_messages`` records or ``max_bytes``
     bytes per batch, and a batch leaves at most ``max_delay`` seconds after
-    its oldest message.  Each PubSub holds at most ``max_inbox_bytes`` of
+    its oldest message.  At most ``max_buffer_bytes`` wait to be sent; then
+    ``publish()`` blocks until there is room, up to ``block_timeout``
+    seconds (None: no limit), and raises :class:`PublishTimeout`.  The
+    buffer fills when the broker is unreachable, or when it asks publishers
+    to pause because a subscriber fell behind (flow control, see
+    ``BrokerConfig.flow_pause_bytes``).  Each PubSub holds at most ``max_inbox_bytes`` of
     received batches not yet read; beyond that the client stops reading its
     socket, so a subscriber that falls behind pushes back on the broker
     (which then drops its oldest messages with a ``gap`` notice, or
@@ -103,13 +115,19 @@ class Client:
                  max_delay: float = 0.001, curve_server_key: str | None = None,
                  curve_public_key: str | None = None, curve_secret_key: str | None = None,
                  name: str | None = None, context: zmq.Context | None = None,
-                 ping_interval: float = 1.0, max_inbox_bytes: int = 64 * 1024 * 1024) -> None:
+                 ping_interval: float = 1.0, max_inbox_bytes: int = 64 * 1024 * 1024,
+                 max_buffer_bytes: int = 8 * 1024 * 1024, block_timeout: float | None = 60.0) -> None:
         if max_delay is None or not 0 < max_delay <= 10:
             raise ValueError("max_delay must be between 0 and 10 seconds")
         if not 0 < ping_interval <= 60:
             raise ValueError("ping_interval must be between 0 and 60 seconds")
         if max_inbox_bytes <= 0:
             raise ValueError("max_inbox_bytes must be positive")
+        if max_buffer_bytes <= 0:
+            raise ValueError("max_buffer_bytes must be positive")
+        if block_timeout is not None and block_timeout < 0:
+            raise ValueError("block_timeout must be >= 0 seconds, or None to wait for ever")
+        self.block_timeout = block_timeout
         self.max_inbox_bytes = max_inbox_bytes
         if (curve_server_key is None) != (curve_secret_key is None) or \
                 (curve_public_key is None) != (curve_secret_key is None):
@@ -126,6 +144,12 @@ class Client:
         # The hot path, in C: filter, append, wake when a batch is due.
         self._publisher = Publisher(self._outbox, self._io.wake)
         self._publisher.closed_error = ConnectionClosed
+        self._publisher.max_buffer_bytes = max_buffer_bytes
+        self._publisher.block = self._block
+        self._room = threading.Condition()       # publishers blocked on a full buffer
+        self._blocked = 0
+        self._flow_paused = False                # the broker asked publishers to pause
+        self._flow_pauses = 0
         self.publish = self._publisher.publish
         self._io.start()
         self._pub = _Conn("pub")
@@ -148,19 +172,32 @@ class Client:
         return self._publisher.publish(channel, message)
 
     def publish_many(self, messages) -> int:
-        """Queue many ``(channel, message)`` pairs; returns how many were queued."""
-        n = 0
-        offer = self._outbox.offer
-        wanted = self._wanted
-        due = False
-        for channel, message in messages:
-            r = offer(channel, message, wanted)
-            if r >= 0:
-                n += 1
-                due = due or r == 1
-        if due:
-            self._io.wake()
-        return n
+        """Queue many ``(channel, message)`` pairs; returns how many were
+        queued (the others nobody wanted)."""
+        publish = self._publisher.publish
+        return sum([publish(channel, message) for channel, message in messages])
+
+    def _block(self) -> None:
+        """publish() found the buffer full: wait for the I/O thread to make
+        room, at most block_timeout seconds."""
+        deadline = None if self.block_timeout is None else time.monotonic() + self.block_timeout
+        pub = self._publisher
+        with self._room:
+            self._blocked += 1
+            try:
+                while pub.buffered_bytes >= pub.max_buffer_bytes:
+                    if self._closed:
+                        raise ConnectionClosed("client is closed")
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        why = ("the broker asked publishers to pause (a subscriber is behind)"
+                               if self._flow_paused else f"the broker at {self.endpoint} is not taking them")
+                        raise PublishTimeout(f"publish: {pub.buffered_bytes} bytes waiting to be sent for "
+                                             f"{self.block_timeout} s: {why}")
+                    self._io.wake()
+                    self._room.wait(0.1 if left is None else min(left, 0.1))
+            finally:
+                self._blocked -= 1
 
     def is_wanted(self, channel) -> bool:
         """Would publish() send this channel?  True until the broker has told
@@ -193,7 +230,9 @@ class Client:
         """This client's counters: published, filtered (not sent: nobody
         wanted them), queued."""
         return {"published": self._outbox.accepted, "filtered": self._outbox.refused,
-                "queued": len(self._outbox), "filter_active": self._wanted is not None}
+                "queued": self._publisher.queued, "queued_bytes": self._publisher.buffered_bytes,
+                "filter_active": self._wanted is not None, "flow_paused": self._flow_paused,
+                "flow_pauses": self._flow_pauses}
 
     def broker_stats(self, timeout: float = 5.0) -> dict:
         """The broker's counters (see ``fastbus stats``)."""
@@ -562,6 +601,8 @@ class _IOThread(threading.Thread):
         self._conns: dict[zmq.Socket, _Conn] = {}
         self._poller = zmq.Poller()
         self._flush_waiters: dict[bytes, threading.Event] = {}
+        self._flushes: deque = deque()    # (messages taken when done, event): flush() not yet sent
+        self._taken = 0                   # messages the sender has taken from the publisher
         self._stats_waiters: deque = deque()
         self._tokens = itertools.count(1)
         self._stopping = False
@@ -605,7 +646,13 @@ class _IOThread(threading.Thread):
                             self._drain(conn)
                 while self.commands and not self._stopping:
                     self._command(*self.commands.popleft())
-                self._send_due()
+                self._send_due(force=bool(self._flushes))
+                while self._flushes and self._flushes[0][0] <= self._taken:
+                    # All the flush asked for is sent: a ping behind it comes
+                    # back once the broker has it.
+                    token = b"flush-%d" % next(self._tokens)
+                    self._flush_waiters[token] = self._flushes.popleft()[1]
+                    self._send(self.client._pub, [P.PING, token])
                 now = time.monotonic()
                 if now >= next_ping:
                     for conn in list(self._conns.values()):
@@ -616,6 +663,9 @@ class _IOThread(threading.Thread):
 
     def _timeout(self, next_ping: float) -> int:
         if self.commands:
+            return 0
+        client = self.client
+        if (self._flushes or client._publisher.has_sealed()) and not client._flow_paused:
             return 0
         now_ns = time.monotonic_ns()
         t = next_ping - now_ns / 1e9
@@ -632,13 +682,26 @@ class _IOThread(threading.Thread):
         except zmq.ZMQError as exc:
             log.warning("send to %s failed: %s", self.client.endpoint, exc)
 
-    def _send_due(self, force: bool = False) -> None:
-        box = self.client._outbox
-        while force and len(box) or box.due():
-            batch = box.take()
-            if batch is None:
-                return
-            self._send(self.client._pub, [P.PUB, batch])
+    def _send_due(self, force: bool = False, final: bool = False) -> None:
+        """Send due batches (all queued ones with ``force``), a bounded
+        burst at a time: between bursts the loop reads the broker, so a
+        pause (flow control) stops a backlog from going out all at once.
+        While paused nothing is sent, except the ``final`` flush at close."""
+        client = self.client
+        if client._flow_paused and not final:
+            return
+        take = client._publisher.take
+        sent = False
+        for _ in range(1 << 62 if final else SEND_BURST):
+            item = take(force)
+            if item is None:
+                break
+            self._send(client._pub, [P.PUB, item[0]])
+            self._taken += item[1]
+            sent = True
+        if sent and client._blocked:
+            with client._room:
+                client._room.notify_all()
 
     def _open(self, conn: _Conn) -> None:
         s = self.client._ctx.socket(zmq.DEALER)
@@ -695,10 +758,9 @@ class _IOThread(threading.Thread):
                     conn.subs.discard((key, prefix))
             self._send(conn, [P.SUB, P.pack_u64(seq), P.encode_ops(ops)])
         elif cmd == "flush":
-            self._send_due(force=True)
-            token = b"flush-%d" % next(self._tokens)
-            self._flush_waiters[token] = args[0]
-            self._send(self.client._pub, [P.PING, token])
+            # Done when what is queued now has been taken and sent (the run
+            # loop sends it, in bursts, respecting flow control).
+            self._flushes.append((self._taken + self.client._publisher.queued, args[0]))
         elif cmd == "stats":
             self._stats_waiters.append(args[0])
             self._send(self.client._pub, [P.STATS])
@@ -752,9 +814,16 @@ class _IOThread(threading.Thread):
             ps._deliver(("confirm", P.unpack_u64(frames[1])))
         elif cmd == P.WANT and conn.kind == "pub" and len(frames) == 3:
             self._on_want(frames[1].bytes, frames[2])
+        elif cmd == P.FLOW and conn.kind == "pub" and len(frames) == 2:
+            paused = frames[1].bytes == P.FLOW_PAUSE
+            if paused and not self.client._flow_paused:
+                self.client._flow_pauses += 1
+            self.client._flow_paused = paused
         elif cmd == P.GAP and ps is not None:
             ps._deliver(("gap", P.unpack_u64(frames[1])))
         elif cmd == P.WELCOME:
+            if conn.kind == "pub":
+                self.client._flow_paused = False     # a new session: the broker says again if not
             conn.instance = str(P.load_json(frames[1]).get("instance", "")).encode()
         elif cmd == P.PONG and len(frames) == 3:
             token, instance = frames[1].bytes, frames[2].bytes
@@ -799,10 +868,12 @@ class _IOThread(threading.Thread):
                     pass
 
     def _shutdown(self) -> None:
-        self._send_due(force=True)
+        self._send_due(force=True, final=True)
         for conn in list(self._conns.values()):
             self._close_conn(conn)
         for ev in self._flush_waiters.values():
+            ev.set()
+        for _n, ev in self._flushes:
             ev.set()
         self._stopped.set()
         os.close(self._rfd)

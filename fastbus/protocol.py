@@ -38,6 +38,10 @@ GAP = b"G"          # [G, lost u64]
 PONG = b"q"         # [q, token, broker instance]
 STATS_REPLY = b"R"  # [R, json]
 KICK = b"X"         # [X, json {"reason": ...}]
+FLOW = b"F"         # [F, b"\x00" pause | b"\x01" resume]   to publishers
+
+FLOW_PAUSE = b"\x00"
+FLOW_RESUME = b"\x01"
 
 WANT_RESET = 1
 

@@ -485,6 +485,111 @@ def test_slow_subscriber_disconnect_policy(brokers, client_factory):
     wait_for(lambda: b.stats()["subscriptions"] == 1, what="the resubscription")
 
 
+SLOW_READER = textwrap.dedent("""
+    import sys, time, fastbus
+    c = fastbus.Client(endpoint=sys.argv[1], max_inbox_bytes=1 << 20)
+    p = c.pubsub()
+    p.subscribe("flow")
+    assert p.get_message(timeout=5)["type"] == "subscribe"
+    print("ready", flush=True)
+    total, expect, lost, in_order = int(sys.argv[2]), 0, 0, True
+    while expect + lost < total:
+        batch = p.get_batch(timeout=20, max_messages=2000)
+        for _c, d in batch:
+            in_order = in_order and int(d[:8]) == expect
+            expect += 1
+        while (m := p.get_message(timeout=0)) is not None:   # notices, and data too
+            if m["type"] == "gap":
+                lost += m["data"]
+            elif m["type"] == "message":
+                in_order = in_order and int(m["data"][:8]) == expect
+                expect += 1
+        if not batch:
+            break
+        time.sleep(0.002)                       # slower than the publisher
+    print(expect, lost, in_order, flush=True)
+""")
+
+
+def test_flow_control_pauses_publishers_instead_of_dropping(brokers, client_factory):
+    """A subscriber slower than the publisher but not stuck: the broker
+    pauses the publisher (its publish() blocks on a full buffer) and the
+    subscriber gets every message, in order, with a slow-consumer limit far
+    below what was published."""
+    b = brokers("--max-queue-bytes", "4000000", "--flow-max-pause", "30")
+    n = 200_000                                  # 40 MB against a 4 MB limit
+    reader = python_process(SLOW_READER, b.endpoint, str(n), stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "ready"
+        pub = client_factory(b.endpoint, max_buffer_bytes=1 << 20)
+        wait_wanted(pub, "flow")
+        pad = b"." * 192
+        for i in range(n):
+            pub.publish("flow", b"%08d" % i + pad)
+        pub.flush(timeout=60)
+        got, lost, in_order = reader.communicate(timeout=120)[0].split()
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+    st = b.stats()
+    assert (int(got), int(lost), in_order) == (n, 0, "True"), st
+    assert st["drops"]["slow_consumer"] == 0
+    assert st["flow_pauses"] >= 1 and pub.stats()["flow_pauses"] >= 1
+
+
+def test_stuck_subscriber_holds_publishers_back_only_briefly(brokers, client_factory):
+    """A subscriber that stops reading pauses publishers for at most
+    --flow-max-pause; then it is a slow consumer like any other (its oldest
+    messages dropped, with a gap notice) and publishing goes on."""
+    b = brokers("--max-queue-bytes", "2000000", "--flow-max-pause", "0.5")
+    stuck = client_factory(b.endpoint, max_inbox_bytes=100_000)
+    p = stuck.pubsub(ignore_subscribe_messages=True)
+    p.subscribe("flow")
+    pub = client_factory(b.endpoint, max_buffer_bytes=1 << 20, block_timeout=30)
+    wait_wanted(pub, "flow")
+    t0 = time.monotonic()
+    for _ in range(100_000):                     # 20 MB; nobody reads
+        pub.publish("flow", b"z" * 200)
+    pub.flush(timeout=30)
+    assert time.monotonic() - t0 < 20
+    wait_for(lambda: b.stats()["flow_timeouts"] >= 1, what="the pause to end")
+    assert b.stats()["drops"]["slow_consumer"] > 0
+    got = lost = 0
+    while (m := p.get_message(timeout=1.0)) is not None:
+        got += m["type"] == "pmessage" or m["type"] == "message"
+        lost += m["data"] if m["type"] == "gap" else 0
+    assert got + lost == 100_000 and lost > 0
+
+
+def test_publish_times_out_on_a_buffer_that_stays_full(brokers, client_factory):
+    """With the publisher paused for long (a stuck subscriber, a long
+    --flow-max-pause), publish() blocks for block_timeout, then raises
+    PublishTimeout without queuing the message; it works again once the
+    subscriber goes."""
+    from fastbus.client import PublishTimeout
+    b = brokers("--max-queue-bytes", "2000000", "--flow-max-pause", "60")
+    stuck = client_factory(b.endpoint, max_inbox_bytes=100_000)
+    p = stuck.pubsub()
+    p.subscribe("flow")
+    confirm(p, 1)
+    pub = client_factory(b.endpoint, max_buffer_bytes=500_000, block_timeout=0.5)
+    wait_wanted(pub, "flow")
+    t0 = time.monotonic()
+    with pytest.raises(PublishTimeout, match="pause"):
+        for _ in range(1_000_000):
+            pub.publish("flow", b"w" * 200)
+    assert time.monotonic() - t0 < 30
+    queued = pub.stats()["queued"]
+    with pytest.raises(PublishTimeout):
+        pub.publish("flow", b"one more")
+    assert pub.stats()["queued"] == queued        # the refused message was not queued
+    assert pub.stats()["flow_paused"] and b.stats()["flow_pauses"] >= 1
+    p.close()                                      # the stuck subscriber goes: publishers resume
+    wait_for(lambda: not pub.stats()["flow_paused"], what="the resume")
+    pub.publish("flow", b"after")
+    pub.flush(timeout=30)
+
+
 def test_ipc_and_inproc_endpoints(tmp_path):
     ctx = zmq.Context()
     ipc = f"ipc://{tmp_path}/fastbus.sock"

@@ -70,17 +70,48 @@ def test_bad_arguments():
         Outbox(max_delay=float("nan"))
 
 
-def test_publisher_wakes_the_sender_once_per_batch():
-    """Publisher calls wake() when its record makes the batch due, not again
-    for every record appended before the sender takes the batch."""
+def test_publisher_wakes_once_per_batch_and_seals_full_batches():
+    """Publisher wakes the sender when a batch starts and when it becomes
+    due, not for every record; a full batch the sender has not taken is
+    sealed, so batches stay at the limit and nothing is lost or reordered."""
     from fastbus._core import Publisher
     box = Outbox(max_messages=100, max_bytes=0, max_delay=None)
     wakes = []
     pub = Publisher(box, lambda: wakes.append(len(box)))
     for i in range(350):
         assert pub.publish(b"t", b"%d" % i) == 1
-    assert wakes == [100]
-    assert len(decode(box.take())) == 350          # nothing lost past the limit
-    for i in range(100):
-        pub.publish(b"t", b"x")
-    assert wakes == [100, 100]
+    assert wakes == [1, 100, 100, 100]
+    assert pub.queued == 350
+    got = []
+    sizes = []
+    while (item := pub.take(force=True)) is not None:
+        batch, count = item
+        records = decode(batch)
+        assert len(records) == count
+        sizes.append(count)
+        got += [int(p) for _t, p in records]
+    assert sizes == [100, 100, 100, 50]
+    assert got == list(range(350))
+    assert pub.queued == 0 and pub.buffered_bytes == 0
+
+
+def test_publisher_blocks_at_its_buffer_limit():
+    """With max_buffer_bytes set, publish calls block() before queuing once
+    that much is buffered; if block() raises, the message is not queued."""
+    from fastbus._core import Publisher
+    box = Outbox(max_messages=10, max_bytes=0, max_delay=None)
+    pub = Publisher(box, lambda: None)
+    pub.max_buffer_bytes = 200
+
+    def block():
+        raise TimeoutError("no room")
+
+    pub.block = block
+    n = 0
+    with pytest.raises(TimeoutError):
+        for n in range(1000):
+            pub.publish(b"t", b"0123456789")
+    assert 200 <= pub.buffered_bytes < 200 + 40
+    assert pub.queued == n                       # the refused message was not queued
+    pub.take()
+    pub.publish(b"t", b"more")                   # room again: no block

@@ -1,5 +1,5 @@
 # Mirrors csrc/fb_outbox.h
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
 
 cdef extern from "fb_outbox.h" nogil:
     ctypedef struct fb_outbox_limits:
@@ -8,8 +8,13 @@ cdef extern from "fb_outbox.h" nogil:
         uint64_t max_age_ns
         int checksum
 
+    enum:
+        FB_OUTBOX_VERB_MAX
+
     ctypedef struct fb_outbox:
         fb_outbox_limits lim
+        unsigned char resp[FB_OUTBOX_VERB_MAX + 16]
+        uint8_t resp_len
         unsigned char *buf
         size_t len
         size_t cap
@@ -18,6 +23,7 @@ cdef extern from "fb_outbox.h" nogil:
         uint64_t first_ns
 
     void fb_outbox_init(fb_outbox *o, const fb_outbox_limits *lim)
+    int fb_outbox_init_resp(fb_outbox *o, const fb_outbox_limits *lim, const char *verb)
     void fb_outbox_destroy(fb_outbox *o)
     int fb_outbox_append(fb_outbox *o, const void *topic, size_t tlen,
                          const void *payload, size_t plen, uint64_t now_ns)

@@ -1,0 +1,51 @@
+/*
+ * fb_resp.h - reading the replies to a Redis pipeline, many per call.
+ *
+ * A buffered publisher writes thousands of commands at once (fb_outbox in
+ * RESP mode builds them) and must then read as many replies.  Parsing each
+ * reply into an object only to count it, and to spot the rare error, is
+ * most of the client's cost; fb_resp_scan walks the raw bytes instead,
+ * counting complete top-level replies, summing integer replies (PUBLISH:
+ * how many subscribers got the message) and noting which were errors.
+ *
+ * Input is untrusted network data: every length is bounded and checked
+ * against the buffer, nothing recurses (nested aggregates are skipped with
+ * a counter), and a reply cut at the end of the buffer is left for the next
+ * call.  RESP2 and the RESP3 types are understood.
+ */
+#ifndef FB_RESP_H
+#define FB_RESP_H
+
+#include "fb_common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Redis's own limits: a bulk string is at most 512 MB; aggregates here may
+ * declare at most 2^32 elements. */
+#define FB_RESP_MAX_BULK (512u * 1024u * 1024u)
+
+typedef struct fb_resp_tally {
+    size_t replies;        /* complete top-level replies consumed */
+    size_t errors;         /* of which error replies ("-..." or "!...") */
+    int64_t int_sum;       /* sum of top-level integer replies (saturating) */
+    size_t consumed;       /* bytes those replies took */
+    size_t first_err_off;  /* the first error's message: offset in buf ... */
+    size_t first_err_len;  /* ... and length (without the type byte and CRLF); 0 if none */
+} fb_resp_tally;
+
+/* Scan at most max_replies complete replies from buf[0, len).  The index
+ * (from 0, in this call) of each error reply is stored in err_idx while
+ * err_cap allows (err_idx may be NULL).  Returns FB_OK, with t filled in
+ * (an incomplete reply at the end is not consumed), or FB_EMALFORMED if the
+ * bytes are not RESP: the connection is then unusable.  t->replies and
+ * t->consumed then cover the replies before the bad one. */
+int fb_resp_scan(const void *buf, size_t len, size_t max_replies, fb_resp_tally *t,
+                 uint32_t *err_idx, size_t err_cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FB_RESP_H */
