@@ -187,11 +187,31 @@ class _Paced:
         return self.stop.is_set()
 
 
+def _count_messages(get, done, count, state: dict) -> int:
+    """The redis-py-shaped consumer loop (fastbus and redis alike): one
+    get_message() per message; the stop flag (a multiprocessing Event, a
+    semaphore round trip) is looked at once per 1000 messages, as the zmq
+    loop does."""
+    n = 0
+    while True:
+        count.value = n
+        if done():
+            return n
+        got = 0
+        for _ in range(1000):
+            if get(timeout=0.1) is None:
+                break
+            got += 1
+        if got:
+            n += got
+            state["last"] = time.monotonic()
+
+
 def subscriber(system: str, style: str, server: dict, stop_all, ready, count, drain: float) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     n = 0
     idle_limit = 1.0
-    last_msg = time.monotonic()
+    state = {"last": time.monotonic()}
     end = [None]
 
     def done() -> bool:
@@ -201,7 +221,7 @@ def subscriber(system: str, style: str, server: dict, stop_all, ready, count, dr
             return False
         if end[0] is None:
             end[0] = time.monotonic() + drain
-        return time.monotonic() - last_msg > idle_limit or time.monotonic() > end[0]
+        return time.monotonic() - state["last"] > idle_limit or time.monotonic() > end[0]
 
     if system == "fastbus":
         import fastbus
@@ -221,18 +241,9 @@ def subscriber(system: str, style: str, server: dict, stop_all, ready, count, dr
                 if got:
                     n += got
                     count.value = n
-                    last_msg = time.monotonic()
+                    state["last"] = time.monotonic()
         else:
-            get = p.get_message
-            while not done():
-                m = get(timeout=0.1)
-                if m is None:
-                    count.value = n
-                    continue
-                n += 1
-                if n % 1000 == 0:
-                    count.value = n
-                    last_msg = time.monotonic()
+            n = _count_messages(p.get_message, done, count, state)
     elif system == "redis":
         import redis
         r = redis.Redis(host="127.0.0.1", port=server["port"])
@@ -241,16 +252,7 @@ def subscriber(system: str, style: str, server: dict, stop_all, ready, count, dr
         while p.get_message(timeout=1.0) is not None or not p.subscribed:
             pass
         ready.set()
-        get = p.get_message
-        while not done():
-            m = get(timeout=0.1)
-            if m is None:
-                count.value = n
-                continue
-            n += 1
-            if n % 1000 == 0:
-                count.value = n
-                last_msg = time.monotonic()
+        n = _count_messages(p.get_message, done, count, state)
     else:
         import zmq
         s = zmq.Context().socket(zmq.SUB)
@@ -273,7 +275,7 @@ def subscriber(system: str, style: str, server: dict, stop_all, ready, count, dr
                         {"type": "message", "channel": channel, "data": data}
                     n += 1
                 count.value = n
-                last_msg = time.monotonic()
+                state["last"] = time.monotonic()
     count.value = n
 
 

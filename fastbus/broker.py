@@ -73,12 +73,13 @@ class BrokerConfig:
     #: publishers connected here are asked to pause until every such queue
     #: is down to a quarter of it; their buffers then fill and publish()
     #: blocks (Client.max_buffer_bytes), instead of the broker's queues
-    #: growing to the slow-consumer limit.  A subscriber that holds them
-    #: back for flow_max_pause seconds no longer does, until it catches up
-    #: (the slow-consumer policy applies to it).  0: no flow control; None:
+    #: growing to the slow-consumer limit: end to end, nothing is dropped
+    #: for a subscriber that is slower than the publishers.  One that takes
+    #: nothing for flow_max_pause seconds (stuck, not slow) no longer holds
+    #: them back until it catches up; the slow-consumer policy applies to it.  0: no flow control; None:
     #: 4 MiB or a quarter of max_queue_bytes, whichever is less.
     flow_pause_bytes: int | None = None
-    flow_max_pause: float = 1.0
+    flow_max_pause: float = 5.0
     #: Limits on what a peer may send.
     max_topic: int = 65535
     max_payload: int = 16 * 1024 * 1024
@@ -615,19 +616,24 @@ class Broker:
                 self._send(peer, [P.FLOW, P.FLOW_PAUSE if paused else P.FLOW_RESUME])
 
     def _check_flow(self, now: float) -> None:
-        """Subscribers that held publishers back too long stop doing so."""
-        if not self._flow_paused or now - self._pause_started < self.config.flow_max_pause:
+        """A subscriber that took nothing for flow_max_pause seconds while
+        publishers waited for it is stuck: it stops holding them back."""
+        limit = self.config.flow_max_pause
+        if not self._flow_paused or now - self._pause_started < limit:
             return
-        for link in self._holding:
+        for link in list(self._holding):
             peer = self._links.get(link)
-            if peer is not None:
+            if peer is None:
+                self._holding.discard(link)
+            elif now - max(peer.last_sent, self._pause_started) >= limit:
                 peer.flow_exempt = True
-                log.warning("subscriber %s (link %d) kept publishers paused for %.1f s; it no longer does "
-                            "(%d bytes queued for it)", peer.name, link, now - self._pause_started,
-                            peer.queued_bytes)
-        self.counters["flow_timeouts"] += 1
-        self._holding.clear()
-        self._set_flow(False)
+                self._holding.discard(link)
+                self.counters["flow_timeouts"] += 1
+                log.warning("subscriber %s (link %d) took nothing for %.1f s while publishers waited; "
+                            "it no longer holds them back (%d bytes queued for it)", peer.name, link,
+                            now - max(peer.last_sent, self._pause_started), peer.queued_bytes)
+        if not self._holding:
+            self._set_flow(False)
 
     def _flush_link(self, link: int) -> None:
         peer = self._links.get(link)

@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--flow-pause-bytes", type=_nonneg, default=None,
                    help="ask publishers to pause while this many bytes are queued for a subscriber; "
                         "0: no flow control (default: 4 MiB or a quarter of --max-queue-bytes)")
-    b.add_argument("--flow-max-pause", type=float, default=1.0,
+    b.add_argument("--flow-max-pause", type=float, default=5.0,
                    help="seconds one subscriber may keep publishers paused (default: %(default)s)")
     b.add_argument("--max-topic", type=_positive, default=65535, help="longest channel name accepted")
     b.add_argument("--max-payload", type=_positive, default=16 << 20, help="largest payload accepted")

@@ -115,7 +115,7 @@ class Client:
                  max_delay: float = 0.001, curve_server_key: str | None = None,
                  curve_public_key: str | None = None, curve_secret_key: str | None = None,
                  name: str | None = None, context: zmq.Context | None = None,
-                 ping_interval: float = 1.0, max_inbox_bytes: int = 64 * 1024 * 1024,
+                 ping_interval: float = 1.0, max_inbox_bytes: int = 8 * 1024 * 1024,
                  max_buffer_bytes: int = 8 * 1024 * 1024, block_timeout: float | None = 60.0) -> None:
         if max_delay is None or not 0 < max_delay <= 10:
             raise ValueError("max_delay must be between 0 and 10 seconds")

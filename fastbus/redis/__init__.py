@@ -1,6 +1,14 @@
 """fastbus on Redis: every part takes a URL, and with none uses an embedded
 Redis-compatible server (:mod:`fastbus.redis.server`)."""
 
+from fastbus.redis.publisher import (
+    AsyncBufferedListProducer,
+    AsyncBufferedPublisher,
+    BufferedListProducer,
+    BufferedPublisher,
+    PublishError,
+    PublishTimeout,
+)
 from fastbus.redis.server import (
     ENV_BINARY,
     EmbeddedServer,
@@ -13,6 +21,12 @@ from fastbus.redis.server import (
 )
 
 __all__ = [
+    "AsyncBufferedListProducer",
+    "AsyncBufferedPublisher",
+    "BufferedListProducer",
+    "BufferedPublisher",
+    "PublishError",
+    "PublishTimeout",
     "ENV_BINARY",
     "EmbeddedServer",
     "EmbeddedServerError",

@@ -21,12 +21,14 @@ most; to Redis subscribers it shows as a duplicate, never as a gap.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
-import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -37,9 +39,21 @@ from fastbus.errors import FastbusError
 
 log = logging.getLogger("fastbus.redis")
 
-__all__ = ["BufferedPublisher", "BufferedListProducer", "PublishError"]
+__all__ = ["AsyncBufferedListProducer", "AsyncBufferedPublisher", "BufferedListProducer", "BufferedPublisher",
+           "PublishError", "PublishTimeout"]
 
-_NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError, socket.timeout)
+WINDOW_BYTES = 4 << 20       # written and not yet answered, at most (with a backlog)
+COALESCE_BYTES = 512 << 10   # with a backlog, batches are joined into writes of about this size
+_NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+
+def _closed_error(message: str) -> Exception:
+    return PublishError(message.replace("client", "publisher"), [], "closed")
+
+
+class PublishTimeout(FastbusError, TimeoutError):
+    """publish() waited ``block_timeout`` seconds for room in a full buffer;
+    the message was not queued."""
 
 
 class PublishError(FastbusError):
@@ -98,6 +112,20 @@ def _parse_commands(pipeline, first: int, indexes: set[int] | None = None) -> li
     return out
 
 
+class _Batch:
+    """A pipeline written to the server and the replies read for it so far."""
+
+    __slots__ = ("data", "done", "errs", "first", "n", "receivers")
+
+    def __init__(self, data, n: int) -> None:
+        self.data = data            # a Batch (buffer) of n commands
+        self.n = n
+        self.done = 0               # replies read
+        self.errs: list[int] = []   # indexes of error replies
+        self.first: str | None = None
+        self.receivers = 0
+
+
 class BufferedPublisher:
     """Publish to Redis in pipelines.
 
@@ -107,6 +135,11 @@ class BufferedPublisher:
     when it holds ``max_messages`` messages or ``max_bytes`` bytes, and at
     most ``max_delay`` seconds after its oldest message.  ``sharded=True``
     uses SPUBLISH (Redis 7 sharded pub/sub).
+
+    At most ``max_buffer_bytes`` wait to be written (say while the server is
+    unreachable and batches are retried); then ``publish()`` blocks until
+    there is room, at most ``block_timeout`` seconds (None: no limit), and
+    raises :class:`PublishTimeout` without queuing the message.
 
     A batch that fails on the network is retried with ``retry`` (redis-py
     ``Retry``; by default 6 attempts with exponential backoff up to 1 s).
@@ -121,7 +154,8 @@ class BufferedPublisher:
     def __init__(self, redis: Any = None, *, max_messages: int = 1000, max_bytes: int = 1 << 20,
                  max_delay: float = 0.2, sharded: bool = False, retry: Retry | None = None,
                  on_error: Callable[[PublishError, list], None] | None = None,
-                 socket_timeout: float = 10.0) -> None:
+                 socket_timeout: float = 10.0, max_buffer_bytes: int = 64 * 1024 * 1024,
+                 block_timeout: float | None = 60.0) -> None:
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
         if max_bytes < 1:
@@ -130,6 +164,12 @@ class BufferedPublisher:
             raise ValueError("max_delay must be between 0 and 60 seconds")
         if not 0 < socket_timeout <= 3600:
             raise ValueError("socket_timeout must be between 0 and 3600 seconds")
+        if max_buffer_bytes < max_bytes:
+            raise ValueError("max_buffer_bytes must be at least max_bytes")
+        if block_timeout is not None and block_timeout < 0:
+            raise ValueError("block_timeout must be >= 0 seconds, or None to wait for ever")
+        if on_error is not None and not callable(on_error):
+            raise TypeError("on_error must be callable: on_error(error, failed_messages)")
         command = "SPUBLISH" if sharded and self._COMMAND == "PUBLISH" else self._COMMAND
         self._pool, self._own_pool = _pool_from(redis)
         self._retry = retry if retry is not None else Retry(ExponentialBackoff(cap=1.0, base=0.02), 5)
@@ -139,7 +179,10 @@ class BufferedPublisher:
                               command=command)
         self._wake = threading.Event()
         self._pub = Publisher(self._outbox, self._wake.set)
-        self._pub.closed_error = PublishError
+        self._pub.closed_error = _closed_error
+        self._pub.max_buffer_bytes = max_buffer_bytes
+        self._pub.block = self._block
+        self.block_timeout = block_timeout
         self._cond = threading.Condition()
         self._done = 0                    # messages answered (written or failed)
         self._flush_wanted = False
@@ -159,6 +202,22 @@ class BufferedPublisher:
         :class:`PublishError` for messages of earlier batches that failed
         (this call's message is then not queued)."""
         return self._pub.publish(channel, message)
+
+    def _block(self) -> None:
+        """publish() found the buffer full: wait for the flush thread to
+        make room, at most block_timeout seconds."""
+        deadline = None if self.block_timeout is None else time.monotonic() + self.block_timeout
+        pub = self._pub
+        with self._cond:
+            while pub.buffered_bytes >= pub.max_buffer_bytes:
+                if self._closing:
+                    raise PublishError("publisher is closed", [], "closed")
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise PublishTimeout(f"publish: {pub.buffered_bytes} bytes waiting to be written to Redis "
+                                         f"for {self.block_timeout} s (is the server reachable?)")
+                self._wake.set()
+                self._cond.wait(0.1 if left is None else min(left, 0.1))
 
     def flush(self, timeout: float | None = 30.0) -> None:
         """Block until every message queued before the call is answered by
@@ -198,7 +257,7 @@ class BufferedPublisher:
             if self._own_pool:
                 self._pool.disconnect()
 
-    def __enter__(self) -> BufferedPublisher:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -211,7 +270,7 @@ class BufferedPublisher:
         ``buffered`` (queued, not yet written)."""
         with self._cond:
             out = dict(self._stats)
-        out["buffered"] = len(self._outbox)
+        out["buffered"] = self._pub.queued
         return out
 
     def _raise_pending(self) -> None:
@@ -231,21 +290,26 @@ class BufferedPublisher:
             with self._cond:
                 force = self._flush_wanted or self._closing
                 self._flush_wanted = False
-            while (force and len(box)) or box.due():
-                batch, n = box.take_counted()
-                if batch is None:
-                    break
-                try:
-                    self._write(batch, n)
-                except Exception as exc:             # a bug: never lose the batch silently
-                    log.exception("fastbus: publishing a batch failed unexpectedly")
-                    self._fail(batch, n, 0, None, f"internal error: {exc!r}")
-            if self._closing and not len(box):
+            inflight: deque[_Batch] = deque()
+            try:
+                self._retry.call_with_retry(functools.partial(self._pump, inflight, force),
+                                            self._network_failed)
+            except _NETWORK_ERRORS as exc:
+                self._give_up(inflight, f"{type(exc).__name__}: {exc}")
+            except ValueError as exc:                # the server sent bytes that are not RESP
+                self._give_up(inflight, f"protocol error: {exc}")
+            except Exception as exc:                 # a bug: never lose a batch silently
+                log.exception("fastbus: publishing failed unexpectedly")
+                self._give_up(inflight, f"internal error: {exc!r}")
+            if self._closing and not self._pub.queued:
                 return
 
     def _connection(self):
         if self._conn is None:
-            self._conn = self._pool.get_connection(self._outbox_command())
+            try:
+                self._conn = self._pool.get_connection()          # redis-py >= 5.3
+            except TypeError:
+                self._conn = self._pool.get_connection(self._COMMAND)
         self._conn.connect()
         sock = getattr(self._conn, "_sock", None)
         if sock is None:
@@ -253,82 +317,102 @@ class BufferedPublisher:
         sock.settimeout(self._timeout)
         return sock
 
-    def _outbox_command(self) -> str:
-        return self._COMMAND
-
-    def _write(self, batch, n: int) -> None:
-        """Write one pipeline of n commands and read its n replies,
-        resending what was not answered after a network error."""
-        state = {"done": 0, "errs": [], "first": None, "sum": 0}
-
-        def attempt() -> None:
-            try:
-                send_and_read()
-            except socket.timeout as exc:
-                raise redis.TimeoutError(f"Redis did not answer within {self._timeout} s") from exc
-            except OSError as exc:
-                raise redis.ConnectionError(str(exc)) from exc
-
-        def send_and_read() -> None:
-            sock = self._connection()
-            done = state["done"]
-            view = memoryview(batch)
-            offset = resp_scan(batch, 0, -1, done)[1] if done else 0
-            sock.sendall(view[offset:])
-            buf = self._buf
-            have = 0
-            while state["done"] < n:
-                if have == len(buf):
-                    buf.extend(bytes(len(buf)))       # one reply larger than the buffer
-                    self._buf = buf
-                got = sock.recv_into(memoryview(buf)[have:])
-                if got == 0:
-                    raise redis.ConnectionError("connection closed by the server")
-                have += got
-                replies, used, isum, errs, first = resp_scan(buf, 0, have, n - state["done"])
-                if errs:
-                    state["errs"].extend(state["done"] + i for i in errs)
-                    if state["first"] is None:
-                        state["first"] = first.decode("utf-8", "replace")
-                state["done"] += replies
-                state["sum"] += isum
-                if used:
-                    buf[:have - used] = buf[used:have]
-                    have -= used
-
-        def failed_attempt(error: Exception) -> None:
-            with self._cond:
-                self._stats["retries"] += 1
-            log.warning("fastbus: writing to Redis failed (%s); retrying %d unanswered messages",
-                        error, n - state["done"])
-            if self._conn is not None:
-                self._conn.disconnect()
-
+    def _pump(self, inflight: deque, force: bool) -> None:
+        """Write batches and read their replies until nothing is due: up to
+        WINDOW_BYTES of batches are in flight, so the server always has the
+        next one while this thread reads replies.  After a network error
+        (call_with_retry calls this again) the commands not answered yet are
+        written again first, in order."""
         try:
-            self._retry.call_with_retry(attempt, failed_attempt)
-        except _NETWORK_ERRORS as exc:
-            if self._conn is not None:
-                self._conn.disconnect()
-            self._fail(batch, n, state["done"], state["errs"], f"{type(exc).__name__}: {exc}",
-                       answered_sum=state["sum"])
-            return
-        except ValueError as exc:          # the server sent bytes that are not RESP
-            if self._conn is not None:
-                self._conn.disconnect()
-            self._fail(batch, n, state["done"], state["errs"], f"protocol error: {exc}",
-                       answered_sum=state["sum"])
-            return
-        errs = state["errs"]
+            self._pump_once(inflight, force)
+        except TimeoutError as exc:
+            raise redis.TimeoutError(f"Redis did not answer within {self._timeout} s") from exc
+        except OSError as exc:
+            raise redis.ConnectionError(str(exc)) from exc
+
+    def _pump_once(self, inflight: deque, force: bool) -> None:
+        sock = self._connection()
+        for b in inflight:                           # a retry: resend what is unanswered
+            offset = resp_scan(b.data, 0, -1, b.done)[1] if b.done else 0
+            sock.sendall(memoryview(b.data)[offset:])
+        flying = sum(len(b.data) for b in inflight)
+        take = self._pub.take
+        buf = self._buf
+        have = 0
+        while True:
+            while flying < WINDOW_BYTES and (item := take(force)) is not None:
+                data, n = item
+                if self._pub.has_sealed():
+                    # A backlog: one write of several batches costs this
+                    # thread (and the GIL) far less than one each.
+                    parts = [data]
+                    size = len(data)
+                    while size < COALESCE_BYTES and self._pub.has_sealed() and \
+                            (more := take(force)) is not None:
+                        parts.append(more[0])
+                        size += len(more[0])
+                        n += more[1]
+                    data = b"".join(parts) if len(parts) > 1 else data
+                b = _Batch(data, n)
+                inflight.append(b)
+                flying += len(b.data)
+                sock.sendall(b.data)
+            if not inflight:
+                return
+            if have == len(buf):
+                buf.extend(bytes(len(buf)))          # one reply larger than the buffer
+                self._buf = buf
+            got = sock.recv_into(memoryview(buf)[have:])
+            if got == 0:
+                raise redis.ConnectionError("connection closed by the server")
+            have += got
+            start = 0
+            while inflight and start < have:
+                b = inflight[0]
+                replies, used, isum, errs, first = resp_scan(buf, start, have, b.n - b.done)
+                if errs:
+                    b.errs.extend(b.done + i for i in errs)
+                    if b.first is None:
+                        b.first = first.decode("utf-8", "replace")
+                b.done += replies
+                b.receivers += isum
+                start += used
+                if b.done < b.n:
+                    break                            # the rest of its replies is still coming
+                inflight.popleft()
+                flying -= len(b.data)
+                self._finished(b)
+            if start:
+                buf[:have - start] = buf[start:have]
+                have -= start
+
+    def _network_failed(self, error: Exception) -> None:
+        with self._cond:
+            self._stats["retries"] += 1
+        log.warning("fastbus: writing to Redis failed (%s); retrying", error)
+        if self._conn is not None:
+            self._conn.disconnect()
+
+    def _finished(self, b: _Batch) -> None:
+        """Every reply of a batch is in."""
         with self._cond:
             self._stats["batches"] += 1
-            self._stats["bytes"] += len(batch)
-            self._stats["published"] += n - len(errs)
-            self._stats["receivers"] += state["sum"]
-            if not errs:
-                self._done += n
-                self._cond.notify_all()
+            self._stats["bytes"] += len(b.data)
+            self._stats["published"] += b.n - len(b.errs)
+            self._stats["receivers"] += b.receivers
+            if not b.errs:
+                self._done += b.n
+                self._cond.notify_all()              # flush() and publishers waiting for room
                 return
-        self._report(_parse_commands(batch, 0, set(errs)), f"server error: {state['first']}", n)
+        self._report(_parse_commands(b.data, 0, set(b.errs)), f"server error: {b.first}", b.n)
+
+    def _give_up(self, inflight: deque, reason: str) -> None:
+        """The retries are spent: what is in flight and unanswered failed."""
+        if self._conn is not None:
+            self._conn.disconnect()
+        while inflight:
+            b = inflight.popleft()
+            self._fail(b.data, b.n, b.done, b.errs, reason, answered_sum=b.receivers)
 
     def _fail(self, batch, n: int, done: int, errs, reason: str, answered_sum: int = 0) -> None:
         """The commands from number ``done`` on were not answered; those in
@@ -377,3 +461,47 @@ class BufferedListProducer(BufferedPublisher):
     def push(self, key, value) -> int:  # replaced per instance by the C fast path
         """Queue one value for the list ``key``; returns 1 at once."""
         return self._pub.publish(key, value)
+
+
+class AsyncBufferedPublisher:
+    """:class:`BufferedPublisher` for asyncio: ``publish`` queues at once
+    (and awaits only when the buffer is full), ``flush``/``close`` await the
+    flush thread without blocking the event loop; ``async with`` closes."""
+
+    _SYNC = BufferedPublisher
+
+    def __init__(self, redis: Any = None, **kwargs) -> None:
+        self._sync = self._SYNC(redis, **kwargs)
+
+    async def publish(self, channel, message) -> int:
+        """Queue a message; returns 1."""
+        pub = self._sync._pub
+        if pub.buffered_bytes >= pub.max_buffer_bytes:
+            await asyncio.to_thread(self._sync._block)
+        return pub.publish(channel, message)
+
+    async def flush(self, timeout: float | None = 30.0) -> None:
+        """Wait until everything queued is answered (see BufferedPublisher.flush)."""
+        await asyncio.to_thread(self._sync.flush, timeout)
+
+    async def close(self, timeout: float | None = 30.0) -> None:
+        await asyncio.to_thread(self._sync.close, timeout)
+
+    def stats(self) -> dict:
+        return self._sync.stats()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class AsyncBufferedListProducer(AsyncBufferedPublisher):
+    """:class:`BufferedListProducer` for asyncio: ``await push(key, value)``."""
+
+    _SYNC = BufferedListProducer
+
+    async def push(self, key, value) -> int:
+        """Queue one value for the list ``key``; returns 1."""
+        return await self.publish(key, value)
