@@ -20,6 +20,9 @@ const char *fb_strerror(int code)
     case FB_EVERSION: return "unsupported batch version or flags";
     case FB_ELIMIT: return "batch field exceeds limit";
     case FB_ECHECKSUM: return "batch checksum mismatch";
+    case FB_EIO: return "socket error";
+    case FB_ECLOSED: return "connection closed by the peer";
+    case FB_ETIMEOUT: return "timed out";
     default: return "unknown error";
     }
 }

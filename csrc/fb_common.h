@@ -35,7 +35,10 @@ enum {
     FB_ETRUNCATED = -7,  /* batch: ends before its declared content */
     FB_EVERSION = -8,    /* batch: unknown version or flag bits */
     FB_ELIMIT = -9,      /* batch: a field exceeds a decoder limit set by the caller */
-    FB_ECHECKSUM = -10   /* batch: checksum mismatch (or missing where required) */
+    FB_ECHECKSUM = -10,  /* batch: checksum mismatch (or missing where required) */
+    FB_EIO = -11,        /* a socket call failed (errno tells why) */
+    FB_ECLOSED = -12,    /* the peer closed the connection */
+    FB_ETIMEOUT = -13    /* nothing could be sent or received within the timeout */
 };
 
 /* The two kinds of subscription key. */

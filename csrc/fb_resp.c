@@ -1,7 +1,15 @@
 /* fb_resp.c - scanning pipelined Redis replies (see fb_resp.h). */
 #include "fb_resp.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
+
+#ifndef _WIN32
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#endif
 
 enum { NEED_MORE = 1 };
 
@@ -124,3 +132,112 @@ int fb_resp_scan(const void *buf, size_t len, size_t max_replies, fb_resp_tally 
     }
     return FB_OK;
 }
+
+void fb_resp_reader_init(fb_resp_reader *rd)
+{
+    memset(rd, 0, sizeof *rd);
+}
+
+void fb_resp_reader_destroy(fb_resp_reader *rd)
+{
+    free(rd->buf);
+    memset(rd, 0, sizeof *rd);
+}
+
+void fb_resp_reader_reset(fb_resp_reader *rd)
+{
+    rd->len = 0;
+    rd->first_err_len = 0;
+}
+
+#ifdef _WIN32
+int fb_resp_pump(int fd, const void *data, size_t len, size_t need, int timeout_ms,
+                 fb_resp_reader *rd, fb_resp_tally *t, uint32_t *err_idx, size_t err_cap)
+{
+    (void)fd; (void)data; (void)len; (void)need; (void)timeout_ms; (void)rd; (void)err_idx; (void)err_cap;
+    memset(t, 0, sizeof *t);
+    return FB_EINVAL;
+}
+#else
+
+#ifndef MSG_NOSIGNAL
+#define MSG_NOSIGNAL 0          /* macOS: the bindings ignore SIGPIPE (Python does) */
+#endif
+
+#define READ_CHUNK 65536u
+
+/* Consume complete replies from rd, at most need - t->replies. */
+static int consume(fb_resp_reader *rd, size_t need, fb_resp_tally *t, uint32_t *err_idx, size_t err_cap)
+{
+    if (t->replies >= need || rd->len == 0) return FB_OK;
+    fb_resp_tally s;
+    size_t have_idx = t->errors < err_cap ? t->errors : err_cap;
+    int rc = fb_resp_scan(rd->buf, rd->len, need - t->replies, &s,
+                          err_idx ? err_idx + have_idx : NULL, err_cap - have_idx);
+    size_t wrote = s.errors < err_cap - have_idx ? s.errors : err_cap - have_idx;
+    for (size_t k = 0; err_idx && k < wrote; k++) err_idx[have_idx + k] += (uint32_t)t->replies;
+    if (s.errors && rd->first_err_len == 0) {
+        size_t n = s.first_err_len < sizeof rd->first_err - 1 ? s.first_err_len : sizeof rd->first_err - 1;
+        memcpy(rd->first_err, rd->buf + s.first_err_off, n);
+        rd->first_err[n] = 0;
+        rd->first_err_len = n ? n : 1;
+    }
+    t->replies += s.replies;
+    t->errors += s.errors;
+    t->int_sum += s.int_sum;
+    t->consumed += s.consumed;
+    memmove(rd->buf, rd->buf + s.consumed, rd->len - s.consumed);
+    rd->len -= s.consumed;
+    return rc;
+}
+
+int fb_resp_pump(int fd, const void *data, size_t len, size_t need, int timeout_ms,
+                 fb_resp_reader *rd, fb_resp_tally *t, uint32_t *err_idx, size_t err_cap)
+{
+    memset(t, 0, sizeof *t);
+    rd->first_err_len = 0;
+    if (fd < 0 || (len && !data)) return FB_EINVAL;
+    const unsigned char *p = data;
+    size_t left = len;
+    for (;;) {
+        int rc = consume(rd, need, t, err_idx, err_cap);
+        if (rc < 0) return rc;
+        if (left == 0 && t->replies >= need) return FB_OK;
+        struct pollfd pfd = { fd, (short)(POLLIN | (left ? POLLOUT : 0)), 0 };
+        int pr = poll(&pfd, 1, timeout_ms);
+        if (pr < 0) {
+            if (errno == EINTR) continue;
+            return FB_EIO;
+        }
+        if (pr == 0) return FB_ETIMEOUT;
+        if (left && (pfd.revents & POLLOUT)) {
+            ssize_t n = send(fd, p, left, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (n > 0) {
+                p += n;
+                left -= (size_t)n;
+            } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                return errno == EPIPE || errno == ECONNRESET ? FB_ECLOSED : FB_EIO;
+            }
+        }
+        if (pfd.revents & (POLLIN | POLLHUP | POLLERR)) {
+            /* Replies may run ahead of `need` (they belong to later
+             * batches): they are kept, and the buffer grows for them. */
+            if (rd->cap - rd->len < READ_CHUNK) {
+                size_t cap = rd->cap ? rd->cap * 2 : READ_CHUNK * 2;
+                while (cap - rd->len < READ_CHUNK) cap *= 2;
+                unsigned char *b = realloc(rd->buf, cap);
+                if (!b) return FB_ENOMEM;
+                rd->buf = b;
+                rd->cap = cap;
+            }
+            ssize_t n = recv(fd, rd->buf + rd->len, rd->cap - rd->len, MSG_DONTWAIT);
+            if (n == 0) return FB_ECLOSED;
+            if (n > 0) {
+                rd->len += (size_t)n;
+            } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                return errno == ECONNRESET ? FB_ECLOSED : FB_EIO;
+            }
+        }
+    }
+}
+#endif

@@ -44,6 +44,39 @@ typedef struct fb_resp_tally {
 int fb_resp_scan(const void *buf, size_t len, size_t max_replies, fb_resp_tally *t,
                  uint32_t *err_idx, size_t err_cap);
 
+/*
+ * Streaming a pipeline over a socket (POSIX).  A buffered publisher in an
+ * interpreter with a global lock (CPython's GIL) must not need that lock
+ * for every partial send and receive: another thread holding it delays
+ * each by up to its switch interval, and the server idles meanwhile.
+ * fb_resp_pump does one step of the pipeline in C: it writes `data` while
+ * reading replies, and returns once all of `data` is written and `need`
+ * more replies are consumed.  Replies beyond `need` stay in the reader
+ * for the next call, so the caller can keep one batch in flight while it
+ * prepares the next.
+ */
+typedef struct fb_resp_reader {
+    unsigned char *buf;    /* received bytes not consumed yet */
+    size_t len, cap;
+    char first_err[256];   /* the first error reply of the last pump call */
+    size_t first_err_len;  /* (truncated to 255 bytes); 0 if none */
+} fb_resp_reader;
+
+void fb_resp_reader_init(fb_resp_reader *rd);
+void fb_resp_reader_destroy(fb_resp_reader *rd);
+/* Forget buffered bytes (after a reconnect). */
+void fb_resp_reader_reset(fb_resp_reader *rd);
+
+/* fd: a connected stream socket; it is used non-blocking (MSG_DONTWAIT)
+ * with poll() and timeout_ms per wait (-1: none).  t counts the replies
+ * consumed by this call (at most `need`) and err_idx gets the indexes of
+ * error replies among them, as fb_resp_scan.  Returns FB_OK, FB_ETIMEOUT,
+ * FB_ECLOSED, FB_EIO (errno is kept), FB_ENOMEM or FB_EMALFORMED; on an
+ * error, t still counts the replies consumed before it.  Not on Windows
+ * (FB_EINVAL there). */
+int fb_resp_pump(int fd, const void *data, size_t len, size_t need, int timeout_ms,
+                 fb_resp_reader *rd, fb_resp_tally *t, uint32_t *err_idx, size_t err_cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -26,6 +26,7 @@ from cpython cimport array
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t, UINT64_MAX, UINT32_MAX
 from libc.stdlib cimport malloc
 from libc.string cimport memcpy, memcmp, memset
+from libc.errno cimport errno
 
 from fastbus.includes.fb_common cimport *
 from fastbus.includes.fb_trie cimport *
@@ -36,6 +37,7 @@ from fastbus.includes.fb_router cimport *
 from fastbus.includes.fb_resp cimport *
 
 import array as _pyarray
+import os
 from collections import deque
 
 from fastbus.errors import BatchError, FastbusError, ForwarderError, NotSubscribedError
@@ -63,21 +65,31 @@ cdef dict _BATCH_REASONS = {
     FB_ELIMIT: "limit", FB_ECHECKSUM: "checksum",
 }
 
-cdef int _raise(int rc, str what="") except -1:
+cdef object _error(int rc, str what="", int err=0):
+    """The exception for a C status code (err: the errno of FB_EIO)."""
     msg = fb_strerror(rc).decode("ascii")
     if what:
         msg = f"{what}: {msg}"
     if rc == FB_ENOMEM:
-        raise MemoryError(msg)
+        return MemoryError(msg)
     if rc == FB_ENOTFOUND:
-        raise NotSubscribedError(msg)
+        return NotSubscribedError(msg)
     if rc == FB_EOVERFLOW:
-        raise OverflowError(msg)
+        return OverflowError(msg)
     if rc in _BATCH_REASONS:
-        raise BatchError(msg, _BATCH_REASONS[rc])
+        return BatchError(msg, _BATCH_REASONS[rc])
     if rc == FB_EINVAL or rc == FB_ETOOBIG:
-        raise ValueError(msg)
-    raise FastbusError(msg)
+        return ValueError(msg)
+    if rc == FB_ETIMEOUT:
+        return TimeoutError(msg)
+    if rc == FB_ECLOSED:
+        return ConnectionResetError(msg)
+    if rc == FB_EIO:
+        return OSError(err, f"{msg}: {os.strerror(err)}")
+    return FastbusError(msg)
+
+cdef int _raise(int rc, str what="") except -1:
+    raise _error(rc, what)
 
 cdef inline int _check(int rc, str what="") except -1:
     if rc < 0:
@@ -1205,6 +1217,63 @@ def resp_scan(data, Py_ssize_t start=0, Py_ssize_t end=-1, Py_ssize_t max_replie
         return done, total_consumed, total_sum, errs, first
     finally:
         PyBuffer_Release(&view)
+
+
+cdef class RespPump:
+    """Streams a Redis pipeline over a socket with the GIL released (see
+    fb_resp.h): ``pump(fd, data, need, timeout)`` writes ``data`` while
+    reading replies and returns once it is all written and ``need`` more
+    replies are consumed; replies beyond that wait in this object for the
+    next call.  Returns ``(replies, int_sum, error_indexes, first_error,
+    error)``: ``error`` is None or the exception that stopped it (the
+    counts then cover the replies read before it).  POSIX sockets only."""
+    cdef fb_resp_reader _rd
+
+    def __cinit__(self):
+        fb_resp_reader_init(&self._rd)
+
+    def __dealloc__(self):
+        fb_resp_reader_destroy(&self._rd)
+
+    def reset(self) -> None:
+        """Forget buffered bytes (a new connection)."""
+        fb_resp_reader_reset(&self._rd)
+
+    def pump(self, int fd, data, size_t need, double timeout) -> tuple:
+        cdef Py_buffer view
+        cdef bint have_view = False
+        cdef const void *buf = NULL
+        cdef size_t n = 0, k, nidx
+        cdef fb_resp_tally t
+        cdef int rc, err = 0
+        cdef int ms = -1 if timeout < 0 else <int>(timeout * 1000)
+        cdef uint32_t *idx
+        if data is not None:
+            PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+            have_view = True
+            buf = view.buf
+            n = <size_t>view.len
+        idx = <uint32_t *>PyMem_Malloc((need if need else 1) * sizeof(uint32_t))
+        if idx is NULL:
+            if have_view:
+                PyBuffer_Release(&view)
+            raise MemoryError()
+        try:
+            with nogil:
+                rc = fb_resp_pump(fd, buf, n, need, ms, &self._rd, &t, idx, need)
+                if rc == FB_EIO:
+                    err = errno
+            nidx = t.errors if t.errors < need else need
+            errs = [idx[k] for k in range(nidx)]
+            first = None
+            if self._rd.first_err_len:
+                first = PyBytes_FromStringAndSize(self._rd.first_err, self._rd.first_err_len)
+            return (t.replies, t.int_sum, errs, first,
+                    None if rc == FB_OK else _error(rc, "redis pipeline", err))
+        finally:
+            PyMem_Free(idx)
+            if have_view:
+                PyBuffer_Release(&view)
 
 
 def crc32c(data, uint32_t crc=0) -> int:

@@ -4,6 +4,11 @@
 #include "fb_outbox.h"
 #include "fb_resp.h"
 
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 static void test_encode_commands(void)
 {
     fb_outbox o;
@@ -181,8 +186,104 @@ static void test_garbage(void)
     }
 }
 
+static void put(int fd, const char *s)
+{
+    REQUIRE(write(fd, s, strlen(s)) == (ssize_t)strlen(s));
+}
+
+static void test_pump_basics(void)
+{
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    fb_resp_reader rd;
+    fb_resp_reader_init(&rd);
+    fb_resp_tally t;
+    uint32_t idx[4];
+    put(sv[1], ":1\r\n-ERR bad thing\r\n:2\r\n:3");     /* the last one incomplete */
+    CHECK_EQ(fb_resp_pump(sv[0], "abc", 3, 2, 1000, &rd, &t, idx, 4), FB_OK);
+    CHECK_EQ(t.replies, 2);
+    CHECK_EQ(t.errors, 1);
+    CHECK_EQ(idx[0], 1);
+    CHECK(rd.first_err_len == 13 && strcmp(rd.first_err, "ERR bad thing") == 0);
+    char got[8] = { 0 };
+    CHECK_EQ(read(sv[1], got, sizeof got), 3);           /* the data went out */
+    CHECK(memcmp(got, "abc", 3) == 0);
+    /* The rest: one buffered, one completed by the next bytes. */
+    put(sv[1], "\r\n");
+    CHECK_EQ(fb_resp_pump(sv[0], NULL, 0, 2, 1000, &rd, &t, idx, 4), FB_OK);
+    CHECK_EQ(t.replies, 2);
+    CHECK_EQ(t.int_sum, 5);
+    CHECK_EQ(t.errors, 0);
+    CHECK_EQ(rd.first_err_len, 0);
+    /* Nothing more comes: a timeout, nothing consumed. */
+    CHECK_EQ(fb_resp_pump(sv[0], NULL, 0, 1, 50, &rd, &t, NULL, 0), FB_ETIMEOUT);
+    CHECK_EQ(t.replies, 0);
+    /* Garbage from the peer. */
+    put(sv[1], ":1\r\n?\r\n");
+    CHECK_EQ(fb_resp_pump(sv[0], NULL, 0, 2, 1000, &rd, &t, NULL, 0), FB_EMALFORMED);
+    CHECK_EQ(t.replies, 1);
+    fb_resp_reader_reset(&rd);
+    CHECK_EQ(rd.len, 0);
+    /* The peer goes away. */
+    close(sv[1]);
+    CHECK_EQ(fb_resp_pump(sv[0], NULL, 0, 1, 1000, &rd, &t, NULL, 0), FB_ECLOSED);
+    CHECK_EQ(fb_resp_pump(sv[0], "x", 1, 0, 1000, &rd, &t, NULL, 0) < 0, 1);
+    close(sv[0]);
+    fb_resp_reader_destroy(&rd);
+}
+
+static void test_pump_large_pipeline(void)
+{
+    /* 2 MB of commands against a peer that reads them all and answers each:
+     * more than the socket buffers hold, so writing and reading interleave. */
+    enum { N = 50000 };
+    fb_outbox o;
+    REQUIRE(fb_outbox_init_resp(&o, NULL, "PUBLISH") == FB_OK);
+    char payload[20];
+    memset(payload, 'p', sizeof payload);
+    for (int i = 0; i < N; i++) REQUIRE(fb_outbox_append(&o, "chan", 4, payload, sizeof payload, 0) >= 0);
+    unsigned char *b;
+    size_t n;
+    REQUIRE(fb_outbox_take(&o, &b, &n) == FB_OK);
+    int sv[2];
+    REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {                  /* the "server": count commands, answer each */
+        close(sv[0]);
+        fb_resp_reader rd;
+        fb_resp_reader_init(&rd);
+        size_t answered = 0;
+        while (answered < N) {
+            fb_resp_tally t;
+            if (fb_resp_pump(sv[1], NULL, 0, 1, 5000, &rd, &t, NULL, 0) != FB_OK) _exit(2);
+            if (write(sv[1], ":1\r\n", 4) != 4) _exit(3);
+            answered++;
+        }
+        _exit(0);
+    }
+    close(sv[1]);
+    fb_resp_reader rd;
+    fb_resp_reader_init(&rd);
+    fb_resp_tally t;
+    CHECK_EQ(fb_resp_pump(sv[0], b, n, N / 2, 10000, &rd, &t, NULL, 0), FB_OK);
+    CHECK_EQ(t.replies, N / 2);
+    size_t total = t.replies;
+    CHECK_EQ(fb_resp_pump(sv[0], NULL, 0, N - total, 10000, &rd, &t, NULL, 0), FB_OK);
+    total += t.replies;
+    CHECK_EQ(total, N);
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    close(sv[0]);
+    free(b);
+    fb_outbox_destroy(&o);
+    fb_resp_reader_destroy(&rd);
+}
+
 int main(void)
 {
+    signal(SIGPIPE, SIG_IGN);
     RUN(test_encode_commands);
     RUN(test_verbs);
     RUN(test_big_payload_sizes);
@@ -190,5 +291,7 @@ int main(void)
     RUN(test_scan_split_anywhere);
     RUN(test_malformed);
     RUN(test_garbage);
+    RUN(test_pump_basics);
+    RUN(test_pump_large_pipeline);
     CTEST_END();
 }

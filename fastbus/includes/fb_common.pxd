@@ -19,6 +19,9 @@ cdef extern from "fb_common.h" nogil:
         FB_EVERSION
         FB_ELIMIT
         FB_ECHECKSUM
+        FB_EIO
+        FB_ECLOSED
+        FB_ETIMEOUT
 
     enum:
         FB_EXACT

@@ -15,3 +15,16 @@ cdef extern from "fb_resp.h" nogil:
 
     int fb_resp_scan(const void *buf, size_t len, size_t max_replies, fb_resp_tally *t,
                      uint32_t *err_idx, size_t err_cap)
+
+    ctypedef struct fb_resp_reader:
+        unsigned char *buf
+        size_t len
+        size_t cap
+        char first_err[256]
+        size_t first_err_len
+
+    void fb_resp_reader_init(fb_resp_reader *rd)
+    void fb_resp_reader_destroy(fb_resp_reader *rd)
+    void fb_resp_reader_reset(fb_resp_reader *rd)
+    int fb_resp_pump(int fd, const void *data, size_t len, size_t need, int timeout_ms,
+                     fb_resp_reader *rd, fb_resp_tally *t, uint32_t *err_idx, size_t err_cap)
