@@ -133,6 +133,54 @@ int fb_resp_scan(const void *buf, size_t len, size_t max_replies, fb_resp_tally 
     return FB_OK;
 }
 
+int fb_resp_flat_array(const void *buf, size_t len, fb_resp_elem *el, size_t max_elems, size_t *consumed)
+{
+    const unsigned char *base = buf, *end = base + len, *eol;
+    *consumed = 0;
+    if (len == 0) return 0;
+    if (!buf || !el) return FB_EINVAL;
+    if (base[0] != '*' && base[0] != '>') return FB_EMALFORMED;
+    int rc = find_line(base + 1, end, &eol);
+    if (rc == NEED_MORE) return 0;
+    if (rc < 0) return rc;
+    int64_t n;
+    if (parse_int(base + 1, eol, &n) < 0 || n < 1 || (uint64_t)n > max_elems) return FB_EMALFORMED;
+    const unsigned char *q = eol + 2;
+    for (int64_t i = 0; i < n; i++) {
+        if (q >= end) return 0;
+        unsigned char type = *q;
+        rc = find_line(q + 1, end, &eol);
+        if (rc == NEED_MORE) return 0;
+        if (rc < 0) return rc;
+        int64_t v;
+        if (parse_int(q + 1, eol, &v) < 0) return FB_EMALFORMED;
+        if (type == ':') {
+            el[i].ptr = q + 1;
+            el[i].len = (size_t)(eol - q - 1);
+            el[i].is_int = 1;
+            q = eol + 2;
+        } else if (type == '$') {
+            q = eol + 2;
+            el[i].is_int = 0;
+            if (v == -1) {
+                el[i].ptr = NULL;
+                el[i].len = 0;
+                continue;
+            }
+            if (v < 0 || (uint64_t)v > FB_RESP_MAX_BULK) return FB_EMALFORMED;
+            if ((size_t)(end - q) < (size_t)v + 2) return 0;
+            if (q[v] != '\r' || q[v + 1] != '\n') return FB_EMALFORMED;
+            el[i].ptr = q;
+            el[i].len = (size_t)v;
+            q += v + 2;
+        } else {
+            return FB_EMALFORMED;
+        }
+    }
+    *consumed = (size_t)(q - base);
+    return (int)n;
+}
+
 void fb_resp_reader_init(fb_resp_reader *rd)
 {
     memset(rd, 0, sizeof *rd);

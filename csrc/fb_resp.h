@@ -44,6 +44,21 @@ typedef struct fb_resp_tally {
 int fb_resp_scan(const void *buf, size_t len, size_t max_replies, fb_resp_tally *t,
                  uint32_t *err_idx, size_t err_cap);
 
+/* One element of a flat array: a bulk string, or an integer's digits. */
+typedef struct fb_resp_elem {
+    const unsigned char *ptr;
+    size_t len;
+    int is_int;             /* 1 for ":<n>", 0 for "$<n>" (a null bulk has ptr NULL) */
+} fb_resp_elem;
+
+/* The first reply in buf, if it is a flat array of at most max_elems bulk
+ * strings or integers: a pub/sub push message such as
+ * ["message", channel, data] or ["pmessage", pattern, channel, data].
+ * Returns its element count and sets *consumed to its size; returns 0
+ * with *consumed = 0 if the reply is incomplete; FB_EMALFORMED if it is
+ * not such an array (or not RESP). */
+int fb_resp_flat_array(const void *buf, size_t len, fb_resp_elem *el, size_t max_elems, size_t *consumed);
+
 /*
  * Streaming a pipeline over a socket (POSIX).  A buffered publisher in an
  * interpreter with a global lock (CPython's GIL) must not need that lock

@@ -8,11 +8,11 @@ import socket
 import threading
 
 import pytest
+from fastbus._core import RespPump, resp_scan
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fastbus import Outbox
-from fastbus._core import RespPump, resp_scan
 from fastbus.errors import BatchError
 
 

@@ -186,6 +186,36 @@ static void test_garbage(void)
     }
 }
 
+static void test_flat_array(void)
+{
+    const char *m = "*3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$4\r\na\r\nb\r\n"
+                    "*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1\r\n";
+    fb_resp_elem el[4];
+    size_t used;
+    size_t len = strlen(m);
+    CHECK_EQ(fb_resp_flat_array(m, len, el, 4, &used), 3);
+    CHECK(el[0].len == 7 && memcmp(el[0].ptr, "message", 7) == 0 && !el[0].is_int);
+    CHECK(el[2].len == 4 && memcmp(el[2].ptr, "a\r\nb", 4) == 0);
+    size_t first = used;
+    CHECK_EQ(fb_resp_flat_array(m + first, len - first, el, 4, &used), 3);
+    CHECK(el[2].is_int && el[2].len == 1 && el[2].ptr[0] == '1');
+    CHECK_EQ(first + used, len);
+    /* Every cut is "incomplete", never an error or an overread. */
+    for (size_t cut = 0; cut < first; cut++) {
+        char *copy = malloc(cut ? cut : 1);
+        REQUIRE(copy);
+        memcpy(copy, m, cut);
+        CHECK_EQ(fb_resp_flat_array(copy, cut, el, 4, &used), 0);
+        CHECK_EQ(used, 0);
+        free(copy);
+    }
+    CHECK_EQ(fb_resp_flat_array("*5\r\n", 5, el, 4, &used), FB_EMALFORMED);     /* too many */
+    CHECK_EQ(fb_resp_flat_array("+OK\r\n", 5, el, 4, &used), FB_EMALFORMED);
+    CHECK_EQ(fb_resp_flat_array("*1\r\n*0\r\n", 9, el, 4, &used), FB_EMALFORMED); /* nested */
+    CHECK_EQ(fb_resp_flat_array("*1\r\n$-1\r\n", 10, el, 4, &used), 1);
+    CHECK(el[0].ptr == NULL);
+}
+
 static void put(int fd, const char *s)
 {
     REQUIRE(write(fd, s, strlen(s)) == (ssize_t)strlen(s));
@@ -291,6 +321,7 @@ int main(void)
     RUN(test_scan_split_anywhere);
     RUN(test_malformed);
     RUN(test_garbage);
+    RUN(test_flat_array);
     RUN(test_pump_basics);
     RUN(test_pump_large_pipeline);
     CTEST_END();

@@ -28,3 +28,10 @@ cdef extern from "fb_resp.h" nogil:
     void fb_resp_reader_reset(fb_resp_reader *rd)
     int fb_resp_pump(int fd, const void *data, size_t len, size_t need, int timeout_ms,
                      fb_resp_reader *rd, fb_resp_tally *t, uint32_t *err_idx, size_t err_cap)
+
+    ctypedef struct fb_resp_elem:
+        const unsigned char *ptr
+        size_t len
+        int is_int
+
+    int fb_resp_flat_array(const void *buf, size_t len, fb_resp_elem *el, size_t max_elems, size_t *consumed)

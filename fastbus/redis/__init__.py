@@ -19,18 +19,20 @@ from fastbus.redis.server import (
     find_server_binary,
     resolve_url,
 )
+from fastbus.redis.subscriber import Subscriber
 
 __all__ = [
+    "ENV_BINARY",
     "AsyncBufferedListProducer",
     "AsyncBufferedPublisher",
     "BufferedListProducer",
     "BufferedPublisher",
-    "PublishError",
-    "PublishTimeout",
-    "ENV_BINARY",
     "EmbeddedServer",
     "EmbeddedServerError",
+    "PublishError",
+    "PublishTimeout",
     "ServerNotFoundError",
+    "Subscriber",
     "bundled_server_binary",
     "default_server",
     "find_server_binary",
