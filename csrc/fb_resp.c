@@ -133,6 +133,32 @@ int fb_resp_scan(const void *buf, size_t len, size_t max_replies, fb_resp_tally 
     return FB_OK;
 }
 
+static uint16_t crc16_xmodem(const unsigned char *p, size_t n)
+{
+    uint16_t crc = 0;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= (uint16_t)(p[i] << 8);
+        for (int b = 0; b < 8; b++)
+            crc = (uint16_t)(crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1);
+    }
+    return crc;
+}
+
+unsigned fb_resp_key_slot(const void *key, size_t len)
+{
+    const unsigned char *k = key;
+    if (!k) len = 0;
+    const unsigned char *open = len ? memchr(k, '{', len) : NULL;
+    if (open) {
+        const unsigned char *close = memchr(open + 1, '}', len - (size_t)(open + 1 - k));
+        if (close && close > open + 1) {
+            k = open + 1;
+            len = (size_t)(close - k);
+        }
+    }
+    return crc16_xmodem(k, len) & 16383u;
+}
+
 int fb_resp_flat_array(const void *buf, size_t len, fb_resp_elem *el, size_t max_elems, size_t *consumed)
 {
     const unsigned char *base = buf, *end = base + len, *eol;

@@ -44,6 +44,11 @@ typedef struct fb_resp_tally {
 int fb_resp_scan(const void *buf, size_t len, size_t max_replies, fb_resp_tally *t,
                  uint32_t *err_idx, size_t err_cap);
 
+/* The Redis Cluster hash slot of a key (0..16383): CRC16 (XMODEM) of the
+ * key, or of the part between the first '{' and the next '}' if that part
+ * is not empty (a hash tag), modulo 16384. */
+unsigned fb_resp_key_slot(const void *key, size_t len);
+
 /* One element of a flat array: a bulk string, or an integer's digits. */
 typedef struct fb_resp_elem {
     const unsigned char *ptr;

@@ -1299,6 +1299,22 @@ def resp_pubsub_decode(data, Py_ssize_t start=0, Py_ssize_t end=-1, bint as_dict
         PyBuffer_Release(&view)
 
 
+def key_slot(key) -> int:
+    """The Redis Cluster hash slot of a key (bytes or str), hash tags included."""
+    cdef bytes k = _as_bytes(key)
+    return fb_resp_key_slot(PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k))
+
+
+def key_slots(keys) -> list:
+    """key_slot() of many keys in one call."""
+    cdef list out = []
+    cdef bytes k
+    for key in keys:
+        k = _as_message(key)
+        out.append(fb_resp_key_slot(PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k)))
+    return out
+
+
 cdef class RespPump:
     """Streams a Redis pipeline over a socket with the GIL released (see
     fb_resp.h): ``pump(fd, data, need, timeout)`` writes ``data`` while

@@ -216,6 +216,18 @@ static void test_flat_array(void)
     CHECK(el[0].ptr == NULL);
 }
 
+static void test_key_slot(void)
+{
+    /* Values from the Redis Cluster specification and redis-cli. */
+    CHECK_EQ(fb_resp_key_slot("123456789", 9), 0x31C3 & 16383);
+    CHECK_EQ(fb_resp_key_slot("foo", 3), 12182);
+    CHECK_EQ(fb_resp_key_slot("{user1000}.following", 20), fb_resp_key_slot("user1000", 8));
+    CHECK_EQ(fb_resp_key_slot("foo{}{bar}", 10), fb_resp_key_slot("foo{}{bar}", 10));
+    CHECK_EQ(fb_resp_key_slot("foo{{bar}}zap", 13), fb_resp_key_slot("{bar", 4));
+    CHECK_EQ(fb_resp_key_slot("", 0), 0);
+    CHECK_EQ(fb_resp_key_slot(NULL, 5), 0);
+}
+
 static void put(int fd, const char *s)
 {
     REQUIRE(write(fd, s, strlen(s)) == (ssize_t)strlen(s));
@@ -322,6 +334,7 @@ int main(void)
     RUN(test_malformed);
     RUN(test_garbage);
     RUN(test_flat_array);
+    RUN(test_key_slot);
     RUN(test_pump_basics);
     RUN(test_pump_large_pipeline);
     CTEST_END();

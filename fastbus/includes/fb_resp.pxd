@@ -35,3 +35,5 @@ cdef extern from "fb_resp.h" nogil:
         int is_int
 
     int fb_resp_flat_array(const void *buf, size_t len, fb_resp_elem *el, size_t max_elems, size_t *consumed)
+
+    unsigned fb_resp_key_slot(const void *key, size_t len)

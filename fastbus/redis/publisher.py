@@ -36,7 +36,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from fastbus._core import Outbox, Publisher, RespPump, resp_scan
+from fastbus._core import Outbox, Publisher, RespPump, key_slot, resp_scan
 from fastbus.errors import FastbusError
 
 log = logging.getLogger("fastbus.redis")
@@ -83,10 +83,18 @@ def _pool_from(target: Any) -> tuple[redis.ConnectionPool, bool]:
         return target, False
     if isinstance(target, redis.Redis):
         return target.connection_pool, False
-    if type(target).__name__ == "RedisCluster":
-        raise TypeError("Redis Cluster is not supported by BufferedPublisher yet: pass one node's URL "
-                        "(PUBLISH reaches the whole cluster from any node)")
+    if _is_cluster(target):
+        # Plain PUBLISH: any node reaches the whole cluster.
+        return target.get_default_node().redis_connection.connection_pool, False
     raise TypeError(f"expected a Redis URL, redis.Redis or redis.ConnectionPool, not {type(target).__name__}")
+
+
+def _is_cluster(target: Any) -> bool:
+    try:
+        from redis.cluster import RedisCluster
+    except ImportError:                 # pragma: no cover - redis-py always has it
+        return False
+    return isinstance(target, RedisCluster)
 
 
 def _parse_commands(pipeline, first: int, indexes: set[int] | None = None) -> list[tuple[bytes, bytes]]:
@@ -153,6 +161,13 @@ class BufferedPublisher:
 
     _COMMAND = "PUBLISH"
 
+    def __new__(cls, redis: Any = None, *args, sharded: bool = False, **kwargs):
+        if _is_cluster(redis) and (sharded or cls._COMMAND != "PUBLISH"):
+            # Commands that must reach a key's owner: one publisher per
+            # primary, chosen by hash slot.
+            return _ClusterRouter(redis, cls, sharded=sharded, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, redis: Any = None, *, max_messages: int = 1000, max_bytes: int = 1 << 20,
                  max_delay: float = 0.2, sharded: bool = False, retry: Retry | None = None,
                  on_error: Callable[[PublishError, list], None] | None = None,
@@ -192,6 +207,7 @@ class BufferedPublisher:
         self._conn = None
         self._buf = bytearray(1 << 16)
         self._rp = RespPump()
+        self._redirect: Callable[[list], None] | None = None     # set by the cluster router
         self._stats = {"published": 0, "batches": 0, "bytes": 0, "errors": 0, "retries": 0,
                        "receivers": 0}
         self._thread = threading.Thread(target=self._run, name=f"fastbus-{command.lower()}", daemon=True)
@@ -469,7 +485,19 @@ class BufferedPublisher:
                 self._done += b.n
                 self._cond.notify_all()              # flush() and publishers waiting for room
                 return
-        self._report(_parse_commands(b.data, 0, set(b.errs)), f"server error: {b.first}", b.n)
+        failed = _parse_commands(b.data, 0, set(b.errs))
+        if self._redirect is not None and b.first and b.first.startswith(("MOVED ", "ASK ")):
+            # Redis Cluster moved these slots: the router sends them again
+            # to their new owner (an error there is reported from there).
+            # Queued at the owner before this batch counts as done, so a
+            # flush() that returns has seen them moved.
+            self._redirect(failed)
+            with self._cond:
+                self._stats["redirected"] = self._stats.get("redirected", 0) + len(failed)
+                self._done += b.n
+                self._cond.notify_all()
+            return
+        self._report(failed, f"server error: {b.first}", b.n)
 
     def _give_up(self, inflight: deque, reason: str) -> None:
         """The retries are spent: what is in flight and unanswered failed."""
@@ -514,10 +542,121 @@ class BufferedPublisher:
             self._cond.notify_all()
 
 
+class _ClusterRouter:
+    """BufferedPublisher / BufferedListProducer on a Redis Cluster for
+    commands that must reach the primary that owns the key's hash slot
+    (SPUBLISH, RPUSH, LPUSH): one buffered publisher per primary, the slot
+    computed in C.  Messages of one channel or key keep their order (one
+    slot, one primary).  After a MOVED reply the slot map is read again and
+    the refused messages are sent to the new owner (their order relative to
+    later messages of the same key is then not guaranteed)."""
+
+    def __init__(self, cluster, kind: type, **kwargs) -> None:
+        self._rc = cluster
+        self._kind = kind
+        self._kwargs = kwargs
+        self._subs: dict[str, BufferedPublisher] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._table: list[str] = []
+        self._refresh(initial=True)
+
+    def _refresh(self, initial: bool = False) -> None:
+        nm = self._rc.nodes_manager
+        if not initial:
+            nm.initialize()
+        table = [""] * 16384
+        for slot, nodes in nm.slots_cache.items():
+            if nodes:
+                table[slot] = nodes[0].name
+        if "" in table:
+            raise redis.ClusterDownError("the cluster does not cover every hash slot")
+        self._table = table
+
+    def _sub(self, name: str) -> BufferedPublisher:
+        sub = self._subs.get(name)
+        if sub is None:
+            with self._lock:
+                sub = self._subs.get(name)
+                if sub is None:
+                    node = self._rc.get_node(node_name=name)
+                    kw = dict(self._kwargs)
+                    if self._kind is BufferedListProducer:
+                        kw.pop("sharded", None)
+                    sub = self._kind(node.redis_connection.connection_pool, **kw)
+                    sub._redirect = self._redirected
+                    self._subs[name] = sub
+        return sub
+
+    def publish(self, channel, message) -> int:
+        """Queue a message for the primary that owns its channel's slot."""
+        if self._closed:
+            raise PublishError("publisher is closed", [], "closed")
+        return self._sub(self._table[key_slot(channel)]).publish(channel, message)
+
+    push = publish
+
+    def _redirected(self, messages: list) -> None:
+        try:
+            self._refresh()
+        except Exception:
+            log.exception("fastbus: reading the cluster's slot map failed")
+        for channel, message in messages:
+            self._sub(self._table[key_slot(channel)]).publish(channel, message)
+
+    def flush(self, timeout: float | None = 30.0) -> None:
+        """flush() every primary's publisher; again while redirects move
+        messages between them."""
+        for _ in range(5):
+            before = sum(s.stats().get("redirected", 0) for s in list(self._subs.values()))
+            errors = []
+            for sub in list(self._subs.values()):
+                try:
+                    sub.flush(timeout)
+                except PublishError as exc:
+                    errors.append(exc)
+            if errors:
+                every = [m for e in errors for m in e.failed]
+                raise PublishError(f"{len(every)} messages were not written: {errors[0].reason}", every,
+                                   errors[0].reason)
+            if sum(s.stats().get("redirected", 0) for s in list(self._subs.values())) == before:
+                return
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        if self._closed:
+            return
+        try:
+            self.flush(timeout)
+        finally:
+            self._closed = True
+            closed: set[str] = set()
+            while len(closed) < len(self._subs):     # a redirect may add one meanwhile
+                for name, sub in list(self._subs.items()):
+                    if name not in closed:
+                        closed.add(name)
+                        sub.close(timeout)
+
+    def stats(self) -> dict:
+        """The sum of the primaries' counters, and ``nodes``."""
+        out: dict = {"nodes": len(self._subs)}
+        for sub in list(self._subs.values()):
+            for k, v in sub.stats().items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class BufferedListProducer(BufferedPublisher):
     """Push to Redis lists in pipelines: ``push(key, value)`` queues an
     RPUSH (``left=True``: LPUSH) and returns at once; the same flushing,
     retries, errors and counters as :class:`BufferedPublisher`."""
+
+    _COMMAND = "RPUSH"
 
     def __init__(self, redis: Any = None, *, left: bool = False, **kwargs) -> None:
         self._COMMAND = "LPUSH" if left else "RPUSH"
@@ -538,6 +677,10 @@ class AsyncBufferedPublisher:
 
     def __init__(self, redis: Any = None, **kwargs) -> None:
         self._sync = self._SYNC(redis, **kwargs)
+        if isinstance(self._sync, _ClusterRouter):
+            self._sync.close()
+            raise TypeError("the asyncio publishers do not route by hash slot on Redis Cluster yet: "
+                            "use BufferedPublisher / BufferedListProducer (thread-safe) there")
 
     async def publish(self, channel, message) -> int:
         """Queue a message; returns 1."""
