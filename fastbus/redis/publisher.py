@@ -89,6 +89,42 @@ def _pool_from(target: Any) -> tuple[redis.ConnectionPool, bool]:
     raise TypeError(f"expected a Redis URL, redis.Redis or redis.ConnectionPool, not {type(target).__name__}")
 
 
+class _Link:
+    """One connection taken from a pool for the life of a publisher or
+    subscriber, used through its raw socket (fastbus does its own pipelining
+    and parsing); redis-py still connects it (AUTH, SELECT, TLS)."""
+
+    def __init__(self, target: Any, command: str) -> None:
+        self.pool, self._own_pool = _pool_from(target)
+        self._command = command
+        self._conn = None
+
+    def socket(self):
+        """The connected socket (connecting first if needed)."""
+        if self._conn is None:
+            try:
+                self._conn = self.pool.get_connection()          # redis-py >= 5.3
+            except TypeError:
+                self._conn = self.pool.get_connection(self._command)
+        self._conn.connect()
+        sock = getattr(self._conn, "_sock", None)
+        if sock is None:
+            raise redis.ConnectionError("no socket after connect")
+        return sock
+
+    def disconnect(self) -> None:
+        if self._conn is not None:
+            self._conn.disconnect()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.disconnect()
+            self.pool.release(self._conn)
+            self._conn = None
+        if self._own_pool:
+            self.pool.disconnect()
+
+
 def _is_cluster(target: Any) -> bool:
     try:
         from redis.cluster import RedisCluster
@@ -188,7 +224,7 @@ class BufferedPublisher:
         if on_error is not None and not callable(on_error):
             raise TypeError("on_error must be callable: on_error(error, failed_messages)")
         command = "SPUBLISH" if sharded and self._COMMAND == "PUBLISH" else self._COMMAND
-        self._pool, self._own_pool = _pool_from(redis)
+        self._link = _Link(redis, command)
         self._retry = retry if retry is not None else Retry(ExponentialBackoff(cap=1.0, base=0.02), 5)
         self._on_error = on_error
         self._timeout = socket_timeout
@@ -204,7 +240,6 @@ class BufferedPublisher:
         self._done = 0                    # messages answered (written or failed)
         self._flush_wanted = False
         self._closing = False
-        self._conn = None
         self._buf = bytearray(1 << 16)
         self._rp = RespPump()
         self._redirect: Callable[[list], None] | None = None     # set by the cluster router
@@ -269,12 +304,7 @@ class BufferedPublisher:
             self._pub.closed = True
             self._wake.set()
             self._thread.join(timeout)
-            if self._conn is not None:
-                self._conn.disconnect()
-                self._pool.release(self._conn)
-                self._conn = None
-            if self._own_pool:
-                self._pool.disconnect()
+            self._link.close()
 
     def __enter__(self) -> Self:
         return self
@@ -324,15 +354,7 @@ class BufferedPublisher:
                 return
 
     def _connection(self):
-        if self._conn is None:
-            try:
-                self._conn = self._pool.get_connection()          # redis-py >= 5.3
-            except TypeError:
-                self._conn = self._pool.get_connection(self._COMMAND)
-        self._conn.connect()
-        sock = getattr(self._conn, "_sock", None)
-        if sock is None:
-            raise redis.ConnectionError("no socket after connect")
+        sock = self._link.socket()
         sock.settimeout(self._timeout)
         return sock
 
@@ -471,8 +493,7 @@ class BufferedPublisher:
         with self._cond:
             self._stats["retries"] += 1
         log.warning("fastbus: writing to Redis failed (%s); retrying", error)
-        if self._conn is not None:
-            self._conn.disconnect()
+        self._link.disconnect()
 
     def _finished(self, b: _Batch) -> None:
         """Every reply of a batch is in."""
@@ -501,8 +522,7 @@ class BufferedPublisher:
 
     def _give_up(self, inflight: deque, reason: str) -> None:
         """The retries are spent: what is in flight and unanswered failed."""
-        if self._conn is not None:
-            self._conn.disconnect()
+        self._link.disconnect()
         while inflight:
             b = inflight.popleft()
             self._fail(b.data, b.n, b.done, b.errs, reason, answered_sum=b.receivers)

@@ -27,7 +27,7 @@ from typing import Any, Self
 import redis
 
 from fastbus._core import resp_pubsub_decode
-from fastbus.redis.publisher import _pool_from
+from fastbus.redis.publisher import _Link
 
 log = logging.getLogger("fastbus.redis")
 
@@ -68,13 +68,12 @@ class Subscriber:
                  ignore_subscribe_messages: bool = False, reconnect_max_delay: float = 2.0) -> None:
         if not 0 < reconnect_max_delay <= 60:
             raise ValueError("reconnect_max_delay must be between 0 and 60 seconds")
-        self._pool, self._own_pool = _pool_from(redis)
+        self._link = _Link(redis, "SUBSCRIBE")
         self.decode_responses = decode_responses
         self.ignore_subscribe_messages = ignore_subscribe_messages
         self._max_delay = reconnect_max_delay
         self.channels: set[bytes] = set()
         self.patterns: set[bytes] = set()
-        self._conn = None
         self._sock = None
         self._buf = bytearray()
         self._dicts: deque = deque()       # get_message(): everything, in order
@@ -170,13 +169,7 @@ class Subscriber:
     # -- the connection ----------------------------------------------------
 
     def _connect(self) -> None:
-        if self._conn is None:
-            try:
-                self._conn = self._pool.get_connection()
-            except TypeError:
-                self._conn = self._pool.get_connection("SUBSCRIBE")
-        self._conn.connect()
-        self._sock = self._conn._sock
+        self._sock = self._link.socket()
         self._buf.clear()
 
     def _send(self, data: bytes) -> None:
@@ -228,8 +221,7 @@ class Subscriber:
         delay = 0.05
         while not self._closed:
             try:
-                if self._conn is not None:
-                    self._conn.disconnect()
+                self._link.disconnect()
                 self._connect()
                 if self.channels:
                     self._sock.sendall(_command(b"SUBSCRIBE", *self.channels))
@@ -249,12 +241,7 @@ class Subscriber:
         if self._closed:
             return
         self._closed = True
-        if self._conn is not None:
-            self._conn.disconnect()
-            self._pool.release(self._conn)
-            self._conn = None
-        if self._own_pool:
-            self._pool.disconnect()
+        self._link.close()
 
     def __enter__(self) -> Self:
         return self
