@@ -173,7 +173,6 @@ class _Paced:
 
     def __init__(self, stop, window: int, pub_counts, sub_counts) -> None:
         self.stop, self.window, self.pubs, self.subs = stop, window, pub_counts, sub_counts
-        self.waited = 0.0
 
     def is_set(self) -> bool:
         t0 = time.monotonic()
@@ -183,7 +182,6 @@ class _Paced:
             if time.monotonic() - t0 > 5.0:       # bounded: subscribers stalled; go on
                 break
             time.sleep(0.0002)
-        self.waited += time.monotonic() - t0
         return self.stop.is_set()
 
 

@@ -38,7 +38,7 @@ from fastbus._core import (
     decode_messages,
     encode,
 )
-from fastbus.errors import BatchError, FastbusError, ForwarderError, NotSubscribedError
+from fastbus.errors import BatchError, FastbusError, ForwarderError, NotSubscribedError, PublishTimeout
 from fastbus.protocol import DEFAULT_ENDPOINT, DEFAULT_PORT, ProtocolError
 from fastbus.client import Client, ConnectionClosed, PubSub
 from fastbus.broker import Broker, BrokerConfig
@@ -53,7 +53,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 __all__ = [
     "BATCH_VERSION", "CORE_VERSION", "EXACT", "PREFIX", "SUBSCRIBE", "UNSUBSCRIBE",
     "Batch", "Forwarder", "Outbox", "Publisher", "Router", "Trie", "batch_count", "crc32c", "decode", "decode_messages", "encode",
-    "BatchError", "FastbusError", "ForwarderError", "NotSubscribedError", "ProtocolError",
+    "BatchError", "FastbusError", "ForwarderError", "NotSubscribedError", "ProtocolError", "PublishTimeout",
     "ConnectionClosed", "Client", "PubSub", "Broker", "BrokerConfig", "DEFAULT_ENDPOINT", "DEFAULT_PORT",
     "ShardedClient", "ShardedPubSub", "aio",
     "get_include", "get_library_dirs",

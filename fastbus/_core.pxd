@@ -55,8 +55,12 @@ cdef class Publisher:
     cdef public object closed_error
     cdef public bint closed
     cdef public object pending_error
-    cdef public object block
+    cdef public str closed_message
     cdef public Py_ssize_t max_buffer_bytes
+    cdef public object block_timeout
+    cdef public object block_reason
+    cdef object _room
+    cdef Py_ssize_t _waiting
     cdef object _sealed
     cdef Py_ssize_t _sealed_bytes
     cdef Py_ssize_t _sealed_count

@@ -38,9 +38,11 @@ from fastbus.includes.fb_resp cimport *
 
 import array as _pyarray
 import os
+import threading
+import time
 from collections import deque
 
-from fastbus.errors import BatchError, FastbusError, ForwarderError, NotSubscribedError
+from fastbus.errors import BatchError, FastbusError, ForwarderError, NotSubscribedError, PublishTimeout
 
 EXACT = FB_EXACT
 PREFIX = FB_PREFIX
@@ -724,52 +726,15 @@ cdef class Outbox:
         _unlock(&self._lock)
         return _check(rc, "append") == 1
 
-    def offer(self, topic, payload, Trie wanted=None) -> int:
-        """Append a record unless ``wanted`` (a Trie of what subscribers
-        want) says nobody wants its topic: -1 if refused, 0 if appended,
-        1 if appended and a flush is due.  The publisher-side filter and the
-        append are one call; counts are in ``accepted`` and ``refused``."""
-        cdef bytes t = _as_bytes(topic)
-        cdef bytes p = _as_bytes(payload)
-        cdef int rc
-        if wanted is not None:
-            _lock(&wanted._lock)
-            rc = fb_trie_any_match(wanted._t, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t))
-            _unlock(&wanted._lock)
-            if rc == 0:
-                self._refused += 1
-                return -1
-        _lock(&self._lock)
-        rc = fb_outbox_append(&self._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t),
-                              PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), fb_now_ns())
-        if rc >= 0:
-            self._accepted += 1
-        _unlock(&self._lock)
-        return _check(rc, "append")
-
     @property
     def accepted(self) -> int:
-        """Records appended by offer()."""
+        """Records a Publisher appended (its publish() calls that queued)."""
         return self._accepted
 
     @property
     def refused(self) -> int:
-        """Records offer() refused because nobody wanted their topic."""
+        """Records a Publisher refused because nobody wanted their topic."""
         return self._refused
-
-    def take_counted(self):
-        """``(batch, records)``: take() and the number of records it held, in
-        one step (a RESP pipeline has no header to count them)."""
-        cdef unsigned char *buf = NULL
-        cdef size_t n = 0, count
-        _lock(&self._lock)
-        count = fb_outbox_count(&self._o)
-        rc = fb_outbox_take(&self._o, &buf, &n)
-        _unlock(&self._lock)
-        _check(rc, "take")
-        if buf is NULL:
-            return None, 0
-        return _wrap_batch(buf, n), count
 
     def extend(self, records, now_ns=None) -> bool:
         """Add many ``(topic, payload)`` records in one call; True when a
@@ -854,8 +819,10 @@ cdef class Publisher:
     ``max_messages``/``max_bytes`` by more than one record.  The sender
     takes sealed batches first, oldest first, with ``take()``.  When the
     sealed batches and the outbox together hold ``max_buffer_bytes`` (0: no
-    limit), ``publish`` calls ``block()`` before queuing: it waits for room
-    or raises, and then the message is not queued."""
+    limit), ``publish`` waits for the sender to take some, at most
+    ``block_timeout`` seconds (None: no limit), then raises PublishTimeout
+    (its message says ``block_reason()`` if set) without queuing the
+    message.  A closed publisher raises ``closed_error(closed_message)``."""
 
     def __cinit__(self, Outbox outbox not None, wake not None):
         self.outbox = outbox
@@ -863,9 +830,13 @@ cdef class Publisher:
         self.wake = wake
         self.closed = False
         self.closed_error = RuntimeError
+        self.closed_message = "client is closed"
         self.pending_error = None
-        self.block = None
         self.max_buffer_bytes = 0
+        self.block_timeout = None
+        self.block_reason = None
+        self._room = None
+        self._waiting = 0
         self._sealed = deque()
         self._sealed_bytes = 0
         self._sealed_count = 0
@@ -873,7 +844,7 @@ cdef class Publisher:
     def publish(self, channel, message) -> int:
         """Queue a message; 0 if no subscriber wants its channel."""
         if self.closed:
-            raise self.closed_error("client is closed")
+            raise self.closed_error(self.closed_message)
         if self.pending_error is not None:
             # An earlier failure, reported once, by the next call; this
             # call's message is not queued.
@@ -885,7 +856,7 @@ cdef class Publisher:
         cdef object w = self.wanted
         cdef Trie trie
         cdef int rc, took = FB_OK
-        cdef bint became_due, starts
+        cdef bint starts
         cdef unsigned char *sealed = NULL
         cdef size_t sealed_len = 0, sealed_count = 0
         if w is not None:
@@ -896,9 +867,9 @@ cdef class Publisher:
             if rc == 0:
                 ob._refused += 1
                 return 0
-        if self.max_buffer_bytes and self.block is not None and \
+        if self.max_buffer_bytes and \
                 self._sealed_bytes + <Py_ssize_t>fb_outbox_bytes(&ob._o) >= self.max_buffer_bytes:
-            self.block()
+            self.wait_for_room()
         _lock(&ob._lock)
         if fb_outbox_full(&ob._o):
             # The sender has not taken this full batch yet: seal it.
@@ -938,14 +909,43 @@ cdef class Publisher:
             item = self._sealed.popleft()
             self._sealed_bytes -= len(<Batch>item[0])
             self._sealed_count -= <Py_ssize_t>item[1]
-            return item
-        _lock(&ob._lock)
-        if fb_outbox_count(&ob._o) and (force or fb_outbox_due(&ob._o, fb_now_ns())):
-            count = fb_outbox_count(&ob._o)
-            rc = fb_outbox_take(&ob._o, &buf, &n)
-        _unlock(&ob._lock)
-        _check(rc, "take")
-        return None if buf is NULL else (_wrap_batch(buf, n), count)
+        else:
+            _lock(&ob._lock)
+            if fb_outbox_count(&ob._o) and (force or fb_outbox_due(&ob._o, fb_now_ns())):
+                count = fb_outbox_count(&ob._o)
+                rc = fb_outbox_take(&ob._o, &buf, &n)
+            _unlock(&ob._lock)
+            _check(rc, "take")
+            if buf is NULL:
+                return None
+            item = (_wrap_batch(buf, n), count)
+        if self._waiting:
+            with self._room:
+                self._room.notify_all()
+        return item
+
+    def wait_for_room(self) -> None:
+        """Block until the buffer is below max_buffer_bytes (publish() calls
+        this; asyncio wrappers call it in a thread): PublishTimeout after
+        block_timeout seconds, closed_error if the publisher closes."""
+        if self._room is None:
+            self._room = threading.Condition()
+        deadline = None if self.block_timeout is None else time.monotonic() + self.block_timeout
+        with self._room:
+            self._waiting += 1
+            try:
+                while self.buffered_bytes >= self.max_buffer_bytes:
+                    if self.closed:
+                        raise self.closed_error(self.closed_message)
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        why = self.block_reason() if self.block_reason is not None else "the sender is behind"
+                        raise PublishTimeout(f"publish: {self.buffered_bytes} bytes waiting to be sent for "
+                                             f"{self.block_timeout} s: {why}")
+                    self.wake()
+                    self._room.wait(0.1 if left is None else min(left, 0.1))
+            finally:
+                self._waiting -= 1
 
     @property
     def buffered_bytes(self) -> int:
@@ -1303,16 +1303,6 @@ def key_slot(key) -> int:
     """The Redis Cluster hash slot of a key (bytes or str), hash tags included."""
     cdef bytes k = _as_bytes(key)
     return fb_resp_key_slot(PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k))
-
-
-def key_slots(keys) -> list:
-    """key_slot() of many keys in one call."""
-    cdef list out = []
-    cdef bytes k
-    for key in keys:
-        k = _as_message(key)
-        out.append(fb_resp_key_slot(PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k)))
-    return out
 
 
 cdef class RespPump:

@@ -34,8 +34,16 @@ from collections.abc import Iterator
 import zmq
 
 from fastbus import protocol as P
-from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Outbox, Publisher, Trie, decode, decode_messages
-from fastbus.errors import FastbusError
+from fastbus._core import (
+    SUBSCRIBE,
+    UNSUBSCRIBE,
+    Outbox,
+    Publisher,
+    Trie,
+    decode,
+    decode_messages,
+)
+from fastbus.errors import FastbusError, PublishTimeout  # noqa: F401  (PublishTimeout: re-exported)
 
 log = logging.getLogger("fastbus.client")
 
@@ -46,12 +54,6 @@ SEND_BURST = 32           # batches the I/O thread sends before it reads the bro
 
 class ConnectionClosed(FastbusError):
     """The client or pubsub was closed."""
-
-
-class PublishTimeout(FastbusError, TimeoutError):
-    """publish() waited ``block_timeout`` seconds for room in a full
-    buffer (the broker unreachable, or asking publishers to pause because a
-    subscriber is behind); the message was not queued."""
 
 
 def _key(value) -> bytes:
@@ -127,7 +129,6 @@ class Client:
             raise ValueError("max_buffer_bytes must be positive")
         if block_timeout is not None and block_timeout < 0:
             raise ValueError("block_timeout must be >= 0 seconds, or None to wait for ever")
-        self.block_timeout = block_timeout
         self.max_inbox_bytes = max_inbox_bytes
         if (curve_server_key is None) != (curve_secret_key is None) or \
                 (curve_public_key is None) != (curve_secret_key is None):
@@ -145,9 +146,8 @@ class Client:
         self._publisher = Publisher(self._outbox, self._io.wake)
         self._publisher.closed_error = ConnectionClosed
         self._publisher.max_buffer_bytes = max_buffer_bytes
-        self._publisher.block = self._block
-        self._room = threading.Condition()       # publishers blocked on a full buffer
-        self._blocked = 0
+        self._publisher.block_timeout = block_timeout
+        self._publisher.block_reason = self._block_reason
         self._flow_paused = False                # the broker asked publishers to pause
         self._flow_pauses = 0
         self.publish = self._publisher.publish
@@ -177,27 +177,11 @@ class Client:
         publish = self._publisher.publish
         return sum([publish(channel, message) for channel, message in messages])
 
-    def _block(self) -> None:
-        """publish() found the buffer full: wait for the I/O thread to make
-        room, at most block_timeout seconds."""
-        deadline = None if self.block_timeout is None else time.monotonic() + self.block_timeout
-        pub = self._publisher
-        with self._room:
-            self._blocked += 1
-            try:
-                while pub.buffered_bytes >= pub.max_buffer_bytes:
-                    if self._closed:
-                        raise ConnectionClosed("client is closed")
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        why = ("the broker asked publishers to pause (a subscriber is behind)"
-                               if self._flow_paused else f"the broker at {self.endpoint} is not taking them")
-                        raise PublishTimeout(f"publish: {pub.buffered_bytes} bytes waiting to be sent for "
-                                             f"{self.block_timeout} s: {why}")
-                    self._io.wake()
-                    self._room.wait(0.1 if left is None else min(left, 0.1))
-            finally:
-                self._blocked -= 1
+    def _block_reason(self) -> str:
+        """Why publish() timed out on a full buffer (PublishTimeout's text)."""
+        if self._flow_paused:
+            return "the broker asked publishers to pause (a subscriber is behind)"
+        return f"the broker at {self.endpoint} is not taking them"
 
     def is_wanted(self, channel) -> bool:
         """Would publish() send this channel?  True until the broker has told
@@ -691,23 +675,27 @@ class _IOThread(threading.Thread):
         if client._flow_paused and not final:
             return
         take = client._publisher.take
-        sent = False
         for _ in range(1 << 62 if final else SEND_BURST):
             item = take(force)
             if item is None:
                 break
             self._send(client._pub, [P.PUB, item[0]])
             self._taken += item[1]
-            sent = True
-        if sent and client._blocked:
-            with client._room:
-                client._room.notify_all()
 
     def _open(self, conn: _Conn) -> None:
         s = self.client._ctx.socket(zmq.DEALER)
         s.linger = 2000
-        s.sndhwm = 1000
         s.rcvhwm = 16                     # batches: back-pressure reaches the broker soon
+        if conn.kind == "pub":
+            # What is already sent when the broker asks to pause still
+            # arrives: bound it (in batches, and a fixed kernel buffer), so
+            # flow control holds with a slow-consumer limit well above the
+            # pause threshold.  Beyond it, batches wait in the publisher's
+            # own bounded buffer (max_buffer_bytes).
+            s.sndhwm = 64
+            s.sndbuf = 512 * 1024
+        else:
+            s.sndhwm = 1000
         if conn.kind == "sub":
             # A fixed kernel buffer too (loopback autotuning may grow one to
             # 32 MB): what a subscriber holds unread stays bounded, and a

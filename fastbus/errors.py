@@ -8,7 +8,7 @@ can be caught.
 
 from __future__ import annotations
 
-__all__ = ["FastbusError", "NotSubscribedError", "BatchError", "ForwarderError"]
+__all__ = ["BatchError", "FastbusError", "ForwarderError", "NotSubscribedError", "PublishTimeout"]
 
 
 class FastbusError(Exception):
@@ -30,6 +30,12 @@ class BatchError(FastbusError, ValueError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class PublishTimeout(FastbusError, TimeoutError):
+    """publish() waited ``block_timeout`` seconds for room in a full buffer
+    (the broker or the Redis server not taking messages, or publishers
+    asked to pause); the message was not queued."""
 
 
 class ForwarderError(FastbusError):

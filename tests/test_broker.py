@@ -516,8 +516,10 @@ def test_flow_control_pauses_publishers_instead_of_dropping(brokers, client_fact
     pauses the publisher (its publish() blocks on a full buffer) and the
     subscriber gets every message, in order, with a slow-consumer limit far
     below what was published."""
-    b = brokers("--max-queue-bytes", "4000000", "--flow-max-pause", "30")
-    n = 200_000                                  # 40 MB against a 4 MB limit
+    # Pause at 1 MB queued; what publishers already sent may still arrive
+    # (docs/PROTOCOL.md), so the slow-consumer limit sits above that.
+    b = brokers("--max-queue-bytes", "12000000", "--flow-pause-bytes", "1000000", "--flow-max-pause", "30")
+    n = 200_000                                  # 40 MB against a 12 MB limit
     reader = python_process(SLOW_READER, b.endpoint, str(n), stdout=subprocess.PIPE, text=True)
     try:
         assert reader.stdout.readline().strip() == "ready"

@@ -96,22 +96,35 @@ def test_publisher_wakes_once_per_batch_and_seals_full_batches():
 
 
 def test_publisher_blocks_at_its_buffer_limit():
-    """With max_buffer_bytes set, publish calls block() before queuing once
-    that much is buffered; if block() raises, the message is not queued."""
+    """With max_buffer_bytes set, publish waits once that much is buffered:
+    PublishTimeout after block_timeout, the message not queued; a take() by
+    the sender makes room and wakes a waiting publisher."""
+    import threading
+
     from fastbus._core import Publisher
+
+    from fastbus.errors import PublishTimeout
     box = Outbox(max_messages=10, max_bytes=0, max_delay=None)
     pub = Publisher(box, lambda: None)
     pub.max_buffer_bytes = 200
-
-    def block():
-        raise TimeoutError("no room")
-
-    pub.block = block
+    pub.block_timeout = 0.05
+    pub.block_reason = lambda: "nobody takes"
     n = 0
-    with pytest.raises(TimeoutError):
+    with pytest.raises(PublishTimeout, match="nobody takes"):
         for n in range(1000):
             pub.publish(b"t", b"0123456789")
     assert 200 <= pub.buffered_bytes < 200 + 40
     assert pub.queued == n                       # the refused message was not queued
     pub.take()
     pub.publish(b"t", b"more")                   # room again: no block
+    # A publisher waiting for room is woken by the sender's take().
+    while pub.buffered_bytes < 200:
+        pub.publish(b"t", b"0123456789")
+    pub.block_timeout = 10
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (pub.publish(b"t", b"waited"), done.set()))
+    t.start()
+    assert not done.wait(0.2)                    # blocked
+    pub.take()
+    assert done.wait(5)
+    t.join()

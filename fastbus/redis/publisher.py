@@ -37,7 +37,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from fastbus._core import Outbox, Publisher, RespPump, key_slot, resp_scan
-from fastbus.errors import FastbusError
+from fastbus.errors import FastbusError, PublishTimeout
 
 log = logging.getLogger("fastbus.redis")
 
@@ -47,15 +47,6 @@ __all__ = ["AsyncBufferedListProducer", "AsyncBufferedPublisher", "BufferedListP
 WINDOW_BYTES = 4 << 20       # written and not yet answered, at most (with a backlog)
 COALESCE_BYTES = 2 << 20   # with a backlog, batches are joined into writes of about this size
 _NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
-
-
-def _closed_error(message: str) -> Exception:
-    return PublishError(message.replace("client", "publisher"), [], "closed")
-
-
-class PublishTimeout(FastbusError, TimeoutError):
-    """publish() waited ``block_timeout`` seconds for room in a full buffer;
-    the message was not queued."""
 
 
 class PublishError(FastbusError):
@@ -232,10 +223,11 @@ class BufferedPublisher:
                               command=command)
         self._wake = threading.Event()
         self._pub = Publisher(self._outbox, self._wake.set)
-        self._pub.closed_error = _closed_error
+        self._pub.closed_error = lambda message: PublishError(message, [], "closed")
+        self._pub.closed_message = "publisher is closed"
         self._pub.max_buffer_bytes = max_buffer_bytes
-        self._pub.block = self._block
-        self.block_timeout = block_timeout
+        self._pub.block_timeout = block_timeout
+        self._pub.block_reason = lambda: "Redis is not taking them (is the server reachable?)"
         self._cond = threading.Condition()
         self._done = 0                    # messages answered (written or failed)
         self._flush_wanted = False
@@ -256,22 +248,6 @@ class BufferedPublisher:
         :class:`PublishError` for messages of earlier batches that failed
         (this call's message is then not queued)."""
         return self._pub.publish(channel, message)
-
-    def _block(self) -> None:
-        """publish() found the buffer full: wait for the flush thread to
-        make room, at most block_timeout seconds."""
-        deadline = None if self.block_timeout is None else time.monotonic() + self.block_timeout
-        pub = self._pub
-        with self._cond:
-            while pub.buffered_bytes >= pub.max_buffer_bytes:
-                if self._closing:
-                    raise PublishError("publisher is closed", [], "closed")
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise PublishTimeout(f"publish: {pub.buffered_bytes} bytes waiting to be written to Redis "
-                                         f"for {self.block_timeout} s (is the server reachable?)")
-                self._wake.set()
-                self._cond.wait(0.1 if left is None else min(left, 0.1))
 
     def flush(self, timeout: float | None = 30.0) -> None:
         """Block until every message queued before the call is answered by
@@ -504,7 +480,7 @@ class BufferedPublisher:
             self._stats["receivers"] += b.receivers
             if not b.errs:
                 self._done += b.n
-                self._cond.notify_all()              # flush() and publishers waiting for room
+                self._cond.notify_all()              # flush()
                 return
         failed = _parse_commands(b.data, 0, set(b.errs))
         if self._redirect is not None and b.first and b.first.startswith(("MOVED ", "ASK ")):
@@ -706,7 +682,7 @@ class AsyncBufferedPublisher:
         """Queue a message; returns 1."""
         pub = self._sync._pub
         if pub.buffered_bytes >= pub.max_buffer_bytes:
-            await asyncio.to_thread(self._sync._block)
+            await asyncio.to_thread(pub.wait_for_room)
         return pub.publish(channel, message)
 
     async def flush(self, timeout: float | None = 30.0) -> None:
