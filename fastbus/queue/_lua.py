@@ -1,0 +1,443 @@
+"""The Lua scripts behind :mod:`fastbus.queue`.
+
+Every operation that touches more than one key is one script, so a client
+that dies between two commands cannot leave a message in two places or in
+none.  The scripts derive the keys of a queue from its namespace ``P`` (passed
+in ARGV; ``KEYS[1]`` is a key of the same namespace, so that Redis Cluster
+clients route the call to the right node): every key of one queue, topic or
+inbox starts with the same ``prefix:kind:{name}:`` and so shares a hash slot.
+
+A work-queue *item* is a 21-byte header and the payload::
+
+    version  u8   = 1
+    prior    u32  deliveries so far (0 when put; a consumer's get is delivery prior + 1)
+    id       u64  from INCRBY on P..'seq' (monotonic per queue)
+    created  u64  server time in milliseconds (TIME), when put
+    payload  ...  (empty in a topic consumer's lists: the body is kept once,
+                  under the topic's ``m:<id>`` hash)
+
+all big-endian, so bytes 6..13 (the id) compare like the numbers and serve
+as the field name of the unacked hashes.
+
+Keys of a queue namespace P:
+    ready           list of items, taken from the head
+    failed          list of items (the dead-letter list)
+    seq             the last id given
+    stats           hash of running totals: put get ack reject requeue dead returned expired
+    rate:<second>   hash, the same counters per second of server time (expire after 120 s)
+    notify          list of at most one token: wakes one blocked consumer
+    consumers       set of consumer tags that may hold unacked items
+    hb:<tag>        the consumer's heartbeat: its token, with a TTL
+    unacked:<tag>   hash id(8 bytes) -> item, what the consumer holds
+"""
+
+from __future__ import annotations
+
+HEADER = 21
+
+# Functions shared by the scripts (prepended to each one).
+_LIB = r"""
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function fmt(n) return string.format('%.0f', n) end
+
+-- running totals and the bucket of the current second
+local function count(P, field, n)
+  if n == 0 then return end
+  redis.call('HINCRBY', P .. 'stats', field, n)
+  local k = P .. 'rate:' .. redis.call('TIME')[1]
+  if redis.call('HINCRBY', k, field, n) == n then redis.call('EXPIRE', k, 120) end
+end
+
+-- one call per at most 1000 arguments (Lua's unpack has a stack limit)
+local function call_many(cmd, key, args, step)
+  for i = 1, #args, step do
+    redis.call(cmd, key, unpack(args, i, math.min(i + step - 1, #args)))
+  end
+end
+
+local function id_of(item) return struct.unpack('>I8', item, 6) end
+
+local function with_prior(item, prior)
+  return string.sub(item, 1, 1) .. struct.pack('>I4', prior) .. string.sub(item, 6)
+end
+
+-- one token at most, and only while something is ready
+local function wake(P)
+  if redis.call('LLEN', P .. 'ready') > 0 then
+    if redis.call('EXISTS', P .. 'notify') == 0 then redis.call('RPUSH', P .. 'notify', '1') end
+  else
+    redis.call('DEL', P .. 'notify')
+  end
+end
+
+-- A consumer's heartbeat: refreshed if it holds its token; taken again if it
+-- expired (the cleaner may have returned its items meanwhile: acks of those
+-- then report them missing); refused if another consumer holds the tag.
+local function beat(P, tag, token, ttl)
+  local hb = P .. 'hb:' .. tag
+  local cur = redis.call('GET', hb)
+  if cur == token then
+    redis.call('PEXPIRE', hb, ttl)
+  elseif cur then
+    error({err = 'FBQ TAKEN consumer tag ' .. tag .. ' is held by another live consumer'})
+  else
+    redis.call('SET', hb, token, 'PX', ttl)
+    redis.call('SADD', P .. 'consumers', tag)
+  end
+end
+
+-- Topic consumers keep only headers; the body is the topic's m:<id> hash,
+-- shared by its logical consumers and deleted when the last one is done.
+local function body(B, item)
+  return redis.call('HGET', B .. fmt(id_of(item)), 'b')
+end
+
+local function unref(B, item)
+  local mk = B .. fmt(id_of(item))
+  if redis.call('EXISTS', mk) == 1 and redis.call('HINCRBY', mk, 'r', -1) <= 0 then
+    redis.call('DEL', mk)
+  end
+end
+
+-- to the failed list: self-contained, so a topic item takes its body along
+local function to_failed(P, B, item)
+  if B ~= '' then
+    local b = body(B, item)
+    unref(B, item)
+    item = item .. (b or '')
+  end
+  redis.call('RPUSH', P .. 'failed', item)
+end
+
+-- Items back to the head of ready, oldest first.  counted: this was a
+-- delivery (requeue, a dead consumer's items); an item delivered max times
+-- goes to the failed list instead.  Returns returned, dead.
+local function give_back(P, B, items, counted, max)
+  table.sort(items, function(a, b) return string.sub(a, 6, 13) < string.sub(b, 6, 13) end)
+  local back, dead = {}, 0
+  for i = #items, 1, -1 do
+    local item = items[i]
+    if counted then
+      local prior = struct.unpack('>I4', item, 2) + 1
+      if max > 0 and prior >= max then
+        to_failed(P, B, with_prior(item, prior))
+        dead = dead + 1
+        item = nil
+      else
+        item = with_prior(item, prior)
+      end
+    end
+    if item then back[#back + 1] = item end
+  end
+  call_many('LPUSH', P .. 'ready', back, 1000)
+  wake(P)
+  return #back, dead
+end
+
+-- a consumer's unacked items back to ready; its keys removed
+local function release(P, B, tag, counted, max)
+  local u = P .. 'unacked:' .. tag
+  local back, dead = give_back(P, B, redis.call('HVALS', u), counted, max)
+  redis.call('DEL', u, P .. 'hb:' .. tag)
+  redis.call('SREM', P .. 'consumers', tag)
+  count(P, 'returned', back)
+  count(P, 'dead', dead)
+  return back, dead
+end
+"""
+
+# put: KEYS[1]=P..'ready'  ARGV: P, payload...  -> first id
+PUT = _LIB + r"""
+local P = ARGV[1]
+local n = #ARGV - 1
+local first = redis.call('INCRBY', P .. 'seq', n) - n + 1
+local now = now_ms()
+local items = {}
+for i = 1, n do items[i] = struct.pack('>BI4I8I8', 1, 0, first + i - 1, now) .. ARGV[i + 1] end
+call_many('RPUSH', P .. 'ready', items, 1000)
+count(P, 'put', n)
+wake(P)
+return first
+"""
+
+# register: KEYS[1]=P..'ready'  ARGV: P, tag, token, ttl_ms, B, max
+#   -> {returned, dead}: what a previous consumer with this tag left unacked
+REGISTER = _LIB + r"""
+local P, tag, token, ttl, B, max = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local hb = P .. 'hb:' .. tag
+if not redis.call('SET', hb, token, 'NX', 'PX', ttl) then
+  if redis.call('GET', hb) ~= token then
+    error({err = 'FBQ TAKEN consumer tag ' .. tag .. ' is held by another live consumer'})
+  end
+  redis.call('PEXPIRE', hb, ttl)
+  return {0, 0}
+end
+local back, dead = 0, 0
+if redis.call('EXISTS', P .. 'unacked:' .. tag) == 1 then
+  back, dead = release(P, B, tag, true, max)
+  redis.call('SET', hb, token, 'PX', ttl)
+end
+redis.call('SADD', P .. 'consumers', tag)
+return {back, dead}
+"""
+
+# heartbeat: KEYS[1]=P..'ready'  ARGV: P, tag, token, ttl_ms -> 1
+HEARTBEAT = _LIB + r"""
+beat(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]))
+return 1
+"""
+
+# get: KEYS[1]=P..'ready'  ARGV: P, tag, token, ttl_ms, n, B  -> items (with bodies)
+GET = _LIB + r"""
+local P, tag, token, ttl, n, B = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+beat(P, tag, token, ttl)
+local items = redis.call('LPOP', P .. 'ready', n)
+if not items then
+  redis.call('DEL', P .. 'notify')
+  return {}
+end
+local fields = {}
+for i, item in ipairs(items) do
+  fields[2 * i - 1] = string.sub(item, 6, 13)
+  fields[2 * i] = item
+end
+local u = P .. 'unacked:' .. tag
+call_many('HSET', u, fields, 1000)
+count(P, 'get', #items)
+wake(P)
+if B == '' then return items end
+local out, expired = {}, {}
+for _, item in ipairs(items) do
+  local b = body(B, item)
+  if b then out[#out + 1] = item .. b else expired[#expired + 1] = string.sub(item, 6, 13) end
+end
+if #expired > 0 then
+  call_many('HDEL', u, expired, 1000)
+  count(P, 'expired', #expired)
+end
+return out
+"""
+
+# settle: KEYS[1]=P..'ready'
+#   ARGV: P, tag, token, ttl_ms, B, max, n_ack, n_reject, ids (8 bytes each):
+#         n_ack to ack, n_reject to reject, the rest to requeue
+#   -> {acked, rejected, requeued, dead, {positions (1-based) not held}}
+SETTLE = _LIB + r"""
+local P, tag, token, ttl, B, max = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local nack, nrej = tonumber(ARGV[7]), tonumber(ARGV[8])
+beat(P, tag, token, ttl)
+local u = P .. 'unacked:' .. tag
+local acked, rejected, missing, again = 0, 0, {}, {}
+for i = 9, #ARGV do
+  local k = i - 8
+  if k <= nack and B == '' then
+    if redis.call('HDEL', u, ARGV[i]) == 1 then acked = acked + 1 else missing[#missing + 1] = k end
+  else
+    local item = redis.call('HGET', u, ARGV[i])
+    if not item then
+      missing[#missing + 1] = k
+    else
+      redis.call('HDEL', u, ARGV[i])
+      if k <= nack then
+        unref(B, item)
+        acked = acked + 1
+      elseif k <= nack + nrej then
+        to_failed(P, B, with_prior(item, struct.unpack('>I4', item, 2) + 1))
+        rejected = rejected + 1
+      else
+        again[#again + 1] = item
+      end
+    end
+  end
+end
+local requeued, dead = give_back(P, B, again, true, max)
+count(P, 'ack', acked)
+count(P, 'reject', rejected)
+count(P, 'requeue', requeued)
+count(P, 'dead', dead)
+return {acked, rejected, requeued, dead, missing}
+"""
+
+# release: KEYS[1]=P..'ready'  ARGV: P, tag, token, B  -> {returned, 0}
+#   a consumer's graceful close: its unacked items back to ready, uncounted
+RELEASE = _LIB + r"""
+local P, tag, token, B = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local cur = redis.call('GET', P .. 'hb:' .. tag)
+if cur and cur ~= token then return {0, 0} end
+return {release(P, B, tag, false, 0)}
+"""
+
+# clean: KEYS[1]=a key of the namespace  ARGV: mode ('q' or 't'), base, max
+#   mode q: base is the queue's P; mode t: base is the topic's T, and every
+#   logical consumer T..'c:'..name..':' is cleaned.
+#   -> {returned, dead, consumers removed}
+CLEAN = _LIB + r"""
+local mode, base, max = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local spaces, B = {}, ''
+if mode == 't' then
+  B = base .. 'm:'
+  for _, name in ipairs(redis.call('SMEMBERS', base .. 'consumers')) do
+    spaces[#spaces + 1] = base .. 'c:' .. name .. ':'
+  end
+else
+  spaces[1] = base
+end
+local back, dead, gone = 0, 0, 0
+for _, P in ipairs(spaces) do
+  for _, tag in ipairs(redis.call('SMEMBERS', P .. 'consumers')) do
+    if redis.call('EXISTS', P .. 'hb:' .. tag) == 0 then
+      local b, d = release(P, B, tag, true, max)
+      back, dead, gone = back + b, dead + d, gone + 1
+    end
+  end
+end
+return {back, dead, gone}
+"""
+
+# stats: KEYS[1]=P..'ready'  ARGV: P, seconds of rate buckets
+#   -> {ready, failed, {stats hash flat}, {tag, unacked, hb pttl, ...}, now_s, {second, {bucket flat}, ...}}
+STATS = _LIB + r"""
+local P, secs = ARGV[1], tonumber(ARGV[2])
+local consumers = {}
+for _, tag in ipairs(redis.call('SMEMBERS', P .. 'consumers')) do
+  consumers[#consumers + 1] = tag
+  consumers[#consumers + 1] = redis.call('HLEN', P .. 'unacked:' .. tag)
+  consumers[#consumers + 1] = redis.call('PTTL', P .. 'hb:' .. tag)
+end
+local now = tonumber(redis.call('TIME')[1])
+local buckets = {}
+for s = now - secs, now do
+  buckets[#buckets + 1] = s
+  buckets[#buckets + 1] = redis.call('HGETALL', P .. 'rate:' .. s)
+end
+return {redis.call('LLEN', P .. 'ready'), redis.call('LLEN', P .. 'failed'),
+        redis.call('HGETALL', P .. 'stats'), consumers, now, buckets}
+"""
+
+# return_failed: KEYS[1]=P..'ready'  ARGV: P, n (0 = all), B, ttl_ms  -> how many
+#   the oldest failed items back to the tail of ready, delivery count reset.
+#   A topic consumer's failed item carries its body (see to_failed): the body
+#   goes back under m:<id> (made again, with the topic's TTL, if it expired)
+#   and the header alone to ready.
+RETURN_FAILED = _LIB + r"""
+local P, n, B, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local items
+if n > 0 then items = redis.call('LPOP', P .. 'failed', n) else
+  items = redis.call('LRANGE', P .. 'failed', 0, -1)
+  redis.call('DEL', P .. 'failed')
+end
+if not items then return 0 end
+for i, item in ipairs(items) do
+  if B ~= '' then
+    local mk = B .. fmt(id_of(item))
+    if redis.call('EXISTS', mk) == 1 then
+      redis.call('HINCRBY', mk, 'r', 1)
+    else
+      redis.call('HSET', mk, 'b', string.sub(item, 22), 't', struct.unpack('>I8', item, 14), 'r', 1)
+      redis.call('PEXPIRE', mk, ttl)
+    end
+    item = string.sub(item, 1, 21)
+  end
+  items[i] = with_prior(item, 0)
+end
+call_many('RPUSH', P .. 'ready', items, 1000)
+wake(P)
+return #items
+"""
+
+# purge: KEYS[1]=P..'ready'  ARGV: P, which ('ready' or 'failed'), B -> how many
+PURGE = _LIB + r"""
+local P, which, B = ARGV[1], ARGV[2], ARGV[3]
+local items = redis.call('LRANGE', P .. which, 0, -1)
+if B ~= '' and which == 'ready' then
+  for _, item in ipairs(items) do unref(B, item) end
+end
+redis.call('DEL', P .. which)
+if which == 'ready' then redis.call('DEL', P .. 'notify') end
+return #items
+"""
+
+# -- topics: T = prefix:t:{name}:  (seq, consumers = logical names, stats, m:<id>)
+
+# publish: KEYS[1]=T..'seq'  ARGV: T, ttl_ms, payload...  -> first id
+PUBLISH = _LIB + r"""
+local T, ttl = ARGV[1], tonumber(ARGV[2])
+local n = #ARGV - 2
+local first = redis.call('INCRBY', T .. 'seq', n) - n + 1
+local now = now_ms()
+local names = redis.call('SMEMBERS', T .. 'consumers')
+local heads = {}
+for i = 1, n do
+  local id = first + i - 1
+  local mk = T .. 'm:' .. fmt(id)
+  redis.call('HSET', mk, 'b', ARGV[i + 2], 't', now, 'r', #names)
+  redis.call('PEXPIRE', mk, ttl)
+  heads[i] = struct.pack('>BI4I8I8', 1, 0, id, now)
+end
+for _, name in ipairs(names) do
+  local P = T .. 'c:' .. name .. ':'
+  call_many('RPUSH', P .. 'ready', heads, 1000)
+  count(P, 'put', n)
+  wake(P)
+end
+count(T, 'put', n)
+return first
+"""
+
+# subscribe: KEYS[1]=T..'seq'  ARGV: T, name -> {new (1/0), last id}
+SUBSCRIBE = _LIB + r"""
+local T, name = ARGV[1], ARGV[2]
+local new = redis.call('SADD', T .. 'consumers', name)
+return {new, tonumber(redis.call('GET', T .. 'seq') or '0')}
+"""
+
+# unsubscribe: KEYS[1]=T..'seq'  ARGV: T, name -> pending items dropped
+#   every item it still had (ready or unacked) releases its body reference
+UNSUBSCRIBE = _LIB + r"""
+local T, name = ARGV[1], ARGV[2]
+local P, B = T .. 'c:' .. name .. ':', T .. 'm:'
+if redis.call('SREM', T .. 'consumers', name) == 0 then return -1 end
+local dropped = 0
+local function drop(items)
+  for _, item in ipairs(items) do unref(B, item) end
+  dropped = dropped + #items
+end
+drop(redis.call('LRANGE', P .. 'ready', 0, -1))
+local keys = {P .. 'ready', P .. 'failed', P .. 'stats', P .. 'notify', P .. 'consumers'}
+for _, tag in ipairs(redis.call('SMEMBERS', P .. 'consumers')) do
+  drop(redis.call('HVALS', P .. 'unacked:' .. tag))
+  keys[#keys + 1] = P .. 'unacked:' .. tag
+  keys[#keys + 1] = P .. 'hb:' .. tag
+end
+call_many('DEL', keys[1], {unpack(keys, 2)}, 1000)
+return dropped
+"""
+
+# read: KEYS[1]=T..'seq'  ARGV: T, first id, last id  -> {id, created, body, ...} retained only
+READ = _LIB + r"""
+local T, a, b = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local out = {}
+for id = a, b do
+  local v = redis.call('HMGET', T .. 'm:' .. fmt(id), 'b', 't')
+  if v[1] then
+    out[#out + 1] = id
+    out[#out + 1] = tonumber(v[2])
+    out[#out + 1] = v[1]
+  end
+end
+return out
+"""
+
+# topic_info: KEYS[1]=T..'seq'  ARGV: T -> {last id, {names}, {stats flat}}
+TOPIC_INFO = _LIB + r"""
+local T = ARGV[1]
+return {tonumber(redis.call('GET', T .. 'seq') or '0'), redis.call('SMEMBERS', T .. 'consumers'),
+        redis.call('HGETALL', T .. 'stats')}
+"""
+
+SCRIPTS = {name: src for name, src in globals().items()
+           if name.isupper() and name not in ("HEADER", "SCRIPTS") and isinstance(src, str)}
