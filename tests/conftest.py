@@ -5,7 +5,10 @@ The tests run against the *installed* package (``pip install ".[test]"`` then
 """
 
 import os
+import random
+import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,3 +88,49 @@ def redis_url(redis_server) -> str:
     finally:
         client.close()
     return redis_server.url
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid."""
+    for _ in range(200):
+        port = random.randint(20000, 55000)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """A 3-node Redis Cluster of embedded servers on loopback, the slots split
+    evenly; yields a ``redis.cluster.RedisCluster`` client."""
+    from redis.cluster import RedisCluster
+
+    from fastbus.redis import EmbeddedServer
+    binary = os.environ.get("FASTBUS_TEST_REDIS_SERVER") or None
+    servers = [EmbeddedServer(binary, port=cluster_port(),
+                              args=["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+               for _ in range(3)]
+    try:
+        for s in servers:
+            s.start()
+        ranges = [(0, 5460), (5461, 10922), (10923, 16383)]
+        for s, (lo, hi) in zip(servers, ranges):
+            c = s.client()
+            c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+            c.execute_command("CLUSTER", "MEET", "127.0.0.1", servers[0].port)
+        deadline = time.monotonic() + 30
+        while not all(s.client().execute_command("CLUSTER", "INFO").decode().find("cluster_state:ok") >= 0
+                      for s in servers):
+            assert time.monotonic() < deadline, "the cluster did not form"
+            time.sleep(0.1)
+        rc = RedisCluster(host="127.0.0.1", port=servers[0].port)
+        yield rc
+        rc.close()
+    finally:
+        for s in servers:
+            s.stop()

@@ -4,58 +4,16 @@ route each key to its owner, and follow MOVED replies."""
 
 from __future__ import annotations
 
-import os
-import random
-import socket
-import time
-
 import pytest
 import redis
 from fastbus._core import key_slot
-from redis.cluster import RedisCluster
 
-from fastbus.redis import BufferedListProducer, BufferedPublisher, EmbeddedServer
-
-
-def cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free and valid."""
-    for _ in range(200):
-        port = random.randint(20000, 55000)
-        try:
-            for p in (port, port + 10000):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair for a cluster node")
+from fastbus.redis import BufferedListProducer, BufferedPublisher
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    binary = os.environ.get("FASTBUS_TEST_REDIS_SERVER") or None
-    servers = [EmbeddedServer(binary, port=cluster_port(),
-                              args=["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
-               for _ in range(3)]
-    try:
-        for s in servers:
-            s.start()
-        ranges = [(0, 5460), (5461, 10922), (10923, 16383)]
-        for s, (lo, hi) in zip(servers, ranges):
-            c = s.client()
-            c.execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
-            c.execute_command("CLUSTER", "MEET", "127.0.0.1", servers[0].port)
-        deadline = time.monotonic() + 30
-        while not all(s.client().execute_command("CLUSTER", "INFO").decode().find("cluster_state:ok") >= 0
-                      for s in servers):
-            assert time.monotonic() < deadline, "the cluster did not form"
-            time.sleep(0.1)
-        rc = RedisCluster(host="127.0.0.1", port=servers[0].port)
-        yield rc
-        rc.close()
-    finally:
-        for s in servers:
-            s.stop()
+@pytest.fixture
+def cluster(redis_cluster):
+    return redis_cluster
 
 
 def test_key_slot_matches_redis_py():

@@ -413,6 +413,8 @@ for _, tag in ipairs(redis.call('SMEMBERS', P .. 'consumers')) do
   keys[#keys + 1] = P .. 'unacked:' .. tag
   keys[#keys + 1] = P .. 'hb:' .. tag
 end
+local now = tonumber(redis.call('TIME')[1])
+for sec = now - 121, now do keys[#keys + 1] = P .. 'rate:' .. sec end   -- they would expire anyway
 call_many('DEL', keys[1], {unpack(keys, 2)}, 1000)
 return dropped
 """
