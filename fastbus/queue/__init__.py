@@ -3,6 +3,7 @@ multi-recipient inboxes.  Every multi-key step is one Lua script; every key
 of one queue, topic or inbox shares a hash tag (Redis Cluster)."""
 
 from fastbus.queue._common import ConsumerTagInUse, Message, QueueError
+from fastbus.queue.topic import AsyncTopic, Topic, TopicStats
 from fastbus.queue.workqueue import (
     AsyncConsumer,
     AsyncWorkQueue,
@@ -12,7 +13,6 @@ from fastbus.queue.workqueue import (
     SettleResult,
     WorkQueue,
 )
-from fastbus.queue.topic import AsyncTopic, Topic, TopicStats
 
 __all__ = [
     "AsyncConsumer",

@@ -11,6 +11,7 @@ and :class:`AsyncDriver` carry the requests out.  So the blocking loop of a
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections.abc import Generator, Iterable
@@ -73,7 +74,7 @@ def as_bytes(payload: Any) -> bytes:
 def positive_seconds(what: str, value: Any, *, allow_none: bool = False, allow_zero: bool = False) -> float | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise TypeError(f"{what} must be a number of seconds, not {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{what} must be {'>= 0' if allow_zero else '> 0'}, not {value!r}")

@@ -333,7 +333,7 @@ class Consumer:
                 return
             except _NETWORK_ERRORS as e:
                 log.warning("consumer %s: heartbeat failed (%s); retrying", self.tag, e)
-            except Exception:  # noqa: BLE001 - the thread must survive to keep beating
+            except Exception:
                 log.exception("consumer %s: heartbeat failed", self.tag)
 
     def close(self) -> None:
@@ -496,7 +496,7 @@ class AsyncConsumer:
                 return
             except _NETWORK_ERRORS as e:
                 log.warning("consumer %s: heartbeat failed (%s); retrying", self.tag, e)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("consumer %s: heartbeat failed", self.tag)
 
     async def close(self) -> None:
