@@ -5,6 +5,7 @@
     fastbus demo                 a broker with live publisher and subscribers, printing rates
     fastbus core-demo            the C core alone: trie, forwarder, batches
     fastbus keygen               a CURVE key pair for --curve-* options
+    fastbus queue ACTION NAME    a work queue on Redis: put, peek, stats, return-failed, purge, clean
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def cmd_core_demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     i = 0
     while time.perf_counter() < deadline:
-        offsets, ids = trie.match_flat(batches[i % len(batches)])
+        _offsets, ids = trie.match_flat(batches[i % len(batches)])
         i += 1
         routed += args.batch
         delivered += len(ids)
@@ -333,6 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     kg.add_argument("--dir", default=".", help="where to write them")
     kg.add_argument("--name", default="fastbus")
     kg.set_defaults(func=cmd_keygen)
+
+    from fastbus.queue.cli import add_parser as add_queue_parser
+    add_queue_parser(sub)
 
     ver = sub.add_parser("version", help="print the version")
     ver.set_defaults(func=cmd_version)
