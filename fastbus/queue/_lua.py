@@ -37,8 +37,17 @@ HEADER = 21
 
 # Functions shared by the scripts (prepended to each one).
 _LIB = r"""
+-- Every redis.call costs a few microseconds of fixed overhead (more than
+-- most of the commands themselves): the scripts make as few as they can,
+-- e.g. one TIME per script.
+local NOW
+local function now()
+  if not NOW then NOW = redis.call('TIME') end
+  return NOW
+end
+
 local function now_ms()
-  local t = redis.call('TIME')
+  local t = now()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
@@ -48,7 +57,7 @@ local function fmt(n) return string.format('%.0f', n) end
 local function count(P, field, n)
   if n == 0 then return end
   redis.call('HINCRBY', P .. 'stats', field, n)
-  local k = P .. 'rate:' .. redis.call('TIME')[1]
+  local k = P .. 'rate:' .. now()[1]
   if redis.call('HINCRBY', k, field, n) == n then redis.call('EXPIRE', k, 120) end
 end
 
@@ -65,23 +74,23 @@ local function with_prior(item, prior)
   return string.sub(item, 1, 1) .. struct.pack('>I4', prior) .. string.sub(item, 6)
 end
 
--- one token at most, and only while something is ready
+-- Something is ready: one token (at most) for a blocked consumer.  GET
+-- deletes the token when it finds ready empty, so a token is at worst one
+-- spurious wake-up.
 local function wake(P)
-  if redis.call('LLEN', P .. 'ready') > 0 then
-    if redis.call('EXISTS', P .. 'notify') == 0 then redis.call('RPUSH', P .. 'notify', '1') end
-  else
-    redis.call('DEL', P .. 'notify')
-  end
+  if redis.call('EXISTS', P .. 'notify') == 0 then redis.call('RPUSH', P .. 'notify', '1') end
 end
 
--- A consumer's heartbeat: refreshed if it holds its token; taken again if it
--- expired (the cleaner may have returned its items meanwhile: acks of those
--- then report them missing); refused if another consumer holds the tag.
-local function beat(P, tag, token, ttl)
+-- A consumer's heartbeat: checked (and with refresh, extended) if it holds
+-- its token; taken again if it expired (the cleaner may have returned its
+-- items meanwhile: acks of those then report them missing); refused if
+-- another consumer holds the tag.  GET and SETTLE only check: the
+-- consumer's heartbeat thread (or task) extends it.
+local function beat(P, tag, token, ttl, refresh)
   local hb = P .. 'hb:' .. tag
   local cur = redis.call('GET', hb)
   if cur == token then
-    redis.call('PEXPIRE', hb, ttl)
+    if refresh then redis.call('PEXPIRE', hb, ttl) end
   elseif cur then
     error({err = 'FBQ TAKEN consumer tag ' .. tag .. ' is held by another live consumer'})
   else
@@ -133,8 +142,10 @@ local function give_back(P, B, items, counted, max)
     end
     if item then back[#back + 1] = item end
   end
-  call_many('LPUSH', P .. 'ready', back, 1000)
-  wake(P)
+  if #back > 0 then
+    call_many('LPUSH', P .. 'ready', back, 1000)
+    wake(P)
+  end
   return #back, dead
 end
 
@@ -187,18 +198,20 @@ return {back, dead}
 
 # heartbeat: KEYS[1]=P..'ready'  ARGV: P, tag, token, ttl_ms -> 1
 HEARTBEAT = _LIB + r"""
-beat(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]))
+beat(ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), true)
 return 1
 """
 
 # get: KEYS[1]=P..'ready'  ARGV: P, tag, token, ttl_ms, n, B  -> items (with bodies)
 GET = _LIB + r"""
 local P, tag, token, ttl, n, B = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
-beat(P, tag, token, ttl)
+beat(P, tag, token, ttl, false)
 local items = redis.call('LPOP', P .. 'ready', n)
-if not items then
-  redis.call('DEL', P .. 'notify')
-  return {}
+if not items or #items < n then
+  redis.call('DEL', P .. 'notify')      -- ready is empty now
+  if not items then return {} end
+else
+  wake(P)                               -- maybe more: the next blocked consumer
 end
 local fields = {}
 for i, item in ipairs(items) do
@@ -208,7 +221,6 @@ end
 local u = P .. 'unacked:' .. tag
 call_many('HSET', u, fields, 1000)
 count(P, 'get', #items)
-wake(P)
 if B == '' then return items end
 local out, expired = {}, {}
 for _, item in ipairs(items) do
@@ -223,37 +235,53 @@ return out
 """
 
 # settle: KEYS[1]=P..'ready'
-#   ARGV: P, tag, token, ttl_ms, B, max, n_ack, n_reject, ids (8 bytes each):
-#         n_ack to ack, n_reject to reject, the rest to requeue
-#   -> {acked, rejected, requeued, dead, {positions (1-based) not held}}
+#   ARGV: P, tag, token, ttl_ms, B, max, then three strings of 8-byte ids
+#         joined: to ack, to reject, to requeue (one argument each: a
+#         thousand ids cost the client one argument, not a thousand)
+#   -> {acked, rejected, requeued, dead, {positions (1-based, acks first) not held}}
 SETTLE = _LIB + r"""
 local P, tag, token, ttl, B, max = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
-local nack, nrej = tonumber(ARGV[7]), tonumber(ARGV[8])
-beat(P, tag, token, ttl)
+beat(P, tag, token, ttl, false)
 local u = P .. 'unacked:' .. tag
+local function split(s)
+  local t = {}
+  for i = 1, #s, 8 do t[#t + 1] = string.sub(s, i, i + 7) end
+  return t
+end
+local acks, rejects, requeues = split(ARGV[7]), split(ARGV[8]), split(ARGV[9])
 local acked, rejected, missing, again = 0, 0, {}, {}
-for i = 9, #ARGV do
-  local k = i - 8
-  if k <= nack and B == '' then
-    if redis.call('HDEL', u, ARGV[i]) == 1 then acked = acked + 1 else missing[#missing + 1] = k end
-  else
-    local item = redis.call('HGET', u, ARGV[i])
-    if not item then
-      missing[#missing + 1] = k
+-- acks, the common case, in bulk: which are held (HMGET), then one HDEL
+for i = 1, #acks, 1000 do
+  local chunk = {unpack(acks, i, math.min(i + 999, #acks))}
+  local held = redis.call('HMGET', u, unpack(chunk))
+  local del = {}
+  for j = 1, #chunk do
+    if held[j] then
+      del[#del + 1] = chunk[j]
+      if B ~= '' then unref(B, held[j]) end
     else
-      redis.call('HDEL', u, ARGV[i])
-      if k <= nack then
-        unref(B, item)
-        acked = acked + 1
-      elseif k <= nack + nrej then
-        to_failed(P, B, with_prior(item, struct.unpack('>I4', item, 2) + 1))
-        rejected = rejected + 1
-      else
-        again[#again + 1] = item
-      end
+      missing[#missing + 1] = i + j - 1
+    end
+  end
+  if #del > 0 then redis.call('HDEL', u, unpack(del)) end
+  acked = acked + #del
+end
+local function take(list, base, each)
+  for k, id in ipairs(list) do
+    local item = redis.call('HGET', u, id)
+    if item then
+      redis.call('HDEL', u, id)
+      each(item)
+    else
+      missing[#missing + 1] = base + k
     end
   end
 end
+take(rejects, #acks, function(item)
+  to_failed(P, B, with_prior(item, struct.unpack('>I4', item, 2) + 1))
+  rejected = rejected + 1
+end)
+take(requeues, #acks + #rejects, function(item) again[#again + 1] = item end)
 local requeued, dead = give_back(P, B, again, true, max)
 count(P, 'ack', acked)
 count(P, 'reject', rejected)

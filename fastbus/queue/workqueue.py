@@ -240,10 +240,11 @@ class _Holder:
         given = ack + reject + requeue
         if not given:
             return SettleResult()
-        keys = [id_key(m) for m in given]
+        ids = [b"".join(map(id_key, part)) for part in (ack, reject, requeue)]
+        if sum(map(len, ids)) != 8 * len(set(map(id_key, given))):
+            raise ValueError("a message is given twice to settle")
         s = self.space
-        r = yield Call("SETTLE", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, s.body_ns, s.max,
-                                           len(ack), len(reject), *keys))
+        r = yield Call("SETTLE", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, s.body_ns, s.max, *ids))
         missing = [given[i - 1] for i in r[4]]
         if missing:
             log.warning("consumer %s of %s: %d of %d messages settled were not held by it (its heartbeat "
