@@ -3,6 +3,15 @@ multi-recipient inboxes.  Every multi-key step is one Lua script; every key
 of one queue, topic or inbox shares a hash tag (Redis Cluster)."""
 
 from fastbus.queue._common import ConsumerTagInUse, Message, QueueError
+from fastbus.queue.inbox import (
+    AsyncInbox,
+    Inbox,
+    InboxMessage,
+    async_fetch_all_pending,
+    async_inboxes_of,
+    fetch_all_pending,
+    inboxes_of,
+)
 from fastbus.queue.topic import AsyncTopic, Topic, TopicStats
 from fastbus.queue.workqueue import (
     AsyncConsumer,
@@ -16,11 +25,14 @@ from fastbus.queue.workqueue import (
 
 __all__ = [
     "AsyncConsumer",
+    "AsyncInbox",
     "AsyncTopic",
     "AsyncWorkQueue",
     "CleanResult",
     "Consumer",
     "ConsumerTagInUse",
+    "Inbox",
+    "InboxMessage",
     "Message",
     "QueueError",
     "QueueStats",
@@ -28,4 +40,8 @@ __all__ = [
     "Topic",
     "TopicStats",
     "WorkQueue",
+    "async_fetch_all_pending",
+    "async_inboxes_of",
+    "fetch_all_pending",
+    "inboxes_of",
 ]
