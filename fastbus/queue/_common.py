@@ -16,7 +16,7 @@ import re
 import struct
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import redis
 
@@ -210,20 +210,22 @@ def _check_client(client: Any) -> None:
                          "(payloads are binary); pass a client made without it, or a URL")
 
 
-class SyncDriver:
-    """Runs operations on a redis-py ``Redis`` or ``RedisCluster``."""
-
+class _Driver:
     def __init__(self, client: Any) -> None:
         _check_client(client)
         self.client = client
         self._scripts: dict[str, Any] = {}
-        self._pipeline = not _is_cluster(client)
+        self._pipeline = not _is_cluster(client)    # a cluster pipeline cannot carry scripts
 
     def _script(self, name: str):
         s = self._scripts.get(name)
         if s is None:
             s = self._scripts[name] = self.client.register_script(_lua.SCRIPTS[name])
         return s
+
+
+class SyncDriver(_Driver):
+    """Runs operations on a redis-py ``Redis`` or ``RedisCluster``."""
 
     def run(self, op: Op) -> Any:
         try:
@@ -251,20 +253,8 @@ class SyncDriver:
         self.client.close()
 
 
-class AsyncDriver:
+class AsyncDriver(_Driver):
     """Runs operations on a ``redis.asyncio`` client (plain or cluster)."""
-
-    def __init__(self, client: Any) -> None:
-        _check_client(client)
-        self.client = client
-        self._scripts: dict[str, Any] = {}
-        self._pipeline = not _is_cluster(client)
-
-    def _script(self, name: str):
-        s = self._scripts.get(name)
-        if s is None:
-            s = self._scripts[name] = self.client.register_script(_lua.SCRIPTS[name])
-        return s
 
     async def run(self, op: Op) -> Any:
         try:
@@ -325,3 +315,49 @@ def async_driver(target: Any) -> tuple[AsyncDriver, bool]:
     if type(target).__module__.startswith("redis.asyncio"):
         return AsyncDriver(target), False
     raise TypeError(f"expected a Redis URL or a redis.asyncio client, not {type(target).__name__}")
+
+
+class SyncHandle:
+    """What the synchronous queue objects share: a driver, and the client
+    closed with them if they made it (from a URL or the embedded default)."""
+
+    def __init__(self, redis: Any) -> None:
+        self._driver, self._own = sync_driver(redis)
+
+    @property
+    def redis(self):
+        """The redis-py client in use."""
+        return self._driver.client
+
+    def close(self) -> None:
+        """Close the client if this object made it."""
+        if self._own:
+            self._driver.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AsyncHandle:
+    """:class:`SyncHandle` for the asyncio objects."""
+
+    def __init__(self, redis: Any) -> None:
+        self._driver, self._own = async_driver(redis)
+
+    @property
+    def redis(self):
+        """The ``redis.asyncio`` client in use."""
+        return self._driver.client
+
+    async def close(self) -> None:
+        if self._own:
+            await self._driver.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

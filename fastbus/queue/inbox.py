@@ -69,16 +69,18 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any
 
 from fastbus.queue import _lua_inbox  # registers the INBOX_* scripts
 from fastbus.queue._common import (
     DEFAULT_PREFIX,
+    AsyncHandle,
     Call,
     Cmd,
     Many,
     Op,
     QueueError,
+    SyncHandle,
     as_bytes,
     async_driver,
     check_name,
@@ -265,7 +267,7 @@ def _all_pending(prefix: str, member: str, count: int, ttl: float | None = None)
 # -- synchronous API
 
 
-class Inbox:
+class Inbox(SyncHandle):
     """A multi-recipient inbox (group chat).
 
     ``redis``: a URL, ``redis.Redis``, ``RedisCluster`` or None (the embedded
@@ -278,12 +280,7 @@ class Inbox:
                  ttl: float | None = None) -> None:
         self._ops = _InboxOps(name, prefix, ttl)
         self.name = self._ops.name
-        self._driver, self._own = sync_driver(redis)
-
-    @property
-    def redis(self):
-        """The redis-py client in use."""
-        return self._driver.client
+        super().__init__(redis)
 
     def create(self, members: Iterable[str], sender: str | None = None, message: bytes | None = None) -> int | None:
         """Create the inbox with ``members`` (at id 0), atomically; with
@@ -331,18 +328,6 @@ class Inbox:
         """The id of the newest message (0 before the first, or with no inbox)."""
         return self._driver.run(self._ops.last_id())
 
-    def close(self) -> None:
-        """Close the client if this inbox made it (from a URL or the default)."""
-        if self._own:
-            self._driver.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 def _run_sync(redis: Any, op: Op) -> Any:
     driver, own = sync_driver(redis)
     try:
@@ -351,12 +336,10 @@ def _run_sync(redis: Any, op: Op) -> Any:
         if own:
             driver.close()
 
-
 def inboxes_of(redis: Any, member: str, *, prefix: str = DEFAULT_PREFIX) -> list[str]:
     """The inboxes ``member`` is a member of, sorted (each checked against
     the inbox; stale hints are dropped).  ``redis`` as for :class:`Inbox`."""
     return list(_run_sync(redis, _all_pending(prefix, member, 0)))
-
 
 def fetch_all_pending(redis: Any, member: str, *, count: int = 1000, prefix: str = DEFAULT_PREFIX,
                       ttl: float | None = None) -> dict[str, list[InboxMessage]]:
@@ -367,22 +350,18 @@ def fetch_all_pending(redis: Any, member: str, *, count: int = 1000, prefix: str
     :class:`Inbox`, applied to every inbox looked at."""
     return _run_sync(redis, _all_pending(prefix, member, _count(count), ttl))
 
-
 # -- asyncio API
 
 
-class AsyncInbox:
+
+class AsyncInbox(AsyncHandle):
     """:class:`Inbox` for asyncio (``redis``: URL, ``redis.asyncio`` client or None)."""
 
     def __init__(self, name: str, redis: Any = None, *, prefix: str = DEFAULT_PREFIX,
                  ttl: float | None = None) -> None:
         self._ops = _InboxOps(name, prefix, ttl)
         self.name = self._ops.name
-        self._driver, self._own = async_driver(redis)
-
-    @property
-    def redis(self):
-        return self._driver.client
+        super().__init__(redis)
 
     async def create(self, members: Iterable[str], sender: str | None = None,
                      message: bytes | None = None) -> int | None:
@@ -409,17 +388,6 @@ class AsyncInbox:
     async def last_id(self) -> int:
         return await self._driver.run(self._ops.last_id())
 
-    async def close(self) -> None:
-        if self._own:
-            await self._driver.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
-
-
 async def _run_async(redis: Any, op: Op) -> Any:
     driver, own = async_driver(redis)
     try:
@@ -428,11 +396,9 @@ async def _run_async(redis: Any, op: Op) -> Any:
         if own:
             await driver.close()
 
-
 async def async_inboxes_of(redis: Any, member: str, *, prefix: str = DEFAULT_PREFIX) -> list[str]:
     """:func:`inboxes_of` for asyncio."""
     return list(await _run_async(redis, _all_pending(prefix, member, 0)))
-
 
 async def async_fetch_all_pending(redis: Any, member: str, *, count: int = 1000, prefix: str = DEFAULT_PREFIX,
                                   ttl: float | None = None) -> dict[str, list[InboxMessage]]:

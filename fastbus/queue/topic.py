@@ -23,25 +23,25 @@ list keeps its own copy), or when the TTL runs out, whichever is first.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Self
+from typing import Any
 
 from fastbus.queue._common import (
     DEFAULT_PREFIX,
+    AsyncHandle,
     Call,
     Cmd,
     Many,
     Message,
     Op,
     QueueError,
+    SyncHandle,
     as_bytes,
-    async_driver,
     check_name,
     check_prefix,
     chunks,
     pairs,
     positive_int,
     positive_seconds,
-    sync_driver,
 )
 from fastbus.queue.workqueue import (
     AsyncConsumer,
@@ -144,7 +144,7 @@ class _TopicOps:
         return (yield from self.space(consumer).return_failed(count, self.ttl_ms))
 
 
-class Topic:
+class Topic(SyncHandle):
     """A topic with logical consumers.
 
     ``redis``: a URL, ``redis.Redis``, ``RedisCluster`` or None (embedded
@@ -156,11 +156,7 @@ class Topic:
                  max_deliveries: int | None = 10, prefix: str = DEFAULT_PREFIX) -> None:
         self._ops = _TopicOps(name, prefix, ttl, max_deliveries)
         self.name = self._ops.name
-        self._driver, self._own = sync_driver(redis)
-
-    @property
-    def redis(self):
-        return self._driver.client
+        super().__init__(redis)
 
     def publish(self, payload: bytes) -> int:
         """Store one message and fan it out; returns its id."""
@@ -218,29 +214,16 @@ class Topic:
         """A logical consumer's failed messages back to its list."""
         return self._driver.run(self._ops.return_failed(consumer, count))
 
-    def close(self) -> None:
-        if self._own:
-            self._driver.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
-class AsyncTopic:
+class AsyncTopic(AsyncHandle):
     """:class:`Topic` for asyncio (``redis``: URL, ``redis.asyncio`` client or None)."""
 
     def __init__(self, name: str, redis: Any = None, *, ttl: float = 86400.0,
                  max_deliveries: int | None = 10, prefix: str = DEFAULT_PREFIX) -> None:
         self._ops = _TopicOps(name, prefix, ttl, max_deliveries)
         self.name = self._ops.name
-        self._driver, self._own = async_driver(redis)
-
-    @property
-    def redis(self):
-        return self._driver.client
+        super().__init__(redis)
 
     async def publish(self, payload: bytes) -> int:
         return await self._driver.run(self._ops.publish(payload))
@@ -283,13 +266,3 @@ class AsyncTopic:
 
     async def return_failed(self, consumer: str, count: int | None = None) -> int:
         return await self._driver.run(self._ops.return_failed(consumer, count))
-
-    async def close(self) -> None:
-        if self._own:
-            await self._driver.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()

@@ -37,14 +37,15 @@ import redis
 
 from fastbus.queue._common import (
     DEFAULT_PREFIX,
+    AsyncHandle,
     Call,
     Cmd,
     ConsumerTagInUse,
     Many,
     Message,
     Op,
+    SyncHandle,
     as_bytes,
-    async_driver,
     check_name,
     check_prefix,
     chunks,
@@ -53,7 +54,6 @@ from fastbus.queue._common import (
     pairs,
     positive_int,
     positive_seconds,
-    sync_driver,
 )
 
 log = logging.getLogger("fastbus.queue")
@@ -197,11 +197,16 @@ def _stats(name, ready, failed, totals, cons, now, buckets, window) -> QueueStat
 class _Holder:
     """One consumer's side of a namespace: its tag, token and heartbeat."""
 
-    def __init__(self, space: _Space, tag: str, heartbeat_ttl: float, owner: Any) -> None:
+    def __init__(self, space: _Space, tag: str | None, heartbeat_ttl: Any, clean_interval: Any,
+                 owner: Any) -> None:
+        heartbeat_ttl = positive_seconds("heartbeat_ttl", heartbeat_ttl)
+        self.clean_interval = positive_seconds("clean_interval", clean_interval, allow_none=True)
+        self.next_clean = time.monotonic() + (self.clean_interval or 0)
         self.space = space
-        self.tag = tag
+        self.tag = _tag(tag)
         self.token = secrets.token_hex(12)
         self.ttl_ms = max(1, int(heartbeat_ttl * 1000))
+        self.period = heartbeat_ttl / 3
         self.owner = owner
 
     def register(self) -> Op:
@@ -215,6 +220,27 @@ class _Holder:
     def heartbeat(self) -> Op:
         s = self.space
         yield Call("HEARTBEAT", s.ready, (s.ns, self.tag, self.token, self.ttl_ms))
+
+    def tick(self) -> Op:
+        """What the consumer's thread (or task) does every ``period``: extend
+        the heartbeat, and run the cleaner when it is due."""
+        yield from self.heartbeat()
+        if self.clean_interval is not None and time.monotonic() >= self.next_clean:
+            self.next_clean = time.monotonic() + self.clean_interval
+            r = yield from self.space.clean()
+            if r.returned or r.dead:
+                log.info("cleaner (consumer %s of %s): %s", self.tag, self.space.name, r)
+
+    def failed(self, error: Exception) -> bool:
+        """A tick failed: log it; True if the consumer lost its tag (stop beating)."""
+        if isinstance(error, ConsumerTagInUse):
+            log.error("consumer %s of %s lost its tag: %s", self.tag, self.space.name, error)
+            return True
+        if isinstance(error, _NETWORK_ERRORS):
+            log.warning("consumer %s: heartbeat failed (%s); retrying", self.tag, error)
+        else:
+            log.error("consumer %s: heartbeat failed", self.tag, exc_info=error)
+        return False
 
     def get_many(self, n: int, timeout: float | None) -> Op:
         positive_int("n", n)
@@ -273,10 +299,8 @@ class Consumer:
 
     def __init__(self, driver, space: _Space, tag: str | None, heartbeat_ttl: float,
                  clean_interval: float | None) -> None:
-        heartbeat_ttl = positive_seconds("heartbeat_ttl", heartbeat_ttl)
-        self._clean_interval = positive_seconds("clean_interval", clean_interval, allow_none=True)
         self._driver = driver
-        self._h = _Holder(space, _tag(tag), heartbeat_ttl, self)
+        self._h = _Holder(space, tag, heartbeat_ttl, clean_interval, self)
         self._stop = threading.Event()
         self._closed = False
         self.lost: Exception | None = None   # set if another consumer took the tag
@@ -318,24 +342,13 @@ class Consumer:
         return self.settle(requeue=messages)
 
     def _beat(self) -> None:
-        period = self._h.ttl_ms / 3000.0
-        next_clean = time.monotonic() + (self._clean_interval or 0)
-        while not self._stop.wait(period):
+        while not self._stop.wait(self._h.period):
             try:
-                self._driver.run(self._h.heartbeat())
-                if self._clean_interval is not None and time.monotonic() >= next_clean:
-                    next_clean = time.monotonic() + self._clean_interval
-                    r = self._driver.run(self._h.space.clean())
-                    if r.returned or r.dead:
-                        log.info("cleaner (consumer %s): %s", self.tag, r)
-            except ConsumerTagInUse as e:
-                self.lost = e
-                log.error("consumer %s lost its tag: %s", self.tag, e)
-                return
-            except _NETWORK_ERRORS as e:
-                log.warning("consumer %s: heartbeat failed (%s); retrying", self.tag, e)
-            except Exception:
-                log.exception("consumer %s: heartbeat failed", self.tag)
+                self._driver.run(self._h.tick())
+            except Exception as e:  # noqa: BLE001 - the thread must go on beating
+                if self._h.failed(e):
+                    self.lost = e
+                    return
 
     def close(self) -> None:
         """Stop the heartbeat; give back what is unacked; remove the consumer."""
@@ -359,7 +372,7 @@ class Consumer:
         self.close()
 
 
-class WorkQueue:
+class WorkQueue(SyncHandle):
     """A reliable work queue on Redis.
 
     ``redis``: a URL, a ``redis.Redis`` or ``redis.cluster.RedisCluster``, or
@@ -372,12 +385,7 @@ class WorkQueue:
                  prefix: str = DEFAULT_PREFIX) -> None:
         self.name = check_name("queue name", name)
         self._space = _Space(self.name, queue_namespace(prefix, name), "", _max_deliveries(max_deliveries))
-        self._driver, self._own = sync_driver(redis)
-
-    @property
-    def redis(self):
-        """The redis-py client in use."""
-        return self._driver.client
+        super().__init__(redis)
 
     def put(self, payload: bytes) -> int:
         """Append one message; returns its id once the server has it."""
@@ -416,19 +424,8 @@ class WorkQueue:
         """Counts, consumers and rates (over the last ``window`` seconds) in one atomic read."""
         return self._driver.run(self._space.stats(window))
 
-    def close(self) -> None:
-        """Close the client if this queue made it (from a URL or the default)."""
-        if self._own:
-            self._driver.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
 # -- asyncio API
+
 
 
 class AsyncConsumer:
@@ -437,10 +434,8 @@ class AsyncConsumer:
 
     def __init__(self, driver, space: _Space, tag: str | None, heartbeat_ttl: float,
                  clean_interval: float | None, before=None) -> None:
-        heartbeat_ttl = positive_seconds("heartbeat_ttl", heartbeat_ttl)
-        self._clean_interval = positive_seconds("clean_interval", clean_interval, allow_none=True)
         self._driver = driver
-        self._h = _Holder(space, _tag(tag), heartbeat_ttl, self)
+        self._h = _Holder(space, tag, heartbeat_ttl, clean_interval, self)
         self._task: asyncio.Task | None = None
         self._before = before           # e.g. registering a topic's logical consumer
         self.lost: Exception | None = None
@@ -482,23 +477,14 @@ class AsyncConsumer:
         return await self.settle(requeue=messages)
 
     async def _beat(self) -> None:
-        period = self._h.ttl_ms / 3000.0
-        next_clean = time.monotonic() + (self._clean_interval or 0)
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(self._h.period)
             try:
-                await self._driver.run(self._h.heartbeat())
-                if self._clean_interval is not None and time.monotonic() >= next_clean:
-                    next_clean = time.monotonic() + self._clean_interval
-                    await self._driver.run(self._h.space.clean())
-            except ConsumerTagInUse as e:
-                self.lost = e
-                log.error("consumer %s lost its tag: %s", self.tag, e)
-                return
-            except _NETWORK_ERRORS as e:
-                log.warning("consumer %s: heartbeat failed (%s); retrying", self.tag, e)
-            except Exception:
-                log.exception("consumer %s: heartbeat failed", self.tag)
+                await self._driver.run(self._h.tick())
+            except Exception as e:  # noqa: BLE001 - the task must go on beating
+                if self._h.failed(e):
+                    self.lost = e
+                    return
 
     async def close(self) -> None:
         if self._task is None:
@@ -521,7 +507,7 @@ class AsyncConsumer:
         await self.close()
 
 
-class AsyncWorkQueue:
+class AsyncWorkQueue(AsyncHandle):
     """:class:`WorkQueue` for asyncio: ``redis`` is a URL, a
     ``redis.asyncio`` client (plain or cluster) or None.  Consumers:
     ``async with q.consumer("w1") as c:`` (or ``c = await q.consumer(...)``)."""
@@ -530,11 +516,7 @@ class AsyncWorkQueue:
                  prefix: str = DEFAULT_PREFIX) -> None:
         self.name = check_name("queue name", name)
         self._space = _Space(self.name, queue_namespace(prefix, name), "", _max_deliveries(max_deliveries))
-        self._driver, self._own = async_driver(redis)
-
-    @property
-    def redis(self):
-        return self._driver.client
+        super().__init__(redis)
 
     async def put(self, payload: bytes) -> int:
         return await self._driver.run(self._space.put(payload))
@@ -560,13 +542,3 @@ class AsyncWorkQueue:
 
     async def stats(self, window: int = 5) -> QueueStats:
         return await self._driver.run(self._space.stats(window))
-
-    async def close(self) -> None:
-        if self._own:
-            await self._driver.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
