@@ -278,3 +278,23 @@ def test_asyncio_queue(redis_url):
             assert (st.ready, st.failed, st.totals["ack"]) == (1, 5, 45)
 
     asyncio.run(main())
+
+
+def test_scripts_are_loaded_again_after_the_server_forgot_them(queue, redis_url):
+    """A restart (here SCRIPT FLUSH) empties the server's script cache: plain
+    and pipelined calls (put_many of several script calls; the wake-up's
+    BLPOP + GET) load them again."""
+    client = redis.Redis.from_url(redis_url)
+    queue.put(b"warm")
+    client.script_flush()
+    ids = queue.put_many([b"p"] * 2500)                   # three pipelined script calls
+    assert len(ids) == 2500 and queue.stats().ready == 2501
+    with queue.consumer(clean_interval=None) as c:
+        c.ack(*c.get_many(3000, timeout=0))
+        client.script_flush()
+        threading.Timer(0.2, client.rpush, ("fastbus:q:{jobs}:notify", "1")).start()
+        assert c.get(timeout=0.6) is None                  # woken, GET reloaded, nothing there
+        client.script_flush()
+        threading.Timer(0.2, queue.put, (b"x",)).start()
+        assert c.get(timeout=5).payload == b"x"
+    client.close()

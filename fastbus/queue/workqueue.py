@@ -247,19 +247,20 @@ class _Holder:
         positive_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         s = self.space
         deadline = None if timeout is None else time.monotonic() + timeout
-        args = (s.ns, self.tag, self.token, self.ttl_ms, n, s.body_ns)
-        while True:
-            items = yield Call("GET", s.ready, args)
-            if items:
-                return decode_items(items, self.owner)
+        get = Call("GET", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, n, s.body_ns))
+        items = yield get
+        while not items:
             wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
             if wait <= 0:
                 return []
-            # Block until a producer's token arrives (no polling): a token is
-            # only a hint, so the loop takes with the script and waits again
-            # if another consumer was faster.  The 1 s slices bound the wait
-            # for a token lost with a consumer that died holding it.
-            yield Cmd(("BLPOP", s.ns + "notify", max(0.01, round(wait, 3))))
+            # Block until a producer's token arrives (no polling), and take
+            # in the same round trip: the server runs the pipelined GET as
+            # soon as BLPOP returns.  A token is only a hint, so the loop
+            # waits again if another consumer was faster.  The 1 s slices
+            # bound the wait for a token lost with a consumer that died
+            # holding it.
+            _token, items = yield Many([Cmd(("BLPOP", s.ns + "notify", max(0.01, round(wait, 3)))), get])
+        return decode_items(items, self.owner)
 
     def settle(self, ack, reject, requeue) -> Op:
         ack, reject, requeue = list(ack), list(reject), list(requeue)
