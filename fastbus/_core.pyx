@@ -1539,3 +1539,88 @@ cdef class Router:
         _unlock(&self._lock)
         return {"batches": s.batches, "records": s.records, "bytes": s.bytes,
                 "deliveries": s.deliveries, "unrouted": s.unrouted, "rejected": s.rejected}
+
+
+# -- fastbus.queue: work-queue items (see fastbus/queue/_lua.py for the format)
+
+DEF QUEUE_HEADER = 21
+
+
+cdef inline uint64_t _be64(const unsigned char *p) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(8):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef class QueueMessage:
+    """A message as a :mod:`fastbus.queue` consumer gets it (exported there as
+    ``Message``).
+
+    ``id``: monotonic per queue (per topic for topic messages); ``payload``:
+    the bytes put; ``created_at``: server time of the put, in seconds since
+    the epoch; ``deliveries``: 1 on the first delivery, counting redeliveries
+    after requeues and crashed consumers (in a message looked at with
+    ``peek``: the deliveries so far).  ``ack()``, ``reject()`` and
+    ``requeue()`` settle it through the consumer that got it (coroutines for
+    an asyncio consumer)."""
+
+    cdef readonly object id
+    cdef readonly bytes payload
+    cdef readonly double created_at
+    cdef readonly long deliveries
+    cdef readonly bytes _key           # the id as 8 big-endian bytes: its field in the unacked hash
+    cdef readonly object _consumer
+
+    def __init__(self, id, bytes payload not None, double created_at, long deliveries,
+                 bytes _key=b"", _consumer=None):
+        self.id = id
+        self.payload = payload
+        self.created_at = created_at
+        self.deliveries = deliveries
+        self._key = _key
+        self._consumer = _consumer
+
+    def ack(self):
+        return self._consumer.ack(self)
+
+    def reject(self):
+        return self._consumer.reject(self)
+
+    def requeue(self):
+        return self._consumer.requeue(self)
+
+    def __repr__(self):
+        return (f"Message(id={self.id!r}, payload={self.payload!r}, created_at={self.created_at!r}, "
+                f"deliveries={self.deliveries!r})")
+
+
+def queue_decode(list items not None, consumer=None) -> list:
+    """Work-queue items as the scripts return them (21-byte header + payload)
+    -> :class:`QueueMessage` objects, in one call.  With a consumer they are
+    being delivered (``deliveries`` counts this one); without, looked at.
+    ValueError on an item too short or of another version."""
+    cdef Py_ssize_t i, n = len(items), size
+    cdef const unsigned char *p
+    cdef QueueMessage m
+    cdef long this = 0 if consumer is None else 1
+    cdef list out = PyList_New(n)
+    for i in range(n):
+        item = items[i]
+        if not PyBytes_CheckExact(item):
+            raise TypeError(f"queue item {i} is {type(item).__name__}, not bytes")
+        size = PyBytes_GET_SIZE(item)
+        p = <const unsigned char *>PyBytes_AS_STRING(item)
+        if size < QUEUE_HEADER or p[0] != 1:
+            raise ValueError(f"queue item {i} is not a fastbus v1 item ({size} bytes)")
+        m = QueueMessage.__new__(QueueMessage)
+        m.deliveries = ((<long>p[1] << 24) | (<long>p[2] << 16) | (<long>p[3] << 8) | p[4]) + this
+        m.id = _be64(p + 5)
+        m.created_at = <double>_be64(p + 13) / 1000.0
+        m.payload = PyBytes_FromStringAndSize(<const char *>p + QUEUE_HEADER, size - QUEUE_HEADER)
+        m._key = PyBytes_FromStringAndSize(<const char *>p + 5, 8)
+        m._consumer = consumer
+        Py_INCREF(m)
+        PyList_SET_ITEM(out, i, m)
+    return out

@@ -15,19 +15,19 @@ import math
 import re
 import struct
 from collections.abc import Generator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Self
 
 import redis
 from redis.exceptions import NoScriptError
 
+from fastbus._core import QueueMessage, queue_decode
 from fastbus.errors import FastbusError
 from fastbus.queue import _lua
 
 DEFAULT_PREFIX = "fastbus"
 MAX_CALL_MESSAGES = 1000        # messages per script call (Lua's unpack limit is ~8000)
 MAX_CALL_BYTES = 8 << 20        # payload bytes per script call (one message may exceed it alone)
-_HEADER = struct.Struct(">BIQQ")
 _ID = struct.Struct(">Q")
 _NAME = re.compile(r"[^\s{}:]{1,200}\Z")
 
@@ -92,46 +92,14 @@ def positive_int(what: str, value: Any, *, allow_none: bool = False) -> int | No
     return value
 
 
-@dataclass(slots=True, eq=False)
-class Message:
-    """A message as a consumer gets it.
-
-    ``id``: monotonic per queue (per topic for topic messages); ``payload``:
-    the bytes put; ``created_at``: server time of the put, in seconds since
-    the epoch; ``deliveries``: 1 on the first delivery, counting redeliveries
-    after requeues and crashed consumers (in a message looked at with
-    ``peek``: the deliveries so far).  ``ack()``, ``reject()`` and
-    ``requeue()`` settle it through the consumer that got it (coroutines for
-    an asyncio consumer)."""
-
-    id: int
-    payload: bytes
-    created_at: float
-    deliveries: int
-    _key: bytes = field(repr=False, default=b"")
-    _consumer: Any = field(repr=False, default=None)
-
-    def ack(self):
-        return self._consumer.ack(self)
-
-    def reject(self):
-        return self._consumer.reject(self)
-
-    def requeue(self):
-        return self._consumer.requeue(self)
+Message = QueueMessage           # a C type: fastbus.queue's messages are made many per call (queue_decode)
 
 
 def decode_items(items: list, consumer: Any = None) -> list[Message]:
     """Items as the scripts return them (21-byte header + payload) -> Messages.
     With a consumer, they are being delivered (``deliveries`` counts this
     one); without, they are looked at (``deliveries`` so far)."""
-    out = []
-    unpack = _HEADER.unpack_from
-    this = 0 if consumer is None else 1
-    for item in items:
-        _v, prior, mid, created = unpack(item)
-        out.append(Message(mid, item[21:], created / 1000.0, prior + this, item[5:13], consumer))
-    return out
+    return queue_decode(items, consumer)
 
 
 def id_key(message: Any) -> bytes:
@@ -312,18 +280,18 @@ def _is_cluster(client: Any) -> bool:
 
 
 def sync_driver(target: Any) -> tuple[SyncDriver, bool]:
-    """A driver for a URL, a ``redis.Redis``/``RedisCluster`` or None (the
-    embedded server, :func:`fastbus.redis.resolve_url`); True if the client is
-    ours to close."""
-    if target is None or isinstance(target, str):
-        from fastbus.redis.server import resolve_url
-        url = resolve_url(target)
-        return SyncDriver(redis.Redis.from_url(url)), True
+    """A driver for a URL, a ``redis.Redis``/``RedisCluster``, a connection
+    pool, or None (the embedded server); True if the client is ours to close."""
     if isinstance(target, redis.Redis) or _is_cluster(target):
-        if hasattr(target, "__await__") or type(target).__module__.startswith("redis.asyncio"):
+        if type(target).__module__.startswith("redis.asyncio"):
             raise TypeError("an asyncio Redis client needs the Async classes (AsyncWorkQueue, ...)")
         return SyncDriver(target), False
-    raise TypeError(f"expected a Redis URL, redis.Redis or RedisCluster, not {type(target).__name__}")
+    # A URL, a pool or None: resolved where the rest of fastbus.redis does it.
+    from fastbus.redis.publisher import _pool_from
+    pool, own = _pool_from(target)
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = own              # close() then closes a pool made here
+    return SyncDriver(client), own
 
 
 def async_driver(target: Any) -> tuple[AsyncDriver, bool]:

@@ -267,9 +267,11 @@ class _Holder:
         given = ack + reject + requeue
         if not given:
             return SettleResult()
-        ids = [b"".join(map(id_key, part)) for part in (ack, reject, requeue)]
-        if sum(map(len, ids)) != 8 * len(set(map(id_key, given))):
+        keys = [id_key(m) for m in given]
+        if len(set(keys)) != len(keys):
             raise ValueError("a message is given twice to settle")
+        a, r = len(ack), len(ack) + len(reject)
+        ids = (b"".join(keys[:a]), b"".join(keys[a:r]), b"".join(keys[r:]))
         s = self.space
         r = yield Call("SETTLE", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, s.body_ns, s.max, *ids))
         missing = [given[i - 1] for i in r[4]]
