@@ -23,7 +23,7 @@ cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void *op)
 from fastbus.includes.fb_lock cimport fb_lock, fb_lock_try, fb_lock_release, fb_lock_wait
 from cpython cimport array
-from libc.stdint cimport uint8_t, uint32_t, uint64_t, int64_t, UINT64_MAX, UINT32_MAX
+from libc.stdint cimport uint8_t, int32_t, uint32_t, uint64_t, int64_t, UINT64_MAX, UINT32_MAX
 from libc.stdlib cimport malloc
 from libc.string cimport memcpy, memcmp, memset
 from libc.errno cimport errno
@@ -1624,3 +1624,83 @@ def queue_decode(list items not None, consumer=None) -> list:
         Py_INCREF(m)
         PyList_SET_ITEM(out, i, m)
     return out
+
+
+# -- fastbus.queue topics: READ replies (one value per id: 8-byte created ms
+#    big-endian, then the payload; None where the id is not retained)
+
+cdef inline const unsigned char *_topic_value(object v, Py_ssize_t i, Py_ssize_t *size) except NULL:
+    if not PyBytes_CheckExact(v):
+        raise TypeError(f"topic value {i} is {type(v).__name__}, not bytes")
+    size[0] = PyBytes_GET_SIZE(v)
+    if size[0] < 8:
+        raise ValueError(f"topic value {i} is {size[0]} bytes, shorter than its 8-byte timestamp")
+    return <const unsigned char *>PyBytes_AS_STRING(v)
+
+
+def topic_decode(list values not None, uint64_t first) -> list:
+    """A topic READ reply for ids ``first, first+1, ...`` -> the retained
+    ones as :class:`QueueMessage` (``deliveries`` 0), in one call."""
+    cdef Py_ssize_t i, n = len(values), size
+    cdef const unsigned char *p
+    cdef QueueMessage m
+    cdef list out = []
+    for i in range(n):
+        v = values[i]
+        if v is None:
+            continue
+        p = _topic_value(v, i, &size)
+        m = QueueMessage.__new__(QueueMessage)
+        m.deliveries = 0
+        m.id = first + <uint64_t>i
+        m.created_at = <double>_be64(p) / 1000.0
+        m.payload = PyBytes_FromStringAndSize(<const char *>p + 8, size - 8)
+        m._key = b""
+        m._consumer = None
+        out.append(m)
+    return out
+
+
+def topic_columns(list values not None, uint64_t first) -> tuple:
+    """A topic READ reply -> Arrow-ready column buffers of the retained ids,
+    with no Python object per message: ``(rows, ids, micros, offsets, data)``
+    where ``ids`` and ``micros`` (created, microseconds since the epoch) are
+    native int64 arrays, ``offsets`` native int32 (rows + 1) and ``data`` the
+    payloads end to end: the buffers of an Arrow int64, timestamp[us] and
+    binary column."""
+    cdef Py_ssize_t i, n = len(values), size, rows = 0, total = 0
+    cdef const unsigned char *p
+    for i in range(n):
+        v = values[i]
+        if v is not None:
+            p = _topic_value(v, i, &size)
+            rows += 1
+            total += size - 8
+    if total > 0x7fffffff:
+        raise ValueError("more than 2 GiB of payloads in one read: read a smaller range")
+    ids = PyBytes_FromStringAndSize(NULL, rows * 8)
+    micros = PyBytes_FromStringAndSize(NULL, rows * 8)
+    offsets = PyBytes_FromStringAndSize(NULL, (rows + 1) * 4)
+    data = PyBytes_FromStringAndSize(NULL, total)
+    cdef int64_t *pid = <int64_t *>PyBytes_AS_STRING(ids)
+    cdef int64_t *pts = <int64_t *>PyBytes_AS_STRING(micros)
+    cdef int32_t *pof = <int32_t *>PyBytes_AS_STRING(offsets)
+    cdef char *pd = PyBytes_AS_STRING(data)
+    cdef Py_ssize_t r = 0, at = 0
+    pof[0] = 0
+    for i in range(n):
+        v = values[i]
+        if v is None:
+            continue
+        p = _topic_value(v, i, &size)
+        if r >= rows or at + size - 8 > total:      # the list changed under us (a finalizer)
+            raise RuntimeError("topic values changed while being read")
+        pid[r] = <int64_t>(first + <uint64_t>i)
+        pts[r] = <int64_t>_be64(p) * 1000
+        memcpy(pd + at, p + 8, size - 8)
+        at += size - 8
+        r += 1
+        pof[r] = <int32_t>at
+    if r != rows:
+        raise RuntimeError("topic values changed while being read")
+    return rows, ids, micros, offsets, data

@@ -72,7 +72,7 @@ def test_bodies_live_until_the_last_consumer_acks(topic, redis_url):
     topic.register("a")
     topic.register("b")
     (mid,) = topic.publish_many([b"body"])
-    key = f"fastbus:t:{{orders}}:m:{mid}"
+    key = "fastbus:t:{orders}:m:0"            # the block of ids 0..1023
     with topic.consumer("a", clean_interval=None) as c:
         _drain(c)
     assert client.exists(key) == 1 and [m.payload for m in topic.read(mid, mid)] == [b"body"]
@@ -110,7 +110,7 @@ def test_rejected_messages_keep_their_body_and_can_come_back(topic, redis_url):
     with topic.consumer("r", clean_interval=None) as c:
         (m,) = _drain(c)
     assert (m.id, m.payload, m.deliveries) == (2, b"bad", 1)
-    assert redis.Redis.from_url(redis_url).exists("fastbus:t:{orders}:m:2") == 0
+    assert redis.Redis.from_url(redis_url).exists("fastbus:t:{orders}:m:0") == 0
 
 
 def test_unregister_removes_every_key_of_the_consumer(topic, redis_url):
@@ -130,6 +130,58 @@ def test_unregister_removes_every_key_of_the_consumer(topic, redis_url):
     with pytest.raises(QueueError, match="no consumer named"):
         topic.unregister("gone")
     client.close()
+
+
+def test_messages_across_body_blocks(topic, redis_url):
+    """Bodies live in blocks of 1024 ids: a publish, a get and a read that
+    span blocks see every message, and the blocks go when all are acked."""
+    client = redis.Redis.from_url(redis_url)
+    topic.register("c")
+    payloads = [b"m%d" % i for i in range(3000)]
+    ids = topic.publish_many(payloads)
+    assert ids == list(range(1, 3001))
+    assert [m.payload for m in topic.read(1000, 1100)] == payloads[999:1100]
+    assert [m.id for m in topic.read(2990, 3005)] == list(range(2990, 3001))
+    with topic.consumer("c", clean_interval=None) as c:
+        got = []
+        while part := _drain(c, 700):                  # gets that straddle blocks
+            got += part
+        assert [m.payload for m in got] == payloads
+        assert all(m.created_at > 0 for m in got)
+    assert client.keys("fastbus:t:{orders}:m:*") == []
+    assert client.hlen("fastbus:t:{orders}:refs") == 0
+    assert client.zcard("fastbus:t:{orders}:blocks") == 0
+    assert topic.retained() == (0, 3000)
+    client.close()
+
+
+def test_retained_range_and_ack_upto(topic, redis_url):
+    topic.publish_many([b"before"] * 10)                  # no consumer: kept until the TTL
+    assert topic.retained() == (1, 10)
+    topic.register("spark")
+    topic.publish_many([b"x%d" % i for i in range(2490)])  # ids 11..2500
+    assert topic.ack_upto("spark", 1500) == 1490
+    assert topic.stats().consumers["spark"].ready == 1000
+    assert topic.ack_upto("spark", 1500) == 0              # again: nothing more
+    assert [m.payload for m in topic.read(1501, 1502)] == [b"x1490", b"x1491"]
+    # block 0 (ids 1..1023) had one consumer, done with all of it: deleted,
+    # with the 10 messages nobody was registered for
+    assert topic.read(1, 1023) == []
+    assert topic.retained() == (1024, 2500)
+    assert topic.ack_upto("spark", 10**9) == 1000
+    assert topic.retained() == (0, 2500)
+    with pytest.raises(QueueError, match="no consumer named"):
+        topic.ack_upto("nobody", 5)
+
+
+def test_retained_skips_expired_blocks(redis_url):
+    t = Topic("brief", redis_url, ttl=0.2)
+    t.publish_many([b"a"] * 1500)
+    assert t.retained() == (1, 1500)
+    time.sleep(0.4)
+    assert t.retained() == (0, 1500)
+    assert t.read(1, 1500) == []
+    t.close()
 
 
 def test_topic_bad_arguments(topic):

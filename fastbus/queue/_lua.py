@@ -14,7 +14,7 @@ A work-queue *item* is a 21-byte header and the payload::
     id       u64  from INCRBY on P..'seq' (monotonic per queue)
     created  u64  server time in milliseconds (TIME), when put
     payload  ...  (empty in a topic consumer's lists: the body is kept once,
-                  under the topic's ``m:<id>`` hash)
+                  in the topic's block hash ``m:<id // 1024>``)
 
 all big-endian, so bytes 6..13 (the id) compare like the numbers and serve
 as the field name of the unacked hashes.
@@ -99,16 +99,55 @@ local function beat(P, tag, token, ttl, refresh)
   end
 end
 
--- Topic consumers keep only headers; the body is the topic's m:<id> hash,
--- shared by its logical consumers and deleted when the last one is done.
-local function body(B, item)
-  return redis.call('HGET', B .. fmt(id_of(item)), 'b')
+-- Topic bodies: B is the topic's namespace T.  Bodies live in blocks of
+-- 1024 consecutive ids, one hash per block (T..'m:'..block, field = the id's
+-- 8 bytes, value = created ms (8 bytes) .. payload), so a publish, a read of
+-- an id range or a consumer's get costs a few calls per block instead of
+-- several per message.  T..'refs' counts, per block, the consumer-list
+-- entries that still need one of its bodies; at zero the block is deleted.
+-- T..'blocks' (a sorted set) indexes the blocks so the retained range can be
+-- found; entries of blocks that expired are pruned when met.  A block
+-- expires TTL after the last publish into it.
+local BLOCK = 1024
+local function block_of(id) return math.floor(id / BLOCK) end
+local function bkey(B, blk) return B .. 'm:' .. fmt(blk) end
+
+-- the bodies of topic items (headers), aligned with them; false where gone
+local function bodies(B, items)
+  local out, i = {}, 1
+  while i <= #items do
+    local blk = block_of(id_of(items[i]))
+    local fields, j = {}, i
+    while j <= #items and #fields < 1000 and block_of(id_of(items[j])) == blk do
+      fields[#fields + 1] = string.sub(items[j], 6, 13)
+      j = j + 1
+    end
+    local vals = redis.call('HMGET', bkey(B, blk), unpack(fields))
+    for k = 1, #fields do
+      local v = vals[k]
+      out[i + k - 1] = v and string.sub(v, 9) or false
+    end
+    i = j
+  end
+  return out
 end
 
-local function unref(B, item)
-  local mk = B .. fmt(id_of(item))
-  if redis.call('EXISTS', mk) == 1 and redis.call('HINCRBY', mk, 'r', -1) <= 0 then
-    redis.call('DEL', mk)
+local function body(B, item) return bodies(B, {item})[1] or nil end
+
+-- the items (headers) no longer need their bodies: references dropped per block
+local function unref(B, items)
+  local per = {}
+  for _, item in ipairs(items) do
+    local blk = block_of(id_of(item))
+    per[blk] = (per[blk] or 0) + 1
+  end
+  for blk, k in pairs(per) do
+    local f = fmt(blk)
+    if redis.call('HINCRBY', B .. 'refs', f, -k) <= 0 then
+      redis.call('DEL', bkey(B, blk))
+      redis.call('HDEL', B .. 'refs', f)
+      redis.call('ZREM', B .. 'blocks', f)
+    end
   end
 end
 
@@ -116,7 +155,7 @@ end
 local function to_failed(P, B, item)
   if B ~= '' then
     local b = body(B, item)
-    unref(B, item)
+    unref(B, {item})
     item = item .. (b or '')
   end
   redis.call('RPUSH', P .. 'failed', item)
@@ -222,13 +261,16 @@ local u = P .. 'unacked:' .. tag
 call_many('HSET', u, fields, 1000)
 count(P, 'get', #items)
 if B == '' then return items end
-local out, expired = {}, {}
-for _, item in ipairs(items) do
-  local b = body(B, item)
-  if b then out[#out + 1] = item .. b else expired[#expired + 1] = string.sub(item, 6, 13) end
+local out, expired, gone = {}, {}, {}
+for i, b in ipairs(bodies(B, items)) do
+  if b then out[#out + 1] = items[i] .. b else
+    expired[#expired + 1] = string.sub(items[i], 6, 13)
+    gone[#gone + 1] = items[i]
+  end
 end
 if #expired > 0 then
   call_many('HDEL', u, expired, 1000)
+  unref(B, gone)
   count(P, 'expired', #expired)
 end
 return out
@@ -254,16 +296,17 @@ local acked, rejected, missing, again = 0, 0, {}, {}
 for i = 1, #acks, 1000 do
   local chunk = {unpack(acks, i, math.min(i + 999, #acks))}
   local held = redis.call('HMGET', u, unpack(chunk))
-  local del = {}
+  local del, done = {}, {}
   for j = 1, #chunk do
     if held[j] then
       del[#del + 1] = chunk[j]
-      if B ~= '' then unref(B, held[j]) end
+      done[#done + 1] = held[j]
     else
       missing[#missing + 1] = i + j - 1
     end
   end
   if #del > 0 then redis.call('HDEL', u, unpack(del)) end
+  if B ~= '' then unref(B, done) end
   acked = acked + #del
 end
 local function take(list, base, each)
@@ -307,7 +350,7 @@ CLEAN = _LIB + r"""
 local mode, base, max = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local spaces, B = {}, ''
 if mode == 't' then
-  B = base .. 'm:'
+  B = base
   for _, name in ipairs(redis.call('SMEMBERS', base .. 'consumers')) do
     spaces[#spaces + 1] = base .. 'c:' .. name .. ':'
   end
@@ -349,8 +392,8 @@ return {redis.call('LLEN', P .. 'ready'), redis.call('LLEN', P .. 'failed'),
 # return_failed: KEYS[1]=P..'ready'  ARGV: P, n (0 = all), B, ttl_ms  -> how many
 #   the oldest failed items back to the tail of ready, delivery count reset.
 #   A topic consumer's failed item carries its body (see to_failed): the body
-#   goes back under m:<id> (made again, with the topic's TTL, if it expired)
-#   and the header alone to ready.
+#   goes back into its block (made again, with the topic's TTL, if it
+#   expired), taking a reference, and the header alone to ready.
 RETURN_FAILED = _LIB + r"""
 local P, n, B, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local items
@@ -361,13 +404,16 @@ end
 if not items then return 0 end
 for i, item in ipairs(items) do
   if B ~= '' then
-    local mk = B .. fmt(id_of(item))
-    if redis.call('EXISTS', mk) == 1 then
-      redis.call('HINCRBY', mk, 'r', 1)
+    local blk = block_of(id_of(item))
+    local bk = bkey(B, blk)
+    if redis.call('EXISTS', bk) == 0 then
+      redis.call('ZADD', B .. 'blocks', blk, fmt(blk))
+      redis.call('HSET', bk, string.sub(item, 6, 13), string.sub(item, 14, 21) .. string.sub(item, 22))
+      redis.call('PEXPIRE', bk, ttl)
     else
-      redis.call('HSET', mk, 'b', string.sub(item, 22), 't', struct.unpack('>I8', item, 14), 'r', 1)
-      redis.call('PEXPIRE', mk, ttl)
+      redis.call('HSET', bk, string.sub(item, 6, 13), string.sub(item, 14, 21) .. string.sub(item, 22))
     end
+    redis.call('HINCRBY', B .. 'refs', fmt(blk), 1)
     item = string.sub(item, 1, 21)
   end
   items[i] = with_prior(item, 0)
@@ -381,15 +427,14 @@ return #items
 PURGE = _LIB + r"""
 local P, which, B = ARGV[1], ARGV[2], ARGV[3]
 local items = redis.call('LRANGE', P .. which, 0, -1)
-if B ~= '' and which == 'ready' then
-  for _, item in ipairs(items) do unref(B, item) end
-end
+if B ~= '' and which == 'ready' then unref(B, items) end
 redis.call('DEL', P .. which)
 if which == 'ready' then redis.call('DEL', P .. 'notify') end
 return #items
 """
 
-# -- topics: T = prefix:t:{name}:  (seq, consumers = logical names, stats, m:<id>)
+# -- topics: T = prefix:t:{name}:  (seq, consumers = logical names, stats,
+#    m:<block> bodies, refs, blocks: see bodies() in _LIB)
 
 # publish: KEYS[1]=T..'seq'  ARGV: T, ttl_ms, payload...  -> first id
 PUBLISH = _LIB + r"""
@@ -397,15 +442,29 @@ local T, ttl = ARGV[1], tonumber(ARGV[2])
 local n = #ARGV - 2
 local first = redis.call('INCRBY', T .. 'seq', n) - n + 1
 local now = now_ms()
+local stamp = struct.pack('>I8', now)
 local names = redis.call('SMEMBERS', T .. 'consumers')
 local heads = {}
+local fields, blk = {}, block_of(first)
+local function store()
+  local bk, f = bkey(T, blk), fmt(blk)
+  call_many('HSET', bk, fields, 1000)
+  redis.call('PEXPIRE', bk, ttl)
+  redis.call('ZADD', T .. 'blocks', blk, f)
+  if #names > 0 then redis.call('HINCRBY', T .. 'refs', f, #fields / 2 * #names) end
+end
 for i = 1, n do
   local id = first + i - 1
-  local mk = T .. 'm:' .. fmt(id)
-  redis.call('HSET', mk, 'b', ARGV[i + 2], 't', now, 'r', #names)
-  redis.call('PEXPIRE', mk, ttl)
-  heads[i] = struct.pack('>BI4I8I8', 1, 0, id, now)
+  if block_of(id) ~= blk then
+    store()
+    fields, blk = {}, block_of(id)
+  end
+  local key = struct.pack('>I8', id)
+  fields[#fields + 1] = key
+  fields[#fields + 1] = stamp .. ARGV[i + 2]
+  heads[i] = struct.pack('>BI4', 1, 0) .. key .. stamp
 end
+store()
 for _, name in ipairs(names) do
   local P = T .. 'c:' .. name .. ':'
   call_many('RPUSH', P .. 'ready', heads, 1000)
@@ -427,11 +486,11 @@ return {new, tonumber(redis.call('GET', T .. 'seq') or '0')}
 #   every item it still had (ready or unacked) releases its body reference
 UNSUBSCRIBE = _LIB + r"""
 local T, name = ARGV[1], ARGV[2]
-local P, B = T .. 'c:' .. name .. ':', T .. 'm:'
+local P, B = T .. 'c:' .. name .. ':', T
 if redis.call('SREM', T .. 'consumers', name) == 0 then return -1 end
 local dropped = 0
 local function drop(items)
-  for _, item in ipairs(items) do unref(B, item) end
+  unref(B, items)
   dropped = dropped + #items
 end
 drop(redis.call('LRANGE', P .. 'ready', 0, -1))
@@ -447,19 +506,59 @@ call_many('DEL', keys[1], {unpack(keys, 2)}, 1000)
 return dropped
 """
 
-# read: KEYS[1]=T..'seq'  ARGV: T, first id, last id  -> {id, created, body, ...} retained only
+# read: KEYS[1]=T..'seq'  ARGV: T, first id, last id
+#   -> one value per id (8-byte created ms .. payload), nil where not retained
 READ = _LIB + r"""
 local T, a, b = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local out = {}
-for id = a, b do
-  local v = redis.call('HMGET', T .. 'm:' .. fmt(id), 'b', 't')
-  if v[1] then
-    out[#out + 1] = id
-    out[#out + 1] = tonumber(v[2])
-    out[#out + 1] = v[1]
-  end
+local id = a
+while id <= b do
+  local blk = block_of(id)
+  local last = math.min(b, (blk + 1) * BLOCK - 1)
+  local fields = {}
+  for i = id, last do fields[#fields + 1] = struct.pack('>I8', i) end
+  local vals = redis.call('HMGET', bkey(T, blk), unpack(fields))
+  for k = 1, #fields do out[#out + 1] = vals[k] end
+  id = last + 1
 end
 return out
+"""
+
+# retained: KEYS[1]=T..'seq'  ARGV: T -> {first retained id (0: none), last id}
+#   the oldest block that still exists (entries of expired blocks pruned)
+RETAINED = _LIB + r"""
+local T = ARGV[1]
+local last = tonumber(redis.call('GET', T .. 'seq') or '0')
+while true do
+  local head = redis.call('ZRANGE', T .. 'blocks', 0, 0)
+  if #head == 0 then return {0, last} end
+  local ids = redis.call('HKEYS', bkey(T, tonumber(head[1])))
+  if #ids > 0 then
+    local low = ids[1]
+    for _, f in ipairs(ids) do if f < low then low = f end end
+    return {struct.unpack('>I8', low), last}
+  end
+  redis.call('ZREM', T .. 'blocks', head[1])
+end
+"""
+
+# ack_upto: KEYS[1]=T..'seq'  ARGV: T, name, last id, n
+#   a logical consumer read by position (the Spark source): its ready items
+#   with ids <= last leave its list (at most n per call), their bodies'
+#   references dropped.  -> {removed, 1 if more may remain}; -1: no such consumer
+ACK_UPTO = _LIB + r"""
+local T, name, upto, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+if redis.call('SISMEMBER', T .. 'consumers', name) == 0 then return {-1, 0} end
+local P = T .. 'c:' .. name .. ':'
+local items = redis.call('LRANGE', P .. 'ready', 0, n - 1)
+local k = 0
+while k < #items and id_of(items[k + 1]) <= upto do k = k + 1 end
+if k == 0 then return {0, 0} end
+redis.call('LTRIM', P .. 'ready', k, -1)
+for i = #items, k + 1, -1 do items[i] = nil end
+unref(T, items)
+count(P, 'ack', k)
+return {k, k == n and 1 or 0}
 """
 
 # topic_info: KEYS[1]=T..'seq'  ARGV: T -> {last id, {names}, {stats flat}}

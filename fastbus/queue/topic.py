@@ -15,9 +15,15 @@ after does not, and no consumer can see half a fan-out.  Each logical
 consumer's list is a work queue of ids (:mod:`fastbus.queue.workqueue`):
 instances take ids with their bodies, ack them, and a crashed instance's
 unacked ids are delivered again (the retry RedisQ lacks; RedisQ's BLPOP lost
-the message of a consumer that died after the pop).  A body is deleted when
-every logical consumer that got it has acked it (or rejected it: the failed
-list keeps its own copy), or when the TTL runs out, whichever is first.
+the message of a consumer that died after the pop).
+
+Bodies are kept in blocks of 1024 consecutive ids (one hash each, so a
+publish or a read of an id range costs a few server calls per block, not per
+message).  A block is deleted when every logical consumer has acked (or
+rejected: the failed list keeps its own copy) every message of it that it
+got, or when the TTL has passed since the last publish into it, whichever is
+first: a body lives at least ``ttl`` unless all its consumers are done with
+its block.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from fastbus.queue._common import (
     positive_int,
     positive_seconds,
 )
+from fastbus._core import topic_decode
 from fastbus.queue.workqueue import (
     AsyncConsumer,
     CleanResult,
@@ -82,7 +89,7 @@ class _TopicOps:
 
     def space(self, consumer: str) -> _Space:
         consumer = check_name("consumer name", consumer)
-        return _Space(f"{self.name}/{consumer}", f"{self.ns}c:{consumer}:", self.ns + "m:", self.max)
+        return _Space(f"{self.name}/{consumer}", f"{self.ns}c:{consumer}:", self.ns, self.max)
 
     def publish_many(self, payloads) -> Op:
         payloads = [as_bytes(p) for p in payloads]
@@ -123,9 +130,28 @@ class _TopicOps:
             return []
         if last - first >= MAX_READ:
             raise ValueError(f"read at most {MAX_READ} ids per call, not {last - first + 1}")
-        flat = yield Call("READ", self.seq, (self.ns, first, last))
-        return [Message(int(flat[i]), flat[i + 2], int(flat[i + 1]) / 1000.0, 0)
-                for i in range(0, len(flat), 3)]
+        values = yield Call("READ", self.seq, (self.ns, first, last))
+        return topic_decode(values, first)
+
+    def read_raw(self, first: int, last: int) -> Op:
+        """READ's reply as it is: one value per id (8-byte created ms +
+        payload), None where not retained (for column builders)."""
+        return (yield Call("READ", self.seq, (self.ns, first, last)))
+
+    def retained(self) -> Op:
+        first, last = yield Call("RETAINED", self.seq, (self.ns,))
+        return int(first), int(last)
+
+    def ack_upto(self, consumer: str, last: int, step: int = 10000) -> Op:
+        consumer = check_name("consumer name", consumer)
+        total = 0
+        while True:
+            removed, more = yield Call("ACK_UPTO", self.seq, (self.ns, consumer, int(last), step))
+            if removed < 0:
+                raise QueueError(f"topic {self.name} has no consumer named {consumer!r}")
+            total += removed
+            if not more:
+                return total
 
     def stats(self, window: int) -> Op:
         positive_int("window", window)
@@ -199,6 +225,20 @@ class Topic(SyncHandle):
         without consuming them; ``deliveries`` is 0."""
         return self._driver.run(self._ops.read(first, last))
 
+    def retained(self) -> tuple[int, int]:
+        """``(first, last)``: the oldest retained message id (0 if none is)
+        and the newest id.  Ids between may be gone (acked by every consumer
+        of their block of 1024, or expired)."""
+        return self._driver.run(self._ops.retained())
+
+    def ack_upto(self, consumer: str, last: int) -> int:
+        """Remove from logical consumer ``consumer``'s list every message
+        with an id up to ``last``, releasing their bodies; returns how many.
+        For a consumer that reads by id range (:meth:`read`) and keeps its
+        position elsewhere, as the Spark source does; instances taking from
+        the same list would lose what they have not taken."""
+        return self._driver.run(self._ops.ack_upto(consumer, last))
+
     def stats(self, window: int = 5) -> TopicStats:
         return self._driver.run(self._ops.stats(window))
 
@@ -254,6 +294,12 @@ class AsyncTopic(AsyncHandle):
 
     async def read(self, first: int, last: int) -> list[Message]:
         return await self._driver.run(self._ops.read(first, last))
+
+    async def retained(self) -> tuple[int, int]:
+        return await self._driver.run(self._ops.retained())
+
+    async def ack_upto(self, consumer: str, last: int) -> int:
+        return await self._driver.run(self._ops.ack_upto(consumer, last))
 
     async def stats(self, window: int = 5) -> TopicStats:
         return await self._driver.run(self._ops.stats(window))
