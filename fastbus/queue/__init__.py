@@ -12,6 +12,7 @@ from fastbus.queue.inbox import (
     fetch_all_pending,
     inboxes_of,
 )
+from fastbus.queue.staged import StagedWriter
 from fastbus.queue.topic import AsyncTopic, Topic, TopicStats
 from fastbus.queue.workqueue import (
     AsyncConsumer,
@@ -37,6 +38,7 @@ __all__ = [
     "QueueError",
     "QueueStats",
     "SettleResult",
+    "StagedWriter",
     "Topic",
     "TopicStats",
     "WorkQueue",

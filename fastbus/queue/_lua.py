@@ -198,20 +198,65 @@ local function release(P, B, tag, counted, max)
   count(P, 'dead', dead)
   return back, dead
 end
+
+-- payloads onto work queue P's ready list -> the first id
+local function put(P, payloads)
+  local n = #payloads
+  local first = redis.call('INCRBY', P .. 'seq', n) - n + 1
+  local now = now_ms()
+  local items = {}
+  for i = 1, n do items[i] = struct.pack('>BI4I8I8', 1, 0, first + i - 1, now) .. payloads[i] end
+  call_many('RPUSH', P .. 'ready', items, 1000)
+  count(P, 'put', n)
+  wake(P)
+  return first
+end
+
+-- payloads published to topic T: bodies stored once in their blocks, the
+-- headers appended to every logical consumer's list -> the first id
+local function publish(T, ttl, payloads)
+  local n = #payloads
+  local first = redis.call('INCRBY', T .. 'seq', n) - n + 1
+  local now = now_ms()
+  local stamp = struct.pack('>I8', now)
+  local names = redis.call('SMEMBERS', T .. 'consumers')
+  local heads = {}
+  local fields, blk = {}, block_of(first)
+  local function store()
+    local bk, f = bkey(T, blk), fmt(blk)
+    call_many('HSET', bk, fields, 1000)
+    redis.call('PEXPIRE', bk, ttl)
+    redis.call('ZADD', T .. 'blocks', blk, f)
+    if #names > 0 then redis.call('HINCRBY', T .. 'refs', f, #fields / 2 * #names) end
+  end
+  for i = 1, n do
+    local id = first + i - 1
+    if block_of(id) ~= blk then
+      store()
+      fields, blk = {}, block_of(id)
+    end
+    local key = struct.pack('>I8', id)
+    fields[#fields + 1] = key
+    fields[#fields + 1] = stamp .. payloads[i]
+    heads[i] = struct.pack('>BI4', 1, 0) .. key .. stamp
+  end
+  store()
+  for _, name in ipairs(names) do
+    local P = T .. 'c:' .. name .. ':'
+    call_many('RPUSH', P .. 'ready', heads, 1000)
+    count(P, 'put', n)
+    wake(P)
+  end
+  count(T, 'put', n)
+  return first
+end
 """
 
 # put: KEYS[1]=P..'ready'  ARGV: P, payload...  -> first id
 PUT = _LIB + r"""
-local P = ARGV[1]
-local n = #ARGV - 1
-local first = redis.call('INCRBY', P .. 'seq', n) - n + 1
-local now = now_ms()
-local items = {}
-for i = 1, n do items[i] = struct.pack('>BI4I8I8', 1, 0, first + i - 1, now) .. ARGV[i + 1] end
-call_many('RPUSH', P .. 'ready', items, 1000)
-count(P, 'put', n)
-wake(P)
-return first
+local payloads = {}
+for i = 2, #ARGV do payloads[i - 1] = ARGV[i] end
+return put(ARGV[1], payloads)
 """
 
 # register: KEYS[1]=P..'ready'  ARGV: P, tag, token, ttl_ms, B, max
@@ -438,41 +483,9 @@ return #items
 
 # publish: KEYS[1]=T..'seq'  ARGV: T, ttl_ms, payload...  -> first id
 PUBLISH = _LIB + r"""
-local T, ttl = ARGV[1], tonumber(ARGV[2])
-local n = #ARGV - 2
-local first = redis.call('INCRBY', T .. 'seq', n) - n + 1
-local now = now_ms()
-local stamp = struct.pack('>I8', now)
-local names = redis.call('SMEMBERS', T .. 'consumers')
-local heads = {}
-local fields, blk = {}, block_of(first)
-local function store()
-  local bk, f = bkey(T, blk), fmt(blk)
-  call_many('HSET', bk, fields, 1000)
-  redis.call('PEXPIRE', bk, ttl)
-  redis.call('ZADD', T .. 'blocks', blk, f)
-  if #names > 0 then redis.call('HINCRBY', T .. 'refs', f, #fields / 2 * #names) end
-end
-for i = 1, n do
-  local id = first + i - 1
-  if block_of(id) ~= blk then
-    store()
-    fields, blk = {}, block_of(id)
-  end
-  local key = struct.pack('>I8', id)
-  fields[#fields + 1] = key
-  fields[#fields + 1] = stamp .. ARGV[i + 2]
-  heads[i] = struct.pack('>BI4', 1, 0) .. key .. stamp
-end
-store()
-for _, name in ipairs(names) do
-  local P = T .. 'c:' .. name .. ':'
-  call_many('RPUSH', P .. 'ready', heads, 1000)
-  count(P, 'put', n)
-  wake(P)
-end
-count(T, 'put', n)
-return first
+local payloads = {}
+for i = 3, #ARGV do payloads[i - 2] = ARGV[i] end
+return publish(ARGV[1], tonumber(ARGV[2]), payloads)
 """
 
 # subscribe: KEYS[1]=T..'seq'  ARGV: T, name -> {new (1/0), last id}
@@ -566,6 +579,58 @@ TOPIC_INFO = _LIB + r"""
 local T = ARGV[1]
 return {tonumber(redis.call('GET', T .. 'seq') or '0'), redis.call('SMEMBERS', T .. 'consumers'),
         redis.call('HGETALL', T .. 'stats')}
+"""
+
+# -- the exactly-once writer of the Spark sink (fastbus.spark): rows staged
+#    by the tasks in lists (one per task), published by the driver's commit.
+
+# commit_staged: KEYS[1]=a key of the target's slot
+#   ARGV: kind ('t' topic, 'q' work queue, 'c' channel), target (T, P or the
+#         channel), ttl_ms (topics), S (the sink's state hash), batch id,
+#         n (rows per call), staged list keys in row order...
+#   -> {rows published by this call, 1 when the batch is done}
+#   S holds done (the last batch fully published) and, while one is half
+#   published, batch and pos (rows of it published so far, in row order).
+#   A batch at or below done publishes nothing (a replay); a batch whose
+#   commit died half way (batch = this one) goes on from pos, skipping the
+#   rows of its staged lists (a replayed batch has the same rows) that went.
+COMMIT_STAGED = _LIB + r"""
+local kind, target, ttl, S, batch, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local staged = {}
+for i = 7, #ARGV do staged[#staged + 1] = ARGV[i] end
+local st = redis.call('HMGET', S, 'done', 'batch', 'pos')
+local function finish()
+  if #staged > 0 then call_many('DEL', staged[1], {unpack(staged, 2)}, 1000) end
+end
+if st[1] and tonumber(st[1]) >= batch then finish() return {0, 1} end
+local pos = 0
+if st[2] and tonumber(st[2]) == batch then pos = tonumber(st[3]) end
+local rows, skip = {}, pos
+for _, key in ipairs(staged) do
+  if #rows >= n then break end
+  local len = redis.call('LLEN', key)
+  if skip >= len then skip = skip - len else
+    for _, v in ipairs(redis.call('LRANGE', key, skip, skip + n - #rows - 1)) do rows[#rows + 1] = v end
+    skip = 0
+  end
+end
+if #rows > 0 then
+  if kind == 't' then
+    for i = 1, #rows, 1000 do publish(target, ttl, {unpack(rows, i, math.min(i + 999, #rows))}) end
+  elseif kind == 'q' then
+    for i = 1, #rows, 1000 do put(target, {unpack(rows, i, math.min(i + 999, #rows))}) end
+  else
+    for _, v in ipairs(rows) do redis.call('PUBLISH', target, v) end
+  end
+end
+if #rows < n then
+  redis.call('HSET', S, 'done', batch)
+  redis.call('HDEL', S, 'batch', 'pos')
+  finish()
+  return {#rows, 1}
+end
+redis.call('HSET', S, 'batch', batch, 'pos', pos + #rows)
+return {#rows, 0}
 """
 
 SCRIPTS = {name: src for name, src in globals().items()
