@@ -600,7 +600,7 @@ local staged = {}
 for i = 7, #ARGV do staged[#staged + 1] = ARGV[i] end
 local st = redis.call('HMGET', S, 'done', 'batch', 'pos')
 local function finish()
-  if #staged > 0 then call_many('DEL', staged[1], {unpack(staged, 2)}, 1000) end
+  for i = 1, #staged, 1000 do redis.call('DEL', unpack(staged, i, math.min(i + 999, #staged))) end
 end
 if st[1] and tonumber(st[1]) >= batch then finish() return {0, 1} end
 local pos = 0
