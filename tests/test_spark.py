@@ -6,6 +6,7 @@ killed with SIGKILL, a replayed sink batch."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -22,10 +23,10 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs Java 17+ (java is not on PATH and JAVA_HOME is unset; .ci/run installs it)",
                 allow_module_level=True)
 
-from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import SparkSession
 
-import fastbus.spark  # noqa: E402
-from fastbus.queue import Topic, WorkQueue  # noqa: E402
+import fastbus.spark
+from fastbus.queue import Topic, WorkQueue
 
 pytestmark = pytest.mark.slow
 
@@ -252,6 +253,41 @@ def test_work_queue_source_redelivers_what_a_killed_query_had_not_committed(spar
     assert {r.deliveries for r in rows} == {2}           # the killed query's delivery was the first
     assert len({r.offset for r in rows}) == 30           # the message id, for a de-duplicating sink
     q.close()
+
+
+def test_a_new_query_starts_at_its_consumers_position(spark, redis_url, tmp_path):
+    """latest (the default) is the logical consumer's position, which does
+    not move while the query starts (Spark asks for the initial offset more
+    than once); a consumer registered before keeps everything for the query."""
+    t = Topic("pos", redis_url)
+    t.publish_many([b"before"] * 5)                 # nobody registered: not for the query
+    t.register("q")
+    t.publish_many([b"p%d" % i for i in range(20)])
+    assert t.position("q") == 5
+    progress = _run_available_now(spark, {"topic": "pos", "consumer": "q"}, "fastbus", {"queue": "pos-out"},
+                                  tmp_path / "ck")
+    assert sum(p["numInputRows"] for p in progress) == 20
+    assert sorted(m.payload for m in _drain(WorkQueue("pos-out", redis_url))) == sorted(
+        b"p%d" % i for i in range(20))
+    t.close()
+
+
+def test_example_pipeline_runs_on_embedded_defaults(repo_root, tmp_path):
+    """The README's Spark example, end to end, in its own process: every
+    event published is counted in the results the subscriber prints."""
+    env = dict(os.environ, PYTHONSAFEPATH="1")
+    env.pop("FASTBUS_REDIS_URL", None)
+    proc = subprocess.run([sys.executable, "-P", str(repo_root / "examples" / "spark_pipeline.py"),
+                           "--seconds", "2", "--rate", "500"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"published (\d+) events \(amount (\d+)\); the job reported (\d+) events \(amount (\d+)\)",
+                     summary)
+    assert m, summary
+    published, amount, reported, reported_amount = map(int, m.groups())
+    assert published >= 500 and (reported, reported_amount) == (published, amount)
+    assert "window " in proc.stdout
 
 
 def test_register_without_url_uses_the_embedded_server(spark, redis_server):

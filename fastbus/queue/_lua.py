@@ -492,7 +492,9 @@ return publish(ARGV[1], tonumber(ARGV[2]), payloads)
 SUBSCRIBE = _LIB + r"""
 local T, name = ARGV[1], ARGV[2]
 local new = redis.call('SADD', T .. 'consumers', name)
-return {new, tonumber(redis.call('GET', T .. 'seq') or '0')}
+local last = tonumber(redis.call('GET', T .. 'seq') or '0')
+if new == 1 then redis.call('SET', T .. 'c:' .. name .. ':pos', last) end
+return {new, last}
 """
 
 # unsubscribe: KEYS[1]=T..'seq'  ARGV: T, name -> pending items dropped
@@ -507,7 +509,7 @@ local function drop(items)
   dropped = dropped + #items
 end
 drop(redis.call('LRANGE', P .. 'ready', 0, -1))
-local keys = {P .. 'ready', P .. 'failed', P .. 'stats', P .. 'notify', P .. 'consumers'}
+local keys = {P .. 'ready', P .. 'failed', P .. 'stats', P .. 'notify', P .. 'consumers', P .. 'pos'}
 for _, tag in ipairs(redis.call('SMEMBERS', P .. 'consumers')) do
   drop(redis.call('HVALS', P .. 'unacked:' .. tag))
   keys[#keys + 1] = P .. 'unacked:' .. tag
@@ -558,11 +560,30 @@ end
 # ack_upto: KEYS[1]=T..'seq'  ARGV: T, name, last id, n
 #   a logical consumer read by position (the Spark source): its ready items
 #   with ids <= last leave its list (at most n per call), their bodies'
-#   references dropped.  -> {removed, 1 if more may remain}; -1: no such consumer
+#   references dropped, and its position P..'pos' (set to the last id when
+#   it was registered) moves up to last.
+#   -> {removed, 1 if more may remain}; -1: no such consumer
+
+# position: KEYS[1]=T..'seq'  ARGV: T, name -> the consumer's position: the
+#   last id it acked up to (or was registered at); -1: no such consumer.
+#   Consumers registered before positions were kept: the id before their
+#   oldest pending message, else the last id.
+POSITION = _LIB + r"""
+local T, name = ARGV[1], ARGV[2]
+if redis.call('SISMEMBER', T .. 'consumers', name) == 0 then return -1 end
+local P = T .. 'c:' .. name .. ':'
+local pos = redis.call('GET', P .. 'pos')
+if pos then return tonumber(pos) end
+local head = redis.call('LINDEX', P .. 'ready', 0)
+if head then return id_of(head) - 1 end
+return tonumber(redis.call('GET', T .. 'seq') or '0')
+"""
 ACK_UPTO = _LIB + r"""
 local T, name, upto, n = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 if redis.call('SISMEMBER', T .. 'consumers', name) == 0 then return {-1, 0} end
 local P = T .. 'c:' .. name .. ':'
+local pos = tonumber(redis.call('GET', P .. 'pos') or '0')
+if upto > pos then redis.call('SET', P .. 'pos', upto) end
 local items = redis.call('LRANGE', P .. 'ready', 0, n - 1)
 local k = 0
 while k < #items and id_of(items[k + 1]) <= upto do k = k + 1 end

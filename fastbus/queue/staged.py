@@ -32,7 +32,8 @@ works on Redis Cluster.
 from __future__ import annotations
 
 import uuid
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from fastbus.queue._common import (
     DEFAULT_PREFIX,

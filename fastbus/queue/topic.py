@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from fastbus._core import topic_decode
 from fastbus.queue._common import (
     DEFAULT_PREFIX,
     AsyncHandle,
@@ -49,7 +50,6 @@ from fastbus.queue._common import (
     positive_int,
     positive_seconds,
 )
-from fastbus._core import topic_decode
 from fastbus.queue.workqueue import (
     AsyncConsumer,
     CleanResult,
@@ -142,6 +142,13 @@ class _TopicOps:
         first, last = yield Call("RETAINED", self.seq, (self.ns,))
         return int(first), int(last)
 
+    def position(self, consumer: str) -> Op:
+        consumer = check_name("consumer name", consumer)
+        pos = yield Call("POSITION", self.seq, (self.ns, consumer))
+        if pos < 0:
+            raise QueueError(f"topic {self.name} has no consumer named {consumer!r}")
+        return pos
+
     def ack_upto(self, consumer: str, last: int, step: int = 10000) -> Op:
         consumer = check_name("consumer name", consumer)
         total = 0
@@ -231,6 +238,11 @@ class Topic(SyncHandle):
         of their block of 1024, or expired)."""
         return self._driver.run(self._ops.retained())
 
+    def position(self, consumer: str) -> int:
+        """Logical consumer ``consumer``'s position for position-based
+        readers: the id it was registered at, moved up by :meth:`ack_upto`."""
+        return self._driver.run(self._ops.position(consumer))
+
     def ack_upto(self, consumer: str, last: int) -> int:
         """Remove from logical consumer ``consumer``'s list every message
         with an id up to ``last``, releasing their bodies; returns how many.
@@ -297,6 +309,9 @@ class AsyncTopic(AsyncHandle):
 
     async def retained(self) -> tuple[int, int]:
         return await self._driver.run(self._ops.retained())
+
+    async def position(self, consumer: str) -> int:
+        return await self._driver.run(self._ops.position(consumer))
 
     async def ack_upto(self, consumer: str, last: int) -> int:
         return await self._driver.run(self._ops.ack_upto(consumer, last))

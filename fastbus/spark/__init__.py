@@ -28,6 +28,11 @@ Options (all strings; keys are case-insensitive):
     query).  Work queues: the consumer tag (default: a unique one).
 ``startingOffsets`` / ``endingOffsets``
     ``earliest``, ``latest`` or a message id (``endingOffsets``: batch only).
+    A new streaming query's ``latest`` (the default) is its logical
+    consumer's position: for a consumer the query registers, the first
+    message published after; for one registered before, where its last
+    commit left it (a logical consumer never skips what it holds: unregister
+    it to start afresh).
 ``maxOffsetsPerTrigger``, ``minPartitions``
     as in Spark's Kafka source.
 ``list``
@@ -128,4 +133,10 @@ def register(spark: Any, url: str | None = None) -> str:
     cls = type("FastbusDataSource", (FastbusDataSource,),
                {"_default_url": url, "__module__": __name__, "__qualname__": "FastbusDataSource"})
     spark.dataSource.register(cls)
+    # Spark 4.x finds Python data sources for writeStream.start() through the
+    # JVM thread's *active* session, which a new session has not set until
+    # it has run a batch query ([DATA_SOURCE_NOT_FOUND] otherwise).
+    jvm, jsession = getattr(spark, "_jvm", None), getattr(spark, "_jsparkSession", None)
+    if jvm is not None and jsession is not None:
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
     return url

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from fastbus.queue._common import DEFAULT_PREFIX, check_name
 

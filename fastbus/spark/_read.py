@@ -4,12 +4,20 @@ and batch reads of a topic's retained range or of a queue's lists."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 
 from fastbus._core import queue_decode, topic_columns
 from fastbus.queue import QueueError, Topic, WorkQueue
@@ -186,15 +194,19 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._topic
 
     def initialOffset(self) -> dict:
+        # Spark may ask more than once, from different processes: the
+        # answer must not move while the query starts, so it comes from the
+        # consumer's position (its registration point, moved only by
+        # commits), not from the topic's newest id at the time of the call.
         o, t = self.o, self.topic
         t.register(o.consumer)
         self._checked = True
         start = o.starting or "latest"
         if start == "latest":
-            return {"id": t.last_id()}
+            return {"id": t.position(o.consumer)}
         if start == "earliest":
             low, last = t.retained()
-            return {"id": low - 1 if low else last}
+            return {"id": min(t.position(o.consumer), low - 1 if low else last)}
         return {"id": int(start) - 1}
 
     def getDefaultReadLimit(self):
