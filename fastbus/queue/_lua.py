@@ -220,25 +220,32 @@ local function publish(T, ttl, payloads)
   local now = now_ms()
   local stamp = struct.pack('>I8', now)
   local names = redis.call('SMEMBERS', T .. 'consumers')
+  local fanout = #names > 0
+  local pre = struct.pack('>BI4', 1, 0)
   local heads = {}
-  local fields, blk = {}, block_of(first)
+  -- this loop is the per-message cost of a publish: kept to one pack and
+  -- one or two concatenations, with counters instead of # (a search in Lua 5.1)
+  local fields, nf, blk = {}, 0, block_of(first)
+  local boundary = (blk + 1) * BLOCK
   local function store()
     local bk, f = bkey(T, blk), fmt(blk)
     call_many('HSET', bk, fields, 1000)
     redis.call('PEXPIRE', bk, ttl)
     redis.call('ZADD', T .. 'blocks', blk, f)
-    if #names > 0 then redis.call('HINCRBY', T .. 'refs', f, #fields / 2 * #names) end
+    if fanout then redis.call('HINCRBY', T .. 'refs', f, nf / 2 * #names) end
   end
   for i = 1, n do
     local id = first + i - 1
-    if block_of(id) ~= blk then
+    if id >= boundary then
       store()
-      fields, blk = {}, block_of(id)
+      fields, nf, blk = {}, 0, block_of(id)
+      boundary = (blk + 1) * BLOCK
     end
     local key = struct.pack('>I8', id)
-    fields[#fields + 1] = key
-    fields[#fields + 1] = stamp .. payloads[i]
-    heads[i] = struct.pack('>BI4', 1, 0) .. key .. stamp
+    fields[nf + 1] = key
+    fields[nf + 2] = stamp .. payloads[i]
+    nf = nf + 2
+    if fanout then heads[i] = pre .. key .. stamp end
   end
   store()
   for _, name in ipairs(names) do
