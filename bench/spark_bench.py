@@ -13,6 +13,9 @@ same work on the same server in the same run.
            rowwise   a Python data source as one is usually written: the
                      same READ script calls, Messages decoded, one tuple
                      yielded per row (no Arrow), 1 and 2 partitions.
+  copy     a streaming query (availableNow, one batch) from the topic to
+           another through the exactly-once streaming sink: tasks stage rows
+           in Redis, the driver's commit publishes them (both sides counted).
   sink     N rows of --size bytes made in the JVM (spark.range + repeat),
            df.write.format("fastbus") to a topic, 1 and 2 partitions; against
            a row-wise DataSourceWriter (Row objects, publish_many per 1000).
@@ -182,6 +185,29 @@ def main() -> int:
                  lambda p=parts: spark.read.format("rowwise").option("topic", "bench-src").option("url", url)
                  .option("last", str(last)).option("parts", str(p)).load()
                  .write.format("noop").mode("overwrite").save())
+
+    # the streaming sink: the same range copied by one availableNow batch
+    # into a topic through the staged, exactly-once writer (source + sink)
+    def copy(p=2):
+        ck = tempfile.mkdtemp(prefix="fb-bench-ck-")
+        consumer = f"copy-{time.monotonic_ns()}"
+        src.register(consumer)
+        q = (spark.readStream.format("fastbus").option("topic", "bench-src").option("consumer", consumer)
+             .option("startingOffsets", "earliest").option("minPartitions", p).load().select("value")
+             .writeStream.format("fastbus").option("topic", "bench-copy").option("checkpointLocation", ck)
+             .trigger(availableNow=True).start())
+        q.awaitTermination()
+        src.unregister(consumer)
+        shutil.rmtree(ck, ignore_errors=True)
+
+    def copied():
+        out = Topic("bench-copy", url)
+        n = out.last_id()
+        assert n == N, f"the streaming copy published {n} messages, not {N}"
+        out.redis.delete(*out.redis.keys("fastbus:t:{bench-copy}:*"))
+        out.close()
+
+    best("fastbus stream copy, staged sink, 2 part.", "both", copy, copied)
     src.unregister("keep")
 
     # -- sink

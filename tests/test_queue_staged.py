@@ -74,9 +74,9 @@ def _one_call(w: StagedWriter, step: int, keys: list[str]):
 
 def test_channel_target_publishes_once(redis_url):
     sub = Subscriber(redis_url)
-    sub.subscribe("alerts")
+    sub.subscribe("alerts:disk")
     assert sub.get_message(timeout=2)["type"] == "subscribe"
-    w = StagedWriter("channel", "alerts", redis_url, writer_id="x")
+    w = StagedWriter("channel", "alerts:disk", redis_url, writer_id="x")
     key, _ = w.stage([b"1", b"2"])
     assert w.commit(0, [key]) == 2
     assert w.commit(0, [w.stage([b"1", b"2"])[0]]) == 0
@@ -91,6 +91,8 @@ def test_channel_target_publishes_once(redis_url):
 def test_staged_writer_bad_arguments(redis_url):
     with pytest.raises(ValueError, match="kind"):
         StagedWriter("table", "x", redis_url, writer_id="w")
+    with pytest.raises(ValueError, match="channel name"):
+        StagedWriter("channel", "a{b}", redis_url, writer_id="w")
     with pytest.raises(ValueError, match="writer id"):
         StagedWriter("queue", "x", redis_url, writer_id="a b")
     w = StagedWriter("queue", "x", redis_url, writer_id="w")

@@ -61,7 +61,16 @@ class _StagedOps:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
         self.kind = KINDS[kind]
-        self.name = check_name(f"{kind} name", name)
+        if self.kind == "c":
+            # a Redis channel's name is free-form ("news:sports"); only the
+            # braces would break the hash tag of the keys named after it
+            if isinstance(name, bytes):
+                name = name.decode()
+            if not isinstance(name, str) or not name or len(name) > 200 or "{" in name or "}" in name:
+                raise ValueError(f"channel name must be 1-200 characters without '{{' or '}}', not {name!r}")
+            self.name = name
+        else:
+            self.name = check_name(f"{kind} name", name)
         self.writer_id = check_name("writer id", writer_id)
         prefix = check_prefix(prefix)
         # the target's namespace, as the queue objects compute it
