@@ -54,7 +54,12 @@ def main() -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ["PYTHONSAFEPATH"] = "1"         # workers import the installed fastbus
     from pyspark.sql import SparkSession
-    from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceWriter, WriterCommitMessage
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceReader,
+        DataSourceWriter,
+        WriterCommitMessage,
+    )
 
     import fastbus.spark
     from fastbus.queue import Topic

@@ -108,6 +108,42 @@ def test_rows_to_each_rows_topic_and_to_a_work_queue(spark, redis_url):
     assert sorted(m.payload for m in _drain(WorkQueue("wq", redis_url))) == [b"a", b"b", b"c"]
 
 
+def test_rows_to_a_redis_channel_and_to_a_fastbus_broker_channel(spark, redis_url):
+    from brokers import free_port
+
+    import fastbus
+    from fastbus.redis import Subscriber
+
+    df = spark.createDataFrame([(f"m{i}",) for i in range(50)], "value string").repartition(2)
+    sub = Subscriber(redis_url)
+    sub.subscribe("alerts:disk")
+    assert sub.get_message(timeout=5)["type"] == "subscribe"
+    df.write.format("fastbus").option("channel", "alerts:disk").mode("append").save()
+    got = []
+    deadline = time.monotonic() + 10
+    while len(got) < 50 and time.monotonic() < deadline:
+        got += [d for _, d in sub.get_batch(timeout=1)]
+    assert sorted(got) == sorted(b"m%d" % i for i in range(50))
+    sub.close()
+
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    with fastbus.Broker(bind=[endpoint]), fastbus.Client(endpoint=endpoint) as client:
+        p = client.pubsub(ignore_subscribe_messages=True)
+        p.subscribe("spark-out")
+        deadline = time.monotonic() + 10
+        while not client.is_wanted("spark-out"):
+            assert time.monotonic() < deadline, "the broker never confirmed the subscription"
+            p.get_message(timeout=0.1)
+        df.write.format("fastbus").option("channel", "spark-out").option("broker", endpoint) \
+            .mode("append").save()
+        got = []
+        deadline = time.monotonic() + 10
+        while len(got) < 50 and time.monotonic() < deadline:
+            got += [d for _, d in p.get_batch(timeout=1)]
+        assert sorted(got) == sorted(b"m%d" % i for i in range(50))
+        p.close()
+
+
 def test_bad_options_and_rows_get_clear_errors(spark, redis_url):
     def error_of(action) -> str:
         with pytest.raises(Exception) as e:
