@@ -9,7 +9,6 @@ import sys
 import tomllib
 
 import pytest
-
 from conftest import REPO
 
 pytest.importorskip("cibuildwheel", reason="cibuildwheel is not installed (pip install '.[test]')")
