@@ -23,7 +23,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fastbus.h"
+#ifdef FASTBUS_INSTALLED
+#include <fastbus/fastbus.h>      /* after `make -C csrc install` */
+#else
+#include "fastbus.h"              /* -I csrc, or -I fastbus.get_include() of a wheel */
+#endif
 
 #define NSUB 3
 
