@@ -174,6 +174,25 @@ def test_retained_range_and_ack_upto(topic, redis_url):
         topic.ack_upto("nobody", 5)
 
 
+def test_retained_prunes_many_expired_blocks_in_bounded_steps(redis_url):
+    """1100 expired blocks: RETAINED prunes at most 1000 a call, and
+    Topic.retained() calls again until it knows."""
+    t = Topic("sparse", redis_url, ttl=0.2)
+    r = t.redis
+    pipe = r.pipeline(transaction=False)
+    for _ in range(1100):                       # one message per block of 1024 ids
+        t.publish(b"old")
+        pipe.incrby("fastbus:t:{sparse}:seq", 1023)
+        pipe.execute()
+    assert r.zcard("fastbus:t:{sparse}:blocks") == 1100
+    time.sleep(0.4)
+    with Topic("sparse", redis_url) as lasting:      # the default TTL: this one stays
+        (newest,) = lasting.publish_many([b"new"])
+    assert t.retained() == (newest, newest)
+    assert r.zcard("fastbus:t:{sparse}:blocks") == 1
+    t.close()
+
+
 def test_retained_skips_expired_blocks(redis_url):
     t = Topic("brief", redis_url, ttl=0.2)
     t.publish_many([b"a"] * 1500)

@@ -99,6 +99,22 @@ def test_batch_read_of_a_queues_failed_and_ready_lists(spark, redis_url):
     q.close()
 
 
+def test_batch_read_of_a_topic_consumers_dead_letters(spark, redis_url):
+    t = Topic("tf", redis_url)
+    t.register("billing")
+    t.publish_many([b"good", b"poison"])
+    with t.consumer("billing", clean_interval=None) as c:
+        good, bad = c.get_many(2, timeout=0)
+        c.settle(ack=[good], reject=[bad])
+    rows = (spark.read.format("fastbus").option("topic", "tf").option("consumer", "billing")
+            .option("list", "failed").load().collect())
+    assert [(r.offset, r.value, r.deliveries, r.topic) for r in rows] == [(2, b"poison", 1, "tf")]
+    assert "needs option consumer" in str(pytest.raises(Exception, lambda: spark.read.format("fastbus")
+                                                        .option("topic", "tf").option("list", "failed")
+                                                        .load().collect()).value)
+    t.close()
+
+
 def test_rows_to_each_rows_topic_and_to_a_work_queue(spark, redis_url):
     df = spark.createDataFrame([("a", "t1"), ("b", "t2"), ("c", "t1")], "value string, topic string")
     df.write.format("fastbus").mode("append").save()

@@ -139,8 +139,10 @@ class _TopicOps:
         return (yield Call("READ", self.seq, (self.ns, first, last)))
 
     def retained(self) -> Op:
-        first, last = yield Call("RETAINED", self.seq, (self.ns,))
-        return int(first), int(last)
+        while True:
+            first, last = yield Call("RETAINED", self.seq, (self.ns,))
+            if first >= 0:
+                return int(first), int(last)
 
     def position(self, consumer: str) -> Op:
         consumer = check_name("consumer name", consumer)
