@@ -61,6 +61,13 @@ def check_prefix(prefix: Any) -> str:
     return prefix
 
 
+def namespace(kind: str, prefix: str, name: str) -> str:
+    """``prefix:kind:{name}:``, the start of every key of one queue ("q"),
+    topic ("t"), inbox ("i") or staged writer's channel ("c"): the braces
+    make them one Redis Cluster hash slot.  ``name`` is checked by the caller."""
+    return f"{check_prefix(prefix)}:{kind}:{{{name}}}:"
+
+
 def as_bytes(payload: Any) -> bytes:
     """Payloads are bytes; a str is taken as UTF-8 for convenience."""
     if isinstance(payload, bytes):

@@ -458,12 +458,12 @@ for i, item in ipairs(items) do
   if B ~= '' then
     local blk = block_of(id_of(item))
     local bk = bkey(B, blk)
-    if redis.call('EXISTS', bk) == 0 then
-      redis.call('ZADD', B .. 'blocks', blk, fmt(blk))
-      redis.call('HSET', bk, string.sub(item, 6, 13), string.sub(item, 14, 21) .. string.sub(item, 22))
+    local gone = redis.call('EXISTS', bk) == 0
+    -- field = the id's 8 bytes, value = created ms .. payload (header bytes 14..21, then the body)
+    redis.call('HSET', bk, string.sub(item, 6, 13), string.sub(item, 14))
+    if gone then
       redis.call('PEXPIRE', bk, ttl)
-    else
-      redis.call('HSET', bk, string.sub(item, 6, 13), string.sub(item, 14, 21) .. string.sub(item, 22))
+      redis.call('ZADD', B .. 'blocks', blk, fmt(blk))
     end
     redis.call('HINCRBY', B .. 'refs', fmt(blk), 1)
     item = string.sub(item, 1, 21)

@@ -85,6 +85,7 @@ from fastbus.queue._common import (
     async_driver,
     check_name,
     check_prefix,
+    namespace,
     positive_int,
     positive_seconds,
     sync_driver,
@@ -160,7 +161,7 @@ class _InboxOps:
     def __init__(self, name: str, prefix: str, ttl: float | None) -> None:
         self.name = check_name("inbox name", name)
         self.prefix = check_prefix(prefix)
-        self.ns = f"{self.prefix}:i:{{{self.name}}}:"
+        self.ns = namespace("i", self.prefix, self.name)
         self.key = self.ns + "members"            # KEYS[1] of every script: routes the call
         self.ttl_ms = _ttl_ms(ttl)
 

@@ -44,7 +44,8 @@ from fastbus.queue._common import (
     SyncHandle,
     as_bytes,
     check_name,
-    check_prefix,
+    chunks,
+    namespace,
     positive_int,
     positive_seconds,
 )
@@ -72,9 +73,8 @@ class _StagedOps:
         else:
             self.name = check_name(f"{kind} name", name)
         self.writer_id = check_name("writer id", writer_id)
-        prefix = check_prefix(prefix)
         # the target's namespace, as the queue objects compute it
-        self.ns = f"{prefix}:{self.kind}:{{{self.name}}}:"
+        self.ns = namespace(self.kind, prefix, self.name)
         self.target = self.name if self.kind == "c" else self.ns
         self.state = f"{self.ns}sink:{self.writer_id}"
         self.ttl_ms = max(1, int(positive_seconds("ttl", ttl) * 1000))
@@ -82,24 +82,11 @@ class _StagedOps:
 
     def stage(self, rows: Iterable[Any]) -> Op:
         key = f"{self.ns}stage:{self.writer_id}:{uuid.uuid4().hex}"
-        batch: list[bytes] = []
-        cmds = []
-        count = 0
-        for row in rows:
-            batch.append(as_bytes(row))
-            if len(batch) == 1000:
-                cmds.append(Cmd(("RPUSH", key, *batch)))
-                count += len(batch)
-                batch = []
-                if len(cmds) == 100:
-                    yield Many(cmds)
-                    cmds = []
-        if batch:
-            cmds.append(Cmd(("RPUSH", key, *batch)))
-            count += len(batch)
+        payloads = [as_bytes(r) for r in rows]
+        cmds = [Cmd(("RPUSH", key, *part)) for part in chunks(payloads)]
         cmds.append(Cmd(("PEXPIRE", key, self.stage_ttl_ms)))
         yield Many(cmds)
-        return key, count
+        return key, len(payloads)
 
     def commit(self, batch_id: int, keys: list[str], step: int = STEP) -> Op:
         positive_int("step", step)

@@ -47,10 +47,10 @@ from fastbus.queue._common import (
     SyncHandle,
     as_bytes,
     check_name,
-    check_prefix,
     chunks,
     decode_items,
     id_key,
+    namespace,
     pairs,
     positive_int,
     positive_seconds,
@@ -110,7 +110,7 @@ class QueueStats:
 
 
 def queue_namespace(prefix: str, name: str) -> str:
-    return f"{check_prefix(prefix)}:q:{{{check_name('queue name', name)}}}:"
+    return namespace("q", prefix, check_name("queue name", name))
 
 
 def _tag(tag: str | None) -> str:

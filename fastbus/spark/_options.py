@@ -60,7 +60,9 @@ class Options:
 
     @property
     def kind(self) -> str:
-        return "topic" if self.topic else "queue" if self.queue else "channel"
+        """What a sink writes to: "queue", "channel", or "topic" (the
+        option, or each row's topic column)."""
+        return "queue" if self.queue else "channel" if self.channel else "topic"
 
 
 def _int(options: Mapping[str, str], name: str, default: int | None, low: int) -> int | None:

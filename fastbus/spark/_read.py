@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSourceReader,
     DataSourceStreamReader,
@@ -19,8 +20,10 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from fastbus._core import queue_decode, topic_columns
+from fastbus._core import queue_decode
 from fastbus.queue import QueueError, Topic, WorkQueue
+from fastbus.queue.topic import _TopicOps
+from fastbus.queue.workqueue import queue_namespace
 from fastbus.spark._options import OptionError, Options
 from fastbus.spark._redis import client
 
@@ -48,8 +51,7 @@ def topic_batches(url: str, prefix: str, name: str, first: int, last: int) -> It
     t = Topic(name, client(url), prefix=prefix)
     for a in range(first, last + 1, READ_STEP):
         b = min(last, a + READ_STEP - 1)
-        values = t._driver.run(t._ops.read_raw(a, b))
-        rows, ids, micros, offsets, data = topic_columns(values, a)
+        rows, ids, micros, offsets, data = t.read_columns(a, b)
         if not rows:
             continue
         value = pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
@@ -60,8 +62,8 @@ def topic_batches(url: str, prefix: str, name: str, first: int, last: int) -> It
 
 def queue_batch(name: str, ids: list, payloads: list, created_ms: list, deliveries: list) -> pa.RecordBatch:
     rows = len(ids)
-    cols = _kafka_columns(name, rows, pa.array(payloads, pa.binary()), pa.array(ids, pa.int64()),
-                          pa.array([c * 1000 for c in created_ms], pa.int64()).cast(_TS))
+    micros = pc.multiply(pa.array(created_ms, pa.int64()), 1000).cast(_TS)
+    cols = _kafka_columns(name, rows, pa.array(payloads, pa.binary()), pa.array(ids, pa.int64()), micros)
     cols.append(pa.array(deliveries, pa.int32()))
     return pa.RecordBatch.from_arrays(cols, names=KAFKA_NAMES + ["deliveries"])
 
@@ -133,8 +135,8 @@ class BatchReader(DataSourceReader):
     def _list_key(self) -> str:
         o = self.o
         if o.queue:
-            return f"{o.prefix}:q:{{{o.queue}}}:{o.list or 'failed'}"
-        return f"{o.prefix}:t:{{{o.topic}}}:c:{o.consumer}:{o.list}"
+            return queue_namespace(o.prefix, o.queue) + (o.list or "failed")
+        return _TopicOps(o.topic, o.prefix, o.ttl, o.max_deliveries).space(o.consumer).ns + "failed"
 
     def partitions(self) -> list:
         o = self.o

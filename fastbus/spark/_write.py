@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
@@ -42,43 +43,37 @@ def check_schema(schema: StructType, o: Options) -> None:
             raise OptionError("with option broker, give option channel")
 
 
-def _values(col: pa.Array) -> list:
-    return col.to_pylist()
-
-
 def _key_check(batch: pa.RecordBatch, o: Options) -> None:
     if o.ignore_key or "key" not in batch.schema.names:
         return
-    keys = batch.column(batch.schema.get_field_index("key"))
+    keys = batch.column("key")
     if keys.null_count != len(keys):
         raise OptionError("fastbus messages have no key: a row has a non-null key, which would be lost. "
                           "Fold it into the value, or set option ignoreKey=true to drop keys")
 
 
 def _groups(batches: Iterator[pa.RecordBatch], o: Options) -> Iterator[dict[str, list]]:
-    """Per Arrow batch: {target name: [values]}, rows in order."""
+    """Per Arrow batch: {target name: [values]}, rows in order.  Checks and
+    the split by a topic column are Arrow calls, not a loop over the rows."""
     fixed = o.topic or o.queue or o.channel
     for batch in batches:
         if batch.num_rows == 0:
             continue
         _key_check(batch, o)
-        values = _values(batch.column(batch.schema.get_field_index("value")))
-        if any(v is None for v in values):
+        if batch.column("value").null_count:
             raise OptionError("a row has a null value: fastbus messages need a value")
         if fixed:
-            yield {fixed: values}
+            yield {fixed: batch.column("value").to_pylist()}
             continue
-        targets = _values(batch.column(batch.schema.get_field_index("topic")))
-        out: dict[str, list] = defaultdict(list)
-        for t, v in zip(targets, values):
-            if t is None:
-                raise OptionError("a row has a null topic and no topic option is set")
-            out[t.decode() if isinstance(t, bytes) else t].append(v)
+        targets = batch.column("topic")
+        if targets.null_count:
+            raise OptionError("a row has a null topic and no topic option is set")
+        if pa.types.is_binary(targets.type):
+            targets = targets.cast(pa.string())
+        out = {}
+        for t in pc.unique(targets).to_pylist():
+            out[t] = batch.column("value").filter(pc.equal(targets, t)).to_pylist()
         yield out
-
-
-def _kind(o: Options) -> str:
-    return "queue" if o.queue else "channel" if o.channel else "topic"
 
 
 class _Publisher:
@@ -86,7 +81,7 @@ class _Publisher:
 
     def __init__(self, o: Options) -> None:
         self.o = o
-        self.kind = _kind(o)
+        self.kind = o.kind
         self._handles: dict = {}
         self._pub = None
 
@@ -168,7 +163,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
 
     def _staged(self, target: str) -> StagedWriter:
         o = self.o
-        return StagedWriter(_kind(o), target, client(o.redis_url()), writer_id=o.writer_id,
+        return StagedWriter(o.kind, target, client(o.redis_url()), writer_id=o.writer_id,
                             prefix=o.prefix, ttl=o.ttl)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Written:
