@@ -1,6 +1,10 @@
 """Build of fastbus: the C core (csrc/) as a static library, and the Cython
 extension fastbus._core linked against it.
 
+fastbus/_core.pyx includes its parts by concern, fastbus/core/*.pxi (found
+next to it; their .pxd files are included by fastbus/_core.pxd and installed
+with it, for `cimport`).
+
 Environment switches:
   FASTBUS_SANITIZE=1   -O0 -g -fsanitize=address,undefined (run Python with
                        LD_PRELOAD of libasan; see docs/DEVELOPING.md)
@@ -40,7 +44,8 @@ def _cflags(compiler_type: str, core: bool) -> list:
         return ["/Od", "/Zi"] if DEBUG else ["/O2"]
     flags = ["-fno-strict-aliasing"]
     if core:
-        flags += ["-std=c11", "-Wall", "-Wextra"]
+        # The same warnings as csrc/Makefile (the core is built both ways).
+        flags += ["-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Wshadow", "-Wstrict-prototypes"]
     if SANITIZE:
         flags += ["-O0", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined"]
     elif DEBUG:
@@ -89,7 +94,11 @@ _copy_headers()
 setup(
     libraries=[("fastbus", {"sources": [f"csrc/{s}" for s in CORE_SOURCES], "include_dirs": ["csrc"]})],
     ext_modules=cythonize(
-        [Extension("fastbus._core", ["fastbus/_core.pyx"], include_dirs=["csrc"], libraries=["fastbus"])],
+        [Extension("fastbus._core", ["fastbus/_core.pyx"], include_dirs=["csrc"], libraries=["fastbus"]),
+         # The broker's C data plane: calls the libzmq that pyzmq loaded, found at run time
+         # (fastbus/broker/_libzmq.py), so it links nothing but the core.
+         Extension("fastbus.broker._relay", ["fastbus/broker/_relay.pyx"], include_dirs=["csrc"],
+                   libraries=["fastbus"])],
         compiler_directives={"language_level": "3", "embedsignature": True},
     ),
     cmdclass={"build_clib": BuildClib, "build_ext": BuildExt},

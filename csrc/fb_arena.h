@@ -19,6 +19,18 @@
  *
  * The caller remembers the size of each block (the trie can always recompute
  * it from a node header), which is what lets blocks carry no header.
+ *
+ * Giving memory back: each segment counts the units of its live blocks.  A
+ * segment whose count falls to zero holds only free blocks; fb_arena_trim()
+ * takes those blocks off the free lists and returns the segment to the
+ * system (munmap on Linux, so the pages really leave the process; free()
+ * elsewhere).  Its index is reused by the next segment the arena needs, so
+ * refs stay (segment, offset) and churn cannot run out of indexes.
+ * fb_arena_maybe_trim() trims only when empty segments are a quarter of what
+ * the arena holds: the free-list walk it costs is then paid for by the frees
+ * that emptied them.  Segment 0 (which holds the unit that ref 0 names) is
+ * never trimmed.
+ *
  * Not thread-safe: the owner serialises access.
  */
 #ifndef FB_ARENA_H
@@ -44,10 +56,14 @@ typedef uint32_t fb_ref;
 #define FB_ARENA_SLACK 16u
 
 typedef struct fb_arena {
-    unsigned char **segs;
+    unsigned char **segs;                       /* NULL: a trimmed segment, its index free */
+    uint32_t *seglive;                          /* units in live blocks, per segment */
     uint32_t nsegs, capsegs;
-    uint32_t top;                               /* units used in the newest segment */
-    uint32_t segcap;                            /* units the newest segment can hand out */
+    uint32_t ntrimmed;                          /* indexes below nsegs whose segment was trimmed */
+    uint32_t cur;                               /* the segment being carved */
+    uint32_t top;                               /* units carved from segment cur */
+    uint32_t segcap;                            /* units segment cur can hand out (0: none) */
+    size_t empty;                               /* bytes of held segments (not 0) with no live block */
     uint32_t freelist[FB_ARENA_MAXUNITS + 1];   /* head ref per size in units */
     uint64_t nonempty[(FB_ARENA_MAXUNITS + 64) / 64]; /* bit u: freelist[u] has a block */
     void **bigs;                                /* big block pointers; free slots tagged */
@@ -67,6 +83,34 @@ void fb_arena_free(fb_arena *a, fb_ref r, size_t bytes);
 /* Resize keeping the first min(old, new) bytes.  Returns the (possibly new)
  * ref, or FB_NULLREF with the old block untouched when out of memory. */
 fb_ref fb_arena_realloc(fb_arena *a, fb_ref r, size_t oldbytes, size_t newbytes);
+
+/* Return every segment without live blocks (but segment 0) to the system.
+ * Returns the bytes given back.  Cost: a walk of the free lists. */
+size_t fb_arena_trim(fb_arena *a);
+/* fb_arena_trim() if the empty segments are at least a quarter of the
+ * arena's bytes (and at least 64 KiB): cheap to call after every free. */
+size_t fb_arena_maybe_trim(fb_arena *a);
+
+/* For tests (fb_trie_check): verify the arena against its owner's account
+ * of the live blocks.  Begin, report every live block with its size, end.
+ * End checks that the live and free blocks tile every carved unit exactly
+ * once (no overlap, no unit lost to a wrong size), that each segment's live
+ * count matches, and the free lists and counters.  Returns NULL if all
+ * holds, else a static description; FB_ARENA_AUDIT_NOMEM if it could not
+ * allocate its map.  A block that overlaps another or lies outside the
+ * carved units makes fb_arena_audit_block() return that description too. */
+typedef struct fb_arena_audit {
+    const struct fb_arena *a;
+    uint64_t *map;                              /* a bit per unit, segment after segment */
+    size_t *base;                               /* first bit of each segment in map */
+    uint32_t *live;                             /* units reported live, per segment */
+    size_t bigs_live;                           /* bytes of big blocks reported */
+    const char *err;                            /* first problem found */
+} fb_arena_audit;
+extern const char FB_ARENA_AUDIT_NOMEM[];
+const char *fb_arena_audit_begin(fb_arena_audit *au, const fb_arena *a);
+const char *fb_arena_audit_block(fb_arena_audit *au, fb_ref r, size_t bytes);
+const char *fb_arena_audit_end(fb_arena_audit *au);
 
 static inline void *fb_arena_ptr(const fb_arena *a, fb_ref r)
 {

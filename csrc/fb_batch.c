@@ -1,6 +1,7 @@
 /* fb_batch.c - batch format v1 decoder and CRC32C (see fb_batch.h). */
 #include "fb_batch.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static const uint32_t crc_table[256] = {
@@ -99,6 +100,25 @@ int fb_batch_header(const void *buf, size_t len, uint32_t *count, uint8_t *flags
     if (p[2] != FB_BATCH_VERSION || (p[3] & ~FB_BATCH_KNOWN_FLAGS)) return FB_EVERSION;
     if (count) *count = rd32(p + 4);
     if (flags) *flags = p[3];
+    return FB_OK;
+}
+
+int fb_batch_empty(int checksum, unsigned char **buf, size_t *len)
+{
+    size_t n = FB_BATCH_HEADER + (checksum ? 4 : 0);
+    unsigned char *p = malloc(n);
+    *buf = p;
+    *len = p ? n : 0;
+    if (!p) return FB_ENOMEM;
+    p[0] = FB_BATCH_MAGIC0;
+    p[1] = FB_BATCH_MAGIC1;
+    p[2] = FB_BATCH_VERSION;
+    p[3] = checksum ? FB_BATCH_F_CRC32C : 0;
+    memset(p + 4, 0, 4);                             /* count 0 */
+    if (checksum) {
+        uint32_t c = fb_crc32c(0, p, FB_BATCH_HEADER);
+        for (int i = 0; i < 4; i++) p[FB_BATCH_HEADER + i] = (unsigned char)(c >> (8 * i));
+    }
     return FB_OK;
 }
 

@@ -62,6 +62,12 @@ int fb_batch_header(const void *buf, size_t len, uint32_t *count, uint8_t *flags
 int fb_batch_decode(const void *buf, size_t len, const fb_decode_limits *lim,
                     fb_record *out, size_t out_cap, size_t *n);
 
+/* An empty batch (no records; with checksum, its CRC32C trailer) in a new
+ * buffer the caller frees with fb_free: *buf and *len.  The outbox never
+ * hands over an empty batch; encoders of "no records" use this.
+ * FB_OK or FB_ENOMEM (then *buf is NULL). */
+int fb_batch_empty(int checksum, unsigned char **buf, size_t *len);
+
 /* Encoded size of one record, and writing one (dst needs that many bytes). */
 static inline size_t fb_varint_len(uint32_t v)
 {

@@ -19,7 +19,7 @@
 
 struct fb_forwarder {
     fb_trie *t;
-    fb_fwd_mode mode;
+    fb_forwarder_mode mode;
     size_t cap, cap_low;
     size_t nup;
     int collapsed;
@@ -27,7 +27,7 @@ struct fb_forwarder {
     fb_keylist tmp;       /* a peer's keys, or an enumeration of U */
 };
 
-fb_forwarder *fb_fwd_new(fb_fwd_mode mode, size_t cap, size_t cap_low)
+fb_forwarder *fb_forwarder_new(fb_forwarder_mode mode, size_t cap, size_t cap_low)
 {
     if (mode != FB_FWD_DEDUP && mode != FB_FWD_SUBSUME) return NULL;
     if (cap_low > cap) return NULL;
@@ -43,13 +43,30 @@ fb_forwarder *fb_fwd_new(fb_fwd_mode mode, size_t cap, size_t cap_low)
     return f;
 }
 
-void fb_fwd_free(fb_forwarder *f)
+void fb_forwarder_free(fb_forwarder *f)
 {
     if (!f) return;
     fb_trie_free(f->t);
     fb_keylist_free(&f->scratch);
     fb_keylist_free(&f->tmp);
     free(f);
+}
+
+/* The scratch lists keep their buffers from call to call, so that the
+ * common event allocates nothing.  One that a big call grew (a peer with a
+ * million keys leaving, a collapse) is freed instead of holding that much
+ * memory for good. */
+#define SCRATCH_KEEP ((size_t)64 * 1024)
+
+static void trim_list(fb_keylist *l)
+{
+    if (l->capbytes + l->cap * sizeof(fb_keyent) > SCRATCH_KEEP) fb_keylist_free(l);
+}
+
+static void trim_scratch(fb_forwarder *f)
+{
+    trim_list(&f->scratch);
+    trim_list(&f->tmp);
 }
 
 static inline uint32_t kl_flags(int sub, int kind)
@@ -117,7 +134,7 @@ static int on_last(fb_forwarder *f, const unsigned char *key, size_t len, int ki
 }
 
 /* Enumerate U into a key list as subscribe entries. */
-typedef struct up_ctx { fb_fwd_mode mode; fb_keylist *out; } up_ctx;
+typedef struct up_ctx { fb_forwarder_mode mode; fb_keylist *out; } up_ctx;
 
 static int upstream_cb(void *vctx, const unsigned char *key, size_t len, uint32_t ex, uint32_t px)
 {
@@ -258,16 +275,20 @@ static int fwd_event(fb_forwarder *f, int subscribe, uint64_t peer, const void *
     return 1;
 }
 
-int fb_fwd_subscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
+int fb_forwarder_subscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
                      fb_keylist *diff)
 {
-    return fwd_event(f, 1, peer, key, len, kind, diff);
+    int rc = fwd_event(f, 1, peer, key, len, kind, diff);
+    trim_scratch(f);
+    return rc;
 }
 
-int fb_fwd_unsubscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
+int fb_forwarder_unsubscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
                        fb_keylist *diff)
 {
-    return fwd_event(f, 0, peer, key, len, kind, diff);
+    int rc = fwd_event(f, 0, peer, key, len, kind, diff);
+    trim_scratch(f);
+    return rc;
 }
 
 typedef struct order { size_t len; uint32_t kind; size_t idx; } order;
@@ -283,7 +304,7 @@ static int order_cmp(const void *a, const void *b)
     return x->idx < y->idx ? -1 : (x->idx > y->idx);
 }
 
-int fb_fwd_remove_peer(fb_forwarder *f, uint64_t peer, fb_keylist *diff)
+int fb_forwarder_remove_peer(fb_forwarder *f, uint64_t peer, fb_keylist *diff)
 {
     fb_keylist_clear(&f->scratch);
     fb_keylist_clear(&f->tmp);
@@ -314,19 +335,20 @@ int fb_fwd_remove_peer(fb_forwarder *f, uint64_t peer, fb_keylist *diff)
     int frc = finish(f, diff);
     free(ord);
     fb_keylist_free(&keys);
+    trim_scratch(f);
     if (rc < 0) return rc;
     if (frc < 0) return frc;
     return n > 0x7fffffff ? 0x7fffffff : (int)n;
 }
 
-int fb_fwd_snapshot(const fb_forwarder *f, fb_keylist *out)
+int fb_forwarder_snapshot(const fb_forwarder *f, fb_keylist *out)
 {
     if (f->collapsed) return fb_keylist_push(out, FB_KL_SUBSCRIBE | FB_KL_PREFIX, 0, EMPTY, 0);
     int rc = enumerate_upstream(f, out);
     return rc < 0 ? rc : FB_OK;
 }
 
-size_t fb_fwd_upstream_count(const fb_forwarder *f) { return f->nup; }
-int fb_fwd_collapsed(const fb_forwarder *f) { return f->collapsed; }
-fb_fwd_mode fb_fwd_get_mode(const fb_forwarder *f) { return f->mode; }
-const fb_trie *fb_fwd_trie(const fb_forwarder *f) { return f->t; }
+size_t fb_forwarder_upstream_count(const fb_forwarder *f) { return f->nup; }
+int fb_forwarder_collapsed(const fb_forwarder *f) { return f->collapsed; }
+fb_forwarder_mode fb_forwarder_get_mode(const fb_forwarder *f) { return f->mode; }
+const fb_trie *fb_forwarder_trie(const fb_forwarder *f) { return f->t; }

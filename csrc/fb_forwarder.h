@@ -38,39 +38,39 @@
 extern "C" {
 #endif
 
-typedef enum { FB_FWD_DEDUP = 0, FB_FWD_SUBSUME = 1 } fb_fwd_mode;
+typedef enum { FB_FWD_DEDUP = 0, FB_FWD_SUBSUME = 1 } fb_forwarder_mode;
 
 typedef struct fb_forwarder fb_forwarder;
 
 /* cap = 0: no cap.  cap_low must be <= cap (0 < cap: 0 <= cap_low <= cap);
  * NULL on a bad argument or out of memory. */
-fb_forwarder *fb_fwd_new(fb_fwd_mode mode, size_t cap, size_t cap_low);
-void fb_fwd_free(fb_forwarder *f);
+fb_forwarder *fb_forwarder_new(fb_forwarder_mode mode, size_t cap, size_t cap_low);
+void fb_forwarder_free(fb_forwarder *f);
 
 /* A downstream peer subscribes / unsubscribes (reference counted per peer).
  * Return 1 when the (key, kind) got its first / lost its last downstream
  * holder (only then can the diff be non-empty), 0 otherwise, < 0 on error. */
-int fb_fwd_subscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
+int fb_forwarder_subscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
                      fb_keylist *diff);
 /* FB_ENOTFOUND if the peer does not hold the key. */
-int fb_fwd_unsubscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
+int fb_forwarder_unsubscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
                        fb_keylist *diff);
 /* The peer went away: drop everything it held.  Returns the number of keys it
  * held.  Keys are released longest first, so the diff is minimal.  On
  * FB_ENOMEM the diff so far is appended and the peer partly removed; calling
  * again continues. */
-int fb_fwd_remove_peer(fb_forwarder *f, uint64_t peer, fb_keylist *diff);
+int fb_forwarder_remove_peer(fb_forwarder *f, uint64_t peer, fb_keylist *diff);
 
 /* The full upstream set as subscribe operations, to send after a reconnect. */
-int fb_fwd_snapshot(const fb_forwarder *f, fb_keylist *out);
+int fb_forwarder_snapshot(const fb_forwarder *f, fb_keylist *out);
 
 /* Number of keys upstream would hold uncollapsed (dedup: distinct keys). */
-size_t fb_fwd_upstream_count(const fb_forwarder *f);
+size_t fb_forwarder_upstream_count(const fb_forwarder *f);
 /* 1 while collapsed to the "" prefix by the cap. */
-int fb_fwd_collapsed(const fb_forwarder *f);
-fb_fwd_mode fb_fwd_get_mode(const fb_forwarder *f);
+int fb_forwarder_collapsed(const fb_forwarder *f);
+fb_forwarder_mode fb_forwarder_get_mode(const fb_forwarder *f);
 /* The downstream table (read-only): peers are its subscribers. */
-const fb_trie *fb_fwd_trie(const fb_forwarder *f);
+const fb_trie *fb_forwarder_trie(const fb_forwarder *f);
 
 #ifdef __cplusplus
 }

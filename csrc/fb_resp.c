@@ -234,8 +234,13 @@ int fb_resp_pump(int fd, const void *data, size_t len, size_t need, int timeout_
 }
 #else
 
+/* A send to a peer that closed must fail with EPIPE, not raise SIGPIPE: a
+ * C program embedding the core may not ignore that signal as Python does.
+ * Linux has a per-call flag; macOS and the BSDs a per-socket option, set
+ * in fb_resp_pump. */
 #ifndef MSG_NOSIGNAL
-#define MSG_NOSIGNAL 0          /* macOS: the bindings ignore SIGPIPE (Python does) */
+#define MSG_NOSIGNAL 0
+#define FB_SET_NOSIGPIPE 1
 #endif
 
 #define READ_CHUNK 65536u
@@ -273,6 +278,12 @@ int fb_resp_pump(int fd, const void *data, size_t len, size_t need, int timeout_
     if (fd < 0 || (len && !data)) return FB_EINVAL;
     const unsigned char *p = data;
     size_t left = len;
+#if defined(FB_SET_NOSIGPIPE) && defined(SO_NOSIGPIPE)
+    if (left) {
+        int one = 1;
+        (void)setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
+    }
+#endif
     for (;;) {
         int rc = consume(rd, need, t, err_idx, err_cap);
         if (rc < 0) return rc;

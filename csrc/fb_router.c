@@ -6,16 +6,23 @@
 
 typedef struct linkbox {
     fb_outbox ob;
+    uint64_t last_ns;      /* when its last batch was taken (if sent) */
     uint8_t active;
-    uint8_t listed;   /* in r->pending */
+    uint8_t listed;        /* in r->pending */
+    uint8_t listed_full;   /* in r->full */
+    uint8_t held;          /* due only when full */
+    uint8_t sent;          /* a batch was taken since the link was added */
 } linkbox;
 
 struct fb_router {
-    fb_outbox_limits lim;
+    fb_outbox_limits lim;     /* of every outbox: no age limit (the linger is the router's) */
+    uint64_t linger_ns;
     linkbox *links;
     uint32_t caplinks;
     uint32_t *pending;        /* links that may hold records: the only ones due() looks at */
     size_t npending, cappending;
+    uint32_t *full;           /* links that route() filled, for fb_router_full */
+    size_t nfull, capfull;
     fb_record *recs;
     size_t caprecs;
     fb_span *spans;
@@ -30,7 +37,11 @@ fb_router *fb_router_new(const fb_outbox_limits *lim)
 {
     fb_router *r = calloc(1, sizeof *r);
     if (!r) return NULL;
-    if (lim) r->lim = *lim;
+    if (lim) {
+        r->lim = *lim;
+        r->linger_ns = lim->max_age_ns;
+        r->lim.max_age_ns = 0;
+    }
     fb_idvec_init(&r->ids);
     return r;
 }
@@ -41,6 +52,7 @@ void fb_router_free(fb_router *r)
     for (uint32_t i = 0; i < r->caplinks; i++) fb_outbox_destroy(&r->links[i].ob);
     free(r->links);
     free(r->pending);
+    free(r->full);
     free(r->recs);
     free(r->spans);
     free(r->offsets);
@@ -64,6 +76,9 @@ int fb_router_add_link(fb_router *r, uint32_t link)
     if (!lb->active) {
         fb_outbox_init(&lb->ob, &r->lim);
         lb->active = 1;
+        lb->held = 0;
+        lb->sent = 0;
+        lb->last_ns = 0;
     }
     return FB_OK;
 }
@@ -74,7 +89,9 @@ size_t fb_router_remove_link(fb_router *r, uint32_t link)
     linkbox *lb = &r->links[link];
     size_t dropped = fb_outbox_count(&lb->ob);
     fb_outbox_destroy(&lb->ob);
-    lb->active = 0;    /* stays listed until due() passes over it */
+    lb->active = 0;    /* stays listed until due() or full() passes over it */
+    lb->held = 0;
+    lb->sent = 0;
     return dropped;
 }
 
@@ -99,10 +116,29 @@ static int list_link(fb_router *r, uint32_t link)
     return FB_OK;
 }
 
+/* A link whose outbox just became full, for fb_router_full.  Failing to
+ * list it (ENOMEM) loses nothing: fb_router_due reports full outboxes too. */
+static void list_full(fb_router *r, uint32_t link)
+{
+    linkbox *lb = &r->links[link];
+    if (lb->listed_full) return;
+    if (r->nfull == r->capfull) {
+        size_t c = r->capfull ? r->capfull * 2 : 16;
+        uint32_t *p = realloc(r->full, c * sizeof *p);
+        if (!p) return;
+        r->full = p;
+        r->capfull = c;
+    }
+    r->full[r->nfull++] = link;
+    lb->listed_full = 1;
+}
+
 void fb_router_touch(fb_router *r, uint32_t link)
 {
-    if (link < r->caplinks && r->links[link].active && fb_outbox_count(&r->links[link].ob))
+    if (link < r->caplinks && r->links[link].active && fb_outbox_count(&r->links[link].ob)) {
         (void)list_link(r, link); /* on ENOMEM the outbox is still flushed by a later touch or route */
+        if (fb_outbox_full(&r->links[link].ob)) list_full(r, link);
+    }
 }
 
 static int reserve(void **p, size_t *cap, size_t need, size_t item)
@@ -122,18 +158,40 @@ int fb_router_route(fb_router *r, fb_trie *t, const void *batch, size_t len,
                     const fb_decode_limits *lim, uint64_t source, uint64_t now_ns)
 {
     uint32_t count;
-    size_t n = 0;
+    size_t n = 0, total;
+    /* The decoder checks the structure (and max_records, the checksum);
+     * record sizes are checked here, one record at a time. */
+    fb_decode_limits shape = { 0, 0, 0, 0 };
+    uint32_t max_topic = 0, max_payload = 0;
+    if (lim) {
+        shape = *lim;
+        max_topic = lim->max_topic;
+        max_payload = lim->max_payload;
+        shape.max_topic = shape.max_payload = 0;
+    }
     int rc = fb_batch_header(batch, len, &count, NULL);
     if (rc == FB_OK) {
         /* A count the buffer cannot hold is rejected by the decoder without
          * this router allocating for it first. */
         size_t cap = count <= len / 2 ? count : 0;
         rc = reserve((void **)&r->recs, &r->caprecs, cap ? cap : 1, sizeof(fb_record));
-        if (rc == FB_OK) rc = fb_batch_decode(batch, len, lim, cap ? r->recs : NULL, cap, &n);
+        if (rc == FB_OK) rc = fb_batch_decode(batch, len, &shape, cap ? r->recs : NULL, cap, &n);
     }
     if (rc < 0) {
         if (rc != FB_ENOMEM) r->st.rejected++;
         return rc;
+    }
+    total = n;
+    if (max_topic || max_payload) {
+        size_t w = 0;
+        for (size_t i = 0; i < n; i++) {
+            const fb_record *rec = &r->recs[i];
+            if ((max_topic && rec->topic_len > max_topic) || (max_payload && rec->payload_len > max_payload))
+                r->st.oversize++;
+            else
+                r->recs[w++] = *rec;
+        }
+        n = w;
     }
     rc = reserve((void **)&r->spans, &r->capspans, n ? n : 1, sizeof(fb_span));
     if (rc == FB_OK) rc = reserve((void **)&r->offsets, &r->capoffsets, n + 1, sizeof(size_t));
@@ -157,19 +215,29 @@ int fb_router_route(fb_router *r, fb_trie *t, const void *batch, size_t len,
             if (fb_outbox_count(&lb->ob) == 0 && (rc = list_link(r, (uint32_t)id)) < 0) return rc;
             rc = fb_outbox_append(&lb->ob, rec->topic, rec->topic_len, rec->payload, rec->payload_len, now_ns);
             if (rc < 0) return rc;
+            if (rc == 1 && !lb->listed_full) list_full(r, (uint32_t)id);
             delivered++;
         }
         if (delivered == before) r->st.unrouted++;
     }
     r->st.batches++;
-    r->st.records += n;
+    r->st.records += total;
     r->st.bytes += len;
     r->st.deliveries += delivered;
-    return n > 0x7fffffff ? 0x7fffffff : (int)n;
+    return total > 0x7fffffff ? 0x7fffffff : (int)total;
+}
+
+/* Due at now_ns: full, or (unless held) idle for the linger. */
+static int link_due(const fb_router *r, const linkbox *lb, uint64_t now_ns)
+{
+    if (fb_outbox_full(&lb->ob)) return 1;
+    if (lb->held) return 0;
+    if (!lb->sent || r->linger_ns == 0) return 1;
+    return now_ns >= lb->last_ns && now_ns - lb->last_ns >= r->linger_ns;
 }
 
 /* Walk the pending list, dropping links that no longer hold records, and
- * report those that pass `pick` (due, or merely pending). */
+ * report those that are due (or merely pending). */
 static size_t scan(fb_router *r, uint64_t now_ns, int only_due, uint32_t *links, size_t cap)
 {
     size_t out = 0, w = 0, i = 0;
@@ -181,7 +249,7 @@ static size_t scan(fb_router *r, uint64_t now_ns, int only_due, uint32_t *links,
             continue;
         }
         r->pending[w++] = link;
-        if (!only_due || fb_outbox_due(&lb->ob, now_ns)) links[out++] = link;
+        if (!only_due || link_due(r, lb, now_ns)) links[out++] = link;
     }
     /* Keep whatever the cap left unvisited. */
     while (i < r->npending) r->pending[w++] = r->pending[i++];
@@ -199,16 +267,57 @@ size_t fb_router_pending(fb_router *r, uint32_t *links, size_t cap)
     return scan(r, 0, 0, links, cap);
 }
 
+size_t fb_router_full(fb_router *r, uint32_t *links, size_t cap)
+{
+    size_t out = 0, i = 0, w = 0;
+    for (; i < r->nfull && out < cap; i++) {
+        uint32_t link = r->full[i];
+        linkbox *lb = &r->links[link];
+        lb->listed_full = 0;
+        if (lb->active && fb_outbox_full(&lb->ob)) links[out++] = link;
+    }
+    while (i < r->nfull) r->full[w++] = r->full[i++];
+    r->nfull = w;
+    return out;
+}
+
 uint64_t fb_router_deadline(const fb_router *r)
 {
     uint64_t d = UINT64_MAX;
     for (size_t i = 0; i < r->npending; i++) {
         const linkbox *lb = &r->links[r->pending[i]];
-        if (!lb->active) continue;
-        uint64_t x = fb_outbox_deadline(&lb->ob);
+        if (!lb->active || fb_outbox_count(&lb->ob) == 0) continue;
+        if (fb_outbox_full(&lb->ob)) return 0;
+        if (lb->held) continue;
+        if (!lb->sent || r->linger_ns == 0) return 0;
+        uint64_t x = lb->last_ns > UINT64_MAX - r->linger_ns ? UINT64_MAX : lb->last_ns + r->linger_ns;
         if (x < d) d = x;
     }
     return d;
+}
+
+int fb_router_take(fb_router *r, uint32_t link, uint64_t now_ns, unsigned char **buf, size_t *len)
+{
+    *buf = NULL;
+    *len = 0;
+    if (link >= r->caplinks || !r->links[link].active) return FB_OK;
+    linkbox *lb = &r->links[link];
+    int rc = fb_outbox_take(&lb->ob, buf, len);
+    if (rc == FB_OK && *buf) {
+        lb->last_ns = now_ns;
+        lb->sent = 1;
+    }
+    return rc;
+}
+
+void fb_router_hold(fb_router *r, uint32_t link, int held)
+{
+    if (link < r->caplinks && r->links[link].active) r->links[link].held = held != 0;
+}
+
+int fb_router_held(const fb_router *r, uint32_t link)
+{
+    return link < r->caplinks && r->links[link].active && r->links[link].held;
 }
 
 fb_outbox *fb_router_outbox(fb_router *r, uint32_t link)

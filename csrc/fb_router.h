@@ -7,9 +7,37 @@
  * batch, validates it whole (fb_batch_decode), matches all its topics in one
  * fb_trie_match_batch() and appends every record to the outbox of every
  * matching link except the one it came from (split horizon: a message is
- * never sent back over the link it arrived on).  The broker then sends the
- * outboxes that are due (fb_router_due) and sleeps until the earliest
- * deadline (fb_router_deadline).  Per-message work all happens here, in C.
+ * never sent back over the link it arrived on).  Per-message work all
+ * happens here, in C.
+ *
+ * When a batch leaves: batches form by themselves.  A broker reads what its
+ * sockets hold (one "turn"), routing each batch as it comes, then sends
+ * every outbox that is due (fb_router_due) and takes its batch with
+ * fb_router_take.  At a low rate a message therefore leaves in the turn it
+ * arrived; under load a turn reads many batches and each link gets one
+ * batch per turn.  Two things bound an outbox in between:
+ *
+ *   - full: an outbox that reaches max_messages or max_bytes is due at
+ *     once; fb_router_full lists the links that a route call filled, so the
+ *     caller can send them before reading on (a flood never makes an
+ *     outbox grow past its limits);
+ *   - linger (optional, lim->max_age_ns, 0 = none): with a linger L, a
+ *     link's outbox is due if it is full, or if nothing was taken from it
+ *     in the last L ns (an idle link sends at once); otherwise it becomes
+ *     due L after that link's previous batch was taken.  So under load each
+ *     link gets at most one batch per L (larger batches), and a lone
+ *     message still leaves at once.  With L = 0 every outbox that holds
+ *     records is due.  fb_router_deadline gives the earliest such time, to
+ *     sleep until.
+ *
+ * A link whose connection cannot take more (its send queue is blocked) can
+ * be held (fb_router_hold): its outbox is then due only when full, so what
+ * arrives meanwhile forms the next batch, sent when the link is released.
+ *
+ * The time of a link's last batch is kept here, not in the outbox:
+ * take batches with fb_router_take (fb_outbox_take on fb_router_outbox()
+ * works too, but does not record the time: the link then counts as idle).
+ * Time is passed in by the caller (any monotonic nanosecond clock).
  *
  * Not thread-safe.
  */
@@ -35,13 +63,17 @@ typedef struct fb_router_stats {
     uint64_t deliveries;   /* record copies appended to outboxes */
     uint64_t unrouted;     /* records that matched no link (other than their source) */
     uint64_t rejected;     /* batches rejected as malformed (nothing routed from them) */
+    uint64_t oversize;     /* records over the decode limits' max_topic/max_payload, not routed */
 } fb_router_stats;
 
-/* Every outbox gets these limits.  NULL: no limits. */
+/* Every outbox gets lim's max_messages, max_bytes and checksum; lim's
+ * max_age_ns is the router's linger (above), not an age limit of the
+ * outboxes.  NULL: no limits, no linger. */
 fb_router *fb_router_new(const fb_outbox_limits *lim);
 void fb_router_free(fb_router *r);
 
-/* Give a link an outbox (idempotent).  link < 2^31. */
+/* Give a link an outbox (idempotent).  link < 2^31.  A new link is idle
+ * (its first batch is due at once) and not held. */
 int fb_router_add_link(fb_router *r, uint32_t link);
 /* Drop a link's outbox and whatever it held.  Returns the number of records
  * dropped (0 for an unknown link). */
@@ -51,19 +83,49 @@ int fb_router_has_link(const fb_router *r, uint32_t link);
 /* Route one batch received from link `source` (use a value that is not a
  * link, e.g. UINT64_MAX, for none).  Returns the number of records in it, or
  * a batch error (FB_EMALFORMED, ...; nothing is routed from a rejected
- * batch), or FB_ENOMEM.  lim may be NULL. */
+ * batch), or FB_ENOMEM.  lim may be NULL.
+ *
+ * lim's max_topic and max_payload bound single records: a record over them
+ * is not routed, and counted (stats.oversize), while the rest of its batch
+ * is (one oversized message must not take its neighbours with it; a sender
+ * that wants to know compares stats.oversize before and after).  A batch
+ * that is malformed, or over lim's max_records, is rejected whole. */
 int fb_router_route(fb_router *r, fb_trie *t, const void *batch, size_t len,
                     const fb_decode_limits *lim, uint64_t source, uint64_t now_ns);
 
-/* Up to cap links whose outbox is due at now_ns, into links[]; returns how
- * many.  Calling again after taking their batches returns the next ones. */
+/* Up to cap links whose outbox is full (max_messages or max_bytes) and was
+ * appended to since the last call, into links[], each once; returns how
+ * many (the rest stay for the next call).  Take their batches before
+ * reading more. */
+size_t fb_router_full(fb_router *r, uint32_t *links, size_t cap);
+
+/* Up to cap links whose outbox is due at now_ns (full, or by the linger
+ * rule above), into links[]; returns how many.  Calling again after taking
+ * their batches returns the next ones. */
 size_t fb_router_due(fb_router *r, uint64_t now_ns, uint32_t *links, size_t cap);
 
 /* Links whose outbox holds records, due or not (for a flush of everything). */
 size_t fb_router_pending(fb_router *r, uint32_t *links, size_t cap);
 
-/* Earliest time an outbox becomes due by age; UINT64_MAX if none. */
+/* Earliest time an outbox that holds records and is not held becomes due
+ * by the linger rule (0 if one is due now, e.g. full or idle); UINT64_MAX
+ * if none will.  With no linger, every outbox that holds records is due:
+ * a caller that takes what is due after each turn sees UINT64_MAX. */
 uint64_t fb_router_deadline(const fb_router *r);
+
+/* Hand a link's pending batch over (*buf, free with fb_free; NULL and 0
+ * when empty or unknown link) and record now_ns as the time of its last
+ * batch.  FB_ENOMEM as fb_outbox_take (the batch then stays). */
+int fb_router_take(fb_router *r, uint32_t link, uint64_t now_ns, unsigned char **buf, size_t *len);
+
+/* Hold a link (held != 0: its outbox is due only when full) or release it
+ * (its outbox is due again by the linger rule).  Unknown links: no-op. */
+void fb_router_hold(fb_router *r, uint32_t link, int held);
+
+/* 1 if a link is held, 0 if not (or unknown).  A broker that sends batches
+ * from more than one place uses it to leave a held link's batch to the one
+ * that queues for it (fastbus's C data plane leaves it to Python). */
+int fb_router_held(const fb_router *r, uint32_t link);
 
 /* The outbox of a link (NULL if unknown), to take its batch or append to it
  * directly; call fb_router_touch() after appending so the router tracks it. */

@@ -60,8 +60,10 @@ typedef struct node {
 #define NF_PREFIX_MANY 0x8u
 #define NF_ANY (NF_EXACT | NF_PREFIX)
 
-static inline uint8_t KF(int kind) { return kind ? NF_PREFIX : NF_EXACT; }
-static inline uint8_t KM(int kind) { return kind ? NF_PREFIX_MANY : NF_EXACT_MANY; }
+/* The node flag saying a holder set of this kind (0 exact, 1 prefix) is
+ * present, and the one saying it is an array (more than one holder). */
+static inline uint8_t kind_flag(int kind) { return kind ? NF_PREFIX : NF_EXACT; }
+static inline uint8_t kind_many_flag(int kind) { return kind ? NF_PREFIX_MANY : NF_EXACT_MANY; }
 
 typedef struct holder { uint32_t slot, refs, subpos; } holder;
 typedef struct hmany { fb_ref arr; uint32_t n, cap; } hmany;
@@ -98,7 +100,8 @@ struct fb_trie {
 _Static_assert(sizeof(node) == HDR, "node header is 12 bytes");
 _Static_assert(sizeof(hset) == HSET, "holder set is 12 bytes");
 
-static inline node *N(const fb_trie *t, fb_ref r) { return (node *)fb_arena_ptr(&t->a, r); }
+/* The node a ref names. */
+static inline node *node_at(const fb_trie *t, fb_ref r) { return (node *)fb_arena_ptr(&t->a, r); }
 static inline unsigned nsets(unsigned f) { return ((f & NF_EXACT) != 0) + ((f & NF_PREFIX) != 0); }
 static inline size_t node_bytes(unsigned flags, size_t nchild, size_t seglen)
 {
@@ -159,15 +162,15 @@ static inline int seg_equal(node *n, const unsigned char *k)
 
 static inline uint32_t hs_count(node *n, int kind)
 {
-    if (!(n->flags & KF(kind))) return 0;
-    if (n->flags & KM(kind)) return n_hset(n, kind)->many.n;
+    if (!(n->flags & kind_flag(kind))) return 0;
+    if (n->flags & kind_many_flag(kind)) return n_hset(n, kind)->many.n;
     return 1;
 }
 
 static inline holder *hs_get(const fb_trie *t, node *n, int kind, uint32_t i)
 {
     hset *h = n_hset(n, kind);
-    if (n->flags & KM(kind)) return (holder *)fb_arena_ptr(&t->a, h->many.arr) + i;
+    if (n->flags & kind_many_flag(kind)) return (holder *)fb_arena_ptr(&t->a, h->many.arr) + i;
     return &h->one;
 }
 
@@ -330,16 +333,16 @@ static void slot_shrink(fb_trie *t, uint32_t s)
 /* Patch every reference to the node now at `nr`. */
 static void relink(fb_trie *t, fb_ref nr)
 {
-    node *n = N(t, nr);
+    node *n = node_at(t, nr);
     if (n->parent == FB_NULLREF) {
         t->root = nr;
     } else {
-        node *p = N(t, n->parent);
+        node *p = node_at(t, n->parent);
         int ci = child_index(p, n_seg(n)[0]);
         n_children(p)[ci] = nr;
     }
     fb_ref *ch = n_children(n);
-    for (uint32_t i = 0; i < n->nchild; i++) N(t, ch[i])->parent = nr;
+    for (uint32_t i = 0; i < n->nchild; i++) node_at(t, ch[i])->parent = nr;
     for (int kind = 0; kind < 2; kind++) {
         uint32_t c = hs_count(n, kind);
         for (uint32_t i = 0; i < c; i++) {
@@ -368,7 +371,7 @@ typedef struct reb {
  * be empty.  Returns the new ref or FB_NULLREF (ENOMEM; nothing changed). */
 static fb_ref rebuild(fb_trie *t, fb_ref oref, const reb *r)
 {
-    node *o = N(t, oref);
+    node *o = node_at(t, oref);
     size_t onc = o->nchild;
     int del = r->op == REB_DELETE ? child_index(o, r->label) : 0;
     if (del < 0) return FB_NULLREF; /* no such child: callers never ask */
@@ -377,16 +380,16 @@ static fb_ref rebuild(fb_trie *t, fb_ref oref, const reb *r)
     size_t osz = node_size(o);
     fb_ref nref = fb_arena_alloc(&t->a, node_bytes(r->flags, nnc, nseg));
     if (nref == FB_NULLREF) return FB_NULLREF;
-    o = N(t, oref);
-    node *n = N(t, nref);
+    o = node_at(t, oref);
+    node *n = node_at(t, nref);
     n->parent = o->parent;
     n->seglen = (uint32_t)nseg;
     n->nchild = (uint16_t)nnc;
     n->flags = r->flags;
     n->pad = 0;
     for (int kind = 0; kind < 2; kind++) {
-        if (!(r->flags & KF(kind))) continue;
-        if (o->flags & KF(kind)) *n_hset(n, kind) = *n_hset(o, kind);
+        if (!(r->flags & kind_flag(kind))) continue;
+        if (o->flags & kind_flag(kind)) *n_hset(n, kind) = *n_hset(o, kind);
         else memset(n_hset(n, kind), 0, HSET);
     }
     fb_ref *oc = n_children(o), *nc = n_children(n);
@@ -426,7 +429,7 @@ static fb_ref make_node(fb_trie *t, fb_ref parent, const unsigned char *seg, siz
     size_t nc = child != FB_NULLREF;
     fb_ref r = fb_arena_alloc(&t->a, node_bytes(flags, nc, seglen));
     if (r == FB_NULLREF) return FB_NULLREF;
-    node *n = N(t, r);
+    node *n = node_at(t, r);
     n->parent = parent;
     n->seglen = (uint32_t)seglen;
     n->nchild = (uint16_t)nc;
@@ -444,7 +447,7 @@ static fb_ref make_node(fb_trie *t, fb_ref parent, const unsigned char *seg, siz
 
 static void free_node(fb_trie *t, fb_ref r)
 {
-    fb_arena_free(&t->a, r, node_size(N(t, r)));
+    fb_arena_free(&t->a, r, node_size(node_at(t, r)));
     t->nnodes--;
 }
 
@@ -454,11 +457,11 @@ static void free_node(fb_trie *t, fb_ref r)
 static void cleanup(fb_trie *t, fb_ref nr)
 {
     while (nr != t->root) {
-        node *n = N(t, nr);
+        node *n = node_at(t, nr);
         if ((n->flags & NF_ANY) || n->nchild >= 2) return;
         fb_ref p = n->parent;
         if (n->nchild == 0) {
-            node *pn = N(t, p);
+            node *pn = node_at(t, p);
             reb r = { pn->flags, REB_DELETE, n_seg(n)[0], FB_NULLREF, NULL, 0, 0 };
             fb_ref np = rebuild(t, p, &r);
             if (np == FB_NULLREF) return;
@@ -468,11 +471,11 @@ static void cleanup(fb_trie *t, fb_ref nr)
         }
         /* One child: the child absorbs this node's segment. */
         fb_ref c = n_children(n)[0];
-        node *cn = N(t, c);
+        node *cn = node_at(t, c);
         cn->parent = p;
         reb r = { cn->flags, REB_NONE, 0, FB_NULLREF, n_seg(n), n->seglen, 0 };
         if (rebuild(t, c, &r) == FB_NULLREF) {
-            N(t, c)->parent = nr;
+            node_at(t, c)->parent = nr;
             return;
         }
         free_node(t, nr);
@@ -490,7 +493,7 @@ static inline fb_ref descend(const fb_trie *t, node *n, const unsigned char *k, 
     int ci = child_index(n, k[*i]);
     if (ci < 0) return FB_NULLREF;
     fb_ref c = n_children(n)[ci];
-    node *cn = N(t, c);
+    node *cn = node_at(t, c);
     if (len - *i < cn->seglen || !seg_equal(cn, k + *i)) return FB_NULLREF;
     *i += cn->seglen;
     return c;
@@ -500,7 +503,7 @@ static fb_ref find_node(const fb_trie *t, const unsigned char *key, size_t len)
 {
     fb_ref cur = t->root;
     size_t i = 0;
-    while (i < len && cur != FB_NULLREF) cur = descend(t, N(t, cur), key, len, &i);
+    while (i < len && cur != FB_NULLREF) cur = descend(t, node_at(t, cur), key, len, &i);
     return cur;
 }
 
@@ -517,12 +520,12 @@ static int insert_node(fb_trie *t, const unsigned char *key, size_t len, int kin
     size_t i = 0;
     for (;;) {
         if (i == len) { *out = cur; return FB_OK; }
-        node *n = N(t, cur);
+        node *n = node_at(t, cur);
         int ci = child_index(n, key[i]);
         if (ci < 0) {
-            fb_ref leaf = make_node(t, cur, key + i, len - i, FB_NULLREF, 0, KF(kind));
+            fb_ref leaf = make_node(t, cur, key + i, len - i, FB_NULLREF, 0, kind_flag(kind));
             if (leaf == FB_NULLREF) { *out = cur; return FB_ENOMEM; }
-            n = N(t, cur);
+            n = node_at(t, cur);
             reb r = { n->flags, REB_INSERT, key[i], leaf, NULL, 0, 0 };
             if (rebuild(t, cur, &r) == FB_NULLREF) {
                 free_node(t, leaf);
@@ -534,7 +537,7 @@ static int insert_node(fb_trie *t, const unsigned char *key, size_t len, int kin
             return FB_OK;
         }
         fb_ref c = n_children(n)[ci];
-        node *cn = N(t, c);
+        node *cn = node_at(t, c);
         const unsigned char *seg = n_seg(cn);
         size_t lim = len - i < cn->seglen ? len - i : cn->seglen;
         size_t m = 1;
@@ -543,14 +546,14 @@ static int insert_node(fb_trie *t, const unsigned char *key, size_t len, int kin
         /* Split c after m bytes: mid takes seg[0..m), c keeps seg[m..). */
         fb_ref mid = make_node(t, cur, seg, m, c, seg[m], 0);
         if (mid == FB_NULLREF) { *out = cur; return FB_ENOMEM; }
-        n = N(t, cur);
-        cn = N(t, c);
+        n = node_at(t, cur);
+        cn = node_at(t, c);
         n_children(n)[ci] = mid;
         cn->parent = mid;
         reb r = { cn->flags, REB_NONE, 0, FB_NULLREF, NULL, 0, m };
         if (rebuild(t, c, &r) == FB_NULLREF) {
-            N(t, c)->parent = cur;
-            n_children(N(t, cur))[ci] = c;
+            node_at(t, c)->parent = cur;
+            n_children(node_at(t, cur))[ci] = c;
             free_node(t, mid);
             *out = cur;
             return FB_ENOMEM;
@@ -566,10 +569,10 @@ static int insert_node(fb_trie *t, const unsigned char *key, size_t len, int kin
 /* Position of slot's holder in (node, kind), or -1. */
 static int64_t holder_find(const fb_trie *t, fb_ref nr, int kind, uint32_t s)
 {
-    node *n = N(t, nr);
+    node *n = node_at(t, nr);
     uint32_t c = hs_count(n, kind);
     if (c == 0) return -1;
-    if (!(n->flags & KM(kind))) return n_hset(n, kind)->one.slot == s ? 0 : -1;
+    if (!(n->flags & kind_many_flag(kind))) return n_hset(n, kind)->one.slot == s ? 0 : -1;
     /* Scan whichever side is shorter: the key's holders or the subscriber's keys. */
     const slot *sl = &t->slots[s];
     if (sl->nkeys < c) {
@@ -605,29 +608,29 @@ static void holder_link(fb_trie *t, fb_ref nr, int kind, uint32_t s, holder *h, 
 static int holder_add(fb_trie *t, fb_ref *nrp, int kind, uint32_t s)
 {
     fb_ref nr = *nrp;
-    node *n = N(t, nr);
+    node *n = node_at(t, nr);
     uint32_t c = hs_count(n, kind);
     holder *h;
     uint32_t pos;
     if (c == 0) {
-        reb r = { (uint8_t)(n->flags | KF(kind)), REB_NONE, 0, FB_NULLREF, NULL, 0, 0 };
+        reb r = { (uint8_t)(n->flags | kind_flag(kind)), REB_NONE, 0, FB_NULLREF, NULL, 0, 0 };
         nr = rebuild(t, nr, &r);
         if (nr == FB_NULLREF) return FB_ENOMEM;
         *nrp = nr;
-        n = N(t, nr);
+        n = node_at(t, nr);
         h = &n_hset(n, kind)->one;
         pos = 0;
     } else if (c == 1) {
         fb_ref arr = fb_arena_alloc(&t->a, 4 * sizeof(holder));
         if (arr == FB_NULLREF) return FB_ENOMEM;
-        n = N(t, nr);
+        n = node_at(t, nr);
         hset *hs = n_hset(n, kind);
         holder *ha = (holder *)fb_arena_ptr(&t->a, arr);
         ha[0] = hs->one;
         hs->many.arr = arr;
         hs->many.n = 2;
         hs->many.cap = 4;
-        n->flags |= KM(kind);
+        n->flags |= kind_many_flag(kind);
         h = &ha[1];
         pos = 1;
     } else {
@@ -638,7 +641,7 @@ static int holder_add(fb_trie *t, fb_ref *nrp, int kind, uint32_t s)
             fb_ref arr = fb_arena_realloc(&t->a, hs->many.arr, (size_t)hs->many.cap * sizeof(holder),
                                           (size_t)nc * sizeof(holder));
             if (arr == FB_NULLREF) return FB_ENOMEM;
-            n = N(t, nr);
+            n = node_at(t, nr);
             hs = n_hset(n, kind);
             hs->many.arr = arr;
             hs->many.cap = nc;
@@ -660,7 +663,7 @@ static void index_unlink(fb_trie *t, uint32_t s, uint32_t subpos)
     uint32_t last = --sl->nkeys;
     if (subpos != last) {
         idx[subpos] = idx[last];
-        node *m = N(t, idx[last].node);
+        node *m = node_at(t, idx[last].node);
         hs_get(t, m, (int)(idx[last].pos_kind & 1u), idx[last].pos_kind >> 1)->subpos = subpos;
     }
     t->nsubs--;
@@ -672,12 +675,12 @@ static void index_unlink(fb_trie *t, uint32_t s, uint32_t subpos)
  * rebuild cannot allocate: then FB_NULLREF and nothing changed. */
 static fb_ref holder_del(fb_trie *t, fb_ref nr, int kind, uint32_t pos, int *emptied)
 {
-    node *n = N(t, nr);
+    node *n = node_at(t, nr);
     uint32_t c = hs_count(n, kind);
     *emptied = 0;
     if (c == 1) {
         /* Dropping the set changes the node's size: do the fallible part first. */
-        reb r = { (uint8_t)(n->flags & ~KF(kind)), REB_NONE, 0, FB_NULLREF, NULL, 0, 0 };
+        reb r = { (uint8_t)(n->flags & ~kind_flag(kind)), REB_NONE, 0, FB_NULLREF, NULL, 0, 0 };
         holder gone = n_hset(n, kind)->one;
         fb_ref nn = rebuild(t, nr, &r);
         if (nn == FB_NULLREF) return FB_NULLREF;
@@ -700,14 +703,14 @@ static fb_ref holder_del(fb_trie *t, fb_ref nr, int kind, uint32_t pos, int *emp
         holder only = ha[0];
         fb_arena_free(&t->a, hs->many.arr, (size_t)hs->many.cap * sizeof(holder));
         hs->one = only;
-        n->flags &= (uint8_t)~KM(kind);
+        n->flags &= (uint8_t)~kind_many_flag(kind);
         sub_index(t, only.slot)[only.subpos].pos_kind = (uint32_t)kind;
     } else if (hs->many.cap > 4 && hs->many.n <= hs->many.cap / 4) {
         uint32_t ncap = hs->many.cap / 2;
         fb_ref arr = fb_arena_realloc(&t->a, hs->many.arr, (size_t)hs->many.cap * sizeof(holder),
                                       (size_t)ncap * sizeof(holder));
         if (arr != FB_NULLREF) {
-            n = N(t, nr);
+            n = node_at(t, nr);
             hs = n_hset(n, kind);
             hs->many.arr = arr;
             hs->many.cap = ncap;
@@ -771,13 +774,13 @@ int fb_trie_add(fb_trie *t, const void *key, size_t len, int kind, uint64_t subs
     if (rc >= 0) rc = insert_node(t, k, len, kind, &nr, &fresh);
     if (rc >= 0) {
         if (fresh) {
-            holder_link(t, nr, kind, sl, &n_hset(N(t, nr), kind)->one, 0);
+            holder_link(t, nr, kind, sl, &n_hset(node_at(t, nr), kind)->one, 0);
             t->nkeys++;
             return 1;
         }
         int64_t pos = created_slot ? -1 : holder_find(t, nr, kind, sl);
         if (pos >= 0) {
-            holder *h = hs_get(t, N(t, nr), kind, (uint32_t)pos);
+            holder *h = hs_get(t, node_at(t, nr), kind, (uint32_t)pos);
             if (h->refs == UINT32_MAX) return FB_EOVERFLOW;
             h->refs++;
             return 0;
@@ -801,7 +804,7 @@ int fb_trie_remove(fb_trie *t, const void *key, size_t len, int kind, uint64_t s
     if (nr == FB_NULLREF) return FB_ENOTFOUND;
     int64_t pos = holder_find(t, nr, kind, (uint32_t)s);
     if (pos < 0) return FB_ENOTFOUND;
-    holder *h = hs_get(t, N(t, nr), kind, (uint32_t)pos);
+    holder *h = hs_get(t, node_at(t, nr), kind, (uint32_t)pos);
     if (h->refs > 1) { h->refs--; return 0; }
     int emptied;
     fb_ref nn = holder_del(t, nr, kind, (uint32_t)pos, &emptied);
@@ -809,6 +812,7 @@ int fb_trie_remove(fb_trie *t, const void *key, size_t len, int kind, uint64_t s
     if (t->slots[s].nkeys == 0) slot_release(t, (uint32_t)s);
     else slot_shrink(t, (uint32_t)s);
     if (emptied) cleanup(t, nn);
+    fb_arena_maybe_trim(&t->a);
     return emptied;
 }
 
@@ -831,12 +835,12 @@ static int kbuf_reserve(unsigned char **buf, size_t *cap, size_t need)
 static int node_key(const fb_trie *t, fb_ref nr, unsigned char **buf, size_t *cap, size_t *len)
 {
     size_t total = 0;
-    for (fb_ref r = nr; r != FB_NULLREF; r = N(t, r)->parent) total += N(t, r)->seglen;
+    for (fb_ref r = nr; r != FB_NULLREF; r = node_at(t, r)->parent) total += node_at(t, r)->seglen;
     int rc = kbuf_reserve(buf, cap, total ? total : 1);
     if (rc < 0) return rc;
     size_t end = total;
-    for (fb_ref r = nr; r != FB_NULLREF; r = N(t, r)->parent) {
-        node *n = N(t, r);
+    for (fb_ref r = nr; r != FB_NULLREF; r = node_at(t, r)->parent) {
+        node *n = node_at(t, r);
         end -= n->seglen;
         memcpy(*buf + end, n_seg(n), n->seglen);
     }
@@ -853,7 +857,7 @@ int fb_trie_remove_subscriber(fb_trie *t, uint64_t subscriber, fb_keylist *gone)
     while (t->slots[s].nkeys > 0) {
         subent e = sub_index(t, (uint32_t)s)[t->slots[s].nkeys - 1];
         int kind = (int)(e.pos_kind & 1u);
-        node *n = N(t, e.node);
+        node *n = node_at(t, e.node);
         if (gone && hs_count(n, kind) == 1 && err == FB_OK) {
             size_t klen;
             int rc = node_key(t, e.node, &t->kbuf, &t->kcap, &klen);
@@ -866,6 +870,9 @@ int fb_trie_remove_subscriber(fb_trie *t, uint64_t subscriber, fb_keylist *gone)
         if (emptied) cleanup(t, nn);
     }
     slot_release(t, (uint32_t)s);
+    /* A subscriber that held many keys leaves whole segments empty: give
+     * them back (see fb_arena.h), so that RSS follows the table down. */
+    fb_arena_maybe_trim(&t->a);
     return err < 0 ? err : (int)(held > 0x7fffffffu ? 0x7fffffff : held);
 }
 
@@ -899,7 +906,7 @@ static inline int match_one(fb_trie *t, const unsigned char *k, size_t len, fb_i
     fb_ref cur = t->root;
     size_t i = 0;
     for (;;) {
-        node *n = N(t, cur);
+        node *n = node_at(t, cur);
         if ((n->flags & NF_PREFIX) && collect(t, n, FB_PREFIX, ep, out) < 0) return FB_ENOMEM;
         if (i == len) {
             if ((n->flags & NF_EXACT) && collect(t, n, FB_EXACT, ep, out) < 0) return FB_ENOMEM;
@@ -965,7 +972,7 @@ typedef struct lane {
 /* Advance one lane by one node.  Returns 0 when its topic is done. */
 static inline int lane_step(const fb_trie *t, lane *l, hit *hits, uint8_t *nh)
 {
-    node *n = N(t, l->cur);
+    node *n = node_at(t, l->cur);
     if (l->cur != t->root) {
         /* Verify the segment of the node we descended into. */
         if (l->len - l->i < n->seglen || !seg_equal(n, l->k + l->i)) return 0;
@@ -1053,7 +1060,7 @@ int fb_trie_match_batch(fb_trie *t, const fb_span *topics, size_t n, size_t *off
             uint32_t ep = next_epoch(t);
             const hit *h = hits + i * HITS_PER_TOPIC;
             for (uint32_t j = 0; j < nh[i] && rc == FB_OK; j++) {
-                node *nd = N(t, h[j].node);
+                node *nd = node_at(t, h[j].node);
                 if (h[j].kinds & (1u << FB_PREFIX)) rc = collect(t, nd, FB_PREFIX, ep, out);
                 if (rc == FB_OK && (h[j].kinds & (1u << FB_EXACT))) rc = collect(t, nd, FB_EXACT, ep, out);
             }
@@ -1070,7 +1077,7 @@ int fb_trie_any_match(const fb_trie *t, const void *topic, size_t len)
     fb_ref cur = t->root;
     size_t i = 0;
     for (;;) {
-        node *n = N(t, cur);
+        node *n = node_at(t, cur);
         if (n->flags & NF_PREFIX) return 1;
         if (i == len) return (n->flags & NF_EXACT) ? 1 : 0;
         cur = descend(t, n, k, len, &i);
@@ -1084,7 +1091,7 @@ int fb_trie_covered(const fb_trie *t, const void *key, size_t len, int kind)
     fb_ref cur = t->root;
     size_t i = 0;
     for (;;) {
-        node *n = N(t, cur);
+        node *n = node_at(t, cur);
         if (i == len) return (kind == FB_EXACT && (n->flags & NF_PREFIX)) ? 1 : 0;
         if (n->flags & NF_PREFIX) return 1;
         cur = descend(t, n, k, len, &i);
@@ -1100,14 +1107,14 @@ uint32_t fb_trie_refcount(const fb_trie *t, const void *key, size_t len, int kin
     fb_ref nr = find_node(t, key, len);
     if (nr == FB_NULLREF) return 0;
     int64_t pos = holder_find(t, nr, kind, (uint32_t)s);
-    return pos < 0 ? 0 : hs_get(t, N(t, nr), kind, (uint32_t)pos)->refs;
+    return pos < 0 ? 0 : hs_get(t, node_at(t, nr), kind, (uint32_t)pos)->refs;
 }
 
 size_t fb_trie_holders(const fb_trie *t, const void *key, size_t len, int kind)
 {
     if (check_args(key, len, kind) < 0) return 0;
     fb_ref nr = find_node(t, key, len);
-    return nr == FB_NULLREF ? 0 : hs_count(N(t, nr), kind);
+    return nr == FB_NULLREF ? 0 : hs_count(node_at(t, nr), kind);
 }
 
 typedef struct frame { fb_ref node; uint32_t next; size_t keylen; } frame;
@@ -1120,11 +1127,11 @@ int fb_trie_walk(const fb_trie *t, const void *prefix, size_t plen, fb_walk_fn f
     fb_ref cur = t->root;
     size_t i = 0;
     while (i < plen) {
-        node *n = N(t, cur);
+        node *n = node_at(t, cur);
         int ci = child_index(n, p[i]);
         if (ci < 0) return FB_OK;
         fb_ref c = n_children(n)[ci];
-        node *cn = N(t, c);
+        node *cn = node_at(t, c);
         size_t m = plen - i < cn->seglen ? plen - i : cn->seglen;
         if (memcmp(n_seg(cn), p + i, m) != 0) return FB_OK;
         i += cn->seglen;
@@ -1136,7 +1143,7 @@ int fb_trie_walk(const fb_trie *t, const void *prefix, size_t plen, fb_walk_fn f
     size_t sp = 0, scap = 0;
     int rc = node_key(t, cur, &kb, &kcap, &klen);
     if (rc < 0) goto out;
-    node *n = N(t, cur);
+    node *n = node_at(t, cur);
     int r = FB_WALK_NEXT;
     if (n->flags & NF_ANY) r = fn(ctx, kb, klen, hs_count(n, FB_EXACT), hs_count(n, FB_PREFIX));
     if (r < 0) { rc = r; goto out; }
@@ -1147,11 +1154,11 @@ int fb_trie_walk(const fb_trie *t, const void *prefix, size_t plen, fb_walk_fn f
     st[sp++] = (frame){ cur, 0, klen };
     while (sp > 0) {
         frame *f = &st[sp - 1];
-        node *fn_ = N(t, f->node);
+        node *fn_ = node_at(t, f->node);
         if (f->next == fn_->nchild) { sp--; continue; }
         fb_ref c = n_children(fn_)[f->next++];
         size_t base = f->keylen;
-        node *cn = N(t, c);
+        node *cn = node_at(t, c);
         size_t kl = base + cn->seglen;
         rc = kbuf_reserve(&kb, &kcap, kl);
         if (rc < 0) goto out;
@@ -1188,7 +1195,7 @@ int fb_trie_subscriber_keys(const fb_trie *t, uint64_t subscriber, fb_keylist *o
         int kind = (int)(e.pos_kind & 1u);
         rc = node_key(t, e.node, &kb, &kcap, &klen);
         if (rc == FB_OK) {
-            uint32_t refs = hs_get(t, N(t, e.node), kind, e.pos_kind >> 1)->refs;
+            uint32_t refs = hs_get(t, node_at(t, e.node), kind, e.pos_kind >> 1)->refs;
             rc = fb_keylist_push(out, kind ? FB_KL_PREFIX : 0, refs, kb, klen);
         }
     }
@@ -1220,31 +1227,39 @@ int fb_trie_check(const fb_trie *t, const char **why)
     size_t sp = 0, scap = 64;
     size_t nodes = 0, keys = 0, subs = 0;
     uint32_t stamp = 0;
+    /* The arena is audited against the blocks the trie owns: nodes, holder
+     * arrays, subscriber indexes.  That finds a block freed with the wrong
+     * size (a leak, or a trimmed segment still in use). */
+    fb_arena_audit au;
+    const char *aerr = fb_arena_audit_begin(&au, &t->a);
+    if (aerr) { free(mark); return FB_ENOMEM; }
     st = malloc(scap * sizeof *st);
-    if (!mark || !st) { free(mark); free(st); return FB_ENOMEM; }
+    if (!mark || !st) { free(mark); free(st); fb_arena_audit_end(&au); return FB_ENOMEM; }
 #define FAIL(m) do { msg = (m); goto out; } while (0)
-    node *root = N(t, t->root);
+#define AUDIT(r, bytes) do { if ((aerr = fb_arena_audit_block(&au, (r), (bytes))) != NULL) FAIL(aerr); } while (0)
+    node *root = node_at(t, t->root);
     if (root->parent != FB_NULLREF || root->seglen != 0) FAIL("bad root");
     st[sp++] = t->root;
     while (sp > 0) {
         fb_ref nr = st[--sp];
-        node *n = N(t, nr);
+        node *n = node_at(t, nr);
         nodes++;
         if (n->flags & ~0xFu) FAIL("unknown node flags");
+        AUDIT(nr, node_size(n));
         if ((n->flags & NF_EXACT_MANY) && !(n->flags & NF_EXACT)) FAIL("exact many without exact");
         if ((n->flags & NF_PREFIX_MANY) && !(n->flags & NF_PREFIX)) FAIL("prefix many without prefix");
         if (nr != t->root && !(n->flags & NF_ANY) && n->nchild < 2) FAIL("non-canonical node");
         fb_ref *ch = n_children(n);
         unsigned char *lb = n_labels(n);
         for (uint32_t i = 0; i < n->nchild; i++) {
-            node *c = N(t, ch[i]);
+            node *c = node_at(t, ch[i]);
             if (i > 0 && lb[i - 1] >= lb[i]) FAIL("labels not sorted");
             if (c->seglen < 1) FAIL("empty child segment");
             if (n_seg(c)[0] != lb[i]) FAIL("label differs from segment");
             if (c->parent != nr) FAIL("bad parent ref");
             if (sp == scap) {
                 fb_ref *ns = realloc(st, scap * 2 * sizeof *st);
-                if (!ns) { free(mark); free(st); return FB_ENOMEM; }
+                if (!ns) { fb_arena_audit_end(&au); free(mark); free(st); return FB_ENOMEM; }
                 st = ns;
                 scap *= 2;
             }
@@ -1254,9 +1269,10 @@ int fb_trie_check(const fb_trie *t, const char **why)
             uint32_t c = hs_count(n, kind);
             if (!c) continue;
             keys++;
-            if (n->flags & KM(kind)) {
+            if (n->flags & kind_many_flag(kind)) {
                 hset *hs = n_hset(n, kind);
                 if (hs->many.n < 2 || hs->many.n > hs->many.cap) FAIL("bad holder array size");
+                AUDIT(hs->many.arr, (size_t)hs->many.cap * sizeof(holder));
             }
             if (++stamp == 0) FAIL("stamp wrapped");
             for (uint32_t i = 0; i < c; i++) {
@@ -1284,13 +1300,18 @@ int fb_trie_check(const fb_trie *t, const char **why)
         live++;
         if (sl->nkeys == 0) FAIL("live subscriber without keys");
         if (sl->nkeys > sl->cap) FAIL("index overfull");
+        AUDIT(sl->index, (size_t)sl->cap * sizeof(subent));
         if (slot_lookup(t, sl->id) != (int64_t)s) FAIL("hash does not find subscriber");
         entries += sl->nkeys;
     }
     if (live != t->liveslots || live != t->hcount) FAIL("subscriber count");
     if (entries != t->nsubs) FAIL("index entry count");
+#undef AUDIT
 #undef FAIL
 out:
+    aerr = fb_arena_audit_end(&au);
+    if (!msg && aerr == FB_ARENA_AUDIT_NOMEM) { free(mark); free(st); return FB_ENOMEM; }
+    if (!msg) msg = aerr;
     free(mark);
     free(st);
     if (why) *why = msg ? msg : "ok";

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         end = time.monotonic() + args.seconds
         while time.monotonic() < end:
             t0 = time.monotonic()
-            rows = [{"user": f"u{rng.randrange(5)}", "amount": rng.randrange(1, 100)} for _ in range(batch)]
+            rows: list[dict[str, Any]] = [{"user": f"u{rng.randrange(5)}", "amount": rng.randrange(1, 100)}
+                                          for _ in range(batch)]
             events.publish_many([json.dumps(r).encode() for r in rows])
             published[0] += len(rows)
             published[1] += sum(r["amount"] for r in rows)
@@ -101,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                 received[1] += r["amount"]
                 print(f"window {r['window']}  {r['user']}: {r['events']:6d} events, amount {r['amount']:8d}",
                       flush=True)
-            if query.exception() is not None:
-                raise query.exception()
+            failure = query.exception()
+            if failure is not None:
+                raise failure
             if not producer.is_alive():
                 # windows close once the watermark passes them: keep events
                 # (and so event time) flowing until every window is out

@@ -16,31 +16,67 @@ The core, implemented in C (``csrc/``) and exposed here:
 
 from __future__ import annotations
 
+import logging
 import os
 from importlib.metadata import PackageNotFoundError, version
 
-from fastbus._core import (
-    BATCH_VERSION,
-    CORE_VERSION,
-    EXACT,
-    PREFIX,
-    SUBSCRIBE,
-    UNSUBSCRIBE,
-    Batch,
-    Forwarder,
-    Outbox,
-    Publisher,
-    Router,
-    Trie,
-    batch_count,
-    crc32c,
-    decode,
-    decode_messages,
-    encode,
-)
-from fastbus.errors import BatchError, FastbusError, ForwarderError, NotSubscribedError, PublishTimeout
+# A library's loggers stay silent unless the application configures logging
+# (without this, Python's last-resort handler prints their warnings).
+logging.getLogger("fastbus").addHandler(logging.NullHandler())
+
+
+def _source_tree_error(exc: ImportError) -> ImportError:
+    """The error for ``import fastbus`` from a source checkout that was never
+    built: say what happened and what to do, instead of "No module named
+    'fastbus._core'" (``python -m ...``, ``python -c ...`` and the REPL put
+    the current directory first on ``sys.path``, so a clone's root shadows
+    the installed package)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    is_checkout = (os.path.isfile(os.path.join(root, "setup.py")) and os.path.isdir(os.path.join(root, "csrc"))
+                   and os.path.isfile(os.path.join(here, "_core.pyx")))
+    if not (isinstance(exc, ModuleNotFoundError) and exc.name == "fastbus._core" and is_checkout):
+        return exc
+    try:
+        where = " (the current directory)" if os.path.samefile(root, os.getcwd()) else ""
+    except OSError:
+        where = ""
+    return ImportError(
+        f"fastbus: you are importing the source tree at {root}{where}, which has no compiled extension "
+        "(fastbus._core): run from another directory (or with `python -P`) to use the installed fastbus, "
+        "or build the tree in place with `pip install -e .`", name="fastbus", path=here)
+
+
+try:
+    from fastbus._core import (
+        BATCH_VERSION,
+        CORE_VERSION,
+        EXACT,
+        PREFIX,
+        SUBSCRIBE,
+        UNSUBSCRIBE,
+        Batch,
+        Forwarder,
+        Outbox,
+        Publisher,
+        Router,
+        Trie,
+        batch_count,
+        crc32c,
+        decode,
+        decode_messages,
+        encode,
+    )
+except ImportError as _exc:
+    raise _source_tree_error(_exc) from None
+
+from fastbus.errors import (AddressInUse, BatchError, BrokerTimeout, BrokerUnavailable, ConnectionClosed,
+                            FastbusError, FlushTimeout, ForwarderError, InvalidEndpoint, InvalidKey, KeyRefused,
+                            ListenError,
+                            MessagesRejected, NotSubscribedError, PublishTimeout)
 from fastbus.protocol import DEFAULT_ENDPOINT, DEFAULT_PORT, ProtocolError
-from fastbus.client import Client, ConnectionClosed, PubSub
+from fastbus.client import Client, PubSub
+from fastbus._messages import GapInfo, PubSubMessage
 from fastbus.broker import Broker, BrokerConfig
 from fastbus.sharding import ShardedClient, ShardedPubSub
 from fastbus import aio  # noqa: E402  (fastbus.aio.Client, fastbus.aio.PubSub)
@@ -53,8 +89,11 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 __all__ = [
     "BATCH_VERSION", "CORE_VERSION", "EXACT", "PREFIX", "SUBSCRIBE", "UNSUBSCRIBE",
     "Batch", "Forwarder", "Outbox", "Publisher", "Router", "Trie", "batch_count", "crc32c", "decode", "decode_messages", "encode",
-    "BatchError", "FastbusError", "ForwarderError", "NotSubscribedError", "ProtocolError", "PublishTimeout",
-    "ConnectionClosed", "Client", "PubSub", "Broker", "BrokerConfig", "DEFAULT_ENDPOINT", "DEFAULT_PORT",
+    "BatchError", "FastbusError", "ForwarderError", "MessagesRejected", "NotSubscribedError", "ProtocolError",
+    "PublishTimeout", "AddressInUse", "BrokerTimeout", "BrokerUnavailable", "FlushTimeout", "InvalidEndpoint",
+    "InvalidKey", "KeyRefused", "ListenError",
+    "ConnectionClosed", "Client", "PubSub", "PubSubMessage", "GapInfo", "Broker", "BrokerConfig",
+    "DEFAULT_ENDPOINT", "DEFAULT_PORT",
     "ShardedClient", "ShardedPubSub", "aio",
     "get_include", "get_library_dirs",
 ]

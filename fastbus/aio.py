@@ -7,135 +7,384 @@
     async for msg in p.listen():
         ...
 
-These are thin: the sockets, batching, filters and reconnects are the ones of
-:class:`fastbus.Client`, run by its I/O thread; waiting is asyncio-native
-(the I/O thread wakes the event loop), so nothing here blocks the loop.
+The asyncio twins change only how they wait: the sockets, batching, filters
+and reconnects are those of :class:`fastbus.Client`.  Their connections are
+driven by the event loop that first uses them (it reads a connection when
+its ZeroMQ descriptor says so, and pings on a timer), so a message reaches a
+coroutine without a thread hand-over, and nothing here blocks the loop.
+Batches form by themselves: what the running task publishes before it next
+yields to the loop leaves as one batch (a full batch leaves at once).  Use
+a twin from its loop's thread only.
+
+Each twin is a subclass of its sync class that changes only how it waits:
+it uses the sync class's public hooks (``session``, ``closed``,
+``read_nowait()``, ``ready_message()``, ``ready_batch()``, ``shutdown()``,
+``driven_by_loop``), and its methods carry the sync ones' docstrings
+(:func:`fastbus._twins.twin_of`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
 
-from fastbus.client import Client as _SyncClient
-from fastbus.client import ConnectionClosed
-from fastbus.client import PubSub as _SyncPubSub
+from fastbus import protocol as P
+from fastbus._messages import PubSubMessage
+from fastbus._twins import twin_of
+from fastbus._types import ChannelT, EncodableT
+from fastbus.client import _client as _sync_client
+from fastbus.client import _pubsub as _sync_pubsub
+from fastbus.client._pubsub import Handler
+from fastbus.client._session import Session
+from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, PublishTimeout
 
 __all__ = ["Client", "PubSub"]
 
+log = logging.getLogger("fastbus.client")
 
-class Client:
-    """asyncio twin of :class:`fastbus.Client`; same arguments."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        self._sync = _SyncClient(*args, **kwargs)
+class _LoopDriver:
+    """Drives a session from an asyncio loop instead of the keeper thread:
+    serves it when its ZMQ_FD is readable, and at its next ping."""
 
-    @property
-    def endpoint(self) -> str:
-        return self._sync.endpoint
+    def __init__(self, session: Session, loop: asyncio.AbstractEventLoop, changed: asyncio.Event) -> None:
+        self.session = session
+        self.loop = loop
+        self.changed = changed
+        with session.lock:
+            session.loop = loop               # the keeper leaves it alone from now on
+        loop.add_reader(session.fd, self.serve)
+        self._timer: asyncio.TimerHandle | None = None
+        self._scheduled = False
+        self.serve()                          # what arrived before
 
-    async def publish(self, channel, message) -> int:
-        """Queue a message (never waits); 0 if nobody wants its channel."""
-        return self._sync.publish(channel, message)
+    def serve(self) -> None:
+        s = self.session
+        self._scheduled = False
+        if s.closed:
+            return
+        if not s.lock.acquire(False):
+            # Another thread has it for a moment (a close, a cross-thread call).
+            self._again(0.0005)
+            return
+        try:
+            s.serve(time.monotonic())
+        finally:
+            s.release()
+        self.changed.set()
+        due = s.due_in(time.monotonic())
+        if due is not None:
+            self._again(due)
 
-    async def publish_many(self, messages) -> int:
-        return self._sync.publish_many(messages)
+    def _again(self, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(delay, self.serve) if delay > 0 else None
+        if delay <= 0 and not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self.serve)
 
-    def is_wanted(self, channel) -> bool:
-        return self._sync.is_wanted(channel)
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.session.fd >= 0:
+            try:
+                self.loop.remove_reader(self.session.fd)
+            except (RuntimeError, ValueError, OSError):
+                pass      # the loop is closed
+
+
+async def _wait(event: asyncio.Event, deadline: float | None) -> bool:
+    """Wait for ``event`` until ``deadline`` (time.monotonic); False on timeout."""
+    if deadline is None:
+        await event.wait()
+        return True
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return False
+    try:
+        await asyncio.wait_for(event.wait(), left)
+        return True
+    except TimeoutError:
+        return False
+
+
+@twin_of(_sync_client.Client)
+class Client(_sync_client.Client):
+    """asyncio twin of :class:`fastbus.Client`; same arguments.  Its methods
+    that talk to the broker are coroutines; ``pubsub()``, ``stats()``,
+    ``is_wanted()`` and ``shutdown()`` are plain calls."""
+
+    driven_by_loop = True
+
+    # Bound to the event loop that first uses the client (_bind).
+    _loop: asyncio.AbstractEventLoop | None = None
+    _changed: asyncio.Event | None = None
+    _driver: _LoopDriver | None = None
+    _send_scheduled = False
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return loop
+        if self._loop is not None:
+            raise RuntimeError("a fastbus.aio.Client is used from one event loop only")
+        if self.closed:
+            raise ConnectionClosed("client is closed")
+        self._loop = loop
+        self._changed = asyncio.Event()
+        self.session.publisher.send_now = self._send_soon
+        self._driver = _LoopDriver(self.session, loop, self._changed)
+        return loop
+
+    def _send_soon(self, full: bool) -> None:
+        """The publisher's call (in the loop's thread): a full batch leaves
+        now; a starting one when the running task yields."""
+        if full:
+            self._send_pending()
+        elif not self._send_scheduled:
+            self._send_scheduled = True
+            s = self.session
+            wait = 0.0
+            if s.linger_ns:
+                wait = max(0.0, (s.publisher.last_send_ns + s.linger_ns - time.monotonic_ns()) / 1e9)
+            if wait:
+                self._loop.call_later(wait, self._send_pending)
+            else:
+                self._loop.call_soon(self._send_pending)
+
+    def _send_pending(self) -> None:
+        self._send_scheduled = False
+        s = self.session
+        if s.closed or not s.lock.acquire(False):
+            return
+        try:
+            s.pump(force=s.linger_over())
+        finally:
+            s.release()
+        if self._changed is not None:
+            self._changed.set()
+        if s.publisher.queued and not s.flow_paused and not s.blocked:
+            self._send_soon(False)        # more than one burst: the rest next turn
+
+    async def publish(self, channel: ChannelT, message: EncodableT) -> int:
+        """Waits (without blocking the loop) while the buffer is full, at
+        most ``block_timeout``."""
+        if self._loop is None:
+            self._bind()
+        pub = self.session.publisher
+        if not pub.has_room():
+            await self._wait_for_room()
+        return pub.publish(channel, message)
+
+    async def publish_many(self, messages: Iterable[tuple[ChannelT, EncodableT]]) -> int:
+        n = 0
+        for channel, message in messages:
+            n += await self.publish(channel, message)
+        return n
+
+    async def _wait_for_room(self) -> None:
+        s = self.session
+        pub = s.publisher
+        timeout = pub.block_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not pub.has_room():
+            if pub.closed:
+                raise ConnectionClosed("client is closed")
+            self._changed.clear()
+            self._send_pending()
+            if pub.has_room():
+                return
+            if not await _wait(self._changed, deadline):
+                raise PublishTimeout(f"publish: {pub.buffered_bytes} bytes waiting to be sent for {timeout} s: "
+                                     f"{s.block_reason()}")
+
+    async def ping(self, timeout: float | None = 10.0) -> bool:
+        await self.flush(timeout)
+        return True
 
     async def flush(self, timeout: float | None = 10.0) -> None:
-        """Send everything queued and wait until the broker has it."""
-        await asyncio.to_thread(self._sync.flush, timeout)
-
-    def pubsub(self, ignore_subscribe_messages: bool = False) -> PubSub:
-        return PubSub(self._sync.pubsub(ignore_subscribe_messages=ignore_subscribe_messages))
-
-    def stats(self) -> dict:
-        return self._sync.stats()
+        if self.closed:
+            raise ConnectionClosed("client is closed")
+        self._bind()
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        s = self.session
+        f = None
+        probe = None if timeout is None else _sync_client.AbsenceProbe(self.endpoint, start)
+        while True:
+            self._changed.clear()
+            if s.lock.acquire(False):
+                try:
+                    if f is None:
+                        f = s.start_flush()
+                    done = s.flush_step(f)
+                    if not done and probe is not None:
+                        probe.check_handshake(s)
+                finally:
+                    s.release()
+                if done:
+                    notice = s.take_notice()
+                    if notice is not None:
+                        raise notice
+                    return
+            if probe is not None and not s.instance and time.monotonic() >= probe.next:
+                # (the probe connects a socket: not in the event loop's thread)
+                await asyncio.get_running_loop().run_in_executor(None, probe.check, s, s.publisher.queued)
+            until = deadline if probe is None else probe.wake_by(s, deadline)
+            if not await _wait(self._changed, until) and (deadline is not None and time.monotonic() >= deadline):
+                queued = s.publisher.queued
+                raise FlushTimeout(f"the broker at {self.endpoint} did not confirm the flush within {timeout:g} s "
+                                   f"({queued} message(s) stay queued for it)", queued)
 
     async def broker_stats(self, timeout: float = 5.0) -> dict:
-        return await asyncio.to_thread(self._sync.broker_stats, timeout)
+        if self.closed:
+            raise ConnectionClosed("client is closed")
+        self._bind()
+        deadline = time.monotonic() + timeout
+        s = self.session
+        asked = False
+        while True:
+            self._changed.clear()
+            if s.lock.acquire(False):
+                try:
+                    if not asked:
+                        s.stats_replies.clear()
+                        s.send([P.STATS])
+                        asked = True
+                    s.read()
+                    if s.stats_replies:
+                        return s.stats_replies.pop(0)
+                finally:
+                    s.release()
+            if not await _wait(self._changed, deadline):
+                raise BrokerTimeout(f"no answer from the broker at {self.endpoint} within {timeout:g} s",
+                                    self.endpoint)
 
-    async def aclose(self, timeout: float = 5.0) -> None:
-        await asyncio.to_thread(self._sync.close, timeout)
+    def pubsub(self, ignore_subscribe_messages: bool = False) -> PubSub:
+        """Call it in the loop that uses the PubSub."""
+        if self.closed:
+            raise ConnectionClosed("client is closed")
+        return PubSub(self, ignore_subscribe_messages=ignore_subscribe_messages)
 
-    close = aclose
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """The event loop stops driving the connections first."""
+        if self.closed:
+            return
+        if self._driver is not None:
+            self._driver.stop()
+        super().shutdown(timeout)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        if self.closed:
+            return
+        try:
+            await self.flush(timeout)
+        except (TimeoutError, ConnectionClosed, KeyRefused) as exc:
+            log.warning("closing %s with messages the broker did not confirm: %s", self.name, exc)
+        self.shutdown(timeout)
+
+    aclose = close
 
     async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self.aclose()
+        await self.close()
 
 
-class PubSub:
-    """asyncio twin of :class:`fastbus.PubSub`."""
+@twin_of(_sync_pubsub.PubSub)
+class PubSub(_sync_pubsub.PubSub):
+    """asyncio twin of :class:`fastbus.PubSub`: the (un)subscribe calls and
+    the receiving calls are coroutines.  Create it in the loop that uses it."""
 
-    def __init__(self, sync: _SyncPubSub) -> None:
-        self._sync = sync
-        self._event = asyncio.Event()
+    def __init__(self, client: Client, ignore_subscribe_messages: bool = False) -> None:
         loop = asyncio.get_running_loop()
+        super().__init__(client, ignore_subscribe_messages)
+        self._changed = asyncio.Event()
+        self._loop = loop
+        self._driver = _LoopDriver(self.session, loop, self._changed)
 
-        def wake() -> None:           # called in the I/O thread
+    def _drive(self) -> None:
+        """After a subscribe() that connected again (after close()), the
+        loop drives the new connection."""
+        if self._driver.session is not self.session:
+            self._driver = _LoopDriver(self.session, self._loop, self._changed)
+
+    async def subscribe(self, *channels: Any, **handlers: Handler) -> None:
+        super().subscribe(*channels, **handlers)
+        self._drive()
+
+    async def psubscribe(self, *patterns: Any, **handlers: Handler) -> None:
+        super().psubscribe(*patterns, **handlers)
+        self._drive()
+
+    async def ping(self, message: Any = None) -> None:
+        super().ping(message)
+
+    async def run_in_thread(self, sleep_time: float = 0.0, daemon: bool = False,
+                            exception_handler: Callable[[BaseException, Any, Any], None] | None = None
+                            ) -> asyncio.Task:
+        """Not a thread: a task of this loop that reads the PubSub; its
+        ``stop()`` ends it and closes the PubSub (redis.asyncio's ``run()``
+        as a task).  ``exception_handler(exc, pubsub, task)``; ``daemon`` is
+        ignored."""
+        missing = [k for k, h in list(self.channels.items()) + list(self.patterns.items()) if h is None]
+        if missing:
+            from fastbus.errors import NoHandlerError
+            raise NoHandlerError(f"run_in_thread: no handler for {', '.join(map(repr, missing))}")
+        stopping = asyncio.Event()
+        wait = sleep_time if sleep_time > 0 else 0.1
+
+        async def run() -> None:
             try:
-                loop.call_soon_threadsafe(self._event.set)
-            except RuntimeError:      # the loop is closed
-                pass
+                while not stopping.is_set():
+                    try:
+                        await self.get_message(ignore_subscribe_messages=True, timeout=wait)
+                    except ConnectionClosed:
+                        break                     # stop(), or the PubSub or its client closed
+                    except Exception as exc:
+                        if exception_handler is None:
+                            raise
+                        exception_handler(exc, self, task)
+            finally:
+                await self.close()
 
-        sync._wakers.append(wake)
-
-    @property
-    def channels(self) -> dict:
-        return self._sync.channels
-
-    @property
-    def patterns(self) -> dict:
-        return self._sync.patterns
-
-    @property
-    def subscribed(self) -> bool:
-        return self._sync.subscribed
-
-    async def subscribe(self, *channels) -> None:
-        self._sync.subscribe(*channels)
-
-    async def psubscribe(self, *patterns) -> None:
-        self._sync.psubscribe(*patterns)
+        task = asyncio.ensure_future(run())
+        task.stop = stopping.set  # type: ignore[attr-defined]
+        return task
 
     async def unsubscribe(self, *channels) -> None:
-        self._sync.unsubscribe(*channels)
+        super().unsubscribe(*channels)
 
     async def punsubscribe(self, *patterns) -> None:
-        self._sync.punsubscribe(*patterns)
+        super().punsubscribe(*patterns)
 
-    async def _wait(self, deadline: float | None) -> bool:
-        loop = asyncio.get_running_loop()
-        self._event.clear()
-        if self._sync.has_ready() or self._sync._closed:
-            return True
-        timeout = None if deadline is None else max(0.0, deadline - loop.time())
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
-
-    async def get_message(self, ignore_subscribe_messages: bool = False, timeout: float | None = 0.0) -> dict | None:
-        """The next message, or None after ``timeout`` seconds (None: wait)."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+    async def _afill(self, deadline: float | None) -> bool:
+        """Wait, without blocking the loop, until something arrived (True)
+        or ``deadline`` passes (False)."""
         while True:
-            msg = self._sync.get_message(ignore_subscribe_messages, timeout=0.0)
+            self._changed.clear()
+            if self.read_nowait():
+                return True
+            if not await _wait(self._changed, deadline):
+                return False
+
+    async def get_message(self, ignore_subscribe_messages: bool = False,
+                          timeout: float | None = 0.0) -> PubSubMessage | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            msg = self.ready_message(ignore_subscribe_messages)
             if msg is not None:
                 return msg
-            if self._sync._closed:
-                raise ConnectionClosed("pubsub is closed")
-            if deadline is not None and loop.time() >= deadline:
+            if not await self._afill(deadline):
                 return None
-            await self._wait(deadline)
 
-    async def listen(self) -> AsyncIterator[dict]:
+    async def listen(self) -> AsyncIterator[PubSubMessage]:
         while True:
             try:
                 msg = await self.get_message(timeout=None)
@@ -145,23 +394,33 @@ class PubSub:
                 yield msg
 
     async def get_batch(self, timeout: float | None = None, max_messages: int | None = None) -> list:
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
+        if max_messages is not None and max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            batch = self._sync.get_batch(timeout=0.0, max_messages=max_messages)
-            if batch:
-                return batch
-            if self._sync._closed or (deadline is not None and loop.time() >= deadline):
+            out = self.ready_batch(max_messages)
+            if out:
+                return out
+            if not await self._afill(deadline):
                 return []
-            await self._wait(deadline)
 
-    async def aclose(self) -> None:
-        await asyncio.to_thread(self._sync.close)
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """The event loop stops driving the connection first, and a
+        coroutine waiting for a message wakes (and sees it closed)."""
+        if self.closed:
+            return
+        self._driver.stop()
+        super().shutdown(timeout)
+        self._changed.set()
 
-    close = aclose
+    async def close(self) -> None:
+        self.shutdown(5.0)
+
+    aclose = close
+    reset = close   # redis-py's name
 
     async def __aenter__(self) -> PubSub:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self.aclose()
+        await self.close()

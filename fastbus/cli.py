@@ -1,11 +1,16 @@
 """The ``fastbus`` command line.
 
     fastbus broker [options]     run a broker (default tcp://127.0.0.1:6464)
-    fastbus stats [--connect EP] a broker's counters
+    fastbus stats [--connect EP] a broker's counters (--clients: per peer; --watch: rates each second)
     fastbus demo                 a broker with live publisher and subscribers, printing rates
     fastbus core-demo            the C core alone: trie, forwarder, batches
     fastbus keygen               a CURVE key pair for --curve-* options
     fastbus queue ACTION NAME    a work queue on Redis: put, peek, stats, return-failed, purge, clean
+    fastbus queue list           the queues, topics and inboxes on a Redis server
+    fastbus monitor --redis URL  watch the queues: a table, JSON, or HTTP (/metrics, /queuez) with --http
+    fastbus topic|inbox ACTION NAME   a topic (publish, read, stats, register) or inbox (create, send, fetch)
+    fastbus pub CHANNEL MSG...   publish (or lines from stdin); fastbus sub CHANNEL|PATTERN* prints what arrives
+    fastbus redis-server         the embedded Redis server in the foreground, to share between processes
 """
 
 from __future__ import annotations
@@ -33,6 +38,14 @@ def topic_keys(n: int) -> list[bytes]:
     symbols = max(1, -(-n // per_symbol))
     keys = [f"market.{ex}.{s:05d}.{k}".encode() for s in range(symbols) for ex in EXCHANGES for k in KINDS]
     return keys[:n]
+
+
+class UsageError(Exception):
+    """A command's arguments do not fit together: said in one line, exit 2."""
+
+
+class CommandFailed(Exception):
+    """A command could not do its work: said in one line, exit 1."""
 
 
 def _positive(text: str) -> int:
@@ -111,12 +124,26 @@ def cmd_core_demo(args: argparse.Namespace) -> int:
 
 def _load_curve_keys(path: str) -> tuple[str, str | None]:
     """(public, secret) Z85 keys from a zmq certificate file (keygen)."""
-    import zmq.auth
+    from fastbus.curve import is_key, load_certificate
+    from fastbus.errors import InvalidKey
+    if not os.path.exists(path) and is_key(path):
+        raise UsageError(f"{path!r} is a key, not a certificate file: give the file fastbus keygen wrote "
+                         "(NAME.key_secret for this side's own keys, NAME.key for a peer's public key)")
     try:
-        public, secret = zmq.auth.load_certificate(path)
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"fastbus: cannot read CURVE certificate {path!r}: {exc}") from None
-    return public.decode(), secret.decode() if secret else None
+        return load_certificate(path)
+    except InvalidKey as exc:                # a file named on the command line: a usage error
+        raise UsageError(str(exc)) from None
+
+
+def _server_key(text: str) -> str:
+    """--curve-server-key: the broker's public key, as 40 Z85 characters or
+    as the certificate file that holds it."""
+    from fastbus.curve import public_key
+    from fastbus.errors import InvalidKey
+    try:
+        return public_key(text)
+    except InvalidKey as exc:
+        raise UsageError(f"--curve-server-key {exc}") from None
 
 
 def _allowed_keys(paths: list[str]) -> list[str]:
@@ -127,7 +154,7 @@ def _allowed_keys(paths: list[str]) -> list[str]:
         for f in files:
             keys.append(_load_curve_keys(f)[0])
     if not keys:
-        raise SystemExit("fastbus: --curve-allow found no public keys (*.key files)")
+        raise UsageError("--curve-allow found no public keys (*.key files)")
     return keys
 
 
@@ -141,16 +168,21 @@ def cmd_broker(args: argparse.Namespace) -> int:
         max_queue_bytes=args.max_queue_bytes, slow_policy=args.slow_policy, max_topic=args.max_topic,
         flow_pause_bytes=None if args.flow_pause_bytes is None else int(args.flow_pause_bytes),
         flow_max_pause=args.flow_max_pause,
-        max_payload=args.max_payload, max_subscriptions=args.max_subscriptions, name=args.name,
-        stats_interval=args.stats_interval)
+        max_payload=args.max_payload, max_subscriptions=args.max_subscriptions,
+        max_subscription_bytes=args.max_subscription_bytes,
+        max_total_subscription_bytes=args.max_total_subscription_bytes, max_sub_ops=args.max_sub_ops,
+        allow_brokers=args.allow_broker, name=args.name, stats_interval=args.stats_interval,
+        http=args.http, http_max_age=args.http_max_age)
     if args.curve_cert:
         cfg.curve_public_key, cfg.curve_secret_key = _load_curve_keys(args.curve_cert)
         if not cfg.curve_secret_key:
-            raise SystemExit(f"fastbus: {args.curve_cert!r} has no secret key (use the .key_secret file)")
+            raise UsageError(f"--curve-cert {args.curve_cert!r} has no secret key (use the .key_secret file)")
         if args.curve_allow:
             cfg.curve_allowed = _allowed_keys(args.curve_allow)
-    elif args.curve_allow:
-        raise SystemExit("fastbus: --curve-allow needs --curve-cert")
+        if args.curve_allow_broker:
+            cfg.curve_allowed_brokers = _allowed_keys(args.curve_allow_broker)
+    elif args.curve_allow or args.curve_allow_broker:
+        raise UsageError("--curve-allow and --curve-allow-broker need --curve-cert")
     try:
         broker = Broker(cfg)
     except ValueError as exc:
@@ -158,52 +190,51 @@ def cmd_broker(args: argparse.Namespace) -> int:
         return 2
     signal.signal(signal.SIGTERM, lambda *_: broker.request_stop())
     signal.signal(signal.SIGINT, lambda *_: broker.request_stop())
+    # This process is the broker's: what importing made lives for ever, so
+    # keep the cyclic collector from walking it (a full collection of it
+    # paused the loop 8-21 ms, which a subscriber saw as a stall).
+    import gc
+    gc.collect()
+    gc.freeze()
     try:
         broker.run()
     except Exception as exc:
         import zmq
+
+        from fastbus.errors import MonitorBindError
         if isinstance(exc, zmq.ZMQError):
             print(f"fastbus broker: cannot listen: {exc}", file=sys.stderr)
+            return 1
+        if isinstance(exc, MonitorBindError):
+            print(f"fastbus broker: --http: {exc}", file=sys.stderr)
             return 1
         raise
     return 0
 
 
-def query_stats(endpoint: str, timeout: float = 5.0, curve: tuple[str, str, str] | None = None) -> dict:
-    """A broker's counters, over a short-lived connection.  ``curve``:
-    (broker public key, client public key, client secret key), Z85."""
-    import zmq
-    ctx = zmq.Context.instance()
-    s = ctx.socket(zmq.DEALER)
-    s.linger = 0
-    try:
-        if curve:
-            s.curve_serverkey, s.curve_publickey, s.curve_secretkey = (k.encode() for k in curve)
-        s.connect(endpoint)
-        s.send(P.STATS)
-        if not s.poll(int(timeout * 1000)):
-            raise TimeoutError(f"no broker answered at {endpoint} within {timeout:g} s")
-        frames = s.recv_multipart()
-        if frames[0] != P.STATS_REPLY or len(frames) != 2:
-            raise RuntimeError(f"unexpected answer from {endpoint}")
-        return P.load_json(frames[1], limit=16 << 20)
-    finally:
-        s.close()
-
-
 def cmd_stats(args: argparse.Namespace) -> int:
+    from fastbus.client._endpoint import check_endpoint
+    from fastbus.errors import InvalidEndpoint
     endpoint = args.connect or f"tcp://{args.host}:{args.port}"
+    try:
+        check_endpoint(endpoint)
+    except InvalidEndpoint as exc:
+        raise UsageError(str(exc)) from None
     curve = None
     if args.curve_server_key or args.curve_cert:
         if not (args.curve_server_key and args.curve_cert):
-            raise SystemExit("fastbus stats: CURVE needs both --curve-server-key and --curve-cert")
+            raise UsageError("CURVE needs both --curve-server-key and --curve-cert")
+        server = _server_key(args.curve_server_key)
         public, secret = _load_curve_keys(args.curve_cert)
         if not secret:
-            raise SystemExit(f"fastbus stats: {args.curve_cert!r} has no secret key")
-        curve = (args.curve_server_key, public, secret)
+            raise UsageError(f"--curve-cert {args.curve_cert!r} has no secret key (use the .key_secret file)")
+        curve = (server, public, secret)
+    from fastbus.client import query_stats
+    if args.watch:
+        return _watch_stats(args, endpoint, curve)
     try:
-        st = query_stats(endpoint, args.timeout, curve)
-    except (TimeoutError, RuntimeError) as exc:
+        st = query_stats(endpoint, args.timeout, curve, clients=args.clients)
+    except (TimeoutError, RuntimeError, ConnectionError) as exc:
         print(f"fastbus stats: {exc}", file=sys.stderr)
         return 1
     if args.json:
@@ -224,6 +255,86 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if st.get("upstream"):
         up = st["upstream"]
         print(f"  upstream {up['endpoint']}: {'connected' if up['connected'] else 'not connected'}", file=out)
+    if args.clients:
+        if "connz" not in st:
+            print("  (this broker does not list its clients: it is older than `fastbus stats --clients`)",
+                  file=out)
+        else:
+            _print_clients(st["connz"], out)
+    return 0
+
+
+def _size(n: float) -> str:
+    """Bytes, short: 512B, 1.5K, 20.3M, 1.2G (as redis-cli --stat)."""
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if abs(n) >= div:
+            return f"{n / div:.1f}{unit}"
+    return f"{n:.0f}B"
+
+
+def _print_clients(peers: list[dict], out) -> None:
+    """One row per peer, as /connz."""
+    cols = ("name", "role", "address", "subs", "msgs in", "msgs out", "bytes in", "bytes out", "queued",
+            "state", "since")
+    rows = []
+    for p in sorted(peers, key=lambda p: p["link"]):
+        state = "slow" if p["slow"] else "ok"
+        if p["holding_publishers"]:
+            state = "slow, holding publishers"
+        rows.append((str(p["name"]), p["role"], p["address"] or "-", f"{p['subscriptions']:,}",
+                     f"{p['messages_in']:,}", f"{p['messages_out']:,}", _size(p["bytes_in"]),
+                     _size(p["bytes_out"]), _size(p["queued_bytes"]), state,
+                     time.strftime("%H:%M:%S", time.localtime(p["connected_since"]))))
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    left = {0, 1, 2, 9}
+    def line(cells):
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    print(f"\n{len(rows)} peer{'s' if len(rows) != 1 else ''}:", file=out)
+    print(line(cols).rstrip(), file=out)
+    for r in rows:
+        print(line(r).rstrip(), file=out)
+
+
+_WATCH_HEADER = (f"{'time':8s} {'peers':>6s} {'subs':>9s} {'msg in/s':>11s} {'msg out/s':>11s} "
+                 f"{'in/s':>8s} {'out/s':>8s} {'queued':>8s} {'drops/s':>8s} flow")
+
+
+def _watch_stats(args: argparse.Namespace, endpoint: str, curve) -> int:
+    """A line per interval with rates (as redis-cli --stat), until Ctrl-C
+    or --count lines."""
+    from fastbus.client import query_stats
+    out = args.out
+    prev = None
+    lines = 0
+    print(_WATCH_HEADER, file=out, flush=True)
+    next_at = time.monotonic()
+    while args.count is None or lines < args.count:
+        try:
+            st = query_stats(endpoint, args.timeout, curve)
+        except (TimeoutError, RuntimeError) as exc:
+            print(f"{time.strftime('%H:%M:%S')} {exc}", file=out, flush=True)
+            lines += 1
+            prev = None
+        else:
+            if prev is not None and prev["instance"] != st["instance"]:
+                print(f"{time.strftime('%H:%M:%S')} the broker restarted (instance {st['instance']})", file=out)
+                prev = None
+            if prev is not None:
+                dt = max(1e-6, st["uptime_s"] - prev["uptime_s"])
+                def rate(key, st=st, prev=prev, dt=dt):
+                    return (st[key] - prev[key]) / dt
+                drops = (sum(st["drops"].values()) - sum(prev["drops"].values())) / dt
+                print(f"{time.strftime('%H:%M:%S')} {st['peers']:>6,} {st['subscriptions']:>9,} "
+                      f"{rate('messages_in'):>11,.0f} {rate('messages_out'):>11,.0f} "
+                      f"{_size(rate('bytes_in')):>8s} {_size(rate('bytes_out')):>8s} "
+                      f"{_size(st['queued_bytes']):>8s} {drops:>8,.0f} "
+                      f"{'paused' if st.get('flow_paused') else '-'}", file=out, flush=True)
+                lines += 1
+                if lines % 20 == 0 and (args.count is None or lines < args.count):
+                    print(_WATCH_HEADER, file=out, flush=True)
+            prev = st
+        next_at += args.interval
+        time.sleep(max(0.0, next_at - time.monotonic()))
     return 0
 
 
@@ -235,14 +346,75 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_keygen(args: argparse.Namespace) -> int:
     import zmq.auth
     os.makedirs(args.dir, exist_ok=True)
-    public, secret = zmq.auth.create_certificates(args.dir, args.name)
-    print(f"public key file: {public}\nsecret key file: {secret}", file=args.out)
+    paths = [os.path.join(args.dir, f"{args.name}.key{suffix}") for suffix in ("", "_secret")]
+    existing = [p for p in paths if os.path.exists(p)]
+    if existing and not args.force:
+        raise UsageError(f"{' and '.join(existing)} already exist(s): --force to replace (clients and brokers "
+                         "holding the old keys then no longer match)")
+    for p in existing:
+        os.remove(p)
+    old_umask = os.umask(0o077)              # the secret file is never readable by others, not even briefly
+    try:
+        public, secret = zmq.auth.create_certificates(args.dir, args.name)
+    finally:
+        os.umask(old_umask)
+    os.chmod(secret, 0o600)
+    os.chmod(public, 0o644)
+    print(f"public key file: {public}\nsecret key file: {secret} (mode 0600)", file=args.out)
     return 0
 
 
+def cmd_redis_server(args: argparse.Namespace) -> int:
+    """The embedded server in the foreground: print its URL, run until
+    SIGINT/SIGTERM/SIGHUP (or until the server dies), then stop it and
+    remove its temporary dir."""
+    import threading
+
+    from fastbus.redis.server import ENV_URL, EmbeddedServer, EmbeddedServerError
+    server_args = list(args.server_args or ())
+    if server_args[:1] == ["--"]:
+        server_args = server_args[1:]
+    stop = threading.Event()
+    got: list[int] = []
+
+    def on_signal(signum, _frame):
+        got.append(signum)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+    try:
+        server = EmbeddedServer(args.binary, port=args.port, data_dir=args.data_dir, args=server_args,
+                                startup_timeout=args.startup_timeout)
+        server.start()
+    except (EmbeddedServerError, ValueError, TypeError) as exc:
+        print(f"fastbus redis-server: {exc}", file=sys.stderr)
+        return 1
+    try:
+        url = server.url
+        print(f"fastbus redis-server: {server.server_name} {server.version} (pid {server.pid}) listening "
+              f"on {url}; log: {server.log_path}; Ctrl-C or SIGTERM stops it", file=sys.stderr, flush=True)
+        print(f"export {ENV_URL}={url}", file=args.out, flush=True)
+        # Not a message path: a check every half second whether the server died.
+        while not stop.wait(0.5):
+            if not server.is_running():
+                print(f"fastbus redis-server: the server exited; its log:\n{server.log_tail()}",
+                      file=sys.stderr, flush=True)
+                return 1
+    finally:
+        server.stop()
+    name = signal.Signals(got[0]).name if got else "a signal"
+    print(f"fastbus redis-server: stopped ({name})", file=sys.stderr, flush=True)
+    return 0
+
+
+def _version_text() -> str:
+    return (f"fastbus {fastbus.__version__} (core {'.'.join(map(str, fastbus.CORE_VERSION))}, "
+            f"batch format v{fastbus.BATCH_VERSION})")
+
+
 def cmd_version(args: argparse.Namespace) -> int:
-    print(f"fastbus {fastbus.__version__} (core {'.'.join(map(str, fastbus.CORE_VERSION))}, "
-          f"batch format v{fastbus.BATCH_VERSION})", file=args.out)
+    print(_version_text(), file=args.out)
     return 0
 
 
@@ -256,13 +428,16 @@ def _nonneg(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastbus", description="fastbus: fast pub/sub and reliable messaging with a C core.")
+    parser.add_argument("--version", action="version", version=_version_text(),
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     b = sub.add_parser("broker", help="run a broker",
                        description="Run a fastbus broker until SIGINT or SIGTERM. Listens on loopback "
                                    f"only unless --allow-remote (default {P.DEFAULT_ENDPOINT}).")
     b.add_argument("--bind", action="append", metavar="ENDPOINT",
-                   help="endpoint for clients, repeatable: tcp://127.0.0.1:6464, ipc:///tmp/fastbus.sock")
+                   help="endpoint for clients, repeatable: tcp://127.0.0.1:6464, ipc:///tmp/fastbus.sock "
+                        f"(default: {P.DEFAULT_ENDPOINT})")
     b.add_argument("--allow-remote", action="store_true", help="allow non-loopback TCP endpoints")
     b.add_argument("--upstream", metavar="ENDPOINT", help="federate: connect to this upstream broker")
     b.add_argument("--zmq-pub", action="append", default=[], metavar="ENDPOINT",
@@ -271,38 +446,84 @@ def build_parser() -> argparse.ArgumentParser:
                    help="XSUB endpoint for plain ZeroMQ PUB sockets")
     b.add_argument("--zmq-pull", action="append", default=[], metavar="ENDPOINT",
                    help="PULL endpoint for plain ZeroMQ PUSH sockets")
-    b.add_argument("--max-messages", type=_positive, default=4096, help="records per batch to a subscriber")
-    b.add_argument("--max-bytes", type=_positive, default=256 * 1024, help="bytes per batch to a subscriber")
-    b.add_argument("--max-delay", type=float, default=0.001,
-                   help="seconds a message may wait for its batch (default: %(default)s)")
+    b.add_argument("--max-messages", type=_positive, default=4096, help="records per batch to a subscriber (default: %(default)s)")
+    b.add_argument("--max-bytes", type=_positive, default=256 * 1024, help="bytes per batch to a subscriber (default: %(default)s)")
+    b.add_argument("--max-delay", type=float, default=0.0,
+                   help="optional linger in seconds: a busy link gets at most one batch per this "
+                        "time (larger batches), while a link idle that long still sends at once; "
+                        "0: no linger, each batch leaves as soon as the broker has read what "
+                        "arrived (default: %(default)s)")
     b.add_argument("--max-queue-bytes", type=_positive, default=32 << 20,
-                   help="bytes queued for a slow subscriber before --slow-policy applies")
+                   help="bytes queued for a slow subscriber before --slow-policy applies (default: %(default)s)")
     b.add_argument("--slow-policy", choices=["drop", "disconnect"], default="drop",
-                   help="slow subscriber: drop its oldest batches (with a gap notice) or disconnect it")
+                   help="slow subscriber: drop its oldest batches (with a gap notice) or disconnect it "
+                        "(default: %(default)s)")
     b.add_argument("--flow-pause-bytes", type=_nonneg, default=None,
                    help="ask publishers to pause while this many bytes are queued for a subscriber; "
                         "0: no flow control (default: 4 MiB or a quarter of --max-queue-bytes)")
     b.add_argument("--flow-max-pause", type=float, default=5.0,
                    help="seconds one subscriber may keep publishers paused (default: %(default)s)")
-    b.add_argument("--max-topic", type=_positive, default=65535, help="longest channel name accepted")
-    b.add_argument("--max-payload", type=_positive, default=16 << 20, help="largest payload accepted")
-    b.add_argument("--max-subscriptions", type=_positive, default=1_000_000, help="per client")
+    b.add_argument("--max-topic", type=_positive, default=65535,
+                   help="longest channel name accepted, in bytes (default: %(default)s)")
+    b.add_argument("--max-payload", type=_positive, default=16 << 20,
+                   help="largest payload accepted, in bytes (default: %(default)s)")
+    b.add_argument("--max-subscriptions", type=_positive, default=1_000_000,
+                   help="subscriptions one connection (client or downstream broker) may hold; more are "
+                        "refused, and the client told (default: %(default)s)")
+    b.add_argument("--max-subscription-bytes", type=_positive, default=64 << 20,
+                   help="bytes of subscription keys one connection may hold, counting 48 more per "
+                        "subscription (default: %(default)s)")
+    b.add_argument("--max-total-subscription-bytes", type=_positive, default=1 << 30,
+                   help="the same for all connections together (default: %(default)s)")
+    b.add_argument("--max-sub-ops", type=_positive, default=4096,
+                   help="subscription changes in one SUB frame; clients split larger ones "
+                        "(default: %(default)s)")
+    b.add_argument("--allow-broker", action="append", default=[], metavar="ADDRESS",
+                   help="accept downstream brokers (--upstream pointing here) from this IP address, "
+                        "network (10.1.0.0/16) or 'local' (loopback, ipc, inproc); repeatable; "
+                        "by default none are accepted")
+    b.add_argument("--curve-allow-broker", action="append", default=[], metavar="PATH",
+                   help="with CURVE: accept downstream brokers with these public keys (certificate "
+                        "files or directories); then --allow-broker does not apply")
     b.add_argument("--curve-cert", metavar="FILE", help="enable CURVE with this secret certificate (keygen)")
     b.add_argument("--curve-allow", action="append", default=[], metavar="PATH",
                    help="public certificate file or directory of clients to accept (with --curve-cert)")
-    b.add_argument("--name", default="fastbus", help="broker name in logs and stats")
+    b.add_argument("--name", default="fastbus", help="broker name in logs and stats (default: %(default)s)")
     b.add_argument("--stats-interval", type=_nonneg, default=10.0,
                    help="seconds between counter log lines, 0 for none (default: %(default)s)")
-    b.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    b.add_argument("--http", metavar="HOST:PORT",
+                   help="serve monitoring over HTTP here, e.g. 127.0.0.1:8222: /metrics (Prometheus), "
+                        "/varz, /connz, /subsz, /healthz and a live page at /; loopback only unless "
+                        "--allow-remote (default: off)")
+    b.add_argument("--http-max-age", type=float, default=3.0, metavar="SECONDS",
+                   help="/healthz answers 503 when the loop's latest snapshot is older than this "
+                        "(default: %(default)s)")
+    b.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="what the broker logs to stderr (default: %(default)s)")
     b.set_defaults(func=cmd_broker)
 
-    st = sub.add_parser("stats", help="print a broker's counters")
+    st = sub.add_parser("stats", help="print a broker's counters",
+                        description="Print a broker's counters; --clients adds a row per connected peer, "
+                                    "--watch prints a line of rates every second until Ctrl-C.")
     st.add_argument("--connect", metavar="ENDPOINT", help="broker endpoint (default from --host/--port)")
-    st.add_argument("--host", default="127.0.0.1")
-    st.add_argument("--port", type=int, default=P.DEFAULT_PORT)
-    st.add_argument("--timeout", type=float, default=5.0)
+    st.add_argument("--host", default="127.0.0.1", help="broker host, without --connect (default: %(default)s)")
+    st.add_argument("--port", type=int, default=P.DEFAULT_PORT,
+                    help="broker port, without --connect (default: %(default)s)")
+    st.add_argument("--timeout", type=float, default=5.0,
+                    help="seconds to wait for the broker's answer (default: %(default)s)")
     st.add_argument("--json", action="store_true", help="all counters as JSON")
-    st.add_argument("--curve-server-key", metavar="KEY", help="the broker's public key (Z85), for a CURVE broker")
+    st.add_argument("--clients", action="store_true",
+                    help="also one row per connected peer (name, role, address, subscriptions, messages "
+                         "and bytes in and out, queued bytes, state), as the HTTP endpoint /connz")
+    st.add_argument("--watch", action="store_true",
+                    help="a line every --interval seconds with rates (messages and bytes in and out per "
+                         "second, drops), as redis-cli --stat, until Ctrl-C or --count lines")
+    st.add_argument("--interval", type=_seconds, default=1.0,
+                    help="seconds between --watch lines (default: %(default)s)")
+    st.add_argument("--count", type=_positive, default=None,
+                    help="with --watch: stop after this many lines (default: until Ctrl-C)")
+    st.add_argument("--curve-server-key", metavar="KEY",
+                    help="the broker's public key (40 Z85 characters, or its .key file), for a CURVE broker")
     st.add_argument("--curve-cert", metavar="FILE", help="this client's secret certificate, for a CURVE broker")
     st.set_defaults(func=cmd_stats)
 
@@ -310,10 +531,12 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Start a broker and client processes on this machine (seed 000's "
                                       "workload: 50 channels, 20-byte messages) and print rates each second.")
     demo.add_argument("--seconds", type=_seconds, default=5.0, help="how long (default: %(default)s)")
-    demo.add_argument("--publishers", type=_positive, default=1)
-    demo.add_argument("--subscribers", type=_positive, default=2)
-    demo.add_argument("--channels", type=_positive, default=50)
-    demo.add_argument("--size", type=_positive, default=20, help="payload bytes")
+    demo.add_argument("--publishers", type=_positive, default=1,
+                      help="publisher processes (default: %(default)s)")
+    demo.add_argument("--subscribers", type=_positive, default=2,
+                      help="subscriber processes, each on every channel (default: %(default)s)")
+    demo.add_argument("--channels", type=_positive, default=50, help="channels (default: %(default)s)")
+    demo.add_argument("--size", type=_positive, default=20, help="payload bytes (default: %(default)s)")
     demo.set_defaults(func=cmd_demo)
 
     core = sub.add_parser("core-demo", help="the C core alone: trie, forwarder, batches",
@@ -331,12 +554,45 @@ def build_parser() -> argparse.ArgumentParser:
     core.set_defaults(func=cmd_core_demo)
 
     kg = sub.add_parser("keygen", help="create a CURVE key pair (NAME.key, NAME.key_secret)")
-    kg.add_argument("--dir", default=".", help="where to write them")
-    kg.add_argument("--name", default="fastbus")
+    kg.add_argument("--dir", default=".", help="where to write them (default: %(default)s)")
+    kg.add_argument("--name", default="fastbus",
+                    help="the files' names: NAME.key (public) and NAME.key_secret (default: %(default)s)")
+    kg.add_argument("--force", action="store_true", help="replace key files that exist (default: refuse)")
     kg.set_defaults(func=cmd_keygen)
 
     from fastbus.queue.cli import add_parser as add_queue_parser
+    from fastbus.queue.cli import add_topic_inbox_parsers
     add_queue_parser(sub)
+    add_topic_inbox_parsers(sub)
+
+    from fastbus.pubsub_cli import add_parsers as add_pubsub_parsers
+    add_pubsub_parsers(sub)
+
+    from fastbus.monitor.cli import add_parser as add_monitor_parser
+    add_monitor_parser(sub)
+
+    rs = sub.add_parser(
+        "redis-server", help="run the embedded Redis server in the foreground, to share it between processes",
+        description="Start fastbus's embedded Redis-compatible server (the bundled valkey-server, else "
+                    "$FASTBUS_REDIS_SERVER, valkey-server or redis-server on PATH) on 127.0.0.1, print "
+                    "`export FASTBUS_REDIS_URL=redis://127.0.0.1:PORT` on stdout, and run until Ctrl-C, "
+                    "SIGTERM or SIGHUP; then stop it and remove its temporary dir. Processes that export "
+                    "that variable share this server when they pass no URL (without it, each process "
+                    "starts a private one). Persistence is off: the data lives as long as the server.",
+        epilog="Example: `fastbus redis-server --port 6390` in one terminal, then "
+               "`export FASTBUS_REDIS_URL=redis://127.0.0.1:6390` in the others.")
+    rs.add_argument("--port", type=int, default=None,
+                    help="TCP port on 127.0.0.1 (default: a free one, printed)")
+    rs.add_argument("--binary", default=None,
+                    help="the server binary (default: $FASTBUS_REDIS_SERVER, else the bundled valkey-server, "
+                         "else valkey-server or redis-server on PATH)")
+    rs.add_argument("--data-dir", default=None,
+                    help="directory for its config and log, kept (default: a temporary one, removed)")
+    rs.add_argument("--startup-timeout", type=_seconds, default=10.0,
+                    help="seconds to wait for the server to answer (default: %(default)s)")
+    rs.add_argument("server_args", nargs=argparse.REMAINDER, metavar="-- OPTION ...",
+                    help="options passed to the server, after --: e.g. -- --maxmemory 1gb")
+    rs.set_defaults(func=cmd_redis_server)
 
     ver = sub.add_parser("version", help="print the version")
     ver.set_defaults(func=cmd_version)
@@ -350,10 +606,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     args.out = sys.stdout
+    prog = f"fastbus {args.command}"
     try:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
+    except UsageError as exc:                # exit 2: the command line is wrong
+        print(f"{prog}: {exc} (see {prog} --help)", file=sys.stderr)
+        return 2
+    except (CommandFailed, fastbus.FastbusError, OSError) as exc:   # exit 1: the work failed
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        # No traceback for a user: one line, and how to see it.
+        if os.environ.get("FASTBUS_TRACEBACK"):
+            raise
+        print(f"{prog}: {type(exc).__name__}: {exc} (FASTBUS_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -73,7 +73,10 @@ def run_demo(seconds: float, publishers: int, subscribers: int, channels: int, s
     everything and print the totals.  Returns a process exit code."""
     port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
-    broker = subprocess.Popen([sys.executable, "-m", "fastbus", "broker", "--bind", endpoint,
+    # -P: "-m" would put the current directory first on sys.path, and from a
+    # source checkout's root that imports the uncompiled tree, not the
+    # installed package that runs this.
+    broker = subprocess.Popen([sys.executable, "-P", "-m", "fastbus", "broker", "--bind", endpoint,
                                "--log-level", "WARNING"])
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
@@ -117,6 +120,8 @@ def run_demo(seconds: float, publishers: int, subscribers: int, channels: int, s
         expected = pub * subscribers
         print(f"total: published {pub:,}, delivered {sub:,} of {expected:,} expected"
               f" ({'no loss' if sub == expected else f'{expected - sub:,} missing'})", file=out)
+        if sub != expected:
+            _print_broker_drops(endpoint, out)
         return 0 if sub == expected else 1
     finally:
         stop.set()
@@ -132,8 +137,21 @@ def run_demo(seconds: float, publishers: int, subscribers: int, channels: int, s
             broker.wait()
 
 
+def _print_broker_drops(endpoint: str, out) -> None:
+    """Where messages went missing, as far as the broker knows."""
+    from fastbus.client import query_stats
+    try:
+        st = query_stats(endpoint, timeout=2)
+    except TimeoutError:
+        print("  the broker did not answer for its counters", file=out)
+        return
+    drops = {k: v for k, v in st.get("drops", {}).items() if v}
+    print(f"  broker: drops {drops or 'none'}, flow pauses {st.get('flow_pauses', 0)}, "
+          f"flow timeouts {st.get('flow_timeouts', 0)}", file=out)
+
+
 def _wait_for_broker(endpoint: str, proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    from fastbus.cli import query_stats
+    from fastbus.client import query_stats
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -141,8 +159,8 @@ def _wait_for_broker(endpoint: str, proc: subprocess.Popen, timeout: float = 15.
         try:
             query_stats(endpoint, timeout=0.5)
             return
-        except TimeoutError:
-            continue
+        except TimeoutError:                 # BrokerUnavailable at once while it starts: not a busy loop
+            time.sleep(0.05)
     raise SystemExit(f"the broker did not answer on {endpoint}")
 
 

@@ -39,6 +39,8 @@ PONG = b"q"         # [q, token, broker instance]
 STATS_REPLY = b"R"  # [R, json]
 KICK = b"X"         # [X, json {"reason": ...}]
 FLOW = b"F"         # [F, b"\x00" pause | b"\x01" resume]   to publishers
+REFUSED = b"N"      # [N, seq u64, ops batch, json {"reason": ...}]   before the CONFIRM of that seq
+NOTICE = b"E"       # [E, json {"dropped": n, "reason": ...}]   to a sender whose records were dropped
 
 FLOW_PAUSE = b"\x00"
 FLOW_RESUME = b"\x01"

@@ -15,11 +15,16 @@ channel, since a channel always uses one broker.
 from __future__ import annotations
 
 import bisect
-import threading
 import time
+from collections import deque
+from collections.abc import Iterator
 
+from fastbus import _messages as M
 from fastbus._core import crc32c
-from fastbus.client import Client, ConnectionClosed, PubSub, _key, pattern_prefix
+from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, pattern_prefix, to_bytes, to_text
+from fastbus._messages import to_bytes as _key
+from fastbus.client import Client, ConnectionClosed, PubSub
+from fastbus.client._session import driving, wait_many
 
 __all__ = ["ShardedClient", "ShardedPubSub"]
 
@@ -75,91 +80,159 @@ class ShardedClient:
 
 class ShardedPubSub:
     """A PubSub over every shard.  Channels subscribe on their own shard,
-    patterns on all; confirmations count subscriptions over all shards, and
-    a pattern is confirmed once."""
+    patterns on all.  Confirmations come as from one redis-py connection:
+    one per channel or pattern, in call order, each with the running count
+    of subscriptions held over all shards (a pattern is confirmed once, when
+    every shard has confirmed it)."""
 
     def __init__(self, client: ShardedClient, ignore_subscribe_messages: bool = False) -> None:
         self._client = client
         self.ignore_subscribe_messages = ignore_subscribe_messages
         self._subs: list[PubSub] = [c.pubsub() for c in client.clients]
-        self._cond = threading.Condition()
-        for p in self._subs:
-            p._wakers.append(self._wake)
+        self._decode = bool(client.clients[0].decode_responses)
         self.channels: dict = {}
         self.patterns: dict = {}
+        # Calls not confirmed yet, in call order: [kind, name, count, shards
+        # still to confirm, the refusal that replaces the confirmation].
+        self._expect: deque[list] = deque()
+        self._buf = MessageBuffer()
+        self._subscribed = False
         self._next = 0
 
-    def _wake(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+    def _wait_any(self, deadline: float | None) -> bool:
+        """Read every shard's connection in this thread until one of them
+        has something (True) or ``deadline`` passes (False)."""
+        subs = self._subs
+        sessions = [p.session for p in subs]
+        with driving(sessions, deadline) as held:
+            if not held:
+                return False
+            while not any(p.has_ready() for p in subs):
+                if any(p.closed for p in subs):
+                    raise ConnectionClosed("pubsub is closed")
+                for s in sessions:
+                    while s.posted:
+                        s.posted.popleft()()
+                    s.read()
+                if any(p.has_ready() for p in subs):
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                wait_many(sessions, deadline)
+        return True
+
+    def _name(self, value) -> bytes | str:
+        return to_text(to_bytes(value), self._decode)
+
+    def _expecting(self, kind: str, name, shards) -> None:
+        self._expect.append([kind, name, len(self.channels) + len(self.patterns), set(shards), None])
 
     def subscribe(self, *channels) -> None:
+        """Subscribe to exact channels, each on the broker that owns it."""
         if not channels:
             raise ValueError("subscribe() needs at least one channel")
+        self._subscribed = True
         for ch in channels:
-            self.channels[_key(ch)] = None
-            self._subs[self._client.shard(ch)].subscribe(ch)
+            name = self._name(ch)
+            self.channels[name] = None
+            shard = self._client.shard(ch)
+            self._expecting("subscribe", name, (shard,))
+            self._subs[shard].subscribe(ch)
 
     def unsubscribe(self, *channels) -> None:
+        """Unsubscribe from channels (all of them without arguments)."""
         for ch in channels or list(self.channels):
-            self.channels.pop(_key(ch), None)
-            self._subs[self._client.shard(ch)].unsubscribe(ch)
+            name = self._name(ch)
+            self.channels.pop(name, None)
+            shard = self._client.shard(ch)
+            self._expecting("unsubscribe", name, (shard,))
+            self._subs[shard].unsubscribe(ch)
 
     def psubscribe(self, *patterns) -> None:
+        """Subscribe to prefix patterns, on every broker."""
         if not patterns:
             raise ValueError("psubscribe() needs at least one pattern")
         for pat in patterns:
             pattern_prefix(pat)                   # validate before subscribing anywhere
+        self._subscribed = True
         for pat in patterns:
-            self.patterns[_key(pat)] = None
+            name = self._name(pat)
+            self.patterns[name] = None
+            self._expecting("psubscribe", name, range(len(self._subs)))
             for p in self._subs:
                 p.psubscribe(pat)
 
     def punsubscribe(self, *patterns) -> None:
+        """Unsubscribe from patterns (all of them without arguments)."""
         for pat in patterns or list(self.patterns):
-            self.patterns.pop(_key(pat), None)
+            name = self._name(pat)
+            self.patterns.pop(name, None)
+            self._expecting("punsubscribe", name, range(len(self._subs)))
             for p in self._subs:
                 p.punsubscribe(pat)
 
     @property
     def subscribed(self) -> bool:
-        return bool(self.channels or self.patterns)
+        """True from a subscribe() until the confirmation of an unsubscribe
+        that left nothing held has been read (as redis-py)."""
+        return self._subscribed
 
-    def _adjust(self, index: int, msg: dict) -> dict | None:
+    def _confirmed(self, index: int, msg: PubSubMessage) -> None:
+        """A shard's confirmation (or refusal): the calls every shard has
+        confirmed, oldest first, become confirmations with running counts."""
         kind = msg["type"]
-        if kind in ("psubscribe", "punsubscribe") and index != 0:
-            return None                           # confirmed by shard 0 for all
-        if kind in ("subscribe", "psubscribe", "unsubscribe", "punsubscribe"):
-            if self.ignore_subscribe_messages:
-                return None
-            msg["data"] = len(self.channels) + len(self.patterns)
-        return msg
+        kinds = ("subscribe", "psubscribe") if kind == "refused" else (kind,)
+        for entry in self._expect:
+            if entry[0] in kinds and entry[1] == msg["channel"] and index in entry[3]:
+                entry[3].discard(index)
+                if kind == "refused":
+                    entry[4] = msg
+                    table = self.patterns if entry[0] == "psubscribe" else self.channels
+                    table.pop(entry[1], None)
+                break
+        while self._expect and not self._expect[0][3]:
+            kind, name, count, _shards, refusal = self._expect.popleft()
+            self._buf.notices.append(refusal if refusal is not None else M.confirmation(kind, name, count))
+            if kind in ("unsubscribe", "punsubscribe") and not (self.channels or self.patterns):
+                self._subscribed = False
 
-    def get_message(self, ignore_subscribe_messages: bool = False, timeout: float | None = 0.0) -> dict | None:
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def _ready(self, ignore: bool) -> PubSubMessage | None:
+        """The next message that needs no reading, or None."""
+        notices = self._buf.notices
         n = len(self._subs)
         while True:
+            while notices:
+                m = notices.popleft()
+                if not (ignore and m["type"] in CONFIRM_KINDS):
+                    return m
             for k in range(n):
                 i = (self._next + k) % n
-                msg = self._subs[i].get_message(ignore_subscribe_messages, timeout=0.0)
+                msg = self._subs[i].get_message(timeout=0.0)
                 if msg is not None:
                     self._next = (i + 1) % n
-                    msg = self._adjust(i, msg)
-                    if msg is not None:
-                        return msg
-                    break
+                    if msg["type"] in CONFIRM_KINDS or msg["type"] == "refused":
+                        self._confirmed(i, msg)
+                        break
+                    return msg
             else:
-                with self._cond:
-                    if any(p.has_ready() for p in self._subs):
-                        continue
-                    if any(p._closed for p in self._subs):
-                        raise ConnectionClosed("pubsub is closed")
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return None
-                    self._cond.wait(left)
+                return None
 
-    def listen(self):
+    def get_message(self, ignore_subscribe_messages: bool = False,
+                    timeout: float | None = 0.0) -> PubSubMessage | None:
+        """The next message from any shard, or None if none arrives within
+        ``timeout`` seconds (0: do not wait; None: wait for ever)."""
+        ignore = ignore_subscribe_messages or self.ignore_subscribe_messages
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            msg = self._ready(ignore)
+            if msg is not None:
+                return msg
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            self._wait_any(deadline)
+
+    def listen(self) -> Iterator[PubSubMessage]:
+        """Messages as they arrive, for ever (until close())."""
         while True:
             try:
                 msg = self.get_message(timeout=None)
@@ -169,6 +242,8 @@ class ShardedPubSub:
                 yield msg
 
     def get_batch(self, timeout: float | None = None, max_messages: int | None = None) -> list:
+        """Data messages of every shard as ``(channel, data)`` tuples; [] if
+        none arrive within ``timeout``.  Confirmations wait for get_message()."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             out = []
@@ -176,15 +251,21 @@ class ShardedPubSub:
                 out.extend(p.get_batch(timeout=0.0, max_messages=max_messages))
             if out:
                 return out
-            with self._cond:
-                if any(p.has_ready() for p in self._subs):
-                    continue
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return []
-                self._cond.wait(left)
+            if (deadline is not None and time.monotonic() >= deadline) or not self._wait_any(deadline):
+                return []
 
     def close(self) -> None:
+        """Close every shard's connection; nothing is held any more."""
         for p in self._subs:
             p.close()
-        self._wake()
+        self.channels.clear()
+        self.patterns.clear()
+        self._expect.clear()
+        self._buf.clear()
+        self._subscribed = False
+
+    def __enter__(self) -> ShardedPubSub:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -7,10 +7,14 @@ import signal
 import socket
 import subprocess
 import sys
+import json
 import tempfile
 import time
 
-from fastbus.cli import query_stats
+import zmq
+
+from fastbus import protocol as P
+from fastbus.client import query_stats
 
 
 def free_port() -> int:
@@ -42,8 +46,8 @@ class BrokerProcess:
             try:
                 query_stats(self.endpoint, timeout=0.3, curve=self.curve)
                 return
-            except TimeoutError:
-                continue
+            except TimeoutError:             # refused at once while it starts: not a busy loop
+                time.sleep(0.05)
         self.kill()        # never leave a broker behind
         raise RuntimeError(f"broker did not start:\n{self.log()}")
 
@@ -91,3 +95,55 @@ def python_process(script: str, *args: str, **kw) -> subprocess.Popen:
     fastbus is imported, not the source tree)."""
     cwd = tempfile.mkdtemp()
     return subprocess.Popen([sys.executable, "-c", script, *args], cwd=cwd, **kw)
+
+
+# -- clients and raw sockets -------------------------------------------------
+
+def confirm(p, n: int, kind: str = None) -> list:
+    got = []
+    while len(got) < n:
+        m = p.get_message(timeout=5)
+        assert m is not None, f"only {len(got)} of {n} confirmations"
+        if kind is None or m["type"] == kind:
+            got.append(m)
+    return got
+
+
+def wait_wanted(client, *channels, timeout: float = 10.0) -> None:
+    """Until the publisher's filter is active and wants every channel (the
+    view follows confirmations by a moment; docs/PROTOCOL.md)."""
+    wait_for(lambda: client.stats()["filter_active"] and all(client.is_wanted(c) for c in channels),
+             timeout=timeout, what=f"the publisher to want {channels}")
+
+
+def collect(p, n: int, timeout: float = 10.0) -> list:
+    out = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        m = p.get_message(timeout=0.1)
+        if m is not None and m["type"] in ("message", "pmessage"):
+            out.append(m)
+    return out
+
+
+def quiet(p, seconds: float = 0.3) -> list:
+    """Data messages arriving within `seconds` (expected: none)."""
+    return collect(p, 10 ** 9, timeout=seconds)
+
+
+def raw_dealer(endpoint: str) -> zmq.Socket:
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.linger = 0
+    s.connect(endpoint)
+    return s
+
+
+def expect_kick(s: zmq.Socket, timeout: float = 10.0) -> str:
+    """The reason of the next KICK (other messages, pings included, skipped)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if s.poll(500):
+            frames = s.recv_multipart()
+            if frames[0] == P.KICK:
+                return json.loads(frames[1])["reason"]
+    raise AssertionError(f"no KICK from the broker within {timeout} s")

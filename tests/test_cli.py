@@ -1,6 +1,7 @@
 """The fastbus command line, run as a user would (installed console script)."""
 
 import json
+import time
 import shutil
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def test_bad_arguments_are_rejected_clearly():
     r = run("broker", "--bind", "tcp://0.0.0.0:1")
     assert r.returncode == 2 and "loopback" in r.stderr
     r = run("broker", "--bind", "tcp://127.0.0.1:1", "--curve-allow", "/nonexistent")
-    assert r.returncode != 0 and "--curve-allow needs --curve-cert" in r.stderr
+    assert r.returncode != 0 and "--curve-allow and --curve-allow-broker need --curve-cert" in r.stderr
 
 
 def test_live_demo_delivers_everything():
@@ -101,3 +102,137 @@ def test_keygen(tmp_path):
 def test_version():
     r = run("version")
     assert r.returncode == 0 and "batch format v1" in r.stdout
+
+
+def _options(parser, path=()):
+    """(command path, action) for every option of every (sub)command."""
+    import argparse
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sub in a.choices.items():
+                yield from _options(sub, (*path, name))
+        elif a.dest not in ("help", "version"):
+            yield path, a
+
+
+def test_every_option_has_help_and_shows_its_default():
+    import argparse
+
+    from fastbus.cli import build_parser
+    seen = 0
+    for path, a in _options(build_parser()):
+        seen += 1
+        name = f"fastbus {' '.join(path)} {'/'.join(a.option_strings) or a.dest}"
+        assert a.help, f"{name} has no help text"
+        if a.option_strings and a.default not in (None, False, [], argparse.SUPPRESS):
+            assert "default" in a.help.lower(), f"{name}: its --help does not say its default {a.default!r}"
+    assert seen > 50
+    r = run("broker", "--help")
+    assert "(default: 4096)" in r.stdout and "(default: INFO)" in r.stdout
+
+
+def test_version_flag():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.startswith("fastbus ") and "batch format v1" in r.stdout
+
+
+def _one_line_error(r, code, *words):
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+
+
+def test_errors_are_one_line_with_one_exit_code_convention(tmp_path):
+    from brokers import free_port
+    # usage: 2
+    _one_line_error(run("stats", "--connect", "foo"), 2, "invalid endpoint 'foo'", "tcp://HOST:PORT")
+    _one_line_error(run("stats", "--curve-server-key", "abc", "--curve-cert", "x"), 2,
+                    "--curve-server-key 'abc' is neither a CURVE key")
+    assert run("keygen", "--dir", str(tmp_path)).returncode == 0
+    public, secret = tmp_path / "fastbus.key", tmp_path / "fastbus.key_secret"
+    z85 = next(line for line in public.read_text().splitlines() if "public-key" in line).split('"')[1]
+    _one_line_error(run("stats", "--curve-server-key", z85, "--curve-cert", z85), 2,
+                    "is a key, not a certificate file")
+    _one_line_error(run("broker", "--curve-cert", str(public)), 2, "has no secret key (use the .key_secret file)")
+    # runtime: 1, and an absent broker said at once
+    port = free_port()
+    t0 = time.monotonic()
+    _one_line_error(run("stats", "--port", str(port), "--timeout", "60"), 1,
+                    f"no broker answered at tcp://127.0.0.1:{port}", "connection refused")
+    assert time.monotonic() - t0 < 30          # not the 60 s timeout (the rest: starting Python on a busy machine)
+    # the broker's key given as its file or as Z85: both accepted (then no broker there)
+    for key in (str(public), z85):
+        _one_line_error(run("stats", "--port", str(port), "--curve-server-key", key, "--curve-cert", str(secret)),
+                        1, "no broker answered")
+
+
+def test_a_second_broker_on_the_same_port_says_so(tmp_path):
+    import signal
+
+    from brokers import free_port
+    port = free_port()
+    first = subprocess.Popen(fastbus_cmd() + ["broker", "--bind", f"tcp://127.0.0.1:{port}"], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while run("stats", "--port", str(port), "--timeout", "0.5").returncode != 0:
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.1)
+        _one_line_error(run("broker", "--bind", f"tcp://127.0.0.1:{port}", "--log-level", "WARNING"), 1,
+                        f"fastbus broker: cannot listen on tcp://127.0.0.1:{port}: address already in use")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(30)
+
+
+def test_keygen_refuses_to_overwrite_and_keeps_the_secret_private(tmp_path):
+    import stat
+    assert run("keygen", "--dir", str(tmp_path), "--name", "b").returncode == 0
+    secret = tmp_path / "b.key_secret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    before = secret.read_bytes()
+    _one_line_error(run("keygen", "--dir", str(tmp_path), "--name", "b"), 2, "already exist", "--force")
+    assert secret.read_bytes() == before
+    assert run("keygen", "--dir", str(tmp_path), "--name", "b", "--force").returncode == 0
+    assert secret.read_bytes() != before and stat.S_IMODE(secret.stat().st_mode) == 0o600
+
+
+def test_pub_and_sub_from_the_shell(brokers):
+    """``fastbus sub`` prints what ``fastbus pub`` sends, from arguments and
+    from stdin, binary-safe with --json, and stops after --count."""
+    b = brokers()
+    port = b.endpoint.rsplit(":", 1)[1]
+    with tempfile.TemporaryDirectory() as cwd:
+        sub = subprocess.Popen(fastbus_cmd() + ["sub", "--port", port, "news", "mk.*", "--json", "--count", "4"],
+                               cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            line = sub.stderr.readline().decode()              # confirmed: now publish
+            assert line.startswith("fastbus sub: subscribed to news, mk.*"), line + sub.stderr.read().decode()
+            r = run("pub", "--port", port, "news", "hello", "w\u00f6rld")
+            assert r.returncode == 0 and "published 2 message(s) to news" in r.stdout, r.stderr
+            r = subprocess.run(fastbus_cmd() + ["pub", "--port", port, "mk.x", "-"], input=b"a\n\xff\xfe\n",
+                               capture_output=True, timeout=60, cwd=cwd)
+            assert r.returncode == 0, r.stderr
+            out, err = sub.communicate(timeout=60)
+        finally:
+            if sub.poll() is None:
+                sub.kill()
+                sub.wait()
+    assert sub.returncode == 0, err
+    got = [json.loads(x) for x in out.decode().splitlines()]
+    assert got == [
+        {"channel": "news", "data": "hello", "encoding": "utf-8", "pattern": None},
+        {"channel": "news", "data": "w\u00f6rld", "encoding": "utf-8", "pattern": None},
+        {"channel": "mk.x", "data": "a", "encoding": "utf-8", "pattern": "mk.*"},
+        {"channel": "mk.x", "data": "//4=", "encoding": "base64", "pattern": "mk.*"},   # bytes ff fe
+    ]
+
+
+def test_pub_and_sub_errors():
+    from brokers import free_port
+    port = str(free_port())
+    _one_line_error(run("sub", "--port", port, "x"), 1, f"no broker at tcp://127.0.0.1:{port}", "connection refused")
+    _one_line_error(run("pub", "--port", port, "x", "y"), 1, f"no broker at tcp://127.0.0.1:{port}")
+    _one_line_error(run("sub", "x?*"), 2, "prefixes ending in '*'")
+    _one_line_error(run("pub", "--connect", "nowhere", "x", "y"), 2, "invalid endpoint 'nowhere'")

@@ -118,5 +118,8 @@ def test_batch_is_a_zero_copy_buffer():
 
 def test_empty_batch_and_crc():
     assert decode(encode([])) == [] and decode(encode([], checksum=True)) == []
+    assert bytes(encode([])) == b"FB\x01\x00\x00\x00\x00\x00"            # the core's fb_batch_empty
+    sealed = encode([], checksum=True)
+    assert len(sealed) == 12 and decode(sealed, require_checksum=True) == []
     assert crc32c(b"123456789") == 0xE3069283                 # the CRC-32C check value
     assert crc32c(b"56789", crc32c(b"1234")) == 0xE3069283

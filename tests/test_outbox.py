@@ -105,16 +105,14 @@ def test_publisher_blocks_at_its_buffer_limit():
 
     from fastbus.errors import PublishTimeout
     box = Outbox(max_messages=10, max_bytes=0, max_delay=None)
-    pub = Publisher(box, lambda: None)
-    pub.max_buffer_bytes = 200
-    pub.block_timeout = 0.05
-    pub.block_reason = lambda: "nobody takes"
+    pub = Publisher(box, lambda: None, max_buffer_bytes=200, block_timeout=0.05,
+                    block_reason=lambda: "nobody takes")
     n = 0
     with pytest.raises(PublishTimeout, match="nobody takes"):
         for n in range(1000):
             pub.publish(b"t", b"0123456789")
     assert 200 <= pub.buffered_bytes < 200 + 40
-    assert pub.queued == n                       # the refused message was not queued
+    assert pub.queued == n == pub.accepted       # the refused message was not queued
     pub.take()
     pub.publish(b"t", b"more")                   # room again: no block
     # A publisher waiting for room is woken by the sender's take().
@@ -128,3 +126,81 @@ def test_publisher_blocks_at_its_buffer_limit():
     pub.take()
     assert done.wait(5)
     t.join()
+
+
+def test_publisher_sends_inline_when_idle_and_leaves_bursts_to_the_sender():
+    """With send_now, a batch that starts on an idle publisher is handed to
+    send_now(False) in the publishing thread; once burst_limit batches left
+    that way within burst_gap of each other, a starting batch wakes the
+    sender instead; a full batch is always send_now(True); a send the
+    sender made (sent(full=True)) marks the publisher busy."""
+    from fastbus._core import Publisher
+    box = Outbox(max_messages=3, max_bytes=0, max_delay=None)
+    calls = []
+    pub = Publisher(box, lambda: calls.append("wake"), burst_gap=10.0, burst_limit=2)
+
+    def send_now(full):
+        calls.append(("send", full))
+        item = pub.take(force=True)
+        assert item is not None
+        pub.sent(full)
+
+    pub.send_now = send_now
+    assert pub.idle
+    pub.publish(b"t", b"1")                  # idle: sent at once
+    pub.publish(b"t", b"2")                  # second within the gap: still under the limit
+    pub.publish(b"t", b"3")                  # third: a burst, the sender's
+    pub.publish(b"t", b"4")
+    pub.publish(b"t", b"5")                  # the batch is full: sent at once
+    assert calls == [("send", False), ("send", False), "wake", ("send", True)]
+    assert pub.queued == 0 and not pub.idle
+    calls.clear()
+    pub.publish(b"t", b"6")                  # busy after a full batch: the sender's
+    assert calls == ["wake"]
+    # With no gap, every starting batch is idle.
+    box2 = Outbox(max_messages=100, max_bytes=0, max_delay=None)
+    seen = []
+    p2 = Publisher(box2, lambda: seen.append("wake"), send_now=lambda full: (seen.append(full), p2.take(True),
+                                                                             p2.sent(full)),
+                   burst_gap=0.0, burst_limit=1)
+    for i in range(5):
+        p2.publish(b"t", b"%d" % i)
+    assert seen == [False] * 5
+
+
+def test_publisher_put_back_keeps_order_and_accounting():
+    from fastbus._core import Publisher
+    box = Outbox(max_messages=2, max_bytes=0, max_delay=None)
+    pub = Publisher(box, lambda: None)
+    for i in range(5):
+        pub.publish(b"t", b"%d" % i)
+    first = pub.take()
+    size = pub.buffered_bytes
+    pub.put_back(*first)                     # could not be sent: first again
+    assert pub.queued == 5 and pub.buffered_bytes == size + len(first[0])
+    got = []
+    while (item := pub.take(force=True)) is not None:
+        got += [int(p) for _t, p in decode(item[0])]
+    assert got == [0, 1, 2, 3, 4]
+
+
+def test_publisher_argument_errors():
+    from fastbus._core import Publisher
+    box = Outbox()
+    with pytest.raises(ValueError, match="burst_gap"):
+        Publisher(box, lambda: None, burst_gap=-1)
+    with pytest.raises(ValueError, match="burst_limit"):
+        Publisher(box, lambda: None, burst_limit=-1)
+    with pytest.raises(ValueError, match="max_buffer_bytes"):
+        Publisher(box, lambda: None, max_buffer_bytes=-1)
+
+
+def test_publisher_counts_what_it_queued_and_what_nobody_wanted():
+    from fastbus._core import Publisher, Trie
+    pub = Publisher(Outbox(max_delay=None), lambda: None)
+    assert pub.publish(b"a", b"1") == 1                 # no filter: queued
+    wanted = Trie()
+    wanted.add(b"a", 1)
+    pub.wanted = wanted
+    assert pub.publish(b"b", b"2") == 0 and pub.publish(b"a", b"3") == 1
+    assert (pub.accepted, pub.refused, pub.queued) == (2, 1, 2)

@@ -486,10 +486,12 @@ def test_per_user_view(redis_url):
     b.ack("bob", got["b"][-1].id)
     assert fetch_all_pending(redis_url, "bob", count=1)["b"] == []
     # every key of an inbox in its hash slot, every hint in its member's
-    # (b's messages are all acked: its msgs key is gone; nothing was sent to c)
+    # (b's messages are all acked: its msgs key is gone, its counters kept;
+    # nothing was sent to c); the registry of names is the one other key
     assert keys(redis_url) == sorted(
         ["fastbus:i:{a}:members", "fastbus:i:{a}:msgs", "fastbus:i:{a}:seq",
-         "fastbus:i:{b}:members", "fastbus:i:{b}:seq", "fastbus:i:{c}:members"]
+         "fastbus:i:{b}:members", "fastbus:i:{b}:seq", "fastbus:i:{b}:stats", "fastbus:i:{c}:members",
+         "fastbus:registry"]
         + [f"fastbus:u:{{{m}}}:inboxes" for m in ("ann", "bob", "cid")])
     # stale hints (a client that died between hint and membership, or after
     # the leave script): skipped and dropped
@@ -554,7 +556,7 @@ def test_async_api(redis_url):
         with pytest.raises(TypeError, match="redis.asyncio"):
             AsyncInbox("x", redis.Redis.from_url(redis_url))
     asyncio.run(main())
-    assert keys(redis_url) == ["fastbus:i:{aio}:members", "fastbus:u:{dan}:inboxes"]
+    assert keys(redis_url) == ["fastbus:i:{aio}:members", "fastbus:registry", "fastbus:u:{dan}:inboxes"]
 
 
 # -- the chapter's races: the book's code shows each bug, ours does not

@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from fastbus.queue import AsyncTopic, QueueError, Topic
+from fastbus.queue import AsyncTopic, ConsumerGone, QueueError, Topic
 
 
 @pytest.fixture
@@ -122,7 +122,8 @@ def test_unregister_removes_every_key_of_the_consumer(topic, redis_url):
         held = c.get(timeout=0)               # an instance still running, holding "b"
         assert held is not None
         assert topic.unregister("gone") == 2               # ready "c" and the unacked "b"
-        assert c.get(timeout=0) is None                    # it gets nothing more
+        with pytest.raises(ConsumerGone, match="'gone' is not registered"):
+            c.get(timeout=0)                               # it gets nothing more, and says why
     assert topic.consumers() == []
     leftover = [k for k in client.keys("*") if b":c:gone:" in k]
     assert leftover == []
@@ -168,7 +169,11 @@ def test_retained_range_and_ack_upto(topic, redis_url):
     # with the 10 messages nobody was registered for
     assert topic.read(1, 1023) == []
     assert topic.retained() == (1024, 2500)
-    assert topic.ack_upto("spark", 10**9) == 1000
+    with pytest.raises(ValueError, match=r"past the last id published \(2500\)"):
+        topic.ack_upto("spark", 10**9)                     # a position nothing reached: refused
+    assert topic.position("spark") == 1500
+    assert topic.ack_upto("spark", 2500) == 1000
+    assert topic.position("spark") == 2500
     assert topic.retained() == (0, 2500)
     with pytest.raises(QueueError, match="no consumer named"):
         topic.ack_upto("nobody", 5)

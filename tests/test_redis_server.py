@@ -352,8 +352,8 @@ def test_server_dies_with_a_killed_parent(watch):
         child.kill()
         child.wait()
         child.stdout.close()
-    # atexit could not run: the temporary dir is left (documented); tidy up.
-    shutil.rmtree(data_dir, ignore_errors=True)
+    # atexit could not run: the watchdog removes the temporary dir.
+    assert _gone(data_dir)
 
 
 def test_interpreter_exit_stops_servers_left_running():
@@ -372,3 +372,176 @@ def test_interpreter_exit_stops_servers_left_running():
         assert pid_gone(pid)
     for directory in (fields[1], fields[2], fields[4]):
         assert not Path(directory).exists()
+
+
+# -- a process that dies leaves no temp dir (issue 14, item 7) ----------------------
+
+
+def _gone(path: Path, within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("watch", ["prctl", "pipe"])
+def test_a_process_that_dies_leaves_no_server_and_no_temp_dir(how, watch):
+    """SIGTERM (the default action: no atexit) or SIGKILL of a process using
+    the embedded default: its server stops and its temp dir goes, as at a
+    normal exit."""
+    if watch == "prctl" and not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux-only")
+    child = _run_child(f"""
+        import time
+        from fastbus.redis import server as m
+        m._PARENT_WATCH = {watch!r}
+        s = m.default_server()
+        assert s.client().ping()
+        print(s.pid, s.data_dir, flush=True)
+        time.sleep(60)
+    """, env={"FASTBUS_REDIS_URL": "", **({"FASTBUS_REDIS_SERVER": BIN} if BIN else {})})
+    try:
+        line = child.stdout.readline().split()
+        assert line, "the child did not start a server"
+        pid, data_dir = int(line[0]), Path(line[1])
+        assert data_dir.is_dir() and (data_dir / "fastbus-redis.conf").exists()
+        child.send_signal(getattr(signal, how))
+        child.wait(10)
+        assert child.returncode == -getattr(signal, how)
+        assert pid_gone(pid)
+        assert _gone(data_dir), f"{data_dir} left behind: {list(data_dir.iterdir())}"
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
+def test_a_killed_server_keeps_its_dir_until_restart_yet_not_past_its_process():
+    """kill() keeps the dir for start(); if the process dies meanwhile, the
+    dir still goes."""
+    child = _run_child(f"""
+        import time
+        from fastbus.redis import EmbeddedServer
+        s = EmbeddedServer({BIN!r}).start()
+        s.kill()
+        print(s.data_dir, flush=True)
+        time.sleep(60)
+    """)
+    try:
+        data_dir = Path(child.stdout.readline().strip())
+        assert data_dir.is_dir()
+        child.send_signal(signal.SIGTERM)
+        child.wait(10)
+        assert _gone(data_dir)
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
+# -- "no URL" means $FASTBUS_REDIS_URL, else a private server (issue 14, item 8) ----
+
+
+def test_no_url_means_FASTBUS_REDIS_URL_everywhere(monkeypatch, redis_url):
+    import asyncio
+
+    from fastbus.queue import AsyncWorkQueue, Topic, WorkQueue
+    from fastbus.redis import BufferedListProducer, Subscriber
+    monkeypatch.setenv("FASTBUS_REDIS_URL", redis_url)
+    assert resolve_url(None) == redis_url
+    r = redis.Redis.from_url(redis_url)
+    with BufferedListProducer() as lists:
+        lists.push("l", "pushed")
+    assert r.lrange("l", 0, -1) == [b"pushed"]
+    with WorkQueue("envq") as q:
+        q.put(b"sync")
+    async def aput():
+        async with AsyncWorkQueue("envq") as aq:
+            await aq.put(b"async")
+    asyncio.run(aput())
+    with WorkQueue("envq", redis_url) as q:
+        assert sorted(m.payload for m in q.peek(10)) == [b"async", b"sync"]
+    with Topic("envt") as t:
+        t.publish(b"t")
+    assert r.exists("fastbus:t:{envt}:seq")
+    with Subscriber() as sub:
+        sub.subscribe("envch")
+        assert sub.get_message(timeout=5)["type"] == "subscribe"
+        assert r.pubsub_numsub("envch")[0][1] == 1
+    # Empty means unset: the embedded default.
+    monkeypatch.setenv("FASTBUS_REDIS_URL", "")
+    assert resolve_url(None) == default_server().url != redis_url
+
+
+def test_a_bad_FASTBUS_REDIS_URL_is_named(monkeypatch):
+    from fastbus.redis import BufferedPublisher
+    monkeypatch.setenv("FASTBUS_REDIS_URL", "localhost:6379")
+    with pytest.raises(ValueError, match=r"\$FASTBUS_REDIS_URL is not a Redis URL: 'localhost:6379'"):
+        resolve_url(None)
+    with pytest.raises(ValueError, match="FASTBUS_REDIS_URL"):
+        BufferedPublisher()
+
+
+def _fastbus_cli(*args: str, **kwargs) -> subprocess.Popen[str]:
+    script = Path(sys.executable).with_name("fastbus")
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "fastbus"]
+    env = {k: v for k, v in os.environ.items() if k != "FASTBUS_REDIS_URL"}
+    if BIN:
+        env["FASTBUS_REDIS_SERVER"] = BIN
+    return subprocess.Popen(cmd + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, cwd="/", **kwargs)
+
+
+@pytest.mark.parametrize("stop_with", ["SIGTERM", "SIGINT"])
+def test_fastbus_redis_server_shares_one_server_between_processes(stop_with):
+    """`fastbus redis-server` prints the URL to export; a producer and a
+    consumer process that export it (and pass no URL) see each other's
+    messages; the signal stops it, and its temp dir goes."""
+    cli = _fastbus_cli("redis-server")
+    try:
+        line = cli.stdout.readline().strip()
+        assert line.startswith("export FASTBUS_REDIS_URL=redis://127.0.0.1:"), (line, cli.stderr.read())
+        url = line.split("=", 1)[1]
+        banner = cli.stderr.readline()
+        assert url in banner and "log: " in banner, banner
+        data_dir = Path(banner.split("log: ")[1].split(";")[0]).parent
+        pid = int(banner.split("(pid ")[1].split(")")[0])
+        env = {"FASTBUS_REDIS_URL": url}
+        producer = _run_child("""
+            from fastbus.queue import WorkQueue
+            with WorkQueue("shared") as q:
+                print(q.put(b"from the producer"), flush=True)
+        """, env=env)
+        out, _ = producer.communicate(timeout=60)
+        assert producer.returncode == 0 and out.strip()
+        consumer = _run_child("""
+            from fastbus.queue import WorkQueue
+            with WorkQueue("shared") as q, q.consumer() as c:
+                m = c.get(timeout=10)
+                m.ack()
+                print(m.payload.decode(), flush=True)
+        """, env=env)
+        out, _ = consumer.communicate(timeout=60)
+        assert consumer.returncode == 0 and out.strip() == "from the producer"
+        cli.send_signal(getattr(signal, stop_with))
+        assert cli.wait(20) == 0
+        assert f"stopped ({stop_with})" in cli.stderr.read()
+        assert pid_gone(pid)
+        assert not data_dir.exists()
+    finally:
+        cli.kill()
+        cli.wait()
+        cli.stdout.close()
+        cli.stderr.close()
+
+
+def test_fastbus_redis_server_help_and_bad_port():
+    cli = _fastbus_cli("redis-server", "--help")
+    out, _err = cli.communicate(timeout=60)
+    assert cli.returncode == 0 and "FASTBUS_REDIS_URL" in out and "--port" in out
+    cli = _fastbus_cli("redis-server", "--port", "0")
+    _out, err = cli.communicate(timeout=60)
+    assert cli.returncode == 1 and "port must be" in err

@@ -7,7 +7,7 @@ from fastbus import BatchError, Router, Trie, decode, encode
 
 def make():
     t = Trie()
-    r = Router(t, max_messages=3, max_bytes=0, max_delay=0.001)
+    r = Router(t, max_messages=3, max_bytes=0)
     for link in (1, 2, 3):
         r.add_link(link)
     return t, r
@@ -28,17 +28,69 @@ def test_routes_to_every_matching_link_once_except_the_source():
     assert s["records"] == 3 and s["deliveries"] == 4 and s["unrouted"] == 1
 
 
-def test_due_by_count_and_age_in_order():
-    t, r = make()
+def test_no_linger_every_outbox_that_holds_records_is_due():
+    t = Trie()
+    r = Router(t, max_messages=3, max_bytes=0)          # max_delay=0: no linger
+    for link in (1, 2):
+        r.add_link(link)
     t.add(b"x", 1)
     t.add(b"y", 2)
+    assert r.deadline_ns() is None and r.due() == []
     r.route(encode([(b"x", b"1")]), now_ns=1_000)
-    r.route(encode([(b"y", b"%d" % i) for i in range(3)]), now_ns=2_000)
-    assert r.due(now_ns=2_000) == [2]                 # by count
-    assert sorted(r.due(now_ns=1_001_000)) == [1, 2]  # and link 1 by age
-    assert r.deadline_ns() == 1_001_000
-    assert [p for _t, p in decode(r.take(2))] == [b"0", b"1", b"2"]
+    assert r.due(now_ns=1_000) == [1] and r.deadline_ns() == 0
+    assert decode(r.take(1, now_ns=1_000)) == [(b"x", b"1")]
+    r.route(encode([(b"x", b"2")]), now_ns=1_001)       # just sent to: due again at once
+    assert r.due(now_ns=1_001) == [1]
     assert r.queued(1) == (1, len(r.take(1)))
+    assert r.deadline_ns() is None
+
+
+def test_linger_idle_link_sends_at_once_busy_link_once_per_linger():
+    t = Trie()
+    r = Router(t, max_messages=3, max_bytes=0, max_delay=1e-6)   # linger 1000 ns
+    for link in (1, 2):
+        r.add_link(link)
+    t.add(b"x", 1)
+    t.add(b"y", 2)
+    r.route(encode([(b"x", b"1")]), now_ns=5_000)
+    assert r.due(now_ns=5_000) == [1]                   # never sent to: idle
+    r.take(1, now_ns=5_000)
+    r.route(encode([(b"x", b"2")]), now_ns=5_100)
+    assert r.due(now_ns=5_100) == []                    # sent 100 ns ago: lingers
+    assert r.deadline_ns() == 6_000
+    r.route(encode([(b"x", b"3")]), now_ns=5_900)
+    assert r.due(now_ns=5_999) == []
+    assert r.due(now_ns=6_000) == [1]
+    assert decode(r.take(1, now_ns=6_000)) == [(b"x", b"2"), (b"x", b"3")]   # one batch
+    r.route(encode([(b"x", b"4")]), now_ns=9_000)       # idle longer than the linger
+    assert r.due(now_ns=9_000) == [1]
+    r.take(1, now_ns=9_000)
+    # Full goes at once, linger or not: receive() names it (again while it
+    # stays full), once per call however many records it took.
+    assert r.receive(encode([(b"x", b"5")]), now_ns=9_001) is None
+    assert r.receive(encode([(b"y", b"%d" % i) for i in range(4)]), now_ns=9_001) == [2]
+    assert r.due(now_ns=9_001) == [2]
+    assert r.receive(encode([(b"y", b"4")]), now_ns=9_001) == [2]
+    assert [p for _t, p in decode(r.take(2, now_ns=9_001))] == [b"0", b"1", b"2", b"3", b"4"]
+    assert r.deadline_ns() == 10_000                    # link 1's lone message: 9_000 + 1000
+
+
+def test_held_link_is_due_only_when_full():
+    t = Trie()
+    r = Router(t, max_messages=2, max_bytes=0)
+    r.add_link(1)
+    t.add(b"x", 1)
+    r.hold(1)
+    r.route(encode([(b"x", b"1")]))
+    assert r.due() == [] and r.deadline_ns() is None
+    assert r.receive(encode([(b"x", b"2")])) == [1]
+    assert r.due() == [1]
+    r.take(1)
+    r.route(encode([(b"x", b"3")]))
+    assert r.due() == []
+    r.hold(1, False)
+    assert r.due() == [1]
+    r.hold(99)                                          # unknown link: nothing
 
 
 def test_malformed_batch_routes_nothing():
@@ -49,10 +101,25 @@ def test_malformed_batch_routes_nothing():
         with pytest.raises(BatchError):
             r.route(data[:cut])
     assert r.pending() == [] and r.stats()["rejected"] == len(data)
-    limited = Router(t, max_topic=1)
-    limited.add_link(1)
+    many = Router(t, max_records=1)
+    many.add_link(1)
     with pytest.raises(BatchError, match="limit"):
-        limited.route(data)
+        many.route(data)
+    with pytest.raises(BatchError):
+        r.receive(data[:-1])
+
+
+def test_records_over_the_size_limits_are_dropped_alone():
+    """A record over max_topic/max_payload is not routed, and counted; the
+    rest of its batch is."""
+    t = Trie()
+    r = Router(t, max_topic=2, max_payload=3)
+    r.add_link(1)
+    t.add(b"a", 1, prefix=True)
+    data = bytes(encode([(b"a", b"1"), (b"abc", b"2"), (b"ab", b"3"), (b"a", b"long"), (b"a", b"5")]))
+    assert r.route(data) == 5
+    assert decode(r.take(1)) == [(b"a", b"1"), (b"ab", b"3"), (b"a", b"5")]
+    assert r.oversize == 2 and r.stats()["oversize"] == 2 and r.stats()["records"] == 5
 
 
 def test_links_come_and_go():

@@ -18,6 +18,31 @@ static void test_crc32c(void)
     CHECK_EQ(whole, part);
 }
 
+static void test_empty_batch(void)
+{
+    for (int checksum = 0; checksum <= 1; checksum++) {
+        unsigned char *b = NULL;
+        size_t len = 0;
+        REQUIRE(fb_batch_empty(checksum, &b, &len) == FB_OK);
+        CHECK_EQ(len, (size_t)(FB_BATCH_HEADER + (checksum ? 4 : 0)));
+        uint32_t count = 99;
+        uint8_t flags = 0xff;
+        CHECK_EQ(fb_batch_header(b, len, &count, &flags), FB_OK);
+        CHECK_EQ(count, 0);
+        CHECK_EQ(flags, checksum ? FB_BATCH_F_CRC32C : 0);
+        /* It decodes, also where a checksum is required when it has one. */
+        fb_decode_limits lim = { 0, 0, 0, checksum };
+        size_t n = 7;
+        CHECK_EQ(fb_batch_decode(b, len, &lim, NULL, 0, &n), FB_OK);
+        CHECK_EQ(n, 0);
+        if (checksum) {                 /* and the trailer is checked */
+            b[len - 1] ^= 1;
+            CHECK_EQ(fb_batch_decode(b, len, NULL, NULL, 0, &n), FB_ECHECKSUM);
+        }
+        fb_free(b);
+    }
+}
+
 static unsigned char *make_batch(int checksum, size_t *len, size_t nrec)
 {
     fb_outbox_limits lim = { 0, 0, 0, checksum };
@@ -216,6 +241,7 @@ static void test_outbox_policy(void)
 int main(void)
 {
     RUN(test_crc32c);
+    RUN(test_empty_batch);
     RUN(test_roundtrip);
     RUN(test_every_truncation);
     RUN(test_every_corruption);

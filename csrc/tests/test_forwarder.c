@@ -113,7 +113,7 @@ static size_t expected_u(int mode, key_t_ *out)
 static void run_random(int mode, size_t cap, size_t cap_low, int steps, unsigned long long seed)
 {
     ctest_rng = seed;
-    fb_forwarder *f = fb_fwd_new(mode, cap, cap_low);
+    fb_forwarder *f = fb_forwarder_new(mode, cap, cap_low);
     REQUIRE(f);
     fb_keylist d, snap;
     fb_keylist_init(&d);
@@ -127,7 +127,7 @@ static void run_random(int mode, size_t cap, size_t cap_low, int steps, unsigned
         size_t np = make_probes();
         for (size_t p = 0; p < np; p++) wanted[p] = down_wants(probes[p], probelen[p]);
         size_t nub = expected_u(mode, ub);
-        int was_collapsed = fb_fwd_collapsed(f);
+        int was_collapsed = fb_forwarder_collapsed(f);
         fb_keylist_clear(&d);
         unsigned op = rndn(100);
         unsigned char k[MAXK];
@@ -136,7 +136,7 @@ static void run_random(int mode, size_t cap, size_t cap_low, int steps, unsigned
         int kind = (int)rndn(2);
         uint64_t peer = rndn(4);
         if (op < 55) {
-            int rc = fb_fwd_subscribe(f, peer, k, len, kind, &d);
+            int rc = fb_forwarder_subscribe(f, peer, k, len, kind, &d);
             CHECK(rc >= 0);
             size_t i;
             for (i = 0; i < ndown; i++) if (down[i].peer == peer && key_eq(&down[i].k, k, len, kind)) break;
@@ -154,24 +154,24 @@ static void run_random(int mode, size_t cap, size_t cap_low, int steps, unsigned
             }
             size_t i;
             for (i = 0; i < ndown; i++) if (down[i].peer == peer && key_eq(&down[i].k, k, len, kind)) break;
-            int rc = fb_fwd_unsubscribe(f, peer, k, len, kind, &d);
+            int rc = fb_forwarder_unsubscribe(f, peer, k, len, kind, &d);
             if (i == ndown) { CHECK_EQ(rc, FB_ENOTFOUND); CHECK_EQ(d.n, 0); }
             else { CHECK(rc >= 0); if (--down[i].refs == 0) down[i] = down[--ndown]; }
         } else {
             size_t held = 0;
             for (size_t i = 0; i < ndown; i++) held += down[i].peer == peer;
-            CHECK_EQ(fb_fwd_remove_peer(f, peer, &d), held);
+            CHECK_EQ(fb_forwarder_remove_peer(f, peer, &d), held);
             for (size_t i = 0; i < ndown;) if (down[i].peer == peer) down[i] = down[--ndown]; else i++;
         }
         apply_diff(&d, wanted, np);
         /* Upstream matches exactly when downstream does (collapsed, it
          * matches everything, by design). */
-        if (!fb_fwd_collapsed(f))
+        if (!fb_forwarder_collapsed(f))
             for (size_t p = 0; p < np; p++)
                 CHECK_EQ(up_wants(up, nup_, probes[p], probelen[p]), down_wants(probes[p], probelen[p]));
         size_t nua = expected_u(mode, ua);
-        CHECK_EQ(fb_fwd_upstream_count(f), nua);
-        if (fb_fwd_collapsed(f)) {
+        CHECK_EQ(fb_forwarder_upstream_count(f), nua);
+        if (fb_forwarder_collapsed(f)) {
             CHECK_EQ(nup_, 1);
             CHECK(nup_ == 1 && up[0].len == 0 && up[0].kind == FB_PREFIX);
         } else {
@@ -185,11 +185,11 @@ static void run_random(int mode, size_t cap, size_t cap_low, int steps, unsigned
                 CHECK_EQ(d.n, sym);
             }
         }
-        collapses += !was_collapsed && fb_fwd_collapsed(f);
-        expands += was_collapsed && !fb_fwd_collapsed(f);
+        collapses += !was_collapsed && fb_forwarder_collapsed(f);
+        expands += was_collapsed && !fb_forwarder_collapsed(f);
         /* The snapshot is the upstream set. */
         fb_keylist_clear(&snap);
-        CHECK_EQ(fb_fwd_snapshot(f, &snap), FB_OK);
+        CHECK_EQ(fb_forwarder_snapshot(f, &snap), FB_OK);
         CHECK_EQ(snap.n, nup_);
         for (size_t i = 0; i < snap.n; i++) {
             CHECK(snap.ents[i].flags & FB_KL_SUBSCRIBE);
@@ -197,7 +197,7 @@ static void run_random(int mode, size_t cap, size_t cap_low, int steps, unsigned
                           (snap.ents[i].flags & FB_KL_PREFIX) ? FB_PREFIX : FB_EXACT) >= 0);
         }
         const char *why;
-        CHECK_EQ(fb_trie_check(fb_fwd_trie(f), &why), FB_OK);
+        CHECK_EQ(fb_trie_check(fb_forwarder_trie(f), &why), FB_OK);
         if (ctest_failures != failures0) {
             fprintf(stderr, "mode %d cap %zu: failed at step %d (op %u)\n", mode, cap, step, op);
             break;
@@ -209,7 +209,7 @@ static void run_random(int mode, size_t cap, size_t cap_low, int steps, unsigned
     }
     fb_keylist_free(&d);
     fb_keylist_free(&snap);
-    fb_fwd_free(f);
+    fb_forwarder_free(f);
 }
 
 static void test_random_dedup(void) { run_random(FB_FWD_DEDUP, 0, 0, 6000, 11); }
@@ -222,51 +222,51 @@ static void test_article_example(void)
 {
     /* Sustrik: with "A" forwarded, "AB" need not be; unsubscribing "A" must
      * send subscribe(AB) before unsubscribe(A). */
-    fb_forwarder *f = fb_fwd_new(FB_FWD_SUBSUME, 0, 0);
+    fb_forwarder *f = fb_forwarder_new(FB_FWD_SUBSUME, 0, 0);
     fb_keylist d;
     fb_keylist_init(&d);
-    CHECK_EQ(fb_fwd_subscribe(f, 1, "A", 1, FB_PREFIX, &d), 1);
+    CHECK_EQ(fb_forwarder_subscribe(f, 1, "A", 1, FB_PREFIX, &d), 1);
     CHECK_EQ(d.n, 1);
     fb_keylist_clear(&d);
-    CHECK_EQ(fb_fwd_subscribe(f, 2, "AB", 2, FB_PREFIX, &d), 1);
+    CHECK_EQ(fb_forwarder_subscribe(f, 2, "AB", 2, FB_PREFIX, &d), 1);
     CHECK_EQ(d.n, 0);
-    CHECK_EQ(fb_fwd_subscribe(f, 3, "A", 1, FB_PREFIX, &d), 0);   /* second holder: nothing */
+    CHECK_EQ(fb_forwarder_subscribe(f, 3, "A", 1, FB_PREFIX, &d), 0);   /* second holder: nothing */
     CHECK_EQ(d.n, 0);
-    CHECK_EQ(fb_fwd_remove_peer(f, 1, &d), 1);
+    CHECK_EQ(fb_forwarder_remove_peer(f, 1, &d), 1);
     CHECK_EQ(d.n, 0);                                              /* peer 3 still holds A */
-    CHECK_EQ(fb_fwd_unsubscribe(f, 3, "A", 1, FB_PREFIX, &d), 1);
+    CHECK_EQ(fb_forwarder_unsubscribe(f, 3, "A", 1, FB_PREFIX, &d), 1);
     REQUIRE(d.n == 2);
     CHECK(d.ents[0].flags == (FB_KL_SUBSCRIBE | FB_KL_PREFIX));
     CHECK(d.ents[0].len == 2 && !memcmp(fb_keylist_key(&d, 0), "AB", 2));
     CHECK(d.ents[1].flags == FB_KL_PREFIX);
     CHECK(d.ents[1].len == 1 && !memcmp(fb_keylist_key(&d, 1), "A", 1));
     fb_keylist_clear(&d);
-    CHECK_EQ(fb_fwd_unsubscribe(f, 3, "A", 1, FB_PREFIX, &d), FB_ENOTFOUND);
+    CHECK_EQ(fb_forwarder_unsubscribe(f, 3, "A", 1, FB_PREFIX, &d), FB_ENOTFOUND);
     CHECK_EQ(d.n, 0);
     fb_keylist_free(&d);
-    fb_fwd_free(f);
-    CHECK(fb_fwd_new(FB_FWD_SUBSUME, 4, 5) == NULL);   /* cap_low > cap */
-    CHECK(fb_fwd_new((fb_fwd_mode)7, 0, 0) == NULL);
+    fb_forwarder_free(f);
+    CHECK(fb_forwarder_new(FB_FWD_SUBSUME, 4, 5) == NULL);   /* cap_low > cap */
+    CHECK(fb_forwarder_new((fb_forwarder_mode)7, 0, 0) == NULL);
 }
 
 static void test_remove_peer_minimal(void)
 {
     /* Peer 1 holds "a" and "ab"; peer 2 holds "abc".  Losing peer 1 must be
      * subscribe(abc), unsubscribe(a): nothing about "ab", which was hidden. */
-    fb_forwarder *f = fb_fwd_new(FB_FWD_SUBSUME, 0, 0);
+    fb_forwarder *f = fb_forwarder_new(FB_FWD_SUBSUME, 0, 0);
     fb_keylist d;
     fb_keylist_init(&d);
-    fb_fwd_subscribe(f, 1, "a", 1, FB_PREFIX, &d);
-    fb_fwd_subscribe(f, 1, "ab", 2, FB_PREFIX, &d);
-    fb_fwd_subscribe(f, 2, "abc", 3, FB_EXACT, &d);
+    fb_forwarder_subscribe(f, 1, "a", 1, FB_PREFIX, &d);
+    fb_forwarder_subscribe(f, 1, "ab", 2, FB_PREFIX, &d);
+    fb_forwarder_subscribe(f, 2, "abc", 3, FB_EXACT, &d);
     CHECK_EQ(d.n, 1);
     fb_keylist_clear(&d);
-    CHECK_EQ(fb_fwd_remove_peer(f, 1, &d), 2);
+    CHECK_EQ(fb_forwarder_remove_peer(f, 1, &d), 2);
     REQUIRE(d.n == 2);
     CHECK(d.ents[0].flags == FB_KL_SUBSCRIBE && d.ents[0].len == 3);
     CHECK(d.ents[1].flags == FB_KL_PREFIX && d.ents[1].len == 1);
     fb_keylist_free(&d);
-    fb_fwd_free(f);
+    fb_forwarder_free(f);
 }
 
 int main(void)

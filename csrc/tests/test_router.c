@@ -66,10 +66,20 @@ static void test_route_and_split_horizon(void)
     fb_trie_free(t);
 }
 
-static void test_due_deadline_and_removal(void)
+static void take_and_free(fb_router *r, uint32_t link, uint64_t now_ns)
+{
+    unsigned char *keep;
+    size_t len;
+    CHECK_EQ(fb_router_take(r, link, now_ns, &keep, &len), FB_OK);
+    CHECK(keep != NULL);
+    fb_free(keep);
+}
+
+/* No linger: whatever an outbox holds is due at the end of the turn. */
+static void test_no_linger_everything_due(void)
 {
     fb_trie *t = fb_trie_new();
-    fb_outbox_limits lim = { 2, 0, 1000, 0 };
+    fb_outbox_limits lim = { 100, 0, 0, 0 };
     fb_router *r = fb_router_new(&lim);
     fb_router_add_link(r, 5);
     fb_router_add_link(r, 6);
@@ -81,25 +91,144 @@ static void test_due_deadline_and_removal(void)
     unsigned char *b1 = batch_of(one, 1, &l1), *b2 = batch_of(two, 2, &l2);
     uint32_t due[8];
     CHECK_EQ(fb_router_deadline(r), UINT64_MAX);
+    CHECK_EQ(fb_router_due(r, 0, due, 8), 0);
     fb_router_route(r, t, b1, l1, NULL, UINT64_MAX, 100);
-    fb_router_route(r, t, b2, l2, NULL, UINT64_MAX, 500);
-    CHECK_EQ(fb_router_deadline(r), 1100);
-    CHECK_EQ(fb_router_due(r, 200, due, 8), 1);   /* link 6 by count */
-    CHECK_EQ(due[0], 6);
-    CHECK_EQ(fb_router_due(r, 1100, due, 8), 2);  /* and link 5 by age */
-    CHECK_EQ(fb_router_pending(r, due, 1), 1);    /* a cap is honoured */
-    CHECK_EQ(fb_router_remove_link(r, 6), 2);
-    CHECK(fb_router_outbox(r, 6) == NULL && !fb_router_has_link(r, 6));
-    CHECK_EQ(fb_router_due(r, 1100, due, 8), 1);
-    unsigned char *keep;
-    size_t len;
-    fb_outbox_take(fb_router_outbox(r, 5), &keep, &len);
-    fb_free(keep);
-    CHECK_EQ(fb_router_due(r, 5000, due, 8), 0);
+    fb_router_route(r, t, b2, l2, NULL, UINT64_MAX, 100);
+    CHECK_EQ(fb_router_deadline(r), 0);              /* due now */
+    CHECK_EQ(fb_router_due(r, 100, due, 8), 2);
+    take_and_free(r, 5, 100);
+    take_and_free(r, 6, 100);
     CHECK_EQ(fb_router_deadline(r), UINT64_MAX);
+    /* A link just sent to is due again at once: no linger. */
+    fb_router_route(r, t, b1, l1, NULL, UINT64_MAX, 101);
+    CHECK_EQ(fb_router_due(r, 101, due, 8), 1);
+    CHECK_EQ(due[0], 5);
+    CHECK_EQ(fb_router_pending(r, due, 1), 1);       /* a cap is honoured */
+    CHECK_EQ(fb_router_remove_link(r, 5), 1);
+    CHECK(fb_router_outbox(r, 5) == NULL && !fb_router_has_link(r, 5));
+    CHECK_EQ(fb_router_due(r, 101, due, 8), 0);
+    CHECK_EQ(fb_router_deadline(r), UINT64_MAX);
+    unsigned char *keep = (unsigned char *)1;
+    size_t len = 1;
+    CHECK_EQ(fb_router_take(r, 5, 0, &keep, &len), FB_OK);   /* unknown link: nothing */
+    CHECK(keep == NULL && len == 0);
     CHECK_EQ(fb_router_add_link(r, 0x80000000u), FB_EINVAL);
     fb_free(b1);
     fb_free(b2);
+    fb_router_free(r);
+    fb_trie_free(t);
+}
+
+/* A linger L: an idle link sends at once; a busy one at most once per L
+ * (or when full). */
+static void test_linger(void)
+{
+    fb_trie *t = fb_trie_new();
+    fb_outbox_limits lim = { 3, 0, 1000, 0 };    /* linger 1000 ns */
+    fb_router *r = fb_router_new(&lim);
+    fb_router_add_link(r, 1);
+    fb_router_add_link(r, 2);
+    fb_trie_add(t, "x", 1, FB_EXACT, 1);
+    fb_trie_add(t, "y", 1, FB_EXACT, 2);
+    const char *one[] = { "x" };
+    const char *three[] = { "y", "y", "y" };
+    size_t l1, l3;
+    unsigned char *b1 = batch_of(one, 1, &l1), *b3 = batch_of(three, 3, &l3);
+    uint32_t due[8];
+    /* Never sent to: idle, due at once, whatever the clock says. */
+    fb_router_route(r, t, b1, l1, NULL, UINT64_MAX, 5);
+    CHECK_EQ(fb_router_deadline(r), 0);
+    CHECK_EQ(fb_router_due(r, 5, due, 8), 1);
+    take_and_free(r, 1, 10);                       /* sent at 10 */
+    /* The next message within the linger waits until 10 + 1000. */
+    fb_router_route(r, t, b1, l1, NULL, UINT64_MAX, 20);
+    CHECK_EQ(fb_router_due(r, 20, due, 8), 0);
+    CHECK_EQ(fb_router_deadline(r), 1010);
+    CHECK_EQ(fb_router_due(r, 1009, due, 8), 0);
+    fb_router_route(r, t, b1, l1, NULL, UINT64_MAX, 500);   /* joins the same batch */
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 1)), 2);
+    CHECK_EQ(fb_router_due(r, 1010, due, 8), 1);
+    CHECK_EQ(due[0], 1);
+    take_and_free(r, 1, 1010);
+    /* Idle for longer than the linger: a lone message goes at once. */
+    fb_router_route(r, t, b1, l1, NULL, UINT64_MAX, 5000);
+    CHECK_EQ(fb_router_deadline(r), 2010);          /* already past */
+    CHECK_EQ(fb_router_due(r, 5000, due, 8), 1);
+    take_and_free(r, 1, 5000);
+    /* Full goes at once, linger or not, and is listed once by full(). */
+    unsigned char *none;
+    size_t nlen;
+    CHECK_EQ(fb_router_take(r, 1, 5500, &none, &nlen), FB_OK);   /* empty: nothing taken, */
+    CHECK(none == NULL && nlen == 0);                            /* no time recorded */
+    fb_router_route(r, t, b1, l1, NULL, UINT64_MAX, 5001);
+    CHECK_EQ(fb_router_full(r, due, 8), 0);
+    fb_router_route(r, t, b3, l3, NULL, UINT64_MAX, 5001);  /* link 2: 3 = max_messages */
+    fb_router_route(r, t, b3, l3, NULL, UINT64_MAX, 5001);  /* past the limit: still once */
+    CHECK_EQ(fb_router_full(r, due, 8), 1);
+    CHECK_EQ(due[0], 2);
+    CHECK_EQ(fb_router_full(r, due, 8), 0);
+    fb_router_route(r, t, b1, l1, NULL, UINT64_MAX, 5001);  /* not link 2: not again */
+    CHECK_EQ(fb_router_full(r, due, 8), 0);
+    CHECK_EQ(fb_router_due(r, 5001, due, 8), 1);   /* link 2 full; link 1 waits for 6000 */
+    CHECK_EQ(due[0], 2);
+    CHECK_EQ(fb_router_deadline(r), 0);
+    take_and_free(r, 2, 5001);
+    CHECK_EQ(fb_router_due(r, 5001, due, 8), 0);
+    CHECK_EQ(fb_router_deadline(r), 6000);
+    /* A link listed by route() but emptied before full() is not reported. */
+    fb_router_route(r, t, b3, l3, NULL, UINT64_MAX, 5002);
+    take_and_free(r, 2, 5002);
+    CHECK_EQ(fb_router_full(r, due, 8), 0);
+    /* A clock that goes backwards does not make a batch due early. */
+    CHECK_EQ(fb_router_due(r, 10, due, 8), 0);
+    fb_free(b1);
+    fb_free(b3);
+    fb_router_free(r);
+    fb_trie_free(t);
+}
+
+/* A held link (its connection blocked) is due only when full. */
+static void test_hold(void)
+{
+    fb_trie *t = fb_trie_new();
+    fb_outbox_limits lim = { 2, 0, 0, 0 };
+    fb_router *r = fb_router_new(&lim);
+    fb_router_add_link(r, 7);
+    fb_trie_add(t, "z", 1, FB_EXACT, 7);
+    const char *one[] = { "z" };
+    size_t l1;
+    unsigned char *b1 = batch_of(one, 1, &l1);
+    uint32_t due[8];
+    CHECK_EQ(fb_router_held(r, 7), 0);
+    fb_router_hold(r, 7, 1);
+    fb_router_hold(r, 99, 1);                       /* unknown: ignored */
+    CHECK_EQ(fb_router_held(r, 7), 1);
+    CHECK_EQ(fb_router_held(r, 99), 0);
+    fb_router_route(r, t, b1, l1, NULL, UINT64_MAX, 1);
+    CHECK_EQ(fb_router_due(r, 1, due, 8), 0);
+    CHECK_EQ(fb_router_deadline(r), UINT64_MAX);    /* nothing to wake up for */
+    fb_router_route(r, t, b1, l1, NULL, UINT64_MAX, 2);
+    CHECK_EQ(fb_router_full(r, due, 8), 1);
+    CHECK_EQ(fb_router_due(r, 2, due, 8), 1);      /* full: due although held */
+    take_and_free(r, 7, 2);
+    fb_router_route(r, t, b1, l1, NULL, UINT64_MAX, 3);
+    CHECK_EQ(fb_router_due(r, 3, due, 8), 0);
+    fb_router_hold(r, 7, 0);                        /* released: due again */
+    CHECK_EQ(fb_router_held(r, 7), 0);
+    CHECK_EQ(fb_router_due(r, 3, due, 8), 1);
+    /* Removing and adding again starts idle and not held. */
+    fb_router_hold(r, 7, 1);
+    CHECK_EQ(fb_router_remove_link(r, 7), 1);
+    CHECK_EQ(fb_router_add_link(r, 7), FB_OK);
+    CHECK_EQ(fb_router_held(r, 7), 0);
+    fb_router_route(r, t, b1, l1, NULL, UINT64_MAX, 4);
+    CHECK_EQ(fb_router_due(r, 4, due, 8), 1);
+    /* Direct appends: touch() lists the link, and a full one for full(). */
+    fb_outbox *ob = fb_router_outbox(r, 7);
+    CHECK_EQ(fb_outbox_append(ob, "z", 1, "p", 1, 4), 1);
+    fb_router_touch(r, 7);
+    CHECK_EQ(fb_router_full(r, due, 8), 1);
+    fb_free(b1);
     fb_router_free(r);
     fb_trie_free(t);
 }
@@ -117,12 +246,20 @@ static void test_rejected_batch_routes_nothing(void)
     unsigned char evil[] = { 'F', 'B', 1, 0, 0xff, 0xff, 0xff, 0xff, 0, 0 };
     CHECK_EQ(fb_router_route(r, t, evil, sizeof evil, NULL, 0, 0), FB_ETRUNCATED);
     CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 1)), 0);
+    fb_decode_limits many = { 0, 0, 2, 0 };         /* over max_records: refused whole */
+    CHECK_EQ(fb_router_route(r, t, b, len, &many, 0, 0), FB_ELIMIT);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 1)), 0);
+    /* Over max_topic: those records only are not routed (and counted). */
     fb_decode_limits lim = { 1, 0, 0, 0 };
-    CHECK_EQ(fb_router_route(r, t, b, len, &lim, 0, 0), FB_ELIMIT);
+    CHECK_EQ(fb_router_route(r, t, b, len, &lim, 0, 0), 3);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 1)), 1);
     CHECK_EQ(fb_router_route(r, t, b, len, NULL, 0, 0), 3);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 1)), 4);
     fb_router_stats st;
     fb_router_get_stats(r, &st);
     CHECK_EQ(st.rejected, len + 2);
+    CHECK_EQ(st.oversize, 2);
+    CHECK_EQ(st.records, 6);
     fb_free(b);
     fb_router_free(r);
     fb_trie_free(t);
@@ -131,7 +268,9 @@ static void test_rejected_batch_routes_nothing(void)
 int main(void)
 {
     RUN(test_route_and_split_horizon);
-    RUN(test_due_deadline_and_removal);
+    RUN(test_no_linger_everything_due);
+    RUN(test_linger);
+    RUN(test_hold);
     RUN(test_rejected_batch_routes_nothing);
     CTEST_END();
 }

@@ -424,6 +424,129 @@ static void test_batch_match_large_trie(void)
     fb_trie_free(t);
 }
 
+
+/* A subscriber with many keys leaves: the arena gives its segments back, the
+ * rest of the table is untouched; refilled, the trimmed indexes are reused. */
+static void test_trim_after_big_subscriber_leaves(void)
+{
+    fb_trie *t = fb_trie_new();
+    char k[64];
+    for (int i = 0; i < 100; i++) {
+        int n = snprintf(k, sizeof k, "keep.%d", i);
+        CHECK_EQ(fb_trie_add(t, k, (size_t)n, FB_EXACT, 1), 1);
+    }
+    CHECK_EQ(fb_trie_add(t, "market.", 7, FB_PREFIX, 1), 1);
+    fb_trie_stats small, full, after;
+    fb_trie_get_stats(t, &small);
+    enum { N = 300000 };
+    for (int round = 0; round < 2; round++) {
+        uint64_t big = 2 + (uint64_t)round;
+        for (int i = 0; i < N; i++) {
+            int n = snprintf(k, sizeof k, "market.%s.%07d.trades", i % 2 ? "NYSE" : "LSE", i);
+            REQUIRE(fb_trie_add(t, k, (size_t)n, FB_EXACT, big) == 1);
+        }
+        fb_trie_get_stats(t, &full);
+        CHECK(full.bytes_reserved > 10u << 20);
+        if (round == 0) {
+            CHECK_EQ(fb_trie_remove_subscriber(t, big, NULL), N);
+        } else {
+            /* Key by key, in a scattered order (i * 7919 mod N visits all). */
+            for (long j = 0; j < N; j++) {
+                long i = (j * 7919) % N;
+                int n = snprintf(k, sizeof k, "market.%s.%07ld.trades", i % 2 ? "NYSE" : "LSE", i);
+                REQUIRE(fb_trie_remove(t, k, (size_t)n, FB_EXACT, big) == 1);
+                if (j % 50000 == 0) CK(t);
+            }
+        }
+        CK(t);
+        fb_trie_get_stats(t, &after);
+        CHECK_EQ(after.subscriptions, 101);
+        /* What is left: segment 0, the segments the survivors' nodes sit in
+         * (a handful), slot and hash tables. */
+        CHECK(after.bytes_reserved < small.bytes_reserved + (6u << 20));
+        CHECK(after.bytes_reserved * 4 < full.bytes_reserved);
+        fb_idvec v;
+        fb_idvec_init(&v);
+        CHECK_EQ(fb_trie_match(t, "keep.42", 7, &v), 1);
+        CHECK_EQ(fb_trie_match(t, "market.LSE.0000002.trades", 25, &v), 1);  /* the prefix */
+        fb_idvec_free(&v);
+    }
+    fb_trie_free(t);
+}
+
+/* Bulk subscribe/unsubscribe of key ranges by 8 subscribers over shared
+ * keys, against a bitmap model: segments empty out and are trimmed while
+ * other subscribers' keys stay, and refill.  fb_trie_check (with its arena
+ * audit) after every operation. */
+#define BK_N 30000
+#define BK_SUBS 8
+static unsigned char bk_held[BK_SUBS][BK_N];
+
+static int bk_key(char *k, unsigned id) { return snprintf(k, 32, "t.%c.%05u", 'a' + (int)(id % 7), id); }
+
+static unsigned bk_holders(unsigned id)
+{
+    unsigned n = 0;
+    for (int s = 0; s < BK_SUBS; s++) n += bk_held[s][id];
+    return n;
+}
+
+static void test_bulk_ranges_vs_model(void)
+{
+    fb_trie *t = fb_trie_new();
+    memset(bk_held, 0, sizeof bk_held);
+    fb_idvec v;
+    fb_idvec_init(&v);
+    char k[32];
+    size_t peak = 0;
+    for (int step = 0; step < 160; step++) {
+        unsigned s = rndn(BK_SUBS), a = rndn(BK_N), len = 1 + rndn(BK_N / 2);
+        unsigned b = a + len > BK_N ? BK_N : a + len;
+        unsigned op = rndn(10);
+        if (op < 5) {
+            for (unsigned id = a; id < b; id++) {
+                if (bk_held[s][id]) continue;
+                int n = bk_key(k, id);
+                CHECK_EQ(fb_trie_add(t, k, (size_t)n, FB_EXACT, s), bk_holders(id) == 0);
+                bk_held[s][id] = 1;
+            }
+        } else if (op < 8) {
+            for (unsigned id = a; id < b; id++) {
+                if (!bk_held[s][id]) continue;
+                int n = bk_key(k, id);
+                CHECK_EQ(fb_trie_remove(t, k, (size_t)n, FB_EXACT, s), bk_holders(id) == 1);
+                bk_held[s][id] = 0;
+            }
+        } else {
+            size_t held = 0;
+            for (unsigned id = 0; id < BK_N; id++) held += bk_held[s][id];
+            CHECK_EQ(fb_trie_remove_subscriber(t, s, NULL), held);
+            for (unsigned id = 0; id < BK_N; id++) bk_held[s][id] = 0;
+        }
+        CK(t);
+        fb_trie_stats st;
+        fb_trie_get_stats(t, &st);
+        if (st.bytes_reserved > peak) peak = st.bytes_reserved;
+        for (int j = 0; j < 50; j++) {
+            unsigned id = rndn(BK_N);
+            int n = bk_key(k, id);
+            fb_idvec_clear(&v);
+            CHECK_EQ(fb_trie_match(t, k, (size_t)n, &v), bk_holders(id));
+            for (size_t i = 0; i < v.n; i++) CHECK(v.ids[i] < BK_SUBS && bk_held[v.ids[i]][id]);
+        }
+    }
+    for (uint64_t s = 0; s < BK_SUBS; s++) fb_trie_remove_subscriber(t, s, NULL);
+    CK(t);
+    fb_trie_stats st;
+    fb_trie_get_stats(t, &st);
+    CHECK_EQ(st.nodes, 1);
+    /* Only the root is left: segment 0 and the segment it sits in. */
+    CHECK(peak > 4u << 20);
+    CHECK(st.bytes_reserved < (2u << 20) + (64u << 10));
+    fb_idvec_free(&v);
+    fb_trie_free(t);
+}
+
 int main(void)
 {
     RUN(test_basics);
@@ -435,5 +558,7 @@ int main(void)
     RUN(test_many_holders);
     RUN(test_batch_match);
     RUN(test_batch_match_large_trie);
+    RUN(test_trim_after_big_subscriber_leaves);
+    RUN(test_bulk_ranges_vs_model);
     CTEST_END();
 }

@@ -81,7 +81,7 @@ int main(void)
         {3, "orders.eu", FB_EXACT, 2},   /* same key as subscriber 1: one upstream subscribe */
     };
     fb_trie *trie = fb_trie_new();
-    fb_forwarder *fwd = fb_fwd_new(FB_FWD_SUBSUME, 0, 0);
+    fb_forwarder *fwd = fb_forwarder_new(FB_FWD_SUBSUME, 0, 0);
     if (!trie || !fwd) {
         fprintf(stderr, "out of memory\n");
         return 2;
@@ -93,14 +93,14 @@ int main(void)
     for (size_t i = 0; i < NSUB; i++) {
         const struct sub *s = &subs[i];
         ok(fb_trie_add(trie, s->key, strlen(s->key), s->kind, s->id), "fb_trie_add");
-        ok(fb_fwd_subscribe(fwd, s->id, s->key, strlen(s->key), s->kind, &diff), "fb_fwd_subscribe");
+        ok(fb_forwarder_subscribe(fwd, s->id, s->key, strlen(s->key), s->kind, &diff), "fb_forwarder_subscribe");
     }
     print_diff("3 subscriptions", &diff);
     /* subsume mode: "orders." covers "orders.eu", so in the end one prefix
      * key is upstream (subscribed before "orders.eu" is dropped: no gap) */
-    CHECK(diff.n == 3 && fb_fwd_upstream_count(fwd) == 1,
+    CHECK(diff.n == 3 && fb_forwarder_upstream_count(fwd) == 1,
           "expected +orders.eu, +prefix orders., -orders.eu and one upstream key; got %zu entries, %zu upstream",
-          diff.n, fb_fwd_upstream_count(fwd));
+          diff.n, fb_forwarder_upstream_count(fwd));
     fb_keylist_clear(&diff);
 
     /* 2. a publisher's batch, as bytes on the wire */
@@ -189,7 +189,7 @@ int main(void)
     fb_keylist gone;
     fb_keylist_init(&gone);
     ok(fb_trie_remove_subscriber(trie, 2, &gone), "fb_trie_remove_subscriber");
-    ok(fb_fwd_remove_peer(fwd, 2, &diff), "fb_fwd_remove_peer");
+    ok(fb_forwarder_remove_peer(fwd, 2, &diff), "fb_forwarder_remove_peer");
     print_diff("subscriber 2 left", &diff);
     CHECK(gone.n == 1, "subscriber 2 held %zu keys, expected 1", gone.n);
     CHECK(fb_trie_any_match(trie, "orders.eu", 9) == 1 && fb_trie_any_match(trie, "orders.us", 9) == 0,
@@ -206,7 +206,7 @@ int main(void)
     free(recs);
     fb_free(wire);
     fb_keylist_free(&diff);
-    fb_fwd_free(fwd);
+    fb_forwarder_free(fwd);
     fb_trie_free(trie);
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);

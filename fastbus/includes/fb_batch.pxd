@@ -24,6 +24,7 @@ cdef extern from "fb_batch.h" nogil:
         int require_checksum
 
     int fb_batch_header(const void *buf, size_t len, uint32_t *count, uint8_t *flags)
+    int fb_batch_empty(int checksum, unsigned char **buf, size_t *len)
     int fb_batch_decode(const void *buf, size_t len, const fb_decode_limits *lim,
                         fb_record *out, size_t out_cap, size_t *n)
     size_t fb_varint_len(uint32_t v)

@@ -15,6 +15,7 @@ cdef extern from "fb_router.h" nogil:
         uint64_t deliveries
         uint64_t unrouted
         uint64_t rejected
+        uint64_t oversize
 
     fb_router *fb_router_new(const fb_outbox_limits *lim)
     void fb_router_free(fb_router *r)
@@ -23,9 +24,13 @@ cdef extern from "fb_router.h" nogil:
     int fb_router_has_link(const fb_router *r, uint32_t link)
     int fb_router_route(fb_router *r, fb_trie *t, const void *batch, size_t len,
                         const fb_decode_limits *lim, uint64_t source, uint64_t now_ns)
+    size_t fb_router_full(fb_router *r, uint32_t *links, size_t cap)
     size_t fb_router_due(fb_router *r, uint64_t now_ns, uint32_t *links, size_t cap)
     size_t fb_router_pending(fb_router *r, uint32_t *links, size_t cap)
     uint64_t fb_router_deadline(const fb_router *r)
+    int fb_router_take(fb_router *r, uint32_t link, uint64_t now_ns, unsigned char **buf, size_t *len)
+    void fb_router_hold(fb_router *r, uint32_t link, int held)
+    int fb_router_held(const fb_router *r, uint32_t link)
     fb_outbox *fb_router_outbox(fb_router *r, uint32_t link)
     void fb_router_touch(fb_router *r, uint32_t link)
     void fb_router_get_stats(const fb_router *r, fb_router_stats *s)

@@ -2,7 +2,14 @@
 multi-recipient inboxes.  Every multi-key step is one Lua script; every key
 of one queue, topic or inbox shares a hash tag (Redis Cluster)."""
 
-from fastbus.queue._common import ConsumerTagInUse, Message, QueueError
+from fastbus.queue._common import (
+    ConsumerGone,
+    ConsumerTagInUse,
+    Message,
+    PartialBatchError,
+    PayloadTooLarge,
+    QueueError,
+)
 from fastbus.queue.inbox import (
     AsyncInbox,
     Inbox,
@@ -11,6 +18,13 @@ from fastbus.queue.inbox import (
     async_inboxes_of,
     fetch_all_pending,
     inboxes_of,
+)
+from fastbus.queue.registry import (
+    QueueName,
+    async_list_queues,
+    async_prune_queues,
+    list_queues,
+    prune_queues,
 )
 from fastbus.queue.staged import StagedWriter
 from fastbus.queue.topic import AsyncTopic, Topic, TopicStats
@@ -31,11 +45,15 @@ __all__ = [
     "AsyncWorkQueue",
     "CleanResult",
     "Consumer",
+    "ConsumerGone",
     "ConsumerTagInUse",
     "Inbox",
     "InboxMessage",
     "Message",
+    "PartialBatchError",
+    "PayloadTooLarge",
     "QueueError",
+    "QueueName",
     "QueueStats",
     "SettleResult",
     "StagedWriter",
@@ -44,6 +62,10 @@ __all__ = [
     "WorkQueue",
     "async_fetch_all_pending",
     "async_inboxes_of",
+    "async_list_queues",
+    "async_prune_queues",
     "fetch_all_pending",
     "inboxes_of",
+    "list_queues",
+    "prune_queues",
 ]

@@ -12,9 +12,13 @@ and :class:`AsyncDriver` carry the requests out.  So the blocking loop of a
 from __future__ import annotations
 
 import math
+import os
 import re
+import secrets
 import struct
-from collections.abc import Generator, Iterable
+import threading
+import time
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -22,8 +26,11 @@ import redis
 from redis.exceptions import NoScriptError
 
 from fastbus._core import QueueMessage, queue_decode
+from fastbus._twins import twin_of
 from fastbus.errors import FastbusError
 from fastbus.queue import _lua
+from fastbus.redis._connection import async_client, is_cluster, sync_client
+from fastbus.redis._errors import PayloadTooLarge, address_of, too_large
 
 DEFAULT_PREFIX = "fastbus"
 MAX_CALL_MESSAGES = 1000        # messages per script call (Lua's unpack limit is ~8000)
@@ -38,6 +45,32 @@ class QueueError(FastbusError):
 
 class ConsumerTagInUse(QueueError):
     """Another live consumer holds this consumer tag (its heartbeat has not expired)."""
+
+
+class ConsumerGone(QueueError, LookupError):
+    """The logical consumer of a topic that this instance serves is not
+    registered (it was unregistered while the instance ran, or never was).
+    The instance stops: its heartbeat ends and every later call raises this."""
+
+
+class PartialBatchError(QueueError):
+    """A ``put_many`` or ``publish_many`` of several script calls was written
+    in part.  Each call is atomic; some were written, the others not (the
+    server refused them, say out of memory, or the connection broke).
+
+    ``written``: the positions, in the list given, of the payloads that were
+    written; ``ids``: their ids, in the same order; ``unknown``: positions
+    whose fate could not be found out (the server could not be asked after
+    the failure; usually empty); ``total``: how many were given.  Every other
+    payload was not written and never will be: retry exactly those.  The
+    failure itself is ``__cause__``."""
+
+    def __init__(self, message: str, written: list[int], ids: list[int], unknown: list[int], total: int) -> None:
+        super().__init__(message)
+        self.written = written
+        self.ids = ids
+        self.unknown = unknown
+        self.total = total
 
 
 def check_name(what: str, value: Any) -> str:
@@ -66,6 +99,20 @@ def namespace(kind: str, prefix: str, name: str) -> str:
     topic ("t"), inbox ("i") or staged writer's channel ("c"): the braces
     make them one Redis Cluster hash slot.  ``name`` is checked by the caller."""
     return f"{check_prefix(prefix)}:{kind}:{{{name}}}:"
+
+
+def payload_list(payloads: Any, what: str = "payloads") -> list[bytes]:
+    """A list (or other iterable) of payloads as bytes.  A single str or
+    bytes is refused: iterating it would make one message per character."""
+    if isinstance(payloads, (str, bytes, bytearray, memoryview)):
+        raise TypeError(f"{what} must be a list (or another iterable) of payloads, not a single "
+                        f"{type(payloads).__name__}: wrap it in a list, or use put()/publish() for one message")
+    try:
+        items = iter(payloads)
+    except TypeError:
+        raise TypeError(f"{what} must be a list (or another iterable) of payloads, "
+                        f"not {type(payloads).__name__}") from None
+    return [as_bytes(p) for p in items]
 
 
 def as_bytes(payload: Any) -> bytes:
@@ -100,6 +147,8 @@ def positive_int(what: str, value: Any, *, allow_none: bool = False) -> int | No
 
 
 Message = QueueMessage           # a C type: fastbus.queue's messages are made many per call (queue_decode)
+#: What settle/ack/reject/requeue take: a Message, or a message id.
+MessageRef = Message | int
 
 
 def decode_items(items: list, consumer: Any = None) -> list[Message]:
@@ -131,6 +180,121 @@ def chunks(payloads: list[bytes]) -> Iterable[list[bytes]]:
         yield payloads[start:]
 
 
+# -- payload sizes: the server refuses a bulk string over proto-max-bulk-len
+#    (and breaks the connection), so a payload over it is refused here first
+
+MIN_BULK_LIMIT = 1 << 20          # proto-max-bulk-len cannot be set lower than 1 MB
+DEFAULT_BULK_LIMIT = 512 << 20    # Redis's and Valkey's default
+
+
+def _config_value(reply: Any, name: bytes) -> int | None:
+    """proto-max-bulk-len from a CONFIG GET reply: a flat list, a dict, or
+    (a cluster client) a dict of node -> either."""
+    if isinstance(reply, dict):
+        for k, v in reply.items():
+            if isinstance(k, (bytes, str)) and (k.encode() if isinstance(k, str) else k) == name:
+                return int(v)
+        found = [_config_value(v, name) for v in reply.values() if isinstance(v, (list, dict))]
+        found = [f for f in found if f is not None]
+        return min(found) if found else None
+    if isinstance(reply, list):
+        for i in range(0, len(reply) - 1, 2):
+            k = reply[i]
+            if (k.encode() if isinstance(k, str) else k) == name:
+                return int(reply[i + 1])
+    return None
+
+
+class SizeCheck:
+    """Refuses a batch with a payload the server would refuse, before
+    sending any of it.  Payloads up to 1 MiB always fit; the first larger one
+    reads ``proto-max-bulk-len`` once (CONFIG GET; where CONFIG is not
+    allowed, the default 512 MB is assumed)."""
+
+    __slots__ = ("limit",)
+
+    def __init__(self) -> None:
+        self.limit: int | None = None
+
+    def check(self, what: str, payloads: list[bytes]) -> Op:
+        big = max(map(len, payloads), default=0)
+        if big <= MIN_BULK_LIMIT:
+            return
+        if self.limit is None:
+            reply = yield Cmd(("CONFIG", "GET", "proto-max-bulk-len"), soft=True)
+            value = None if isinstance(reply, Exception) else _config_value(reply, b"proto-max-bulk-len")
+            self.limit = value or DEFAULT_BULK_LIMIT
+        if big > self.limit:
+            i = next(i for i, p in enumerate(payloads) if len(p) == big)
+            which = f", payload {i + 1} of {len(payloads)}" if len(payloads) > 1 else ""
+            # The driver names the server (with_address); nothing was sent.
+            raise too_large(big, self.limit, None, f"{what}{which}; nothing was written")
+
+
+# -- batches of several script calls: what was written when one failed
+
+
+def batch_marks(n: int) -> list[str]:
+    """Names for the n calls of one batch (see lua/resolve.lua); '' for a single call."""
+    if n == 1:
+        return [""]
+    token = secrets.token_hex(8)
+    return [f"{token}.{i}" for i in range(n)]
+
+
+def batch_ids(what: str, parts: list[list], marks: list[str], replies: list,
+              resolve: Callable[[list[str]], "Call"], started: float) -> Op:
+    """The ids of a batch sent as script calls (``parts``, named ``marks``),
+    from their replies (first ids, or the exceptions of calls that failed).
+    When some failed, asks the server which of them were written (RESOLVE,
+    which also fences the others) and raises :class:`PartialBatchError`
+    with what was; a batch of which nothing was written raises the first
+    failure itself."""
+    firsts: list = list(replies)
+    failed = [i for i, r in enumerate(firsts) if isinstance(r, BaseException) or not r]
+    unknown_calls: list[int] = []
+    cause = next((firsts[i] for i in failed if isinstance(firsts[i], BaseException)), None)
+    if failed and marks[0]:
+        (res,) = yield Many([resolve([marks[i] for i in failed])], partial=True)
+        # a mark lives MARK_TTL: past half of it a call's mark might have
+        # expired before the question reached the server
+        if isinstance(res, BaseException) or time.monotonic() - started > _lua.MARK_TTL_MS / 2000:
+            unknown_calls = failed
+            cause = cause or (res if isinstance(res, BaseException) else None)
+        else:
+            for i, first in zip(failed, res):
+                firsts[i] = int(first)
+    elif failed:
+        unknown_calls = [i for i in failed if not isinstance(firsts[i], redis.ResponseError)]
+    written: list[int] = []
+    ids: list[int] = []
+    unknown: list[int] = []
+    pos = 0
+    for i, part in enumerate(parts):
+        first = firsts[i]
+        if i in unknown_calls:
+            unknown.extend(range(pos, pos + len(part)))
+        elif isinstance(first, int) and first > 0:
+            written.extend(range(pos, pos + len(part)))
+            ids.extend(range(first, first + len(part)))
+        pos += len(part)
+    if len(written) == pos:
+        return ids
+    if not written and not unknown and cause is not None:
+        raise cause
+    n_calls = len(parts)
+    done_calls = sum(1 for i in range(n_calls) if isinstance(firsts[i], int) and firsts[i] > 0
+                     and i not in unknown_calls)
+    msg = (f"{what} wrote {len(written):,} of {pos:,} messages ({done_calls} of {n_calls} script calls); "
+           f"{pos - len(written) - len(unknown):,} were not written")
+    if unknown:
+        msg += f" and {len(unknown):,} may or may not have been (the server could not be asked)"
+    if cause is not None:
+        msg += f": {type(cause).__name__}: {cause}"
+    msg += " (the error's .written and .ids say which were written)"
+    raise PartialBatchError(msg, written, ids, unknown, pos) from cause
+
+
 def pairs(flat: list) -> dict[str, int]:
     """A flat HGETALL reply of counters -> dict."""
     return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
@@ -149,26 +313,133 @@ class Call:
 @dataclass(slots=True)
 class Cmd:
     args: tuple           # a plain command, e.g. ("BLPOP", key, 0.5)
+    soft: bool = False    # an error reply comes back as the reply (a ResponseError), not raised
 
 
 @dataclass(slots=True)
 class Many:
     calls: list           # Calls and Cmds, sent together (one pipeline where the client allows)
+    partial: bool = False  # every call's reply or exception comes back, none is raised (see _partial)
+
+
+@dataclass(slots=True)
+class Register:
+    """A name into (or out of) the registry of queue names
+    (:mod:`fastbus.queue.registry`): ``op`` "add" (an SADD, sent once per
+    process, server and name), "renew" (an SADD whatever this process did
+    before: the server said the name is new, e.g. a put got id 1) or
+    "remove" (an SREM).  The reply is True when the server took it; a
+    refusal (out of memory, a read-only replica) is False, never raised:
+    the registry only lists names, the operation goes on without it."""
+
+    op: str
+    key: str              # prefix:registry
+    member: str           # "q:jobs", "t:orders", "i:team"
+
+
+# (server, registry key, member) this process has registered (Register "add")
+REGISTERED: set[tuple] = set()
+_REGISTERED_MAX = 100_000     # a process that touches more names than this starts over (one SADD each again)
+
+
+def _server_of(client: Any) -> tuple:
+    """What tells a client's server (and database) apart, for REGISTERED."""
+    from fastbus.redis._errors import address_of
+    pool = getattr(client, "connection_pool", None)
+    db = pool.connection_kwargs.get("db", 0) if pool is not None else 0
+    return (address_of(client), db)
+
+
+def _register_command(driver: Any, request: Register) -> tuple | None:
+    """The command a Register needs, or None (registered already)."""
+    if request.op == "remove":
+        REGISTERED.discard((driver.server, request.key, request.member))
+        return ("SREM", request.key, request.member)
+    if request.op == "add" and (driver.server, request.key, request.member) in REGISTERED:
+        return None
+    return ("SADD", request.key, request.member)
+
+
+def _registered(driver: Any, request: Register) -> None:
+    if request.op != "remove":
+        if len(REGISTERED) >= _REGISTERED_MAX:
+            REGISTERED.clear()
+        REGISTERED.add((driver.server, request.key, request.member))
+
+
+_NETWORK = (redis.ConnectionError, redis.TimeoutError, OSError)
+
+try:                                    # packs a command in C (redis-py's own packer checks each argument in Python)
+    from hiredis import pack_command as _pack_command
+except ImportError:                     # pragma: no cover - hiredis is optional
+    _pack_command = None
 
 
 Op = Generator[Any, Any, Any]
 
 
-def _translate(error: redis.ResponseError) -> Exception:
+def _translate(error: BaseException, client: Any = None, request: Any = None, limit: int | None = None) -> BaseException:
+    """The exception a queue operation raises for ``error``, a failure of
+    ``request`` on ``client``: the scripts' own refusals (``FBQ ...``) as
+    :class:`QueueError` / :class:`ConsumerTagInUse`; everything else (network,
+    timeouts, a peer that is not Redis, OOM, sizes) through
+    :func:`fastbus.redis._errors.translate`, the one mechanism every Redis
+    part uses, naming the operation, the queue and the server.  ``limit``:
+    the server's ``proto-max-bulk-len``, when the caller read it because a
+    large value was refused."""
+    from fastbus.redis import _errors as E
     text = str(error)
-    if text.startswith("FBQ "):
+    if isinstance(error, redis.ResponseError) and text.startswith("FBQ "):
         text = text[4:].split(" script:")[0]
         kind, _, rest = text.partition(" ")
         if kind == "TAKEN":
             return ConsumerTagInUse(rest)
         return QueueError(rest)
-    if text.startswith("WRONGTYPE"):
-        return QueueError(f"a key of this queue holds a value of another type (not made by fastbus?): {text}")
+    # What was being done: "PUT on queue 'jobs'", "BLPOP on topic 'ev'".
+    operation = None
+    values: list = []
+    if request is not None:
+        calls = request.calls if isinstance(request, Many) else [request]
+        first = calls[0] if calls else None
+        if isinstance(first, Call):
+            verb, key = first.script, first.key
+        elif isinstance(first, Register):        # the registry of names: "q:jobs"
+            verb, key = "registering", f":{first.member[0]}:{{{first.member[2:]}}}"
+        elif isinstance(first, Cmd) and first.args:
+            verb, key = str(first.args[0]).upper(), (first.args[1] if len(first.args) > 1 else "")
+        else:
+            verb, key = None, ""
+        if verb is not None:
+            if isinstance(key, bytes):
+                key = key.decode("utf-8", "replace")
+            m = re.search(r":([qticu]):\{([^}]*)\}", str(key))
+            kinds = {"q": "queue", "t": "topic", "i": "inbox", "c": "channel", "u": "member"}
+            operation = f"{verb} on {kinds[m.group(1)]} {m.group(2)!r}" if m else verb
+            if len(calls) > 1:
+                operation += f" and {len(calls) - 1} more call{'s' if len(calls) > 2 else ''}"
+        for c in calls:
+            values.extend(c.args if isinstance(c, (Call, Cmd)) else ())
+    address = E.address_of(client)
+    if isinstance(error, redis.ResponseError) and text.startswith("WRONGTYPE"):
+        return QueueError(f"a key of this queue holds a value of another type (not made by fastbus?)"
+                          f"{f' ({operation})' if operation else ''} at {address}: {E.clean_reply(text)}")
+    # A value over the server's proto-max-bulk-len: Redis answers "invalid
+    # bulk length" and closes the connection, or the connection just breaks
+    # (a broken pipe) while the value is being written.  Without ``limit``
+    # a large value is the suspect (a PayloadTooLarge without a limit: the
+    # caller reads the server's limit and calls again with it).
+    if E.is_connection_failure(error) or "bulk length" in text.lower():
+        size = E.largest(values)
+        if size > E.MIN_MAX_BULK_LEN and (limit is None or size > limit):
+            return E.too_large(size, limit, address, operation, original=error)
+    return E.translate(error, address, operation)
+
+
+def _with_address(error: BaseException, client: Any) -> BaseException:
+    """A size refusal an operation raised before sending (SizeCheck) knows
+    no server: name the client's."""
+    if isinstance(error, PayloadTooLarge) and error.address is None:
+        return too_large(error.size or 0, error.limit, address_of(client), error.operation)
     return error
 
 
@@ -191,7 +462,8 @@ class _Driver:
         _check_client(client)
         self.client = client
         self._scripts: dict[str, Any] = {}
-        self._pipeline = not _is_cluster(client)    # a cluster pipeline cannot carry scripts
+        self._pipeline = not is_cluster(client)    # a cluster pipeline cannot carry scripts
+        self.server = _server_of(client)
 
     def _script(self, name: str):
         s = self._scripts.get(name)
@@ -216,23 +488,133 @@ class _Driver:
 
 
 class SyncDriver(_Driver):
-    """Runs operations on a redis-py ``Redis`` or ``RedisCluster``."""
+    """Runs operations on a redis-py ``Redis`` or ``RedisCluster``.
+
+    A script call goes on a connection the driver keeps from the client's
+    pool, straight through redis-py's ``Connection`` (send the command, read
+    the reply): the client's ``execute_command`` path (pool checkout and
+    release, retry wrapper, events) cost as much client CPU per call as the
+    rest of the round trip (about 9 of 21 us measured).  One thread at a
+    time uses it; a call made while another thread holds it (the heartbeat
+    thread, say) takes the client's ordinary path.  Such calls are not
+    retried: a script call whose reply was lost may have run (a put retried
+    would be put twice).  Cluster clients, and clients of a class that
+    overrides ``execute_command`` (instrumented ones), always take the
+    ordinary path."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self._fast = self._pipeline and type(client).execute_command is redis.Redis.execute_command
+        self._held = None                    # the kept connection
+        self._held_pid = 0
+        self._held_lock = threading.Lock()
+        self._shas: dict[str, str] = {}
+
+    def _take(self):
+        """The kept connection, locked for this thread; None if another
+        thread has it (or the client is a cluster client)."""
+        if not self._fast or not self._held_lock.acquire(blocking=False):
+            return None
+        conn = self._held
+        if conn is None or self._held_pid != os.getpid():   # none yet, or a forked child's copy
+            pool = self.client.connection_pool
+            try:
+                conn = pool.get_connection()                  # redis-py >= 5.3
+            except TypeError:                                 # pragma: no cover - older redis-py
+                conn = pool.get_connection("EVALSHA")
+            except BaseException:
+                self._held_lock.release()
+                raise
+            self._held, self._held_pid = conn, os.getpid()
+        return conn
+
+    def _call_held(self, conn, request: "Call") -> Any:
+        sha = self._shas.get(request.script)
+        if sha is None:
+            sha = self._shas[request.script] = self._script(request.script).sha
+        command = ("EVALSHA", sha, 1, request.key, *request.args)
+        try:
+            # as the pool checks a connection it hands out: one the server
+            # closed while it was idle (a restart, its idle timeout) is
+            # connected again before the call, not failed by it
+            try:
+                if conn.can_read():
+                    raise redis.ConnectionError("connection has data")
+            except _NETWORK:
+                conn.disconnect()
+            conn.connect()
+            if _pack_command is not None:
+                conn.send_packed_command([_pack_command(command)])
+            else:
+                conn.send_command(*command)
+            try:
+                return conn.read_response()
+            except NoScriptError:                        # the server forgot it (a restart): load, call again
+                conn.send_command("SCRIPT", "LOAD", _lua.SCRIPTS[request.script])
+                conn.read_response()
+                conn.send_command(*command)
+                return conn.read_response()
+        except BaseException as e:
+            if not isinstance(e, redis.ResponseError):   # a network error, a timeout, an interrupt:
+                conn.disconnect()                        # the connection's state is unknown
+            raise
+
+    def release(self) -> None:
+        """Give the kept connection back to the client's pool."""
+        with self._held_lock:
+            conn, self._held = self._held, None
+            if conn is not None and self._held_pid == os.getpid():
+                self.client.connection_pool.release(conn)
 
     def run(self, op: Op) -> Any:
+        """Carry out an operation's requests.  A failure against the server,
+        met by a request or raised by the operation itself from a reply it
+        got, is raised as :func:`_translate` makes it."""
+        request = None
         try:
             request = next(op)
             while True:
                 request = op.send(self._execute(request))
         except StopIteration as stop:
             return stop.value
-        except redis.ResponseError as e:
-            raise _translate(e) from None
+        except (redis.RedisError, OSError) as e:
+            if isinstance(e, FastbusError):
+                raise _with_address(e, self.client)
+            error = _translate(e, self.client, request)
+            if getattr(error, "limit", 0) is None:       # a large value is the suspect: ask the limit
+                from fastbus.redis._errors import max_bulk_len
+                error = _translate(e, self.client, request, max_bulk_len(self.client))
+            if error is e:
+                raise
+            raise error from None
 
     def _execute(self, request: Any) -> Any:
         if isinstance(request, Call):
+            conn = self._take()
+            if conn is not None:
+                try:
+                    return self._call_held(conn, request)
+                finally:
+                    self._held_lock.release()
             return self._script(request.script)(keys=[request.key], args=request.args)
         if isinstance(request, Cmd):
+            if request.soft:
+                try:
+                    return self.client.execute_command(*request.args)
+                except redis.ResponseError as e:
+                    return e
             return self.client.execute_command(*request.args)
+        if isinstance(request, Register):
+            command = _register_command(self, request)
+            if command is not None:
+                try:
+                    self.client.execute_command(*command)
+                except redis.ResponseError:
+                    return False
+                _registered(self, request)
+            return True
+        if request.partial:
+            return self._partial(request.calls)
         if len(request.calls) > 1 and self._pipeline:
             pipe = self.client.pipeline(transaction=False)
             for c in request.calls:
@@ -242,7 +624,39 @@ class SyncDriver(_Driver):
                     for c, r in zip(request.calls, replies)]
         return [self._execute(c) for c in request.calls]
 
+    def _partial(self, calls: list) -> list:
+        """Each call's reply, or the exception it met.  Pipelined, a broken
+        connection leaves every call unanswered (each gets the error: they
+        may or may not have run); one at a time, the calls after a broken
+        connection are not sent (they get the error too)."""
+        out: list = []
+        if len(calls) > 1 and self._pipeline:
+            pipe = self.client.pipeline(transaction=False)
+            for c in calls:
+                pipe.execute_command(*self._command(c))
+            try:
+                replies = pipe.execute(raise_on_error=False)
+            except _NETWORK as e:
+                return [e] * len(calls)
+            for c, r in zip(calls, replies):
+                if isinstance(r, NoScriptError):
+                    try:
+                        r = self._execute(c)
+                    except (redis.ResponseError, *_NETWORK) as e:
+                        r = e
+                out.append(r)
+            return out
+        for i, c in enumerate(calls):
+            try:
+                out.append(self._execute(c))
+            except redis.ResponseError as e:
+                out.append(e)
+            except _NETWORK as e:
+                return out + [e] * (len(calls) - i)
+        return out
+
     def close(self) -> None:
+        self.release()
         self.client.close()
 
 
@@ -250,20 +664,46 @@ class AsyncDriver(_Driver):
     """Runs operations on a ``redis.asyncio`` client (plain or cluster)."""
 
     async def run(self, op: Op) -> Any:
+        """As :meth:`SyncDriver.run`."""
+        request = None
         try:
             request = next(op)
             while True:
                 request = op.send(await self._execute(request))
         except StopIteration as stop:
             return stop.value
-        except redis.ResponseError as e:
-            raise _translate(e) from None
+        except (redis.RedisError, OSError) as e:
+            if isinstance(e, FastbusError):
+                raise _with_address(e, self.client)
+            error = _translate(e, self.client, request)
+            if getattr(error, "limit", 0) is None:       # a large value is the suspect: ask the limit
+                from fastbus.redis._errors import max_bulk_len_async
+                error = _translate(e, self.client, request, await max_bulk_len_async(self.client))
+            if error is e:
+                raise
+            raise error from None
 
     async def _execute(self, request: Any) -> Any:
         if isinstance(request, Call):
             return await self._script(request.script)(keys=[request.key], args=request.args)
         if isinstance(request, Cmd):
+            if request.soft:
+                try:
+                    return await self.client.execute_command(*request.args)
+                except redis.ResponseError as e:
+                    return e
             return await self.client.execute_command(*request.args)
+        if isinstance(request, Register):
+            command = _register_command(self, request)
+            if command is not None:
+                try:
+                    await self.client.execute_command(*command)
+                except redis.ResponseError:
+                    return False
+                _registered(self, request)
+            return True
+        if request.partial:
+            return await self._partial(request.calls)
         if len(request.calls) > 1 and self._pipeline:
             pipe = self.client.pipeline(transaction=False)
             for c in request.calls:
@@ -273,43 +713,49 @@ class AsyncDriver(_Driver):
                     for c, r in zip(request.calls, replies)]
         return [await self._execute(c) for c in request.calls]
 
+    async def _partial(self, calls: list) -> list:
+        """:meth:`SyncDriver._partial` on asyncio."""
+        out: list = []
+        if len(calls) > 1 and self._pipeline:
+            pipe = self.client.pipeline(transaction=False)
+            for c in calls:
+                pipe.execute_command(*self._command(c))
+            try:
+                replies = await pipe.execute(raise_on_error=False)
+            except _NETWORK as e:
+                return [e] * len(calls)
+            for c, r in zip(calls, replies):
+                if isinstance(r, NoScriptError):
+                    try:
+                        r = await self._execute(c)
+                    except (redis.ResponseError, *_NETWORK) as e:
+                        r = e
+                out.append(r)
+            return out
+        for i, c in enumerate(calls):
+            try:
+                out.append(await self._execute(c))
+            except redis.ResponseError as e:
+                out.append(e)
+            except _NETWORK as e:
+                return out + [e] * (len(calls) - i)
+        return out
+
     async def close(self) -> None:
         await self.client.aclose()
-
-
-def _is_cluster(client: Any) -> bool:
-    from redis.cluster import RedisCluster
-    try:
-        from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-    except ImportError:                 # pragma: no cover
-        AsyncRedisCluster = RedisCluster
-    return isinstance(client, (RedisCluster, AsyncRedisCluster))
 
 
 def sync_driver(target: Any) -> tuple[SyncDriver, bool]:
     """A driver for a URL, a ``redis.Redis``/``RedisCluster``, a connection
     pool, or None (the embedded server); True if the client is ours to close."""
-    if isinstance(target, redis.Redis) or _is_cluster(target):
-        if type(target).__module__.startswith("redis.asyncio"):
-            raise TypeError("an asyncio Redis client needs the Async classes (AsyncWorkQueue, ...)")
-        return SyncDriver(target), False
-    # A URL, a pool or None: resolved where the rest of fastbus.redis does it.
-    from fastbus.redis.publisher import _pool_from
-    pool, own = _pool_from(target)
-    client = redis.Redis(connection_pool=pool)
-    client.auto_close_connection_pool = own              # close() then closes a pool made here
+    client, own = sync_client(target)
     return SyncDriver(client), own
 
 
 def async_driver(target: Any) -> tuple[AsyncDriver, bool]:
     """As :func:`sync_driver`, for a ``redis.asyncio`` client."""
-    import redis.asyncio as aioredis
-    if target is None or isinstance(target, str):
-        from fastbus.redis.server import resolve_url
-        return AsyncDriver(aioredis.Redis.from_url(resolve_url(target))), True
-    if type(target).__module__.startswith("redis.asyncio"):
-        return AsyncDriver(target), False
-    raise TypeError(f"expected a Redis URL or a redis.asyncio client, not {type(target).__name__}")
+    client, own = async_client(target)
+    return AsyncDriver(client), own
 
 
 class SyncHandle:
@@ -320,22 +766,26 @@ class SyncHandle:
         self._driver, self._own = sync_driver(redis)
 
     @property
-    def redis(self):
-        """The redis-py client in use."""
+    def redis(self) -> Any:
+        """The redis-py client in use (``redis.Redis`` or ``redis.RedisCluster``)."""
         return self._driver.client
 
     def close(self) -> None:
-        """Close the client if this object made it."""
+        """Close the client if this object made it (else give back the
+        connection it kept of the client's pool)."""
         if self._own:
             self._driver.close()
+        else:
+            self._driver.release()
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
+@twin_of(SyncHandle)
 class AsyncHandle:
     """:class:`SyncHandle` for the asyncio objects."""
 
@@ -343,7 +793,7 @@ class AsyncHandle:
         self._driver, self._own = async_driver(redis)
 
     @property
-    def redis(self):
+    def redis(self) -> Any:
         """The ``redis.asyncio`` client in use."""
         return self._driver.client
 
@@ -354,5 +804,5 @@ class AsyncHandle:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()

@@ -61,35 +61,24 @@ or sees a new version (and does nothing).
 
 Keys of an inbox (one hash slot): ``prefix:i:{name}:members`` (ZSET member
 -> marker), ``...:seq`` (last id), ``...:msgs`` (ZSET id -> message); see
-:mod:`fastbus.queue._lua_inbox`.
+``fastbus/queue/lua/inbox_lib.lua``.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from fastbus.queue import _lua_inbox  # registers the INBOX_* scripts
+from fastbus._twins import twin_of
 from fastbus.queue._common import (
     DEFAULT_PREFIX,
     AsyncHandle,
-    Call,
-    Cmd,
-    Many,
     Op,
-    QueueError,
     SyncHandle,
-    as_bytes,
     async_driver,
-    check_name,
-    check_prefix,
-    namespace,
-    positive_int,
-    positive_seconds,
     sync_driver,
 )
+from fastbus.queue._engine import InboxMessage, InboxOps, all_pending, fetch_count
 
 __all__ = [
     "AsyncInbox",
@@ -100,169 +89,6 @@ __all__ = [
     "fetch_all_pending",
     "inboxes_of",
 ]
-
-MAX_FETCH = 10000                     # messages per fetch (one script reply)
-_MSG = struct.Struct(">BQQH")         # version, id, created ms, sender length
-assert _MSG.size == _lua_inbox.MSG_HEADER
-
-
-@dataclass(slots=True)
-class InboxMessage:
-    """A message of an inbox: ``id`` (strictly increasing per inbox),
-    ``sender`` (a member when it was sent), ``payload`` (bytes),
-    ``created_at`` (server time of the send, seconds since the epoch) and
-    ``inbox`` (the inbox's name: the per-user view mixes inboxes)."""
-
-    id: int
-    sender: str
-    payload: bytes
-    created_at: float
-    inbox: str
-
-
-def _decode(inbox: str, items: list) -> list[InboxMessage]:
-    out = []
-    for item in items:
-        _v, mid, created, n = _MSG.unpack_from(item)
-        start = _MSG.size
-        out.append(InboxMessage(mid, item[start:start + n].decode(), item[start + n:], created / 1000.0, inbox))
-    return out
-
-
-def _member(value: Any) -> str:
-    return check_name("member name", value)
-
-
-def _count(count: Any) -> int:
-    positive_int("count", count)
-    if count > MAX_FETCH:
-        raise ValueError(f"count is at most {MAX_FETCH} messages per fetch, not {count}")
-    return count
-
-
-def _ttl_ms(ttl: Any) -> int:
-    """Seconds (None: no ttl) -> the scripts' milliseconds (0: no ttl)."""
-    t = positive_seconds("ttl", ttl, allow_none=True)
-    return 0 if t is None else max(1, int(t * 1000))
-
-
-def _user_key(prefix: str, member: str) -> str:
-    return f"{prefix}:u:{{{member}}}:inboxes"
-
-
-def _flat_pairs(flat: list) -> list[tuple[str, int]]:
-    return [(flat[i].decode(), int(flat[i + 1])) for i in range(0, len(flat), 2)]
-
-
-# -- the operations, once for both APIs
-
-
-class _InboxOps:
-    def __init__(self, name: str, prefix: str, ttl: float | None) -> None:
-        self.name = check_name("inbox name", name)
-        self.prefix = check_prefix(prefix)
-        self.ns = namespace("i", self.prefix, self.name)
-        self.key = self.ns + "members"            # KEYS[1] of every script: routes the call
-        self.ttl_ms = _ttl_ms(ttl)
-
-    def _hint(self, member: str, *args: Any) -> Call:
-        return Call("INBOX_HINT", _user_key(self.prefix, member), args)
-
-    def create(self, members: Iterable[str], sender: str | None, message: Any) -> Op:
-        if isinstance(members, (str, bytes)):
-            raise TypeError("members must be an iterable of member names, not a single name")
-        names = list(dict.fromkeys(_member(m) for m in members))   # deduplicated, in order
-        if (sender is None) != (message is None):
-            raise ValueError("create takes sender and message together (or neither)")
-        payload = b""
-        if sender is not None:
-            sender = _member(sender)
-            if sender not in names:
-                names.append(sender)              # the sender is a member, as in the book
-            payload = as_bytes(message)
-        if not names:
-            raise ValueError("an inbox needs at least one member")
-        if (yield Cmd(("EXISTS", self.key))):     # the usual refusal, before touching any hint
-            raise QueueError(f"inbox {self.name} exists already: join it instead")
-        versions = yield Many([self._hint(m, "add", self.name) for m in names])
-        args = (self.ns, self.name, self.ttl_ms, "0" if sender is None else "1",
-                sender or "", payload, *names)
-        ok, detail = yield Call("INBOX_CREATE", self.key, args)
-        if not ok:
-            # Created by someone else meanwhile: withdraw the hints of those
-            # that are not members of that inbox (version-checked, see module doc).
-            drops = [self._hint(m, "drop", self.name, v) for m, v, flag in zip(names, versions, detail) if not flag]
-            if drops:
-                yield Many(drops)
-            raise QueueError(f"inbox {self.name} exists already: join it instead")
-        yield Many([self._hint(m, "add", self.name) for m in names])
-        return detail or None
-
-    def join(self, member: str, create: bool) -> Op:
-        member = _member(member)
-        version = yield self._hint(member, "add", self.name)
-        state, pos = yield Call("INBOX_JOIN", self.key, (self.ns, member, "1" if create else "0"))
-        if state < 0:
-            yield self._hint(member, "drop", self.name, version)
-            raise QueueError(f"no inbox named {self.name}: create it first (or join with create=True)")
-        yield self._hint(member, "add", self.name)   # after the membership: see the module doc
-        return pos
-
-    def leave(self, member: str) -> Op:
-        member = _member(member)
-        version = yield Cmd(("ZSCORE", _user_key(self.prefix, member), self.name))
-        left = yield Call("INBOX_LEAVE", self.key, (self.ns, member))
-        if version is not None:
-            # only the version seen before leaving: a concurrent join's newer hint stays
-            yield self._hint(member, "drop", self.name, int(float(version)))
-        return bool(left)
-
-    def send(self, sender: str, payload: Any) -> Op:
-        args = (self.ns, self.name, self.ttl_ms, _member(sender), as_bytes(payload))
-        return (yield Call("INBOX_SEND", self.key, args))
-
-    def fetch(self, member: str, count: int) -> Op:
-        args = (self.ns, self.name, self.ttl_ms, _member(member), _count(count), "1")
-        _pos, items = yield Call("INBOX_FETCH", self.key, args)
-        return _decode(self.name, items)
-
-    def ack(self, member: str, upto_id: int) -> Op:
-        member = _member(member)
-        positive_int("upto_id", upto_id)
-        return (yield Call("INBOX_ACK", self.key, (self.ns, self.name, self.ttl_ms, member, upto_id)))
-
-    def members(self) -> Op:
-        return dict(_flat_pairs((yield Call("INBOX_MEMBERS", self.key, (self.ns,)))))
-
-    def last_id(self) -> Op:
-        return int((yield Cmd(("GET", self.ns + "seq"))) or 0)
-
-
-def _all_pending(prefix: str, member: str, count: int, ttl: float | None = None) -> Op:
-    """member -> {inbox: pending messages} over its hinted inboxes; stale
-    hints are dropped.  count 0: membership only (empty lists)."""
-    prefix, member = check_prefix(prefix), _member(member)
-    ttl_ms = _ttl_ms(ttl)
-    ukey = _user_key(prefix, member)
-    hints = []
-    for name, version in _flat_pairs((yield Call("INBOX_HINT", ukey, ("list",)))):
-        try:
-            hints.append((check_name("inbox name", name), version))
-        except ValueError:
-            continue                      # not a name fastbus wrote: leave it alone
-    if not hints:
-        return {}
-    ops = [_InboxOps(name, prefix, None) for name, _v in hints]
-    replies = yield Many([Call("INBOX_FETCH", o.key, (o.ns, o.name, ttl_ms, member, count, "0")) for o in ops])
-    out, stale = {}, []
-    for (name, version), (pos, items) in zip(hints, replies):
-        if pos < 0:
-            stale.append(Call("INBOX_HINT", ukey, ("drop", name, version)))
-        else:
-            out[name] = _decode(name, items)
-    if stale:
-        yield Many(stale)
-    return dict(sorted(out.items()))
 
 
 # -- synchronous API
@@ -279,7 +105,7 @@ class Inbox(SyncHandle):
 
     def __init__(self, name: str, redis: Any = None, *, prefix: str = DEFAULT_PREFIX,
                  ttl: float | None = None) -> None:
-        self._ops = _InboxOps(name, prefix, ttl)
+        self._ops = InboxOps(name, prefix, ttl)
         self.name = self._ops.name
         super().__init__(redis)
 
@@ -340,7 +166,7 @@ def _run_sync(redis: Any, op: Op) -> Any:
 def inboxes_of(redis: Any, member: str, *, prefix: str = DEFAULT_PREFIX) -> list[str]:
     """The inboxes ``member`` is a member of, sorted (each checked against
     the inbox; stale hints are dropped).  ``redis`` as for :class:`Inbox`."""
-    return list(_run_sync(redis, _all_pending(prefix, member, 0)))
+    return list(_run_sync(redis, all_pending(prefix, member, 0)))
 
 def fetch_all_pending(redis: Any, member: str, *, count: int = 1000, prefix: str = DEFAULT_PREFIX,
                       ttl: float | None = None) -> dict[str, list[InboxMessage]]:
@@ -349,18 +175,19 @@ def fetch_all_pending(redis: Any, member: str, *, count: int = 1000, prefix: str
     :meth:`Inbox.fetch_pending` (nothing is acked: ack per inbox with
     ``Inbox(name).ack(member, messages[-1].id)``).  ``ttl``: as for
     :class:`Inbox`, applied to every inbox looked at."""
-    return _run_sync(redis, _all_pending(prefix, member, _count(count), ttl))
+    return _run_sync(redis, all_pending(prefix, member, fetch_count(count), ttl))
 
 # -- asyncio API
 
 
 
+@twin_of(Inbox)
 class AsyncInbox(AsyncHandle):
     """:class:`Inbox` for asyncio (``redis``: URL, ``redis.asyncio`` client or None)."""
 
     def __init__(self, name: str, redis: Any = None, *, prefix: str = DEFAULT_PREFIX,
                  ttl: float | None = None) -> None:
-        self._ops = _InboxOps(name, prefix, ttl)
+        self._ops = InboxOps(name, prefix, ttl)
         self.name = self._ops.name
         super().__init__(redis)
 
@@ -399,9 +226,9 @@ async def _run_async(redis: Any, op: Op) -> Any:
 
 async def async_inboxes_of(redis: Any, member: str, *, prefix: str = DEFAULT_PREFIX) -> list[str]:
     """:func:`inboxes_of` for asyncio."""
-    return list(await _run_async(redis, _all_pending(prefix, member, 0)))
+    return list(await _run_async(redis, all_pending(prefix, member, 0)))
 
 async def async_fetch_all_pending(redis: Any, member: str, *, count: int = 1000, prefix: str = DEFAULT_PREFIX,
                                   ttl: float | None = None) -> dict[str, list[InboxMessage]]:
     """:func:`fetch_all_pending` for asyncio."""
-    return await _run_async(redis, _all_pending(prefix, member, _count(count), ttl))
+    return await _run_async(redis, all_pending(prefix, member, fetch_count(count), ttl))

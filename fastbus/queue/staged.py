@@ -42,13 +42,14 @@ from fastbus.queue._common import (
     Many,
     Op,
     SyncHandle,
-    as_bytes,
     check_name,
     chunks,
     namespace,
+    payload_list,
     positive_int,
     positive_seconds,
 )
+from fastbus.queue.registry import Listing
 
 __all__ = ["StagedWriter"]
 
@@ -79,10 +80,11 @@ class _StagedOps:
         self.state = f"{self.ns}sink:{self.writer_id}"
         self.ttl_ms = max(1, int(positive_seconds("ttl", ttl) * 1000))
         self.stage_ttl_ms = max(1, int(positive_seconds("stage_ttl", stage_ttl) * 1000))
+        self.names = Listing(self.ns)     # a queue's or topic's name in the registry (none for a channel)
 
     def stage(self, rows: Iterable[Any]) -> Op:
         key = f"{self.ns}stage:{self.writer_id}:{uuid.uuid4().hex}"
-        payloads = [as_bytes(r) for r in rows]
+        payloads = payload_list(rows, "rows")
         cmds = [Cmd(("RPUSH", key, *part)) for part in chunks(payloads)]
         cmds.append(Cmd(("PEXPIRE", key, self.stage_ttl_ms)))
         yield Many(cmds)
@@ -95,6 +97,8 @@ class _StagedOps:
         for k in keys:
             if not k.startswith(f"{self.ns}stage:"):
                 raise ValueError(f"{k!r} is not a staging list of this writer's target")
+        if not self.names.listed:
+            yield from self.names.listing()
         total = 0
         while True:
             n, done = yield Call("COMMIT_STAGED", self.state,

@@ -19,182 +19,63 @@ the message of a consumer that died after the pop).
 
 Bodies are kept in blocks of 1024 consecutive ids (one hash each, so a
 publish or a read of an id range costs a few server calls per block, not per
-message).  A block is deleted when every logical consumer has acked (or
-rejected: the failed list keeps its own copy) every message of it that it
-got, or when the TTL has passed since the last publish into it, whichever is
-first: a body lives at least ``ttl`` unless all its consumers are done with
-its block.
+message).  A block's expiry is set once, when it is created: ``ttl`` plus a
+tenth.  It takes publishes only during that tenth; a later publish starts
+at the next block (ids stay increasing, with a gap).  A block is deleted
+when every logical consumer has acked (or rejected: the failed list keeps
+its own copy) every message of it that it got, or when it expires,
+whichever is first: a body lives at least ``ttl`` and at most
+``1.1 * ttl``, unless all its consumers are done with its block first.
+
+A registered logical consumer that never reads keeps a 21-byte header of
+every message published since it registered in its list, and its
+references keep every block until it expires (other consumers' acks no
+longer free it early): the bodies are bounded by the TTL, its list and the
+``refs`` hash (a field per block) are not.  ``stats().consumers[name].ready``
+shows one falling behind; ``unregister(name)`` drops it for good, and
+``ack_upto(name, retained()[0] - 1)`` drops only the headers whose bodies
+are gone already (nothing a reader could still get; with no block
+retained, ``retained()[0]`` is 0: use ``last_id()``).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
 from typing import Any
 
-from fastbus._core import topic_columns, topic_decode
+from fastbus._twins import twin_of
 from fastbus.queue._common import (
     DEFAULT_PREFIX,
     AsyncHandle,
-    Call,
-    Cmd,
-    Many,
     Message,
-    Op,
-    QueueError,
     SyncHandle,
-    as_bytes,
-    check_name,
-    chunks,
-    namespace,
-    pairs,
-    positive_int,
-    positive_seconds,
 )
+from fastbus.queue._engine import CleanResult, TopicOps, TopicStats
 from fastbus.queue.workqueue import (
     AsyncConsumer,
-    CleanResult,
     Consumer,
-    QueueStats,
-    _max_deliveries,
-    _Space,
-    _stats,
 )
 
 __all__ = ["AsyncTopic", "Topic", "TopicStats"]
-
-MAX_READ = 10000
-
-
-@dataclass(slots=True)
-class TopicStats:
-    """``last_id``: the newest message id; ``published``: messages ever
-    published; ``consumers``: per logical consumer, its queue's stats."""
-
-    name: str
-    last_id: int
-    published: int
-    consumers: dict[str, QueueStats]
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-class _TopicOps:
-    def __init__(self, name: str, prefix: str, ttl: float, max_deliveries: int | None) -> None:
-        self.name = check_name("topic name", name)
-        self.ns = namespace("t", prefix, self.name)
-        self.seq = self.ns + "seq"
-        self.ttl_ms = max(1, int(positive_seconds("ttl", ttl) * 1000))
-        self.max = _max_deliveries(max_deliveries)
-
-    def space(self, consumer: str) -> _Space:
-        consumer = check_name("consumer name", consumer)
-        return _Space(f"{self.name}/{consumer}", f"{self.ns}c:{consumer}:", self.ns, self.max)
-
-    def publish_many(self, payloads) -> Op:
-        payloads = [as_bytes(p) for p in payloads]
-        if not payloads:
-            return []
-        parts = list(chunks(payloads))
-        firsts = yield Many([Call("PUBLISH", self.seq, (self.ns, self.ttl_ms, *p)) for p in parts])
-        ids: list[int] = []
-        for first, part in zip(firsts, parts):
-            ids.extend(range(first, first + len(part)))
-        return ids
-
-    def publish(self, payload) -> Op:
-        return (yield Call("PUBLISH", self.seq, (self.ns, self.ttl_ms, as_bytes(payload))))
-
-    def register(self, consumer: str) -> Op:
-        new, _last = yield Call("SUBSCRIBE", self.seq, (self.ns, check_name("consumer name", consumer)))
-        return bool(new)
-
-    def unregister(self, consumer: str) -> Op:
-        dropped = yield Call("UNSUBSCRIBE", self.seq, (self.ns, check_name("consumer name", consumer)))
-        if dropped < 0:
-            raise QueueError(f"topic {self.name} has no consumer named {consumer!r}")
-        return dropped
-
-    def consumers(self) -> Op:
-        names = yield Cmd(("SMEMBERS", self.ns + "consumers"))
-        return sorted(n.decode() for n in names)
-
-    def last_id(self) -> Op:
-        v = yield Cmd(("GET", self.seq))
-        return int(v or 0)
-
-    def read(self, first: int, last: int) -> Op:
-        positive_int("first", first)
-        positive_int("last", last)
-        if last < first:
-            return []
-        if last - first >= MAX_READ:
-            raise ValueError(f"read at most {MAX_READ} ids per call, not {last - first + 1}")
-        values = yield Call("READ", self.seq, (self.ns, first, last))
-        return topic_decode(values, first)
-
-    def read_columns(self, first: int, last: int) -> Op:
-        positive_int("first", first)
-        positive_int("last", last)
-        if last < first:
-            return topic_columns([], first)
-        if last - first >= MAX_READ:
-            raise ValueError(f"read at most {MAX_READ} ids per call, not {last - first + 1}")
-        values = yield Call("READ", self.seq, (self.ns, first, last))
-        return topic_columns(values, first)
-
-    def retained(self) -> Op:
-        while True:
-            first, last = yield Call("RETAINED", self.seq, (self.ns,))
-            if first >= 0:
-                return int(first), int(last)
-
-    def position(self, consumer: str) -> Op:
-        consumer = check_name("consumer name", consumer)
-        pos = yield Call("POSITION", self.seq, (self.ns, consumer))
-        if pos < 0:
-            raise QueueError(f"topic {self.name} has no consumer named {consumer!r}")
-        return pos
-
-    def ack_upto(self, consumer: str, last: int, step: int = 10000) -> Op:
-        consumer = check_name("consumer name", consumer)
-        total = 0
-        while True:
-            removed, more = yield Call("ACK_UPTO", self.seq, (self.ns, consumer, int(last), step))
-            if removed < 0:
-                raise QueueError(f"topic {self.name} has no consumer named {consumer!r}")
-            total += removed
-            if not more:
-                return total
-
-    def stats(self, window: int) -> Op:
-        positive_int("window", window)
-        last, names, totals = yield Call("TOPIC_INFO", self.seq, (self.ns,))
-        names = sorted(n.decode() for n in names)
-        spaces = [self.space(n) for n in names]
-        replies = (yield Many([Call("STATS", s.ready, (s.ns, window)) for s in spaces])) if spaces else []
-        return TopicStats(self.name, int(last), pairs(totals).get("put", 0),
-                          {s.name.split("/", 1)[1]: _stats(s.name, *r, window) for s, r in zip(spaces, replies)})
-
-    def clean(self) -> Op:
-        r = yield Call("CLEAN", self.seq, ("t", self.ns, self.max))
-        return CleanResult(*r)
-
-    def return_failed(self, consumer: str, count: int | None) -> Op:
-        return (yield from self.space(consumer).return_failed(count, self.ttl_ms))
 
 
 class Topic(SyncHandle):
     """A topic with logical consumers.
 
     ``redis``: a URL, ``redis.Redis``, ``RedisCluster`` or None (embedded
-    server).  ``ttl``: seconds a body is kept at most (default one day);
-    ``max_deliveries``: per logical consumer, as in
+    server).  ``ttl``: seconds a body is kept (default one day): at least
+    ``ttl`` and at most ``1.1 * ttl`` after its publish, less if every
+    logical consumer is done with its block of 1024 ids; a consumer that
+    takes it later finds it expired (counted in ``expired``).  Clients of
+    one topic should agree on ``ttl``.  A registered consumer that never
+    reads keeps a header of every message in its list, without bound, until
+    :meth:`unregister` (or :meth:`ack_upto` up to the oldest retained id:
+    see the module docstring).  ``max_deliveries``: per logical consumer, as in
     :class:`~fastbus.queue.WorkQueue`.  Thread-safe."""
 
     def __init__(self, name: str, redis: Any = None, *, ttl: float = 86400.0,
                  max_deliveries: int | None = 10, prefix: str = DEFAULT_PREFIX) -> None:
-        self._ops = _TopicOps(name, prefix, ttl, max_deliveries)
+        self._ops = TopicOps(name, prefix, ttl, max_deliveries)
         self.name = self._ops.name
         super().__init__(redis)
 
@@ -202,7 +83,7 @@ class Topic(SyncHandle):
         """Store one message and fan it out; returns its id."""
         return self._driver.run(self._ops.publish(payload))
 
-    def publish_many(self, payloads) -> list[int]:
+    def publish_many(self, payloads: Iterable[bytes]) -> list[int]:
         """Publish many in one round trip; returns their ids in order."""
         return self._driver.run(self._ops.publish_many(payloads))
 
@@ -239,7 +120,7 @@ class Topic(SyncHandle):
         without consuming them; ``deliveries`` is 0."""
         return self._driver.run(self._ops.read(first, last))
 
-    def read_columns(self, first: int, last: int) -> tuple:
+    def read_columns(self, first: int, last: int) -> tuple[int, bytes, bytes, bytes, bytes]:
         """:meth:`read` as column buffers, with no Python object per message
         (decoded in C): ``(rows, ids, micros, offsets, data)``, native int64
         ids and created times (µs), int32 offsets (rows + 1) and the payloads
@@ -263,10 +144,12 @@ class Topic(SyncHandle):
         with an id up to ``last``, releasing their bodies; returns how many.
         For a consumer that reads by id range (:meth:`read`) and keeps its
         position elsewhere, as the Spark source does; instances taking from
-        the same list would lose what they have not taken."""
+        the same list would lose what they have not taken.  ValueError if
+        ``last`` is past the last id published (nothing is removed)."""
         return self._driver.run(self._ops.ack_upto(consumer, last))
 
     def stats(self, window: int = 5) -> TopicStats:
+        """Per logical consumer, counts and rates (over the last ``window`` seconds)."""
         return self._driver.run(self._ops.stats(window))
 
     def clean(self) -> CleanResult:
@@ -283,19 +166,20 @@ class Topic(SyncHandle):
 
 
 
+@twin_of(Topic)
 class AsyncTopic(AsyncHandle):
     """:class:`Topic` for asyncio (``redis``: URL, ``redis.asyncio`` client or None)."""
 
     def __init__(self, name: str, redis: Any = None, *, ttl: float = 86400.0,
                  max_deliveries: int | None = 10, prefix: str = DEFAULT_PREFIX) -> None:
-        self._ops = _TopicOps(name, prefix, ttl, max_deliveries)
+        self._ops = TopicOps(name, prefix, ttl, max_deliveries)
         self.name = self._ops.name
         super().__init__(redis)
 
     async def publish(self, payload: bytes) -> int:
         return await self._driver.run(self._ops.publish(payload))
 
-    async def publish_many(self, payloads) -> list[int]:
+    async def publish_many(self, payloads: Iterable[bytes]) -> list[int]:
         return await self._driver.run(self._ops.publish_many(payloads))
 
     async def register(self, consumer: str) -> bool:
@@ -322,7 +206,7 @@ class AsyncTopic(AsyncHandle):
     async def read(self, first: int, last: int) -> list[Message]:
         return await self._driver.run(self._ops.read(first, last))
 
-    async def read_columns(self, first: int, last: int) -> tuple:
+    async def read_columns(self, first: int, last: int) -> tuple[int, bytes, bytes, bytes, bytes]:
         return await self._driver.run(self._ops.read_columns(first, last))
 
     async def retained(self) -> tuple[int, int]:

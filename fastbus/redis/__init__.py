@@ -1,6 +1,18 @@
-"""fastbus on Redis: every part takes a URL, and with none uses an embedded
-Redis-compatible server (:mod:`fastbus.redis.server`)."""
+"""fastbus on Redis: every part takes a URL; with none, ``$FASTBUS_REDIS_URL``,
+else an embedded Redis-compatible server private to the process
+(:mod:`fastbus.redis.server`).  Failures against a server raise the
+errors of :mod:`fastbus.redis._errors` (also in :mod:`fastbus.errors`)."""
 
+from fastbus.errors import FlushTimeout
+from fastbus.redis._errors import (
+    NotARedisServer,
+    PayloadTooLarge,
+    RedisServerError,
+    ServerOutOfMemory,
+    ServerRefused,
+    ServerTimeout,
+    ServerUnavailable,
+)
 from fastbus.redis.publisher import (
     AsyncBufferedListProducer,
     AsyncBufferedPublisher,
@@ -11,10 +23,12 @@ from fastbus.redis.publisher import (
 )
 from fastbus.redis.server import (
     ENV_BINARY,
+    ENV_URL,
     EmbeddedServer,
     EmbeddedServerError,
     ServerNotFoundError,
     bundled_server_binary,
+    check_url,
     default_server,
     find_server_binary,
     resolve_url,
@@ -23,6 +37,16 @@ from fastbus.redis.subscriber import Subscriber
 
 __all__ = [
     "ENV_BINARY",
+    "ENV_URL",
+    "FlushTimeout",
+    "NotARedisServer",
+    "PayloadTooLarge",
+    "RedisServerError",
+    "ServerOutOfMemory",
+    "ServerRefused",
+    "ServerTimeout",
+    "ServerUnavailable",
+    "check_url",
     "AsyncBufferedListProducer",
     "AsyncBufferedPublisher",
     "BufferedListProducer",

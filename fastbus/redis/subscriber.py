@@ -7,7 +7,9 @@ all complete messages in one C call, into redis-py-shaped dicts
 (``get_batch``).  After a server restart or a broken connection it
 reconnects with backoff, subscribes again to everything, and tells the
 caller with a ``gap`` notice: Redis keeps nothing for absent subscribers, so
-what was published meanwhile is lost, and the notice says when.
+what was published meanwhile is lost, and the notice says for how long.
+While the server is down, ``get_message`` and ``get_batch`` keep trying to
+reconnect, and still return within their ``timeout``.
 
     with Subscriber(url) as sub:
         sub.subscribe("news")
@@ -20,20 +22,21 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Iterator
 from typing import Any, Self
 
 import redis
 
-from fastbus._core import resp_pubsub_decode
-from fastbus.redis.publisher import _Link
+from fastbus import _messages as M
+from fastbus._messages import MessageBuffer, PubSubMessage, resp_pubsub_decode, to_bytes
+from fastbus.errors import BatchError
+from fastbus.redis._connection import Connection
+from fastbus.redis._errors import not_redis, translate
 
 log = logging.getLogger("fastbus.redis")
 
 __all__ = ["Subscriber"]
 
-_CONFIRMS = ("subscribe", "psubscribe", "unsubscribe", "punsubscribe")
 READ_SIZE = 1 << 18
 
 
@@ -45,12 +48,7 @@ def _command(*args) -> bytes:
     return b"".join(parts)
 
 
-def _name(value) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    raise TypeError(f"channels and patterns are bytes or str, not {type(value).__name__}")
+_name = to_bytes     # channels and patterns: one rule (fastbus._messages)
 
 
 class Subscriber:
@@ -60,15 +58,24 @@ class Subscriber:
 
     Messages are dicts as redis-py's: ``type`` (``subscribe``, ``message``,
     ``pmessage``, ...), ``pattern``, ``channel``, ``data``; plus ``gap``
-    notices after a reconnect (``data``: ``{"down_s": seconds without a
-    connection}``; messages published meanwhile were not received).
+    notices after a reconnect (``data``: ``{"lost": None, "down_s": seconds
+    without a subscription}``, the shape of every gap notice: messages
+    published in that time were not received, and Redis does not count them).
+    ``down_s`` runs from the last moment the subscriber knew its connection
+    was open (a read that found it open, or the moment a read in progress
+    saw it close) to the resubscription: exact when the subscriber was
+    reading, an upper bound when it was not.
+
+    The first connection is made by the first ``subscribe()``; if it fails,
+    that call raises (:class:`fastbus.errors.ServerUnavailable`...).  Later,
+    a lost connection is reconnected by the reads, within their timeout.
     ``decode_responses=True`` gives str.  Not thread-safe: one reader."""
 
     def __init__(self, redis: Any = None, *, decode_responses: bool = False,
                  ignore_subscribe_messages: bool = False, reconnect_max_delay: float = 2.0) -> None:
         if not 0 < reconnect_max_delay <= 60:
             raise ValueError("reconnect_max_delay must be between 0 and 60 seconds")
-        self._link = _Link(redis, "SUBSCRIBE")
+        self._conn = Connection(redis, "SUBSCRIBE")
         self.decode_responses = decode_responses
         self.ignore_subscribe_messages = ignore_subscribe_messages
         self._max_delay = reconnect_max_delay
@@ -76,11 +83,20 @@ class Subscriber:
         self.patterns: set[bytes] = set()
         self._sock = None
         self._buf = bytearray()
-        self._dicts: deque = deque()       # get_message(): everything, in order
-        self._pairs: deque = deque()       # get_batch(): data messages
-        self._notices: deque = deque()     # get_batch(): the others, for get_message()
+        # fastbus._messages.MessageBuffer: dicts (get_message(): everything,
+        # in order), pairs (get_batch(): data messages), notices (the others,
+        # read by get_batch(), for get_message()).
+        self._queued = MessageBuffer()
+        self._dicts = self._queued.dicts
+        self._pairs = self._queued.pairs
+        self._notices = self._queued.notices
         self._closed = False
         self.reconnects = 0
+        self._alive_at = 0.0               # when the connection was last known open (monotonic)
+        self._down_since: float | None = None    # lost: messages may be missed since then
+        self._delay = 0.05                 # the next reconnect's backoff
+        self._next_attempt = 0.0
+        self.last_error: BaseException | None = None   # why the last reconnect attempt failed
 
     # -- subscriptions -----------------------------------------------------
 
@@ -117,28 +133,19 @@ class Subscriber:
 
     # -- receiving ---------------------------------------------------------
 
-    def get_message(self, ignore_subscribe_messages: bool = False, timeout: float | None = 0.0) -> dict | None:
+    def get_message(self, ignore_subscribe_messages: bool = False, timeout: float | None = 0.0) -> PubSubMessage | None:
         """The next message or notice, or None if none comes within
         ``timeout`` seconds (None: wait for ever)."""
         ignore = ignore_subscribe_messages or self.ignore_subscribe_messages
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            while self._notices or self._pairs:      # left by get_batch(): notices first
-                if self._notices:
-                    m = self._notices.popleft()
-                else:
-                    c, d = self._pairs.popleft()
-                    m = {"type": "message", "pattern": None, "channel": c, "data": d}
-                if not (ignore and m["type"] in _CONFIRMS):
-                    return m
-            while self._dicts:
-                m = self._dicts.popleft()
-                if not (ignore and m["type"] in _CONFIRMS):
-                    return m
+            m = self._queued.next_message(ignore, M.message)
+            if m is not None:
+                return m
             if not self._read(deadline, as_dicts=True):
                 return None
 
-    def listen(self) -> Iterator[dict]:
+    def listen(self) -> Iterator[PubSubMessage]:
         """Messages for ever (until close())."""
         while not self._closed:
             m = self.get_message(timeout=None)
@@ -149,63 +156,78 @@ class Subscriber:
         """Data messages as ``(channel, data)`` tuples, all that have arrived
         (at least one, unless ``timeout`` passes first: then []).
         Confirmations and notices wait for get_message()."""
+        if max_messages is not None and max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
         deadline = None if timeout is None else time.monotonic() + timeout
-        if self._dicts:
-            for m in self._dicts:
-                (self._pairs.append((m["channel"], m["data"])) if m["type"] in ("message", "pmessage")
-                 else self._notices.append(m))
-            self._dicts.clear()
-        while not self._pairs:
+        while True:
+            out = self._queued.next_batch(max_messages)
+            if out:
+                return out
             if not self._read(deadline, as_dicts=False):
                 return []
-        if max_messages is None or max_messages >= len(self._pairs):
-            out = list(self._pairs)
-            self._pairs.clear()
-            return out
-        if max_messages < 1:
-            raise ValueError("max_messages must be at least 1")
-        return [self._pairs.popleft() for _ in range(max_messages)]
 
     # -- the connection ----------------------------------------------------
 
-    def _connect(self) -> None:
-        self._sock = self._link.socket()
+    def _connect(self, timeout: float | None = None) -> None:
+        try:
+            self._sock = self._conn.socket(timeout)
+        except (redis.RedisError, OSError) as exc:
+            self._sock = None
+            error = translate(exc, self._conn.address, "SUBSCRIBE")
+            if error is exc:
+                raise
+            raise error from None
         self._buf.clear()
+        self._alive_at = time.monotonic()
 
     def _send(self, data: bytes) -> None:
         if self._closed:
             raise redis.ConnectionError("subscriber is closed")
         if self._sock is None:
-            self._connect()
+            if self._down_since is not None:
+                return               # reconnecting: every subscription is sent again then
+            self._connect()          # the first connection: a failure raises
         try:
             self._sock.sendall(data)
         except OSError:
-            self._reconnect()        # resends every subscription, this one included
+            self._lost(self._alive_at)   # the next read reconnects and sends every subscription
 
     def _read(self, deadline: float | None, as_dicts: bool) -> bool:
         """Wait for data and decode what arrived; False on timeout."""
         if self._closed:
             return False
         if self._sock is None:
+            if self._down_since is not None:
+                return self._reconnect(deadline, as_dicts)
             if not self.subscribed:
                 return False
             self._connect()
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        start = time.monotonic()
+        left = None if deadline is None else max(0.0, deadline - start)
         self._sock.settimeout(left)
         try:
             chunk = self._sock.recv(READ_SIZE)
-        except TimeoutError:
-            return False
-        except BlockingIOError:
+        except (TimeoutError, BlockingIOError):
+            self._alive_at = time.monotonic()        # still open
             return False
         except OSError:
             chunk = b""
         if not chunk:
-            self._reconnect()
+            now = time.monotonic()
+            # A read that waited saw the connection close now; one that
+            # found it closed at once knows only when it was last open.
+            self._lost(now if now - start > 0.001 else self._alive_at)
+            self._reconnect(deadline, as_dicts)
             return True
+        self._alive_at = time.monotonic()
         buf = self._buf
         buf += chunk
-        used, items, notices = resp_pubsub_decode(buf, 0, -1, as_dicts, self.decode_responses)
+        try:
+            used, items, notices = resp_pubsub_decode(buf, 0, -1, as_dicts, self.decode_responses)
+        except BatchError as exc:
+            head = bytes(buf[:60])
+            self._lost(self._alive_at)
+            raise not_redis(repr(head), self._conn.address, "SUBSCRIBE", original=exc) from None
         del buf[:used]
         if as_dicts:
             self._dicts.extend(items)
@@ -214,34 +236,59 @@ class Subscriber:
             self._notices.extend(notices)
         return True
 
-    def _reconnect(self) -> None:
-        """Connect again (with backoff) and resubscribe; a gap notice says
-        how long this subscriber was away."""
-        down_since = time.monotonic()
-        delay = 0.05
+    def _lost(self, since: float) -> None:
+        """The connection is gone; messages may be missed from ``since`` on."""
+        if self._down_since is None:
+            self._down_since = since
+            self._delay = 0.05
+            self._next_attempt = 0.0
+        self._sock = None
+        self._conn.disconnect()
+
+    def _reconnect(self, deadline: float | None, as_dicts: bool) -> bool:
+        """Connect again and resubscribe, with backoff, until ``deadline``
+        (None: until it works or close()).  True once resubscribed: a gap
+        notice then says how long this subscriber was away."""
         while not self._closed:
+            now = time.monotonic()
+            if now < self._next_attempt:
+                if deadline is not None and self._next_attempt > deadline:
+                    if deadline > now:
+                        time.sleep(deadline - now)
+                    return False
+                time.sleep(self._next_attempt - now)
             try:
-                self._link.disconnect()
-                self._connect()
+                self._conn.disconnect()
+                left = None if deadline is None else max(0.05, deadline - time.monotonic())
+                self._sock = self._conn.socket(left)
+                self._buf.clear()
                 if self.channels:
                     self._sock.sendall(_command(b"SUBSCRIBE", *self.channels))
                 if self.patterns:
                     self._sock.sendall(_command(b"PSUBSCRIBE", *self.patterns))
-                break
-            except (OSError, redis.ConnectionError, redis.TimeoutError) as exc:
-                log.info("fastbus: Redis subscriber reconnecting in %.2f s: %s", delay, exc)
-                time.sleep(delay)
-                delay = min(delay * 2, self._max_delay)
-        self.reconnects += 1
-        notice = {"type": "gap", "pattern": None, "channel": None,
-                  "data": {"down_s": round(time.monotonic() - down_since, 3)}}
-        self._dicts.append(notice)
+            except (OSError, redis.RedisError) as exc:
+                self._sock = None
+                self.last_error = translate(exc, self._conn.address, "SUBSCRIBE")
+                log.info("Redis subscriber reconnecting in %.2f s: %s", self._delay, self.last_error)
+                self._next_attempt = time.monotonic() + self._delay
+                self._delay = min(self._delay * 2, self._max_delay)
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                continue
+            now = time.monotonic()
+            self.reconnects += 1
+            self._alive_at = now
+            notice = M.gap(down_s=round(now - (self._down_since or now), 3))
+            self._down_since = None
+            (self._dicts if as_dicts else self._notices).append(notice)
+            return True
+        return False
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._link.close()
+        self._conn.close()
 
     def __enter__(self) -> Self:
         return self

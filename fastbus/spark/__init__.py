@@ -132,7 +132,7 @@ def register(spark: Any, url: str | None = None) -> str:
     # so the workers that run the source get the default URL with it.
     cls = type("FastbusDataSource", (FastbusDataSource,),
                {"_default_url": url, "__module__": __name__, "__qualname__": "FastbusDataSource"})
-    spark.dataSource.register(cls)
+    _register_safe_path(spark, cls)
     # Spark 4.x finds Python data sources for writeStream.start() through the
     # JVM thread's *active* session, which a new session has not set until
     # it has run a batch query ([DATA_SOURCE_NOT_FOUND] otherwise).
@@ -140,3 +140,26 @@ def register(spark: Any, url: str | None = None) -> str:
     if jvm is not None and jsession is not None:
         jvm.org.apache.spark.sql.SparkSession.setActiveSession(jsession)
     return url
+
+
+def _register_safe_path(spark: Any, cls: type) -> None:
+    """Register ``cls`` with PYTHONSAFEPATH=1 in the environment of the
+    Python workers that run it: Spark starts them with ``python -m
+    pyspark.daemon`` in the driver's working directory (local mode), and
+    ``-m`` puts that directory first on ``sys.path``, so from a fastbus
+    source checkout's root the workers would import its uncompiled tree
+    instead of the installed package.  Only this data source's functions
+    get it: the session's other Python functions keep their environment."""
+    env = None
+    try:
+        env = spark.sparkContext.environment       # classic sessions (not Spark Connect)
+    except Exception:
+        pass
+    if not isinstance(env, dict) or "PYTHONSAFEPATH" in env:
+        spark.dataSource.register(cls)
+        return
+    env["PYTHONSAFEPATH"] = "1"
+    try:
+        spark.dataSource.register(cls)
+    finally:
+        env.pop("PYTHONSAFEPATH", None)

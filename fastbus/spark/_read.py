@@ -22,8 +22,7 @@ from pyspark.sql.streaming.datasource import (
 
 from fastbus._core import queue_decode
 from fastbus.queue import QueueError, Topic, WorkQueue
-from fastbus.queue.topic import _TopicOps
-from fastbus.queue.workqueue import queue_namespace
+from fastbus.queue._engine import TopicOps, queue_namespace
 from fastbus.spark._options import OptionError, Options
 from fastbus.spark._redis import client
 
@@ -136,7 +135,7 @@ class BatchReader(DataSourceReader):
         o = self.o
         if o.queue:
             return queue_namespace(o.prefix, o.queue) + (o.list or "failed")
-        return _TopicOps(o.topic, o.prefix, o.ttl, o.max_deliveries).space(o.consumer).ns + "failed"
+        return TopicOps(o.topic, o.prefix, o.ttl, o.max_deliveries).space(o.consumer).ns + "failed"
 
     def partitions(self) -> list:
         o = self.o

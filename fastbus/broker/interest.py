@@ -1,0 +1,175 @@
+"""Who wants what, and telling the neighbours: the routing trie, the
+forwarders that turn subscription changes into minimal diffs, WANT diffs and
+snapshots for publishing clients and downstream brokers, SUB diffs upstream.
+
+Two kinds of forwarder (``fastbus.Forwarder``, subsume mode) follow the
+trie.  One over all links gives the publishing clients the minimal set of
+keys wanted here, so that they drop unwanted messages before the network.
+One per broker link, over all *other* links, gives what we want from that
+broker (split horizon: never what it wants itself); its diffs are WANT to a
+downstream broker and SUB to the upstream one (``Link.want_frames``).
+"""
+
+from __future__ import annotations
+
+from fastbus import protocol as P
+from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Forwarder, Trie
+from fastbus.errors import NotSubscribedError
+
+from .config import SUB_OVERHEAD, BrokerConfig
+from .links import Link, LinkTable
+
+
+class Interest:
+    """The subscriptions of every link and the diffs they cause.  ``send``
+    is how a diff leaves (fastbus.broker.sending.Sender.send)."""
+
+    def __init__(self, trie: Trie, links: LinkTable, send, config: BrokerConfig, counters: dict,
+                 drops: dict) -> None:
+        self.trie = trie
+        self.links = links
+        self._send = send
+        self._max_subs = config.max_subscriptions
+        self._max_bytes = config.max_subscription_bytes
+        self._max_total = config.max_total_subscription_bytes
+        self._counters = counters
+        self._drops = drops
+        self.total_bytes = 0                     # what every session's subscriptions cost (SUB_OVERHEAD)
+        self.released = 0                        # subscriptions removed, ever (the broker's memory trim)
+        self.all = Forwarder("subsume")          # every link: the publishers' filter
+
+    # -- links come and go -------------------------------------------------
+
+    def attach(self, link: Link) -> None:
+        """A new link.  A broker link gets a forwarder of what every other
+        link wants; the caller sends its snapshot (``link_snapshot``)."""
+        if not link.is_broker:
+            return
+        fwd = Forwarder("subsume")
+        for other in self.links.by_id.values():
+            if other is not link:
+                for key, prefix, refs in self.trie.subscriber_keys(other.link):
+                    for _ in range(refs):
+                        fwd.subscribe(other.link, key, prefix=prefix)
+        link.forwarder = fwd
+
+    def detach(self, link: Link) -> None:
+        """A link that went (already out of the table): its subscriptions
+        go, and the diffs travel."""
+        self.trie.remove_subscriber(link.link)
+        self.released += link.subs
+        self.total_bytes -= link.sub_bytes
+        link.sub_bytes = link.subs = 0
+        self._emit_all(self.all.remove_peer(link.link))
+        for other in self.links.snapshot():
+            if other.forwarder is not None:
+                self._emit_link(other, other.forwarder.remove_peer(link.link))
+
+    def publisher_snapshot(self):
+        """The whole set a publishing client should let through (WANT reset)."""
+        return P.encode_ops(self.all.snapshot())
+
+    def link_snapshot(self, link: Link):
+        """The whole set we want from a broker link."""
+        return P.encode_ops(link.forwarder.snapshot())
+
+    def link_snapshot_chunks(self, link: Link, size: int) -> list:
+        """The same as ops batches of at most ``size`` operations each (the
+        upstream broker takes at most its max_sub_ops in one SUB)."""
+        ops = link.forwarder.snapshot()
+        return [P.encode_ops(ops[i:i + size]) for i in range(0, len(ops), size)] or [P.encode_ops([])]
+
+    # -- subscription changes ----------------------------------------------
+
+    def _refusal(self, link: Link, cost: int) -> str | None:
+        """Why a subscription of this cost cannot be held, or None."""
+        if link.subs >= self._max_subs:
+            return (f"too many subscriptions: this connection holds {link.subs:,}, the broker's limit "
+                    f"(max_subscriptions)")
+        if link.sub_bytes + cost > self._max_bytes:
+            return (f"subscriptions of this connection would take {link.sub_bytes + cost:,} bytes, over the "
+                    f"broker's limit of {self._max_bytes:,} (max_subscription_bytes)")
+        if self.total_bytes + cost > self._max_total:
+            return (f"the broker's subscriptions would take {self.total_bytes + cost:,} bytes, over its "
+                    f"limit of {self._max_total:,} (max_total_subscription_bytes)")
+        return None
+
+    def apply(self, link: Link, ops) -> list:
+        """(Un)subscriptions of a link: routing trie, then the forwarders,
+        then the diffs to whoever they concern.  Returns the subscriptions
+        refused (over a limit) as ``(key, prefix, reason)``; a link of ours
+        (the upstream broker's wants) is not limited."""
+        diff_all: list = []
+        diffs: dict[Link, list] = {}
+        refused: list = []
+        brokers = [o for o in self.links.by_id.values() if o.forwarder is not None and o is not link]
+        limited = link.limited
+        trie, fwd_all, key_id = self.trie, self.all, link.link
+        for op, key, prefix in ops:
+            if op == SUBSCRIBE:
+                cost = len(key) + SUB_OVERHEAD
+                if limited:
+                    why = self._refusal(link, cost)
+                    if why is not None:
+                        self._drops["too_many_subscriptions"] += 1
+                        refused.append((key, prefix, why))
+                        continue
+                trie.add(key, key_id, prefix=prefix)
+                link.subs += 1
+                link.sub_bytes += cost
+                self.total_bytes += cost
+                self._counters["subscribe_ops"] += 1
+                diff_all += fwd_all.subscribe(key_id, key, prefix=prefix)
+                for other in brokers:
+                    d = other.forwarder.subscribe(key_id, key, prefix=prefix)
+                    if d:
+                        diffs.setdefault(other, []).extend(d)
+            else:
+                try:
+                    trie.remove(key, key_id, prefix=prefix)
+                except NotSubscribedError:
+                    self._drops["not_subscribed"] += 1
+                    continue
+                link.subs -= 1
+                self.released += 1
+                link.sub_bytes -= len(key) + SUB_OVERHEAD
+                self.total_bytes -= len(key) + SUB_OVERHEAD
+                self._counters["unsubscribe_ops"] += 1
+                diff_all += fwd_all.unsubscribe(key_id, key, prefix=prefix)
+                for other in brokers:
+                    d = other.forwarder.unsubscribe(key_id, key, prefix=prefix)
+                    if d:
+                        diffs.setdefault(other, []).extend(d)
+        self._emit_all(diff_all)
+        for other, d in diffs.items():
+            if self.links.is_current(other):      # a send above may have found it gone
+                self._emit_link(other, d)
+        return refused
+
+    def set_wants(self, link: Link, wanted: set, reset: bool) -> None:
+        """Make a link's subscriptions a given set of (key, prefix) (the
+        upstream link: what upstream wants from us): subscriptions first,
+        so that nothing is dropped in between; with ``reset`` the keys not
+        in the set go."""
+        current = {(k, p) for k, p, _refs in self.trie.subscriber_keys(link.link)}
+        add = [(SUBSCRIBE, k, p) for k, p in wanted - current]
+        rem = [(UNSUBSCRIBE, k, p) for k, p in current - wanted] if reset else []
+        self.apply(link, add + rem)
+
+    # -- diffs out -----------------------------------------------------------
+
+    def _emit_all(self, diff: list) -> None:
+        """Tell the publishing clients what is now (un)wanted."""
+        if not diff:
+            return
+        frames = [P.WANT, b"\x00", P.encode_ops(diff)]
+        for link in self.links.snapshot():       # a send may find another link dead
+            if link.filters and self.links.is_current(link):
+                self._send(link, list(frames))
+
+    def _emit_link(self, link: Link, diff: list) -> None:
+        """A broker link: what we want from it changed (to the upstream
+        broker: SUB frames of at most the operations it takes in one)."""
+        size = getattr(link, "sub_ops", None) or len(diff) or 1
+        for i in range(0, len(diff), size):
+            self._send(link, link.want_frames(P.encode_ops(diff[i:i + size])))

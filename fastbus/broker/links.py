@@ -1,0 +1,286 @@
+"""Links, the broker's neighbours, each of a kind that knows how to reach
+it (a client session, a downstream broker, the upstream broker, the
+plain-ZeroMQ XPUB socket), and the table that numbers them.
+
+A link's id is its subscriber id in the routing trie and the id of its
+outbox in the router.  What the rest of the broker needs to know about a
+kind is here, as attributes and methods, instead of checks of its role:
+
+=================  ========  =======  =========  ===============================
+kind               role      limited  is_broker  data goes out as
+=================  ========  =======  =========  ===============================
+ClientLink         client    yes      no         DATA seq batch
+DownstreamLink     broker    yes      yes        DATA seq batch
+UpstreamLink       upstream  no       yes        PUB batch
+XPubLink           zmq-pub   no       no         one [channel, payload] a record
+=================  ========  =======  =========  ===============================
+
+``limited``: subscriptions count against the broker's subscription limits
+(every session; not our own link to the upstream broker).
+``is_broker``: another broker; it gets a forwarder of what every *other*
+link wants, and its diffs (``want_frames``) are what we want from it.
+``filters``: a publishing client, which gets the broker-wide WANT diffs and
+FLOW pause/resume.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import zmq
+
+from fastbus import protocol as P
+from fastbus._core import batch_count, decode, encode
+
+_NOBLOCK = zmq.NOBLOCK
+_MORE = zmq.NOBLOCK | zmq.SNDMORE
+_DATA = P.DATA
+_PUB = P.PUB
+
+
+class Link:
+    """A neighbour, and the state of what is being sent to it: its queue
+    (batches and control messages its socket would not take yet, see
+    fastbus.broker.sending), messages lost from it and not yet reported."""
+
+    role = ""
+    limited = False
+    is_broker = False
+
+    __slots__ = ("link", "name", "sock", "publisher", "subs", "sub_bytes", "forwarder", "queue",
+                 "queued_bytes", "lost", "last_sent", "flow_exempt", "address", "since", "traffic")
+
+    def __init__(self, link: int, name: str, sock: zmq.Socket, publisher: bool = False) -> None:
+        self.link = link
+        self.name = name
+        self.sock = sock
+        self.publisher = publisher
+        self.subs = 0                     # subscriptions it holds here
+        self.sub_bytes = 0                # what they cost (key bytes + SUB_OVERHEAD each)
+        self.forwarder = None             # broker links: what we want from them
+        self.queue: deque = deque()       # (frames, records or 0 for control, bytes)
+        self.queued_bytes = 0
+        self.lost = 0                     # data records dropped, not yet reported
+        self.last_sent = 0.0
+        self.flow_exempt = False          # held publishers back too long: no longer does
+        self.address: str | None = None   # the peer's address (ZeroMQ Peer-Address), where known
+        self.since = time.time()          # connected since (wall clock, for monitoring)
+        #: What Python routed from it and sent to it, counted per batch:
+        #: [batches_in, messages_in, bytes_in, batches_out, messages_out,
+        #: bytes_out] (the C data plane counts its own: Relay.link_counters).
+        self.traffic = [0, 0, 0, 0, 0, 0]
+
+    @property
+    def filters(self) -> bool:
+        """A publishing client: gets WANT diffs of everything wanted here,
+        and FLOW pause/resume."""
+        return False
+
+    def send(self, frames: list) -> None:
+        """Hand frames to the socket without blocking; raises zmq.Again if
+        it cannot take them now (then ``frames`` may have been changed to
+        what is left to send), other zmq.ZMQError as they come."""
+        raise NotImplementedError
+
+    def data_frames(self, batch) -> list:
+        """The message carrying a batch of records to this link."""
+        raise NotImplementedError
+
+    def probe(self, now: float, interval: float) -> list | None:
+        """What maintenance sends to check the link is alive, or None."""
+        return None
+
+    def kick_frames(self, reason: str) -> list | None:
+        """The message that ends the link's session, with a reason, if its
+        kind has sessions."""
+        return None
+
+    def describe(self) -> dict:
+        return {"link": self.link, "role": self.role, "name": self.name, "publisher": self.publisher,
+                "subscriptions": self.subs, "queued_bytes": self.queued_bytes}
+
+
+class Session(Link):
+    """A peer that said HELLO on the broker's ROUTER socket; frames go to it
+    behind its routing id.  ROUTER_MANDATORY makes a send to a peer whose
+    pipe is full raise EAGAIN, and one to a vanished peer EHOSTUNREACH.
+    Every session's subscriptions count against the broker's limits."""
+
+    limited = True
+
+    __slots__ = ("ident", "acked_seq", "_seq_frame")
+
+    def __init__(self, link: int, ident: bytes, name: str, sock: zmq.Socket, publisher: bool) -> None:
+        super().__init__(link, name, sock, publisher)
+        self.ident = ident
+        self.acked_seq = 0
+        self._seq_frame = P.pack_u64(0)
+
+    def confirm(self, seq: int) -> None:
+        """The SUB with this seq is applied: data from now on carries it."""
+        self.acked_seq = seq
+        self._seq_frame = P.pack_u64(seq)
+
+    def send(self, frames: list) -> None:
+        # Frame by frame (send_multipart would first copy the list and
+        # type-check every part).  Only the routing id can fail.
+        # The last frame is a batch where there is one: no copy if large.
+        send = self.sock.send
+        send(self.ident, _MORE)
+        for f in frames[:-1]:
+            send(f, _MORE)
+        send(frames[-1], _NOBLOCK, copy=False)
+
+    def data_frames(self, batch) -> list:
+        return [_DATA, self._seq_frame, batch]
+
+    def probe(self, now: float, interval: float) -> list | None:
+        if now - self.last_sent >= interval and not self.queue:
+            return [P.PING, b""]
+        return None
+
+    def kick_frames(self, reason: str) -> list | None:
+        return [P.KICK, P.dump_json({"reason": reason})]
+
+
+class ClientLink(Session):
+    """A client session (HELLO role "client")."""
+
+    role = "client"
+    __slots__ = ()
+
+    @property
+    def filters(self) -> bool:
+        return self.publisher
+
+
+class DownstreamLink(Session):
+    """A broker below us (HELLO role "broker"): it subscribes here with what
+    its side wants; we send it WANT with what our other links want."""
+
+    role = "broker"
+    is_broker = True
+    __slots__ = ()
+
+    def want_frames(self, ops) -> list:
+        return [P.WANT, b"\x00", ops]
+
+    def want_reset_frames(self, ops) -> list:
+        return [P.WANT, bytes([P.WANT_RESET]), ops]
+
+
+class UpstreamLink(Link):
+    """Our DEALER connection to the broker above (fastbus.broker.federation):
+    its WANT set becomes this link's subscriptions; what our other links
+    want we subscribe there with SUB."""
+
+    role = "upstream"
+    is_broker = True
+    __slots__ = ("seq", "instance", "sub_ops")
+
+    def __init__(self, link: int, sock: zmq.Socket) -> None:
+        super().__init__(link, "upstream", sock, publisher=True)
+        self.seq = 0
+        self.instance = b""               # upstream's WELCOME instance: empty until welcomed
+        self.sub_ops = 1000               # operations per SUB frame (upstream's WELCOME says its limit)
+
+    def send(self, frames: list) -> None:
+        self.sock.send_multipart(frames, _NOBLOCK, copy=False)
+
+    def data_frames(self, batch) -> list:
+        return [_PUB, batch]
+
+    def want_frames(self, ops) -> list:
+        self.seq += 1
+        return [P.SUB, P.pack_u64(self.seq), ops]
+
+    def probe(self, now: float, interval: float) -> list | None:
+        return [P.PING, b"probe"]         # its PONG tells us whether upstream restarted
+
+
+class XPubLink(Link):
+    """Plain ZeroMQ SUB sockets behind our XPUB socket, as one link whose
+    subscriptions are their prefixes (fastbus.broker.compat)."""
+
+    role = "zmq-pub"
+    limited = True                        # a refusal is counted and logged: plain SUB sockets hear nothing
+    __slots__ = ()
+
+    def send(self, frames: list) -> None:
+        """One [channel, payload] message per record (XPUB filters per
+        subscriber).  If the socket fills up, frames[0] becomes the unsent
+        rest, for later."""
+        xs = self.sock
+        records = decode(frames[0])
+        for i, (topic, payload) in enumerate(records):
+            try:
+                xs.send_multipart([topic, payload], _NOBLOCK)
+            except zmq.Again:
+                frames[0] = encode(records[i:])
+                raise
+
+    def data_frames(self, batch) -> list:
+        return [batch]
+
+
+def count_in(link: Link, batch) -> None:
+    """A batch received from a link and routed by Python: count it on the
+    link (one C call for its record count, per batch)."""
+    t = link.traffic
+    t[0] += 1
+    try:
+        t[1] += batch_count(batch)
+    except ValueError:                    # refused by the router already (counted there)
+        pass
+    t[2] += len(batch)
+
+
+#: The fields of Broker.peer_rows(), in order (and of /connz's entries).
+PEER_FIELDS = ("link", "name", "role", "address", "publisher", "subscriptions", "queued_bytes", "slow",
+               "holding_publishers", "flow_exempt", "lost_unreported", "connected_since", "batches_in",
+               "messages_in", "bytes_in", "batches_out", "messages_out", "bytes_out")
+
+
+def peer_dicts(rows: list[tuple]) -> list[dict]:
+    """Broker.peer_rows() as dicts (any thread)."""
+    return [dict(zip(PEER_FIELDS, row)) for row in rows]
+
+
+class LinkTable:
+    """Every link by id, sessions also by routing id.  Ids are small and
+    reused, as the router and the trie want them dense."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, Link] = {}
+        self.by_ident: dict[bytes, Session] = {}
+        self._free: list[int] = []
+        self._next = 1
+
+    def new_id(self) -> int:
+        if self._free:
+            return self._free.pop()
+        link = self._next
+        self._next += 1
+        return link
+
+    def add(self, link: Link) -> None:
+        self.by_id[link.link] = link
+        if isinstance(link, Session):
+            self.by_ident[link.ident] = link
+
+    def is_current(self, link: Link) -> bool:
+        return self.by_id.get(link.link) is link
+
+    def remove(self, link: Link) -> None:
+        del self.by_id[link.link]
+        if isinstance(link, Session) and self.by_ident.get(link.ident) is link:
+            del self.by_ident[link.ident]
+        self._free.append(link.link)
+
+    def snapshot(self) -> list[Link]:
+        """The links now (safe to iterate while sends remove dead ones)."""
+        return list(self.by_id.values())
+
+    def __len__(self) -> int:
+        return len(self.by_id)

@@ -1,0 +1,621 @@
+"""The broker itself (:class:`Broker`): lifecycle, the poll loop, periodic
+maintenance and stats; it wires the other modules of fastbus.broker
+together and adds and removes links.
+
+One thread runs :meth:`Broker.run`.  Each turn of the loop waits for a
+socket to become readable, reads each readable socket up to its budget
+(routing every received batch in C), then sends every link the batch that
+turn produced (fastbus.broker.sending).  Nothing on the message path waits
+for a timer: the poll sleeps until a socket has something or maintenance is
+due, or, with a linger, until the next lingering batch is due.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import stat
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from fastbus import protocol as P
+from fastbus._core import Router, Trie
+from fastbus._types import Buffer
+from fastbus.errors import AddressInUse, ListenError
+
+from ._libzmq import relay as _relay
+from .compat import Compat
+from .config import BrokerConfig
+from .federation import Upstream
+from .interest import Interest
+from .links import Link, LinkTable, Session, count_in
+from .sending import Sender
+from .sessions import Sessions
+
+log = logging.getLogger("fastbus.broker")
+
+#: While a link is blocked the loop also wakes when its socket processes a
+#: command (ZMQ_FD), which is how libzmq reports that a full pipe has room
+#: again; this is only a backstop for a wake-up lost to a race (libzmq takes
+#: that command in during any other call on the socket, zmq_poll's first
+#: pass and the C data plane's sends included), and it runs only while some
+#: subscriber's pipe is full, never for a message to an idle one.
+BLOCKED_BACKSTOP = 0.001
+
+#: What the broker holds of what one peer sent and it has not read yet: at
+#: most RECV_HWM messages in ZeroMQ's pipe for that connection (ZeroMQ
+#: counts messages, not bytes; a publisher's batch is at most its
+#: max_bytes, 64 KiB by default, so 1 MiB) plus RECV_BUF bytes of kernel
+#: socket buffer (fixed: loopback autotuning grows one to tcp_rmem's
+#: maximum, 32 MiB on some systems).  Small, because this is what reaches
+#: the broker after a FLOW pause (docs/PROTOCOL.md, flow control) and what
+#: a flood of large SUB frames makes it hold; the loop reads up to
+#: RECV_BUDGET messages a turn from the socket anyway, and the I/O thread
+#: refills the pipe as it empties (measured: throughput unchanged).
+RECV_HWM = 16
+RECV_BUF = 256 * 1024
+#: The C data plane stops reading for the turn once it has routed this
+#: many bytes it could not send (slow subscribers' batches).
+LEFTOVER_LIMIT = 1 << 20
+
+_COUNTERS = ("batches_in", "messages_in", "bytes_in", "batches_out", "messages_out", "bytes_out",
+             "peers_joined", "peers_left", "subscribe_ops", "unsubscribe_ops", "control_in",
+             "flow_pauses", "flow_timeouts", "control_collapsed", "memory_trims", "gap_notices")
+_DROPS = ("slow_consumer", "unrouted", "malformed", "oversize", "protocol", "unknown_peer", "not_subscribed",
+          "too_many_subscriptions", "not_a_broker", "disconnected_slow", "unreachable", "internal")
+
+
+class Broker:
+    """A fastbus broker.  ``Broker(config).run()`` serves in the calling
+    thread until :meth:`stop`; ``start()`` runs it in a background thread,
+    and the broker is a context manager::
+
+        with Broker(BrokerConfig(bind=["tcp://127.0.0.1:6464"])) as b:
+            ...   # clients connect to tcp://127.0.0.1:6464
+    """
+
+    def __init__(self, config: BrokerConfig | None = None, *, context: zmq.Context | None = None,
+                 **overrides: Any) -> None:
+        config = config or BrokerConfig()
+        for k, v in overrides.items():
+            if not hasattr(config, k):
+                raise TypeError(f"unknown broker setting {k!r}")
+            setattr(config, k, v)
+        config.check()
+        self.config = config
+        self.instance = P.new_instance_id()
+        self._ctx = context or zmq.Context.instance()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stopped = threading.Event()
+        self._error: BaseException | None = None
+        self._stop_requested = False
+        self._wake_addr = f"inproc://fastbus-broker-wake-{id(self):x}"
+        self._stats_lock = threading.Lock()
+        self._stats_snapshot: dict = {}
+        self.endpoints: list[str] = []    # the bound endpoints, ports resolved
+        #: The monitoring HTTP server (config.http) and what it serves.
+        self.monitor = None
+        self.http_url: str | None = None
+        self._ipc_files: list[tuple[str, int, int]] = []   # (path, st_dev, st_ino) of bound ipc sockets
+        self._auth = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self, timeout: float = 10.0) -> Broker:
+        """Run in a background thread; returns once the sockets are bound."""
+        if self._thread is not None:
+            raise RuntimeError("broker already started")
+        self._thread = threading.Thread(target=self._thread_main, name=f"fastbus-broker-{self.config.name}",
+                                        daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("broker did not start")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _thread_main(self) -> None:
+        try:
+            self.run()
+        except BaseException as exc:  # reported by start() or stop()
+            self._error = exc
+            self._ready.set()
+
+    def request_stop(self) -> None:
+        """Ask the loop to finish (safe from a signal handler); returns at once."""
+        self._stop_requested = True
+        try:
+            s = self._ctx.socket(zmq.PAIR)
+            s.linger = 0
+            s.connect(self._wake_addr)
+            s.send(b"stop", zmq.NOBLOCK)
+            s.close()
+        except zmq.ZMQError:
+            pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving (from any thread) and wait: pending batches are sent
+        first."""
+        self.request_stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError("broker did not stop")
+        if self._error is not None and not isinstance(self._error, KeyboardInterrupt):
+            raise self._error
+
+    def __enter__(self) -> Broker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def endpoint(self) -> str:
+        """The first bound client endpoint (with the real port if 0 was asked)."""
+        return self.endpoints[0]
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot of the counters (updated by the loop about once a
+        second, thread-safe; empty before the loop's first snapshot).
+
+        Keys: ``name`` (str), ``instance`` (str), ``uptime_s`` (float),
+        ``endpoints`` (list[str]), ``peers`` (int), ``links`` (dict[str, int]:
+        links by role), ``publishers``, ``subscriptions``, ``keys`` (int),
+        ``upstream`` (``{"endpoint": str, "connected": bool}`` or None), the
+        cumulative counters (int) ``batches_in``, ``messages_in``,
+        ``bytes_in``, ``batches_out``, ``messages_out``, ``bytes_out``,
+        ``peers_joined``, ``peers_left``, ``subscribe_ops``,
+        ``unsubscribe_ops``, ``control_in``, ``flow_pauses``,
+        ``flow_timeouts``, ``control_collapsed``, ``memory_trims``,
+        ``gap_notices``, ``deliveries``; ``drops`` (dict[str, int], by
+        reason), ``queued_bytes`` (int) and ``flow_paused`` (bool)."""
+        with self._stats_lock:
+            return dict(self._stats_snapshot)
+
+    # -- setup -------------------------------------------------------------
+
+    def _setup(self) -> None:
+        cfg = self.config
+        self.counters = dict.fromkeys(_COUNTERS, 0)
+        self.drops = dict.fromkeys(_DROPS, 0)
+        self.trie = Trie()
+        self.router = Router(self.trie, max_messages=cfg.max_messages, max_bytes=cfg.max_bytes,
+                             max_delay=cfg.max_delay, max_topic=cfg.max_topic, max_payload=cfg.max_payload)
+        self.links = LinkTable()
+        self.sender = Sender(self.router, self.links, cfg, self.counters, self.drops, self.remove_link)
+        self.sender.want_reset = self._want_reset_frames
+        self.interest = Interest(self.trie, self.links, self.sender.send, cfg, self.counters,
+                                 self.drops)
+        self.handlers: dict = {}                   # socket -> what to call when it is readable
+        self._started = time.monotonic()
+        self._next_stats_log = self._started + (cfg.stats_interval or 0)
+        self._malloc_trim = _malloc_trim()
+        self._released_mark = 0                    # see _give_memory_back
+        self._last_stats_line: tuple | None = None
+        self._queued_peak = 0
+
+        self._wake = self._ctx.socket(zmq.PAIR)
+        self._wake.bind(self._wake_addr)
+        self._sock = self._router_socket()
+        # The data plane in C when pyzmq's libzmq can be called (see _relay.pyx).
+        self.relay = _relay(self.router, self._sock)
+        if self.relay is not None:
+            # What one turn may route for held (slow) subscribers before
+            # Python sees their queues and sends FLOW pause: part of what
+            # can arrive after the pause threshold (docs/PROTOCOL.md).
+            self.relay.leftover_limit = LEFTOVER_LIMIT
+        self.sender.relay = self.relay
+        self.sessions = Sessions(self, self._sock)
+        self.handlers[self._sock] = self.sessions.on_readable
+        self.upstream = Upstream(self) if cfg.upstream else None
+        if self.upstream is not None:
+            self.handlers[self.upstream.sock] = self.upstream.on_readable
+        self.compat = Compat(self)
+        if cfg.http:
+            try:
+                self._start_monitor()
+            except BaseException:
+                self._teardown()
+                raise
+        self._publish_stats()
+
+    def _start_monitor(self) -> None:
+        """The HTTP endpoints (fastbus.monitor): they read the snapshots
+        that maintenance publishes, never the loop's state."""
+        from fastbus.monitor.broker import BrokerSource
+        from fastbus.monitor.http import MonitorServer
+        cfg = self.config
+        source = BrokerSource(self, max_age=cfg.http_max_age)
+        server = MonitorServer(source, cfg.http, allow_remote=cfg.allow_remote).start()
+        self.monitor, self._monitor_server = source, server
+        self.http_url = server.url
+        log.info("monitoring on %s (/metrics, /varz, /connz, /subsz, /healthz)", server.url)
+
+    def _router_socket(self) -> zmq.Socket:
+        """The ROUTER socket for sessions, bound to every client endpoint."""
+        cfg = self.config
+        r = self._ctx.socket(zmq.ROUTER)
+        r.router_mandatory = 1
+        r.linger = 1000
+        # Batches held by libzmq per peer.  Small, so that a stalled subscriber
+        # soon shows up as EAGAIN and our own accounted queue and slow-consumer
+        # policy take over (16 x max_bytes, plus the kernel's socket buffers).
+        r.sndhwm = 16
+        r.rcvhwm = RECV_HWM
+        r.rcvbuf = RECV_BUF
+        r.maxmsgsize = cfg.max_message_bytes
+        # No ZMTP heartbeat timeouts: heartbeats share the data stream, so a
+        # subscriber that is merely slow (not reading) would be cut off as
+        # dead, losing its gap count.  A dead process closes its connection
+        # (found by the next probe); a slow one is the slow-consumer policy's;
+        # TCP keepalive finds half-open connections.
+        r.tcp_keepalive = 1
+        r.tcp_keepalive_idle = int(cfg.heartbeat_timeout)
+        r.tcp_keepalive_intvl = max(1, int(cfg.probe_interval))
+        r.tcp_keepalive_cnt = 3
+        if cfg.curve_secret_key:
+            r.curve_server = True
+            r.curve_secretkey = cfg.curve_secret_key.encode()
+            r.curve_publickey = cfg.curve_public_key.encode()
+            if cfg.curve_allowed is not None or cfg.curve_allowed_brokers is not None:
+                # ZAP: who may connect, and each connection's key as its
+                # User-Id (how a downstream broker is recognised).
+                from zmq.auth.thread import ThreadAuthenticator
+                def z85(keys):
+                    return {k.encode() if isinstance(k, str) else k for k in keys}
+                allowed = None if cfg.curve_allowed is None else \
+                    z85(cfg.curve_allowed) | z85(cfg.curve_allowed_brokers or ())
+                self._auth = ThreadAuthenticator(self._ctx, log=logging.getLogger("fastbus.broker.auth"))
+                self._auth.start()
+                # The provider is looked up by the socket's exact ZAP domain.
+                self._auth.configure_curve_callback("fastbus", credentials_provider=_AllowedKeys(allowed))
+                r.zap_domain = b"fastbus"
+        try:
+            for ep in cfg.bind:
+                self.bind(r, ep)
+                self.endpoints.append(r.last_endpoint.decode())
+        except BaseException:
+            r.close(linger=0)
+            raise
+        return r
+
+    def bind(self, sock: zmq.Socket, endpoint: str) -> None:
+        """``sock.bind(endpoint)``; failing, a ListenError (AddressInUse for
+        a port or path another process holds) naming the endpoint.  The file
+        of an ipc:// endpoint is removed when the broker stops."""
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise AddressInUse(f"cannot listen on {endpoint}: address already in use (another broker?)",
+                                   endpoint, exc.errno) from None
+            raise ListenError(f"cannot listen on {endpoint}: {exc.strerror}", endpoint, exc.errno) from None
+        bound = sock.last_endpoint.decode()
+        if bound.startswith("ipc://") and not bound.startswith("ipc://@"):
+            try:
+                st = os.stat(bound[6:])
+                self._ipc_files.append((bound[6:], st.st_dev, st.st_ino))
+            except OSError:
+                pass
+
+    def _remove_ipc_files(self) -> None:
+        """Remove the socket files this broker's ipc:// endpoints made (the
+        same files: not one another process bound there since)."""
+        for path, dev, ino in self._ipc_files:
+            try:
+                st = os.lstat(path)
+                if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == (dev, ino):
+                    os.unlink(path)
+            except OSError:
+                pass
+        self._ipc_files.clear()
+
+    # -- links -------------------------------------------------------------
+
+    def add_link(self, link: Link) -> None:
+        """A new neighbour: an outbox, and (for a broker) a forwarder."""
+        self.links.add(link)
+        self.router.add_link(link.link)
+        if self.relay is not None and isinstance(link, Session) and link.sock is self._sock:
+            self.relay.add_session(link.link, link.ident, link.acked_seq)
+        self.interest.attach(link)
+        self.counters["peers_joined"] += 1
+
+    def remove_link(self, link: Link, reason: str) -> None:
+        """A neighbour goes: its subscriptions (the diffs travel), its
+        outbox and its queue go with it.  Idempotent."""
+        if not self.links.is_current(link):
+            return
+        log.info("peer %s (%s, link %d) left: %s", link.name, link.role, link.link, reason)
+        if self.relay is not None:
+            self.relay.remove_session(link.link)
+        self.links.remove(link)
+        self.interest.detach(link)
+        self.router.remove_link(link.link)
+        self.sender.forget(link)
+        self.counters["peers_left"] += 1
+        if isinstance(link, Session):
+            self.sessions.forget(link, reason)
+
+    def route(self, batch: Buffer, source: int | None) -> None:
+        """Route a received batch; an outbox it filled goes out at once."""
+        full = self.router.receive(batch, source)
+        if source is not None:
+            link = self.links.by_id.get(source)
+            if link is not None:
+                count_in(link, batch)
+        if full:
+            self.sender.flush_full(full)
+
+    # -- the loop ----------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until stop() (or KeyboardInterrupt).  ListenError
+        (AddressInUse) if an endpoint cannot be bound."""
+        try:
+            self._setup()
+        except BaseException:
+            self._teardown()
+            raise
+        poller = zmq.Poller()
+        poller.register(self._wake, zmq.POLLIN)
+        for s in self.handlers:
+            poller.register(s, zmq.POLLIN)
+        self._watched: dict = {}                   # blocked sockets -> their ZMQ_FD, polled too
+        self._ready.set()
+        log.info("broker %s listening on %s", self.config.name, ", ".join(self.endpoints))
+        handlers = self.handlers
+        sender = self.sender
+        guarded = self._guarded
+        probe_interval = self.config.probe_interval
+        if self.monitor is not None:
+            # Maintenance publishes the monitoring snapshot: often enough
+            # for /healthz (probes still go only to links idle that long).
+            probe_interval = min(probe_interval, self.monitor.interval)
+        next_maint = time.monotonic() + probe_interval
+        try:
+            while not self._stop_requested:
+                for sock, _ev in poller.poll(self._poll_timeout(next_maint)):
+                    handler = handlers.get(sock)
+                    if handler is not None:
+                        guarded(handler)
+                    elif sock is self._wake:
+                        self._wake.recv()
+                # What this turn brought goes out now, one batch per link.
+                guarded(sender.flush_due)
+                if sender.blocked or self._watched:
+                    guarded(self._retry_blocked, poller)
+                now = time.monotonic()
+                if sender.paused:
+                    guarded(sender.check_flow, now)
+                if now >= next_maint:
+                    guarded(self._maintenance, now)
+                    next_maint = now + probe_interval
+            self.sender.flush_everything()
+            self.sender.drain()
+        finally:
+            self._publish_stats()
+            if self.monitor is not None:
+                self.monitor.stopped()
+            st = self._stats_snapshot
+            log.info("stopped after %.1f s: %d messages in, %d out, %d peers left, dropped %s",
+                     st["uptime_s"], st["messages_in"], st["messages_out"], st["peers"],
+                     {k: v for k, v in st["drops"].items() if v} or "nothing")
+            self._teardown()
+            self._stopped.set()
+
+    def _guarded(self, fn, *args) -> None:
+        """Run one step of the loop; an unexpected error (a bug) is logged
+        with its traceback and counted, and the broker serves on."""
+        try:
+            fn(*args)
+        except zmq.ContextTerminated:
+            raise
+        except Exception:
+            self.drops["internal"] += 1
+            log.exception("internal error in %s; the broker continues", getattr(fn, "__name__", fn))
+
+    def _retry_blocked(self, poller: zmq.Poller) -> None:
+        """Retry the queues of blocked links, and have the next poll wake up
+        when one of their sockets may take more.
+
+        libzmq tells a socket that a full pipe has room again with a command
+        (activate_write) that makes the socket's ZMQ_FD readable; ZMQ_EVENTS
+        takes the commands in.  So: take them in, retry, and poll that FD
+        until the link is unblocked.  (POLLOUT cannot say it: a ROUTER is
+        writable while any one peer is, an XPUB always.)"""
+        socks = {link.sock for link in self.sender.blocked.values()}
+        for s in socks:
+            s.getsockopt(zmq.EVENTS)
+        self.sender.drain()
+        socks = {link.sock for link in self.sender.blocked.values()}
+        watched = self._watched
+        for s in [s for s in watched if s not in socks]:
+            poller.unregister(watched.pop(s))
+        for s in socks:
+            if s not in watched:
+                watched[s] = s.getsockopt(zmq.FD)
+                poller.register(watched[s], zmq.POLLIN)
+
+    def _poll_timeout(self, next_maint: float) -> int:
+        """Milliseconds until maintenance, the next lingering batch or the
+        blocked-queue backstop; 0 if a batch is due.  None of these is what
+        makes a message leave: a readable socket ends the poll, and the
+        turn sends what it read.  Only a linger (opt-in) waits, rounded up
+        to whole milliseconds (zmq_poll's resolution)."""
+        now_ns = time.monotonic_ns()
+        t = next_maint - now_ns / 1e9
+        d = self.router.deadline_ns()              # None unless an outbox waits (linger, held link)
+        if d is not None:
+            t = min(t, (d - now_ns) / 1e9)
+        if self.sender.blocked:
+            t = min(t, BLOCKED_BACKSTOP)
+        return max(0, math.ceil(t * 1000))
+
+    def _want_reset_frames(self, link: Link) -> list:
+        """A WANT reset for a link, built when a queued one is sent
+        (fastbus.broker.sending: a backlog of WANT diffs collapses into it)."""
+        if link.is_broker:
+            return link.want_reset_frames(self.interest.link_snapshot(link))
+        return [P.WANT, bytes([P.WANT_RESET]), self.interest.publisher_snapshot()]
+
+    def _maintenance(self, now: float) -> None:
+        # The upstream link stopped reading even its control messages: start
+        # its session over (the queue goes, HELLO and our want set are sent).
+        if self.sender.overflowed:
+            for link in list(self.sender.overflowed):
+                self.sender.overflowed.discard(link)
+                if self.upstream is not None and link is self.upstream.link and self.links.is_current(link):
+                    log.warning("upstream is not reading: resyncing")
+                    self.upstream.hello()
+        # Probe idle peers: a dead one fails (EHOSTUNREACH) and is removed.
+        interval = self.config.probe_interval
+        for link in self.links.snapshot():
+            frames = link.probe(now, interval)
+            if frames is not None and self.links.is_current(link):
+                self.sender.send(link, frames)
+        if self.upstream is not None:
+            self.upstream.check(now)
+        self._publish_stats()
+        self._give_memory_back()
+        if self.config.stats_interval and now >= self._next_stats_log:
+            self._next_stats_log = now + self.config.stats_interval
+            s = self._stats_snapshot
+            line = (s["peers"], s["subscriptions"], s["messages_in"], s["batches_in"], s["messages_out"],
+                    str({k: v for k, v in s["drops"].items() if v} or "nothing"))
+            if line != self._last_stats_line:           # an idle broker says it once, not every interval
+                self._last_stats_line = line
+                log.info("peers %d, subscriptions %d, in %d msg (%d batches), out %d msg, dropped %s", *line)
+
+    def _give_memory_back(self) -> None:
+        """After what the broker holds fell a lot (a client with many
+        subscriptions left, a long queue drained), have the C allocator
+        return its free pages to the system.  The trie's arena gives back
+        its own segments (docs/CORE.md); what Python and libzmq freed goes
+        to glibc's heaps, which keep it.  Runs in maintenance, at most once
+        a second, and only after such a fall: malloc_trim walks the heaps.
+        Subscriptions are counted as they go (a client can come and go
+        between two runs); queued bytes are sampled."""
+        if self._malloc_trim is None:
+            return
+        st = self._stats_snapshot
+        released = (self.interest.released - self._released_mark) * TRIM_BYTES_PER_SUBSCRIPTION
+        held = st["subscriptions"] * TRIM_BYTES_PER_SUBSCRIPTION
+        queued = st["queued_bytes"]
+        self._queued_peak = max(self._queued_peak, queued)
+        fall = released + self._queued_peak - queued
+        if fall >= TRIM_AFTER_BYTES and held + queued <= fall:
+            t0 = time.perf_counter()
+            self._malloc_trim(0)
+            self.counters["memory_trims"] += 1
+            log.debug("gave memory back (malloc_trim) in %.1f ms", (time.perf_counter() - t0) * 1e3)
+            self._released_mark = self.interest.released
+            self._queued_peak = queued
+
+    # -- stats -------------------------------------------------------------
+
+    def stats_dict(self) -> dict[str, Any]:
+        """The counters now (the loop's thread only; others call stats())."""
+        ts = self.trie.stats()
+        rs = self.router.stats()
+        roles: dict[str, int] = {}
+        for link in self.links.by_id.values():
+            roles[link.role] = roles.get(link.role, 0) + 1
+        counters = dict(self.counters)
+        counters.update(batches_in=rs["batches"], messages_in=rs["records"], bytes_in=rs["bytes"])
+        if self.relay is not None:                 # what the C data plane sent itself
+            counters["batches_out"] += self.relay.batches_out
+            counters["messages_out"] += self.relay.messages_out
+            counters["bytes_out"] += self.relay.bytes_out
+        drops = dict(self.drops)
+        drops["unrouted"] = rs["unrouted"]
+        drops["malformed"] = self.drops["malformed"] + rs["rejected"]
+        up = self.upstream
+        return {
+            "name": self.config.name, "instance": self.instance.decode(),
+            "uptime_s": round(time.monotonic() - self._started, 3),
+            "endpoints": self.endpoints,
+            "peers": len(self.links.by_ident), "links": roles,
+            "publishers": sum(1 for link in self.links.by_id.values() if link.filters),
+            "subscriptions": ts["subscriptions"], "keys": ts["keys"],
+            "upstream": {"endpoint": self.config.upstream, "connected": up.connected} if up is not None else None,
+            **counters, "deliveries": rs["deliveries"], "drops": drops,
+            "queued_bytes": sum(link.queued_bytes for link in self.links.by_id.values()),
+            "flow_paused": self.sender.paused,
+        }
+
+    def _publish_stats(self) -> None:
+        d = self.stats_dict()
+        with self._stats_lock:
+            self._stats_snapshot = d
+        if self.monitor is not None:
+            self.monitor.publish(d, self.peer_rows())
+
+    def peer_rows(self) -> list[tuple]:
+        """One tuple per link (links.PEER_FIELDS), cheap to build in the
+        loop; links.peer_dicts() makes them JSON.  Traffic adds what Python and the C
+        data plane each counted for the link."""
+        rc = self.relay.link_counters() if self.relay is not None else {}
+        blocked = self.sender.blocked
+        holding = self.sender._holding
+        none = (0, 0, 0, 0, 0, 0)
+        rows = []
+        for link in self.links.by_id.values():
+            t = link.traffic
+            r = rc.get(link.link, none)
+            rows.append((link.link, link.name, link.role, link.address, link.publisher, link.subs,
+                         link.queued_bytes, link.link in blocked, link.link in holding, link.flow_exempt,
+                         link.lost, link.since, t[0] + r[0], t[1] + r[1], t[2] + r[2], t[3] + r[3],
+                         t[4] + r[4], t[5] + r[5]))
+        return rows
+
+    def _teardown(self) -> None:
+        if getattr(self, "monitor", None) is not None:
+            self._monitor_server.stop()
+        for s in list(getattr(self, "handlers", ())):
+            s.close(linger=0 if s is not getattr(self, "_sock", None) else 500)
+        wake = getattr(self, "_wake", None)
+        if wake is not None:
+            wake.close(linger=0)
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        self._remove_ipc_files()
+
+
+#: _give_memory_back: what a subscription costs the broker while it is
+#: being processed and held (the trie, the forwarders, the Python objects of
+#: its SUB and WANT frames), and the fall that is worth a malloc_trim.
+TRIM_BYTES_PER_SUBSCRIPTION = 300
+TRIM_AFTER_BYTES = 32 << 20
+
+
+def _malloc_trim():
+    """glibc's malloc_trim(pad), or None where there is none."""
+    try:
+        import ctypes
+        fn = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, ImportError):
+        return None
+    fn.argtypes = [ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class _AllowedKeys:
+    """CURVE credentials provider: accept exactly these client public keys
+    (None: any key)."""
+
+    def __init__(self, keys: set | None) -> None:
+        self.keys = keys
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """pyzmq passes the client's public key, Z85-encoded."""
+        return self.keys is None or key in self.keys

@@ -1,0 +1,301 @@
+"""The client-facing ROUTER socket: sessions of clients and downstream
+brokers, and the commands they send (HELLO, SUB, PUB, PING, STATS, BYE;
+docs/PROTOCOL.md).
+
+A PUB from a known session is the hot path: one C call routes the whole
+batch (``Router.receive``), and only an outbox that it filled is sent before
+reading on; everything else waits for the end of the turn (the loop's
+``Sender.flush_due``).  Bad input never stops the broker: it is counted,
+logged, answered with KICK, and the session dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from fastbus import protocol as P
+from fastbus._core import SUBSCRIBE
+from fastbus._core import error_for
+from fastbus.errors import BatchError
+
+from .config import RECV_BUDGET, SUB_OPS_PER_TURN, broker_allowed, broker_network
+from .links import ClientLink, DownstreamLink, Session, count_in, peer_dicts
+
+log = logging.getLogger("fastbus.broker")
+
+_NOBLOCK = zmq.NOBLOCK
+
+
+def _prop(frame: zmq.Frame, name: str) -> str | None:
+    """A ZeroMQ message property (metadata of its connection), or None."""
+    try:
+        return frame.get(name)
+    except zmq.ZMQError:
+        return None
+def _wants_clients(frame: bytes) -> bool:
+    """STATS's optional options frame (JSON): {"clients": true} asks for
+    one entry per peer too (docs/PROTOCOL.md)."""
+    try:
+        opts = P.load_json(frame)
+    except (P.ProtocolError, ValueError):
+        return False
+    return isinstance(opts, dict) and opts.get("clients") is True
+
+
+_PUB = P.PUB
+_ROLES = {"client": ClientLink, "broker": DownstreamLink}
+
+
+class Sessions:
+    """The sessions on one ROUTER socket (bound to every client endpoint)."""
+
+    def __init__(self, broker, sock: zmq.Socket) -> None:
+        self.b = broker
+        self.sock = sock
+        self._kicked: set[bytes] = set()          # unknown peers already asked to say hello
+        self._gone: dict[bytes, str] = {}          # removed sessions -> why, told when they reappear
+        self._ops_this_turn = 0                    # subscription operations applied in this turn
+        cfg = broker.config
+        self._broker_nets = [broker_network(e) for e in cfg.allow_brokers]
+        self._broker_keys = {k.decode() if isinstance(k, bytes) else k for k in cfg.curve_allowed_brokers or ()}
+
+    # -- receiving ---------------------------------------------------------
+
+    def on_readable(self) -> None:
+        """Read up to RECV_BUDGET messages, and apply at most
+        SUB_OPS_PER_TURN subscription operations (the rest next turn, so a
+        flood of subscriptions does not stop the loop serving others)."""
+        b = self.b
+        self._ops_this_turn = 0
+        relay = b.relay
+        if relay is not None:
+            # Known sessions' PUBs are routed and sent in C; the rest comes
+            # back here, one message at a time, in order.
+            left = RECV_BUDGET
+            while left > 0 and self._ops_this_turn < SUB_OPS_PER_TURN:
+                frames, meta, n = relay.receive(left)
+                left -= n
+                if frames is None:
+                    return
+                self._message(frames, meta)
+            return
+        recv = self.sock.recv_multipart
+        by_ident = b.links.by_ident
+        receive = b.router.receive
+        flush_full = b.sender.flush_full
+        router = b.router
+        for _ in range(RECV_BUDGET):
+            if self._ops_this_turn >= SUB_OPS_PER_TURN:
+                return
+            try:
+                parts = recv(_NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if len(parts) < 2:
+                b.drops["protocol"] += 1
+                continue
+            ident = parts[0].bytes
+            cmd = parts[1].bytes
+            if cmd == _PUB and len(parts) == 3:
+                link = by_ident.get(ident)
+                if link is not None:
+                    over = router.oversize
+                    try:
+                        full = receive(parts[2], link.link)
+                    except BatchError as exc:
+                        self._protocol_error(ident, exc)
+                        continue
+                    count_in(link, parts[2])
+                    if full:
+                        flush_full(full)
+                    if router.oversize != over:
+                        self._oversize(link, router.oversize - over)
+                    continue
+            meta = None
+            if cmd == P.HELLO:
+                meta = {"Peer-Address": _prop(parts[1], "Peer-Address"), "User-Id": _prop(parts[1], "User-Id")}
+            self._message([ident, cmd, *(f.bytes for f in parts[2:])], meta)
+
+    def _message(self, frames: list, meta: dict | None = None) -> None:
+        """One message the data plane did not route (see _relay.pyx)."""
+        if len(frames) < 2:
+            self.b.drops["protocol"] += 1
+            return
+        try:
+            self._handle(frames[0], frames[1], frames[2:], meta)
+        except (P.ProtocolError, BatchError, ValueError) as exc:
+            self._protocol_error(frames[0], exc)
+
+    def _handle(self, ident: bytes, cmd: bytes, rest: list, meta: dict | None = None) -> None:
+        b = self.b
+        link = b.links.by_ident.get(ident)
+        if cmd == _PUB:
+            if len(rest) != 1:
+                raise P.ProtocolError("PUB takes one batch frame")
+            if isinstance(rest[0], int):
+                # The C data plane on a known sender's batch: refused whole
+                # (a negative status), or routed without the records over
+                # the size limits (how many).
+                if rest[0] < 0:
+                    raise error_for(rest[0], "batch")
+                if link is not None:
+                    self._oversize(link, rest[0])
+                return
+            if link is not None:
+                b.route(rest[0], link.link)    # (the Python data plane's fast path did not take it)
+                return
+            # An unknown sender (e.g. after a broker restart): route what
+            # arrives, and ask it to introduce itself (once) so it gets its
+            # filters.  (A known sender's PUB took the fast path.)
+            b.route(rest[0], None)
+            self._hello_required(ident)
+            return
+        b.counters["control_in"] += 1
+        if cmd == P.HELLO:
+            self._on_hello(ident, link, rest, meta or {})
+        elif cmd == P.PING:
+            self._reply(ident, [P.PONG, rest[0] if rest else b"", b.instance])
+            if link is None:
+                # A client we dropped (or never met) that is still alive.
+                self._hello_required(ident)
+        elif cmd == P.STATS:
+            st = b.stats_dict()
+            from fastbus.monitor.http import process_rss   # (imported once; STATS is rare)
+            st["rss_bytes"] = process_rss()
+            if rest and _wants_clients(rest[0]):
+                st["connz"] = peer_dicts(b.peer_rows())
+            self._reply(ident, [P.STATS_REPLY, P.dump_json(st)])
+        elif link is None:
+            # Unknown session (e.g. the broker restarted): ask it to say hello.
+            b.drops["unknown_peer"] += 1
+            self._hello_required(ident)
+        elif cmd == P.SUB:
+            if len(rest) != 2:
+                raise P.ProtocolError("SUB takes a sequence number and an ops batch")
+            seq = P.unpack_u64(rest[0])
+            # A frame costs at most max_sub_ops operations (clients split
+            # larger changes; WELCOME says the limit).
+            ops = P.decode_ops(rest[1], max_key=b.config.max_topic, max_ops=b.config.max_sub_ops)
+            self._ops_this_turn += len(ops)
+            # Batches routed under the old subscriptions go out first, so each
+            # data batch is stamped with the subscriptions it was routed with.
+            b.sender.flush_link(link.link)
+            refused = b.interest.apply(link, ops)
+            link.confirm(seq)
+            if b.relay is not None:
+                b.relay.confirm(link.link, seq)
+            if refused:
+                # Never confirmed: the client learns which, and why, first.
+                reason = refused[0][2]
+                log.warning("refused %d subscriptions of %s: %s", len(refused), link.name, reason)
+                b.sender.send(link, [P.REFUSED, P.pack_u64(seq),
+                                     P.encode_ops((SUBSCRIBE, k, p) for k, p, _why in refused),
+                                     P.dump_json({"reason": reason})])
+            b.sender.send(link, [P.CONFIRM, P.pack_u64(seq)])
+        elif cmd == P.BYE:
+            b.remove_link(link, "bye")
+        else:
+            raise P.ProtocolError(f"unknown command {cmd!r}")
+
+    def _on_hello(self, ident: bytes, link: Session | None, rest: list, meta: dict) -> None:
+        b = self.b
+        if len(rest) != 1:
+            raise P.ProtocolError("HELLO takes one JSON frame")
+        hello = P.load_json(rest[0])
+        if hello.get("v") != P.VERSION:
+            self._reply(ident, [P.KICK, P.dump_json({"reason": f"unsupported protocol version {hello.get('v')!r}",
+                                                    "version": P.VERSION})])
+            return
+        role = hello.get("role", "client")
+        kind = _ROLES.get(role) if isinstance(role, str) else None
+        if kind is None:
+            raise P.ProtocolError(f"unknown role {role!r}")
+        if kind.is_broker and not self._may_be_broker(meta):
+            b.drops["not_a_broker"] += 1
+            reason = ("this broker does not accept downstream brokers from here: its operator allows them "
+                      "with --allow-broker ADDRESS (or, with CURVE, --curve-allow-broker KEY)")
+            log.warning("refused a downstream broker at %s (%s)", meta.get("Peer-Address") or "a local socket",
+                        str(hello.get("name", ""))[:100])
+            self._reply(ident, [P.KICK, P.dump_json({"reason": reason, "refused": True})])
+            return
+        if link is not None:
+            b.remove_link(link, "hello again")      # a resync starts from nothing
+        self._kicked.discard(ident)
+        self._gone.pop(ident, None)
+        name = str(hello.get("name", ""))[:100] or ident.hex()
+        link = kind(b.links.new_id(), ident, name, self.sock, bool(hello.get("pub")))
+        link.address = meta.get("Peer-Address") or None
+        b.add_link(link)
+        log.info("peer %s joined (%s, link %d%s)", name, link.role, link.link,
+                 ", publisher" if link.publisher else "")
+        send = b.sender.send
+        cfg = b.config
+        send(link, [P.WELCOME, P.dump_json({"v": P.VERSION, "instance": b.instance.decode(), "name": cfg.name,
+                                            "limits": {"max_topic": cfg.max_topic, "max_payload": cfg.max_payload,
+                                                       "max_message_bytes": cfg.max_message_bytes,
+                                                       "max_subscriptions": cfg.max_subscriptions,
+                                                       "max_subscription_bytes": cfg.max_subscription_bytes,
+                                                       "max_sub_ops": cfg.max_sub_ops}})])
+        if link.is_broker:
+            send(link, link.want_reset_frames(b.interest.link_snapshot(link)))
+        elif link.filters:
+            send(link, [P.WANT, bytes([P.WANT_RESET]), b.interest.publisher_snapshot()])
+            if b.sender.paused:
+                send(link, [P.FLOW, P.FLOW_PAUSE])
+
+    def _may_be_broker(self, meta: dict) -> bool:
+        """May this connection be a downstream broker?  With CURVE and a
+        broker key list, its key must be on it; else its address must be
+        allowed (BrokerConfig.allow_brokers)."""
+        cfg = self.b.config
+        if cfg.curve_allowed_brokers is not None:
+            return (meta.get("User-Id") or "") in self._broker_keys
+        return broker_allowed(self._broker_nets, meta.get("Peer-Address"))
+
+    def _oversize(self, link: Session, n: int) -> None:
+        """Records of a sender's batch over the size limits were not routed
+        (the rest were): count them, and tell the sender."""
+        b = self.b
+        cfg = b.config
+        b.drops["oversize"] += n
+        reason = (f"{n} message{'s' if n != 1 else ''} over the broker's limits (max_payload {cfg.max_payload:,} "
+                  f"bytes, max_topic {cfg.max_topic:,}) were dropped")
+        log.warning("%s: %s", link.name, reason)
+        b.sender.send(link, [P.NOTICE, P.dump_json({"dropped": n, "reason": reason})])
+
+    # -- replies outside sessions ------------------------------------------
+
+    def _hello_required(self, ident: bytes) -> None:
+        if ident in self._kicked:
+            return
+        if len(self._kicked) > 10000:
+            self._kicked.clear()
+        self._kicked.add(ident)
+        reason = self._gone.pop(ident, None)
+        self._reply(ident, [P.KICK, P.dump_json({"reason": f"disconnected: {reason}" if reason
+                                                 else "hello required"})])
+
+    def _reply(self, ident: bytes, frames: list) -> None:
+        try:
+            self.sock.send_multipart([ident, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+
+    def _protocol_error(self, ident: bytes, exc: Exception) -> None:
+        b = self.b
+        if not isinstance(exc, BatchError):       # a refused batch the router counted (drops.malformed)
+            b.drops["protocol"] += 1
+        link = b.links.by_ident.get(ident)
+        log.warning("dropping %s: %s", link.name if link else ident.hex(), exc)
+        self._reply(ident, [P.KICK, P.dump_json({"reason": f"protocol error: {exc}"})])
+        if link is not None:
+            b.remove_link(link, f"protocol error: {exc}")
+
+    def forget(self, link: Session, reason: str) -> None:
+        """A session that left: remember why, to tell it if it comes back."""
+        if reason != "bye":
+            if len(self._gone) > 10000:
+                self._gone.clear()
+            self._gone[link.ident] = reason

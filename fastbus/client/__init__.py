@@ -1,0 +1,35 @@
+"""fastbus clients, with the pub/sub API Python users know from redis-py.
+
+    client = fastbus.Client()                 # the broker of `fastbus broker`
+    client.publish("news", "hello")           # leaves at once; batched under load
+    p = client.pubsub()
+    p.subscribe("news")
+    p.psubscribe("market.*")                  # prefix patterns only
+    for msg in p.listen():                    # {'type', 'pattern', 'channel', 'data'}
+        ...
+
+A client has one ZeroMQ connection for publishing and one per PubSub (so each
+PubSub's subscriptions and ordering are its own).  No thread sits between a
+user's call and the network: a message published while the client is idle is
+sent by the publishing thread, and ``get_message()`` reads the connection in
+the calling thread.  Batches form by themselves under load (see
+:class:`Client`).  The broker tells each publisher which topics someone
+wants, and ``publish`` drops the others before they reach the network
+(``publish`` returns 0 then; ``stats()`` counts them).  After a broker
+restart or reconnect, the client introduces itself again and resends every
+subscription; delivery resumes without user code.
+
+The modules: ``_client`` (Client, the publishing session), ``_pubsub``
+(PubSub, the subscribing session), ``_session`` (a connection and the rules
+for the threads that share it), ``_keeper`` (the background thread for
+sessions nobody drives), ``_keys`` (channel names), ``_stats``
+(``query_stats``).
+"""
+
+from fastbus.client._client import Client
+from fastbus.client._keys import pattern_prefix, to_key
+from fastbus.client._pubsub import PubSub
+from fastbus.client._stats import query_stats
+from fastbus.errors import ConnectionClosed, PublishTimeout
+
+__all__ = ["Client", "ConnectionClosed", "PubSub", "PublishTimeout", "pattern_prefix", "query_stats", "to_key"]

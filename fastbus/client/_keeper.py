@@ -1,0 +1,126 @@
+"""The keeper: a client's background thread, for the sessions nobody drives.
+
+It is not on the way of a message a user thread publishes or reads: those
+threads use the socket themselves (``_session``).  The keeper sends what a
+burst of publishing left in the outbox (woken by the publisher when the
+burst started), reads for a PubSub that nobody is reading at the moment
+(so the broker is not held back by a reader that is merely between two
+calls), answers the broker (WANT, FLOW), and pings it.  It sleeps in
+``poll()`` on the sessions' notification descriptors (ZMQ_FD) and its own
+wake pipe, never on a timer shorter than the next ping, except the linger a
+user asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import select
+import threading
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fastbus.client._client import Client
+    from fastbus.client._session import Session
+
+log = logging.getLogger("fastbus.client")
+
+
+class Keeper(threading.Thread):
+    """Serves the sessions of one client that no user thread (or event loop)
+    drives at the moment."""
+
+    def __init__(self, client: Client) -> None:
+        super().__init__(name=f"fastbus-keeper-{client.name}", daemon=True)
+        self.client = client
+        self.sessions: tuple[Session, ...] = ()       # replaced, never changed in place
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._signaled = False
+        self._stopping = False
+        self.stopped = threading.Event()
+
+    # -- other threads ----------------------------------------------------------
+
+    def add(self, session: Session) -> None:
+        self.sessions = (*self.sessions, session)
+        self.wake()
+
+    def remove(self, session: Session) -> None:
+        self.sessions = tuple(s for s in self.sessions if s is not session)
+
+    def wake(self) -> None:
+        """Have the keeper look at its sessions now (cheap when it already will)."""
+        if self._signaled:
+            return
+        self._signaled = True
+        try:
+            os.write(self._w, b"\x00")
+        except (BlockingIOError, OSError):
+            pass      # the pipe is full (awake already) or closed (stopped)
+
+    def stop(self, timeout: float) -> None:
+        self._stopping = True
+        self._signaled = False
+        self.wake()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)
+
+    # -- the thread -------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            while not self._stopping:
+                self._signaled = False
+                try:
+                    os.read(self._r, 4096)
+                except (BlockingIOError, OSError):
+                    pass
+                timeout, watch = self._serve_all(time.monotonic())
+                if self._stopping:
+                    break
+                p = select.poll()
+                p.register(self._r, select.POLLIN)
+                for fd in watch:
+                    p.register(fd, select.POLLIN)
+                p.poll(None if timeout is None else max(0, math.ceil(timeout * 1000)))
+        except Exception:  # a bug: say so, the client's user threads still work
+            log.exception("%s: the keeper thread failed", self.client.name)
+        finally:
+            self.stopped.set()
+
+    def __del__(self) -> None:
+        for fd in (getattr(self, "_r", -1), getattr(self, "_w", -1)):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def _serve_all(self, now: float) -> tuple[float | None, list[int]]:
+        """Serve every session nobody drives; return how long to sleep at
+        most and the descriptors to watch meanwhile."""
+        timeout: float | None = self.client._ping_interval
+        watch = []
+        for s in self.sessions:
+            if s.closed or s.loop is not None or s.drivers:
+                continue
+            if s.lock.acquire(False):
+                try:
+                    s.serve(now)
+                finally:
+                    s.release()
+            else:
+                # A user thread holds it for a moment (an inline send, a
+                # subscribe): it reads what arrived before it lets go, and a
+                # batch that starts meanwhile wakes us again.
+                continue
+            due = s.due_in(time.monotonic())
+            if due is not None:
+                timeout = min(timeout, due)
+            if s.reading() and s.fd >= 0:
+                watch.append(s.fd)
+        return timeout, watch

@@ -1,0 +1,707 @@
+"""The subscribing side of a client: ``PubSub`` and its session."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from fastbus import protocol as P
+from fastbus import _messages as M
+from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Trie
+from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, decode, decode_messages
+from fastbus._messages import pattern_prefix
+from fastbus._messages import to_bytes as to_key
+from fastbus.client._session import Session, recv_frames
+from fastbus.errors import ConnectionClosed
+
+if TYPE_CHECKING:
+    from fastbus.client._client import Client
+
+log = logging.getLogger("fastbus.client")
+
+_DATA = P.DATA
+_unpack_u64 = P.U64.unpack
+BATCH_MESSAGES = 8192     # get_batch(): about this many messages per call by default
+SUB_OPS_DEFAULT = 1000    # subscription changes per SUB frame until the broker's WELCOME says its limit
+SUBSCRIBE_KINDS = CONFIRM_KINDS
+
+Handler = Callable[[PubSubMessage], Any]
+
+
+#: How often a CURVE subscriber the broker has not welcomed yet looks for a
+#: refused handshake while it waits (see KeyRefused).
+HANDSHAKE_CHECK = 0.25
+
+
+class SubSession(Session):
+    """The connection of one PubSub: its subscriptions as the broker was
+    told them, and what arrives, handed to the PubSub's inbox."""
+
+    kind = "sub"
+
+    def __init__(self, client: Client, pubsub: PubSub) -> None:
+        super().__init__(client)
+        self.pubsub = pubsub
+        self.subs: set[tuple[bytes, bool]] = set()   # what the broker was told
+        self.seq = 0
+
+    def configure(self, s: zmq.Socket) -> None:
+        s.sndhwm = 1000
+        # A fixed kernel buffer (loopback autotuning may grow one to 32 MB):
+        # what a subscriber holds unread stays bounded, and a stalled one
+        # shows up at the broker.
+        s.rcvbuf = min(max(self.client.max_inbox_bytes // 4, 256 * 1024), 8 * 1024 * 1024)
+
+    def reading(self) -> bool:
+        return not self.pubsub._inbox_full()
+
+    def hello(self) -> None:
+        super().hello()
+        if self.subs:
+            # Stamped with the latest sequence: this snapshot is the state the
+            # pubsub's own (un)subscriptions have reached.
+            self.send([P.SUB, P.pack_u64(self.seq), P.encode_ops((SUBSCRIBE, k, p) for k, p in self.subs)])
+
+    def resync(self, why: str) -> None:
+        super().resync(why)
+        self.pubsub._deliver(("reconnect", why.encode()))
+
+    def change(self, seq: int, ops: list) -> None:
+        """Tell the broker of (un)subscriptions (the lock held)."""
+        self.seq = seq
+        for op, key, prefix in ops:
+            if op == SUBSCRIBE:
+                self.subs.add((key, prefix))
+            else:
+                self.subs.discard((key, prefix))
+        self.send([P.SUB, P.pack_u64(seq), P.encode_ops(ops)])
+
+    def on_message(self, cmd: bytes, frames: list) -> None:
+        ps = self.pubsub
+        if cmd == P.DATA and len(frames) == 3:
+            ps._deliver(("data", P.unpack_u64(frames[1]), frames[2]))
+        elif cmd == P.CONFIRM and len(frames) == 2:
+            ps._deliver(("confirm", P.unpack_u64(frames[1])))
+        elif cmd == P.REFUSED and len(frames) == 4:
+            refused = {(key, prefix) for _op, key, prefix in P.decode_ops(frames[2])}
+            reason = str(P.load_json(frames[3]).get("reason", ""))[:500]
+            self.subs -= refused                  # never held: not resent after a reconnect
+            log.warning("%s: the broker at %s refused %d subscriptions: %s", self.client.name,
+                        self.client.endpoint, len(refused), reason)
+            ps._deliver(("refused", P.unpack_u64(frames[1]), refused, reason))
+        elif cmd == P.GAP and len(frames) == 2:
+            ps._deliver(("gap", P.unpack_u64(frames[1])))
+        else:
+            super().on_message(cmd, frames)
+
+
+class PubSub:
+    """Subscriptions and received messages, shaped like redis-py's PubSub.
+
+    ``subscribe`` takes exact channels; ``psubscribe`` prefix patterns
+    (``"news.*"``).  Messages are dicts ``{'type', 'pattern', 'channel',
+    'data'}``: types ``subscribe``, ``psubscribe``, ``unsubscribe``,
+    ``punsubscribe`` (confirmations, ``data`` = subscriptions held),
+    ``message`` / ``pmessage``, ``pong`` (ping()), and fastbus's ``gap``
+    (``data`` = ``{"lost": messages lost because this subscriber fell
+    behind, "down_s": None}``), ``reconnect`` (the subscriptions were resent
+    to a restarted or reconnected broker) and ``refused``.  The kinds, their
+    builders and the buffering live in :mod:`fastbus._messages`.
+
+    A message matching several subscriptions is delivered once: as
+    ``message`` if a channel matches exactly, else as ``pmessage`` with the
+    longest matching pattern.  ``get_batch()`` returns data messages many at
+    a time as ``(channel, data)`` tuples, for high-throughput consumers.
+
+    The thread that calls ``get_message()``, ``get_batch()`` or ``listen()``
+    reads the connection itself: a message reaches it with no hand-over
+    between threads.  One thread at a time should read a PubSub; others may
+    subscribe and unsubscribe meanwhile.
+    """
+
+    def __init__(self, client: Client, ignore_subscribe_messages: bool = False) -> None:
+        self._client = client
+        self.ignore_subscribe_messages = ignore_subscribe_messages
+        #: Channels and patterns held (str with decode_responses), each
+        #: mapped to its handler or None.
+        self.channels: dict = {}
+        self.patterns: dict = {}
+        self._open()
+
+    def _open(self) -> None:
+        """A fresh connection and empty state (at creation, and for a
+        subscribe() after close(), as redis-py reconnects)."""
+        client = self._client
+        self._handlers = 0                        # channels/patterns with a handler
+        self._subscribed = False
+        self._local = Trie()                      # our subscriptions, id -> (key, prefix)
+        self._ids: dict[tuple[bytes, bool], int] = {}
+        self._byid: dict[int, tuple[bytes, bool]] = {}
+        self._next_id = itertools.count(1)
+        self._seq = 0
+        self._confirms: dict[int, list] = {}      # seq -> (key, prefix, refusals seen, confirmation dict)
+        self._refused: dict[int, tuple] = {}      # seq -> (refused (key, prefix) set, reason), until its CONFIRM
+        self._refusals_seen = 0
+        self._unsub_seqs: deque[int] = deque()    # seqs of unsubscribes not yet confirmed
+        self._classes: dict = {}                  # channel -> (type, pattern) or None; reset on (un)subscribe
+        # What the session read and nobody took yet: filled by the reader
+        # (the holder of the session's lock), emptied by the user's thread.
+        # The byte count has one writer each way, so neither loses updates.
+        self._inbox: deque = deque()
+        self._in_bytes = 0
+        self._out_bytes = 0
+        # Decoded, not yet returned (fastbus._messages.MessageBuffer):
+        # notices (confirmations, gaps, reconnects) for get_message,
+        # (channel, data) tuples in bytes (get_batch), message dicts.
+        self._buf = MessageBuffer()
+        self._control = self._buf.notices
+        self._pending = self._buf.pairs
+        self._dicts = self._buf.dicts
+        self._closed = False
+        self._session = SubSession(client, self)
+        client._open(self._session)
+        client._pubsubs.append(self)
+
+    # -- subscriptions -----------------------------------------------------
+
+    def _change(self, op: int, entries: list[tuple[bytes, bool, str, object]],
+                handlers: dict | None = None) -> None:
+        if self._closed:
+            if op == UNSUBSCRIBE:
+                return                            # nothing is held after close()
+            if self._client.closed:
+                raise ConnectionClosed(f"the client of this pubsub ({self._client.endpoint}) is closed")
+            self._open()                          # as redis-py: a closed PubSub connects again
+        if op == SUBSCRIBE:
+            self._subscribed = True
+        # At most the operations the broker takes in one SUB frame each.
+        size = self._session.limit("max_sub_ops", SUB_OPS_DEFAULT)
+        for i in range(0, len(entries), size):
+            self._change_one(op, entries[i:i + size], handlers)
+
+    def _change_one(self, op: int, entries: list[tuple[bytes, bool, str, object]],
+                    handlers: dict | None = None) -> None:
+        ops = []
+        confirms = []
+        for key, prefix, kind, name in entries:
+            table = self.patterns if prefix else self.channels
+            held = (key, prefix) in self._ids
+            if op == SUBSCRIBE and not held:
+                i = next(self._next_id)
+                self._ids[key, prefix] = i
+                self._byid[i] = (key, prefix)
+                self._local.add(key, i, prefix=prefix)
+                ops.append((SUBSCRIBE, key, prefix))
+            elif op == UNSUBSCRIBE and held:
+                i = self._ids.pop((key, prefix))
+                del self._byid[i]
+                self._local.remove(key, i, prefix=prefix)
+                ops.append((UNSUBSCRIBE, key, prefix))
+            shown = self._out(name)
+            if op == SUBSCRIBE:
+                handler = handlers.get(shown) if handlers else None
+                if (table.get(shown) is not None) != (handler is not None):
+                    self._handlers += 1 if handler is not None else -1
+                table[shown] = handler
+            elif shown in table:
+                if table.pop(shown) is not None:
+                    self._handlers -= 1
+            confirms.append((key, prefix, self._refusals_seen,
+                             M.confirmation(kind, shown, len(self.channels) + len(self.patterns))))
+        self._classes.clear()
+        self._seq += 1
+        seq = self._seq
+        self._confirms[seq] = confirms
+        if op == UNSUBSCRIBE and ops:
+            self._unsub_seqs.append(seq)
+        s = self._session
+        s.post(lambda: s.change(seq, ops))
+
+    def _forget(self, keys: set) -> None:
+        """Subscriptions the broker refused: they are not held."""
+        for key, prefix in keys:
+            i = self._ids.pop((key, prefix), None)
+            if i is None:
+                continue
+            del self._byid[i]
+            self._local.remove(key, i, prefix=prefix)
+            table = self.patterns if prefix else self.channels
+            name = self._out(key + b"*" if prefix else key)
+            if name in table and table.pop(name) is not None:
+                self._handlers -= 1
+        self._classes.clear()
+
+    def _out(self, value):
+        if self._client.decode_responses and isinstance(value, bytes):
+            return value.decode("utf-8")
+        return value
+
+    def subscribe(self, *channels: Any, **handlers: Handler) -> None:
+        """Subscribe to exact channels (bytes, str or numbers).  As in
+        redis-py, ``subscribe(**{"ch": handler})`` subscribes to ``ch`` with
+        a handler: its messages are passed to ``handler(message)`` by the
+        reading calls instead of being returned.  A subscribe() after
+        close() connects again."""
+        if not channels and not handlers:
+            raise ValueError("subscribe() needs at least one channel")
+        names = [to_key(c) for c in channels] + [to_key(c) for c in handlers]
+        self._change(SUBSCRIBE, [(n, False, "subscribe", n) for n in names], self._handler_map(handlers))
+
+    def psubscribe(self, *patterns: Any, **handlers: Handler) -> None:
+        """Subscribe to prefix patterns: ``"news.*"`` matches every channel
+        starting with ``news.``; ``"*"`` matches all.  Other globs raise
+        ValueError.  ``psubscribe(**{"news.*": handler})`` as subscribe()."""
+        if not patterns and not handlers:
+            raise ValueError("psubscribe() needs at least one pattern")
+        names = [to_key(p) for p in patterns] + [to_key(p) for p in handlers]
+        entries = [(pattern_prefix(n), True, "psubscribe", n) for n in names]
+        self._change(SUBSCRIBE, entries, self._handler_map(handlers))
+
+    def _handler_map(self, handlers: dict) -> dict | None:
+        """Handlers keyed as ``channels``/``patterns`` are."""
+        if not handlers:
+            return None
+        for name, h in handlers.items():
+            if not callable(h):
+                raise TypeError(f"the handler of {name!r} is not callable: {h!r}")
+        return {self._out(to_key(k)): h for k, h in handlers.items()}
+
+    def unsubscribe(self, *channels) -> None:
+        """Unsubscribe from channels (all of them without arguments)."""
+        names = [to_key(c) for c in (channels or list(self.channels))]
+        if names:
+            self._change(UNSUBSCRIBE, [(n, False, "unsubscribe", n) for n in names])
+
+    def punsubscribe(self, *patterns) -> None:
+        """Unsubscribe from patterns (all of them without arguments)."""
+        names = [to_key(p) for p in (patterns or list(self.patterns))]
+        if names:
+            self._change(UNSUBSCRIBE, [(pattern_prefix(n), True, "punsubscribe", n) for n in names])
+
+    @property
+    def subscribed(self) -> bool:
+        """True from a subscribe()/psubscribe() until the confirmation of
+        an unsubscribe that left nothing held has been read (redis-py's
+        rule), or close()."""
+        return self._subscribed
+
+    def ping(self, message: Any = None) -> None:
+        """Ask the broker for a ``pong`` message (``data``: ``message`` as
+        bytes, or ``b""``), read by get_message() after everything the
+        broker sent before it: a round trip through this connection."""
+        if self._closed:
+            raise ConnectionClosed("pubsub is closed")
+        data = self._out(b"" if message is None else to_key(message))
+        self._seq += 1
+        seq = self._seq
+        self._confirms[seq] = [(None, None, self._refusals_seen, M.pong(data))]
+        s = self._session
+        s.post(lambda: s.change(seq, []))
+
+    # -- the inbox (filled by whoever reads the session) ---------------------
+
+    def _deliver(self, item: tuple) -> None:
+        """An item read from the broker (the session's lock held)."""
+        self._inbox.append(item)
+        if item[0] == "data":
+            self._in_bytes += len(item[2])
+
+    def _inbox_full(self) -> bool:
+        return self._in_bytes - self._out_bytes > self._client.max_inbox_bytes
+
+    def _fill(self, deadline: float | None) -> bool:
+        """Read the connection in this thread until the inbox holds
+        something (True) or ``deadline`` passes (False); ConnectionClosed
+        once closed with nothing left.  (``driving()`` written out: this is
+        the path of every message a reader waits for.)"""
+        s = self._session
+        token = object()
+        s.drivers.append(token)                  # the keeper leaves the session to us
+        try:
+            if not s.lock.acquire(False) and \
+                    not s.lock.acquire(True, -1 if deadline is None else max(0.0, deadline - time.monotonic())):
+                return bool(self._inbox)
+            try:
+                polled = False
+                inbox = self._inbox
+                while not inbox:
+                    if self._closed:
+                        raise ConnectionClosed("pubsub is closed")
+                    if s.posted:
+                        while s.posted:
+                            s.posted.popleft()()
+                    elif s.more:
+                        # One message at a time: it goes to its reader at once.
+                        # (Session.read with budget 1, a DATA frame handled here.)
+                        frames = recv_frames(s.sock, s.ready)
+                        s.ready = False
+                        if frames is None:
+                            s.more = s.unread = False
+                        elif frames[0] == _DATA and len(frames) == 3 and len(frames[1]) == 8:
+                            inbox.append(("data", _unpack_u64(frames[1])[0], frames[2]))
+                            self._in_bytes += len(frames[2])
+                        else:
+                            s.handle(frames)
+                    elif polled and deadline is not None and time.monotonic() >= deadline:
+                        return False
+                    elif s.monitor is not None and not s.instance:
+                        # CURVE, not welcomed yet: look at the handshake every
+                        # HANDSHAKE_CHECK seconds (a refused key is said, not
+                        # left as silence).
+                        self._check_handshake(s)
+                        soon = time.monotonic() + HANDSHAKE_CHECK
+                        s.wait(soon if deadline is None or deadline > soon else deadline)
+                        polled = True
+                    else:
+                        s.wait(deadline)          # returns at once if the socket holds something
+                        polled = True
+            finally:
+                if s.posted or s.unread:
+                    s.release()
+                else:
+                    s.lock.release()
+                    if s.posted:                  # posted between our look and the release
+                        s.release_again()
+        finally:
+            s.drivers.remove(token)
+        return True
+
+    def _check_handshake(self, s) -> None:
+        """KeyRefused if the broker refused this CURVE subscriber (never
+        welcomed, the handshake failed; the lock held)."""
+        why = s.handshake_failure()
+        if why:
+            from fastbus.errors import KeyRefused
+            endpoint = self._client.endpoint
+            raise KeyRefused(f"the broker at {endpoint} {why}", endpoint)
+
+    def _take(self, as_dicts: bool = False, sink: list | None = None) -> None:
+        """Move the oldest inbox item into ``sink`` or _pending (tuples),
+        _dicts (message dicts) or _control (the inbox is not empty)."""
+        item = self._inbox.popleft()
+        kind = item[0]
+        if kind == "data":
+            _, acked, batch = item
+            self._out_bytes += len(batch)
+            while self._unsub_seqs and self._unsub_seqs[0] <= acked:
+                self._unsub_seqs.popleft()
+            if as_dicts:
+                # Classification also drops what no subscription matches.
+                self._dicts.extend(decode_messages(batch, self._classes, self._classify,
+                                                   self._client.decode_responses))
+                return
+            records = decode(batch)
+            if self._unsub_seqs:
+                # Routed before an unsubscribe took effect: keep only what
+                # still matches our subscriptions.
+                offsets, _ids = self._local.match_flat([t for t, _p in records])
+                records = [r for i, r in enumerate(records) if offsets[i + 1] > offsets[i]]
+            (self._pending if sink is None else sink).extend(records)
+        elif kind == "confirm":
+            refused, reason, before = self._refused.pop(item[1], ((), "", self._refusals_seen))
+            here = 0
+            for key, prefix, seen, msg in self._confirms.pop(item[1], ()):
+                if key is None:                    # ping()
+                    self._control.append(msg)
+                elif (key, prefix) in refused and msg["type"] in ("subscribe", "psubscribe"):
+                    # Never confirmed: the refusal takes its confirmation's place.
+                    here += 1
+                    self._control.append(M.notice("refused", self._out(reason.encode()), msg["channel"]))
+                else:
+                    # The count made at subscribe() held what was refused since.
+                    msg["data"] -= before - seen + here
+                    self._control.append(msg)
+                    if msg["type"] in ("unsubscribe", "punsubscribe") and not (self.channels or self.patterns):
+                        self._subscribed = False   # redis-py: when the confirmation is read
+        elif kind == "refused":
+            _, seq, refused, reason = item
+            self._forget(refused)
+            self._refused[seq] = (refused, reason, self._refusals_seen)
+            self._refusals_seen += len(refused)
+        elif kind == "gap":
+            self._control.append(M.gap(lost=item[1]))
+        elif kind == "reconnect":
+            self._control.append(M.notice("reconnect", self._out(item[1])))
+
+    def _classify(self, channel: bytes):
+        """("message", None) if a channel matches exactly, ("pmessage",
+        pattern) for the longest matching pattern, None if nothing matches
+        (unsubscribed while in flight).  Cached per channel."""
+        ids = self._local.match(channel)
+        result = None
+        best = -1
+        for i in ids:
+            key, prefix = self._byid.get(i, (None, None))
+            if key is None:
+                continue
+            if not prefix:
+                result = ("message", None)
+                break
+            if len(key) > best:
+                best = len(key)
+                result = ("pmessage", self._out(key + b"*"))
+        if len(self._classes) >= 100_000:
+            self._classes.clear()
+        self._classes[channel] = result
+        return result
+
+    def _message(self, channel: bytes, data: bytes) -> PubSubMessage | None:
+        cls = self._classes.get(channel, False)
+        if cls is False:
+            cls = self._classify(channel)
+        if cls is None:
+            return None
+        if self._client.decode_responses:
+            return M.message(channel.decode("utf-8"), data.decode("utf-8"), cls[1])
+        return M.message(channel, data, cls[1])
+
+    # -- receiving ---------------------------------------------------------
+
+    def ready_message(self, ignore_subscribe_messages: bool = False) -> PubSubMessage | None:
+        """The next message that needs no reading, or None: get_message()
+        without reading or waiting (the half of it both twins share)."""
+        ignore = ignore_subscribe_messages or self.ignore_subscribe_messages
+        buf = self._buf
+        while True:
+            msg = buf.next_message(ignore, self._message)
+            if msg is not None:
+                if self._handlers and self._handle(msg):
+                    continue
+                return msg
+            if not self._inbox:
+                return None
+            self._take(as_dicts=True)
+
+    def _handle(self, msg: PubSubMessage) -> bool:
+        """Pass a data message to its subscription's handler, if it has one."""
+        kind = msg["type"]
+        if kind == "message":
+            handler = self.channels.get(msg["channel"])
+        elif kind == "pmessage":
+            handler = self.patterns.get(msg["pattern"])
+        else:
+            return False
+        if handler is None:
+            return False
+        handler(msg)
+        return True
+
+    def get_message(self, ignore_subscribe_messages: bool = False,
+                    timeout: float | None = 0.0) -> PubSubMessage | None:
+        """The next message, or None if none arrives within ``timeout``
+        seconds (0: do not wait; None: wait for ever)."""
+        if self._dicts and not self._control and not self._pending and not self._handlers:
+            return self._dicts.popleft()           # the common case
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            msg = self.ready_message(ignore_subscribe_messages)
+            if msg is not None:
+                return msg
+            if not self._fill(deadline):
+                return None
+
+    def listen(self) -> Iterator[PubSubMessage]:
+        """Messages as they arrive, for ever (until close())."""
+        dicts = self._dicts
+        while True:
+            while dicts and not self._control and not self._pending and not self._handlers:
+                yield dicts.popleft()
+            try:
+                msg = self.get_message(timeout=None)
+            except ConnectionClosed:
+                return
+            if msg is not None:
+                yield msg
+
+    def ready_batch(self, max_messages: int | None = None) -> list:
+        """Data messages that need no reading, or []: get_batch() without
+        reading or waiting (the half of it both twins share)."""
+        limit = max_messages if max_messages is not None else BATCH_MESSAGES
+        if self._dicts:                            # left by get_message(): keep the order
+            out = self._buf.batch_from_dicts(limit)
+            if out:
+                return self._handle_pairs(out) if self._handlers else out
+        pending = self._pending
+        if pending:                                # left by get_message()/max_messages: first
+            if len(pending) <= limit:
+                out = list(pending)
+                pending.clear()
+            else:
+                return [pending.popleft() for _ in range(limit)]
+        else:
+            out = []
+        # What has arrived by now, and no more: a sender as fast as this
+        # reader must not keep the call from returning.
+        for _ in range(len(self._inbox)):
+            if len(out) >= limit:
+                break
+            self._take(sink=out)
+        if max_messages is not None and len(out) > max_messages:
+            pending.extendleft(reversed(out[max_messages:]))
+            del out[max_messages:]
+        if out and self._client.decode_responses:
+            out = [(c.decode("utf-8"), d.decode("utf-8")) for c, d in out]
+        if out and self._handlers:
+            out = self._handle_pairs(out)
+        return out
+
+    def _handle_pairs(self, pairs: list) -> list:
+        """get_batch(): the messages of subscriptions with a handler go to it."""
+        rest = []
+        for channel, data in pairs:
+            key = channel.encode("utf-8") if isinstance(channel, str) else channel
+            msg = self._message(key, data.encode("utf-8") if isinstance(data, str) else data)
+            if msg is None or not self._handle(msg):
+                rest.append((channel, data))
+        return rest
+
+    def get_batch(self, timeout: float | None = None, max_messages: int | None = None) -> list:
+        """Data messages many at a time, as ``(channel, data)`` tuples (bytes,
+        or str with decode_responses); [] if none arrive within ``timeout``.
+        At most ``max_messages``, or by default what has arrived up to about
+        8192 (whole received batches), so a call never takes long.
+        Confirmations and notices wait for get_message()."""
+        if max_messages is not None and max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            out = self.ready_batch(max_messages)
+            if out:
+                return out
+            if not self._fill(deadline):
+                return []
+
+    def has_ready(self) -> bool:
+        """Is anything ready for get_message()/get_batch() without reading?"""
+        return bool(self._control or self._pending or self._dicts or self._inbox)
+
+    # -- hooks for the asyncio twin (fastbus.aio) and other drivers -----------
+
+    @property
+    def closed(self) -> bool:
+        """Has close() run (or the client's)?"""
+        return self._closed
+
+    @property
+    def session(self) -> SubSession:
+        """The connection of this PubSub.  Its ``fd``, ``lock``, ``serve()``
+        and ``due_in()`` let an event loop drive it instead of the keeper
+        thread (as :mod:`fastbus.aio` does).  Not needed by applications."""
+        return self._session
+
+    def read_nowait(self) -> bool:
+        """Read what the connection holds now, without waiting, unless
+        another thread is reading it; True if something arrived for
+        get_message()/get_batch() to take.  ConnectionClosed once closed
+        with nothing left.  (An event loop's reader calls it when the
+        connection's ``fd`` says so, and awaits otherwise.)"""
+        if self._inbox:
+            return True
+        if self._closed:
+            raise ConnectionClosed("pubsub is closed")
+        s = self._session
+        if s.lock.acquire(False):
+            try:
+                s.read()
+            finally:
+                s.release()
+        return bool(self._inbox)
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def close(self) -> None:
+        """Unsubscribe from everything and close this connection."""
+        self.shutdown(5.0)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """close() with a bound: waits at most ``timeout`` seconds for a
+        thread that is reading the connection to let go of it (the client's
+        close() calls it for each of its PubSubs)."""
+        if self._closed:
+            return
+        self._closed = True
+        # As redis-py's reset(): nothing is held any more.
+        self.channels.clear()
+        self.patterns.clear()
+        self._handlers = 0
+        self._subscribed = False
+        s = self._session
+        s.wake()                                   # a reader blocked in wait() sees _closed
+        if s.lock.acquire(timeout=timeout):
+            try:
+                s.close()
+            finally:
+                s.lock.release()
+        self._client._keeper.remove(s)
+        if self in self._client._pubsubs:
+            self._client._pubsubs.remove(self)
+
+    reset = close   # redis-py's name
+
+    def run_in_thread(self, sleep_time: float = 0.0, daemon: bool = False,
+                      exception_handler: Callable[[BaseException, Any, Any], None] | None = None
+                      ) -> PubSubWorkerThread:
+        """As redis-py: a started thread that reads this PubSub and passes
+        every message to its subscription's handler, until its ``stop()``
+        (which closes the PubSub).  Every channel and pattern needs a
+        handler (``subscribe(**{"ch": handler})``), else
+        :class:`fastbus.errors.NoHandlerError`.  ``sleep_time`` is how long
+        one read waits for a message (0: a short wait, 0.1 s, so that stop()
+        is seen); an exception from a handler or the read goes to
+        ``exception_handler(exc, pubsub, thread)``, or ends the thread."""
+        missing = [k for k, h in list(self.channels.items()) + list(self.patterns.items()) if h is None]
+        if missing:
+            from fastbus.errors import NoHandlerError
+            raise NoHandlerError(f"run_in_thread: no handler for {', '.join(map(repr, missing))}: "
+                                 f"subscribe with subscribe(**{{name: handler}})")
+        thread = PubSubWorkerThread(self, sleep_time, daemon, exception_handler)
+        thread.start()
+        return thread
+
+    def __enter__(self) -> PubSub:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class PubSubWorkerThread(threading.Thread):
+    """The thread of :meth:`PubSub.run_in_thread` (redis-py's name)."""
+
+    def __init__(self, pubsub: PubSub, sleep_time: float, daemon: bool = False,
+                 exception_handler: Callable[[BaseException, Any, Any], None] | None = None) -> None:
+        super().__init__(daemon=daemon, name="fastbus-pubsub-worker")
+        self.pubsub = pubsub
+        self.sleep_time = sleep_time
+        self.exception_handler = exception_handler
+        self._running = threading.Event()
+
+    def run(self) -> None:
+        if self._running.is_set():
+            return
+        self._running.set()
+        pubsub = self.pubsub
+        wait = self.sleep_time if self.sleep_time > 0 else 0.1
+        try:
+            while self._running.is_set():
+                try:
+                    pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
+                except ConnectionClosed:
+                    break                         # stop(), or the PubSub or its client closed
+                except BaseException as exc:
+                    if self.exception_handler is None:
+                        raise
+                    self.exception_handler(exc, pubsub, self)
+        finally:
+            pubsub.close()
+
+    def stop(self) -> None:
+        """Stop the thread (it closes its PubSub when its read returns)."""
+        self._running.clear()

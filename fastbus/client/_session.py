@@ -1,0 +1,499 @@
+"""One connection to the broker, used by whichever thread holds its lock.
+
+A client has one session for publishing and one per PubSub.  There is no
+thread that owns the sockets: the thread that has work does it.  A thread
+publishing sends its message itself when the publisher is idle; a thread in
+``get_message()`` reads the socket itself and gets the message in its own
+hand, as with a redis-py or pyzmq socket.  The client's keeper thread
+(``_keeper.Keeper``) serves a session only while no user thread does: it
+sends batches that formed during a burst, reads what arrives for a PubSub
+nobody is reading (up to ``max_inbox_bytes``), answers the broker and pings
+it.  An asyncio client drives its sessions from its event loop instead.
+
+The rules every holder follows:
+
+* Only the holder of ``lock`` touches the socket.  A thread that finds the
+  lock taken hands its work over with ``post()``: the holder runs it before
+  it lets go, and a holder blocked in ``wait()`` is woken for it.
+* Before letting go (``release()``), the holder reads what the socket has
+  for it: a send may have consumed the edge of the socket's notification
+  descriptor (ZMQ_FD), and nobody would be woken for that input otherwise.
+* Sends never block: a control frame the socket cannot take waits in
+  ``outq`` (in order, sent before anything else); a data batch goes back to
+  the publisher (``Publisher.put_back``) and counts in its buffer.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import zmq
+
+from fastbus import protocol as P
+
+if TYPE_CHECKING:
+    from fastbus.client._client import Client
+
+log = logging.getLogger("fastbus.client")
+
+# The message path calls pyzmq's compiled socket methods directly, with
+# plain int flags: its Python-level send_multipart/recv_multipart and flag
+# enums cost more than the rest of a message's trip through this process.
+_Raw = getattr(zmq.backend, "Socket", zmq.Socket)
+_send, _recv, _get = _Raw.send, _Raw.recv, _Raw.get
+NOBLOCK, SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
+EVENTS, POLLIN, POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
+_zmq_poll = zmq.zmq_poll
+
+
+def send_frames(sock: zmq.Socket, frames: list) -> None:
+    """Send a multipart message without blocking (zmq.Again if the socket
+    cannot take it: then nothing was sent)."""
+    last = len(frames) - 1
+    for i in range(last):
+        _send(sock, frames[i], NOBLOCK | SNDMORE)
+    _send(sock, frames[last], NOBLOCK)
+
+
+def recv_frames(sock: zmq.Socket, ready: bool = False) -> list | None:
+    """The next multipart message as bytes, or None if none is waiting
+    (``ready``: a poll just said one is; do not ask ZMQ_EVENTS first)."""
+    if ready:
+        try:
+            frame = _recv(sock, NOBLOCK, False)
+        except zmq.Again:
+            return None
+    elif not _get(sock, EVENTS) & POLLIN:
+        return None
+    else:
+        frame = _recv(sock, NOBLOCK, False)   # a Frame says "more" without a getsockopt
+    parts = [frame.bytes]
+    while frame.more:
+        frame = _recv(sock, NOBLOCK, False)
+        parts.append(frame.bytes)
+    return parts
+
+
+READ_BUDGET = 64          # frames read at a time before the holder looks at other work
+SEND_BURST = 32           # batches sent before the broker is read again (a FLOW pause then takes effect)
+
+
+class Session:
+    """A DEALER connection to the broker and its protocol state."""
+
+    kind = ""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.lock = threading.Lock()
+        self.drivers: list[object] = []   # user threads driving it now (a token each): the keeper leaves it alone
+        self.loop = None                  # the asyncio loop that drives it, if any
+        self.posted: deque[Callable[[], None]] = deque()
+        self.outq: deque[list] = deque()  # control frames waiting for room in the socket
+        self.sock: zmq.Socket | None = None
+        self.monitor: zmq.Socket | None = None   # CURVE handshake events (see handshake_failure())
+        self._handshake_failure: str | None = None
+        self.fd = -1
+        self.instance = b""               # the broker's, from WELCOME / PONG
+        self.limits: dict = {}            # what the broker's WELCOME said it accepts
+        self.resyncing = False            # a new HELLO is on its way (until WELCOME)
+        self.next_ping = 0.0
+        self.more = False                 # stopped reading before the socket was empty
+        self.blocked = False              # a data batch met a full socket (EAGAIN)
+        self.unread = False               # sent since input was last read to the end
+        self.ready = False                # a poll said the socket has input
+        self.closed = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._items: list = []            # what wait() polls: the socket and the wake pipe
+        self._items_out: list = []        # the same, and room to send
+
+    # -- opening and closing (the lock held) ----------------------------------
+
+    def open(self) -> None:
+        client = self.client
+        s = client._ctx.socket(zmq.DEALER)
+        s.linger = 2000
+        s.rcvhwm = 16                     # batches: back-pressure reaches the broker soon
+        self.configure(s)
+        s.reconnect_ivl = 100
+        s.reconnect_ivl_max = 2000
+        # No ZMTP heartbeat timeout: a subscriber that pauses reading (full
+        # inbox) must not be cut off as dead.  Broker restarts show in PONGs.
+        s.tcp_keepalive = 1
+        if client._curve:
+            server, public, secret = client._curve
+            s.curve_serverkey = server.encode()
+            s.curve_publickey = public.encode()
+            s.curve_secretkey = secret.encode()
+            # A broker that refuses this client's key says so only in the
+            # handshake (and libzmq then stops reconnecting): watch it.
+            self.monitor = s.get_monitor_socket(
+                zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        s.connect(client.endpoint)
+        self.sock = s
+        self.fd = s.FD
+        self._items = [(s, POLLIN), (self._wake_r, POLLIN)]
+        self._items_out = [(s, POLLIN | POLLOUT), (self._wake_r, POLLIN)]
+        self.next_ping = time.monotonic() + client._ping_interval
+        self.hello()
+
+    def configure(self, sock: zmq.Socket) -> None:
+        """Socket options of this kind of session."""
+
+    def close(self) -> None:
+        """Say goodbye and close the socket (the lock held)."""
+        self.closed = True
+        if self.monitor is not None and self.sock is not None:
+            try:
+                self.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self.monitor.close(linger=0)
+            self.monitor = None
+        if self.sock is not None:
+            self.send([P.BYE])
+            self.sock.close(linger=1000)
+            self.sock = None
+        self.fd = -1
+
+    def handshake_failure(self) -> str | None:
+        """Why the CURVE handshake with the broker failed, if it did and has
+        not succeeded since (the lock held); None without CURVE."""
+        mon = self.monitor
+        if mon is None:
+            return None
+        from zmq.utils.monitor import recv_monitor_message
+        while mon.poll(0):
+            event = recv_monitor_message(mon)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._handshake_failure = None
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._handshake_failure = "refused this client's CURVE key (not among the keys it accepts)"
+            else:
+                self._handshake_failure = ("failed the CURVE handshake with this client (a wrong broker key "
+                                           "given as curve_server_key, or not a CURVE broker?)")
+        return self._handshake_failure
+
+    def __del__(self) -> None:
+        # Not at close(): another thread may still wake() it, and a closed
+        # descriptor's number can be reused by anything.
+        for fd in (getattr(self, "_wake_r", -1), getattr(self, "_wake_w", -1)):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    # -- handing work over ------------------------------------------------------
+
+    def post(self, work: Callable[[], None]) -> None:
+        """Run ``work`` with the lock held: now if it is free, else by the
+        holder before it lets go (woken if it waits)."""
+        if self.lock.acquire(False):
+            try:
+                work()
+            finally:
+                self.release()
+            return
+        self.posted.append(work)
+        self.wake()
+        self.client._keeper.wake()
+        # The holder may have let go between our try and the append:
+        # release() looks again after letting go, so the work is not left.
+        if self.lock.acquire(False):
+            self.release()
+
+    def wake(self) -> None:
+        """Wake a holder blocked in wait() (any thread)."""
+        try:
+            os.write(self._wake_w, b"\x00")
+        except (BlockingIOError, OSError):
+            pass    # the pipe is full (already woken) or closed
+
+    def release(self) -> None:
+        """Let go of the lock: run posted work and read pending input first,
+        and look again afterwards for work posted meanwhile."""
+        while True:
+            try:
+                while self.posted:
+                    self.posted.popleft()()
+                self.drain()
+            finally:
+                self.lock.release()
+            if not self.posted or not self.lock.acquire(False):
+                return
+
+    def release_again(self) -> None:
+        """After letting go: if work was posted meanwhile and the lock is
+        free, run it (as release() does after letting go)."""
+        if self.posted and self.lock.acquire(False):
+            self.release()
+
+    def drain(self) -> None:
+        """Read what the socket holds now, if a send since the last read to
+        the end may have hidden it from the keeper (the lock held).  Input
+        a reader left (``more``) waits for its next call, or for the keeper
+        (at its next turn, at most a ping interval away)."""
+        sock = self.sock
+        if sock is None or not self.unread:
+            return
+        try:
+            if (self.more or _get(sock, EVENTS) & POLLIN) and self.reading():
+                self.read()
+            else:
+                self.unread = False
+            if self.outq:
+                self.flush_outq()
+        except zmq.ZMQError as exc:
+            log.warning("%s: %s session: %s", self.client.name, self.kind, exc)
+        if self.more and self.reading() and self.loop is None and len(self.drivers) <= 1:
+            self.client._keeper.wake()
+
+    # -- sending (the lock held) ------------------------------------------------
+
+    def send(self, frames: list) -> bool:
+        """Send a control message now, or queue it behind those waiting for
+        room; True if it left now."""
+        if self.sock is None:
+            return False
+        if not self.outq:
+            self.unread = True
+            try:
+                send_frames(self.sock, frames)
+                return True
+            except zmq.Again:
+                pass
+            except zmq.ZMQError as exc:
+                log.warning("%s: send to %s failed: %s", self.client.name, self.client.endpoint, exc)
+                return False
+        self.outq.append(frames)
+        return False
+
+    def send_data(self, frames: list) -> bool:
+        """Send a data message if the socket takes it now (False: it did not)."""
+        if self.outq:
+            self.flush_outq()                  # control messages first, in order
+        if self.sock is None or self.outq:
+            return False
+        self.unread = True
+        try:
+            send_frames(self.sock, frames)
+            return True
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            log.warning("%s: send to %s failed: %s", self.client.name, self.client.endpoint, exc)
+            return False
+
+    def flush_outq(self) -> None:
+        sock = self.sock
+        self.unread = True
+        while self.outq and sock is not None:
+            try:
+                send_frames(sock, self.outq[0])
+            except zmq.Again:
+                return
+            except zmq.ZMQError as exc:
+                log.warning("%s: send to %s failed: %s", self.client.name, self.client.endpoint, exc)
+            self.outq.popleft()
+
+    # -- reading (the lock held) ------------------------------------------------
+
+    def read(self, budget: int = READ_BUDGET) -> int:
+        """Handle up to ``budget`` messages from the broker; ``more`` says
+        whether the socket may still hold some.  (A reader that wants one
+        message reads with budget 1 and leaves ``more`` set: its next wait
+        polls the socket, which says at once whether more is there.)"""
+        sock = self.sock
+        n = 0
+        ready = self.ready
+        self.ready = False
+        while n < budget:
+            if not self.reading():
+                self.more = True           # input may wait: read when there is room
+                return n
+            frames = recv_frames(sock, ready)
+            ready = False
+            if frames is None:
+                self.more = self.unread = False
+                return n
+            n += 1
+            self.handle(frames)
+        self.more = True
+        return n
+
+    def handle(self, frames: list) -> None:
+        """One message from the broker; a bad one is logged and dropped."""
+        try:
+            self.on_message(frames[0], frames)
+        except (P.ProtocolError, ValueError, IndexError) as exc:
+            log.warning("%s: bad message from the broker: %s", self.client.name, exc)
+
+    def reading(self) -> bool:
+        """May input be read now (False while a PubSub's inbox is full)?"""
+        return True
+
+    def on_message(self, cmd: bytes, frames: list) -> None:
+        if cmd == P.WELCOME:
+            info = P.load_json(frames[1])
+            self.instance = str(info.get("instance", "")).encode()
+            limits = info.get("limits")
+            self.limits = limits if isinstance(limits, dict) else {}
+            self.resyncing = False
+            self.on_welcome()
+        elif cmd == P.PONG and len(frames) == 3:
+            token, instance = frames[1], frames[2]
+            if self.instance and instance != self.instance:
+                self.instance = instance
+                self.resync("broker restarted: what was published to it before this client subscribed "
+                            "again was not delivered")
+            self.on_pong(token)
+        elif cmd == P.KICK:
+            reason = str(P.load_json(frames[1]).get("reason", ""))
+            if self.resyncing:
+                # A KICK in answer to what we sent before our new HELLO (a
+                # restarted broker asks for one, as the PONG said): that
+                # HELLO is on its way; one event, one notice.
+                return
+            self.resync(reason)
+        elif cmd == P.PING:
+            pass                     # the broker's liveness probe: nothing to answer
+        else:
+            raise P.ProtocolError(f"unexpected {cmd!r} on a {self.kind} session")
+
+    def limit(self, name: str, default: int = 0) -> int:
+        """A limit the broker announced in WELCOME (default until then)."""
+        v = self.limits.get(name)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else default
+
+    def on_welcome(self) -> None:
+        pass
+
+    def on_pong(self, token: bytes) -> None:
+        pass
+
+    # -- the session ------------------------------------------------------------
+
+    def hello(self) -> None:
+        hello = {"v": P.VERSION, "role": "client", "pub": self.kind == "pub", "name": self.client.name}
+        self.send([P.HELLO, P.dump_json(hello)])
+
+    def resync(self, why: str) -> None:
+        log.info("%s: resending to %s (%s)", self.client.name, self.client.endpoint, why)
+        self.resyncing = True
+        self.hello()
+
+    def tick(self, now: float) -> None:
+        """Ping the broker when due (a restarted broker shows in the PONG)."""
+        if now >= self.next_ping:
+            self.send([P.PING, b""])
+            self.next_ping = now + self.client._ping_interval
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds until this session needs serving again (0: now), if
+        nothing arrives meanwhile."""
+        if self.posted or (self.more and self.reading()):
+            return 0.0
+        return max(0.0, self.next_ping - now)
+
+    def serve(self, now: float) -> None:
+        """What the keeper (or an event loop) does for an undriven session."""
+        if self.outq:
+            self.flush_outq()
+        self.read()
+        self.tick(now)
+
+    # -- a user thread waiting (the lock held) ----------------------------------
+
+    def wait(self, deadline: float | None) -> None:
+        """Block until input, posted work or a wake, ``deadline``, or the
+        next ping (whichever comes first).  (``wait_many`` for one session,
+        written out: a reader waits here for every message.)"""
+        if self.posted or self.more:
+            ms = 0
+        else:
+            until = self.next_ping if deadline is None or deadline > self.next_ping else deadline
+            ms = math.ceil((until - time.monotonic()) * 1000)
+            if ms < 0:
+                ms = 0
+        out = self.outq or self.blocked
+        ready = _zmq_poll(self._items_out if out else self._items, ms)
+        for what, _ev in ready:
+            if what is self.sock:
+                self.more = self.ready = True
+            else:
+                try:
+                    os.read(self._wake_r, 4096)
+                except (BlockingIOError, OSError):
+                    pass
+        if out:
+            self.flush_outq()
+        now = time.monotonic()
+        if now >= self.next_ping:
+            self.tick(now)
+
+
+def wait_many(sessions: list[Session], deadline: float | None) -> None:
+    """Block until one of ``sessions`` (whose locks the caller holds) has
+    input or posted work, or until ``deadline`` or the next ping due; pings
+    that are due go out.  ``wait_many([s], d)`` is ``s.wait(d)``."""
+    now = time.monotonic()
+    until = min(s.next_ping for s in sessions)
+    if deadline is not None:
+        until = min(until, deadline)
+    items = []
+    for s in sessions:
+        items += s._items_out if s.outq or s.blocked else s._items
+    if any(s.posted or s.more for s in sessions):
+        ms = 0
+    else:
+        ms = max(0, math.ceil((until - now) * 1000))
+    ready = dict(_zmq_poll(items, ms))
+    for s in sessions:
+        if s._wake_r in ready:
+            try:
+                os.read(s._wake_r, 4096)
+            except (BlockingIOError, OSError):
+                pass
+        if s.outq or s.blocked:
+            s.flush_outq()
+        if s.sock is not None and s.sock in ready:
+            s.more = s.ready = True
+        s.tick(time.monotonic())
+
+
+@contextmanager
+def driving(sessions: list[Session], deadline: float | None) -> Iterator[bool]:
+    """Hold the locks of ``sessions`` as a user thread that waits on them
+    (the keeper leaves them alone meanwhile).  Yields False if the locks
+    could not be had before ``deadline``."""
+    token = object()           # list.append/remove are atomic: no lost update between threads
+    for s in sessions:
+        s.drivers.append(token)
+    held: list[Session] = []
+    try:
+        for s in sessions:
+            left = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+            if not s.lock.acquire(timeout=left):
+                break
+            held.append(s)
+        ok = len(held) == len(sessions)
+        try:
+            yield ok
+        finally:
+            for s in reversed(held):
+                s.release()
+    finally:
+        for s in sessions:
+            s.drivers.remove(token)

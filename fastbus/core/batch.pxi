@@ -1,0 +1,165 @@
+# Batches: the Batch object, encode/decode/batch_count and crc32c (csrc/fb_batch.h).
+# Part of fastbus/_core.pyx (included there).
+
+# --------------------------------------------------------------------------
+# Batches and outboxes
+
+cdef class Batch:
+    """An encoded batch handed over by an Outbox, without a copy.
+
+    Supports the buffer protocol (``memoryview(batch)``, ``sock.send(batch)``,
+    ``zmq`` with ``copy=False``), ``len()`` in bytes, ``bytes()`` and
+    ``records()``.  Create batches with ``Outbox.take()`` or ``encode()``.
+    """
+
+    def __cinit__(self):
+        self._buf = NULL
+        self._len = 0
+        self._exports = 0
+
+    def __init__(self):
+        if self._buf is NULL:
+            raise TypeError("Batch objects come from Outbox.take() or fastbus.encode()")
+
+    def __dealloc__(self):
+        fb_free(self._buf)
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        PyBuffer_FillInfo(view, self, self._buf, <Py_ssize_t>self._len, 1, flags)
+        self._exports += 1
+
+    def __releasebuffer__(self, Py_buffer *view):
+        self._exports -= 1
+
+    def __len__(self) -> int:
+        return <Py_ssize_t>self._len
+
+    def __bytes__(self) -> bytes:
+        return PyBytes_FromStringAndSize(<const char *>self._buf, <Py_ssize_t>self._len)
+
+    @property
+    def count(self) -> int:
+        """Number of records."""
+        cdef uint32_t n = 0
+        _check(fb_batch_header(self._buf, self._len, &n, NULL), "batch")
+        return n
+
+    def records(self) -> list:
+        """Decode: ``[(topic, payload), ...]`` as bytes."""
+        return decode(self)
+
+    def __repr__(self) -> str:
+        return f"<fastbus.Batch records={self.count} bytes={self._len}>"
+
+
+cdef Batch _wrap_batch(unsigned char *buf, size_t n):
+    cdef Batch b = Batch.__new__(Batch)
+    b._buf = buf
+    b._len = n
+    return b
+
+
+def encode(records, *, bint checksum=False) -> Batch:
+    """Encode ``(topic, payload)`` records into one Batch (no records: a
+    valid empty batch)."""
+    cdef Outbox ob = Outbox(0, 0, None, checksum)
+    ob.extend(records, 0)
+    b = ob.take()
+    return _empty_batch(checksum) if b is None else b
+
+
+cdef Batch _empty_batch(bint checksum):
+    # An outbox never hands over an empty batch: the core writes one.
+    cdef unsigned char *buf = NULL
+    cdef size_t n = 0
+    _check(fb_batch_empty(checksum, &buf, &n), "encode")
+    return _wrap_batch(buf, n)
+
+
+def batch_count(data) -> int:
+    """Number of records a batch declares (its header only is checked)."""
+    cdef Py_buffer view
+    cdef uint32_t n = 0
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        _check(fb_batch_header(view.buf, <size_t>view.len, &n, NULL), "batch")
+    finally:
+        PyBuffer_Release(&view)
+    return n
+
+
+def decode(data, *, uint32_t max_topic=0, uint32_t max_payload=0, uint32_t max_records=0,
+           bint require_checksum=False) -> list:
+    """Validate a whole batch and return its ``(topic, payload)`` records.
+
+    Every length is checked before use; malformed, truncated, unknown-version
+    or checksum-failing input raises BatchError (a ValueError) and returns
+    nothing.  The limits (0: none) bound what a network peer may send."""
+    cdef Py_buffer view
+    cdef fb_decode_limits lim
+    cdef uint32_t count = 0
+    cdef size_t n = 0, i, cap
+    cdef int rc
+    cdef fb_record *recs = NULL
+    lim.max_topic = max_topic
+    lim.max_payload = max_payload
+    lim.max_records = max_records
+    lim.require_checksum = require_checksum
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        rc = fb_batch_header(view.buf, <size_t>view.len, &count, NULL)
+        _check(rc, "batch")
+        # A count the buffer cannot hold is rejected by the decoder; do not
+        # allocate for it first.
+        cap = count if count <= (<size_t>view.len) // 2 else 0
+        recs = <fb_record *>PyMem_Malloc((cap if cap else 1) * sizeof(fb_record))
+        if recs is NULL:
+            raise MemoryError()
+        if <size_t>view.len >= NOGIL_MIN_BYTES:
+            with nogil:
+                rc = fb_batch_decode(view.buf, <size_t>view.len, &lim, recs if cap else NULL, cap, &n)
+        else:
+            rc = fb_batch_decode(view.buf, <size_t>view.len, &lim, recs if cap else NULL, cap, &n)
+        _check(rc, "batch")
+        return _records_to_list(recs, n)
+    finally:
+        PyMem_Free(recs)
+        PyBuffer_Release(&view)
+
+
+cdef list _records_to_list(const fb_record *recs, size_t n):
+    """[(topic, payload)] as bytes.  The tuples hold only bytes, so they can
+    never be part of a reference cycle: untracking them keeps a decoded batch
+    of thousands of records from driving the cyclic GC (a measured 4x on
+    large batches held at once)."""
+    cdef list out = PyList_New(n)
+    cdef size_t i
+    cdef object t, p
+    cdef tuple tup
+    cdef _topic_cache cache
+    memset(&cache, 0, sizeof(cache))
+    try:
+        for i in range(n):
+            t = _tc_get(&cache, <const char *>recs[i].topic, recs[i].topic_len)
+            p = PyBytes_FromStringAndSize(<const char *>recs[i].payload, recs[i].payload_len)
+            tup = PyTuple_New(2)
+            Py_INCREF(t)
+            PyTuple_SET_ITEM(tup, 0, t)
+            Py_INCREF(p)
+            PyTuple_SET_ITEM(tup, 1, p)
+            PyObject_GC_UnTrack(<void *>tup)
+            Py_INCREF(tup)
+            PyList_SET_ITEM(out, i, tup)
+    finally:
+        _tc_clear(&cache)
+    return out
+
+
+def crc32c(data, uint32_t crc=0) -> int:
+    """CRC-32C (Castagnoli) of a bytes-like object, continuing from ``crc``."""
+    cdef Py_buffer view
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        return fb_crc32c(crc, view.buf, <size_t>view.len)
+    finally:
+        PyBuffer_Release(&view)

@@ -1,0 +1,136 @@
+# redis-py message dicts built from batches and from RESP push messages.
+# Part of fastbus/_core.pyx (included there).
+
+cdef str _K_TYPE = "type", _K_PATTERN = "pattern", _K_CHANNEL = "channel", _K_DATA = "data"
+
+
+def decode_messages(data, dict classes not None, classify not None, bint utf8=False) -> list:
+    """Decode a batch straight into redis-py message dicts, for
+    ``PubSub.listen()`` / ``get_message()``: one call per batch.
+
+    ``classes`` maps a channel (bytes) to ``(type, pattern)``, or to None for
+    a channel no subscription matches any more (those records are skipped);
+    ``classify(channel)`` fills it for channels not yet in it.  With ``utf8``,
+    channels and payloads are decoded to str."""
+    cdef Py_buffer view
+    cdef fb_record *recs = NULL
+    cdef uint32_t count = 0
+    cdef size_t n = 0, i, cap
+    cdef int rc
+    cdef list out = []
+    cdef PyObject *found
+    cdef object topic, payload, cls, d
+    cdef _topic_cache cache
+    memset(&cache, 0, sizeof(cache))
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        _check(fb_batch_header(view.buf, <size_t>view.len, &count, NULL), "batch")
+        cap = count if count <= (<size_t>view.len) // 2 else 0
+        recs = <fb_record *>PyMem_Malloc((cap if cap else 1) * sizeof(fb_record))
+        if recs is NULL:
+            raise MemoryError()
+        rc = fb_batch_decode(view.buf, <size_t>view.len, NULL, recs if cap else NULL, cap, &n)
+        _check(rc, "batch")
+        for i in range(n):
+            topic = _tc_get(&cache, <const char *>recs[i].topic, recs[i].topic_len)
+            found = PyDict_GetItem(classes, topic)
+            cls = <object>found if found is not NULL else classify(topic)
+            if cls is None:
+                continue
+            if utf8:
+                payload = PyUnicode_DecodeUTF8(<const char *>recs[i].payload, recs[i].payload_len, NULL)
+                topic = PyUnicode_DecodeUTF8(<const char *>recs[i].topic, recs[i].topic_len, NULL)
+            else:
+                payload = PyBytes_FromStringAndSize(<const char *>recs[i].payload, recs[i].payload_len)
+            d = PyDict_New()
+            PyDict_SetItem(d, _K_TYPE, (<tuple>cls)[0])
+            PyDict_SetItem(d, _K_PATTERN, (<tuple>cls)[1])
+            PyDict_SetItem(d, _K_CHANNEL, topic)
+            PyDict_SetItem(d, _K_DATA, payload)
+            PyObject_GC_UnTrack(<void *>d)   # only str/bytes/None inside: no cycles
+            out.append(d)
+        return out
+    finally:
+        _tc_clear(&cache)
+        PyMem_Free(recs)
+        PyBuffer_Release(&view)
+
+
+cdef dict _PUSH_KINDS = {k.encode(): k for k in (
+    "message", "pmessage", "smessage", "subscribe", "unsubscribe", "psubscribe", "punsubscribe",
+    "ssubscribe", "sunsubscribe", "pong")}
+
+
+cdef inline object _elem(_topic_cache *cache, fb_resp_elem *e, bint utf8, bint intern):
+    if e.ptr is NULL:
+        return None
+    if e.is_int:
+        return int(PyBytes_FromStringAndSize(<const char *>e.ptr, e.len))
+    if utf8:
+        return PyUnicode_DecodeUTF8(<const char *>e.ptr, e.len, "replace")
+    if intern:
+        return _tc_get(cache, <const char *>e.ptr, e.len)
+    return PyBytes_FromStringAndSize(<const char *>e.ptr, e.len)
+
+
+def resp_pubsub_decode(data, Py_ssize_t start=0, Py_ssize_t end=-1, bint as_dicts=True,
+                       bint utf8=False) -> tuple:
+    """Decode the complete pub/sub push messages in ``data[start:end]`` in
+    one call: ``(consumed, items, notices)``.  With ``as_dicts`` every
+    message is a redis-py dict (``type``, ``pattern``, ``channel``,
+    ``data``) in ``items``, in order; otherwise ``items`` holds
+    ``(channel, data)`` tuples of the data messages and ``notices`` the
+    dicts of the others (confirmations, pong).  Bytes that are not push
+    messages raise BatchError (the connection is unusable)."""
+    cdef Py_buffer view
+    cdef fb_resp_elem el[4]
+    cdef size_t used = 0, pos
+    cdef int n
+    cdef list items = [], notices = []
+    cdef _topic_cache cache
+    cdef object kind, d, channel, payload, pattern
+    memset(&cache, 0, sizeof(cache))
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        if end < 0 or end > view.len:
+            end = view.len
+        if start < 0 or start > end:
+            raise ValueError("resp_pubsub_decode: start out of range")
+        pos = <size_t>start
+        while pos < <size_t>end:
+            n = fb_resp_flat_array(<const unsigned char *>view.buf + pos, <size_t>end - pos, el, 4, &used)
+            if n < 0:
+                _raise(n, "redis pub/sub message")
+            if n == 0:
+                break
+            pos += used
+            if el[0].is_int or el[0].ptr is NULL:
+                raise BatchError("redis pub/sub message: no type", "malformed")
+            kind = _PUSH_KINDS.get(PyBytes_FromStringAndSize(<const char *>el[0].ptr, el[0].len))
+            if kind is None:
+                raise BatchError("redis pub/sub message: unknown type", "malformed")
+            pattern = None
+            if kind == "pmessage" and n == 4:
+                pattern = _elem(&cache, &el[1], utf8, True)
+                channel = _elem(&cache, &el[2], utf8, True)
+                payload = _elem(&cache, &el[3], utf8, False)
+            elif n == 3:
+                channel = _elem(&cache, &el[1], utf8, True)
+                payload = _elem(&cache, &el[2], utf8, False)
+            elif kind == "pong" and n == 2:
+                channel = None
+                payload = _elem(&cache, &el[1], utf8, False)
+            else:
+                raise BatchError(f"redis pub/sub message: {kind} with {n} elements", "malformed")
+            if not as_dicts and (kind == "message" or kind == "pmessage" or kind == "smessage"):
+                t = (channel, payload)
+                PyObject_GC_UnTrack(<void *>t)
+                items.append(t)
+                continue
+            d = {"type": kind, "pattern": pattern, "channel": channel, "data": payload}
+            PyObject_GC_UnTrack(<void *>d)
+            (items if as_dicts else notices).append(d)
+        return pos - <size_t>start, items, notices
+    finally:
+        _tc_clear(&cache)
+        PyBuffer_Release(&view)

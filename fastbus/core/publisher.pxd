@@ -1,0 +1,30 @@
+# Publisher: the publish path's state over an Outbox (see publisher.pxi).
+from libc.stdint cimport uint64_t
+
+
+cdef class Publisher:
+    cdef public Outbox outbox
+    cdef public object wanted
+    cdef public object wake
+    cdef public object closed_error
+    cdef public bint closed
+    cdef public object pending_error
+    cdef public str closed_message
+    cdef public Py_ssize_t max_buffer_bytes
+    cdef public object block_timeout
+    cdef public object block_reason
+    cdef object _room
+    cdef Py_ssize_t _waiting
+    cdef public object send_now
+    cdef public Py_ssize_t max_topic
+    cdef public Py_ssize_t max_payload
+    cdef object _sealed
+    cdef Py_ssize_t _sealed_bytes
+    cdef Py_ssize_t _sealed_count
+    cdef uint64_t _gap_ns
+    cdef int _burst_limit
+    cdef int _streak
+    cdef uint64_t _last_send_ns
+    cdef uint64_t _accepted
+    cdef uint64_t _refused
+    cdef int _started(self) except -1

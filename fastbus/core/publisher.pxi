@@ -1,0 +1,256 @@
+# Publisher: a client's publish path over an Outbox.
+# Part of fastbus/_core.pyx (included there).
+
+cdef class Publisher:
+    """The publish path of a client as one call into C: the publisher-side
+    filter (``wanted``, a Trie or None for no filter), the append to
+    ``outbox``, and the decision who sends the batch, and when.
+
+    **Who sends.**  Without ``send_now``, a sender thread of the owner's
+    does: ``wake()`` is called when a batch starts and when it fills, and
+    the sender ``take()``s what is there.  With ``send_now``, the publishing
+    thread itself may send (a hop less): ``send_now(full)`` is called when
+    the batch fills (``full`` True), and when a batch starts on a publisher
+    that is idle.  Idle means: nothing was sent for ``burst_gap`` seconds,
+    or fewer than ``burst_limit`` batches were sent since, each within
+    ``burst_gap`` of the one before.  A publisher called back to back (a
+    burst) is not idle: its batch starts with ``wake()`` instead, and the
+    sender thread sends what gathered by the time it runs.  The owner tells
+    the publisher of every send with ``sent(full)``: a full batch, or one the
+    sender thread sent, marks the publisher busy until ``burst_gap`` passes.
+    So at a low rate every message leaves in the publishing thread at once;
+    under load batches form by themselves, and nothing waits for a timer.
+
+    Batches stay bounded when the sender falls behind: a full batch the
+    sender has not taken yet is sealed (kept aside as it is) and the next
+    record starts a new one, so a batch never grows past the outbox's
+    ``max_messages``/``max_bytes`` by more than one record.  The sender
+    takes sealed batches first, oldest first, with ``take()``; one it could
+    not send goes back first with ``put_back()``.  When the sealed batches
+    and the outbox together hold ``max_buffer_bytes`` (0: no limit),
+    ``publish`` waits for the sender to take some, at most
+    ``block_timeout`` seconds (None: no limit), then raises PublishTimeout
+    (its message says ``block_reason()`` if set) without queuing the
+    message.  A closed publisher raises ``closed_error(closed_message)``.
+    ``max_topic``/``max_payload`` (0: none; a client sets the broker's)
+    refuse a message over them with ValueError, before it is queued."""
+
+    def __cinit__(self, Outbox outbox not None, wake not None, *, send_now=None, double burst_gap=20e-6,
+                  int burst_limit=4, Py_ssize_t max_buffer_bytes=0, block_timeout=None, block_reason=None,
+                  closed_error=RuntimeError, str closed_message="client is closed"):
+        if not (burst_gap >= 0.0) or burst_gap > 60.0:
+            raise ValueError(f"burst_gap must be between 0 and 60 seconds, not {burst_gap!r}")
+        if burst_limit < 0:
+            raise ValueError(f"burst_limit must be >= 0, not {burst_limit}")
+        if max_buffer_bytes < 0:
+            raise ValueError(f"max_buffer_bytes must be >= 0 (0: no limit), not {max_buffer_bytes}")
+        if block_timeout is not None and not block_timeout >= 0:
+            raise ValueError(f"block_timeout must be >= 0 seconds, or None to wait for ever, not {block_timeout!r}")
+        self.outbox = outbox
+        self.wanted = None
+        self.wake = wake
+        self.send_now = send_now
+        self.closed = False
+        self.closed_error = closed_error
+        self.closed_message = closed_message
+        self.pending_error = None
+        self.max_buffer_bytes = max_buffer_bytes
+        self.block_timeout = block_timeout
+        self.block_reason = block_reason
+        self._room = None
+        self._waiting = 0
+        self._sealed = deque()
+        self._sealed_bytes = 0
+        self._sealed_count = 0
+        self._gap_ns = <uint64_t>(burst_gap * 1e9)
+        self._burst_limit = burst_limit
+        self._streak = 0
+        self._last_send_ns = 0
+        self.max_topic = 0
+        self.max_payload = 0
+
+    def publish(self, channel, message) -> int:
+        """Queue a message; 0 if no subscriber wants its channel."""
+        if self.closed:
+            raise self.closed_error(self.closed_message)
+        if self.pending_error is not None:
+            # An earlier failure, reported once, by the next call; this
+            # call's message is not queued.
+            err, self.pending_error = self.pending_error, None
+            raise err
+        cdef bytes t = _as_message(channel)
+        cdef bytes p = _as_message(message)
+        cdef Outbox ob = self.outbox
+        cdef object w = self.wanted
+        if self.max_payload and PyBytes_GET_SIZE(p) > self.max_payload:
+            raise ValueError(f"a payload of {PyBytes_GET_SIZE(p):,} bytes is over the broker's limit of "
+                             f"{self.max_payload:,} (max_payload); not sent")
+        if self.max_topic and PyBytes_GET_SIZE(t) > self.max_topic:
+            raise ValueError(f"a channel name of {PyBytes_GET_SIZE(t):,} bytes is over the broker's limit of "
+                             f"{self.max_topic:,} (max_topic); not sent")
+        cdef Trie trie
+        cdef int rc, took = FB_OK
+        cdef bint starts
+        cdef unsigned char *sealed = NULL
+        cdef size_t sealed_len = 0, sealed_count = 0
+        if w is not None:
+            trie = <Trie>w
+            _lock(&trie._lock)
+            rc = fb_trie_any_match(trie._t, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t))
+            _unlock(&trie._lock)
+            if rc == 0:
+                self._refused += 1
+                return 0
+        if self.max_buffer_bytes and \
+                self._sealed_bytes + <Py_ssize_t>fb_outbox_bytes(&ob._o) >= self.max_buffer_bytes:
+            self.wait_for_room()
+        _lock(&ob._lock)
+        if fb_outbox_full(&ob._o):
+            # The sender has not taken this full batch yet: seal it.
+            sealed_count = fb_outbox_count(&ob._o)
+            took = fb_outbox_take(&ob._o, &sealed, &sealed_len)
+        starts = fb_outbox_count(&ob._o) == 0
+        # The outbox uses the time only for the first record of a batch.
+        rc = fb_outbox_append(&ob._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(p),
+                              PyBytes_GET_SIZE(p), fb_now_ns() if starts else 0)
+        if rc >= 0:
+            self._accepted += 1
+        _unlock(&ob._lock)
+        if sealed is not NULL:
+            self._sealed.append((_wrap_batch(sealed, sealed_len), sealed_count))
+            self._sealed_bytes += sealed_len
+            self._sealed_count += sealed_count
+        if took < 0:
+            _raise(took, "publish")
+        if rc < 0:
+            _raise(rc, "publish")
+        # Not a wake (a pipe write) for every record: that tripled the cost
+        # of publish under load.  Once when the batch starts, once when full.
+        if rc == 1:
+            if self.send_now is not None:
+                self.send_now(True)
+            else:
+                self.wake()
+        elif starts and sealed is NULL:
+            self._started()
+        return 1
+
+    cdef int _started(self) except -1:
+        """A batch started: send it now if the publisher is idle, else
+        leave it to the sender thread (it gathers what comes meanwhile)."""
+        cdef uint64_t now
+        if self.send_now is None:
+            self.wake()
+            return 0
+        now = fb_now_ns()
+        if now - self._last_send_ns >= self._gap_ns:
+            self._streak = 0
+        if self._streak < self._burst_limit:
+            self.send_now(False)
+        else:
+            self.wake()
+        return 0
+
+    def sent(self, bint full=False) -> None:
+        """The owner sent a batch of this publisher's (``full``: a full one,
+        or one its sender thread sent: the publisher is busy)."""
+        self._last_send_ns = fb_now_ns()
+        if full:
+            self._streak = self._burst_limit
+        elif self._streak < self._burst_limit:
+            self._streak += 1
+
+    @property
+    def idle(self) -> bool:
+        """Would a batch starting now be sent at once (see the class doc)?"""
+        return fb_now_ns() - self._last_send_ns >= self._gap_ns or self._streak < self._burst_limit
+
+    @property
+    def accepted(self) -> int:
+        """Messages publish() queued."""
+        return self._accepted
+
+    @property
+    def refused(self) -> int:
+        """Messages publish() did not queue because nobody wanted their
+        channel (it returned 0)."""
+        return self._refused
+
+    @property
+    def last_send_ns(self) -> int:
+        """When the owner last reported a send (monotonic ns; 0: never)."""
+        return self._last_send_ns
+
+    def take(self, bint force=False):
+        """For the sender: ``(batch, records)`` of the oldest sealed batch,
+        else of the outbox's batch if it is due (or ``force``), else None."""
+        cdef Outbox ob = self.outbox
+        cdef unsigned char *buf = NULL
+        cdef size_t n = 0, count = 0
+        cdef int rc = FB_OK
+        if self._sealed:
+            item = self._sealed.popleft()
+            self._sealed_bytes -= len(<Batch>item[0])
+            self._sealed_count -= <Py_ssize_t>item[1]
+        else:
+            _lock(&ob._lock)
+            if fb_outbox_count(&ob._o) and (force or fb_outbox_due(&ob._o, fb_now_ns())):
+                count = fb_outbox_count(&ob._o)
+                rc = fb_outbox_take(&ob._o, &buf, &n)
+            _unlock(&ob._lock)
+            _check(rc, "take")
+            if buf is NULL:
+                return None
+            item = (_wrap_batch(buf, n), count)
+        if self._waiting:
+            with self._room:
+                self._room.notify_all()
+        return item
+
+    def put_back(self, Batch batch not None, Py_ssize_t count) -> None:
+        """A batch from take() that could not be sent: it is sent first next
+        time, and counts in the buffer again."""
+        self._sealed.appendleft((batch, count))
+        self._sealed_bytes += len(batch)
+        self._sealed_count += count
+
+    def wait_for_room(self) -> None:
+        """Block until the buffer is below max_buffer_bytes (publish() calls
+        this; asyncio wrappers call it in a thread): PublishTimeout after
+        block_timeout seconds, closed_error if the publisher closes."""
+        if self._room is None:
+            self._room = threading.Condition()
+        deadline = None if self.block_timeout is None else time.monotonic() + self.block_timeout
+        with self._room:
+            self._waiting += 1
+            try:
+                while self.buffered_bytes >= self.max_buffer_bytes:
+                    if self.closed:
+                        raise self.closed_error(self.closed_message)
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        why = self.block_reason() if self.block_reason is not None else "the sender is behind"
+                        raise PublishTimeout(f"publish: {self.buffered_bytes} bytes waiting to be sent for "
+                                             f"{self.block_timeout} s: {why}")
+                    self.wake()
+                    self._room.wait(0.1 if left is None else min(left, 0.1))
+            finally:
+                self._waiting -= 1
+
+    def has_room(self) -> bool:
+        """Would publish() queue without waiting for room?"""
+        return not self.max_buffer_bytes or self.buffered_bytes < self.max_buffer_bytes
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes queued: sealed batches and the outbox's batch."""
+        return self._sealed_bytes + <Py_ssize_t>fb_outbox_bytes(&self.outbox._o)
+
+    @property
+    def queued(self) -> int:
+        """Messages queued, not yet taken by the sender."""
+        return self._sealed_count + <Py_ssize_t>fb_outbox_count(&self.outbox._o)
+
+    def has_sealed(self) -> bool:
+        """Is a full batch waiting for the sender?"""
+        return bool(self._sealed)

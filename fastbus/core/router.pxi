@@ -1,0 +1,235 @@
+# Router: a broker's routing step (csrc/fb_router.h).
+# Part of fastbus/_core.pyx (included there).
+
+# --------------------------------------------------------------------------
+# Router
+
+cdef enum:
+    LINKS_PER_CALL = 4096
+    FULL_PER_CALL = 64
+
+
+cdef list _router_links(Router self, bint only_due, uint64_t now):
+    cdef uint32_t *buf = <uint32_t *>PyMem_Malloc(LINKS_PER_CALL * sizeof(uint32_t))
+    cdef size_t n, i
+    if buf is NULL:
+        raise MemoryError()
+    try:
+        _lock(&self._lock)
+        if only_due:
+            n = fb_router_due(self._r, now, buf, LINKS_PER_CALL)
+        else:
+            n = fb_router_pending(self._r, buf, LINKS_PER_CALL)
+        _unlock(&self._lock)
+        return [buf[i] for i in range(n)]
+    finally:
+        PyMem_Free(buf)
+
+
+cdef class Router:
+    """A broker's routing step: received batches into per-link outboxes.
+
+    Links are integers ``0 .. 2**31 - 1``, the subscriber ids of ``trie``.
+    ``route(batch, source)`` validates a batch whole, matches all its topics
+    in one call and appends each record to the outbox of every matching link
+    except ``source`` (a message never goes back where it came from).  Then
+    ``due()`` lists the links whose outbox is due and ``take(link)`` hands a
+    batch over.  Outbox limits (``max_messages``, ``max_bytes``) as in
+    :class:`Outbox`; decoder limits (0: none) bound what a peer may send.
+
+    Batches form by themselves: a broker routes what one turn of reading
+    brought (``receive()``, which also names the links whose outbox it
+    filled, to send at once), then takes every batch that is ``due()``.
+    With no linger (``max_delay=0``, the default) every outbox that holds
+    records is due, so at a low rate a message leaves in the turn it
+    arrived.  ``max_delay`` is an optional linger L (seconds): a link's
+    outbox is then due when full, or when nothing was taken from it in the
+    last L seconds (an idle link sends at once); otherwise L after its
+    previous batch was taken.  Under load each link then gets at most one
+    batch per L, and a lone message still leaves at once.  ``deadline_ns()``
+    is when the next batch becomes due by the linger.  ``hold(link)`` makes
+    a link whose connection is blocked due only when full.
+    """
+
+    def __cinit__(self, Trie trie not None, Py_ssize_t max_messages=1000, Py_ssize_t max_bytes=1 << 20,
+                  max_delay=0.0, bint checksum=False, uint32_t max_topic=0, uint32_t max_payload=0,
+                  uint32_t max_records=0):
+        # The outbox limits' age is the router's linger (fb_router.h).
+        cdef fb_outbox_limits lim = _limits(max_messages, max_bytes, max_delay, checksum)
+        self._lim.max_topic = max_topic
+        self._lim.max_payload = max_payload
+        self._lim.max_records = max_records
+        self._lim.require_checksum = 0
+        self._trie = trie
+        self._r = fb_router_new(&lim)
+        if self._r is NULL:
+            raise MemoryError("cannot allocate a router")
+
+    def __dealloc__(self):
+        if self._r is not NULL:
+            fb_router_free(self._r)
+
+    @property
+    def trie(self) -> Trie:
+        return self._trie
+
+    def add_link(self, uint32_t link) -> None:
+        """Give a link an outbox (idempotent).  A new link is idle: its
+        first batch is due at once."""
+        _lock(&self._lock)
+        rc = fb_router_add_link(self._r, link)
+        _unlock(&self._lock)
+        _check(rc, "add_link")
+
+    def remove_link(self, uint32_t link) -> int:
+        """Drop a link's outbox; returns how many records it still held."""
+        _lock(&self._lock)
+        n = fb_router_remove_link(self._r, link)
+        _unlock(&self._lock)
+        return n
+
+    def has_link(self, uint32_t link) -> bool:
+        _lock(&self._lock)
+        n = fb_router_has_link(self._r, link)
+        _unlock(&self._lock)
+        return n != 0
+
+    def route(self, batch, source=None, now_ns=None) -> int:
+        """Route one received batch; returns its record count.  Raises
+        BatchError (nothing routed) for a malformed batch or one over the
+        decoder limits."""
+        cdef Py_buffer view
+        cdef uint64_t src = UINT64_MAX if source is None else <uint64_t>source
+        cdef uint64_t now = _now(now_ns)
+        cdef int rc
+        PyObject_GetBuffer(batch, &view, PyBUF_SIMPLE)
+        try:
+            _lock(&self._lock)
+            _lock(&self._trie._lock)
+            with nogil:
+                rc = fb_router_route(self._r, self._trie._t, view.buf, <size_t>view.len, &self._lim, src, now)
+            _unlock(&self._trie._lock)
+            _unlock(&self._lock)
+        finally:
+            PyBuffer_Release(&view)
+        return _check(rc, "route")
+
+    def receive(self, batch, source=None, now_ns=None):
+        """Route one received batch, as ``route()`` (BatchError likewise),
+        and return the links whose outbox is full (``max_messages`` or
+        ``max_bytes``) and took records from it (each once, up to 64; any
+        others in the next call, and ``due()`` lists them too), or None.  Take those batches before
+        reading on, so that a flood never grows an outbox past its limits.
+        The broker's one call per received batch."""
+        cdef Py_buffer view
+        cdef uint64_t src = UINT64_MAX if source is None else <uint64_t>source
+        cdef uint64_t now = _now(now_ns)
+        cdef int rc
+        cdef uint32_t full[FULL_PER_CALL]
+        cdef size_t n = 0, i
+        PyObject_GetBuffer(batch, &view, PyBUF_SIMPLE)
+        try:
+            _lock(&self._lock)
+            _lock(&self._trie._lock)
+            with nogil:
+                rc = fb_router_route(self._r, self._trie._t, view.buf, <size_t>view.len, &self._lim, src, now)
+                if rc >= 0:
+                    n = fb_router_full(self._r, full, FULL_PER_CALL)
+            _unlock(&self._trie._lock)
+            _unlock(&self._lock)
+        finally:
+            PyBuffer_Release(&view)
+        _check(rc, "route")
+        if n == 0:
+            return None
+        return [full[i] for i in range(n)]
+
+    def due(self, now_ns=None) -> list:
+        """Links whose outbox is due now (full, or by the linger rule; with
+        no linger every link whose outbox holds records), up to 4096 per
+        call: take their batches, then call again for more."""
+        return _router_links(self, True, _now(now_ns))
+
+    def pending(self) -> list:
+        """Links whose outbox holds records, due or not (up to 4096 per call)."""
+        return _router_links(self, False, 0)
+
+    def take(self, uint32_t link, now_ns=None):
+        """Hand over a link's pending batch (a Batch), or None; records the
+        time (now, or ``now_ns``) as the link's last batch, for the linger."""
+        cdef unsigned char *buf = NULL
+        cdef size_t n = 0
+        cdef uint64_t now = _now(now_ns)
+        _lock(&self._lock)
+        rc = fb_router_take(self._r, link, now, &buf, &n)
+        _unlock(&self._lock)
+        _check(rc, "take")
+        return None if buf is NULL else _wrap_batch(buf, n)
+
+    def hold(self, uint32_t link, bint held=True) -> None:
+        """Hold a link whose connection cannot take more (its outbox is due
+        only when full: what arrives meanwhile forms its next batch), or
+        release it (``held=False``)."""
+        _lock(&self._lock)
+        fb_router_hold(self._r, link, held)
+        _unlock(&self._lock)
+
+    def append(self, uint32_t link, topic, payload, now_ns=None) -> bool:
+        """Append one record to a link's outbox directly; True when full.
+        KeyError if the link has no outbox."""
+        cdef bytes t = _as_bytes(topic)
+        cdef bytes p = _as_bytes(payload)
+        cdef uint64_t now = _now(now_ns)
+        cdef fb_outbox *ob
+        cdef int rc
+        _lock(&self._lock)
+        ob = fb_router_outbox(self._r, link)
+        if ob is NULL:
+            _unlock(&self._lock)
+            raise KeyError(f"no link {link}")
+        rc = fb_outbox_append(ob, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(p),
+                              PyBytes_GET_SIZE(p), now)
+        if rc >= 0:
+            fb_router_touch(self._r, link)
+        _unlock(&self._lock)
+        return _check(rc, "append") == 1
+
+    def queued(self, uint32_t link) -> tuple:
+        """(records, bytes) pending in a link's outbox."""
+        cdef fb_outbox *ob
+        cdef size_t count = 0, nbytes = 0
+        _lock(&self._lock)
+        ob = fb_router_outbox(self._r, link)
+        if ob is not NULL:
+            count = fb_outbox_count(ob)
+            nbytes = fb_outbox_bytes(ob)
+        _unlock(&self._lock)
+        return count, nbytes
+
+    def deadline_ns(self):
+        """When the next outbox becomes due by the linger (monotonic ns; at
+        or before now if one is due now), or None: nothing will be."""
+        _lock(&self._lock)
+        d = fb_router_deadline(self._r)
+        _unlock(&self._lock)
+        return None if d == UINT64_MAX else d
+
+    @property
+    def oversize(self) -> int:
+        """Records not routed for being over max_topic/max_payload (cumulative;
+        their batches' other records were routed)."""
+        cdef fb_router_stats s
+        _lock(&self._lock)
+        fb_router_get_stats(self._r, &s)
+        _unlock(&self._lock)
+        return s.oversize
+
+    def stats(self) -> dict:
+        """batches, records, bytes, deliveries, unrouted, rejected, oversize (cumulative)."""
+        cdef fb_router_stats s
+        _lock(&self._lock)
+        fb_router_get_stats(self._r, &s)
+        _unlock(&self._lock)
+        return {"batches": s.batches, "records": s.records, "bytes": s.bytes,
+                "deliveries": s.deliveries, "unrouted": s.unrouted, "rejected": s.rejected,
+                "oversize": s.oversize}

@@ -1,0 +1,180 @@
+"""``fastbus pub`` and ``fastbus sub``: a broker's channels from the shell, as
+``redis-cli PUBLISH``/``SUBSCRIBE`` and ``nats pub``/``nats sub`` do.
+
+    fastbus pub news "hello" "world"          # or lines from stdin (no message, or -)
+    fastbus sub news "market.*" [--json] [--count N] [--seconds S]
+
+``sub`` prints ``channel: data`` a line (``--json``: one object a line, the
+data as text or, for bytes that are not UTF-8, base64, tagged by
+``encoding``), says on stderr when its subscriptions are confirmed and any
+notice (gap, reconnect, refused), and runs until Ctrl-C, ``--count`` messages
+or ``--seconds``.  Exit status: 0 done, 1 failed (no broker, not confirmed),
+2 the command line is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from typing import TextIO
+
+from fastbus import protocol as P
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "backslashreplace")
+
+
+def _json_line(m: dict) -> str:
+    data = m["data"]
+    try:
+        body = {"data": data.decode("utf-8"), "encoding": "utf-8"}
+    except UnicodeDecodeError:
+        body = {"data": base64.b64encode(data).decode("ascii"), "encoding": "base64"}
+    pattern = m.get("pattern")
+    return json.dumps({"channel": _text(m["channel"]), **body,
+                       "pattern": None if pattern is None else _text(pattern)})
+
+
+def _client(args: argparse.Namespace):
+    """A client for --connect/--host/--port and the CURVE options; usage
+    errors as UsageError."""
+    import fastbus
+    import fastbus.curve
+    from fastbus.cli import UsageError
+    from fastbus.errors import InvalidEndpoint, InvalidKey
+    endpoint = args.connect or f"tcp://{args.host}:{args.port}"
+    keys = {}
+    if args.curve_server_key or args.curve_cert:
+        if not (args.curve_server_key and args.curve_cert):
+            raise UsageError("CURVE needs both --curve-server-key and --curve-cert")
+        try:
+            keys = fastbus.curve.client_keys(args.curve_server_key, args.curve_cert)
+        except InvalidKey as exc:
+            raise UsageError(str(exc)) from None
+    try:
+        return fastbus.Client(endpoint=endpoint, name=f"fastbus-{args.command}", **keys)
+    except InvalidEndpoint as exc:
+        raise UsageError(str(exc)) from None
+
+
+def cmd_pub(args: argparse.Namespace) -> int:
+    if args.messages and args.messages != ["-"]:
+        messages = [m.encode() for m in args.messages]
+        source = None
+    else:
+        messages = None
+        source = sys.stdin.buffer
+    client = _client(args)
+    sent = dropped = 0
+    try:
+        if messages is not None:
+            for m in messages:
+                if client.publish(args.channel, m):
+                    sent += 1
+                else:
+                    dropped += 1
+        else:
+            for line in source:                    # a line a message, as it comes (a pipe may stay open)
+                if client.publish(args.channel, line.rstrip(b"\n")):
+                    sent += 1
+                else:
+                    dropped += 1
+        client.flush(timeout=args.timeout)
+    finally:
+        client.shutdown(1.0)                      # flushed above (or failing: nothing more to wait for)
+    note = f", {dropped} not sent (no subscriber wants {args.channel})" if dropped else ""
+    print(f"published {sent} message(s) to {args.channel} at {client.endpoint}{note}", file=args.out)
+    return 0
+
+
+def cmd_sub(args: argparse.Namespace) -> int:
+    from fastbus.cli import CommandFailed, UsageError
+    from fastbus.client import pattern_prefix
+    channels = [c for c in args.channels if not c.endswith("*")]
+    patterns = [c for c in args.channels if c.endswith("*")]
+    for p in patterns:
+        try:
+            pattern_prefix(p)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    out: TextIO = args.out
+    client = _client(args)
+    try:
+        client.flush(timeout=args.timeout)         # is a broker there (said at once if not)?
+        p = client.pubsub()
+        if channels:
+            p.subscribe(*channels)
+        if patterns:
+            p.psubscribe(*patterns)
+        confirmed = 0
+        deadline = time.monotonic() + args.timeout
+        while confirmed < len(args.channels):
+            m = p.get_message(timeout=max(0.0, deadline - time.monotonic()))
+            if m is None:
+                raise CommandFailed(f"the broker at {client.endpoint} did not confirm the subscriptions "
+                                    f"within {args.timeout:g} s")
+            if m["type"] in ("subscribe", "psubscribe"):
+                confirmed += 1
+            elif m["type"] == "refused":
+                raise CommandFailed(f"the broker at {client.endpoint} refused a subscription: {m['data']}")
+        print(f"fastbus sub: subscribed to {', '.join(args.channels)} at {client.endpoint}", file=sys.stderr,
+              flush=True)
+        n = 0
+        end = None if args.seconds is None else time.monotonic() + args.seconds
+        while args.count is None or n < args.count:
+            wait = None if end is None else end - time.monotonic()
+            if wait is not None and wait <= 0:
+                break
+            m = p.get_message(timeout=wait if wait is not None else 1.0)
+            if m is None:
+                continue
+            if m["type"] in ("message", "pmessage"):
+                n += 1
+                if args.json:
+                    print(_json_line(m), file=out, flush=True)
+                else:
+                    print(f"{_text(m['channel'])}: {_text(m['data'])}", file=out, flush=True)
+            elif m["type"] in ("gap", "reconnect", "refused"):
+                print(f"fastbus sub: {m['type']}: {m['data']}", file=sys.stderr, flush=True)
+    finally:
+        client.shutdown(1.0)
+    return 0
+
+
+def _connection_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--connect", metavar="ENDPOINT", help="broker endpoint (default from --host/--port)")
+    p.add_argument("--host", default="127.0.0.1", help="broker host, without --connect (default: %(default)s)")
+    p.add_argument("--port", type=int, default=P.DEFAULT_PORT,
+                   help="broker port, without --connect (default: %(default)s)")
+    p.add_argument("--curve-server-key", metavar="KEY",
+                   help="the broker's public key (40 Z85 characters, or its .key file), for a CURVE broker")
+    p.add_argument("--curve-cert", metavar="FILE", help="this client's secret certificate, for a CURVE broker")
+
+
+def add_parsers(sub) -> None:
+    """Add ``pub`` and ``sub`` to the ``fastbus`` command's subparsers."""
+    from fastbus.cli import _positive, _seconds
+    p = sub.add_parser("pub", help="publish messages to a channel (arguments, or lines from stdin)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("channel", help="the channel")
+    p.add_argument("messages", nargs="*", help="the messages (none, or -: one a line from stdin)")
+    p.add_argument("--timeout", type=_seconds, default=10.0,
+                   help="seconds to wait for the broker to confirm them (default: %(default)s)")
+    _connection_options(p)
+    p.set_defaults(func=cmd_pub)
+
+    s = sub.add_parser("sub", help="print what arrives on channels and patterns (prefix*)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("channels", nargs="+", metavar="CHANNEL|PATTERN*", help="channels, and prefix patterns ending in *")
+    s.add_argument("--json", action="store_true",
+                   help='one JSON object a line: "data" is the text, or base64 where "encoding" says so')
+    s.add_argument("--count", type=_positive, default=None, help="stop after this many messages (default: run on)")
+    s.add_argument("--seconds", type=_seconds, default=None, help="stop after this long (default: run on)")
+    s.add_argument("--timeout", type=_seconds, default=10.0,
+                   help="seconds to wait for the subscriptions to be confirmed (default: %(default)s)")
+    _connection_options(s)
+    s.set_defaults(func=cmd_sub)

@@ -1,0 +1,364 @@
+"""What a peer can make the broker hold (issue 15): control messages for a
+peer that does not read them, data on its way in, and the subscriptions of
+a client that left.  Real brokers in subprocesses, loopback only; memory is
+the broker's RSS from /proc, with generous bounds (the machines are small
+and shared: what these tests separate differ by several times)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import zmq
+from brokers import python_process, wait_for
+
+from fastbus import protocol as P
+from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, encode
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/PID/status")
+
+MB = 1 << 20
+MAX_SUB_OPS = 4096          # BrokerConfig.max_sub_ops's default
+
+
+def rss(pid: int) -> int:
+    """Resident bytes of a process."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+class PeakRSS:
+    """Samples a process's RSS every few milliseconds in a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = rss(pid)
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, rss(self.pid))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._t.join(5)
+        return self.peak
+
+
+@pytest.fixture
+def zctx():
+    ctx = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+def raw_session(ctx, endpoint: str, name: str, *, pub: bool = False, reads: bool = True) -> zmq.Socket:
+    """A DEALER that says HELLO.  reads=False: it never reads, and its
+    buffers are tiny, as a process that stopped reading would be once its
+    own buffers are full."""
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 0
+    if not reads:
+        s.rcvhwm = 1
+        s.rcvbuf = 4096
+    s.connect(endpoint)
+    s.send_multipart([P.HELLO, P.dump_json({"v": 1, "role": "client", "pub": pub, "name": name})])
+    return s
+
+
+def drain(sock: zmq.Socket) -> None:
+    while sock.poll(0):
+        sock.recv_multipart()
+
+
+def churn_keys(n: int, tag: str) -> list:
+    # Long keys: big WANT diffs for few subscription operations.
+    return [f"market.{tag}.{i:07d}.{'x' * 40}".encode() for i in range(n)]
+
+
+def sub_rounds(sock: zmq.Socket, keys: list, rounds: int, seq: int = 0) -> int:
+    """SUB then UNSUB of `keys`, `rounds` times, in frames of at most
+    MAX_SUB_OPS operations (the broker's limit); returns the last seq."""
+    chunks = [keys[i:i + MAX_SUB_OPS] for i in range(0, len(keys), MAX_SUB_OPS)]
+    subs = [P.encode_ops((SUBSCRIBE, k, False) for k in c) for c in chunks]
+    unsubs = [P.encode_ops((UNSUBSCRIBE, k, False) for k in c) for c in chunks]
+    for _ in range(rounds):
+        for frames in (subs, unsubs):
+            for ops in frames:
+                seq += 1
+                sock.send_multipart([P.SUB, P.pack_u64(seq), ops])
+            drain(sock)
+    return seq
+
+
+def wait_ops(b, ops: int, timeout: float = 60.0) -> dict:
+    def done():
+        st = b.stats()
+        return st if st["subscribe_ops"] + st["unsubscribe_ops"] >= ops else None
+    return wait_for(done, timeout=timeout, interval=0.1, what=f"the broker to apply {ops} subscription ops")
+
+
+# -- item 3: control messages for a peer that does not read them ----------------------
+
+
+def test_publisher_that_never_reads_gets_one_want_reset_not_a_backlog(brokers, zctx):
+    """Subscription churn from one client makes WANT diffs for every
+    publisher.  For one that reads nothing they used to pile up without
+    limit (109 MB against a 4 MiB --max-queue-bytes); now they collapse into
+    one pending reset, and the broker holds what its queue limit allows."""
+    b = brokers("--max-queue-bytes", str(4 * MB))
+    pid = b.proc.pid
+    deaf = raw_session(zctx, b.endpoint, "deaf", pub=True, reads=False)
+    churner = raw_session(zctx, b.endpoint, "churner")
+    keys = churn_keys(8000, "c")                   # ~0.5 MB a WANT diff
+    seq = sub_rounds(churner, keys, 2)             # warm-up: the broker's buffers, the trie's arena
+    wait_ops(b, 2 * 2 * len(keys))
+    before = rss(pid)
+    rounds = 50                                    # 100 diffs: ~50 MB of WANT frames
+    sub_rounds(churner, keys, rounds, seq)
+    st = wait_ops(b, (2 + rounds) * 2 * len(keys))
+    after = rss(pid)
+    drain(churner)
+    assert st["peers"] >= 2 and st["drops"]["disconnected_slow"] == 0, st   # collapsed, not cut off
+    assert st["queued_bytes"] <= 4 * MB, st
+    assert st["control_collapsed"] > 0, st
+    # What is left: the diffs its ZeroMQ pipe took (16) and its kernel buffers.
+    assert after - before < 25 * MB, f"broker RSS grew {(after - before) / MB:.0f} MB"
+
+
+PUBLISHER = textwrap.dedent("""
+    import json, sys, time, fastbus
+    c = fastbus.Client(endpoint=sys.argv[1])
+    deadline = time.monotonic() + 10
+    while not c.stats()["filter_active"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("ready", flush=True)
+    channels = json.loads(sys.stdin.readline())
+    expect = json.loads(sys.stdin.readline())
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:          # the view follows the broker by a moment
+        got = [c.is_wanted(ch) for ch in channels]
+        if got == expect:
+            break
+        time.sleep(0.02)
+    print(json.dumps(got), flush=True)
+    c.close(timeout=2)
+""")
+
+
+def test_want_reset_leaves_the_publisher_filter_exact(brokers, zctx):
+    """A publisher (fastbus.Client) that stops reading while subscriptions
+    churn: the broker holds no backlog for it, and once it reads again the
+    reset it gets makes `is_wanted` exactly what is subscribed."""
+    b = brokers("--max-queue-bytes", str(4 * MB))
+    pub = python_process(PUBLISHER, b.endpoint, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert pub.stdout.readline().strip() == "ready"
+        os.kill(pub.pid, signal.SIGSTOP)           # reads nothing from here on
+        churner = raw_session(zctx, b.endpoint, "churner")
+        holder = raw_session(zctx, b.endpoint, "holder")
+        keys = churn_keys(8000, "c")
+        seq = sub_rounds(churner, keys, 30)        # 60 diffs of ~0.5 MB
+        # The end state: some churned keys held, a prefix, and keys of another client.
+        kept = keys[::97]
+        seq += 1
+        churner.send_multipart([P.SUB, P.pack_u64(seq), P.encode_ops((SUBSCRIBE, k, False) for k in kept)])
+        holder.send_multipart([P.SUB, P.pack_u64(1), P.encode_ops(
+            [(SUBSCRIBE, b"other.", True), (SUBSCRIBE, b"exact.one", False)])])
+        st = wait_ops(b, 30 * 2 * len(keys) + len(kept) + 2)
+        assert st["queued_bytes"] <= 4 * MB and st["drops"]["disconnected_slow"] == 0, st
+        assert st["control_collapsed"] > 0, st
+    finally:
+        os.kill(pub.pid, signal.SIGCONT)
+    kept_set = set(kept)
+    sample = keys[:300] + kept[:50] + [b"other.x", b"other.", b"othe", b"exact.one", b"exact.on", b"nothing"]
+    expect = [k in kept_set or k.startswith(b"other.") or k == b"exact.one" for k in sample]
+    channels = [k.decode() for k in sample]
+    out, _ = pub.communicate(json.dumps(channels) + "\n" + json.dumps(expect) + "\n", timeout=60)
+    got = json.loads(out.strip().splitlines()[-1])
+    wrong = [(ch, g) for ch, g, e in zip(channels, got, expect) if g != e]
+    assert not wrong, f"{len(wrong)} channels wrong in the publisher's filter, e.g. {wrong[:5]}"
+
+
+def test_peer_that_reads_no_control_messages_is_a_slow_consumer(brokers, zctx):
+    """Confirmations pile up for a client that subscribes and subscribes but
+    never reads: they count against --max-queue-bytes, and past it the
+    client is disconnected as a slow consumer (control messages cannot be
+    dropped), under the drop policy too."""
+    b = brokers("--max-queue-bytes", str(1 * MB))
+    pid = b.proc.pid
+    greedy = raw_session(zctx, b.endpoint, "greedy", reads=False)
+    greedy.sndhwm = 0
+    before = rss(pid)
+    ops = [P.encode_ops([(SUBSCRIBE, b"k", False)]), P.encode_ops([(UNSUBSCRIBE, b"k", False)])]
+    n = 300_000                                    # ~10 MB of CONFIRMs on the wire, ~60 MB queued
+    for seq in range(1, n + 1):
+        greedy.send_multipart([P.SUB, P.pack_u64(seq), ops[seq % 2]])
+    st = wait_for(lambda: (s := b.stats())["drops"]["disconnected_slow"] and s, timeout=60, interval=0.1,
+                  what="the disconnect")
+    assert st["drops"]["disconnected_slow"] == 1, st
+    assert rss(pid) - before < 40 * MB
+
+
+# -- item 4: what is on its way in -----------------------------------------------------
+
+
+def test_data_on_its_way_in_is_bounded_per_publisher(brokers, zctx):
+    """A publisher that sends faster than the broker routes: what waits in
+    the broker for it is ZeroMQ's receive pipe (16 batches) and a 256 KiB
+    kernel buffer, not 1,000 batches (~60 MB of 64 KiB batches)."""
+    b = brokers("--max-queue-bytes", str(512 * 1024), "--max-bytes", "16384")
+    pid = b.proc.pid
+    # Subscribers that read nothing: each batch is routed to all of them and
+    # their queues drop, which is slow next to the blaster below.
+    deaf = [raw_session(zctx, b.endpoint, f"deaf{i}", reads=False) for i in range(8)]
+    for s in deaf:
+        s.send_multipart([P.SUB, P.pack_u64(1), P.encode_ops([(SUBSCRIBE, b"d", False)])])
+    wait_for(lambda: b.stats()["subscriptions"] == 8, what="subscriptions")
+    blaster = zctx.socket(zmq.DEALER)
+    blaster.linger = 0
+    blaster.sndhwm = 100_000
+    blaster.connect(b.endpoint)
+    blaster.send_multipart([P.HELLO, P.dump_json({"v": 1, "role": "client", "name": "blaster"})])
+    batch = encode([(b"d", b"%08d" % i) for i in range(4000)])     # ~60 KB, 4000 records
+    frames = [P.PUB, batch]
+    time.sleep(0.3)
+    before = rss(pid)
+    peak = PeakRSS(pid)
+    sent = 0
+    end = time.monotonic() + 3.0
+    try:
+        while time.monotonic() < end:
+            for _ in range(100):
+                blaster.send_multipart(frames, copy=False)
+                sent += 1
+            if blaster.poll(0):
+                drain(blaster)
+            time.sleep(0.001)
+    finally:
+        top = peak.stop()
+    st = b.stats()
+    assert st["batches_in"] > 100 and st["drops"]["slow_consumer"] > 0, st
+    # The queues (8 x 0.5 MiB), their ZeroMQ pipes (8 x 16 x 16 KiB), the
+    # receive side (16 x 60 KB), allocator slack.  Before: +60 MB and more.
+    assert top - before < 30 * MB, f"broker RSS grew {(top - before) / MB:.0f} MB ({sent} batches sent)"
+
+
+FLOODER = textwrap.dedent("""
+    import os, sys, time, fastbus
+    c = fastbus.Client(endpoint=sys.argv[1], block_timeout=0.2)
+    deadline = time.monotonic() + 10
+    while not c.is_wanted("flood") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    payload = b"f" * 60000                       # one message a batch: the largest batches
+    end, n = time.monotonic() + float(sys.argv[2]), 0
+    while time.monotonic() < end:
+        try:
+            c.publish("flood", payload)          # blocks while paused and the buffer is full
+        except fastbus.PublishTimeout:
+            continue
+        n += 1
+    print(n, c.stats()["flow_pauses"], flush=True)
+    sys.stdin.readline()                         # the test has read the broker's counters
+    os._exit(0)                                  # not close(): that sends what is held, paused or not
+""")
+
+
+def test_flow_control_bound_on_what_publishers_already_sent(brokers, zctx):
+    """docs/PROTOCOL.md: after a FLOW pause, at most about 4 MiB per
+    publisher connection still reaches the broker.  A publisher flooding a
+    subscriber that reads nothing, with the pause at 2 MiB and the limit
+    at 9 MiB: the queue stays under the limit and nothing is dropped."""
+    b = brokers("--max-queue-bytes", str(9 * MB), "--flow-pause-bytes", str(2 * MB),
+                "--flow-max-pause", "60")
+    stuck = raw_session(zctx, b.endpoint, "stuck", reads=False)
+    stuck.send_multipart([P.SUB, P.pack_u64(1), P.encode_ops([(SUBSCRIBE, b"flood", False)])])
+    wait_for(lambda: b.stats()["subscriptions"] == 1, what="the subscription")
+    pub = python_process(FLOODER, b.endpoint, "3", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    top = 0
+    try:
+        end = time.monotonic() + 20
+        line = ""
+        while not line and time.monotonic() < end:
+            top = max(top, b.stats()["queued_bytes"])
+            if pub.stdout in select.select([pub.stdout], [], [], 0.02)[0]:
+                line = pub.stdout.readline()
+        st = b.stats()
+        pub.stdin.write("done\n")
+        pub.stdin.flush()
+        pub.wait(10)
+    finally:
+        if pub.poll() is None:
+            pub.kill()
+            pub.wait(5)
+    n, pauses = map(int, line.split())
+    assert st["flow_pauses"] >= 1 and pauses >= 1, st
+    assert st["drops"]["slow_consumer"] == 0, st
+    assert top <= 2 * MB + 6 * MB, f"queued {top / MB:.1f} MiB"
+
+
+# -- item 5: the subscriptions of a client that left ----------------------------------
+
+
+def test_memory_comes_back_after_a_client_with_many_subscriptions_leaves(brokers, zctx):
+    """300,000 subscriptions cost the broker some 35 MB (the trie, the
+    publishers' forwarder, the frames that carried them).  When the client
+    leaves, the trie's and the forwarder's arenas give their segments back
+    and the broker trims the C heap: RSS comes back near where it was."""
+    b = brokers()
+    pid = b.proc.pid
+    publisher = raw_session(zctx, b.endpoint, "pub", pub=True)     # gets the WANT diffs
+    small = raw_session(zctx, b.endpoint, "small")
+    small.send_multipart([P.SUB, P.pack_u64(1), P.encode_ops((SUBSCRIBE, b"keep.%d" % i, False)
+                                                             for i in range(100))])
+    wait_for(lambda: b.stats()["subscriptions"] == 100, what="subscriptions")
+    drain(publisher)
+
+    def come_and_go(name: str, n: int) -> int:
+        """A client takes n subscriptions and leaves; returns the broker's
+        RSS while it held them."""
+        big = raw_session(zctx, b.endpoint, name)
+        for seq, start in enumerate(range(0, n, MAX_SUB_OPS), 1):
+            big.send_multipart([P.SUB, P.pack_u64(seq), P.encode_ops(
+                (SUBSCRIBE, b"market.%s.%07d.trades" % (b"NYSE" if i % 2 else b"LSE", i), False)
+                for i in range(start, min(n, start + MAX_SUB_OPS)))])
+            wait_for(lambda: big.poll(50) and big.recv_multipart()[0] == P.CONFIRM, timeout=30,
+                     what="a confirmation")
+            drain(publisher)
+        held = rss(pid)
+        big.send_multipart([P.BYE])
+        wait_for(lambda: b.stats()["subscriptions"] == 100, timeout=30, what="the client to leave")
+        drain(publisher)
+        big.close()
+        return held
+
+    come_and_go("warm-up", 20_000)                 # the broker's own pools and caches, once
+    time.sleep(0.5)
+    before = rss(pid)
+    full = come_and_go("big", 300_000)
+
+    wait_for(lambda: b.stats()["memory_trims"] >= 1, timeout=10, what="the broker to trim its heap")
+
+    def settled():
+        drain(publisher)
+        return rss(pid) - before < 15 * MB
+    try:
+        wait_for(settled, timeout=10, interval=0.2, what="memory to come back")
+    except AssertionError:
+        pass
+    after = rss(pid)
+    assert full - before > 25 * MB                 # the subscriptions did cost that much
+    assert after - before < 15 * MB, f"{(after - before) / MB:.0f} MB still held ({(full - before) / MB:.0f} MB full)"

@@ -1,0 +1,258 @@
+"""Errors a user meets: each a fastbus.FastbusError that is also the built-in
+it resembles, one line naming what failed and where, and said soon."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+
+import pytest
+
+import fastbus
+import fastbus.aio
+from fastbus.errors import (AddressInUse, BatchError, BrokerTimeout, BrokerUnavailable, FastbusError, FlushTimeout,
+                            InvalidEndpoint, InvalidKey, ListenError)
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_flush_against_no_broker_is_said_soon_and_names_the_endpoint():
+    port = _closed_port()
+    c = fastbus.Client(port=port)
+    c.publish("ch", "x")
+    t0 = time.monotonic()
+    with pytest.raises(BrokerUnavailable) as info:
+        c.flush(timeout=10)
+    took = time.monotonic() - t0
+    assert took < 5, took                              # not the 10 s timeout
+    e = info.value
+    assert isinstance(e, FastbusError) and isinstance(e, TimeoutError) and isinstance(e, ConnectionRefusedError)
+    assert f"tcp://127.0.0.1:{port}" in str(e) and "connection refused" in str(e) and "\n" not in str(e)
+    t0 = time.monotonic()
+    c.close()
+    assert time.monotonic() - t0 < 5
+
+
+def test_flush_timeout_names_the_endpoint_when_something_listens_but_does_not_answer():
+    with socket.socket() as srv:                      # listens (accepts in the backlog), never speaks ZMTP
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        port = srv.getsockname()[1]
+        c = fastbus.Client(port=port)
+        c.publish("ch", "x")
+        with pytest.raises(FlushTimeout) as info:
+            c.flush(timeout=2)
+        assert isinstance(info.value, TimeoutError) and f"tcp://127.0.0.1:{port}" in str(info.value)
+        with pytest.raises(BrokerTimeout) as info2:
+            c.broker_stats(timeout=0.5)
+        assert f"tcp://127.0.0.1:{port}" in str(info2.value)
+        c.shutdown(0.5)
+
+
+def test_async_flush_against_no_broker_is_said_soon():
+    port = _closed_port()
+
+    async def go():
+        c = fastbus.aio.Client(port=port)
+        await c.publish("ch", "x")
+        t0 = time.monotonic()
+        with pytest.raises(BrokerUnavailable) as info:
+            await c.flush(timeout=10)
+        assert time.monotonic() - t0 < 5
+        assert f"tcp://127.0.0.1:{port}" in str(info.value)
+        await c.close(timeout=1)
+
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def test_a_broker_that_starts_late_is_still_waited_for():
+    """The absence probe gives up only on a broker refused for a second:
+    one that comes up within that (here 0.6 s after the flush began) is
+    flushed to as before."""
+    import threading
+    port = _closed_port()
+    c = fastbus.Client(port=port)
+    c.publish("ch", "x")
+    started = []
+    timer = threading.Timer(0.6, lambda: started.append(
+        fastbus.Broker(bind=[f"tcp://127.0.0.1:{port}"]).start()))
+    timer.start()
+    try:
+        t0 = time.monotonic()
+        c.flush(timeout=20)                            # confirmed by the broker that came up
+        assert started and time.monotonic() - t0 >= 0.5
+    finally:
+        timer.join()
+        c.close()
+        for b in started:
+            b.stop()
+
+
+def test_query_stats_refused_at_once():
+    from fastbus.client import query_stats
+    port = _closed_port()
+    t0 = time.monotonic()
+    with pytest.raises(BrokerUnavailable, match=f"no broker answered at tcp://127.0.0.1:{port}"):
+        query_stats(f"tcp://127.0.0.1:{port}", timeout=5)
+    assert time.monotonic() - t0 < 1.5
+
+
+@pytest.mark.parametrize("endpoint", ["foo", "tcp://127.0.0.1", "http://127.0.0.1:80", "ipc://", 6464])
+def test_bad_endpoints(endpoint):
+    with pytest.raises(InvalidEndpoint) as info:
+        fastbus.Client(endpoint=endpoint)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, FastbusError)
+    assert str(endpoint) in str(info.value) or "not int" in str(info.value)
+
+
+def test_bad_curve_key_in_query_stats():
+    from fastbus.client import query_stats
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        with pytest.raises(InvalidKey, match="not a CURVE key"):
+            query_stats(f"tcp://127.0.0.1:{srv.getsockname()[1]}", 1, ("server.key", "x" * 40, "y" * 40))
+
+
+def test_port_clash_is_a_clear_error():
+    with fastbus.Broker(bind=["tcp://127.0.0.1:0"]) as b:
+        ep = b.endpoint
+        other = fastbus.Broker(bind=["tcp://127.0.0.1:0", ep])     # the first endpoint binds, then the clash
+        with pytest.raises(AddressInUse) as info:
+            other.start()
+        e = info.value
+        assert isinstance(e, ListenError) and isinstance(e, OSError) and isinstance(e, FastbusError)
+        assert str(e) == f"cannot listen on {ep}: address already in use (another broker?)"
+        # what the failed broker had bound is released: it can start again on a free port
+        again = fastbus.Broker(bind=["tcp://127.0.0.1:0"]).start()
+        again.stop()
+
+
+def test_ipc_socket_file_removed_at_stop(tmp_path):
+    path = tmp_path / "fb.sock"
+    with fastbus.Broker(bind=[f"ipc://{path}"]) as b:
+        assert path.exists()
+        with fastbus.Client(endpoint=b.endpoint) as c:
+            c.publish("a", "b")
+            c.flush()
+    assert not path.exists()
+
+
+def test_ipc_file_of_another_process_is_left_alone(tmp_path):
+    """Only the file this broker made goes: one bound since (after ours was
+    replaced) stays."""
+    path = tmp_path / "fb.sock"
+    b = fastbus.Broker(bind=[f"ipc://{path}"]).start()
+    os.unlink(path)
+    with socket.socket(socket.AF_UNIX) as other:
+        other.bind(str(path))
+        b.stop()
+        assert path.exists()
+
+
+def test_batch_error_says_it_once():
+    with pytest.raises(BatchError) as info:
+        fastbus.decode(b"xx")
+    assert str(info.value).count("batch") == 1, str(info.value)
+
+
+def test_the_fastbus_logger_has_a_null_handler():
+    assert any(isinstance(h, logging.NullHandler) for h in logging.getLogger("fastbus").handlers)
+
+
+@pytest.fixture
+def curve_files(tmp_path):
+    import zmq.auth
+    for name in ("server", "client", "stranger"):
+        zmq.auth.create_certificates(str(tmp_path), name)
+    return tmp_path
+
+
+def test_a_refused_curve_client_is_told_so(curve_files):
+    import fastbus.curve
+    from fastbus.errors import KeyRefused
+    d = curve_files
+    public, secret = fastbus.curve.load_certificate(d / "server.key_secret")
+    cfg = fastbus.BrokerConfig(bind=["tcp://127.0.0.1:0"], curve_public_key=public, curve_secret_key=secret,
+                               curve_allowed=[fastbus.curve.public_key(d / "client.key")])
+    with fastbus.Broker(cfg) as b:
+        with fastbus.Client(endpoint=b.endpoint, **fastbus.curve.client_keys(d / "server.key",
+                                                                             d / "client.key_secret")) as ok:
+            ok.publish("a", "b")
+            ok.flush(timeout=10)                          # the accepted key: confirmed
+        cases = [(d / "server.key", d / "stranger.key_secret", "refused this client's CURVE key"),
+                 (d / "stranger.key", d / "client.key_secret", "a wrong broker key")]
+        for server, cert, said in cases:
+            c = fastbus.Client(endpoint=b.endpoint, **fastbus.curve.client_keys(server, cert))
+            c.publish("a", "b")
+            t0 = time.monotonic()
+            with pytest.raises(KeyRefused) as info:
+                c.flush(timeout=10)
+            assert time.monotonic() - t0 < 5
+            assert isinstance(info.value, PermissionError) and isinstance(info.value, FastbusError)
+            assert b.endpoint in str(info.value) and said in str(info.value)
+            t0 = time.monotonic()
+            c.close(timeout=2)
+            assert time.monotonic() - t0 < 3
+            # a subscriber is told too, rather than hearing nothing
+            c = fastbus.Client(endpoint=b.endpoint, **fastbus.curve.client_keys(server, cert))
+            p = c.pubsub()
+            p.subscribe("a")
+            t0 = time.monotonic()
+            with pytest.raises(KeyRefused, match=said):
+                p.get_message(timeout=20)
+            assert time.monotonic() - t0 < 5
+            c.close(timeout=1)
+
+
+def test_curve_key_files_or_keys_and_clear_mix_ups(curve_files):
+    import fastbus.curve
+    d = curve_files
+    keys = fastbus.curve.client_keys(d / "server.key", d / "client.key_secret")
+    server_public = fastbus.curve.load_certificate(d / "server.key")[0]
+    assert keys["curve_server_key"] == server_public
+    assert fastbus.curve.client_keys(server_public, d / "client.key_secret") == keys      # the key itself
+    with pytest.raises(InvalidKey, match="has no secret key"):
+        fastbus.curve.client_keys(d / "server.key", d / "client.key")                     # the public file
+    with pytest.raises(InvalidKey, match="is a key, not a certificate file"):
+        fastbus.curve.client_keys(d / "server.key", keys["curve_secret_key"])
+    with pytest.raises(InvalidKey, match="neither a CURVE key"):
+        fastbus.curve.client_keys(d / "nonexistent.key", d / "client.key_secret")
+    with pytest.raises(InvalidKey, match="cannot read CURVE certificate"):
+        fastbus.curve.client_keys(d / "server.key", d / "nonexistent.key_secret")
+
+
+def test_a_flush_that_waits_on_a_known_broker_does_not_spin(monkeypatch):
+    """A broker that answered once and then went away: the flush waits out
+    its timeout without probing and without spinning (a handful of waits,
+    not one per poll(0)), and says FlushTimeout."""
+    from fastbus.client._session import Session
+    waits = [0]
+    wait = Session.wait
+
+    def counted(self, deadline):
+        waits[0] += 1
+        return wait(self, deadline)
+
+    monkeypatch.setattr(Session, "wait", counted)
+    with fastbus.Broker(bind=["tcp://127.0.0.1:0"]) as b:
+        c = fastbus.Client(endpoint=b.endpoint)
+        c.publish("ch", "x")
+        c.flush(timeout=20)                            # welcomed
+    c.publish("ch", "y")
+    waits[0] = 0
+    t0 = time.monotonic()
+    with pytest.raises(FlushTimeout) as info:
+        c.flush(timeout=2)
+    assert time.monotonic() - t0 >= 1.9
+    assert waits[0] < 50, waits[0]                     # a spin makes ~100,000
+    assert b.endpoint in str(info.value)
+    c.shutdown(0.5)

@@ -1,0 +1,253 @@
+"""redis-py parity of the pub/sub API (issue 17 item 3) and the one message
+model (issue 18 item 2), against real broker processes and a real
+Redis-compatible server."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+from brokers import confirm, wait_for, wait_wanted
+
+import fastbus
+from fastbus import _messages as M
+from fastbus.errors import NoHandlerError
+from fastbus.redis import Subscriber
+
+
+# -- the one rule for bytes --------------------------------------------------
+
+def test_one_bytes_rule_for_every_subscriber():
+    assert M.to_bytes(b"a") == b"a" and M.to_bytes("é") == "é".encode()
+    assert M.to_bytes(bytearray(b"x")) == b"x" and M.to_bytes(memoryview(b"y")) == b"y"
+    assert M.to_bytes(42) == b"42" and M.to_bytes(1.5) == b"1.5"          # redis-py's rule
+    for bad in (True, None, object()):
+        with pytest.raises(TypeError):
+            M.to_bytes(bad)
+    from fastbus.client import to_key
+    from fastbus.redis import subscriber
+    assert to_key is M.to_bytes and subscriber._name is M.to_bytes
+    assert M.pattern_prefix("news.*") == b"news."
+    c = fastbus.Client(endpoint="tcp://127.0.0.1:1")     # publish (the C core) follows the same rule
+    try:
+        assert c.publish(42, 1.5) == 1
+        with pytest.raises(TypeError):
+            c.publish(True, b"x")
+    finally:
+        c.shutdown(0.5)
+    with pytest.raises(ValueError):
+        M.pattern_prefix("n?ws.*")
+
+
+def test_message_buffer_keeps_order_between_the_two_reads():
+    buf = M.MessageBuffer()
+    buf.dicts.extend([M.message(b"a", b"1"), M.confirmation("subscribe", b"b", 2), M.message(b"c", b"3")])
+    assert buf.next_batch(None) == [(b"a", b"1"), (b"c", b"3")]
+    assert buf.next_message(True, M.message) is None                      # the confirmation is skipped
+    buf.pairs.extend([(b"x", b"1"), (b"y", b"2")])
+    buf.notices.append(M.gap(lost=3))
+    assert buf.next_message(False, M.message)["data"] == {"lost": 3, "down_s": None}
+    assert buf.next_batch(1) == [(b"x", b"1")]
+    assert buf.next_message(False, M.message) == M.message(b"y", b"2")
+    assert not buf
+
+
+# -- fastbus.Client / PubSub -------------------------------------------------
+
+def test_handlers_get_their_messages_and_get_message_the_rest(brokers):
+    b = brokers()
+    with fastbus.Client(endpoint=b.endpoint) as c:
+        p = c.pubsub(ignore_subscribe_messages=True)
+        seen = []
+        p.subscribe("plain", **{"h": seen.append})
+        p.psubscribe(**{"hp.*": seen.append})
+        assert set(p.channels) == {b"plain", b"h"} and p.channels[b"h"] is not None
+        p.ping()
+        wait_for(lambda: p.get_message(timeout=0.1) is not None, what="pong")
+        wait_wanted(c, "plain", "h", "hp.1")
+        c.publish("h", b"1")
+        c.publish("hp.1", b"2")
+        c.publish("plain", b"3")
+        c.flush()
+        got = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            m = p.get_message(timeout=0.5)
+            if m is not None:
+                got.append(m)
+        assert [(m["type"], m["channel"], m["data"]) for m in got] == [("message", b"plain", b"3")]
+        assert [(m["type"], m["pattern"], m["channel"], m["data"]) for m in seen] == [
+            ("message", None, b"h", b"1"), ("pmessage", b"hp.*", b"hp.1", b"2")]
+        with pytest.raises(TypeError):
+            p.subscribe(**{"x": "not callable"})
+        p.close()
+
+
+def test_run_in_thread_with_stop_and_exception_handler(brokers):
+    b = brokers()
+    with fastbus.Client(endpoint=b.endpoint) as c:
+        p = c.pubsub()
+        p.subscribe("nohandler")
+        with pytest.raises(NoHandlerError):
+            p.run_in_thread()
+        p.unsubscribe("nohandler")
+        got, errors = [], []
+        done = threading.Event()
+
+        def handler(m):
+            got.append(m["data"])
+            if m["data"] == b"boom":
+                raise RuntimeError("boom")
+            if len(got) == 3:
+                done.set()
+
+        p.subscribe(**{"t": handler})
+        confirm(p, 2)
+        t = p.run_in_thread(sleep_time=0.05, daemon=True,
+                            exception_handler=lambda exc, ps, th: errors.append((str(exc), ps, th)))
+        assert t.is_alive() and t.daemon
+        wait_wanted(c, "t")
+        for d in (b"a", b"boom", b"c"):
+            c.publish("t", d)
+        c.flush()
+        assert done.wait(10)
+        assert got == [b"a", b"boom", b"c"]
+        assert errors == [("boom", p, t)]
+        t.stop()
+        t.join(5)
+        assert not t.is_alive() and p.closed
+
+
+def test_ping_and_health_check_interval(brokers):
+    b = brokers()
+    with fastbus.Client(endpoint=b.endpoint, health_check_interval=0.5) as c:
+        assert c.ping() is True
+        p = c.pubsub()
+        p.ping("hi")
+        m = p.get_message(timeout=5)
+        assert m == {"type": "pong", "pattern": None, "channel": None, "data": b"hi"}
+        p.ping()
+        assert p.get_message(timeout=5)["data"] == b""
+        p.close()
+    with pytest.raises(ValueError):
+        fastbus.Client(endpoint=b.endpoint, health_check_interval=100)
+
+
+def test_decode_responses_keys_subscribed_and_with_block(brokers):
+    b = brokers()
+    with fastbus.Client(endpoint=b.endpoint, decode_responses=True) as c:
+        with c.pubsub() as p:
+            assert not p.subscribed
+            p.subscribe("a", b"b")
+            p.psubscribe("p.*")
+            assert set(p.channels) == {"a", "b"} and set(p.patterns) == {"p.*"}
+            ms = confirm(p, 3)
+            assert [(m["type"], m["channel"], m["data"]) for m in ms] == [
+                ("subscribe", "a", 1), ("subscribe", "b", 2), ("psubscribe", "p.*", 3)]
+            p.unsubscribe()
+            p.punsubscribe()
+            assert p.channels == {} and p.patterns == {}
+            assert p.subscribed                                   # until the confirmations are read
+            ms = confirm(p, 3)
+            assert [m["data"] for m in ms] == [2, 1, 0]
+            assert not p.subscribed
+            p.subscribe("c")
+            assert p.subscribed
+        assert p.channels == {} and p.patterns == {} and not p.subscribed   # leaving ``with``
+
+
+def test_subscribe_after_close_connects_again(brokers):
+    b = brokers()
+    with fastbus.Client(endpoint=b.endpoint) as c:
+        p = c.pubsub()
+        p.subscribe("x")
+        confirm(p, 1)
+        p.close()
+        assert p.closed and p.channels == {}
+        p.unsubscribe("x")                                        # nothing held: nothing to do
+        p.subscribe("y")
+        assert not p.closed
+        assert confirm(p, 1)[0]["channel"] == b"y"
+        wait_wanted(c, "y")
+        c.publish("y", b"again")
+        c.flush()
+        m = p.get_message(timeout=5)
+        assert m["channel"] == b"y" and m["data"] == b"again"
+        p.close()
+    with pytest.raises(fastbus.ConnectionClosed):
+        p.subscribe("z")                                          # the client itself is closed
+
+
+def test_sharded_confirmations_in_call_order_with_a_running_count(brokers):
+    bs = [brokers() for _ in range(3)]
+    with fastbus.ShardedClient([b.endpoint for b in bs]) as c:
+        chans = [f"ch{i}" for i in range(12)]
+        assert len({c.shard(ch) for ch in chans}) > 1
+        with c.pubsub() as p:
+            p.subscribe(*chans[:4])
+            p.psubscribe("room.*")
+            ms = confirm(p, 5)
+            assert [(m["type"], m["channel"], m["data"]) for m in ms] == [
+                ("subscribe", b"ch0", 1), ("subscribe", b"ch1", 2), ("subscribe", b"ch2", 3),
+                ("subscribe", b"ch3", 4), ("psubscribe", b"room.*", 5)]
+            p.unsubscribe()
+            p.punsubscribe()
+            assert p.subscribed
+            ms = confirm(p, 5)
+            assert [m["data"] for m in ms] == [4, 3, 2, 1, 0]
+            assert [m["type"] for m in ms] == ["unsubscribe"] * 4 + ["punsubscribe"]
+            assert not p.subscribed
+
+
+# -- the async twin ----------------------------------------------------------
+
+def test_async_twin_handlers_ping_run_in_thread_and_reconnect(brokers):
+    b = brokers()
+
+    async def main():
+        async with fastbus.aio.Client(endpoint=b.endpoint) as c:
+            assert await c.ping() is True
+            p = c.pubsub()
+            seen = []
+            await p.subscribe(**{"a": seen.append})
+            await p.ping(b"x")
+            ms = [await p.get_message(timeout=5) for _ in range(2)]
+            assert [m["type"] for m in ms] == ["subscribe", "pong"]
+            task = await p.run_in_thread(sleep_time=0.05)
+            while not c.is_wanted("a"):
+                await asyncio.sleep(0.01)
+            await c.publish("a", b"1")
+            await c.flush()
+            for _ in range(500):
+                if seen:
+                    break
+                await asyncio.sleep(0.01)
+            assert [m["data"] for m in seen] == [b"1"]
+            task.stop()
+            await asyncio.wait_for(task, 5)
+            assert p.closed
+            await p.subscribe("b")                                # connects again, driven by the loop
+            m = await p.get_message(timeout=5)
+            assert m["type"] == "subscribe" and m["channel"] == b"b"
+            await p.aclose()
+
+    asyncio.run(main())
+
+
+# -- the Redis subscriber: the same model ---------------------------------------
+
+def test_redis_subscriber_gap_has_the_one_shape(redis_server, redis_url):
+    with Subscriber(redis_url, reconnect_max_delay=0.2) as sub:
+        sub.subscribe("g", 7)                                     # numbers as redis-py
+        ms = [sub.get_message(timeout=5) for _ in range(2)]
+        assert [(m["type"], m["channel"]) for m in ms] == [("subscribe", b"g"), ("subscribe", b"7")]
+        redis_server.stop()
+        redis_server.start()
+        deadline = time.monotonic() + 15
+        m = None
+        while time.monotonic() < deadline:
+            m = sub.get_message(timeout=0.5)
+            if m is not None and m["type"] == "gap":
+                break
+        assert m is not None and m["type"] == "gap"
+        assert set(m["data"]) == {"lost", "down_s"} and m["data"]["lost"] is None and m["data"]["down_s"] >= 0

@@ -1,0 +1,235 @@
+"""The broker's C data plane (fastbus.broker._relay) on real ZeroMQ sockets.
+
+The relay routes a known session's PUB and sends each link's batch in C;
+everything else it hands back to the Python broker.  These tests drive it
+directly with a ROUTER socket and DEALER peers on loopback.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+import zmq
+
+import fastbus
+from fastbus import protocol as P
+from fastbus._core import Router, Trie
+from fastbus.broker import _libzmq
+
+relay_mod = pytest.importorskip("fastbus.broker._relay")
+
+
+def test_libzmq_functions_are_found_where_pyzmq_bundles_them():
+    addresses = _libzmq.functions()
+    if addresses is None:
+        assert not sys.platform.startswith("linux"), "pyzmq's libzmq not found on Linux"
+        pytest.skip(f"pyzmq's libzmq not found on {sys.platform}: the broker routes in Python there")
+    assert set(addresses) == set(relay_mod.FUNCTIONS) and all(addresses.values())
+
+
+@pytest.fixture
+def setup():
+    addresses = _libzmq.functions()
+    if addresses is None:
+        pytest.skip("pyzmq's libzmq not found: no C data plane here")
+    relay_mod.bind(addresses)
+    ctx = zmq.Context()
+    r = ctx.socket(zmq.ROUTER)
+    r.router_mandatory = 1
+    r.sndhwm = 16
+    port = r.bind_to_random_port("tcp://127.0.0.1")
+    trie = Trie()
+    router = Router(trie, max_messages=100, max_bytes=1 << 16, max_payload=1000)
+    relay = relay_mod.Relay(router, r)
+    peers = []
+
+    def peer(name: bytes):
+        s = ctx.socket(zmq.DEALER)
+        s.identity = name
+        s.connect(f"tcp://127.0.0.1:{port}")
+        s.send(b"hi")
+        assert r.poll(5000)
+        assert r.recv_multipart() == [name, b"hi"]
+        peers.append(s)
+        return s
+
+    yield r, trie, router, relay, peer
+    for s in peers:
+        s.close(linger=0)
+    r.close(linger=0)
+    ctx.term()
+
+
+def _read_all(relay, want: int = 1, timeout: float = 5.0) -> list:
+    """What the relay hands back, reading until ``want`` messages came."""
+    out: list = []
+    deadline = time.monotonic() + timeout
+    while len(out) < want and time.monotonic() < deadline:
+        frames, _meta, _n = relay.receive(64)
+        if frames is None:
+            time.sleep(0.001)
+        else:
+            out.append(frames)
+    return out
+
+
+def _wait_routed(relay, n: int, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while relay.batches_in < n and time.monotonic() < deadline:
+        frames, _meta, _n = relay.receive(64)
+        assert frames is None, frames
+        time.sleep(0.001)
+    assert relay.batches_in == n
+
+
+def test_a_sessions_pub_is_routed_and_sent_in_c(setup):
+    r, trie, router, relay, peer = setup
+    pub, sub = peer(b"pub"), peer(b"sub")
+    router.add_link(1)
+    router.add_link(2)
+    relay.add_session(1, b"pub")
+    relay.add_session(2, b"sub", seq=7)
+    trie.add(b"news", 2)
+    batch = bytes(fastbus.encode([(b"news", b"a"), (b"other", b"b"), (b"news", b"c")]))
+    pub.send_multipart([P.PUB, batch])
+    _wait_routed(relay, 1)
+    assert relay.flush() == []                            # everything went out in C
+    assert sub.poll(5000)
+    cmd, seq, data = sub.recv_multipart()
+    assert cmd == P.DATA and P.unpack_u64(seq) == 7
+    assert fastbus.decode(data) == [(b"news", b"a"), (b"news", b"c")]
+    assert (relay.messages_in, relay.batches_out, relay.messages_out) == (3, 1, 2)
+    relay.confirm(2, 9)                                   # a later SUB: the next DATA carries its seq
+    pub.send_multipart([P.PUB, batch])
+    _wait_routed(relay, 2)
+    relay.flush()
+    assert sub.poll(5000) and P.unpack_u64(sub.recv_multipart()[1]) == 9
+
+
+def test_what_is_not_a_known_sessions_pub_comes_back(setup):
+    r, trie, router, relay, peer = setup
+    known, stranger = peer(b"known"), peer(b"stranger")
+    router.add_link(1)
+    relay.add_session(1, b"known")
+    good = bytes(fastbus.encode([(b"t", b"x")]))
+    known.send_multipart([P.PING, b"tok"])
+    stranger.send_multipart([P.PUB, good])                 # unknown sender: Python's (KICK, etc.)
+    known.send_multipart([P.PUB, b"garbage"])              # refused by the router: its status comes back
+    known.send_multipart([P.PUB, bytes(fastbus.encode([(b"t", b"x" * 2000)]))])   # over max_payload: dropped, counted
+    known.send_multipart([b"x"] * 12)                      # too many frames: the first 8 come back
+    known.send_multipart([P.PING, b"after"])               # and the next message is read cleanly
+    got = _read_all(relay, 6)
+    assert [m for m in got if m[0] == b"stranger"] == [[b"stranger", P.PUB, good]]
+    got = [m for m in got if m[0] == b"known"]             # in order per sender
+    assert got[0] == [b"known", P.PING, b"tok"]
+    assert got[1][:2] == [b"known", P.PUB] and isinstance(got[1][2], int) and got[1][2] < 0
+    with pytest.raises(fastbus.BatchError):
+        raise fastbus._core.error_for(got[1][2], "batch")
+    assert got[2] == [b"known", P.PUB, 1]                  # routed, one record over the limit: how many
+    assert got[3] == [b"known"] + [b"x"] * 7
+    assert got[4] == [b"known", P.PING, b"after"]
+    st = router.stats()
+    assert st["rejected"] == 1 and st["oversize"] == 1 and relay.batches_in == 1
+
+
+def test_held_links_and_other_kinds_are_left_to_python(setup):
+    r, trie, router, relay, peer = setup
+    pub, sub = peer(b"pub"), peer(b"sub")
+    for link in (1, 2, 3):
+        router.add_link(link)
+    relay.add_session(1, b"pub")
+    relay.add_session(2, b"sub")                          # link 3: no session here (an upstream, say)
+    trie.add(b"t", 2)
+    trie.add(b"t", 3)
+    router.hold(2)                                        # Python queues for it
+    pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"t", b"1")]))])
+    _wait_routed(relay, 1)
+    left = relay.flush()
+    assert [link for link, _b, _n in left] == [3]          # held link 2: due only when full
+    router.hold(2, False)
+    left = relay.flush()
+    assert [(link, n, fastbus.decode(b)) for link, b, n in left] == []      # link 2's batch went in C
+    assert sub.poll(5000) and fastbus.decode(sub.recv_multipart()[2]) == [(b"t", b"1")]
+    router.hold(2)
+    for i in range(100):                                  # a held link's batch that fills comes back whole
+        pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"t", b"%d" % i)]))])
+    _wait_routed(relay, 101)
+    left = relay.flush()
+    full = [(link, n) for link, _b, n in left if link == 2]
+    assert full == [(2, 100)]
+
+
+def test_a_send_the_socket_refuses_comes_back(setup):
+    """EHOSTUNREACH (the peer left) and EAGAIN (its pipe is full) hand the
+    batch to Python, which queues it or drops the link."""
+    r, trie, router, relay, peer = setup
+    pub = peer(b"pub")
+    for link in (1, 2):
+        router.add_link(link)
+    relay.add_session(1, b"pub")
+    relay.add_session(2, b"gone")                         # never connected: EHOSTUNREACH
+    trie.add(b"t", 2)
+    pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"t", b"x")]))])
+    _wait_routed(relay, 1)
+    left = relay.flush()
+    assert [(link, n) for link, _b, n in left] == [(2, 1)]
+    assert relay.batches_out == 0
+
+
+def test_routing_ids_survive_churn(setup):
+    """Sessions come and go (their ids are reused): every lookup stays
+    right, and the table does not grow with the churn."""
+    r, trie, router, relay, peer = setup
+    pub = peer(b"pub")
+    router.add_link(1)
+    relay.add_session(1, b"pub")
+    for i in range(5000):
+        link = 2 + i % 7
+        relay.add_session(link, b"peer-%d" % i)
+        relay.remove_session(link)
+    relay.add_session(2, b"peer-x")
+    relay.add_session(3, b"pub")                          # the same routing id again: the new link has it
+    router.add_link(3)
+    pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"t", b"x")]))])
+    _wait_routed(relay, 1)
+    assert router.stats()["batches"] == 1
+    relay.remove_session(3)
+    pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"t", b"x")]))])
+    got = _read_all(relay, 1)
+    assert got[0][:2] == [b"pub", P.PUB]                   # no longer known: Python's
+    with pytest.raises(ValueError):
+        relay.add_session(4, b"")
+    with pytest.raises(ValueError):
+        relay.add_session(4, b"x" * 256)
+
+
+def test_brokers_route_the_same_with_either_data_plane(brokers, monkeypatch):
+    """A broker with the C data plane and one without deliver the same
+    messages, in order, with the same counters."""
+    results = []
+    for env in ("1", "0"):
+        monkeypatch.setenv("FASTBUS_BROKER_RELAY", env)
+        b = brokers()
+        with fastbus.Client(endpoint=b.endpoint) as pub, fastbus.Client(endpoint=b.endpoint) as sub:
+            p = sub.pubsub()
+            p.subscribe("a")
+            p.psubscribe("b.*")
+            for _ in range(2):
+                assert p.get_message(timeout=5)["type"] in ("subscribe", "psubscribe")
+            deadline = time.monotonic() + 10
+            while not (pub.is_wanted("a") and pub.is_wanted("b.x")):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            for i in range(3000):
+                pub.publish("a" if i % 3 else "b.%d" % i, b"%d" % i)
+                pub.publish("nobody", b"-")
+            pub.flush()
+            got = []
+            while len(got) < 3000 and time.monotonic() < deadline:
+                got += p.get_batch(timeout=0.5)
+            st = b.stats()
+            results.append((got, st["messages_in"], st["messages_out"]))
+    assert results[0] == results[1]
+    assert [int(d) for _c, d in results[0][0]] == list(range(3000))
