@@ -476,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-total-subscription-bytes", type=_positive, default=1 << 30,
                    help="the same for all connections together (default: %(default)s)")
     b.add_argument("--max-sub-ops", type=_positive, default=4096,
-                   help="subscription changes in one SUB frame; clients split larger ones "
+                   help="subscription changes in one SUB frame, at least 1000; clients split larger ones "
                         "(default: %(default)s)")
     b.add_argument("--allow-broker", action="append", default=[], metavar="ADDRESS",
                    help="accept downstream brokers (--upstream pointing here) from this IP address, "

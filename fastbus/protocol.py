@@ -19,6 +19,10 @@ from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Batch, decode, encode
 from fastbus.errors import FastbusError
 
 VERSION = 1
+#: Every broker takes at least this many subscription operations in one
+#: SUB frame (its WELCOME may announce more: limits.max_sub_ops), so a
+#: peer that has not heard the limit yet splits at this size.
+MIN_SUB_OPS = 1000
 DEFAULT_PORT = 6464
 DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
 

@@ -210,6 +210,31 @@ def test_a_broker_restart_is_one_reconnect_notice(brokers):
         assert [m["data"] for m in collect(p, 1)] == [b"again"]
 
 
+def test_more_subscriptions_than_one_frame_takes_survive_a_restart(brokers):
+    """The resend after a restart is split as subscribe() splits, at the
+    limit the restarted broker announces (here lower than before): one
+    frame past it would be a protocol error, the session dropped, and the
+    resend refused again, for ever."""
+    b = brokers("--max-sub-ops", "2000")
+    channels = [f"many.{i}" for i in range(2500)]
+    with fastbus.Client(endpoint=b.endpoint) as c:
+        p = c.pubsub(ignore_subscribe_messages=True)
+        p.subscribe(*channels)
+        wait_for(lambda: b.stats()["subscriptions"] == 2500, what="2,500 subscriptions held")
+        b.kill()
+        b.args = [a if a != "2000" else "1000" for a in b.args]
+        b.start()
+        wait_for(lambda: b.stats()["subscriptions"] == 2500, what="2,500 subscriptions resent")
+        notices = [m for m in _messages(p, 5, timeout=2) if m["type"] == "reconnect"]
+        assert len(notices) == 1, notices
+        assert b.stats()["drops"]["protocol"] == 0
+        with fastbus.Client(endpoint=b.endpoint) as pub:
+            wait_wanted(pub, channels[0], channels[-1])
+            pub.publish(channels[-1], b"last")
+            pub.flush()
+        assert [(m["channel"], m["data"]) for m in collect(p, 1)] == [(channels[-1].encode(), b"last")]
+
+
 def test_close_releases_a_thread_in_listen(brokers):
     b = brokers()
     c = fastbus.Client(endpoint=b.endpoint)

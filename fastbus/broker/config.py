@@ -135,9 +135,13 @@ class BrokerConfig:
             raise ValueError("flow_pause_bytes must be 0 (no flow control) or less than max_queue_bytes")
         if not 0 < self.flow_max_pause <= 600:
             raise ValueError("flow_max_pause must be between 0 and 600 seconds")
-        for name in ("max_subscription_bytes", "max_total_subscription_bytes", "max_sub_ops"):
+        for name in ("max_subscription_bytes", "max_total_subscription_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.max_sub_ops < P.MIN_SUB_OPS:
+            # Clients split at MIN_SUB_OPS until WELCOME tells them more.
+            raise ValueError(f"max_sub_ops must be at least {P.MIN_SUB_OPS} (what every client may send "
+                             f"in one frame before it learns the limit)")
         for entry in self.allow_brokers:
             broker_network(entry)                    # raises ValueError with what is wrong
         if self.curve_allowed_brokers is not None and self.curve_secret_key is None:

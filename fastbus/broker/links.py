@@ -183,7 +183,7 @@ class UpstreamLink(Link):
         super().__init__(link, "upstream", sock, publisher=True)
         self.seq = 0
         self.instance = b""               # upstream's WELCOME instance: empty until welcomed
-        self.sub_ops = 1000               # operations per SUB frame (upstream's WELCOME says its limit)
+        self.sub_ops = P.MIN_SUB_OPS      # operations per SUB frame (upstream's WELCOME says its limit)
 
     def send(self, frames: list) -> None:
         self.sock.send_multipart(frames, _NOBLOCK, copy=False)

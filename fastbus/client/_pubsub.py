@@ -29,7 +29,7 @@ log = logging.getLogger("fastbus.client")
 _DATA = P.DATA
 _unpack_u64 = P.U64.unpack
 BATCH_MESSAGES = 8192     # get_batch(): about this many messages per call by default
-SUB_OPS_DEFAULT = 1000    # subscription changes per SUB frame until the broker's WELCOME says its limit
+SUB_OPS_DEFAULT = P.MIN_SUB_OPS   # subscription changes per SUB frame until the broker's WELCOME says its limit
 SUBSCRIBE_KINDS = CONFIRM_KINDS
 
 Handler = Callable[[PubSubMessage], Any]
@@ -51,6 +51,7 @@ class SubSession(Session):
         self.pubsub = pubsub
         self.subs: set[tuple[bytes, bool]] = set()   # what the broker was told
         self.seq = 0
+        self.resend = False                 # resend self.subs at the next WELCOME
 
     def configure(self, s: zmq.Socket) -> None:
         s.sndhwm = 1000
@@ -64,10 +65,23 @@ class SubSession(Session):
 
     def hello(self) -> None:
         super().hello()
-        if self.subs:
-            # Stamped with the latest sequence: this snapshot is the state the
-            # pubsub's own (un)subscriptions have reached.
-            self.send([P.SUB, P.pack_u64(self.seq), P.encode_ops((SUBSCRIBE, k, p) for k, p in self.subs)])
+        # What we hold goes again once WELCOME answers (on_welcome).
+        self.resend = bool(self.subs)
+
+    def on_welcome(self) -> None:
+        # The broker knows us again (a reconnect, or a restarted broker):
+        # resend what we hold, now that WELCOME said how many operations it
+        # takes in one SUB frame (a larger frame is a protocol error: the
+        # session would be dropped and the resend refused again, for ever).
+        # Stamped with the latest sequence: this snapshot is the state the
+        # pubsub's own (un)subscriptions reached.
+        if self.resend and self.subs:
+            self.resend = False
+            ops = [(SUBSCRIBE, k, p) for k, p in self.subs]
+            size = self.limit("max_sub_ops", SUB_OPS_DEFAULT)
+            seq = P.pack_u64(self.seq)
+            for i in range(0, len(ops), size):
+                self.send([P.SUB, seq, P.encode_ops(ops[i:i + size])])
 
     def resync(self, why: str) -> None:
         super().resync(why)
