@@ -135,7 +135,7 @@ def _load_curve_keys(path: str) -> tuple[str, str | None]:
         raise UsageError(str(exc)) from None
 
 
-def _server_key(text: str) -> str:
+def _server_key(text: str, flag: str = "--curve-server-key") -> str:
     """--curve-server-key: the broker's public key, as 40 Z85 characters or
     as the certificate file that holds it."""
     from fastbus.curve import public_key
@@ -143,7 +143,7 @@ def _server_key(text: str) -> str:
     try:
         return public_key(text)
     except InvalidKey as exc:
-        raise UsageError(f"--curve-server-key {exc}") from None
+        raise UsageError(f"{flag} {exc}") from None
 
 
 def _allowed_keys(paths: list[str]) -> list[str]:
@@ -183,6 +183,20 @@ def cmd_broker(args: argparse.Namespace) -> int:
             cfg.curve_allowed_brokers = _allowed_keys(args.curve_allow_broker)
     elif args.curve_allow or args.curve_allow_broker:
         raise UsageError("--curve-allow and --curve-allow-broker need --curve-cert")
+    if args.upstream_curve_server_key or args.upstream_curve_cert:
+        if not (args.upstream and args.upstream_curve_server_key):
+            raise UsageError("--upstream-curve-server-key and --upstream-curve-cert need --upstream, "
+                             "and --upstream-curve-cert needs --upstream-curve-server-key")
+        cfg.upstream_curve_server_key = _server_key(args.upstream_curve_server_key, "--upstream-curve-server-key")
+        if args.upstream_curve_cert:
+            public, secret = _load_curve_keys(args.upstream_curve_cert)
+            if not secret:
+                raise UsageError(f"--upstream-curve-cert {args.upstream_curve_cert!r} has no secret key "
+                                 "(use the .key_secret file)")
+            cfg.upstream_curve_public_key, cfg.upstream_curve_secret_key = public, secret
+        elif not args.curve_cert:
+            raise UsageError("--upstream-curve-server-key needs this broker's keys: --upstream-curve-cert "
+                             "(or --curve-cert)")
     try:
         broker = Broker(cfg)
     except ValueError as exc:
@@ -440,6 +454,12 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default: {P.DEFAULT_ENDPOINT})")
     b.add_argument("--allow-remote", action="store_true", help="allow non-loopback TCP endpoints")
     b.add_argument("--upstream", metavar="ENDPOINT", help="federate: connect to this upstream broker")
+    b.add_argument("--upstream-curve-server-key", metavar="KEY",
+                   help="CURVE to the upstream: its public key (40 Z85 characters, or its .key file); "
+                        "it must list this broker's key with --curve-allow-broker")
+    b.add_argument("--upstream-curve-cert", metavar="FILE",
+                   help="this broker's secret certificate for the upstream connection "
+                        "(default: --curve-cert's)")
     b.add_argument("--zmq-pub", action="append", default=[], metavar="ENDPOINT",
                    help="XPUB endpoint for plain ZeroMQ SUB sockets ([channel, payload] frames)")
     b.add_argument("--zmq-sub", action="append", default=[], metavar="ENDPOINT",

@@ -309,3 +309,40 @@ def test_a_refused_downstream_broker_says_why_and_does_not_spin(brokers, tmp_pat
     assert up.stats()["peers"] <= 1 and up.stats()["links"].get("broker", 0) == 0
     assert 1 <= up.stats()["drops"]["not_a_broker"] <= 6                  # retried at the probe pace, not in a loop
     assert "refused this broker" in down.log()
+
+
+def test_a_downstream_broker_proves_itself_with_its_curve_key(brokers, tmp_path):
+    """Federation over CURVE: the downstream connects with its own key,
+    which the upstream lists as a broker's; the same broker with a key the
+    upstream accepts only from clients is refused the broker role."""
+    import zmq.auth
+
+    def cert(name: str) -> tuple[str, str]:
+        public_file, secret_file = zmq.auth.create_certificates(str(tmp_path), name)
+        return public_file, secret_file
+
+    up_pub_file, up_sec_file = cert("up")
+    down_pub_file, down_sec_file = cert("down")
+    client_pub_file, client_sec_file = cert("client")
+    up_key = zmq.auth.load_certificate(up_pub_file)[0].decode()
+    client_pub, client_sec = (k.decode() for k in zmq.auth.load_certificate(client_sec_file))
+    up = brokers("--curve-cert", up_sec_file, "--curve-allow-broker", down_pub_file,
+                 "--curve-allow", client_pub_file, curve=(up_key, client_pub, client_sec))
+    down = brokers("--upstream", up.endpoint, "--upstream-curve-server-key", up_pub_file,
+                   "--upstream-curve-cert", down_sec_file)
+    wait_for(lambda: up.stats()["links"].get("broker", 0) == 1, what="the downstream broker's session upstream")
+    with fastbus.Client(endpoint=up.endpoint, curve_server_key=up_key, curve_public_key=client_pub,
+                        curve_secret_key=client_sec) as sub_client, \
+            fastbus.Client(endpoint=down.endpoint) as pub:
+        p = sub_client.pubsub(ignore_subscribe_messages=True)
+        p.subscribe("fed")
+        wait_wanted(pub, "fed")                           # the subscription came down over CURVE
+        pub.publish("fed", b"up we go")
+        pub.flush()
+        assert [(m["channel"], m["data"]) for m in collect(p, 1)] == [(b"fed", b"up we go")]
+    # A key the upstream takes from clients only: not a broker.
+    impostor = brokers("--upstream", up.endpoint, "--upstream-curve-server-key", up_key,
+                       "--upstream-curve-cert", client_sec_file, "--log-level", "INFO")
+    wait_for(lambda: up.stats()["drops"]["not_a_broker"] >= 1, what="the impostor refused")
+    wait_for(lambda: "refused this broker" in impostor.log(), what="the impostor told")
+    assert up.stats()["links"].get("broker", 0) == 1

@@ -32,6 +32,13 @@ class BrokerConfig:
     allow_remote: bool = False
     #: Endpoint of an upstream broker to federate with.
     upstream: str | None = None
+    #: CURVE to the upstream broker: its public key (Z85).  This broker then
+    #: connects with upstream_curve_public_key / upstream_curve_secret_key
+    #: (default: its own curve_public_key / curve_secret_key), the key the
+    #: upstream lists with curve_allowed_brokers (--curve-allow-broker).
+    upstream_curve_server_key: str | None = None
+    upstream_curve_public_key: str | None = None
+    upstream_curve_secret_key: str | None = None
     #: Plain-ZeroMQ compatibility: XPUB for SUB sockets, XSUB for PUB sockets,
     #: PULL for PUSH sockets; messages are two frames, [channel, payload].
     zmq_pub: list[str] = field(default_factory=list)
@@ -159,6 +166,30 @@ class BrokerConfig:
             raise ValueError("CURVE needs both curve_secret_key and curve_public_key")
         if self.curve_allowed is not None and self.curve_secret_key is None:
             raise ValueError("curve_allowed needs curve_secret_key and curve_public_key")
+        if (self.upstream_curve_public_key is None) != (self.upstream_curve_secret_key is None):
+            raise ValueError("CURVE to the upstream needs both upstream_curve_public_key and "
+                             "upstream_curve_secret_key")
+        if self.upstream_curve_server_key is not None:
+            if self.upstream is None:
+                raise ValueError("upstream_curve_server_key needs upstream (the broker to connect to)")
+            if self.upstream_curve is None:
+                raise ValueError("upstream_curve_server_key needs this broker's keys: "
+                                 "upstream_curve_public_key/secret_key, or curve_public_key/secret_key")
+        elif self.upstream_curve_public_key is not None:
+            raise ValueError("upstream_curve_public_key/secret_key need upstream_curve_server_key "
+                             "(the upstream broker's public key)")
+
+    @property
+    def upstream_curve(self) -> tuple[str, str, str] | None:
+        """(server, public, secret) Z85 keys for the upstream connection, or
+        None for a plain one."""
+        if self.upstream_curve_server_key is None:
+            return None
+        public = self.upstream_curve_public_key or self.curve_public_key
+        secret = self.upstream_curve_secret_key or self.curve_secret_key
+        if public is None or secret is None:
+            return None
+        return self.upstream_curve_server_key, public, secret
 
     @property
     def flow_bytes(self) -> int:

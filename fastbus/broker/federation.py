@@ -46,6 +46,14 @@ class Upstream:
         s.tcp_keepalive = 1
         s.reconnect_ivl = 100
         s.reconnect_ivl_max = 2000
+        curve = broker.config.upstream_curve
+        if curve is not None:
+            # We are a client there; upstream knows our key as a broker's
+            # (its curve_allowed_brokers).
+            server, public, secret = curve
+            s.curve_serverkey = server.encode()
+            s.curve_publickey = public.encode()
+            s.curve_secretkey = secret.encode()
         s.connect(broker.config.upstream)
         self.sock = s
         self.link = UpstreamLink(broker.links.new_id(), s)
@@ -72,7 +80,8 @@ class Upstream:
             self._silent_since = now
         elif now - self._silent_since >= self._warn_after:
             log.warning("the upstream broker %s has not answered for %.0f s: is it running, and is the "
-                        "address right? (retrying)", self.b.config.upstream, now - self._silent_since)
+                        "address right%s? (retrying)", self.b.config.upstream, now - self._silent_since,
+                        ", and does it accept our CURVE key" if self.b.config.upstream_curve else "")
             self._warn_after = min(self._warn_after * 2, now - self._silent_since + 300)
 
     @property
