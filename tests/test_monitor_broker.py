@@ -491,6 +491,8 @@ def test_web_page_in_headless_chromium_shows_the_numbers(broker, tmp_path):
         assert len(peers) == 1 + 2 * M
         pub = [c for c in peers if c["name"] == "pub-1"]
         assert len(pub) == 1 and pub[0]["messages_in"] == str(N) and pub[0]["address"] == "127.0.0.1"
+        assert pub[0]["publisher"] == "true"
+        assert sorted(c["publisher"] for c in peers if c["name"].startswith("sub-")) == ["false"] * M + ["true"] * M
         outs = sorted(int(c["messages_out"]) for c in peers if c["name"].startswith("sub-"))
         assert outs == [0] * M + [N] * M
         top = [cells for row_id, cells in page.rows if "subscribers" in cells]

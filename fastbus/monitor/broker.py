@@ -255,8 +255,10 @@ class BrokerSource:
                        {"title": "dropped / s", "series": [{"key": "dropped", "label": "dropped"},
                                                            {"key": "gap_notices", "label": "gap notices"}]}],
             "tables": [{"title": "peers", "path": "/connz?limit=200&sort=messages_out", "rows": "connections",
-                        "id": "name",
+                        "id": "link",
+                        # A Client has a publishing and a subscribing session: one row each.
                         "columns": [{"key": "name", "label": "name"}, {"key": "role", "label": "role"},
+                                    {"key": "publisher", "label": "publishes"},
                                     {"key": "address", "label": "address"},
                                     {"key": "subscriptions", "label": "subs"},
                                     {"key": "messages_in", "label": "msgs in"},
