@@ -28,7 +28,7 @@ from fastbus import protocol as P
 from fastbus.broker import Broker, BrokerConfig
 from fastbus.errors import MonitorBindError
 
-from brokers import BrokerProcess, free_port
+from brokers import BrokerProcess, free_port, wait_wanted
 
 N = 3000            # messages published
 M = 3               # subscribers
@@ -120,6 +120,44 @@ def broker(request, monkeypatch):
     b.http = f"http://127.0.0.1:{port}"
     try:
         yield b
+    finally:
+        b.stop()
+
+
+def test_metrics_count_pauses_drops_and_gap_notices(tmp_path):
+    """A stuck subscriber: publishers are paused, then (past
+    --flow-max-pause) its oldest messages are dropped and it is told how
+    many in a gap notice.  /metrics says so, with the figures the
+    subscriber saw."""
+    port = free_port()
+    b = BrokerProcess("--http", f"127.0.0.1:{port}", "--max-queue-bytes", "2000000", "--flow-max-pause", "0.5")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with fastbus.Client(endpoint=b.endpoint, max_inbox_bytes=100_000) as stuck, \
+                fastbus.Client(endpoint=b.endpoint, max_buffer_bytes=1 << 20, block_timeout=30) as pub:
+            p = stuck.pubsub(ignore_subscribe_messages=True)
+            p.subscribe("flow")
+            wait_wanted(pub, "flow")
+            for _ in range(50_000):                     # 10 MB; nobody reads
+                pub.publish("flow", b"z" * 200)
+            pub.flush(timeout=30)
+            got = lost = gaps = 0
+            while (m := p.get_message(timeout=1.0)) is not None:
+                got += m["type"] == "message"
+                if m["type"] == "gap":
+                    gaps += 1
+                    lost += m["data"]["lost"]
+            assert got + lost == 50_000 and lost > 0 and gaps >= 1
+            wait_snapshot_after(base, time.time())
+            m = metrics(base)
+            pre = "fastbus_broker_"
+            assert m[pre + "flow_pauses_total"] >= 1
+            assert m[pre + "drops_total{reason=slow_consumer}"] == lost
+            assert m[pre + "gap_notices_total"] == gaps
+            assert m[pre + "messages_in_total"] == 50_000
+            # sent is what reached the subscriber; routed counts the dropped too
+            assert m[pre + "messages_out_total"] == got
+            assert m[pre + "deliveries_total"] == 50_000
     finally:
         b.stop()
 

@@ -102,6 +102,22 @@ class Sender:
             self._enqueue(link, frames, records)
         elif not self._try(link, frames):
             self._enqueue(link, frames, records)
+        elif records:
+            self._count_out(link, records, frames)
+
+    def _count_out(self, link: Link, records: int, frames: list) -> None:
+        """A data batch (its last frame) went to a link's socket: counted
+        as sent only now, so a queued batch that the slow-consumer policy
+        drops is counted once, as a drop."""
+        c = self.counters
+        size = len(frames[-1])
+        c["batches_out"] += 1
+        c["messages_out"] += records
+        c["bytes_out"] += size
+        t = link.traffic
+        t[3] += 1
+        t[4] += records
+        t[5] += size
 
     def _try(self, link: Link, frames: list) -> bool:
         """True if the frames went (or the link is gone), False on EAGAIN."""
@@ -131,15 +147,6 @@ class Sender:
         link = self.links.by_id.get(link_id)
         if link is None:
             return
-        c = self.counters
-        size = len(batch)
-        c["batches_out"] += 1
-        c["messages_out"] += n
-        c["bytes_out"] += size
-        t = link.traffic
-        t[3] += 1
-        t[4] += n
-        t[5] += size
         self.send(link, link.data_frames(batch), n)
 
     def flush_full(self, link_ids: list) -> None:
@@ -303,7 +310,7 @@ class Sender:
                     link.lost = 0
                 if not queue:
                     break
-                frames, _recs, size = queue[0]
+                frames, recs, size = queue[0]
                 if type(frames) is tuple:             # a mark
                     if not self._send_mark(link, frames) or not self.links.is_current(link):
                         break
@@ -312,6 +319,8 @@ class Sender:
                         marks.discard(frames)
                 elif not self._try(link, frames) or not self.links.is_current(link):
                     break
+                elif recs:
+                    self._count_out(link, recs, frames)
                 queue.popleft()
                 link.queued_bytes -= size
             if link.queued_bytes <= self.flow_bytes // 4:
