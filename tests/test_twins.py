@@ -50,12 +50,9 @@ ALLOWED = {
     ("AsyncBufferedPublisher", "__init__"): "(redis, **options) passed on to BufferedPublisher",
     ("AsyncBufferedListProducer", "__init__"): "(redis, **options) passed on to BufferedListProducer",
     # An asyncio consumer is started by awaiting it (or ``async with``):
-    # registering is a round trip, which __init__ cannot await.  TODO(issue
-    # 18, queue engine): one constructor signature once the queue facades
-    # share the engine; today the async one takes the topic's registration
-    # step (``before``) as an extra parameter.
+    # registering is a round trip, which __init__ cannot await.
     ("AsyncConsumer", "start"): "registers and starts the heartbeat (the sync __init__ does it)",
-    ("AsyncConsumer", "__init__"): "TODO: extra ``before`` (a topic's registration, awaited by start())",
+    ("AsyncConsumer", "__init__"): "the same parameters; its driver is the asyncio one (how it waits)",
 }
 
 

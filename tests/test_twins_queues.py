@@ -19,11 +19,12 @@ import time
 import pytest
 import redis as redis_py
 
-from fastbus.queue import AsyncInbox, AsyncTopic, AsyncWorkQueue, Inbox, Topic, WorkQueue
+from fastbus.queue import AsyncConsumer, AsyncInbox, AsyncTopic, AsyncWorkQueue, Inbox, Topic, WorkQueue
 from fastbus.redis import AsyncBufferedListProducer, BufferedListProducer
 
 TWINS = {WorkQueue: AsyncWorkQueue, Topic: AsyncTopic, Inbox: AsyncInbox,
          BufferedListProducer: AsyncBufferedListProducer}
+ASYNC_OBJECTS = (*TWINS.values(), AsyncConsumer)
 
 
 class SyncTwin:
@@ -72,7 +73,7 @@ class AsyncTwin:
                 r = await r
             return r
         out = self.loop.run_until_complete(call())
-        if type(out).__module__.startswith("fastbus.") and type(out).__name__.startswith("Async"):
+        if isinstance(out, ASYNC_OBJECTS):
             return _InLoop(out, self)
         return out
 

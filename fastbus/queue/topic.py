@@ -197,8 +197,9 @@ class AsyncTopic(AsyncHandle):
         unless ``register=False``): ``async with t.consumer("billing") as c:``
         or ``c = await t.consumer("billing")``."""
         space = self._ops.space(consumer)
-        before = (lambda: self.register(consumer)) if register else None
-        return AsyncConsumer(self._driver, space, tag, heartbeat_ttl, clean_interval, before)
+        if not register:
+            return AsyncConsumer(self._driver, space, tag, heartbeat_ttl, clean_interval)
+        return _RegisteringConsumer(self, consumer, self._driver, space, tag, heartbeat_ttl, clean_interval)
 
     async def last_id(self) -> int:
         return await self._driver.run(self._ops.last_id())
@@ -229,3 +230,17 @@ class AsyncTopic(AsyncHandle):
 
     async def return_failed(self, consumer: str, count: int | None = None) -> int:
         return await self._driver.run(self._ops.return_failed(consumer, count))
+
+
+class _RegisteringConsumer(AsyncConsumer):
+    """An instance of a topic's logical consumer that registers the logical
+    consumer as it starts (Topic.consumer registers it before constructing
+    the sync twin; an __init__ cannot await)."""
+
+    def __init__(self, topic: AsyncTopic, consumer: str, *args: Any) -> None:
+        super().__init__(*args)
+        self._topic = topic
+        self._consumer = consumer
+
+    async def _before_start(self) -> None:
+        await self._topic.register(self._consumer)

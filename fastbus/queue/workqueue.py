@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Generator, Iterable
 from typing import Any, Self
 
 from fastbus._twins import twin_of
@@ -210,22 +210,24 @@ class AsyncConsumer:
     the heartbeat is a task of the running loop."""
 
     def __init__(self, driver: AsyncDriver, space: QueueSpace, tag: str | None, heartbeat_ttl: float,
-                 clean_interval: float | None, before: Callable[[], Awaitable[object]] | None = None) -> None:
+                 clean_interval: float | None) -> None:
         self._driver = driver
         self._h = ConsumerState(space, tag, heartbeat_ttl, clean_interval, self)
         self._task: asyncio.Task | None = None
-        self._before = before           # e.g. registering a topic's logical consumer
         self.lost: Exception | None = None
 
     async def start(self) -> Self:
         """Register (refusing a tag held by a live consumer) and start the heartbeat."""
         if self._task is not None:
             return self
-        if self._before is not None:
-            await self._before()
+        await self._before_start()
         await self._driver.run(self._h.register())
         self._task = asyncio.get_running_loop().create_task(self._beat())
         return self
+
+    async def _before_start(self) -> None:
+        """What a subclass does before registering (what the sync twin's
+        caller does before constructing it: __init__ cannot await)."""
 
     def __await__(self) -> Generator[Any, None, Self]:
         return self.start().__await__()
