@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import fastbus
 from fastbus import protocol as P
+from fastbus.errors import CommandFailed, UsageError
 
 EXCHANGES = ("NYSE", "NASDAQ", "LSE", "TSE", "HKEX", "SSE", "EURONEXT", "TSX")
 KINDS = ("trades", "quotes", "book", "ohlc", "news")
@@ -38,14 +39,6 @@ def topic_keys(n: int) -> list[bytes]:
     symbols = max(1, -(-n // per_symbol))
     keys = [f"market.{ex}.{s:05d}.{k}".encode() for s in range(symbols) for ex in EXCHANGES for k in KINDS]
     return keys[:n]
-
-
-class UsageError(Exception):
-    """A command's arguments do not fit together: said in one line, exit 2."""
-
-
-class CommandFailed(Exception):
-    """A command could not do its work: said in one line, exit 1."""
 
 
 def _positive(text: str) -> int:

@@ -15,13 +15,15 @@ on first use (importing this module does not import redis-py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "ConnectionClosed", "FastbusError",
            "FlushTimeout", "ForwarderError", "InvalidEndpoint", "InvalidKey", "KeyRefused", "ListenError",
            "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
            "PublishTimeout", "RedisServerError", "ServerOutOfMemory", "ServerRefused", "ServerTimeout",
            "ServerUnavailable"]
+__all__ += ["CommandFailed", "ConsumerGone", "ConsumerTagInUse", "EmbeddedServerError", "NoHandlerError", "OptionError",
+            "PartialBatchError", "PastLastId", "ProtocolError", "PublishError", "QueueError", "ServerNotFoundError", "UsageError"]
 
 # Defined with redis-py's classes among their bases (fastbus.redis._errors).
 _REDIS_ERRORS = frozenset({"NotARedisServer", "PayloadTooLarge", "RedisServerError", "ServerOutOfMemory",
@@ -160,6 +162,91 @@ class BrokerUnavailable(FastbusError, ConnectionRefusedError, TimeoutError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "no broker"
+
+
+class ProtocolError(FastbusError, ValueError):
+    """A peer sent something that is not valid protocol."""
+
+
+class PublishError(FastbusError):
+    """Messages that were not written.  ``failed`` holds them as
+    ``(channel_or_key, payload)`` pairs (bytes), ``count`` how many, and
+    ``reason`` the server's error or the network error that ended the
+    retries, in one line naming the server (``host:port``); ``error`` is that
+    error as a :mod:`fastbus.errors` exception (``ServerUnavailable``,
+    ``ServerOutOfMemory``, ``PayloadTooLarge``...) when there is one."""
+
+    def __init__(self, message: str, failed: list[tuple[bytes, bytes]], reason: str,
+                 error: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.failed = failed
+        self.count = len(failed)
+        self.reason = reason
+        self.error = error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.failed, self.reason))
+
+
+class EmbeddedServerError(FastbusError, RuntimeError):
+    """The embedded server could not be started or used."""
+
+
+class ServerNotFoundError(EmbeddedServerError):
+    """No Redis-compatible server binary was found (the message says what to install)."""
+
+
+class QueueError(FastbusError):
+    """A queue operation the server refused (the message says why)."""
+
+
+class ConsumerTagInUse(QueueError):
+    """Another live consumer holds this consumer tag (its heartbeat has not expired)."""
+
+
+class ConsumerGone(QueueError, LookupError):
+    """The logical consumer of a topic that this instance serves is not
+    registered (it was unregistered while the instance ran, or never was).
+    The instance stops: its heartbeat ends and every later call raises this."""
+
+
+class PastLastId(QueueError, ValueError):
+    """``Topic.ack_upto(consumer, last)`` with ``last`` past the last id
+    published on the topic: nothing was removed."""
+
+
+class PartialBatchError(QueueError):
+    """A ``put_many`` or ``publish_many`` of several script calls was written
+    in part.  Each call is atomic; some were written, the others not (the
+    server refused them, say out of memory, or the connection broke).
+
+    ``written``: the positions, in the list given, of the payloads that were
+    written; ``ids``: their ids, in the same order; ``unknown``: positions
+    whose fate could not be found out (the server could not be asked after
+    the failure; usually empty); ``total``: how many were given.  Every other
+    payload was not written and never will be: retry exactly those.  The
+    failure itself is ``__cause__``."""
+
+    def __init__(self, message: str, written: list[int], ids: list[int], unknown: list[int], total: int) -> None:
+        super().__init__(message)
+        self.written = written
+        self.ids = ids
+        self.unknown = unknown
+        self.total = total
+
+
+class OptionError(FastbusError, ValueError):
+    """A bad or missing ``format("fastbus")`` option."""
+
+
+class UsageError(FastbusError, ValueError):
+    """A ``fastbus`` command's arguments are wrong or do not fit together:
+    the command line says so in one line and exits 2."""
+
+
+class CommandFailed(FastbusError, RuntimeError):
+    """A ``fastbus`` command could not do its work: the command line says
+    so in one line and exits 1."""
 
 
 class ListenError(FastbusError, OSError):

@@ -27,7 +27,7 @@ from redis.exceptions import NoScriptError
 
 from fastbus._core import QueueMessage, queue_decode
 from fastbus._twins import twin_of
-from fastbus.errors import FastbusError
+from fastbus.errors import ConsumerGone, ConsumerTagInUse, FastbusError, PartialBatchError, QueueError
 from fastbus.queue import _lua
 from fastbus.redis._connection import async_client, is_cluster, sync_client
 from fastbus.redis._errors import PayloadTooLarge, address_of, too_large
@@ -37,40 +37,6 @@ MAX_CALL_MESSAGES = 1000        # messages per script call (Lua's unpack limit i
 MAX_CALL_BYTES = 8 << 20        # payload bytes per script call (one message may exceed it alone)
 _ID = struct.Struct(">Q")
 _NAME = re.compile(r"[^\s{}:]{1,200}\Z")
-
-
-class QueueError(FastbusError):
-    """A queue operation the server refused (the message says why)."""
-
-
-class ConsumerTagInUse(QueueError):
-    """Another live consumer holds this consumer tag (its heartbeat has not expired)."""
-
-
-class ConsumerGone(QueueError, LookupError):
-    """The logical consumer of a topic that this instance serves is not
-    registered (it was unregistered while the instance ran, or never was).
-    The instance stops: its heartbeat ends and every later call raises this."""
-
-
-class PartialBatchError(QueueError):
-    """A ``put_many`` or ``publish_many`` of several script calls was written
-    in part.  Each call is atomic; some were written, the others not (the
-    server refused them, say out of memory, or the connection broke).
-
-    ``written``: the positions, in the list given, of the payloads that were
-    written; ``ids``: their ids, in the same order; ``unknown``: positions
-    whose fate could not be found out (the server could not be asked after
-    the failure; usually empty); ``total``: how many were given.  Every other
-    payload was not written and never will be: retry exactly those.  The
-    failure itself is ``__cause__``."""
-
-    def __init__(self, message: str, written: list[int], ids: list[int], unknown: list[int], total: int) -> None:
-        super().__init__(message)
-        self.written = written
-        self.ids = ids
-        self.unknown = unknown
-        self.total = total
 
 
 def check_name(what: str, value: Any) -> str:

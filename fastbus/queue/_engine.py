@@ -51,6 +51,7 @@ from fastbus.queue._common import (
     positive_int,
     positive_seconds,
 )
+from fastbus.errors import PastLastId
 from fastbus.queue._lua import INBOX_HEADER
 from fastbus.queue.registry import Listing
 
@@ -520,7 +521,7 @@ class TopicOps:
         while True:
             removed, more = yield Call("ACK_UPTO", self.seq, (self.ns, consumer, int(last), step))
             if removed == -2:
-                raise ValueError(f"topic {self.name!r}: ack_upto({consumer!r}, {last}) is past the last id "
+                raise PastLastId(f"topic {self.name!r}: ack_upto({consumer!r}, {last}) is past the last id "
                                  f"published ({more}); nothing was removed")
             if removed < 0:
                 raise QueueError(f"topic {self.name} has no consumer named {consumer!r}")

@@ -104,7 +104,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from fastbus.errors import FastbusError
+from fastbus.errors import EmbeddedServerError, ServerNotFoundError
 
 if TYPE_CHECKING:
     import redis
@@ -137,14 +137,6 @@ _INSTALL_HINT = (
     "macOS, x86_64 and arm64), or `apt-get install redis-server` / `brew install valkey`; "
     f"or point fastbus at one with binary=... or {ENV_BINARY}=/path/to/server"
 )
-
-
-class EmbeddedServerError(FastbusError, RuntimeError):
-    """The embedded server could not be started or used."""
-
-
-class ServerNotFoundError(EmbeddedServerError):
-    """No Redis-compatible server binary was found (the message says what to install)."""
 
 
 # --------------------------------------------------------------------------- binary

@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fastbus.errors import OptionError
 from fastbus.queue._common import DEFAULT_PREFIX, check_name
 
 URL_ENV = "FASTBUS_REDIS_URL"
@@ -22,10 +23,6 @@ _KNOWN = {
     # Spark's own, passed through to the source and sink
     "checkpointlocation", "path",
 }
-
-
-class OptionError(ValueError):
-    """A bad or missing ``format("fastbus")`` option."""
 
 
 @dataclass(frozen=True, slots=True)
