@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import fastbus
 from fastbus import protocol as P
-from fastbus.errors import CommandFailed, UsageError
+from fastbus.errors import CommandFailed, InvalidEndpoint, UsageError
 
 EXCHANGES = ("NYSE", "NASDAQ", "LSE", "TSE", "HKEX", "SSE", "EURONEXT", "TSX")
 KINDS = ("trades", "quotes", "book", "ohlc", "news")
@@ -151,6 +151,15 @@ def _allowed_keys(paths: list[str]) -> list[str]:
     return keys
 
 
+def _flag_message(exc: InvalidEndpoint) -> str:
+    """An endpoint error of a BrokerConfig field ("upstream: ...") in terms of
+    the command line's option ("--upstream: ...")."""
+    text = str(exc)
+    if exc.setting and text.startswith(f"{exc.setting}:"):
+        text = f"--{exc.setting.replace('_', '-')}" + text[len(exc.setting):]
+    return text
+
+
 def cmd_broker(args: argparse.Namespace) -> int:
     from fastbus.broker import Broker, BrokerConfig
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -178,6 +187,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
         raise UsageError("--curve-allow and --curve-allow-broker need --curve-cert")
     try:
         broker = Broker(cfg)
+    except InvalidEndpoint as exc:
+        raise UsageError(_flag_message(exc)) from None
     except ValueError as exc:
         print(f"fastbus broker: {exc}", file=sys.stderr)
         return 2
@@ -191,6 +202,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     gc.freeze()
     try:
         broker.run()
+    except InvalidEndpoint as exc:
+        raise UsageError(_flag_message(exc)) from None
     except Exception as exc:
         import zmq
 

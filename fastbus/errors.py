@@ -22,7 +22,7 @@ __all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "
            "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
            "PublishTimeout", "RedisServerError", "ServerOutOfMemory", "ServerRefused", "ServerTimeout",
            "ServerUnavailable"]
-__all__ += ["CommandFailed", "ConsumerGone", "ConsumerTagInUse", "EmbeddedServerError", "NoHandlerError", "OptionError",
+__all__ += ["CommandFailed", "ConsumerGone", "ConsumerTagInUse", "EmbeddedServerError", "InvalidConfig", "NoHandlerError", "OptionError",
             "PartialBatchError", "PastLastId", "ProtocolError", "PublishError", "QueueError", "ServerNotFoundError", "UsageError"]
 
 # Defined with redis-py's classes among their bases (fastbus.redis._errors).
@@ -114,11 +114,20 @@ class MessagesRejected(FastbusError, ValueError):
 
 class InvalidEndpoint(FastbusError, ValueError):
     """An endpoint that is not ``tcp://HOST:PORT``, ``ipc://PATH`` or
-    ``inproc://NAME``; ``endpoint`` is what was given."""
+    ``inproc://NAME`` (or, to listen on, not a loopback address without
+    ``allow_remote``); ``endpoint`` is what was given, ``setting`` the
+    :class:`~fastbus.BrokerConfig` field it was given in (``"bind"``,
+    ``"upstream"``...), if any."""
 
-    def __init__(self, message: str, endpoint: str = "") -> None:
+    def __init__(self, message: str, endpoint: str = "", setting: str | None = None) -> None:
         super().__init__(message)
         self.endpoint = endpoint
+        self.setting = setting
+
+
+class InvalidConfig(FastbusError, ValueError):
+    """A :class:`~fastbus.BrokerConfig` setting that cannot work (a negative
+    size, an unknown policy...); the message names it."""
 
 
 class InvalidKey(FastbusError, ValueError):

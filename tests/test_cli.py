@@ -236,3 +236,10 @@ def test_pub_and_sub_errors():
     _one_line_error(run("pub", "--port", port, "x", "y"), 1, f"no broker at tcp://127.0.0.1:{port}")
     _one_line_error(run("sub", "x?*"), 2, "prefixes ending in '*'")
     _one_line_error(run("pub", "--connect", "nowhere", "x", "y"), 2, "invalid endpoint 'nowhere'")
+
+
+def test_a_malformed_broker_endpoint_is_a_usage_error_naming_its_option():
+    """--upstream foo was "cannot listen: Invalid argument (addr='foo')", exit 1."""
+    _one_line_error(run("broker", "--upstream", "foo"), 2, "--upstream: invalid endpoint 'foo'", "tcp://HOST:PORT")
+    _one_line_error(run("broker", "--bind", "foo"), 2, "--bind: unsupported endpoint 'foo'")
+    _one_line_error(run("broker", "--zmq-pull", "tcp://127.0.0.1"), 2, "--zmq-pull: endpoint 'tcp://127.0.0.1' needs")
