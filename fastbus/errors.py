@@ -22,7 +22,7 @@ __all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "
            "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
            "PublishTimeout", "RedisServerError", "ServerOutOfMemory", "ServerRefused", "ServerTimeout",
            "ServerUnavailable"]
-__all__ += ["CommandFailed", "ConsumerGone", "ConsumerTagInUse", "EmbeddedServerError", "InvalidConfig", "NoHandlerError", "OptionError",
+__all__ += ["CommandFailed", "ConsumerGone", "ConsumerTagInUse", "EmbeddedServerError", "InvalidConfig", "InvalidURL", "NoHandlerError", "OptionError",
             "PartialBatchError", "PastLastId", "ProtocolError", "PublishError", "QueueError", "ServerNotFoundError", "UsageError"]
 
 # Defined with redis-py's classes among their bases (fastbus.redis._errors).
@@ -123,6 +123,16 @@ class InvalidEndpoint(FastbusError, ValueError):
         super().__init__(message)
         self.endpoint = endpoint
         self.setting = setting
+
+
+class InvalidURL(FastbusError, ValueError):
+    """A Redis URL that is not ``redis://``, ``rediss://`` or ``unix://``
+    (from an argument, an option or ``$FASTBUS_REDIS_URL``: the message
+    says which); ``url`` is what was given."""
+
+    def __init__(self, message: str, url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
 
 
 class InvalidConfig(FastbusError, ValueError):
