@@ -37,8 +37,11 @@ if TYPE_CHECKING:       # what __getattr__ hands out, for type checkers
 
 def __getattr__(name: str) -> type[FastbusError]:
     if name in _REDIS_ERRORS:
-        from fastbus.redis import _errors
-        return getattr(_errors, name)
+        from fastbus.redis._errors import (NotARedisServer, PayloadTooLarge, RedisServerError, ServerOutOfMemory,
+                                           ServerRefused, ServerTimeout, ServerUnavailable)
+        classes = (NotARedisServer, PayloadTooLarge, RedisServerError, ServerOutOfMemory, ServerRefused,
+                   ServerTimeout, ServerUnavailable)
+        return {c.__name__: c for c in classes}[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -353,7 +353,8 @@ def _translate(error: BaseException, client: Any = None, request: Any = None, li
     part uses, naming the operation, the queue and the server.  ``limit``:
     the server's ``proto-max-bulk-len``, when the caller read it because a
     large value was refused."""
-    from fastbus.redis import _errors as E
+    from fastbus.redis._errors import (MIN_MAX_BULK_LEN, clean_reply, is_connection_failure, largest,
+                                       translate)
     text = str(error)
     if isinstance(error, redis.ResponseError) and text.startswith("FBQ "):
         text = text[4:].split(" script:")[0]
@@ -385,20 +386,20 @@ def _translate(error: BaseException, client: Any = None, request: Any = None, li
                 operation += f" and {len(calls) - 1} more call{'s' if len(calls) > 2 else ''}"
         for c in calls:
             values.extend(c.args if isinstance(c, (Call, Cmd)) else ())
-    address = E.address_of(client)
+    address = address_of(client)
     if isinstance(error, redis.ResponseError) and text.startswith("WRONGTYPE"):
         return QueueError(f"a key of this queue holds a value of another type (not made by fastbus?)"
-                          f"{f' ({operation})' if operation else ''} at {address}: {E.clean_reply(text)}")
+                          f"{f' ({operation})' if operation else ''} at {address}: {clean_reply(text)}")
     # A value over the server's proto-max-bulk-len: Redis answers "invalid
     # bulk length" and closes the connection, or the connection just breaks
     # (a broken pipe) while the value is being written.  Without ``limit``
     # a large value is the suspect (a PayloadTooLarge without a limit: the
     # caller reads the server's limit and calls again with it).
-    if E.is_connection_failure(error) or "bulk length" in text.lower():
-        size = E.largest(values)
-        if size > E.MIN_MAX_BULK_LEN and (limit is None or size > limit):
-            return E.too_large(size, limit, address, operation, original=error)
-    return E.translate(error, address, operation)
+    if is_connection_failure(error) or "bulk length" in text.lower():
+        size = largest(values)
+        if size > MIN_MAX_BULK_LEN and (limit is None or size > limit):
+            return too_large(size, limit, address, operation, original=error)
+    return translate(error, address, operation)
 
 
 def _with_address(error: BaseException, client: Any) -> BaseException:
