@@ -162,3 +162,19 @@ def test_each_error_also_inherits_a_builtin_or_is_a_base(name):
     cls = getattr(fastbus.errors, name)
     builtins = [b for b in cls.__mro__ if b.__module__ == "builtins" and b not in (Exception, BaseException, object)]
     assert builtins or name in own, name
+
+
+def test_the_redis_servers_size_limit_is_read_in_one_place():
+    """Issue 14: the name "proto-max-bulk-len" as a value (what a CONFIG GET
+    sends or a reply is searched for) appears only in fastbus.redis._errors,
+    next to its parser and its two constants."""
+    found = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and node.value in ("proto-max-bulk-len", b"proto-max-bulk-len"):
+                found.append(_module_name(path))
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and "BULK" in t.id for t in node.targets):
+                found.append(f"{_module_name(path)}: {ast.unparse(node)}")
+    assert sorted(found) == ["fastbus.redis._errors",
+                             "fastbus.redis._errors: DEFAULT_MAX_BULK_LEN = 512 << 20",
+                             "fastbus.redis._errors: MIN_MAX_BULK_LEN = 1 << 20"], found

@@ -30,7 +30,8 @@ from fastbus._twins import twin_of
 from fastbus.errors import ConsumerGone, ConsumerTagInUse, FastbusError, PartialBatchError, QueueError
 from fastbus.queue import _lua
 from fastbus.redis._connection import async_client, is_cluster, sync_client
-from fastbus.redis._errors import PayloadTooLarge, address_of, too_large
+from fastbus.redis._errors import (CONFIG_GET_LIMIT, DEFAULT_MAX_BULK_LEN, MIN_MAX_BULK_LEN, PayloadTooLarge, address_of,
+                                   parse_limit, too_large)
 
 DEFAULT_PREFIX = "fastbus"
 MAX_CALL_MESSAGES = 1000        # messages per script call (Lua's unpack limit is ~8000)
@@ -149,28 +150,6 @@ def chunks(payloads: list[bytes]) -> Iterable[list[bytes]]:
 # -- payload sizes: the server refuses a bulk string over proto-max-bulk-len
 #    (and breaks the connection), so a payload over it is refused here first
 
-MIN_BULK_LIMIT = 1 << 20          # proto-max-bulk-len cannot be set lower than 1 MB
-DEFAULT_BULK_LIMIT = 512 << 20    # Redis's and Valkey's default
-
-
-def _config_value(reply: Any, name: bytes) -> int | None:
-    """proto-max-bulk-len from a CONFIG GET reply: a flat list, a dict, or
-    (a cluster client) a dict of node -> either."""
-    if isinstance(reply, dict):
-        for k, v in reply.items():
-            if isinstance(k, (bytes, str)) and (k.encode() if isinstance(k, str) else k) == name:
-                return int(v)
-        found = [_config_value(v, name) for v in reply.values() if isinstance(v, (list, dict))]
-        found = [f for f in found if f is not None]
-        return min(found) if found else None
-    if isinstance(reply, list):
-        for i in range(0, len(reply) - 1, 2):
-            k = reply[i]
-            if (k.encode() if isinstance(k, str) else k) == name:
-                return int(reply[i + 1])
-    return None
-
-
 class SizeCheck:
     """Refuses a batch with a payload the server would refuse, before
     sending any of it.  Payloads up to 1 MiB always fit; the first larger one
@@ -184,12 +163,11 @@ class SizeCheck:
 
     def check(self, what: str, payloads: list[bytes]) -> Op:
         big = max(map(len, payloads), default=0)
-        if big <= MIN_BULK_LIMIT:
+        if big <= MIN_MAX_BULK_LEN:
             return
         if self.limit is None:
-            reply = yield Cmd(("CONFIG", "GET", "proto-max-bulk-len"), soft=True)
-            value = None if isinstance(reply, Exception) else _config_value(reply, b"proto-max-bulk-len")
-            self.limit = value or DEFAULT_BULK_LIMIT
+            reply = yield Cmd(CONFIG_GET_LIMIT, soft=True)
+            self.limit = DEFAULT_MAX_BULK_LEN if isinstance(reply, Exception) else parse_limit(reply)
         if big > self.limit:
             i = next(i for i, p in enumerate(payloads) if len(p) == big)
             which = f", payload {i + 1} of {len(payloads)}" if len(payloads) > 1 else ""
@@ -353,8 +331,7 @@ def _translate(error: BaseException, client: Any = None, request: Any = None, li
     part uses, naming the operation, the queue and the server.  ``limit``:
     the server's ``proto-max-bulk-len``, when the caller read it because a
     large value was refused."""
-    from fastbus.redis._errors import (MIN_MAX_BULK_LEN, clean_reply, is_connection_failure, largest,
-                                       translate)
+    from fastbus.redis._errors import clean_reply, is_connection_failure, largest, translate
     text = str(error)
     if isinstance(error, redis.ResponseError) and text.startswith("FBQ "):
         text = text[4:].split(" script:")[0]

@@ -52,6 +52,7 @@ from fastbus.queue._common import (
     positive_seconds,
 )
 from fastbus.errors import PastLastId
+from fastbus.redis._errors import MIN_MAX_BULK_LEN
 from fastbus.queue._lua import INBOX_HEADER
 from fastbus.queue.registry import Listing
 
@@ -178,7 +179,7 @@ class QueueSpace:
 
     def put(self, payload: Any) -> Op:
         payload = as_bytes(payload)
-        if len(payload) > (1 << 20):
+        if len(payload) > MIN_MAX_BULK_LEN:
             yield from self.sizes.check(f"put on queue {self.name!r}", [payload])
         if not self.names.listed:
             yield from self.names.listing()
@@ -453,7 +454,7 @@ class TopicOps:
 
     def publish(self, payload) -> Op:
         payload = as_bytes(payload)
-        if len(payload) > (1 << 20):
+        if len(payload) > MIN_MAX_BULK_LEN:
             yield from self.sizes.check(f"publish on topic {self.name!r}", [payload])
         if not self.names.listed:
             yield from self.names.listing()
