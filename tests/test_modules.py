@@ -178,3 +178,22 @@ def test_the_redis_servers_size_limit_is_read_in_one_place():
     assert sorted(found) == ["fastbus.redis._errors",
                              "fastbus.redis._errors: DEFAULT_MAX_BULK_LEN = 512 << 20",
                              "fastbus.redis._errors: MIN_MAX_BULK_LEN = 1 << 20"], found
+
+
+def test_developing_md_layout_names_every_file_of_the_package():
+    """docs/DEVELOPING.md "Layout": a purpose for every module (the Lua
+    scripts are described as a directory, the C headers' .pxd as a group;
+    the extension fastbus._core, core/ and _core.*, is described by concern
+    in its own paragraph, which names the files as trie.pxd/.pxi and so on)."""
+    doc = (SOURCE.parent / "docs" / "DEVELOPING.md").read_text()
+    layout = doc[doc.index("## Layout"):]
+    layout = layout[:layout.index("\n## ", 3)]
+    missing = []
+    for path in sorted(SOURCE.rglob("*")):
+        rel = path.relative_to(SOURCE).as_posix()
+        if not path.is_file() or "__pycache__" in rel or rel.startswith(("queue/lua/", "includes/fb_", "core/", "_core.")) \
+                or path.suffix not in (".py", ".pyx", ".pyi", ".pxd", ".pxi", ".html", ".js", ".css", ".typed"):
+            continue
+        if path.name not in layout:
+            missing.append(rel)
+    assert not missing, missing
