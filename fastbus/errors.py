@@ -5,6 +5,11 @@ also from the built-in exception a Python user would expect (``KeyError`` for
 removing what was never added, ``ValueError`` for malformed input), so either
 can be caught.
 
+This module is where every public exception of the package is defined (the
+modules that raise them, and ``fastbus``, ``fastbus.queue``,
+``fastbus.redis``, ``fastbus.spark``, import them from here; their old
+import paths keep working).  tests/test_modules.py checks it.
+
 The errors about a Redis server (:class:`RedisServerError` and its
 subclasses :class:`ServerUnavailable`, :class:`NotARedisServer`,
 :class:`ServerTimeout`, :class:`PayloadTooLarge`, :class:`ServerRefused`,
