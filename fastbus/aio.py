@@ -35,9 +35,10 @@ from fastbus import protocol as P
 from fastbus._messages import PubSubMessage
 from fastbus._twins import twin_of
 from fastbus._types import ChannelT, EncodableT
-from fastbus.client import _client as _sync_client
-from fastbus.client import _pubsub as _sync_pubsub
+from fastbus.client._client import AbsenceProbe
+from fastbus.client._client import Client as _SyncClient
 from fastbus.client._pubsub import Handler
+from fastbus.client._pubsub import PubSub as _SyncPubSub
 from fastbus.client._session import Session
 from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, PublishTimeout
 
@@ -113,8 +114,8 @@ async def _wait(event: asyncio.Event, deadline: float | None) -> bool:
         return False
 
 
-@twin_of(_sync_client.Client)
-class Client(_sync_client.Client):
+@twin_of(_SyncClient)
+class Client(_SyncClient):
     """asyncio twin of :class:`fastbus.Client`; same arguments.  Its methods
     that talk to the broker are coroutines; ``pubsub()``, ``stats()``,
     ``is_wanted()`` and ``shutdown()`` are plain calls."""
@@ -215,7 +216,7 @@ class Client(_sync_client.Client):
         deadline = None if timeout is None else start + timeout
         s = self.session
         f = None
-        probe = None if timeout is None else _sync_client.AbsenceProbe(self.endpoint, start)
+        probe = None if timeout is None else AbsenceProbe(self.endpoint, start)
         while True:
             self._changed.clear()
             if s.lock.acquire(False):
@@ -297,8 +298,8 @@ class Client(_sync_client.Client):
         await self.close()
 
 
-@twin_of(_sync_pubsub.PubSub)
-class PubSub(_sync_pubsub.PubSub):
+@twin_of(_SyncPubSub)
+class PubSub(_SyncPubSub):
     """asyncio twin of :class:`fastbus.PubSub`: the (un)subscribe calls and
     the receiving calls are coroutines.  Create it in the loop that uses it."""
 

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 
 import fastbus
 from fastbus import protocol as P
+from fastbus.cliargs import load_curve_keys, nonnegative, positive, seconds
+from fastbus.errors import CommandFailed, InvalidEndpoint, UsageError
 
 EXCHANGES = ("NYSE", "NASDAQ", "LSE", "TSE", "HKEX", "SSE", "EURONEXT", "TSX")
 KINDS = ("trades", "quotes", "book", "ohlc", "news")
@@ -38,28 +40,6 @@ def topic_keys(n: int) -> list[bytes]:
     symbols = max(1, -(-n // per_symbol))
     keys = [f"market.{ex}.{s:05d}.{k}".encode() for s in range(symbols) for ex in EXCHANGES for k in KINDS]
     return keys[:n]
-
-
-class UsageError(Exception):
-    """A command's arguments do not fit together: said in one line, exit 2."""
-
-
-class CommandFailed(Exception):
-    """A command could not do its work: said in one line, exit 1."""
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, not {text}")
-    return value
 
 
 def cmd_core_demo(args: argparse.Namespace) -> int:
@@ -122,19 +102,6 @@ def cmd_core_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_curve_keys(path: str) -> tuple[str, str | None]:
-    """(public, secret) Z85 keys from a zmq certificate file (keygen)."""
-    from fastbus.curve import is_key, load_certificate
-    from fastbus.errors import InvalidKey
-    if not os.path.exists(path) and is_key(path):
-        raise UsageError(f"{path!r} is a key, not a certificate file: give the file fastbus keygen wrote "
-                         "(NAME.key_secret for this side's own keys, NAME.key for a peer's public key)")
-    try:
-        return load_certificate(path)
-    except InvalidKey as exc:                # a file named on the command line: a usage error
-        raise UsageError(str(exc)) from None
-
-
 def _server_key(text: str, flag: str = "--curve-server-key") -> str:
     """--curve-server-key: the broker's public key, as 40 Z85 characters or
     as the certificate file that holds it."""
@@ -152,10 +119,19 @@ def _allowed_keys(paths: list[str]) -> list[str]:
         files = [os.path.join(path, f) for f in sorted(os.listdir(path)) if f.endswith(".key")] \
             if os.path.isdir(path) else [path]
         for f in files:
-            keys.append(_load_curve_keys(f)[0])
+            keys.append(load_curve_keys(f)[0])
     if not keys:
         raise UsageError("--curve-allow found no public keys (*.key files)")
     return keys
+
+
+def _flag_message(exc: InvalidEndpoint) -> str:
+    """An endpoint error of a BrokerConfig field ("upstream: ...") in terms of
+    the command line's option ("--upstream: ...")."""
+    text = str(exc)
+    if exc.setting and text.startswith(f"{exc.setting}:"):
+        text = f"--{exc.setting.replace('_', '-')}" + text[len(exc.setting):]
+    return text
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
@@ -174,7 +150,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         allow_brokers=args.allow_broker, name=args.name, stats_interval=args.stats_interval,
         http=args.http, http_max_age=args.http_max_age)
     if args.curve_cert:
-        cfg.curve_public_key, cfg.curve_secret_key = _load_curve_keys(args.curve_cert)
+        cfg.curve_public_key, cfg.curve_secret_key = load_curve_keys(args.curve_cert)
         if not cfg.curve_secret_key:
             raise UsageError(f"--curve-cert {args.curve_cert!r} has no secret key (use the .key_secret file)")
         if args.curve_allow:
@@ -189,7 +165,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
                              "and --upstream-curve-cert needs --upstream-curve-server-key")
         cfg.upstream_curve_server_key = _server_key(args.upstream_curve_server_key, "--upstream-curve-server-key")
         if args.upstream_curve_cert:
-            public, secret = _load_curve_keys(args.upstream_curve_cert)
+            public, secret = load_curve_keys(args.upstream_curve_cert)
             if not secret:
                 raise UsageError(f"--upstream-curve-cert {args.upstream_curve_cert!r} has no secret key "
                                  "(use the .key_secret file)")
@@ -199,6 +175,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
                              "(or --curve-cert)")
     try:
         broker = Broker(cfg)
+    except InvalidEndpoint as exc:
+        raise UsageError(_flag_message(exc)) from None
     except ValueError as exc:
         print(f"fastbus broker: {exc}", file=sys.stderr)
         return 2
@@ -212,6 +190,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     gc.freeze()
     try:
         broker.run()
+    except InvalidEndpoint as exc:
+        raise UsageError(_flag_message(exc)) from None
     except Exception as exc:
         import zmq
 
@@ -239,7 +219,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if not (args.curve_server_key and args.curve_cert):
             raise UsageError("CURVE needs both --curve-server-key and --curve-cert")
         server = _server_key(args.curve_server_key)
-        public, secret = _load_curve_keys(args.curve_cert)
+        public, secret = load_curve_keys(args.curve_cert)
         if not secret:
             raise UsageError(f"--curve-cert {args.curve_cert!r} has no secret key (use the .key_secret file)")
         curve = (server, public, secret)
@@ -432,13 +412,6 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nonneg(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastbus", description="fastbus: fast pub/sub and reliable messaging with a C core.")
@@ -466,36 +439,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="XSUB endpoint for plain ZeroMQ PUB sockets")
     b.add_argument("--zmq-pull", action="append", default=[], metavar="ENDPOINT",
                    help="PULL endpoint for plain ZeroMQ PUSH sockets")
-    b.add_argument("--max-messages", type=_positive, default=4096, help="records per batch to a subscriber (default: %(default)s)")
-    b.add_argument("--max-bytes", type=_positive, default=256 * 1024, help="bytes per batch to a subscriber (default: %(default)s)")
+    b.add_argument("--max-messages", type=positive, default=4096, help="records per batch to a subscriber (default: %(default)s)")
+    b.add_argument("--max-bytes", type=positive, default=256 * 1024, help="bytes per batch to a subscriber (default: %(default)s)")
     b.add_argument("--max-delay", type=float, default=0.0,
                    help="optional linger in seconds: a busy link gets at most one batch per this "
                         "time (larger batches), while a link idle that long still sends at once; "
                         "0: no linger, each batch leaves as soon as the broker has read what "
                         "arrived (default: %(default)s)")
-    b.add_argument("--max-queue-bytes", type=_positive, default=32 << 20,
+    b.add_argument("--max-queue-bytes", type=positive, default=32 << 20,
                    help="bytes queued for a slow subscriber before --slow-policy applies (default: %(default)s)")
     b.add_argument("--slow-policy", choices=["drop", "disconnect"], default="drop",
                    help="slow subscriber: drop its oldest batches (with a gap notice) or disconnect it "
                         "(default: %(default)s)")
-    b.add_argument("--flow-pause-bytes", type=_nonneg, default=None,
+    b.add_argument("--flow-pause-bytes", type=nonnegative, default=None,
                    help="ask publishers to pause while this many bytes are queued for a subscriber; "
                         "0: no flow control (default: 4 MiB or a quarter of --max-queue-bytes)")
     b.add_argument("--flow-max-pause", type=float, default=5.0,
                    help="seconds one subscriber may keep publishers paused (default: %(default)s)")
-    b.add_argument("--max-topic", type=_positive, default=65535,
+    b.add_argument("--max-topic", type=positive, default=65535,
                    help="longest channel name accepted, in bytes (default: %(default)s)")
-    b.add_argument("--max-payload", type=_positive, default=16 << 20,
+    b.add_argument("--max-payload", type=positive, default=16 << 20,
                    help="largest payload accepted, in bytes (default: %(default)s)")
-    b.add_argument("--max-subscriptions", type=_positive, default=1_000_000,
+    b.add_argument("--max-subscriptions", type=positive, default=1_000_000,
                    help="subscriptions one connection (client or downstream broker) may hold; more are "
                         "refused, and the client told (default: %(default)s)")
-    b.add_argument("--max-subscription-bytes", type=_positive, default=64 << 20,
+    b.add_argument("--max-subscription-bytes", type=positive, default=64 << 20,
                    help="bytes of subscription keys one connection may hold, counting 48 more per "
                         "subscription (default: %(default)s)")
-    b.add_argument("--max-total-subscription-bytes", type=_positive, default=1 << 30,
+    b.add_argument("--max-total-subscription-bytes", type=positive, default=1 << 30,
                    help="the same for all connections together (default: %(default)s)")
-    b.add_argument("--max-sub-ops", type=_positive, default=4096,
+    b.add_argument("--max-sub-ops", type=positive, default=4096,
                    help="subscription changes in one SUB frame, at least 1000; clients split larger ones "
                         "(default: %(default)s)")
     b.add_argument("--allow-broker", action="append", default=[], metavar="ADDRESS",
@@ -509,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--curve-allow", action="append", default=[], metavar="PATH",
                    help="public certificate file or directory of clients to accept (with --curve-cert)")
     b.add_argument("--name", default="fastbus", help="broker name in logs and stats (default: %(default)s)")
-    b.add_argument("--stats-interval", type=_nonneg, default=10.0,
+    b.add_argument("--stats-interval", type=nonnegative, default=10.0,
                    help="seconds between counter log lines, 0 for none (default: %(default)s)")
     b.add_argument("--http", metavar="HOST:PORT",
                    help="serve monitoring over HTTP here, e.g. 127.0.0.1:8222: /metrics (Prometheus), "
@@ -538,9 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--watch", action="store_true",
                     help="a line every --interval seconds with rates (messages and bytes in and out per "
                          "second, drops), as redis-cli --stat, until Ctrl-C or --count lines")
-    st.add_argument("--interval", type=_seconds, default=1.0,
+    st.add_argument("--interval", type=seconds, default=1.0,
                     help="seconds between --watch lines (default: %(default)s)")
-    st.add_argument("--count", type=_positive, default=None,
+    st.add_argument("--count", type=positive, default=None,
                     help="with --watch: stop after this many lines (default: until Ctrl-C)")
     st.add_argument("--curve-server-key", metavar="KEY",
                     help="the broker's public key (40 Z85 characters, or its .key file), for a CURVE broker")
@@ -550,25 +523,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="a broker with live publishers and subscribers printing their rates",
                           description="Start a broker and client processes on this machine (seed 000's "
                                       "workload: 50 channels, 20-byte messages) and print rates each second.")
-    demo.add_argument("--seconds", type=_seconds, default=5.0, help="how long (default: %(default)s)")
-    demo.add_argument("--publishers", type=_positive, default=1,
+    demo.add_argument("--seconds", type=seconds, default=5.0, help="how long (default: %(default)s)")
+    demo.add_argument("--publishers", type=positive, default=1,
                       help="publisher processes (default: %(default)s)")
-    demo.add_argument("--subscribers", type=_positive, default=2,
+    demo.add_argument("--subscribers", type=positive, default=2,
                       help="subscriber processes, each on every channel (default: %(default)s)")
-    demo.add_argument("--channels", type=_positive, default=50, help="channels (default: %(default)s)")
-    demo.add_argument("--size", type=_positive, default=20, help="payload bytes (default: %(default)s)")
+    demo.add_argument("--channels", type=positive, default=50, help="channels (default: %(default)s)")
+    demo.add_argument("--size", type=positive, default=20, help="payload bytes (default: %(default)s)")
     demo.set_defaults(func=cmd_demo)
 
     core = sub.add_parser("core-demo", help="the C core alone: trie, forwarder, batches",
                           description="Fill a subscription trie, route random topics through it in "
                                       "batches, and show the forwarder and batch format. No server.")
-    core.add_argument("--subscriptions", type=_positive, default=200_000,
+    core.add_argument("--subscriptions", type=positive, default=200_000,
                       help="topic-like subscriptions to create (default: %(default)s)")
-    core.add_argument("--subscribers", type=_positive, default=2_000,
+    core.add_argument("--subscribers", type=positive, default=2_000,
                       help="distinct subscribers holding them (default: %(default)s)")
-    core.add_argument("--batch", type=_positive, default=1_000,
+    core.add_argument("--batch", type=positive, default=1_000,
                       help="topics per routing batch (default: %(default)s)")
-    core.add_argument("--seconds", type=_seconds, default=2.0,
+    core.add_argument("--seconds", type=seconds, default=2.0,
                       help="how long to route for (default: %(default)s)")
     core.add_argument("--seed", type=int, default=1, help="random seed (default: %(default)s)")
     core.set_defaults(func=cmd_core_demo)
@@ -608,7 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "else valkey-server or redis-server on PATH)")
     rs.add_argument("--data-dir", default=None,
                     help="directory for its config and log, kept (default: a temporary one, removed)")
-    rs.add_argument("--startup-timeout", type=_seconds, default=10.0,
+    rs.add_argument("--startup-timeout", type=seconds, default=10.0,
                     help="seconds to wait for the server to answer (default: %(default)s)")
     rs.add_argument("server_args", nargs=argparse.REMAINDER, metavar="-- OPTION ...",
                     help="options passed to the server, after --: e.g. -- --maxmemory 1gb")

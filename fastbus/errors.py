@@ -5,6 +5,11 @@ also from the built-in exception a Python user would expect (``KeyError`` for
 removing what was never added, ``ValueError`` for malformed input), so either
 can be caught.
 
+This module is where every public exception of the package is defined (the
+modules that raise them, and ``fastbus``, ``fastbus.queue``,
+``fastbus.redis``, ``fastbus.spark``, import them from here; their old
+import paths keep working).  tests/test_modules.py checks it.
+
 The errors about a Redis server (:class:`RedisServerError` and its
 subclasses :class:`ServerUnavailable`, :class:`NotARedisServer`,
 :class:`ServerTimeout`, :class:`PayloadTooLarge`, :class:`ServerRefused`,
@@ -15,13 +20,15 @@ on first use (importing this module does not import redis-py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "ConnectionClosed", "FastbusError",
            "FlushTimeout", "ForwarderError", "InvalidEndpoint", "InvalidKey", "KeyRefused", "ListenError",
            "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
            "PublishTimeout", "RedisServerError", "ServerOutOfMemory", "ServerRefused", "ServerTimeout",
            "ServerUnavailable"]
+__all__ += ["CommandFailed", "ConsumerGone", "ConsumerTagInUse", "EmbeddedServerError", "InvalidConfig", "InvalidURL", "NoHandlerError", "OptionError",
+            "PartialBatchError", "PastLastId", "ProtocolError", "PublishError", "QueueError", "ServerNotFoundError", "UsageError"]
 
 # Defined with redis-py's classes among their bases (fastbus.redis._errors).
 _REDIS_ERRORS = frozenset({"NotARedisServer", "PayloadTooLarge", "RedisServerError", "ServerOutOfMemory",
@@ -35,8 +42,11 @@ if TYPE_CHECKING:       # what __getattr__ hands out, for type checkers
 
 def __getattr__(name: str) -> type[FastbusError]:
     if name in _REDIS_ERRORS:
-        from fastbus.redis import _errors
-        return getattr(_errors, name)
+        from fastbus.redis._errors import (NotARedisServer, PayloadTooLarge, RedisServerError, ServerOutOfMemory,
+                                           ServerRefused, ServerTimeout, ServerUnavailable)
+        classes = (NotARedisServer, PayloadTooLarge, RedisServerError, ServerOutOfMemory, ServerRefused,
+                   ServerTimeout, ServerUnavailable)
+        return {c.__name__: c for c in classes}[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -112,11 +122,30 @@ class MessagesRejected(FastbusError, ValueError):
 
 class InvalidEndpoint(FastbusError, ValueError):
     """An endpoint that is not ``tcp://HOST:PORT``, ``ipc://PATH`` or
-    ``inproc://NAME``; ``endpoint`` is what was given."""
+    ``inproc://NAME`` (or, to listen on, not a loopback address without
+    ``allow_remote``); ``endpoint`` is what was given, ``setting`` the
+    :class:`~fastbus.BrokerConfig` field it was given in (``"bind"``,
+    ``"upstream"``...), if any."""
 
-    def __init__(self, message: str, endpoint: str = "") -> None:
+    def __init__(self, message: str, endpoint: str = "", setting: str | None = None) -> None:
         super().__init__(message)
         self.endpoint = endpoint
+        self.setting = setting
+
+
+class InvalidURL(FastbusError, ValueError):
+    """A Redis URL that is not ``redis://``, ``rediss://`` or ``unix://``
+    (from an argument, an option or ``$FASTBUS_REDIS_URL``: the message
+    says which); ``url`` is what was given."""
+
+    def __init__(self, message: str, url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class InvalidConfig(FastbusError, ValueError):
+    """A :class:`~fastbus.BrokerConfig` setting that cannot work (a negative
+    size, an unknown policy...); the message names it."""
 
 
 class InvalidKey(FastbusError, ValueError):
@@ -160,6 +189,91 @@ class BrokerUnavailable(FastbusError, ConnectionRefusedError, TimeoutError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "no broker"
+
+
+class ProtocolError(FastbusError, ValueError):
+    """A peer sent something that is not valid protocol."""
+
+
+class PublishError(FastbusError):
+    """Messages that were not written.  ``failed`` holds them as
+    ``(channel_or_key, payload)`` pairs (bytes), ``count`` how many, and
+    ``reason`` the server's error or the network error that ended the
+    retries, in one line naming the server (``host:port``); ``error`` is that
+    error as a :mod:`fastbus.errors` exception (``ServerUnavailable``,
+    ``ServerOutOfMemory``, ``PayloadTooLarge``...) when there is one."""
+
+    def __init__(self, message: str, failed: list[tuple[bytes, bytes]], reason: str,
+                 error: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.failed = failed
+        self.count = len(failed)
+        self.reason = reason
+        self.error = error
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.failed, self.reason))
+
+
+class EmbeddedServerError(FastbusError, RuntimeError):
+    """The embedded server could not be started or used."""
+
+
+class ServerNotFoundError(EmbeddedServerError):
+    """No Redis-compatible server binary was found (the message says what to install)."""
+
+
+class QueueError(FastbusError):
+    """A queue operation the server refused (the message says why)."""
+
+
+class ConsumerTagInUse(QueueError):
+    """Another live consumer holds this consumer tag (its heartbeat has not expired)."""
+
+
+class ConsumerGone(QueueError, LookupError):
+    """The logical consumer of a topic that this instance serves is not
+    registered (it was unregistered while the instance ran, or never was).
+    The instance stops: its heartbeat ends and every later call raises this."""
+
+
+class PastLastId(QueueError, ValueError):
+    """``Topic.ack_upto(consumer, last)`` with ``last`` past the last id
+    published on the topic: nothing was removed."""
+
+
+class PartialBatchError(QueueError):
+    """A ``put_many`` or ``publish_many`` of several script calls was written
+    in part.  Each call is atomic; some were written, the others not (the
+    server refused them, say out of memory, or the connection broke).
+
+    ``written``: the positions, in the list given, of the payloads that were
+    written; ``ids``: their ids, in the same order; ``unknown``: positions
+    whose fate could not be found out (the server could not be asked after
+    the failure; usually empty); ``total``: how many were given.  Every other
+    payload was not written and never will be: retry exactly those.  The
+    failure itself is ``__cause__``."""
+
+    def __init__(self, message: str, written: list[int], ids: list[int], unknown: list[int], total: int) -> None:
+        super().__init__(message)
+        self.written = written
+        self.ids = ids
+        self.unknown = unknown
+        self.total = total
+
+
+class OptionError(FastbusError, ValueError):
+    """A bad or missing ``format("fastbus")`` option."""
+
+
+class UsageError(FastbusError, ValueError):
+    """A ``fastbus`` command's arguments are wrong or do not fit together:
+    the command line says so in one line and exits 2."""
+
+
+class CommandFailed(FastbusError, RuntimeError):
+    """A ``fastbus`` command could not do its work: the command line says
+    so in one line and exits 1."""
 
 
 class ListenError(FastbusError, OSError):

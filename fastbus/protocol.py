@@ -16,7 +16,7 @@ import struct
 from collections.abc import Iterable
 
 from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Batch, decode, encode
-from fastbus.errors import FastbusError
+from fastbus.errors import ProtocolError
 
 VERSION = 1
 #: Every broker takes at least this many subscription operations in one
@@ -56,10 +56,6 @@ OP_SUBSCRIBE = 0x01
 OP_PREFIX = 0x02
 
 U64 = struct.Struct("<Q")
-
-
-class ProtocolError(FastbusError, ValueError):
-    """A peer sent something that is not valid protocol."""
 
 
 def new_instance_id() -> bytes:

@@ -44,7 +44,7 @@ def _client(args: argparse.Namespace):
     errors as UsageError."""
     import fastbus
     import fastbus.curve
-    from fastbus.cli import UsageError
+    from fastbus.errors import UsageError
     from fastbus.errors import InvalidEndpoint, InvalidKey
     endpoint = args.connect or f"tcp://{args.host}:{args.port}"
     keys = {}
@@ -92,7 +92,7 @@ def cmd_pub(args: argparse.Namespace) -> int:
 
 
 def cmd_sub(args: argparse.Namespace) -> int:
-    from fastbus.cli import CommandFailed, UsageError
+    from fastbus.errors import CommandFailed, UsageError
     from fastbus.client import pattern_prefix
     channels = [c for c in args.channels if not c.endswith("*")]
     patterns = [c for c in args.channels if c.endswith("*")]
@@ -157,12 +157,12 @@ def _connection_options(p: argparse.ArgumentParser) -> None:
 
 def add_parsers(sub) -> None:
     """Add ``pub`` and ``sub`` to the ``fastbus`` command's subparsers."""
-    from fastbus.cli import _positive, _seconds
+    from fastbus.cliargs import positive, seconds
     p = sub.add_parser("pub", help="publish messages to a channel (arguments, or lines from stdin)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("channel", help="the channel")
     p.add_argument("messages", nargs="*", help="the messages (none, or -: one a line from stdin)")
-    p.add_argument("--timeout", type=_seconds, default=10.0,
+    p.add_argument("--timeout", type=seconds, default=10.0,
                    help="seconds to wait for the broker to confirm them (default: %(default)s)")
     _connection_options(p)
     p.set_defaults(func=cmd_pub)
@@ -172,9 +172,9 @@ def add_parsers(sub) -> None:
     s.add_argument("channels", nargs="+", metavar="CHANNEL|PATTERN*", help="channels, and prefix patterns ending in *")
     s.add_argument("--json", action="store_true",
                    help='one JSON object a line: "data" is the text, or base64 where "encoding" says so')
-    s.add_argument("--count", type=_positive, default=None, help="stop after this many messages (default: run on)")
-    s.add_argument("--seconds", type=_seconds, default=None, help="stop after this long (default: run on)")
-    s.add_argument("--timeout", type=_seconds, default=10.0,
+    s.add_argument("--count", type=positive, default=None, help="stop after this many messages (default: run on)")
+    s.add_argument("--seconds", type=seconds, default=None, help="stop after this long (default: run on)")
+    s.add_argument("--timeout", type=seconds, default=10.0,
                    help="seconds to wait for the subscriptions to be confirmed (default: %(default)s)")
     _connection_options(s)
     s.set_defaults(func=cmd_sub)

@@ -53,7 +53,7 @@ def test_bad_arguments_are_rejected_clearly():
     r = run("core-demo", "--seconds", "-1")
     assert r.returncode == 2 and "between 0 and 3600" in r.stderr
     r = run("core-demo", "--subscriptions", "zero")
-    assert r.returncode == 2 and "invalid" in r.stderr
+    assert r.returncode == 2 and "--subscriptions: must be a positive integer, not zero" in r.stderr
     r = run("broker", "--bind", "tcp://0.0.0.0:1")
     assert r.returncode == 2 and "loopback" in r.stderr
     r = run("broker", "--bind", "tcp://127.0.0.1:1", "--curve-allow", "/nonexistent")
@@ -236,3 +236,25 @@ def test_pub_and_sub_errors():
     _one_line_error(run("pub", "--port", port, "x", "y"), 1, f"no broker at tcp://127.0.0.1:{port}")
     _one_line_error(run("sub", "x?*"), 2, "prefixes ending in '*'")
     _one_line_error(run("pub", "--connect", "nowhere", "x", "y"), 2, "invalid endpoint 'nowhere'")
+
+
+def test_a_malformed_broker_endpoint_is_a_usage_error_naming_its_option():
+    """--upstream foo was "cannot listen: Invalid argument (addr='foo')", exit 1."""
+    _one_line_error(run("broker", "--upstream", "foo"), 2, "--upstream: invalid endpoint 'foo'", "tcp://HOST:PORT")
+    _one_line_error(run("broker", "--bind", "foo"), 2, "--bind: unsupported endpoint 'foo'")
+    _one_line_error(run("broker", "--zmq-pull", "tcp://127.0.0.1"), 2, "--zmq-pull: endpoint 'tcp://127.0.0.1' needs")
+
+
+def test_a_malformed_redis_url_or_broker_endpoint_is_a_usage_error_naming_its_source(monkeypatch):
+    """fastbus monitor --broker foo exited 1; a malformed --url/--redis or
+    $FASTBUS_REDIS_URL was taken as given and failed later (or as a runtime error)."""
+    _one_line_error(run("monitor", "--broker", "foo", "--once", "--redis", "redis://127.0.0.1:1"), 2,
+                    "--broker foo", "invalid endpoint 'foo'")
+    _one_line_error(run("monitor", "--redis", "localhost:6379", "--once"), 2,
+                    "--redis is not a Redis URL: 'localhost:6379'")
+    for cmd in (["queue", "stats", "jobs"], ["queue", "list"], ["topic", "stats", "events"],
+                ["inbox", "members", "chat"]):
+        _one_line_error(run(*cmd, "--url", "localhost:6379"), 2, "--url is not a Redis URL: 'localhost:6379'")
+    monkeypatch.setenv("FASTBUS_REDIS_URL", "127.0.0.1:6379")
+    for cmd in (["queue", "stats", "jobs"], ["monitor", "--once"]):
+        _one_line_error(run(*cmd), 2, "$FASTBUS_REDIS_URL is not a Redis URL: '127.0.0.1:6379'")

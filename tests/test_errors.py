@@ -256,3 +256,61 @@ def test_a_flush_that_waits_on_a_known_broker_does_not_spin(monkeypatch):
     assert waits[0] < 50, waits[0]                     # a spin makes ~100,000
     assert b.endpoint in str(info.value)
     c.shutdown(0.5)
+
+
+@pytest.mark.parametrize("setting, value", [("upstream", "foo"), ("upstream", "tcp://127.0.0.1"),
+                                            ("bind", "foo"), ("zmq_pub", ["tcp://127.0.0.1"]),
+                                            ("zmq_pull", ["http://127.0.0.1:80"])])
+def test_a_broker_with_a_malformed_endpoint_is_refused_as_the_client_refuses_it(setting, value):
+    """The same InvalidEndpoint as fastbus.Client's, naming the setting, and
+    before anything starts (upstream="foo" was a raw zmq.ZMQError at start())."""
+    with pytest.raises(InvalidEndpoint) as info:
+        fastbus.Broker(**{setting: value}).start()
+    e = info.value
+    assert isinstance(e, ValueError) and isinstance(e, FastbusError)
+    assert e.setting == setting and str(e).startswith(f"{setting}: ") and "\n" not in str(e)
+    assert (value if isinstance(value, str) else value[0]) in str(e)
+
+
+def test_other_broker_settings_that_cannot_work_are_fastbus_errors():
+    from fastbus.errors import InvalidConfig
+    for kw, word in [({"slow_policy": "nope"}, "slow_policy"), ({"max_bytes": 0}, "max_bytes"),
+                     ({"allow_brokers": ["nope"]}, "allow_brokers"), ({"http": "nope"}, "http")]:
+        with pytest.raises(InvalidConfig, match=word) as info:
+            fastbus.Broker(**kw)
+        assert isinstance(info.value, ValueError) and isinstance(info.value, FastbusError)
+
+
+def test_a_broker_takes_one_endpoint_as_a_str():
+    """bind="tcp://..." (a str, not a list) was "unsupported endpoint 't'"."""
+    from brokers import free_port
+    ep, pub = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    with fastbus.Broker(bind=ep, zmq_pub=pub, allow_brokers="local") as b:
+        assert b.endpoints == [ep] and b.config.zmq_pub == [pub] and b.config.allow_brokers == ["local"]
+        from fastbus.client import query_stats
+        assert query_stats(ep, timeout=5)["name"] == "fastbus"
+
+
+def test_a_broker_that_does_not_start_in_time_names_its_endpoint():
+    """start()'s timeout was a bare TimeoutError("broker did not start")."""
+    import threading
+
+    from brokers import free_port
+    gate = threading.Event()
+
+    class SlowToSetUp(fastbus.Broker):       # a loop thread that takes its time before binding
+        def _setup(self) -> None:
+            gate.wait(30)
+            super()._setup()
+
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    b = SlowToSetUp(bind=[ep])
+    try:
+        with pytest.raises(BrokerTimeout) as info:
+            b.start(timeout=0.2)
+        e = info.value
+        assert isinstance(e, TimeoutError) and isinstance(e, FastbusError)
+        assert e.endpoint == ep and ep in str(e) and "did not start within 0.2 s" in str(e) and "\n" not in str(e)
+    finally:
+        gate.set()
+        b.stop()

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from fastbus.errors import UsageError
 from fastbus.cli import build_parser
 from fastbus.monitor.cli import broker_sources, served_source, start_http
 from fastbus.monitor.http import CompositeSource
@@ -233,9 +234,9 @@ def test_curve_broker_with_the_keys_fastbus_stats_takes(redis_url, tmp_path):
         plain = RemoteBrokerSource(b.endpoint, timeout=0.5)           # no keys: no answer
         assert plain.poll() is False and "BrokerTimeout" in plain.last_error
         assert plain.health()[0] is False and good.health()[0] is True
-        with pytest.raises(SystemExit, match="needs both"):
+        with pytest.raises(UsageError, match="needs both"):
             broker_sources([b.endpoint], curve_server_keys=[server_pub])
-        with pytest.raises(SystemExit, match="one per --broker"):
+        with pytest.raises(UsageError, match="one per --broker"):
             broker_sources([b.endpoint, "tcp://127.0.0.1:1"], curve_server_keys=["k1", "k2", "k3"], curve_cert=cert)
     finally:
         b.stop()
@@ -246,7 +247,7 @@ def test_bad_sources_are_refused_clearly():
         RemoteBrokerSource("127.0.0.1:6464")
     with pytest.raises(ValueError, match="interval"):
         RemoteBrokerSource("tcp://127.0.0.1:6464", interval=0)
-    with pytest.raises(SystemExit, match="twice"):
+    with pytest.raises(UsageError, match="twice"):
         broker_sources(["tcp://127.0.0.1:1", "tcp://127.0.0.1:1"])
     with pytest.raises(ValueError, match="bad source id"):
         CompositeSource({"metrics": RemoteBrokerSource("tcp://127.0.0.1:1")})

@@ -251,3 +251,26 @@ def test_redis_subscriber_gap_has_the_one_shape(redis_server, redis_url):
                 break
         assert m is not None and m["type"] == "gap"
         assert set(m["data"]) == {"lost", "down_s"} and m["data"]["lost"] is None and m["data"]["down_s"] >= 0
+
+
+def test_a_bool_is_a_type_error_here_and_the_readme_lists_that_redis_py_says_data_error():
+    """redis-py refuses a bool with its DataError (a RedisError, not a
+    TypeError); fastbus's pub/sub with TypeError: a difference the README's
+    table of differences from redis-py must list."""
+    import pathlib
+
+    import redis
+    with pytest.raises(redis.exceptions.DataError):
+        redis.Redis().connection_pool.get_encoder().encode(True)
+    c = fastbus.Client(endpoint="tcp://127.0.0.1:1")
+    try:
+        with pytest.raises(TypeError):
+            c.publish("ch", True)
+        with pytest.raises(TypeError):
+            c.pubsub().subscribe(True)
+    finally:
+        c.shutdown(0.5)
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme[readme.index("| redis-py | fastbus |"):]
+    table = table[:table.index("\n\n")]
+    assert any("bool" in row and "DataError" in row and "TypeError" in row for row in table.splitlines()), table

@@ -9,7 +9,8 @@ import time
 import pytest
 import redis
 
-from fastbus.queue import AsyncTopic, ConsumerGone, QueueError, Topic
+from fastbus.errors import FastbusError
+from fastbus.queue import AsyncTopic, ConsumerGone, PastLastId, QueueError, Topic
 
 
 @pytest.fixture
@@ -169,8 +170,9 @@ def test_retained_range_and_ack_upto(topic, redis_url):
     # with the 10 messages nobody was registered for
     assert topic.read(1, 1023) == []
     assert topic.retained() == (1024, 2500)
-    with pytest.raises(ValueError, match=r"past the last id published \(2500\)"):
+    with pytest.raises(PastLastId, match=r"past the last id published \(2500\)") as info:
         topic.ack_upto("spark", 10**9)                     # a position nothing reached: refused
+    assert isinstance(info.value, FastbusError) and isinstance(info.value, ValueError)
     assert topic.position("spark") == 1500
     assert topic.ack_upto("spark", 2500) == 1000
     assert topic.position("spark") == 2500

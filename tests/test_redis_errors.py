@@ -381,3 +381,21 @@ def test_a_server_error_an_operation_raises_from_a_reply_is_translated_too(small
         SyncDriver(r).run(op())
     assert_one_line(ei.value, "out of memory", where(small_url))
     r.close()
+
+
+def test_one_parser_reads_proto_max_bulk_len_from_every_reply_form(redis_url):
+    """The flat list a raw connection or the queue driver gets, redis-py's
+    dict, and a cluster client's dict of node -> either (the smallest)."""
+    from fastbus.redis._errors import CONFIG_GET_LIMIT, DEFAULT_MAX_BULK_LEN, max_bulk_len, parse_limit
+    assert parse_limit([b"proto-max-bulk-len", b"2097152"]) == 2 << 20
+    assert parse_limit({"proto-max-bulk-len": "3145728"}) == 3 << 20
+    assert parse_limit({"127.0.0.1:7000": [b"proto-max-bulk-len", b"4194304"],
+                        "127.0.0.1:7001": {b"proto-max-bulk-len": b"2097152"}}) == 2 << 20
+    assert parse_limit([]) == parse_limit({}) == DEFAULT_MAX_BULK_LEN
+    client = redis.Redis.from_url(redis_url)
+    try:
+        raw = client.execute_command(*CONFIG_GET_LIMIT)
+        assert parse_limit(raw) == max_bulk_len(client) == int(client.config_get("proto-max-bulk-len")[
+            "proto-max-bulk-len"])
+    finally:
+        client.close()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from fastbus import protocol as P
+from fastbus.errors import InvalidConfig, InvalidEndpoint
 
 SLOW_POLICIES = ("drop", "disconnect")
 #: Messages read from one socket per turn of the loop: under load a turn
@@ -20,6 +21,8 @@ SUB_OPS_PER_TURN = 8192
 #: What a subscription costs besides its key, for max_subscription_bytes:
 #: about a trie node and a reference (docs/CORE.md).
 SUB_OVERHEAD = 48
+#: The list settings that also take one str (bind="tcp://...").
+_LISTS = ("bind", "zmq_pub", "zmq_sub", "zmq_pull", "allow_brokers", "curve_allowed", "curve_allowed_brokers")
 
 
 @dataclass
@@ -123,61 +126,77 @@ class BrokerConfig:
     http_max_age: float = 3.0
 
     def check(self) -> None:
-        """Raise ValueError on a setting that cannot work."""
+        """Raise :class:`~fastbus.errors.InvalidEndpoint` on a malformed
+        endpoint, :class:`~fastbus.errors.InvalidConfig` on another setting
+        that cannot work (both are ``ValueError``).  A str where a list is
+        expected (``bind="tcp://..."``) is taken as a list of that one item."""
+        for name in _LISTS:
+            if isinstance(getattr(self, name), str):
+                setattr(self, name, [getattr(self, name)])
         if not self.bind:
-            raise ValueError("the broker needs at least one endpoint to bind")
-        for ep in [*self.bind, *self.zmq_pub, *self.zmq_sub, *self.zmq_pull]:
-            check_endpoint(ep, self.allow_remote)
+            raise InvalidConfig("the broker needs at least one endpoint to bind")
+        for name in ("bind", "zmq_pub", "zmq_sub", "zmq_pull"):
+            for ep in getattr(self, name):
+                check_endpoint(ep, self.allow_remote, name)
+        if self.upstream is not None:
+            from fastbus.client._endpoint import check_endpoint as check_connect
+            try:
+                check_connect(self.upstream)
+            except InvalidEndpoint as exc:
+                raise InvalidEndpoint(f"upstream: {exc}", exc.endpoint, setting="upstream") from None
         if self.slow_policy not in SLOW_POLICIES:
-            raise ValueError(f"slow_policy must be one of {SLOW_POLICIES}, not {self.slow_policy!r}")
+            raise InvalidConfig(f"slow_policy must be one of {SLOW_POLICIES}, not {self.slow_policy!r}")
         for name in ("max_messages", "max_bytes", "max_queue_bytes", "max_topic", "max_payload",
                      "max_message_bytes", "max_subscriptions"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
+                raise InvalidConfig(f"{name} must be positive")
         if not 0 <= self.max_delay <= 10:
-            raise ValueError("max_delay (the linger) must be between 0 (none) and 10 seconds")
+            raise InvalidConfig("max_delay (the linger) must be between 0 (none) and 10 seconds")
         if self.flow_pause_bytes is not None and (
                 self.flow_pause_bytes < 0 or
                 (self.flow_pause_bytes and self.flow_pause_bytes >= self.max_queue_bytes)):
-            raise ValueError("flow_pause_bytes must be 0 (no flow control) or less than max_queue_bytes")
+            raise InvalidConfig("flow_pause_bytes must be 0 (no flow control) or less than max_queue_bytes")
         if not 0 < self.flow_max_pause <= 600:
-            raise ValueError("flow_max_pause must be between 0 and 600 seconds")
+            raise InvalidConfig("flow_max_pause must be between 0 and 600 seconds")
         for name in ("max_subscription_bytes", "max_total_subscription_bytes"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
+                raise InvalidConfig(f"{name} must be positive")
         if self.max_sub_ops < P.MIN_SUB_OPS:
             # Clients split at MIN_SUB_OPS until WELCOME tells them more.
-            raise ValueError(f"max_sub_ops must be at least {P.MIN_SUB_OPS} (what every client may send "
-                             f"in one frame before it learns the limit)")
+            raise InvalidConfig(f"max_sub_ops must be at least {P.MIN_SUB_OPS} (what every client may send "
+                                f"in one frame before it learns the limit)")
         for entry in self.allow_brokers:
-            broker_network(entry)                    # raises ValueError with what is wrong
+            broker_network(entry)                    # raises InvalidConfig with what is wrong
         if self.curve_allowed_brokers is not None and self.curve_secret_key is None:
-            raise ValueError("curve_allowed_brokers needs curve_secret_key and curve_public_key")
+            raise InvalidConfig("curve_allowed_brokers needs curve_secret_key and curve_public_key")
         if self.stats_interval < 0:
-            raise ValueError("stats_interval must be >= 0 (0: no periodic log)")
+            raise InvalidConfig("stats_interval must be >= 0 (0: no periodic log)")
         if not 0 < self.probe_interval <= 60 or not 0 < self.heartbeat_timeout <= 600:
-            raise ValueError("probe_interval and heartbeat_timeout must be positive (seconds)")
+            raise InvalidConfig("probe_interval and heartbeat_timeout must be positive (seconds)")
         if self.http is not None:
             from fastbus.monitor.http import parse_address
-            parse_address(self.http, self.allow_remote)   # raises ValueError with what is wrong
+            try:
+                parse_address(self.http, self.allow_remote)
+            except ValueError as exc:
+                raise InvalidConfig(f"http: {exc}") from None
         if not 0.05 <= self.http_max_age <= 3600:
-            raise ValueError("http_max_age must be between 0.05 and 3600 seconds")
+            raise InvalidConfig("http_max_age must be between 0.05 and 3600 seconds")
         if (self.curve_secret_key is None) != (self.curve_public_key is None):
-            raise ValueError("CURVE needs both curve_secret_key and curve_public_key")
+            raise InvalidConfig("CURVE needs both curve_secret_key and curve_public_key")
         if self.curve_allowed is not None and self.curve_secret_key is None:
-            raise ValueError("curve_allowed needs curve_secret_key and curve_public_key")
+            raise InvalidConfig("curve_allowed needs curve_secret_key and curve_public_key")
         if (self.upstream_curve_public_key is None) != (self.upstream_curve_secret_key is None):
-            raise ValueError("CURVE to the upstream needs both upstream_curve_public_key and "
-                             "upstream_curve_secret_key")
+            raise InvalidConfig("CURVE to the upstream needs both upstream_curve_public_key and "
+                                "upstream_curve_secret_key")
         if self.upstream_curve_server_key is not None:
             if self.upstream is None:
-                raise ValueError("upstream_curve_server_key needs upstream (the broker to connect to)")
+                raise InvalidConfig("upstream_curve_server_key needs upstream (the broker to connect to)")
             if self.upstream_curve is None:
-                raise ValueError("upstream_curve_server_key needs this broker's keys: "
-                                 "upstream_curve_public_key/secret_key, or curve_public_key/secret_key")
+                raise InvalidConfig("upstream_curve_server_key needs this broker's keys: "
+                                    "upstream_curve_public_key/secret_key, or curve_public_key/secret_key")
         elif self.upstream_curve_public_key is not None:
-            raise ValueError("upstream_curve_public_key/secret_key need upstream_curve_server_key "
-                             "(the upstream broker's public key)")
+            raise InvalidConfig("upstream_curve_public_key/secret_key need upstream_curve_server_key "
+                                "(the upstream broker's public key)")
 
     @property
     def upstream_curve(self) -> tuple[str, str, str] | None:
@@ -199,21 +218,31 @@ class BrokerConfig:
         return min(4 << 20, self.max_queue_bytes // 4)
 
 
-def check_endpoint(endpoint: str, allow_remote: bool) -> None:
-    """Reject a malformed endpoint, or a non-loopback TCP one unless allowed."""
+def check_endpoint(endpoint: str, allow_remote: bool, setting: str = "bind") -> None:
+    """Reject a malformed endpoint to listen on, or a non-loopback TCP one
+    unless allowed: :class:`~fastbus.errors.InvalidEndpoint`, its message
+    starting with ``setting`` (the BrokerConfig field)."""
+    def invalid(why: str) -> InvalidEndpoint:
+        return InvalidEndpoint(f"{setting}: {why}", str(endpoint), setting=setting)
+    if not isinstance(endpoint, str):
+        raise invalid(f"an endpoint is a str (tcp://HOST:PORT, ipc://PATH or inproc://NAME), "
+                      f"not {type(endpoint).__name__}")
     scheme = endpoint.split("://", 1)[0] if "://" in endpoint else ""
     if scheme in ("ipc", "inproc"):
+        if not endpoint.split("://", 1)[1]:
+            raise invalid(f"invalid endpoint {endpoint!r}: {scheme}:// needs a "
+                          f"{'path' if scheme == 'ipc' else 'name'}")
         return
     if scheme != "tcp":
-        raise ValueError(f"unsupported endpoint {endpoint!r}: use tcp://, ipc:// or inproc://")
+        raise invalid(f"unsupported endpoint {endpoint!r}: use tcp://HOST:PORT, ipc://PATH or inproc://NAME")
     parts = urlsplit(endpoint)
     try:
         port = parts.port
-    except ValueError as exc:
-        raise ValueError(f"bad port in {endpoint!r}") from exc
+    except ValueError:
+        raise invalid(f"bad port in {endpoint!r}") from None
     host = parts.hostname
     if not host or port is None:
-        raise ValueError(f"endpoint {endpoint!r} needs a host and a port, e.g. tcp://127.0.0.1:6464")
+        raise invalid(f"endpoint {endpoint!r} needs a host and a port, e.g. tcp://127.0.0.1:6464")
     if allow_remote:
         return
     if host == "localhost":
@@ -223,8 +252,8 @@ def check_endpoint(endpoint: str, allow_remote: bool) -> None:
             return
     except ValueError:
         pass
-    raise ValueError(f"{endpoint!r} is not a loopback address; pass allow_remote=True "
-                     f"(--allow-remote) to listen beyond this machine")
+    raise invalid(f"{endpoint!r} is not a loopback address; pass allow_remote=True "
+                  f"(--allow-remote) to listen beyond this machine")
 
 
 def broker_network(entry: str):
@@ -234,7 +263,7 @@ def broker_network(entry: str):
     try:
         return ipaddress.ip_network(entry, strict=False)
     except ValueError:
-        raise ValueError(f"allow_brokers: {entry!r} is not an IP address, a network (10.1.0.0/16) "
+        raise InvalidConfig(f"allow_brokers: {entry!r} is not an IP address, a network (10.1.0.0/16) "
                          f"or 'local'") from None
 
 

@@ -21,7 +21,7 @@ import zmq
 
 from fastbus import protocol as P
 from fastbus._core import SUBSCRIBE
-from fastbus.errors import BatchError
+from fastbus.errors import BatchError, InvalidEndpoint
 
 from .config import RECV_BUDGET
 from .links import UpstreamLink, count_in
@@ -54,7 +54,12 @@ class Upstream:
             s.curve_serverkey = server.encode()
             s.curve_publickey = public.encode()
             s.curve_secretkey = secret.encode()
-        s.connect(broker.config.upstream)
+        try:
+            s.connect(broker.config.upstream)
+        except zmq.ZMQError as exc:           # BrokerConfig.check lets few through (a bad host name?)
+            s.close(linger=0)
+            raise InvalidEndpoint(f"upstream: cannot connect to {broker.config.upstream!r}: {exc.strerror}",
+                                  broker.config.upstream, setting="upstream") from None
         self.sock = s
         self.link = UpstreamLink(broker.links.new_id(), s)
         self._refused = ""                        # the reason upstream last refused us, if it did

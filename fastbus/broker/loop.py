@@ -26,7 +26,7 @@ import zmq
 from fastbus import protocol as P
 from fastbus._core import Router, Trie
 from fastbus._types import Buffer
-from fastbus.errors import AddressInUse, ListenError
+from fastbus.errors import AddressInUse, BrokerTimeout, ListenError
 
 from ._libzmq import relay as _relay
 from .compat import Compat
@@ -121,7 +121,9 @@ class Broker:
                                         daemon=True)
         self._thread.start()
         if not self._ready.wait(timeout):
-            raise TimeoutError("broker did not start")
+            where = ", ".join(self.config.bind)
+            raise BrokerTimeout(f"broker {self.config.name!r} on {where} did not start within {timeout:g} s "
+                                f"(its loop thread is still setting up)", self.config.bind[0])
         if self._error is not None:
             raise self._error
         return self
@@ -152,7 +154,9 @@ class Broker:
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
-                raise TimeoutError("broker did not stop")
+                where = ", ".join(self.endpoints or self.config.bind)
+                raise BrokerTimeout(f"broker {self.config.name!r} on {where} did not stop within {timeout:g} s",
+                                    (self.endpoints or self.config.bind)[0])
         if self._error is not None and not isinstance(self._error, KeyboardInterrupt):
             raise self._error
 

@@ -32,15 +32,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import threading
 import time
 from typing import Any, TextIO
 
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
-ENV_URL = "FASTBUS_REDIS_URL"
+from fastbus.cliargs import DEFAULT_URL, load_curve_keys, redis_url
+from fastbus.errors import UsageError
+from fastbus.redis.server import ENV_URL
+
 DEFAULT_HTTP = "127.0.0.1:8223"
 
 
@@ -57,30 +58,29 @@ def broker_sources(endpoints: list[str], *, interval: float = 1.0, curve_server_
     """The RemoteBrokerSource of each ``--broker``, by the id it is served
     under (``"broker"``, ``"broker-2"``, ...), not started.  CURVE: the
     client certificate file and the brokers' public keys (one for all, or
-    one per endpoint, in order).  SystemExit (a message) for bad options."""
+    one per endpoint, in order).  UsageError (exit 2) for bad options."""
     from fastbus.monitor.remote import RemoteBrokerSource
     keys = list(curve_server_keys or ())
     curves: list = [None] * len(endpoints)
     if keys or curve_cert:
         if not (keys and curve_cert):
-            raise SystemExit("fastbus monitor: CURVE needs both --curve-server-key and --curve-cert")
+            raise UsageError("CURVE needs both --curve-server-key and --curve-cert")
         if len(keys) not in (1, len(endpoints)):
-            raise SystemExit(f"fastbus monitor: {len(keys)} --curve-server-key for {len(endpoints)} --broker: "
+            raise UsageError(f"{len(keys)} --curve-server-key for {len(endpoints)} --broker: "
                              f"give one for all, or one per --broker in the same order")
-        from fastbus.cli import _load_curve_keys
-        public, secret = _load_curve_keys(curve_cert)
+        public, secret = load_curve_keys(curve_cert)
         if not secret:
-            raise SystemExit(f"fastbus monitor: {curve_cert!r} has no secret key")
+            raise UsageError(f"{curve_cert!r} has no secret key")
         curves = [(keys[0] if len(keys) == 1 else keys[i], public, secret) for i in range(len(endpoints))]
     if len(set(endpoints)) != len(endpoints):
-        raise SystemExit("fastbus monitor: the same --broker is given twice")
+        raise UsageError("the same --broker is given twice")
     out = {}
     for i, (endpoint, curve) in enumerate(zip(endpoints, curves)):
         try:
             out["broker" if i == 0 else f"broker-{i + 1}"] = RemoteBrokerSource(endpoint, interval=interval,
                                                                                 curve=curve)
         except ValueError as e:
-            raise SystemExit(f"fastbus monitor: --broker {endpoint}: {e}") from None
+            raise UsageError(f"--broker {endpoint}: {e}") from None
     return out
 
 
@@ -162,7 +162,7 @@ def cmd_monitor(args: argparse.Namespace) -> int:
     from fastbus.monitor.http import parse_address
     from fastbus.monitor.queues import QueueSource
     out = getattr(args, "out", sys.stdout)
-    url = args.redis or os.environ.get(ENV_URL) or DEFAULT_URL
+    url = redis_url(args.redis, "--redis")
     address = None
     if args.http:
         try:

@@ -2,14 +2,8 @@
 multi-recipient inboxes.  Every multi-key step is one Lua script; every key
 of one queue, topic or inbox shares a hash tag (Redis Cluster)."""
 
-from fastbus.queue._common import (
-    ConsumerGone,
-    ConsumerTagInUse,
-    Message,
-    PartialBatchError,
-    PayloadTooLarge,
-    QueueError,
-)
+from fastbus.errors import ConsumerGone, ConsumerTagInUse, PartialBatchError, PastLastId, PayloadTooLarge, QueueError
+from fastbus.queue._common import Message
 from fastbus.queue.inbox import (
     AsyncInbox,
     Inbox,
@@ -51,6 +45,7 @@ __all__ = [
     "InboxMessage",
     "Message",
     "PartialBatchError",
+    "PastLastId",
     "PayloadTooLarge",
     "QueueError",
     "QueueName",

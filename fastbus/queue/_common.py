@@ -27,50 +27,17 @@ from redis.exceptions import NoScriptError
 
 from fastbus._core import QueueMessage, queue_decode
 from fastbus._twins import twin_of
-from fastbus.errors import FastbusError
+from fastbus.errors import ConsumerGone, ConsumerTagInUse, FastbusError, PartialBatchError, QueueError
 from fastbus.queue import _lua
 from fastbus.redis._connection import async_client, is_cluster, sync_client
-from fastbus.redis._errors import PayloadTooLarge, address_of, too_large
+from fastbus.redis._errors import (CONFIG_GET_LIMIT, DEFAULT_MAX_BULK_LEN, MIN_MAX_BULK_LEN, PayloadTooLarge, address_of,
+                                   parse_limit, too_large)
 
 DEFAULT_PREFIX = "fastbus"
 MAX_CALL_MESSAGES = 1000        # messages per script call (Lua's unpack limit is ~8000)
 MAX_CALL_BYTES = 8 << 20        # payload bytes per script call (one message may exceed it alone)
 _ID = struct.Struct(">Q")
 _NAME = re.compile(r"[^\s{}:]{1,200}\Z")
-
-
-class QueueError(FastbusError):
-    """A queue operation the server refused (the message says why)."""
-
-
-class ConsumerTagInUse(QueueError):
-    """Another live consumer holds this consumer tag (its heartbeat has not expired)."""
-
-
-class ConsumerGone(QueueError, LookupError):
-    """The logical consumer of a topic that this instance serves is not
-    registered (it was unregistered while the instance ran, or never was).
-    The instance stops: its heartbeat ends and every later call raises this."""
-
-
-class PartialBatchError(QueueError):
-    """A ``put_many`` or ``publish_many`` of several script calls was written
-    in part.  Each call is atomic; some were written, the others not (the
-    server refused them, say out of memory, or the connection broke).
-
-    ``written``: the positions, in the list given, of the payloads that were
-    written; ``ids``: their ids, in the same order; ``unknown``: positions
-    whose fate could not be found out (the server could not be asked after
-    the failure; usually empty); ``total``: how many were given.  Every other
-    payload was not written and never will be: retry exactly those.  The
-    failure itself is ``__cause__``."""
-
-    def __init__(self, message: str, written: list[int], ids: list[int], unknown: list[int], total: int) -> None:
-        super().__init__(message)
-        self.written = written
-        self.ids = ids
-        self.unknown = unknown
-        self.total = total
 
 
 def check_name(what: str, value: Any) -> str:
@@ -183,28 +150,6 @@ def chunks(payloads: list[bytes]) -> Iterable[list[bytes]]:
 # -- payload sizes: the server refuses a bulk string over proto-max-bulk-len
 #    (and breaks the connection), so a payload over it is refused here first
 
-MIN_BULK_LIMIT = 1 << 20          # proto-max-bulk-len cannot be set lower than 1 MB
-DEFAULT_BULK_LIMIT = 512 << 20    # Redis's and Valkey's default
-
-
-def _config_value(reply: Any, name: bytes) -> int | None:
-    """proto-max-bulk-len from a CONFIG GET reply: a flat list, a dict, or
-    (a cluster client) a dict of node -> either."""
-    if isinstance(reply, dict):
-        for k, v in reply.items():
-            if isinstance(k, (bytes, str)) and (k.encode() if isinstance(k, str) else k) == name:
-                return int(v)
-        found = [_config_value(v, name) for v in reply.values() if isinstance(v, (list, dict))]
-        found = [f for f in found if f is not None]
-        return min(found) if found else None
-    if isinstance(reply, list):
-        for i in range(0, len(reply) - 1, 2):
-            k = reply[i]
-            if (k.encode() if isinstance(k, str) else k) == name:
-                return int(reply[i + 1])
-    return None
-
-
 class SizeCheck:
     """Refuses a batch with a payload the server would refuse, before
     sending any of it.  Payloads up to 1 MiB always fit; the first larger one
@@ -218,12 +163,11 @@ class SizeCheck:
 
     def check(self, what: str, payloads: list[bytes]) -> Op:
         big = max(map(len, payloads), default=0)
-        if big <= MIN_BULK_LIMIT:
+        if big <= MIN_MAX_BULK_LEN:
             return
         if self.limit is None:
-            reply = yield Cmd(("CONFIG", "GET", "proto-max-bulk-len"), soft=True)
-            value = None if isinstance(reply, Exception) else _config_value(reply, b"proto-max-bulk-len")
-            self.limit = value or DEFAULT_BULK_LIMIT
+            reply = yield Cmd(CONFIG_GET_LIMIT, soft=True)
+            self.limit = DEFAULT_MAX_BULK_LEN if isinstance(reply, Exception) else parse_limit(reply)
         if big > self.limit:
             i = next(i for i, p in enumerate(payloads) if len(p) == big)
             which = f", payload {i + 1} of {len(payloads)}" if len(payloads) > 1 else ""
@@ -387,7 +331,7 @@ def _translate(error: BaseException, client: Any = None, request: Any = None, li
     part uses, naming the operation, the queue and the server.  ``limit``:
     the server's ``proto-max-bulk-len``, when the caller read it because a
     large value was refused."""
-    from fastbus.redis import _errors as E
+    from fastbus.redis._errors import clean_reply, is_connection_failure, largest, translate
     text = str(error)
     if isinstance(error, redis.ResponseError) and text.startswith("FBQ "):
         text = text[4:].split(" script:")[0]
@@ -419,20 +363,20 @@ def _translate(error: BaseException, client: Any = None, request: Any = None, li
                 operation += f" and {len(calls) - 1} more call{'s' if len(calls) > 2 else ''}"
         for c in calls:
             values.extend(c.args if isinstance(c, (Call, Cmd)) else ())
-    address = E.address_of(client)
+    address = address_of(client)
     if isinstance(error, redis.ResponseError) and text.startswith("WRONGTYPE"):
         return QueueError(f"a key of this queue holds a value of another type (not made by fastbus?)"
-                          f"{f' ({operation})' if operation else ''} at {address}: {E.clean_reply(text)}")
+                          f"{f' ({operation})' if operation else ''} at {address}: {clean_reply(text)}")
     # A value over the server's proto-max-bulk-len: Redis answers "invalid
     # bulk length" and closes the connection, or the connection just breaks
     # (a broken pipe) while the value is being written.  Without ``limit``
     # a large value is the suspect (a PayloadTooLarge without a limit: the
     # caller reads the server's limit and calls again with it).
-    if E.is_connection_failure(error) or "bulk length" in text.lower():
-        size = E.largest(values)
-        if size > E.MIN_MAX_BULK_LEN and (limit is None or size > limit):
-            return E.too_large(size, limit, address, operation, original=error)
-    return E.translate(error, address, operation)
+    if is_connection_failure(error) or "bulk length" in text.lower():
+        size = largest(values)
+        if size > MIN_MAX_BULK_LEN and (limit is None or size > limit):
+            return too_large(size, limit, address, operation, original=error)
+    return translate(error, address, operation)
 
 
 def _with_address(error: BaseException, client: Any) -> BaseException:

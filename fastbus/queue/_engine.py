@@ -51,6 +51,8 @@ from fastbus.queue._common import (
     positive_int,
     positive_seconds,
 )
+from fastbus.errors import PastLastId
+from fastbus.redis._errors import MIN_MAX_BULK_LEN
 from fastbus.queue._lua import INBOX_HEADER
 from fastbus.queue.registry import Listing
 
@@ -177,7 +179,7 @@ class QueueSpace:
 
     def put(self, payload: Any) -> Op:
         payload = as_bytes(payload)
-        if len(payload) > (1 << 20):
+        if len(payload) > MIN_MAX_BULK_LEN:
             yield from self.sizes.check(f"put on queue {self.name!r}", [payload])
         if not self.names.listed:
             yield from self.names.listing()
@@ -452,7 +454,7 @@ class TopicOps:
 
     def publish(self, payload) -> Op:
         payload = as_bytes(payload)
-        if len(payload) > (1 << 20):
+        if len(payload) > MIN_MAX_BULK_LEN:
             yield from self.sizes.check(f"publish on topic {self.name!r}", [payload])
         if not self.names.listed:
             yield from self.names.listing()
@@ -520,7 +522,7 @@ class TopicOps:
         while True:
             removed, more = yield Call("ACK_UPTO", self.seq, (self.ns, consumer, int(last), step))
             if removed == -2:
-                raise ValueError(f"topic {self.name!r}: ack_upto({consumer!r}, {last}) is past the last id "
+                raise PastLastId(f"topic {self.name!r}: ack_upto({consumer!r}, {last}) is past the last id "
                                  f"published ({more}); nothing was removed")
             if removed < 0:
                 raise QueueError(f"topic {self.name} has no consumer named {consumer!r}")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import sys
 import time
 from datetime import UTC, datetime
@@ -28,11 +27,12 @@ from typing import TextIO
 
 import redis
 
-from fastbus.queue._common import DEFAULT_PREFIX, QueueError, check_name
+from fastbus.cliargs import DEFAULT_URL, positive, redis_url
+from fastbus.errors import QueueError
+from fastbus.queue._common import DEFAULT_PREFIX, check_name
+from fastbus.redis.server import ENV_URL
 from fastbus.queue.workqueue import QueueStats, WorkQueue
 
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
-ENV_URL = "FASTBUS_REDIS_URL"
 
 
 def _name(text: str) -> str:
@@ -40,13 +40,6 @@ def _name(text: str) -> str:
         return check_name("queue name", text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
-    return value
 
 
 def _show(payload: bytes, limit: int) -> str:
@@ -180,7 +173,7 @@ def cmd_queue(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     """fastbus queue list: the registered names (fastbus.queue.registry)."""
     from fastbus.queue.registry import list_queues, prune_queues
-    url = args.url or os.environ.get(ENV_URL) or DEFAULT_URL
+    url = redis_url(args.url, "--url")
     out = args.out
     try:
         pruned = prune_queues(url, prefix=args.prefix) if args.prune else []
@@ -190,7 +183,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 2
     except redis.ConnectionError as e:
         print(f"fastbus queue list: cannot reach the server at {url}: {e}", file=sys.stderr)
-        return 2
+        return 1
     except (QueueError, redis.RedisError) as e:
         print(f"fastbus queue list: {e}", file=sys.stderr)
         return 1
@@ -213,7 +206,7 @@ def add_parser(sub) -> None:
     common.add_argument("name", type=_name, help="the queue's name")
     common.add_argument("--url", help=f"the Redis server (default ${ENV_URL}, else {DEFAULT_URL})")
     common.add_argument("--prefix", default=DEFAULT_PREFIX, help="the queue's key prefix (default %(default)s)")
-    common.add_argument("--max-deliveries", type=_count, default=10,
+    common.add_argument("--max-deliveries", type=positive, default=10,
                         help="for clean: deliveries after which a message goes to failed (default %(default)s)")
 
     q = sub.add_parser("queue", help="work queues on Redis: put, peek, stats, return-failed, purge, clean, list",
@@ -222,19 +215,19 @@ def add_parser(sub) -> None:
 
     p = qs.add_parser("put", parents=[common], help="put messages (arguments, or one per line from stdin)")
     p.add_argument("payloads", nargs="*", help="the messages (none, or -: read lines from stdin)")
-    p.add_argument("--batch", type=_count, default=1000, help="messages per round trip (default %(default)s)")
+    p.add_argument("--batch", type=positive, default=1000, help="messages per round trip (default %(default)s)")
     p.set_defaults(queue_func=_put)
 
     p = qs.add_parser("peek", parents=[common], help="show the first messages, leaving them in place")
-    p.add_argument("-n", type=_count, default=10, help="how many (default %(default)s)")
+    p.add_argument("-n", type=positive, default=10, help="how many (default %(default)s)")
     p.add_argument("--failed", action="store_true", help="the failed (dead-letter) list instead of ready")
-    p.add_argument("--width", type=_count, default=80, help="payload bytes shown (default %(default)s)")
+    p.add_argument("--width", type=positive, default=80, help="payload bytes shown (default %(default)s)")
     p.add_argument("--json", action="store_true",
                    help='JSON output: "payload" is the text, or base64 where "encoding" says so')
     p.set_defaults(queue_func=_peek)
 
     p = qs.add_parser("stats", parents=[common], help="counts, consumers and per-second rates")
-    p.add_argument("--window", type=_count, default=5, help="seconds the rates average over (default %(default)s)")
+    p.add_argument("--window", type=positive, default=5, help="seconds the rates average over (default %(default)s)")
     p.add_argument("--watch", type=float, metavar="SECONDS", help="print again every SECONDS")
     p.add_argument("--for", dest="for_seconds", type=float, metavar="SECONDS",
                    help="with --watch: stop after SECONDS")
@@ -242,7 +235,7 @@ def add_parser(sub) -> None:
     p.set_defaults(queue_func=_stats)
 
     p = qs.add_parser("return-failed", parents=[common], help="failed messages back to ready")
-    p.add_argument("--count", type=_count, help="the oldest COUNT only (default: all)")
+    p.add_argument("--count", type=positive, help="the oldest COUNT only (default: all)")
     p.set_defaults(queue_func=_return_failed)
 
     p = qs.add_parser("purge", parents=[common], help="delete the ready (or failed) messages")
@@ -425,7 +418,7 @@ def _run_handle(make, args: argparse.Namespace, what: str) -> int:
     """Open the queue, topic or inbox ``make(url)`` gives, run the action
     (``args.handle_func``) on it, close it: exit 2 for bad arguments, 1 for
     a server that cannot be reached or refuses."""
-    url = args.url or os.environ.get(ENV_URL) or DEFAULT_URL
+    url = redis_url(args.url, "--url")
     args.resolved_url = url
     try:
         handle = make(url)
@@ -464,8 +457,8 @@ def add_topic_inbox_parsers(sub) -> None:
         return c
 
     def output(p: argparse.ArgumentParser) -> None:
-        p.add_argument("-n", type=_count, default=10, help="how many (default %(default)s)")
-        p.add_argument("--width", type=_count, default=80, help="payload bytes shown (default %(default)s)")
+        p.add_argument("-n", type=positive, default=10, help="how many (default %(default)s)")
+        p.add_argument("--width", type=positive, default=80, help="payload bytes shown (default %(default)s)")
         p.add_argument("--json", action="store_true",
                        help='JSON output: "payload" is the text, or base64 where "encoding" says so')
 
@@ -477,7 +470,7 @@ def add_topic_inbox_parsers(sub) -> None:
     p.add_argument("payloads", nargs="*", help="the messages (none, or -: read lines from stdin)")
     p.set_defaults(handle_func=_topic_publish)
     p = ts.add_parser("read", parents=[c], help="show retained messages by id, without consuming them")
-    p.add_argument("--from", dest="start", type=_count, help="the first id (default: the oldest retained)")
+    p.add_argument("--from", dest="start", type=positive, help="the first id (default: the oldest retained)")
     output(p)
     p.set_defaults(handle_func=_topic_read)
     p = ts.add_parser("stats", parents=[c], help="newest id, published, and each logical consumer's counts")

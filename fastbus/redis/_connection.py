@@ -19,7 +19,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from fastbus.redis._errors import DEFAULT_MAX_BULK_LEN, address_of, parse_limit
+from fastbus.redis._errors import CONFIG_GET_LIMIT, DEFAULT_MAX_BULK_LEN, address_of, parse_limit
 
 __all__ = ["Connection", "async_client", "is_asyncio", "is_cluster", "pool_from", "sync_client"]
 
@@ -149,7 +149,7 @@ class Connection:
         if self.max_bulk_len is None:
             conn = self.redis_conn
             try:
-                conn.send_command("CONFIG", "GET", "proto-max-bulk-len")
+                conn.send_command(*CONFIG_GET_LIMIT)
                 limit = parse_limit(conn.read_response())
             except redis.ResponseError:
                 limit = DEFAULT_MAX_BULK_LEN

@@ -46,7 +46,9 @@ from redis import exceptions as rx
 from fastbus.errors import FastbusError
 
 __all__ = [
+    "CONFIG_GET_LIMIT",
     "DEFAULT_MAX_BULK_LEN",
+    "MIN_MAX_BULK_LEN",
     "NotARedisServer",
     "PayloadTooLarge",
     "RedisServerError",
@@ -55,7 +57,6 @@ __all__ = [
     "ServerTimeout",
     "ServerUnavailable",
     "address_of",
-    "check_size",
     "max_bulk_len",
     "translate",
 ]
@@ -303,60 +304,79 @@ def not_redis(detail: str, address: str | None, operation: str | None = None,
 
 _limits: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
+#: The command that reads the limit (a client's ``config_get(CONFIG_GET_LIMIT[2])``):
+#: every reader sends it and parses the reply with :func:`parse_limit`.
+CONFIG_GET_LIMIT = ("CONFIG", "GET", "proto-max-bulk-len")
+
 
 def parse_limit(reply: Any) -> int:
-    """``proto-max-bulk-len`` from a CONFIG GET reply (a dict or a flat list)."""
+    """``proto-max-bulk-len`` from a CONFIG GET reply: a flat list, a dict, or
+    (a cluster client) a dict of node -> either, where the smallest of the
+    nodes' counts; :data:`DEFAULT_MAX_BULK_LEN` if the reply has none."""
+    found = _config_limit(reply)
+    return DEFAULT_MAX_BULK_LEN if found is None else found
+
+
+def _config_limit(reply: Any) -> int | None:
     if isinstance(reply, dict):
         items = list(reply.items())
-    else:
+    elif isinstance(reply, (list, tuple)):
         items = list(zip(reply[::2], reply[1::2]))
+    else:
+        return None
+    nodes = []
     for k, v in items:
-        k = k.decode() if isinstance(k, bytes) else str(k)
-        if k.lower() == "proto-max-bulk-len":
-            return int(v)
-    return DEFAULT_MAX_BULK_LEN
+        if isinstance(k, (bytes, str)):
+            name = k.decode() if isinstance(k, bytes) else k
+            if name.lower() == CONFIG_GET_LIMIT[2]:
+                return int(v)
+        if isinstance(v, (dict, list)):          # a cluster client's reply: one per node
+            n = _config_limit(v)
+            if n is not None:
+                nodes.append(n)
+    return min(nodes) if nodes else None
+
+
+def _cached(client: Any) -> int | None:
+    pool = getattr(client, "connection_pool", None)
+    try:
+        return _limits[pool] if pool is not None else None
+    except (KeyError, TypeError):
+        return None
+
+
+def _cache(client: Any, limit: int) -> int:
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        try:
+            _limits[pool] = limit
+        except TypeError:
+            pass
+    return limit
 
 
 def max_bulk_len(client: Any) -> int:
     """The server's ``proto-max-bulk-len`` (a sync redis-py client; read once
-    per connection pool), or 512 MB if it cannot be read (CONFIG renamed or
+    per connection pool), or 512 MiB if it cannot be read (CONFIG renamed or
     not allowed)."""
-    pool = getattr(client, "connection_pool", None)
-    if pool is not None:
-        try:
-            return _limits[pool]
-        except (KeyError, TypeError):
-            pass
+    cached = _cached(client)
+    if cached is not None:
+        return cached
     try:
-        limit = parse_limit(client.config_get("proto-max-bulk-len"))
+        return _cache(client, parse_limit(client.config_get(CONFIG_GET_LIMIT[2])))
     except (rx.RedisError, OSError, ValueError):
         return DEFAULT_MAX_BULK_LEN
-    if pool is not None:
-        try:
-            _limits[pool] = limit
-        except TypeError:
-            pass
-    return limit
 
 
 async def max_bulk_len_async(client: Any) -> int:
     """:func:`max_bulk_len` for a ``redis.asyncio`` client."""
-    pool = getattr(client, "connection_pool", None)
-    if pool is not None:
-        try:
-            return _limits[pool]
-        except (KeyError, TypeError):
-            pass
+    cached = _cached(client)
+    if cached is not None:
+        return cached
     try:
-        limit = parse_limit(await client.config_get("proto-max-bulk-len"))
+        return _cache(client, parse_limit(await client.config_get(CONFIG_GET_LIMIT[2])))
     except (rx.RedisError, OSError, ValueError):
         return DEFAULT_MAX_BULK_LEN
-    if pool is not None:
-        try:
-            _limits[pool] = limit
-        except TypeError:
-            pass
-    return limit
 
 
 def largest(values: Any) -> int:
@@ -394,13 +414,6 @@ def too_large(size: int, limit: int | None, address: str | None, operation: str 
         size=size, limit=limit, address=address, operation=operation, original=original)
 
 
-def check_size(values: Any, limit: int, address: str | None, operation: str | None = None) -> None:
-    """Raise :class:`PayloadTooLarge` if a value is longer than ``limit``."""
-    size = largest(values)
-    if size > limit:
-        raise too_large(size, limit, address, operation)
-
-
 def _mb(n: int) -> str:
     return f"{n / (1 << 20):.0f} MiB" if n >= 10 << 20 else f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 \
         else f"{n} bytes"
@@ -411,4 +424,5 @@ def is_connection_failure(exc: BaseException) -> bool:
     return isinstance(exc, (rx.ConnectionError, OSError)) and not isinstance(exc, (rx.TimeoutError, TimeoutError))
 
 
-__all__ += ["is_connection_failure", "largest", "max_bulk_len_async", "not_redis", "too_large"]
+__all__ += ["is_connection_failure", "largest", "max_bulk_len_async", "not_redis", "parse_limit",
+            "too_large"]

@@ -51,7 +51,7 @@ from redis.retry import Retry
 from fastbus._core import Outbox, Publisher, RespPump, key_slot, resp_scan
 from fastbus._types import ChannelT, EncodableT
 from fastbus._twins import twin_of
-from fastbus.errors import FastbusError, FlushTimeout, PublishTimeout
+from fastbus.errors import FastbusError, FlushTimeout, PublishError, PublishTimeout
 from fastbus.redis._connection import Connection, is_asyncio, is_cluster
 from fastbus.redis._errors import DEFAULT_MAX_BULK_LEN, not_redis, too_large, translate
 
@@ -64,26 +64,6 @@ WINDOW_BYTES = 4 << 20       # written and not yet answered, at most (with a bac
 COALESCE_BYTES = 2 << 20   # with a backlog, batches are joined into writes of about this size
 CLOSE_GRACE = 2.0          # close(timeout): at most this (and a tenth of the timeout) is kept to stop and report
 _NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
-
-
-class PublishError(FastbusError):
-    """Messages that were not written.  ``failed`` holds them as
-    ``(channel_or_key, payload)`` pairs (bytes), ``count`` how many, and
-    ``reason`` the server's error or the network error that ended the
-    retries, in one line naming the server (``host:port``); ``error`` is that
-    error as a :mod:`fastbus.errors` exception (``ServerUnavailable``,
-    ``ServerOutOfMemory``, ``PayloadTooLarge``...) when there is one."""
-
-    def __init__(self, message: str, failed: list[tuple[bytes, bytes]], reason: str,
-                 error: BaseException | None = None) -> None:
-        super().__init__(message)
-        self.failed = failed
-        self.count = len(failed)
-        self.reason = reason
-        self.error = error
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.failed, self.reason))
 
 
 def _merged(first: PublishError | None, second: PublishError | None) -> PublishError | None:

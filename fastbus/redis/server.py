@@ -104,7 +104,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from fastbus.errors import FastbusError
+from fastbus.errors import EmbeddedServerError, InvalidURL, ServerNotFoundError
 
 if TYPE_CHECKING:
     import redis
@@ -137,14 +137,6 @@ _INSTALL_HINT = (
     "macOS, x86_64 and arm64), or `apt-get install redis-server` / `brew install valkey`; "
     f"or point fastbus at one with binary=... or {ENV_BINARY}=/path/to/server"
 )
-
-
-class EmbeddedServerError(FastbusError, RuntimeError):
-    """The embedded server could not be started or used."""
-
-
-class ServerNotFoundError(EmbeddedServerError):
-    """No Redis-compatible server binary was found (the message says what to install)."""
 
 
 # --------------------------------------------------------------------------- binary
@@ -776,7 +768,7 @@ def resolve_url(url: str | None) -> str:
     if not isinstance(url, str):
         raise TypeError(f"url must be a str or None, not {type(url).__name__}")
     if not url:
-        raise ValueError(f"url is empty: pass None for ${ENV_URL} or the embedded server")
+        raise InvalidURL(f"url is empty: pass None for ${ENV_URL} or the embedded server", url)
     return url
 
 
@@ -785,11 +777,13 @@ _SCHEMES = ("redis://", "rediss://", "unix://")
 
 def check_url(url: str, origin: str = "url") -> str:
     """``url`` if it is a Redis URL (``redis://``, ``rediss://``, ``unix://``),
-    else ValueError naming where it came from (``origin``)."""
+    else :class:`~fastbus.errors.InvalidURL` (a ValueError) naming where it
+    came from (``origin``: ``"url"``, an option such as ``"--url"``, or
+    ``ENV_URL``)."""
     if not isinstance(url, str):
         raise TypeError(f"{origin} must be a str, not {type(url).__name__}")
     if not url.startswith(_SCHEMES):
         where = f"${origin}" if origin == ENV_URL else origin
-        raise ValueError(f"{where} is not a Redis URL: {url!r} (redis://host:port/db, rediss:// or "
-                         f"unix:///path)")
+        raise InvalidURL(f"{where} is not a Redis URL: {url!r} (redis://host:port/db, rediss:// or "
+                         f"unix:///path)", url)
     return url

@@ -120,14 +120,9 @@ def register(spark: Any, url: str | None = None) -> str:
     server is started in this process (it stops when the process exits):
     right for ``local[*]`` sessions, whose workers share this machine's
     loopback; on a cluster, pass a URL the executors can reach."""
-    import os
-
-    from fastbus.spark._options import URL_ENV
-    if url is None:
-        url = os.environ.get(URL_ENV)
-    if url is None:
-        from fastbus.redis.server import resolve_url
-        url = resolve_url(None)
+    from fastbus.redis.server import check_url, resolve_url
+    # $FASTBUS_REDIS_URL (checked), else the embedded server
+    url = resolve_url(None) if url is None else check_url(url)
     # A subclass made here is pickled by value (it is not reachable by name),
     # so the workers that run the source get the default URL with it.
     cls = type("FastbusDataSource", (FastbusDataSource,),

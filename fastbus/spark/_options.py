@@ -7,9 +7,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fastbus.errors import OptionError
 from fastbus.queue._common import DEFAULT_PREFIX, check_name
+from fastbus.redis.server import ENV_URL, check_url
 
-URL_ENV = "FASTBUS_REDIS_URL"
 
 KAFKA_SCHEMA = ("key binary, value binary, topic string, partition int, offset bigint, "
                 "timestamp timestamp, timestampType int")
@@ -22,10 +23,6 @@ _KNOWN = {
     # Spark's own, passed through to the source and sink
     "checkpointlocation", "path",
 }
-
-
-class OptionError(ValueError):
-    """A bad or missing ``format("fastbus")`` option."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +50,7 @@ class Options:
         if self.url is None:
             raise OptionError(
                 "no Redis server: set option url (redis://host:port/db), or the environment "
-                f"variable {URL_ENV} of the Spark processes, or register the source with "
+                f"variable {ENV_URL} of the Spark processes, or register the source with "
                 "fastbus.spark.register(spark, url) (with no url: fastbus's embedded server, "
                 "for local mode)")
         return self.url
@@ -136,7 +133,16 @@ def parse(options: Mapping[str, str], default_url: str | None = None) -> Options
     if ignore not in ("true", "false"):
         raise OptionError(f"option ignoreKey must be true or false, not {ignore!r}")
     prefix = opts.get("prefix") or DEFAULT_PREFIX
-    url = opts.get("url") or os.environ.get(URL_ENV) or default_url
+    url = opts.get("url") or None
+    try:
+        if url is not None:
+            url = check_url(url, "option url")
+        elif os.environ.get(ENV_URL, "").strip():
+            url = check_url(os.environ[ENV_URL].strip(), ENV_URL)
+        else:
+            url = default_url
+    except ValueError as e:
+        raise OptionError(str(e)) from None
     return Options(
         url=url,
         prefix=prefix,

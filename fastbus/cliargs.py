@@ -1,0 +1,82 @@
+"""What the ``fastbus`` commands share about their arguments: argparse types
+(:func:`positive`, :func:`seconds`, :func:`nonnegative`), the Redis URL a
+command uses (:func:`redis_url`) and the CURVE certificate files
+(:func:`load_curve_keys`).  A malformed value is a
+:class:`~fastbus.errors.UsageError` (exit 2) naming the option or variable."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from fastbus.errors import InvalidKey, UsageError
+
+__all__ = ["DEFAULT_URL", "load_curve_keys", "nonnegative", "positive", "redis_url", "seconds"]
+
+#: The Redis server of the queue, topic, inbox and monitor commands when
+#: neither their option nor $FASTBUS_REDIS_URL names one.
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+
+def positive(text: str) -> int:
+    """argparse type: an integer > 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """argparse type: a duration in seconds, over 0 and at most an hour."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text}") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, not {text}")
+    return value
+
+
+def nonnegative(text: str) -> float:
+    """argparse type: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, not {text}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {text}")
+    return value
+
+
+def redis_url(given: str | None, option: str) -> str:
+    """The Redis URL of a command: ``given`` (the value of its option named
+    ``option``, e.g. ``"--url"``), else ``$FASTBUS_REDIS_URL`` if set and not
+    empty, else :data:`DEFAULT_URL`.  UsageError naming the option or the
+    variable if it is not a Redis URL."""
+    from fastbus.redis.server import ENV_URL, check_url
+    try:
+        if given is not None:
+            return check_url(given, option)
+        env = os.environ.get(ENV_URL, "").strip()
+        if env:
+            return check_url(env, ENV_URL)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return DEFAULT_URL
+
+
+def load_curve_keys(path: str) -> tuple[str, str | None]:
+    """(public, secret) Z85 keys from a zmq certificate file (``fastbus
+    keygen``); UsageError for a key given where the file was expected, or a
+    file that holds no key."""
+    from fastbus.curve import is_key, load_certificate
+    if not os.path.exists(path) and is_key(path):
+        raise UsageError(f"{path!r} is a key, not a certificate file: give the file fastbus keygen wrote "
+                         "(NAME.key_secret for this side's own keys, NAME.key for a peer's public key)")
+    try:
+        return load_certificate(path)
+    except InvalidKey as exc:                # a file named on the command line: a usage error
+        raise UsageError(str(exc)) from None
