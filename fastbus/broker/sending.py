@@ -126,13 +126,18 @@ class Sender:
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                self.drops["unreachable"] += 1
-                self._remove(link, "unreachable")
-                return True
-            raise
+            self._gone(link, exc)
+            return True
         link.last_sent = _monotonic()
         return True
+
+    def _gone(self, link: Link, exc: zmq.ZMQError) -> None:
+        """A send failed for good: a peer that vanished (EHOSTUNREACH) is
+        counted and removed; anything else is raised."""
+        if exc.errno != zmq.EHOSTUNREACH:
+            raise exc
+        self.drops["unreachable"] += 1
+        self._remove(link, "unreachable")
 
     # -- batches -----------------------------------------------------------------
 
@@ -282,11 +287,8 @@ class Sender:
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                self.drops["unreachable"] += 1
-                self._remove(link, "unreachable")
-                return True
-            raise
+            self._gone(link, exc)
+            return True
         frames = self.want_reset(link)
         for f in frames[:-1]:
             sock.send(f, zmq.NOBLOCK | zmq.SNDMORE)
