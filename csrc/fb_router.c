@@ -30,6 +30,8 @@ struct fb_router {
     size_t *offsets;
     size_t capoffsets;
     fb_idvec ids;
+    uint32_t catchall;        /* fb_router_set_catchall's link, UINT32_MAX: none */
+    uint64_t catchall_from;
     fb_router_stats st;
 };
 
@@ -43,6 +45,7 @@ fb_router *fb_router_new(const fb_outbox_limits *lim)
         r->lim.max_age_ns = 0;
     }
     fb_idvec_init(&r->ids);
+    r->catchall = UINT32_MAX;
     return r;
 }
 
@@ -154,6 +157,20 @@ static int reserve(void **p, size_t *cap, size_t need, size_t item)
     return FB_OK;
 }
 
+/* Append one record to a link's outbox: 1 if appended, 0 if the link has
+ * no outbox, or an error. */
+static int append_to(fb_router *r, uint32_t id, const fb_record *rec, uint64_t now_ns)
+{
+    linkbox *lb = &r->links[id];
+    int rc;
+    if (!lb->active) return 0;
+    if (fb_outbox_count(&lb->ob) == 0 && (rc = list_link(r, id)) < 0) return rc;
+    rc = fb_outbox_append(&lb->ob, rec->topic, rec->topic_len, rec->payload, rec->payload_len, now_ns);
+    if (rc < 0) return rc;
+    if (rc == 1 && !lb->listed_full) list_full(r, id);
+    return 1;
+}
+
 int fb_router_route(fb_router *r, fb_trie *t, const void *batch, size_t len,
                     const fb_decode_limits *lim, uint64_t source, uint64_t now_ns)
 {
@@ -204,19 +221,25 @@ int fb_router_route(fb_router *r, fb_trie *t, const void *batch, size_t len,
     rc = fb_trie_match_batch(t, r->spans, n, r->offsets, &r->ids);
     if (rc < 0) return rc;
     uint64_t delivered = 0;
+    /* The catch-all link, if its time has come and the batch is not its own. */
+    uint32_t all = r->catchall;
+    if (all == UINT32_MAX || now_ns < r->catchall_from || all == source || all >= r->caplinks ||
+        !r->links[all].active)
+        all = UINT32_MAX;
     for (size_t i = 0; i < n; i++) {
         const fb_record *rec = &r->recs[i];
         size_t before = delivered;
+        int to_all = all != UINT32_MAX;
         for (size_t j = r->offsets[i]; j < r->offsets[i + 1]; j++) {
             uint64_t id = r->ids.ids[j];
             if (id == source || id >= r->caplinks) continue;
-            linkbox *lb = &r->links[id];
-            if (!lb->active) continue;
-            if (fb_outbox_count(&lb->ob) == 0 && (rc = list_link(r, (uint32_t)id)) < 0) return rc;
-            rc = fb_outbox_append(&lb->ob, rec->topic, rec->topic_len, rec->payload, rec->payload_len, now_ns);
-            if (rc < 0) return rc;
-            if (rc == 1 && !lb->listed_full) list_full(r, (uint32_t)id);
-            delivered++;
+            if (id == all) to_all = 0;          /* it matched anyway: once */
+            if ((rc = append_to(r, (uint32_t)id, rec, now_ns)) < 0) return rc;
+            delivered += (uint64_t)rc;
+        }
+        if (to_all) {
+            if ((rc = append_to(r, all, rec, now_ns)) < 0) return rc;
+            delivered += (uint64_t)rc;
         }
         if (delivered == before) r->st.unrouted++;
     }
@@ -323,6 +346,12 @@ int fb_router_held(const fb_router *r, uint32_t link)
 fb_outbox *fb_router_outbox(fb_router *r, uint32_t link)
 {
     return link < r->caplinks && r->links[link].active ? &r->links[link].ob : NULL;
+}
+
+void fb_router_set_catchall(fb_router *r, uint32_t link, uint64_t from_ns)
+{
+    r->catchall = link;
+    r->catchall_from = from_ns;
 }
 
 void fb_router_get_stats(const fb_router *r, fb_router_stats *s) { *s = r->st; }

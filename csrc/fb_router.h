@@ -127,6 +127,21 @@ void fb_router_hold(fb_router *r, uint32_t link, int held);
  * that queues for it (fastbus's C data plane leaves it to Python). */
 int fb_router_held(const fb_router *r, uint32_t link);
 
+/* A link that receives every record from now_ns >= from_ns on, as if it
+ * were subscribed to everything (each record once, never back to its
+ * source), whatever the trie says; before from_ns only what it subscribed
+ * to.  One such link per router; link UINT32_MAX clears it.
+ *
+ * Why: a broker's subscriptions on its upstream link are what the upstream
+ * broker wants, as far as this broker has heard.  The upstream confirms a
+ * subscription to its subscribers once this broker has acknowledged the
+ * change, or once this broker's lease on its view has run out (fastbus's
+ * protocol, docs/PROTOCOL.md "Confirmed means in effect everywhere").
+ * From the lease's end the broker must therefore forward everything up,
+ * until a renewed lease says its view is current again: from_ns is that
+ * end, checked per routed batch. */
+void fb_router_set_catchall(fb_router *r, uint32_t link, uint64_t from_ns);
+
 /* The outbox of a link (NULL if unknown), to take its batch or append to it
  * directly; call fb_router_touch() after appending so the router tracks it. */
 fb_outbox *fb_router_outbox(fb_router *r, uint32_t link);

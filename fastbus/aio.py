@@ -18,7 +18,8 @@ a twin from its loop's thread only.
 
 Each twin is a subclass of its sync class that changes only how it waits:
 it uses the sync class's public hooks (``session``, ``closed``,
-``read_nowait()``, ``ready_message()``, ``ready_batch()``, ``shutdown()``,
+``read_nowait()``, ``ready_message()``, ``ready_batch()``, ``subscribe_nowait()``,
+``psubscribe_nowait()``, ``shutdown()``,
 ``driven_by_loop``), and its methods carry the sync ones' docstrings
 (:func:`fastbus._twins.twin_of`).
 """
@@ -35,9 +36,9 @@ from fastbus import protocol as P
 from fastbus._messages import PubSubMessage
 from fastbus._twins import twin_of
 from fastbus._types import ChannelT, EncodableT
-from fastbus.client._client import AbsenceProbe
 from fastbus.client._client import Client as _SyncClient
-from fastbus.client._pubsub import Handler
+from fastbus.client._endpoint import AbsenceProbe
+from fastbus.client._pubsub import ConfirmWait, Handler
 from fastbus.client._pubsub import PubSub as _SyncPubSub
 from fastbus.client._session import Session
 from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, PublishTimeout
@@ -317,12 +318,46 @@ class PubSub(_SyncPubSub):
             self._driver = _LoopDriver(self.session, self._loop, self._changed)
 
     async def subscribe(self, *channels: Any, **handlers: Handler) -> None:
-        super().subscribe(*channels, **handlers)
-        self._drive()
+        await self.wait_confirmed(self.subscribe_nowait(*channels, **handlers))
 
     async def psubscribe(self, *patterns: Any, **handlers: Handler) -> None:
-        super().psubscribe(*patterns, **handlers)
+        await self.wait_confirmed(self.psubscribe_nowait(*patterns, **handlers))
+
+    def subscribe_nowait(self, *channels: Any, **handlers: Handler) -> int:
+        seq = super().subscribe_nowait(*channels, **handlers)
         self._drive()
+        return seq
+
+    def psubscribe_nowait(self, *patterns: Any, **handlers: Handler) -> int:
+        seq = super().psubscribe_nowait(*patterns, **handlers)
+        self._drive()
+        return seq
+
+    async def wait_confirmed(self, seq: int) -> None:
+        if not seq:
+            return
+        s = self.session
+        wait = ConfirmWait(self, seq)
+        s.awaiting += 1
+        try:
+            while True:
+                self._changed.clear()
+                if s.lock.acquire(False):
+                    try:
+                        if not wait.done():
+                            wait.check(locked=True, probe=False)
+                            s.read()
+                    finally:
+                        s.release()
+                if wait.done():
+                    return
+                wait.check(locked=False, probe=False)
+                if not s.instance and time.monotonic() >= wait.probe.next:
+                    # (the probe connects a socket: not in the event loop's thread)
+                    await asyncio.get_running_loop().run_in_executor(None, wait.probe.check, s, 0)
+                await _wait(self._changed, wait.wake_by())
+        finally:
+            s.awaiting -= 1
 
     async def ping(self, message: Any = None) -> None:
         super().ping(message)

@@ -143,7 +143,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
         max_messages=args.max_messages, max_bytes=args.max_bytes, max_delay=args.max_delay,
         max_queue_bytes=args.max_queue_bytes, slow_policy=args.slow_policy, max_topic=args.max_topic,
         flow_pause_bytes=None if args.flow_pause_bytes is None else int(args.flow_pause_bytes),
-        flow_max_pause=args.flow_max_pause,
+        flow_max_pause=args.flow_max_pause, filter_lease=args.filter_lease,
+        upstream_confirm_timeout=args.upstream_confirm_timeout,
         max_payload=args.max_payload, max_subscriptions=args.max_subscriptions,
         max_subscription_bytes=args.max_subscription_bytes,
         max_total_subscription_bytes=args.max_total_subscription_bytes, max_sub_ops=args.max_sub_ops,
@@ -456,6 +457,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "0: no flow control (default: 4 MiB or a quarter of --max-queue-bytes)")
     b.add_argument("--flow-max-pause", type=float, default=5.0,
                    help="seconds one subscriber may keep publishers paused (default: %(default)s)")
+    b.add_argument("--filter-lease", type=seconds, default=0.1, metavar="SECONDS",
+                   help="a subscription is confirmed once every publisher's filter has it; a publisher "
+                        "that does not acknowledge within this time (stopped, or starved) has stopped "
+                        "filtering by then, and is not waited for longer (default: %(default)s)")
+    b.add_argument("--upstream-confirm-timeout", type=seconds, default=1.0, metavar="SECONDS",
+                   help="with --upstream: how long a confirmation waits for the upstream broker's "
+                        "(default: %(default)s)")
     b.add_argument("--max-topic", type=positive, default=65535,
                    help="longest channel name accepted, in bytes (default: %(default)s)")
     b.add_argument("--max-payload", type=positive, default=16 << 20,

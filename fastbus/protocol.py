@@ -33,18 +33,28 @@ PUB = b"P"          # [P, message batch]
 PING = b"p"         # [p, token]
 STATS = b"Q"        # [Q]
 BYE = b"B"          # [B]
+ACK = b"A"          # [A, want seq u64]   WANT up to this seq applied (peers that said "ack" in HELLO)
 # broker -> client
 WELCOME = b"h"      # [h, json]
 CONFIRM = b"c"      # [c, seq u64]
 DATA = b"D"         # [D, acked seq u64, message batch]
-WANT = b"W"         # [W, flags u8, ops batch]   flags bit 0: reset (a full snapshot)
+WANT = b"W"         # [W, flags u8, ops batch(, seq u64)]   flags bit 0: reset (a full snapshot);
+                    # the seq to peers that acknowledge (ACK)
 GAP = b"G"          # [G, lost u64]
-PONG = b"q"         # [q, token, broker instance]
+PONG = b"q"         # [q, token, broker instance(, lease u64 µs)]   the lease to peers that acknowledge
 STATS_REPLY = b"R"  # [R, json]
 KICK = b"X"         # [X, json {"reason": ...}]
 FLOW = b"F"         # [F, b"\x00" pause | b"\x01" resume]   to publishers
 REFUSED = b"N"      # [N, seq u64, ops batch, json {"reason": ...}]   before the CONFIRM of that seq
 NOTICE = b"E"       # [E, json {"dropped": n, "reason": ...}]   to a sender whose records were dropped
+
+#: A peer that filters by the broker's WANT messages counts its view only
+#: for this share of a lease the broker granted (clocks may run at slightly
+#: different rates on two hosts), from when it sent what the grant answers.
+LEASE_USE = 0.9
+#: The token of a ping a downstream broker sends for its lease (then the
+#: send time, u64 ns of its monotonic clock).
+LEASE_TOKEN = b"lease:"
 
 FLOW_PAUSE = b"\x00"
 FLOW_RESUME = b"\x01"

@@ -127,17 +127,26 @@ class ShardedPubSub:
     def _expecting(self, kind: str, name, shards) -> None:
         self._expect.append([kind, name, len(self.channels) + len(self.patterns), set(shards), None])
 
+    def _wait_confirmed(self, seqs: dict[int, int]) -> None:
+        """Until every shard confirmed its request (shard -> seq): the
+        requests went out together, so this is one round trip."""
+        for shard, seq in seqs.items():
+            self._subs[shard].wait_confirmed(seq)
+
     def subscribe(self, *channels) -> None:
-        """Subscribe to exact channels, each on the broker that owns it."""
+        """Subscribe to exact channels, each on the broker that owns it;
+        returns once in effect on each (PubSub.subscribe)."""
         if not channels:
             raise ValueError("subscribe() needs at least one channel")
         self._subscribed = True
+        seqs: dict[int, int] = {}
         for ch in channels:
             name = self._name(ch)
             self.channels[name] = None
             shard = self._client.shard(ch)
             self._expecting("subscribe", name, (shard,))
-            self._subs[shard].subscribe(ch)
+            seqs[shard] = self._subs[shard].subscribe_nowait(ch)
+        self._wait_confirmed(seqs)
 
     def unsubscribe(self, *channels) -> None:
         """Unsubscribe from channels (all of them without arguments)."""
@@ -149,18 +158,21 @@ class ShardedPubSub:
             self._subs[shard].unsubscribe(ch)
 
     def psubscribe(self, *patterns) -> None:
-        """Subscribe to prefix patterns, on every broker."""
+        """Subscribe to prefix patterns, on every broker; returns once in
+        effect on every one."""
         if not patterns:
             raise ValueError("psubscribe() needs at least one pattern")
         for pat in patterns:
             pattern_prefix(pat)                   # validate before subscribing anywhere
         self._subscribed = True
+        seqs: dict[int, int] = {}
         for pat in patterns:
             name = self._name(pat)
             self.patterns[name] = None
             self._expecting("psubscribe", name, range(len(self._subs)))
-            for p in self._subs:
-                p.psubscribe(pat)
+            for shard, p in enumerate(self._subs):
+                seqs[shard] = p.psubscribe_nowait(pat)
+        self._wait_confirmed(seqs)
 
     def punsubscribe(self, *patterns) -> None:
         """Unsubscribe from patterns (all of them without arguments)."""

@@ -202,14 +202,16 @@ def test_a_refused_curve_client_is_told_so(curve_files):
             t0 = time.monotonic()
             c.close(timeout=2)
             assert time.monotonic() - t0 < 3
-            # a subscriber is told too, rather than hearing nothing
+            # a subscriber is told too, by subscribe(), rather than hearing nothing
             c = fastbus.Client(endpoint=b.endpoint, **fastbus.curve.client_keys(server, cert))
             p = c.pubsub()
-            p.subscribe("a")
             t0 = time.monotonic()
             with pytest.raises(KeyRefused, match=said):
-                p.get_message(timeout=20)
+                p.subscribe("a")
             assert time.monotonic() - t0 < 5
+            with pytest.raises(KeyRefused, match=said):   # and a reader that asks later
+                p.get_message(timeout=20)
+            assert time.monotonic() - t0 < 10
             c.close(timeout=1)
 
 

@@ -30,7 +30,7 @@ PAIRS = [
      {"pubsub", "stats", "is_wanted", "shutdown", "session", "closed", "driven_by_loop"}),
     (fastbus.PubSub, fastbus.aio.PubSub,
      {"subscribed", "has_ready", "ready_message", "ready_batch", "read_nowait", "session", "closed",
-      "shutdown"}),
+      "shutdown", "subscribe_nowait", "psubscribe_nowait"}),
     (WorkQueue, AsyncWorkQueue, {"consumer", "redis"}),
     (Consumer, AsyncConsumer, {"tag"}),
     (Topic, AsyncTopic, {"consumer", "redis"}),

@@ -265,6 +265,63 @@ static void test_rejected_batch_routes_nothing(void)
     fb_trie_free(t);
 }
 
+/* A catch-all link (a broker's upstream link whose lease ran out): from its
+ * time on it receives every record once, never its own, and before that
+ * only what it subscribed to. */
+static void test_catchall(void)
+{
+    fb_trie *t = fb_trie_new();
+    fb_outbox_limits lim = { 0, 0, 1000, 0 };
+    fb_router *r = fb_router_new(&lim);
+    for (uint32_t l = 1; l <= 2; l++) CHECK_EQ(fb_router_add_link(r, l), FB_OK);
+    fb_trie_add(t, "a", 1, FB_EXACT, 1);
+    fb_trie_add(t, "a", 1, FB_PREFIX, 2);       /* link 2 (the catch-all) wants "a*" too */
+    fb_router_set_catchall(r, 2, 1000);
+    const char *topics[] = { "a", "b", "ab" };
+    size_t len;
+    unsigned char *b = batch_of(topics, 3, &len);
+    fb_record recs[64];
+    unsigned char *keep;
+    /* Before its time: only its own subscriptions. */
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 9, 999), 3);
+    size_t n = take_records(r, 2, recs, &keep);
+    CHECK_EQ(n, 2);                               /* "a", "ab" */
+    fb_free(keep);
+    n = take_records(r, 1, recs, &keep);
+    CHECK_EQ(n, 1);
+    fb_free(keep);
+    /* From its time on: everything, each record once, in order. */
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 9, 1000), 3);
+    n = take_records(r, 2, recs, &keep);
+    CHECK_EQ(n, 3);
+    CHECK(n == 3 && recs[0].topic[0] == 'a' && recs[1].topic[0] == 'b' && recs[2].topic_len == 2);
+    fb_free(keep);
+    n = take_records(r, 1, recs, &keep);
+    CHECK_EQ(n, 1);
+    fb_free(keep);
+    fb_router_stats st;
+    fb_router_get_stats(r, &st);
+    CHECK_EQ(st.unrouted, 1);                     /* "b" before the catch-all's time */
+    /* Never its own records back. */
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 2, 2000), 3);
+    n = take_records(r, 2, recs, &keep);
+    CHECK_EQ(n, 0);
+    n = take_records(r, 1, recs, &keep);
+    CHECK_EQ(n, 1);
+    fb_free(keep);
+    /* Cleared: subscriptions only again. */
+    fb_router_set_catchall(r, UINT32_MAX, 0);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 9, 3000), 3);
+    n = take_records(r, 2, recs, &keep);
+    CHECK_EQ(n, 2);
+    fb_free(keep);
+    n = take_records(r, 1, recs, &keep);
+    fb_free(keep);
+    fb_free(b);
+    fb_router_free(r);
+    fb_trie_free(t);
+}
+
 int main(void)
 {
     RUN(test_route_and_split_horizon);
@@ -272,5 +329,6 @@ int main(void)
     RUN(test_linger);
     RUN(test_hold);
     RUN(test_rejected_batch_routes_nothing);
+    RUN(test_catchall);
     CTEST_END();
 }

@@ -102,6 +102,18 @@ class BrokerConfig:
     #: By default nobody: a client that claims to be a broker is refused.
     allow_brokers: list[str] = field(default_factory=list)
     curve_allowed_brokers: list[str] | None = None
+    #: Confirmed means in effect everywhere (docs/PROTOCOL.md): the broker
+    #: confirms a subscription once every publisher whose filter lacked it
+    #: (and every downstream broker) has acknowledged the change.  A
+    #: publisher filters with the broker's view only under a lease of
+    #: filter_lease seconds from its last answered ping, so one that does not
+    #: acknowledge (stopped, or starved) is waited for at most this long: by
+    #: then its lease has run out and it sends everything until it catches
+    #: up.  upstream_confirm_timeout: how long a confirmation waits for the
+    #: upstream broker's own (messages from above then flow once upstream
+    #: applies the subscription; a broker that long silent is logged).
+    filter_lease: float = 0.1
+    upstream_confirm_timeout: float = 1.0
     #: How often idle peers are probed (a dead one fails the probe), and the
     #: TCP keepalive idle time (seconds) that finds half-open connections.
     probe_interval: float = 1.0
@@ -171,6 +183,10 @@ class BrokerConfig:
             raise InvalidConfig("curve_allowed_brokers needs curve_secret_key and curve_public_key")
         if self.stats_interval < 0:
             raise InvalidConfig("stats_interval must be >= 0 (0: no periodic log)")
+        if not 0.001 <= self.filter_lease <= 60:
+            raise InvalidConfig("filter_lease must be between 0.001 and 60 seconds")
+        if not 0 < self.upstream_confirm_timeout <= 600:
+            raise InvalidConfig("upstream_confirm_timeout must be between 0 and 600 seconds")
         if not 0 < self.probe_interval <= 60 or not 0 < self.heartbeat_timeout <= 600:
             raise InvalidConfig("probe_interval and heartbeat_timeout must be positive (seconds)")
         if self.http is not None:

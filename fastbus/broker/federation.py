@@ -10,11 +10,21 @@ like any received batch, never back up (split horizon).  After a reconnect
 or an upstream restart (a PONG or KICK tells us) we start over: HELLO and
 our whole want set again.  FLOW from upstream is ignored: flow control is
 between a broker and its own clients.
+
+Confirmed means in effect everywhere (fastbus.broker.settle): we
+acknowledge upstream's WANT once our own publishers and downstream brokers
+have what it added, and our view of what upstream wants counts only under
+a lease, renewed by pings about three times a lease.  Once the lease runs
+out (this broker stalled, or upstream stopped answering) we forward
+everything up (``Router.set_catchall``) until a renewed lease says our view
+is current again; and we never grant our own peers a lease that outlives
+ours.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import zmq
@@ -33,6 +43,11 @@ log = logging.getLogger("fastbus.broker")
 #: Seconds without an answer from the upstream broker before the first
 #: warning (then at doubling intervals, at most every 5 minutes).
 UPSTREAM_SILENT_WARN = 5.0
+#: A connected upstream that answers none of our pings for this long is
+#: taken for gone: we start over (HELLO), as after a restart.
+UPSTREAM_SILENT_RESYNC = 5.0
+#: A lease ping unanswered this long is sent again.
+LEASE_PING_RETRY = 1.0
 
 
 class Upstream:
@@ -67,6 +82,12 @@ class Upstream:
         self._retry_at = 0.0                      # ...and when
         self._silent_since = time.monotonic()     # not connected since (None: connected)
         self._warn_after = UPSTREAM_SILENT_WARN   # seconds of silence before the next warning
+        self._last_heard = time.monotonic()       # our last PONG from upstream
+        self._hellos: list[int] = []              # when our unanswered HELLOs left (monotonic ns)
+        self.lease_until_ns = 0                   # our view of upstream's wants counts until then
+        self._lease_ping_at = 0.0                 # our lease ping in flight since (0: none)
+        #: When tick() should run next (the loop's poll wakes for it).
+        self.next_tick = math.inf
         broker.add_link(self.link)
         self.hello()
 
@@ -75,6 +96,11 @@ class Upstream:
         (unreachable, or not a fastbus broker), then less often, and when
         it answers again.  ``now``: time.monotonic()."""
         if self.connected:
+            if now - self._last_heard >= UPSTREAM_SILENT_RESYNC and self._may_retry():
+                log.warning("the upstream broker %s answered no ping for %.0f s: starting over",
+                            self.b.config.upstream, now - self._last_heard)
+                self.hello()
+                return
             if self._silent_since is None:
                 return
             if self._warn_after > UPSTREAM_SILENT_WARN:
@@ -93,22 +119,60 @@ class Upstream:
     def connected(self) -> bool:
         return bool(self.link.instance)
 
+    def lease_left(self) -> float:
+        """Seconds our lease on upstream's wants has left (inf while not
+        connected: there is no view to keep current, fastbus.broker.loop
+        Broker.lease_grant_us)."""
+        if not self.connected:
+            return math.inf
+        return max(0.0, (self.lease_until_ns - time.monotonic_ns()) / 1e9)
+
+    def _granted(self, sent_ns: int, lease_us: int) -> None:
+        """Upstream answered what we sent at ``sent_ns`` with a lease."""
+        until = sent_ns + int(lease_us * 1000 * P.LEASE_USE)
+        if until > self.lease_until_ns:
+            self.lease_until_ns = until
+            # Forward everything up from the lease's end, unless renewed.
+            self.b.router.set_catchall(self.link.link, until)
+        self.next_tick = min(self.next_tick, (sent_ns + lease_us * 1000 // 3) / 1e9)
+
+    def tick(self, now: float) -> None:
+        """Renew the lease (the loop calls it at ``next_tick``)."""
+        self.next_tick = math.inf
+        if not self.connected:
+            return
+        if self._lease_ping_at and now - self._lease_ping_at < LEASE_PING_RETRY:
+            self.next_tick = self._lease_ping_at + LEASE_PING_RETRY
+            return
+        sent = time.monotonic_ns()
+        self._lease_ping_at = now
+        self.b.sender.send(self.link, [P.PING, P.LEASE_TOKEN + P.pack_u64(sent)])
+        self.next_tick = now + LEASE_PING_RETRY
+
     def hello(self) -> None:
         """(Re)introduce ourselves upstream and resend all we want there."""
         b, link = self.b, self.link
         link.instance = b""
-        # Whatever upstream wanted from us belonged to the old session.
+        # Whatever upstream wanted from us belonged to the old session, and
+        # so do the acknowledgements we owed it; no lease until it answers.
         b.interest.set_wants(link, set(), True)
+        b.settler.forget(link)
         b.sender.discard_queue(link)
         b.router.remove_link(link.link)          # and what was batched for it
         b.router.add_link(link.link)
-        hello = {"v": P.VERSION, "role": "broker", "pub": True, "name": b.config.name}
+        b.router.set_catchall(None)
+        self.lease_until_ns = 0
+        self._lease_ping_at = 0.0
+        self._last_heard = time.monotonic()
+        hello = {"v": P.VERSION, "role": "broker", "pub": True, "name": b.config.name, "ack": True}
         send = b.sender.send
+        self._hellos.append(time.monotonic_ns())
+        del self._hellos[1:-1]                   # the oldest counts (see WELCOME); bounded
         send(link, [P.HELLO, P.dump_json(hello)])
         # What we want from upstream: what every other link wants, in SUB
         # frames of at most the operations upstream takes in one.
-        for ops in b.interest.link_snapshot_chunks(link, link.sub_ops):
-            send(link, link.want_frames(ops))
+        for frames in b.interest.upstream_snapshot(link):
+            send(link, frames)
         send(link, [P.PING, b"hello"])
 
     def _may_retry(self) -> bool:
@@ -131,8 +195,8 @@ class Upstream:
                     count_in(link, frames[2])
                     if full:
                         flush_full(full)
-                elif cmd == P.WANT and len(frames) == 3:
-                    self._on_want(frames[1], frames[2])
+                elif cmd == P.WANT and len(frames) in (3, 4):
+                    self._on_want(frames[1], frames[2], frames[3] if len(frames) == 4 else None)
                 elif cmd == P.WELCOME:
                     info = P.load_json(frames[1])
                     link.instance = str(info.get("instance", "")).encode()
@@ -141,10 +205,29 @@ class Upstream:
                         link.sub_ops = limits["max_sub_ops"]
                     self._refused = ""
                     self._retry_in = self._retry_at = 0.0
-                elif cmd == P.PONG and len(frames) == 3:
-                    if frames[2] != link.instance and self._may_retry():
-                        log.info("upstream restarted or reconnected: resending subscriptions")
-                        self.hello()
+                    self._last_heard = time.monotonic()
+                    # The answer to our oldest HELLO in flight, or to a
+                    # later one: its lease counts from the oldest (never
+                    # longer than granted).
+                    sent = self._hellos[0] if self._hellos else 0
+                    self._hellos.clear()
+                    lease = info.get("lease_us")
+                    if isinstance(lease, int) and not isinstance(lease, bool) and lease >= 0:
+                        if sent:
+                            self._granted(sent, lease)
+                        self.next_tick = 0.0          # and keep it renewed
+                    # (An upstream that grants no lease does not wait for
+                    # our acknowledgements either: our view counts as it is.)
+                elif cmd == P.PONG and len(frames) in (3, 4):
+                    self._last_heard = time.monotonic()
+                    if frames[2] != link.instance:
+                        if self._may_retry():
+                            log.info("upstream restarted or reconnected: resending subscriptions")
+                            self.hello()
+                    elif len(frames) == 4 and frames[1].startswith(P.LEASE_TOKEN) and \
+                            len(frames[1]) == len(P.LEASE_TOKEN) + 8:
+                        self._lease_ping_at = 0.0
+                        self._granted(P.unpack_u64(frames[1][len(P.LEASE_TOKEN):]), P.unpack_u64(frames[3]))
                 elif cmd == P.KICK:
                     info = P.load_json(frames[1])
                     if info.get("refused"):
@@ -168,7 +251,9 @@ class Upstream:
                 elif cmd == P.NOTICE:
                     log.warning("the upstream broker: %s",
                                 str(P.load_json(frames[1]).get("reason", ""))[:300])
-                elif cmd in (P.CONFIRM, P.GAP, P.STATS_REPLY, P.PING, P.FLOW):
+                elif cmd == P.CONFIRM and len(frames) == 2:
+                    b.settler.acked(link, P.unpack_u64(frames[1]))
+                elif cmd in (P.GAP, P.STATS_REPLY, P.PING, P.FLOW):
                     # FLOW: upstream's flow control is for its clients; a
                     # broker keeps forwarding (its own limits apply).
                     if cmd == P.GAP:
@@ -179,10 +264,15 @@ class Upstream:
                 b.drops["protocol"] += 1
                 log.warning("bad message from upstream: %s", exc)
 
-    def _on_want(self, flags: bytes, frame) -> None:
+    def _on_want(self, flags: bytes, frame, seq: bytes | None) -> None:
         ops = P.decode_ops(frame, max_key=self.b.config.max_topic)
         interest = self.b.interest
         if flags and flags[0] & P.WANT_RESET:
             interest.set_wants(self.link, {(k, p) for op, k, p in ops if op == SUBSCRIBE}, True)
         else:
             interest.apply(self.link, ops)
+        if seq is not None:
+            # Acknowledged once our publishers and downstream brokers have
+            # what it added (fastbus.broker.settle).
+            added = any(op == SUBSCRIBE for op, _k, _p in ops)
+            self.b.settler.reply_when_settled(self.link, [P.ACK, seq], added)

@@ -8,6 +8,11 @@ keys wanted here, so that they drop unwanted messages before the network.
 One per broker link, over all *other* links, gives what we want from that
 broker (split horizon: never what it wants itself); its diffs are WANT to a
 downstream broker and SUB to the upstream one (``Link.want_frames``).
+
+Every such message is built here (``want_diff``, ``want_reset``,
+``upstream_snapshot``), numbered by its link for a peer that acknowledges,
+and the link noted in ``LinkTable.unacked``: a confirmation waits for those
+(fastbus.broker.settle).
 """
 
 from __future__ import annotations
@@ -65,19 +70,34 @@ class Interest:
             if other.forwarder is not None:
                 self._emit_link(other, other.forwarder.remove_peer(link.link))
 
-    def publisher_snapshot(self):
-        """The whole set a publishing client should let through (WANT reset)."""
-        return P.encode_ops(self.all.snapshot())
+    # -- the messages that carry it ----------------------------------------
 
-    def link_snapshot(self, link: Link):
-        """The whole set we want from a broker link."""
-        return P.encode_ops(link.forwarder.snapshot())
+    def want_diff(self, link: Link, ops) -> list:
+        """The frames of a change (an ops batch) of what we want from a link
+        or let it filter: WANT to a session, SUB to the upstream broker."""
+        frames = link.want_frames(ops)
+        if link.acks:
+            self.links.unacked[link.link] = link
+        return frames
 
-    def link_snapshot_chunks(self, link: Link, size: int) -> list:
-        """The same as ops batches of at most ``size`` operations each (the
-        upstream broker takes at most its max_sub_ops in one SUB)."""
+    def want_reset(self, link: Link) -> list:
+        """A WANT reset for a session (built when it is sent: a queued
+        backlog of diffs collapses into one, fastbus.broker.sending): for a
+        downstream broker what we want from it, for a publishing client
+        what it should let through."""
+        snapshot = link.forwarder.snapshot() if link.is_broker else self.all.snapshot()
+        frames = link.want_reset_frames(P.encode_ops(snapshot))
+        if link.acks:
+            self.links.unacked[link.link] = link
+        return frames
+
+    def upstream_snapshot(self, link: Link) -> list:
+        """What we want from the upstream broker, whole, as SUB frames of at
+        most the operations it takes in one (its max_sub_ops)."""
         ops = link.forwarder.snapshot()
-        return [P.encode_ops(ops[i:i + size]) for i in range(0, len(ops), size)] or [P.encode_ops([])]
+        size = link.sub_ops
+        chunks = [P.encode_ops(ops[i:i + size]) for i in range(0, len(ops), size)] or [P.encode_ops([])]
+        return [self.want_diff(link, chunk) for chunk in chunks]
 
     # -- subscription changes ----------------------------------------------
 
@@ -162,14 +182,14 @@ class Interest:
         """Tell the publishing clients what is now (un)wanted."""
         if not diff:
             return
-        frames = [P.WANT, b"\x00", P.encode_ops(diff)]
+        ops = P.encode_ops(diff)
         for link in self.links.snapshot():       # a send may find another link dead
             if link.filters and self.links.is_current(link):
-                self._send(link, list(frames))
+                self._send(link, self.want_diff(link, ops))
 
     def _emit_link(self, link: Link, diff: list) -> None:
         """A broker link: what we want from it changed (to the upstream
         broker: SUB frames of at most the operations it takes in one)."""
         size = getattr(link, "sub_ops", None) or len(diff) or 1
         for i in range(0, len(diff), size):
-            self._send(link, link.want_frames(P.encode_ops(diff[i:i + size])))
+            self._send(link, self.want_diff(link, P.encode_ops(diff[i:i + size])))

@@ -21,6 +21,15 @@ XPubLink           zmq-pub   no       no         one [channel, payload] a record
 link wants, and its diffs (``want_frames``) are what we want from it.
 ``filters``: a publishing client, which gets the broker-wide WANT diffs and
 FLOW pause/resume.
+
+Changes of what we want from a link, or of what it may filter (WANT to a
+publisher or a downstream broker, SUB to the upstream broker), are numbered
+per link (``change_seq``, sent at ``change_at``); ``change_acked`` is the
+latest the link said it has applied (ACK, or the upstream's CONFIRM).  A
+confirmation waits for them (fastbus.broker.settle).  ``acks``: the peer
+acknowledges (it said so in HELLO; our upstream link always does);
+``holds_lease``: it filters only under a lease from us, so it is waited for
+at most the lease (a session), not the upstream's confirmation timeout.
 """
 
 from __future__ import annotations
@@ -47,9 +56,11 @@ class Link:
     role = ""
     limited = False
     is_broker = False
+    holds_lease = False
 
     __slots__ = ("link", "name", "sock", "publisher", "subs", "sub_bytes", "forwarder", "queue",
-                 "queued_bytes", "lost", "last_sent", "flow_exempt", "address", "since", "traffic")
+                 "queued_bytes", "lost", "last_sent", "flow_exempt", "address", "since", "traffic",
+                 "acks", "change_seq", "change_at", "change_acked")
 
     def __init__(self, link: int, name: str, sock: zmq.Socket, publisher: bool = False) -> None:
         self.link = link
@@ -70,6 +81,21 @@ class Link:
         #: [batches_in, messages_in, bytes_in, batches_out, messages_out,
         #: bytes_out] (the C data plane counts its own: Relay.link_counters).
         self.traffic = [0, 0, 0, 0, 0, 0]
+        self.acks = False                 # it acknowledges the changes we send it
+        self.change_seq = 0               # the latest change sent to it (WANT, or SUB upstream)
+        self.change_at = 0.0              # when (time.monotonic())
+        self.change_acked = 0             # the latest it acknowledged
+
+    def _changed(self) -> int:
+        """Number a change about to be sent to this link."""
+        self.change_seq += 1
+        self.change_at = time.monotonic()
+        return self.change_seq
+
+    @property
+    def unacked(self) -> bool:
+        """Did we send it a change it has not acknowledged yet?"""
+        return self.acks and self.change_acked < self.change_seq
 
     @property
     def filters(self) -> bool:
@@ -108,6 +134,7 @@ class Session(Link):
     Every session's subscriptions count against the broker's limits."""
 
     limited = True
+    holds_lease = True
 
     __slots__ = ("ident", "acked_seq", "_seq_frame")
 
@@ -143,6 +170,20 @@ class Session(Link):
     def kick_frames(self, reason: str) -> list | None:
         return [P.KICK, P.dump_json({"reason": reason})]
 
+    def want_frames(self, ops) -> list:
+        """WANT with a diff of what the peer may let through (a publishing
+        client) or should send us (a downstream broker); numbered for a
+        peer that acknowledges."""
+        if self.acks:
+            return [P.WANT, b"\x00", ops, P.pack_u64(self._changed())]
+        return [P.WANT, b"\x00", ops]
+
+    def want_reset_frames(self, ops) -> list:
+        """WANT with the whole set."""
+        if self.acks:
+            return [P.WANT, bytes([P.WANT_RESET]), ops, P.pack_u64(self._changed())]
+        return [P.WANT, bytes([P.WANT_RESET]), ops]
+
 
 class ClientLink(Session):
     """A client session (HELLO role "client")."""
@@ -163,12 +204,6 @@ class DownstreamLink(Session):
     is_broker = True
     __slots__ = ()
 
-    def want_frames(self, ops) -> list:
-        return [P.WANT, b"\x00", ops]
-
-    def want_reset_frames(self, ops) -> list:
-        return [P.WANT, bytes([P.WANT_RESET]), ops]
-
 
 class UpstreamLink(Link):
     """Our DEALER connection to the broker above (fastbus.broker.federation):
@@ -177,11 +212,11 @@ class UpstreamLink(Link):
 
     role = "upstream"
     is_broker = True
-    __slots__ = ("seq", "instance", "sub_ops")
+    __slots__ = ("instance", "sub_ops")
 
     def __init__(self, link: int, sock: zmq.Socket) -> None:
         super().__init__(link, "upstream", sock, publisher=True)
-        self.seq = 0
+        self.acks = True                  # every broker confirms a SUB
         self.instance = b""               # upstream's WELCOME instance: empty until welcomed
         self.sub_ops = P.MIN_SUB_OPS      # operations per SUB frame (upstream's WELCOME says its limit)
 
@@ -192,8 +227,7 @@ class UpstreamLink(Link):
         return [_PUB, batch]
 
     def want_frames(self, ops) -> list:
-        self.seq += 1
-        return [P.SUB, P.pack_u64(self.seq), ops]
+        return [P.SUB, P.pack_u64(self._changed()), ops]
 
     def probe(self, now: float, interval: float) -> list | None:
         return [P.PING, b"probe"]         # its PONG tells us whether upstream restarted
@@ -254,6 +288,9 @@ class LinkTable:
     def __init__(self) -> None:
         self.by_id: dict[int, Link] = {}
         self.by_ident: dict[bytes, Session] = {}
+        #: Links sent a change they may not have acknowledged yet (see
+        #: Link.unacked; fastbus.broker.settle drops the others as it meets them).
+        self.unacked: dict[int, Link] = {}
         self._free: list[int] = []
         self._next = 1
 
@@ -274,6 +311,8 @@ class LinkTable:
 
     def remove(self, link: Link) -> None:
         del self.by_id[link.link]
+        if self.unacked.get(link.link) is link:
+            del self.unacked[link.link]
         if isinstance(link, Session) and self.by_ident.get(link.ident) is link:
             del self.by_ident[link.ident]
         self._free.append(link.link)

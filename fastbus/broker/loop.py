@@ -36,6 +36,7 @@ from .interest import Interest
 from .links import Link, LinkTable, Session, count_in
 from .sending import Sender
 from .sessions import Sessions
+from .settle import Settler
 
 log = logging.getLogger("fastbus.broker")
 
@@ -65,7 +66,8 @@ LEFTOVER_LIMIT = 1 << 20
 
 _COUNTERS = ("batches_in", "messages_in", "bytes_in", "batches_out", "messages_out", "bytes_out",
              "peers_joined", "peers_left", "subscribe_ops", "unsubscribe_ops", "control_in",
-             "flow_pauses", "flow_timeouts", "control_collapsed", "memory_trims", "gap_notices")
+             "flow_pauses", "flow_timeouts", "control_collapsed", "memory_trims", "gap_notices",
+             "ack_timeouts")
 _DROPS = ("slow_consumer", "unrouted", "malformed", "oversize", "protocol", "unknown_peer", "not_subscribed",
           "too_many_subscriptions", "not_a_broker", "disconnected_slow", "unreachable", "internal")
 
@@ -200,9 +202,11 @@ class Broker:
                              max_delay=cfg.max_delay, max_topic=cfg.max_topic, max_payload=cfg.max_payload)
         self.links = LinkTable()
         self.sender = Sender(self.router, self.links, cfg, self.counters, self.drops, self.remove_link)
-        self.sender.want_reset = self._want_reset_frames
         self.interest = Interest(self.trie, self.links, self.sender.send, cfg, self.counters,
                                  self.drops)
+        self.sender.want_reset = self.interest.want_reset
+        self.settler = Settler(self.links, self.sender.send, cfg.filter_lease, cfg.upstream_confirm_timeout,
+                               self.counters)
         self.handlers: dict = {}                   # socket -> what to call when it is readable
         self._started = time.monotonic()
         self._next_stats_log = self._started + (cfg.stats_interval or 0)
@@ -347,6 +351,7 @@ class Broker:
         if self.relay is not None:
             self.relay.remove_session(link.link)
         self.links.remove(link)
+        self.settler.forget(link)
         self.interest.detach(link)
         self.router.remove_link(link.link)
         self.sender.forget(link)
@@ -383,6 +388,8 @@ class Broker:
         log.info("broker %s listening on %s", self.config.name, ", ".join(self.endpoints))
         handlers = self.handlers
         sender = self.sender
+        settler = self.settler
+        upstream = self.upstream
         guarded = self._guarded
         probe_interval = self.config.probe_interval
         if self.monitor is not None:
@@ -400,9 +407,13 @@ class Broker:
                         self._wake.recv()
                 # What this turn brought goes out now, one batch per link.
                 guarded(sender.flush_due)
+                if settler.next_deadline <= time.monotonic():
+                    guarded(settler.settle, time.monotonic())
                 if sender.blocked or self._watched:
                     guarded(self._retry_blocked, poller)
                 now = time.monotonic()
+                if upstream is not None and now >= upstream.next_tick:
+                    guarded(upstream.tick, now)
                 if sender.paused:
                     guarded(sender.check_flow, now)
                 if now >= next_maint:
@@ -467,14 +478,23 @@ class Broker:
             t = min(t, (d - now_ns) / 1e9)
         if self.sender.blocked:
             t = min(t, BLOCKED_BACKSTOP)
+        # A confirmation that stops waiting for a peer that did not answer
+        # (fastbus.broker.settle), and the upstream lease's next renewal.
+        t = min(t, self.settler.next_deadline - now_ns / 1e9)
+        if self.upstream is not None:
+            t = min(t, self.upstream.next_tick - now_ns / 1e9)
         return max(0, math.ceil(t * 1000))
 
-    def _want_reset_frames(self, link: Link) -> list:
-        """A WANT reset for a link, built when a queued one is sent
-        (fastbus.broker.sending: a backlog of WANT diffs collapses into it)."""
-        if link.is_broker:
-            return link.want_reset_frames(self.interest.link_snapshot(link))
-        return [P.WANT, bytes([P.WANT_RESET]), self.interest.publisher_snapshot()]
+    def lease_grant_us(self) -> int:
+        """The lease a PONG or WELCOME grants a session that filters by our
+        WANT messages, in microseconds (fastbus.broker.settle): the
+        configured filter_lease, but never past the end of our own lease
+        from the upstream broker while we have one, for our view is only
+        as current as upstream's is of us."""
+        lease = self.config.filter_lease
+        if self.upstream is not None:
+            lease = min(lease, self.upstream.lease_left())
+        return max(0, int(lease * 1e6))
 
     def _maintenance(self, now: float) -> None:
         # The upstream link stopped reading even its control messages: start

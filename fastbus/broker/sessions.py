@@ -156,10 +156,17 @@ class Sessions:
         if cmd == P.HELLO:
             self._on_hello(ident, link, rest, meta or {})
         elif cmd == P.PING:
-            self._reply(ident, [P.PONG, rest[0] if rest else b"", b.instance])
+            token = rest[0] if rest else b""
             if link is None:
+                self._reply(ident, [P.PONG, token, b.instance])
                 # A client we dropped (or never met) that is still alive.
                 self._hello_required(ident)
+            elif link.acks:
+                # Behind everything queued for it, WANT included: a lease
+                # on the view those gave it (fastbus.broker.settle).
+                b.sender.send(link, [P.PONG, token, b.instance, P.pack_u64(b.lease_grant_us())])
+            else:
+                b.sender.send(link, [P.PONG, token, b.instance])
         elif cmd == P.STATS:
             st = b.stats_dict()
             from fastbus.monitor.http import process_rss   # (imported once; STATS is rare)
@@ -183,6 +190,8 @@ class Sessions:
             # data batch is stamped with the subscriptions it was routed with.
             b.sender.flush_link(link.link)
             refused = b.interest.apply(link, ops)
+            # Data routed from now on carries this seq; the CONFIRM says
+            # more, and may wait (below).
             link.confirm(seq)
             if b.relay is not None:
                 b.relay.confirm(link.link, seq)
@@ -193,7 +202,14 @@ class Sessions:
                 b.sender.send(link, [P.REFUSED, P.pack_u64(seq),
                                      P.encode_ops((SUBSCRIBE, k, p) for k, p, _why in refused),
                                      P.dump_json({"reason": reason})])
-            b.sender.send(link, [P.CONFIRM, P.pack_u64(seq)])
+            # Confirmed once in effect everywhere: every publisher's filter
+            # and every other broker has what this SUB added.
+            added = sum(1 for op in ops if op[0] == SUBSCRIBE) > len(refused)
+            b.settler.reply_when_settled(link, [P.CONFIRM, P.pack_u64(seq)], added)
+        elif cmd == P.ACK:
+            if len(rest) != 1:
+                raise P.ProtocolError("ACK takes a sequence number")
+            b.settler.acked(link, P.unpack_u64(rest[0]))
         elif cmd == P.BYE:
             b.remove_link(link, "bye")
         else:
@@ -227,22 +243,24 @@ class Sessions:
         name = str(hello.get("name", ""))[:100] or ident.hex()
         link = kind(b.links.new_id(), ident, name, self.sock, bool(hello.get("pub")))
         link.address = meta.get("Peer-Address") or None
+        link.acks = hello.get("ack") is True       # it acknowledges WANT and filters under a lease
         b.add_link(link)
         log.info("peer %s joined (%s, link %d%s)", name, link.role, link.link,
                  ", publisher" if link.publisher else "")
         send = b.sender.send
         cfg = b.config
-        send(link, [P.WELCOME, P.dump_json({"v": P.VERSION, "instance": b.instance.decode(), "name": cfg.name,
-                                            "limits": {"max_topic": cfg.max_topic, "max_payload": cfg.max_payload,
-                                                       "max_message_bytes": cfg.max_message_bytes,
-                                                       "max_subscriptions": cfg.max_subscriptions,
-                                                       "max_subscription_bytes": cfg.max_subscription_bytes,
-                                                       "max_sub_ops": cfg.max_sub_ops}})])
-        if link.is_broker:
-            send(link, link.want_reset_frames(b.interest.link_snapshot(link)))
-        elif link.filters:
-            send(link, [P.WANT, bytes([P.WANT_RESET]), b.interest.publisher_snapshot()])
-            if b.sender.paused:
+        welcome = {"v": P.VERSION, "instance": b.instance.decode(), "name": cfg.name,
+                   "limits": {"max_topic": cfg.max_topic, "max_payload": cfg.max_payload,
+                              "max_message_bytes": cfg.max_message_bytes,
+                              "max_subscriptions": cfg.max_subscriptions,
+                              "max_subscription_bytes": cfg.max_subscription_bytes,
+                              "max_sub_ops": cfg.max_sub_ops}}
+        if link.acks:
+            welcome["lease_us"] = b.lease_grant_us()     # the answer to its HELLO, as a PONG is to a PING
+        send(link, [P.WELCOME, P.dump_json(welcome)])
+        if link.is_broker or link.filters:
+            send(link, b.interest.want_reset(link))
+            if link.filters and b.sender.paused:
                 send(link, [P.FLOW, P.FLOW_PAUSE])
 
     def _may_be_broker(self, meta: dict) -> bool:

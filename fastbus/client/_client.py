@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -15,12 +16,11 @@ import zmq
 from fastbus import protocol as P
 from fastbus._core import SUBSCRIBE, Outbox, Publisher, Trie
 from fastbus._types import ChannelT, EncodableT
-from fastbus.client._endpoint import check_endpoint, refused
+from fastbus.client._endpoint import AbsenceProbe, check_endpoint
 from fastbus.client._keeper import Keeper
 from fastbus.client._keys import to_key
 from fastbus.client._session import SEND_BURST, Session, driving
-from fastbus.errors import (BrokerTimeout, BrokerUnavailable, ConnectionClosed, FlushTimeout, KeyRefused,
-                            MessagesRejected)
+from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, MessagesRejected
 
 if TYPE_CHECKING:
     from fastbus.client._pubsub import PubSub
@@ -34,10 +34,11 @@ class ClientStats(TypedDict):
     filtered: int           #: not sent: nobody wanted their channel
     queued: int             #: waiting to be sent
     queued_bytes: int       #: bytes of those
-    filter_active: bool     #: has the broker told this client what its subscribers want?
+    filter_active: bool     #: is publish() dropping what no subscriber wants now (the broker's view, under its lease)?
     flow_paused: bool       #: has the broker asked publishers to pause (a subscriber is behind)?
     flow_pauses: int        #: how many times it did
     rejected: int           #: messages the broker dropped (over its limits; flush() raises MessagesRejected)
+    unfiltered: int         #: sent although the filter would have dropped them: its lease had run out
 
 #: A publish() that starts a batch sends it at once from the publishing
 #: thread unless the publisher is in a burst: BURST_LIMIT batches already
@@ -47,60 +48,6 @@ BURST_GAP = 20e-6
 BURST_LIMIT = 4
 #: While the broker's pipe is full, the keeper retries at least this often.
 BLOCKED_BACKSTOP = 0.001
-#: flush() of a client that has never reached its broker probes the broker's
-#: address from PROBE_AFTER seconds on, every PROBE_EVERY; nothing listening
-#: there for REFUSED_FOR seconds is BrokerUnavailable, said before the timeout.
-PROBE_AFTER = 0.5
-PROBE_EVERY = 0.5
-REFUSED_FOR = 1.0
-
-
-class AbsenceProbe:
-    """Whether a client that never heard from its broker is talking to no
-    one: nothing listening at the address (TCP connection refused, no ipc
-    socket) for REFUSED_FOR seconds.  A broker that is starting up, or that
-    answered once and is restarting, is waited for as before."""
-
-    def __init__(self, endpoint: str, start: float) -> None:
-        self.endpoint = endpoint
-        self.start = start
-        self.next = start + PROBE_AFTER
-        self.refused_since: float | None = None
-
-    def wake_by(self, session: Session, deadline: float | None) -> float | None:
-        """When the flush loop must look again: the deadline, or the next
-        probe while the broker was never heard from."""
-        if session.instance:                      # it answered: no more probing in this flush
-            self.next = math.inf
-        if self.next == math.inf:
-            return deadline
-        return self.next if deadline is None else min(deadline, self.next)
-
-    def check_handshake(self, session: Session) -> None:
-        """KeyRefused if the broker refused this CURVE client (the lock held)."""
-        if not session.instance:
-            why = session.handshake_failure()
-            if why:
-                raise KeyRefused(f"the broker at {self.endpoint} {why}", self.endpoint)
-
-    def check(self, session: Session, queued: int) -> None:
-        """Raise BrokerUnavailable when the time has come."""
-        now = time.monotonic()
-        if session.instance or now < self.next:
-            return
-        self.next = now + PROBE_EVERY
-        if not refused(self.endpoint, 0.2):
-            self.refused_since = None
-            return
-        if self.refused_since is None:
-            self.refused_since = now
-        elif now - self.refused_since >= REFUSED_FOR:
-            left = f" ({queued} message(s) stay queued for it)" if queued else ""
-            raise BrokerUnavailable(
-                f"no broker at {self.endpoint}: connection refused for {now - self.start:.1f} s{left}",
-                self.endpoint)
-
-
 class _Flush:
     __slots__ = ("target", "token", "pinged")
 
@@ -110,11 +57,28 @@ class _Flush:
         self.pinged = False
 
 
+#: A lease that never ends (a broker that grants none: its view counts as it is).
+FOREVER = 2 ** 64 - 1
+#: Pings whose send times a publishing session remembers (their PONGs come
+#: back in order, each a lease from when its ping left).
+PINGS_KEPT = 256
+
+
 class PubSession(Session):
     """The connection a client publishes on: its publisher, the broker's
-    filter of what subscribers want, flow control, flush and stats."""
+    filter of what subscribers want, flow control, flush and stats.
+
+    The filter is the broker's view (WANT), applied and acknowledged (ACK)
+    as it arrives, and it counts only under the broker's lease: from when a
+    ping (or HELLO) left to that plus the lease its PONG (or WELCOME)
+    grants, for docs/PROTOCOL.md's contract ("confirmed means in effect
+    everywhere"): the broker confirms a subscription once this session
+    acknowledged it, or once every lease granted before has run out.  The
+    publisher asks for a renewal (``renew_lease``) while its filter is in
+    use; a lease that ran out makes it send what it would have dropped."""
 
     kind = "pub"
+    acks = True
     _tokens = itertools.count(1)
 
     def __init__(self, client: Client, publisher: Publisher, linger: float) -> None:
@@ -128,6 +92,9 @@ class PubSession(Session):
         self.stats_replies: list[dict] = []
         self.rejected = 0                 # messages the broker said it dropped (NOTICE)
         self.notice: MessagesRejected | None = None   # raised by the next flush()
+        self._pings: deque[tuple[bytes, int]] = deque(maxlen=PINGS_KEPT)   # (token, sent ns), oldest first
+        self._hellos: deque[int] = deque(maxlen=PINGS_KEPT)                # HELLOs not yet welcomed: sent ns
+        publisher.renew = self.renew_lease
 
     def configure(self, s: zmq.Socket) -> None:
         # What is already sent when the broker asks to pause still arrives:
@@ -231,7 +198,7 @@ class PubSession(Session):
                 return False
         if not f.pinged:
             # Behind the batches: its PONG comes back once the broker has them.
-            self.send([P.PING, f.token])
+            self.ping(f.token)
             f.pinged = True
         if f.token in self.pongs:
             self.pongs.discard(f.token)
@@ -241,8 +208,10 @@ class PubSession(Session):
     # -- input ------------------------------------------------------------------
 
     def on_message(self, cmd: bytes, frames: list) -> None:
-        if cmd == P.WANT and len(frames) == 3:
+        if cmd == P.WANT and len(frames) in (3, 4):
             self.on_want(frames[1], frames[2])
+            if len(frames) == 4:
+                self.send([P.ACK, frames[3]])        # applied: the broker may confirm what it added
         elif cmd == P.FLOW and len(frames) == 2:
             paused = frames[1] == P.FLOW_PAUSE
             if paused and not self.flow_paused:
@@ -268,12 +237,71 @@ class PubSession(Session):
     def on_welcome(self) -> None:
         self.flow_paused = False          # a new session: the broker says again if not
         # What the broker accepts: publish() refuses a message over it at once.
-        self.publisher.max_payload = self.limit("max_payload")
-        self.publisher.max_topic = self.limit("max_topic")
+        pub = self.publisher
+        pub.max_payload = self.limit("max_payload")
+        pub.max_topic = self.limit("max_topic")
+        # The answer to our oldest HELLO in flight (or a later one): its
+        # lease counts from the oldest, never longer than granted.
+        sent = self._hellos[0] if self._hellos else 0
+        self._hellos.clear()
+        lease = self.welcome.get("lease_us")
+        if isinstance(lease, int) and not isinstance(lease, bool) and lease >= 0:
+            pub.lease_until_ns = 0
+            if sent:
+                self._grant(sent, lease)
+        else:
+            # A broker that grants no lease does not wait for us either.
+            pub.lease_until_ns = pub.renew_at_ns = FOREVER
 
-    def on_pong(self, token: bytes) -> None:
+    def on_pong(self, token: bytes, lease_us: int | None) -> None:
         if token.startswith(b"flush-"):
             self.pongs.add(token)
+        pings = self._pings
+        while pings:                     # PONGs come in the order of the pings
+            t, sent = pings.popleft()
+            if t == token:
+                if lease_us is not None:
+                    self._grant(sent, lease_us)
+                return
+
+    def _grant(self, sent_ns: int, lease_us: int) -> None:
+        """The broker answered what we sent at ``sent_ns`` with a lease."""
+        pub = self.publisher
+        usable = int(lease_us * 1000 * P.LEASE_USE)
+        until = sent_ns + usable
+        if until > pub.lease_until_ns:
+            pub.lease_until_ns = until
+            pub.renew_at_ns = sent_ns + usable // 2      # renewed while the filter is in use
+            pub.renew_asked = False
+
+    def ping(self, token: bytes = b"") -> None:
+        # Its send time before it leaves: a lease counts from no later.
+        self._pings.append((token, time.monotonic_ns()))
+        super().ping(token)
+
+    def hello(self) -> None:
+        pub = self.publisher
+        pub.wanted = None                 # a new session: everything, until its WANT reset
+        pub.renew_asked = False
+        self._hellos.append(time.monotonic_ns())
+        super().hello()
+
+    def renew_lease(self) -> None:
+        """The publisher's call (see Publisher): its filter is in use and
+        its lease ends soon, or has ended.  A ping renews it."""
+        self.post(lambda: self.ping(b"lease"))
+
+    def filtering(self) -> bool:
+        """Does the publisher drop what nobody wants now: a view from the
+        broker, under a lease that has not run out?  Asking renews a lease
+        that has."""
+        pub = self.publisher
+        if pub.filters():
+            return True
+        if pub.wanted is not None and not pub.renew_asked:
+            pub.renew_asked = True
+            self.renew_lease()
+        return False
 
     def on_want(self, flags: bytes, frame) -> None:
         """The broker's view of what subscribers want (publisher filter)."""
@@ -344,6 +372,15 @@ class Client:
     (which then pauses publishers, drops its oldest messages with a ``gap``
     notice, or disconnects it, as configured) instead of growing without
     bound.  ``decode_responses=True`` gives str channels and payloads.
+
+    **Subscribing** returns once the subscription is in effect: from then
+    on every message any client publishes reaches the subscriber.  With no
+    broker to answer, ``subscribe()`` raises :class:`BrokerUnavailable`
+    within ``socket_connect_timeout`` seconds (sooner, about a second, when
+    nothing listens at the address); a broker that answered but does not
+    confirm within ``subscribe_timeout`` (None: no limit) gives
+    :class:`BrokerTimeout`.
+
     CURVE: pass the broker's public key and this client's key pair (Z85
     strings).
     """
@@ -361,7 +398,8 @@ class Client:
                  name: str | None = None, context: zmq.Context | None = None,
                  ping_interval: float = 1.0, max_inbox_bytes: int = 8 * 1024 * 1024,
                  max_buffer_bytes: int = 8 * 1024 * 1024, block_timeout: float | None = 60.0,
-                 health_check_interval: float = 0) -> None:
+                 health_check_interval: float = 0, socket_connect_timeout: float = 5.0,
+                 subscribe_timeout: float | None = 10.0) -> None:
         if health_check_interval:
             # redis-py's name: how often the connection's health is checked.
             # Here every connection pings its broker every ping_interval
@@ -379,10 +417,18 @@ class Client:
             raise ValueError("max_messages and max_bytes must be positive")
         if block_timeout is not None and block_timeout < 0:
             raise ValueError("block_timeout must be >= 0 seconds, or None to wait for ever")
+        if not 0 < socket_connect_timeout <= 3600:
+            raise ValueError(f"socket_connect_timeout must be between 0 and 3600 seconds, "
+                             f"not {socket_connect_timeout!r}")
+        if subscribe_timeout is not None and not 0 < subscribe_timeout <= 3600:
+            raise ValueError(f"subscribe_timeout must be None (no limit) or between 0 and 3600 seconds, "
+                             f"not {subscribe_timeout!r}")
         if (curve_server_key is None) != (curve_secret_key is None) or \
                 (curve_public_key is None) != (curve_secret_key is None):
             raise ValueError("CURVE needs curve_server_key, curve_public_key and curve_secret_key together")
         self.max_inbox_bytes = max_inbox_bytes
+        self.socket_connect_timeout = socket_connect_timeout
+        self.subscribe_timeout = subscribe_timeout
         self.endpoint = check_endpoint(endpoint or f"tcp://{host}:{int(port)}")
         self.decode_responses = decode_responses
         self.name = name or f"client-{os.getpid()}-{id(self):x}"
@@ -441,9 +487,12 @@ class Client:
 
     def is_wanted(self, channel: ChannelT) -> bool:
         """Would publish() send this channel?  True until the broker has told
-        this client what its subscribers want, then whether anyone does."""
+        this client what its subscribers want, then whether anyone does (and
+        True again while that view's lease has run out, until renewed)."""
         wanted = self._publisher.wanted
-        return True if wanted is None else wanted.any_match(to_key(channel))
+        if wanted is None or not self._pub.filtering():
+            return True
+        return wanted.any_match(to_key(channel))
 
     def flush(self, timeout: float | None = 10.0) -> None:
         """Send everything queued and wait until the broker has it (a ping
@@ -498,8 +547,9 @@ class Client:
         pub = self._publisher
         return {"published": pub.accepted, "filtered": pub.refused,
                 "queued": pub.queued, "queued_bytes": pub.buffered_bytes,
-                "filter_active": pub.wanted is not None, "flow_paused": self._pub.flow_paused,
-                "flow_pauses": self._pub.flow_pauses, "rejected": self._pub.rejected}
+                "filter_active": self._pub.filtering(), "flow_paused": self._pub.flow_paused,
+                "flow_pauses": self._pub.flow_pauses, "rejected": self._pub.rejected,
+                "unfiltered": pub.lapsed}
 
     def broker_stats(self, timeout: float = 5.0) -> dict[str, Any]:
         """The broker's counters (see ``fastbus stats``)."""

@@ -1,13 +1,19 @@
 """Client endpoints: checked before ZeroMQ sees them (its own error is a bare
 "Invalid argument"), and probed, where the transport allows, to tell at once
-that nothing listens there."""
+that nothing listens there (``refused``, ``AbsenceProbe``)."""
 
 from __future__ import annotations
 
+import math
 import socket
+import time
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from fastbus.errors import InvalidEndpoint
+from fastbus.errors import BrokerUnavailable, InvalidEndpoint, KeyRefused
+
+if TYPE_CHECKING:
+    from fastbus.client._session import Session
 
 _FORMS = "tcp://HOST:PORT, ipc://PATH or inproc://NAME"
 
@@ -62,3 +68,57 @@ def refused(endpoint: str, timeout: float = 1.0) -> bool:
     except (OSError, ValueError):
         return False
     return False
+
+
+#: flush() of a client that has never reached its broker probes the broker's
+#: address from PROBE_AFTER seconds on, every PROBE_EVERY; nothing listening
+#: there for REFUSED_FOR seconds is BrokerUnavailable, said before the timeout.
+PROBE_AFTER = 0.5
+PROBE_EVERY = 0.5
+REFUSED_FOR = 1.0
+
+
+class AbsenceProbe:
+    """Whether a client that never heard from its broker is talking to no
+    one: nothing listening at the address (TCP connection refused, no ipc
+    socket) for REFUSED_FOR seconds.  A broker that is starting up, or that
+    answered once and is restarting, is waited for as before."""
+
+    def __init__(self, endpoint: str, start: float) -> None:
+        self.endpoint = endpoint
+        self.start = start
+        self.next = start + PROBE_AFTER
+        self.refused_since: float | None = None
+
+    def wake_by(self, session: Session, deadline: float | None) -> float | None:
+        """When the flush loop must look again: the deadline, or the next
+        probe while the broker was never heard from."""
+        if session.instance:                      # it answered: no more probing in this flush
+            self.next = math.inf
+        if self.next == math.inf:
+            return deadline
+        return self.next if deadline is None else min(deadline, self.next)
+
+    def check_handshake(self, session: Session) -> None:
+        """KeyRefused if the broker refused this CURVE client (the lock held)."""
+        if not session.instance:
+            why = session.handshake_failure()
+            if why:
+                raise KeyRefused(f"the broker at {self.endpoint} {why}", self.endpoint)
+
+    def check(self, session: Session, queued: int) -> None:
+        """Raise BrokerUnavailable when the time has come."""
+        now = time.monotonic()
+        if session.instance or now < self.next:
+            return
+        self.next = now + PROBE_EVERY
+        if not refused(self.endpoint, 0.2):
+            self.refused_since = None
+            return
+        if self.refused_since is None:
+            self.refused_since = now
+        elif now - self.refused_since >= REFUSED_FOR:
+            left = f" ({queued} message(s) stay queued for it)" if queued else ""
+            raise BrokerUnavailable(
+                f"no broker at {self.endpoint}: connection refused for {now - self.start:.1f} s{left}",
+                self.endpoint)

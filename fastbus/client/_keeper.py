@@ -106,17 +106,28 @@ class Keeper(threading.Thread):
         timeout: float | None = self.client._ping_interval
         watch = []
         for s in self.sessions:
-            if s.closed or s.loop is not None or s.drivers:
+            if s.closed or s.loop is not None:
                 continue
+            if s.drivers:
+                # A user thread reads it now.  A session that must answer
+                # the broker at once (WANT: ACK) has us look again when it
+                # is done (Session.keeper_may_look); a PubSub's reader
+                # reads on, or we do at our next turn.
+                s.keeper_skipped = s.acks
+                continue
+            # Said before we try: a thread that lets go of the lock after
+            # our try sees it and wakes us.
+            s.keeper_skipped = True
             if s.lock.acquire(False):
+                s.keeper_skipped = False
                 try:
                     s.serve(now)
                 finally:
                     s.release()
             else:
                 # A user thread holds it for a moment (an inline send, a
-                # subscribe): it reads what arrived before it lets go, and a
-                # batch that starts meanwhile wakes us again.
+                # subscribe): it reads what arrived before it lets go, and
+                # wakes us when it does.
                 continue
             due = s.due_in(time.monotonic())
             if due is not None:

@@ -18,8 +18,9 @@ from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Trie
 from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, decode, decode_messages
 from fastbus._messages import pattern_prefix
 from fastbus._messages import to_bytes as to_key
+from fastbus.client._endpoint import AbsenceProbe
 from fastbus.client._session import Session, recv_frames
-from fastbus.errors import ConnectionClosed
+from fastbus.errors import BrokerTimeout, BrokerUnavailable, ConnectionClosed
 
 if TYPE_CHECKING:
     from fastbus.client._client import Client
@@ -52,6 +53,9 @@ class SubSession(Session):
         self.subs: set[tuple[bytes, bool]] = set()   # what the broker was told
         self.seq = 0
         self.resend = False                 # resend self.subs at the next WELCOME
+        self.confirmed = 0                  # the latest CONFIRM read: SUBs up to it are in effect
+        self.awaiting = 0                   # subscribe() calls waiting for a CONFIRM
+        self.confirm_cv = threading.Condition()   # ...woken by it when another thread reads
 
     def configure(self, s: zmq.Socket) -> None:
         s.sndhwm = 1000
@@ -61,7 +65,10 @@ class SubSession(Session):
         s.rcvbuf = min(max(self.client.max_inbox_bytes // 4, 256 * 1024), 8 * 1024 * 1024)
 
     def reading(self) -> bool:
-        return not self.pubsub._inbox_full()
+        # A subscribe() waiting for its CONFIRM reads past a full inbox, to
+        # twice its bound (what arrives before the CONFIRM must be kept).
+        ps = self.pubsub
+        return not ps._inbox_full() or (self.awaiting > 0 and not ps._inbox_full(2))
 
     def hello(self) -> None:
         super().hello()
@@ -102,7 +109,13 @@ class SubSession(Session):
         if cmd == P.DATA and len(frames) == 3:
             ps._deliver(("data", P.unpack_u64(frames[1]), frames[2]))
         elif cmd == P.CONFIRM and len(frames) == 2:
-            ps._deliver(("confirm", P.unpack_u64(frames[1])))
+            seq = P.unpack_u64(frames[1])
+            ps._deliver(("confirm", seq))
+            if seq > self.confirmed:
+                self.confirmed = seq
+                if self.awaiting:
+                    with self.confirm_cv:
+                        self.confirm_cv.notify_all()
         elif cmd == P.REFUSED and len(frames) == 4:
             refused = {(key, prefix) for _op, key, prefix in P.decode_ops(frames[2])}
             reason = str(P.load_json(frames[3]).get("reason", ""))[:500]
@@ -114,6 +127,67 @@ class SubSession(Session):
             ps._deliver(("gap", P.unpack_u64(frames[1])))
         else:
             super().on_message(cmd, frames)
+
+
+class ConfirmWait:
+    """When a subscribe() waiting for its CONFIRM gives up (both twins wait
+    through it; only how they wait differs): :meth:`check` raises
+    ConnectionClosed once the PubSub is closed, BrokerUnavailable when no
+    broker answered this connection within the client's
+    ``socket_connect_timeout`` (or nothing listens at its address for about
+    a second: AbsenceProbe), KeyRefused when a CURVE broker refused its
+    key, BrokerTimeout when a broker that answered has not confirmed within
+    ``subscribe_timeout``.  ``wake_by()``: when to look again."""
+
+    def __init__(self, pubsub: PubSub, seq: int) -> None:
+        client = pubsub._client
+        self.pubsub = pubsub
+        self.seq = seq
+        self.start = time.monotonic()
+        self.connect_by = self.start + client.socket_connect_timeout
+        self.deadline = None if client.subscribe_timeout is None else self.start + client.subscribe_timeout
+        self.probe = AbsenceProbe(client.endpoint, self.start)
+
+    def done(self) -> bool:
+        return self.pubsub._session.confirmed >= self.seq
+
+    def check(self, locked: bool, probe: bool = True) -> None:
+        """Raise if the wait is over without a CONFIRM (``locked``: the
+        caller holds the session's lock, so the CURVE handshake can be
+        looked at; ``probe``: probe the address now if due, which may block
+        for up to 0.2 s: an event loop runs ``self.probe.check`` in an
+        executor instead)."""
+        ps = self.pubsub
+        if ps._closed:
+            raise ConnectionClosed("pubsub is closed")
+        s = ps._session
+        if self.done():
+            return
+        endpoint = ps._client.endpoint
+        now = time.monotonic()
+        if not s.instance:
+            if locked:
+                self.probe.check_handshake(s)
+            if probe:
+                self.probe.check(s, 0)
+            if now >= self.connect_by:
+                timeout = ps._client.socket_connect_timeout
+                raise BrokerUnavailable(f"no broker at {endpoint} answered within {timeout:g} s "
+                                        f"(socket_connect_timeout)", endpoint)
+        elif self.deadline is not None and now >= self.deadline:
+            timeout = ps._client.subscribe_timeout
+            raise BrokerTimeout(f"the broker at {endpoint} did not confirm the subscription within "
+                                f"{timeout:g} s (subscribe_timeout); it stays requested, and its "
+                                f"confirmation comes through get_message()", endpoint)
+
+    def wake_by(self) -> float:
+        """When to look again (time.monotonic())."""
+        s = self.pubsub._session
+        now = time.monotonic()
+        if not s.instance:
+            # The probe's next look, the handshake's, or the connect timeout.
+            return self.probe.wake_by(s, min(self.connect_by, now + HANDSHAKE_CHECK)) or now
+        return self.deadline if self.deadline is not None else now + 3600.0
 
 
 class PubSub:
@@ -186,10 +260,12 @@ class PubSub:
     # -- subscriptions -----------------------------------------------------
 
     def _change(self, op: int, entries: list[tuple[bytes, bool, str, object]],
-                handlers: dict | None = None) -> None:
+                handlers: dict | None = None) -> int:
+        """Request (un)subscriptions; returns the seq of the last SUB, whose
+        CONFIRM says they are in effect (0: nothing was sent)."""
         if self._closed:
             if op == UNSUBSCRIBE:
-                return                            # nothing is held after close()
+                return 0                          # nothing is held after close()
             if self._client.closed:
                 raise ConnectionClosed(f"the client of this pubsub ({self._client.endpoint}) is closed")
             self._open()                          # as redis-py: a closed PubSub connects again
@@ -197,11 +273,13 @@ class PubSub:
             self._subscribed = True
         # At most the operations the broker takes in one SUB frame each.
         size = self._session.limit("max_sub_ops", SUB_OPS_DEFAULT)
+        seq = 0
         for i in range(0, len(entries), size):
-            self._change_one(op, entries[i:i + size], handlers)
+            seq = self._change_one(op, entries[i:i + size], handlers)
+        return seq
 
     def _change_one(self, op: int, entries: list[tuple[bytes, bool, str, object]],
-                    handlers: dict | None = None) -> None:
+                    handlers: dict | None = None) -> int:
         ops = []
         confirms = []
         for key, prefix, kind, name in entries:
@@ -237,6 +315,7 @@ class PubSub:
             self._unsub_seqs.append(seq)
         s = self._session
         s.post(lambda: s.change(seq, ops))
+        return seq
 
     def _forget(self, keys: set) -> None:
         """Subscriptions the broker refused: they are not held."""
@@ -258,25 +337,80 @@ class PubSub:
         return value
 
     def subscribe(self, *channels: Any, **handlers: Handler) -> None:
-        """Subscribe to exact channels (bytes, str or numbers).  As in
-        redis-py, ``subscribe(**{"ch": handler})`` subscribes to ``ch`` with
-        a handler: its messages are passed to ``handler(message)`` by the
-        reading calls instead of being returned.  A subscribe() after
-        close() connects again."""
-        if not channels and not handlers:
-            raise ValueError("subscribe() needs at least one channel")
-        names = [to_key(c) for c in channels] + [to_key(c) for c in handlers]
-        self._change(SUBSCRIBE, [(n, False, "subscribe", n) for n in names], self._handler_map(handlers))
+        """Subscribe to exact channels (bytes, str or numbers), and return
+        once the subscriptions are in effect: from then on, every message
+        any client publishes to them reaches this PubSub (one round trip
+        for any number of channels).  The ``subscribe`` confirmations still
+        come through get_message()/listen().  BrokerUnavailable if no
+        broker answers within the client's ``socket_connect_timeout``;
+        BrokerTimeout if the broker does not confirm within its
+        ``subscribe_timeout`` (the subscription stays requested).
+
+        As in redis-py, ``subscribe(**{"ch": handler})`` subscribes to
+        ``ch`` with a handler: its messages are passed to
+        ``handler(message)`` by the reading calls instead of being
+        returned.  A subscribe() after close() connects again."""
+        self.wait_confirmed(self.subscribe_nowait(*channels, **handlers))
 
     def psubscribe(self, *patterns: Any, **handlers: Handler) -> None:
         """Subscribe to prefix patterns: ``"news.*"`` matches every channel
         starting with ``news.``; ``"*"`` matches all.  Other globs raise
-        ValueError.  ``psubscribe(**{"news.*": handler})`` as subscribe()."""
+        ValueError.  Returns once in effect, and
+        ``psubscribe(**{"news.*": handler})``, as subscribe()."""
+        self.wait_confirmed(self.psubscribe_nowait(*patterns, **handlers))
+
+    def subscribe_nowait(self, *channels: Any, **handlers: Handler) -> int:
+        """subscribe() without waiting: the subscriptions are requested.
+        Returns what :meth:`wait_confirmed` waits for.  (For drivers that
+        wait their own way, such as the asyncio twin and the sharded
+        client; applications call subscribe().)"""
+        if not channels and not handlers:
+            raise ValueError("subscribe() needs at least one channel")
+        names = [to_key(c) for c in channels] + [to_key(c) for c in handlers]
+        return self._change(SUBSCRIBE, [(n, False, "subscribe", n) for n in names], self._handler_map(handlers))
+
+    def psubscribe_nowait(self, *patterns: Any, **handlers: Handler) -> int:
+        """psubscribe() without waiting (see subscribe_nowait)."""
         if not patterns and not handlers:
             raise ValueError("psubscribe() needs at least one pattern")
         names = [to_key(p) for p in patterns] + [to_key(p) for p in handlers]
         entries = [(pattern_prefix(n), True, "psubscribe", n) for n in names]
-        self._change(SUBSCRIBE, entries, self._handler_map(handlers))
+        return self._change(SUBSCRIBE, entries, self._handler_map(handlers))
+
+    def wait_confirmed(self, seq: int) -> None:
+        """Block until the broker has confirmed the request ``seq`` (from
+        subscribe_nowait()), and with it everything requested before; the
+        errors of subscribe().  This thread reads the connection meanwhile
+        unless another one is reading it (then it is woken by that one)."""
+        if not seq:
+            return
+        s = self._session
+        wait = ConfirmWait(self, seq)
+        token = object()
+        s.drivers.append(token)                  # the keeper leaves the session to us
+        s.awaiting += 1
+        try:
+            while s.confirmed < seq:
+                if s.lock.acquire(False):
+                    try:
+                        wait.check(locked=True)
+                        while s.posted:
+                            s.posted.popleft()()
+                        s.read()
+                        if s.confirmed < seq:
+                            s.wait(wait.wake_by())
+                            s.read()
+                    finally:
+                        s.release()
+                else:
+                    # Another thread reads the connection: its reading wakes us.
+                    wait.check(locked=False)
+                    with s.confirm_cv:
+                        if s.confirmed < seq:
+                            s.confirm_cv.wait(max(0.0, min(0.05, wait.wake_by() - time.monotonic())))
+        finally:
+            s.awaiting -= 1
+            s.undrive(token)
 
     def _handler_map(self, handlers: dict) -> dict | None:
         """Handlers keyed as ``channels``/``patterns`` are."""
@@ -327,8 +461,8 @@ class PubSub:
         if item[0] == "data":
             self._in_bytes += len(item[2])
 
-    def _inbox_full(self) -> bool:
-        return self._in_bytes - self._out_bytes > self._client.max_inbox_bytes
+    def _inbox_full(self, times: int = 1) -> bool:
+        return self._in_bytes - self._out_bytes > times * self._client.max_inbox_bytes
 
     def _fill(self, deadline: float | None) -> bool:
         """Read the connection in this thread until the inbox holds
@@ -381,10 +515,9 @@ class PubSub:
                     s.release()
                 else:
                     s.lock.release()
-                    if s.posted:                  # posted between our look and the release
-                        s.release_again()
+                    s.release_again()             # work posted between our look and the release
         finally:
-            s.drivers.remove(token)
+            s.undrive(token)
         return True
 
     def _check_handshake(self, s) -> None:
@@ -404,6 +537,11 @@ class PubSub:
         if kind == "data":
             _, acked, batch = item
             self._out_bytes += len(batch)
+            if self._confirms and next(iter(self._confirms)) <= acked:
+                # Routed under a SUB whose CONFIRM is still to come (it
+                # waits until the SUB is in effect everywhere): the SUB was
+                # applied, so its confirmations come first, as in Redis.
+                self._emit_confirms(acked)
             while self._unsub_seqs and self._unsub_seqs[0] <= acked:
                 self._unsub_seqs.popleft()
             if as_dicts:
@@ -419,9 +557,29 @@ class PubSub:
                 records = [r for i, r in enumerate(records) if offsets[i + 1] > offsets[i]]
             (self._pending if sink is None else sink).extend(records)
         elif kind == "confirm":
-            refused, reason, before = self._refused.pop(item[1], ((), "", self._refusals_seen))
+            self._emit_confirms(item[1])
+        elif kind == "refused":
+            _, seq, refused, reason = item
+            self._forget(refused)
+            self._refused[seq] = (refused, reason, self._refusals_seen)
+            self._refusals_seen += len(refused)
+        elif kind == "gap":
+            self._control.append(M.gap(lost=item[1]))
+        elif kind == "reconnect":
+            self._control.append(M.notice("reconnect", self._out(item[1])))
+
+    def _emit_confirms(self, upto: int) -> None:
+        """The confirmations (or refusals, or pong) of every SUB up to seq
+        ``upto``, in order, each once."""
+        confirms = self._confirms
+        while confirms:
+            seq = next(iter(confirms))
+            if seq > upto:
+                return
+            entries = confirms.pop(seq)
+            refused, reason, before = self._refused.pop(seq, ((), "", self._refusals_seen))
             here = 0
-            for key, prefix, seen, msg in self._confirms.pop(item[1], ()):
+            for key, prefix, seen, msg in entries:
                 if key is None:                    # ping()
                     self._control.append(msg)
                 elif (key, prefix) in refused and msg["type"] in ("subscribe", "psubscribe"):
@@ -434,15 +592,6 @@ class PubSub:
                     self._control.append(msg)
                     if msg["type"] in ("unsubscribe", "punsubscribe") and not (self.channels or self.patterns):
                         self._subscribed = False   # redis-py: when the confirmation is read
-        elif kind == "refused":
-            _, seq, refused, reason = item
-            self._forget(refused)
-            self._refused[seq] = (refused, reason, self._refusals_seen)
-            self._refusals_seen += len(refused)
-        elif kind == "gap":
-            self._control.append(M.gap(lost=item[1]))
-        elif kind == "reconnect":
-            self._control.append(M.notice("reconnect", self._out(item[1])))
 
     def _classify(self, channel: bytes):
         """("message", None) if a channel matches exactly, ("pmessage",

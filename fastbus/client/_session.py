@@ -90,6 +90,9 @@ class Session:
     """A DEALER connection to the broker and its protocol state."""
 
     kind = ""
+    #: Says "ack" in HELLO: acknowledges WANT and filters under the broker's
+    #: lease (a publishing session; docs/PROTOCOL.md).
+    acks = False
 
     def __init__(self, client: Client) -> None:
         self.client = client
@@ -103,6 +106,7 @@ class Session:
         self._handshake_failure: str | None = None
         self.fd = -1
         self.instance = b""               # the broker's, from WELCOME / PONG
+        self.welcome: dict = {}           # the broker's latest WELCOME
         self.limits: dict = {}            # what the broker's WELCOME said it accepts
         self.resyncing = False            # a new HELLO is on its way (until WELCOME)
         self.next_ping = 0.0
@@ -110,6 +114,7 @@ class Session:
         self.blocked = False              # a data batch met a full socket (EAGAIN)
         self.unread = False               # sent since input was last read to the end
         self.ready = False                # a poll said the socket has input
+        self.keeper_skipped = False       # the keeper found the lock taken (see keeper_may_look)
         self.closed = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -231,14 +236,33 @@ class Session:
                 self.drain()
             finally:
                 self.lock.release()
+            self.keeper_may_look()
             if not self.posted or not self.lock.acquire(False):
                 return
 
     def release_again(self) -> None:
         """After letting go: if work was posted meanwhile and the lock is
-        free, run it (as release() does after letting go)."""
+        free, run it (as release() does after letting go); and wake the
+        keeper if it found the session busy."""
+        self.keeper_may_look()
         if self.posted and self.lock.acquire(False):
             self.release()
+
+    def undrive(self, token: object) -> None:
+        """A user thread stops driving the session (its token from
+        ``drivers``); the keeper looks again if it skipped the session."""
+        self.drivers.remove(token)
+        self.keeper_may_look()
+
+    def keeper_may_look(self) -> None:
+        """After letting go of the lock: the keeper found this session
+        busy and went to sleep without watching its socket (it cannot tell
+        input meant for it from input its holder is reading): wake it, so
+        that what arrives from now on is read (a WANT answered) even if no
+        user thread takes the session again."""
+        if self.keeper_skipped:
+            self.keeper_skipped = False
+            self.client._keeper.wake()
 
     def drain(self) -> None:
         """Read what the socket holds now, if a send since the last read to
@@ -347,18 +371,19 @@ class Session:
     def on_message(self, cmd: bytes, frames: list) -> None:
         if cmd == P.WELCOME:
             info = P.load_json(frames[1])
+            self.welcome = info
             self.instance = str(info.get("instance", "")).encode()
             limits = info.get("limits")
             self.limits = limits if isinstance(limits, dict) else {}
             self.resyncing = False
             self.on_welcome()
-        elif cmd == P.PONG and len(frames) == 3:
+        elif cmd == P.PONG and len(frames) in (3, 4):
             token, instance = frames[1], frames[2]
             if self.instance and instance != self.instance:
                 self.instance = instance
                 self.resync("broker restarted: what was published to it before this client subscribed "
                             "again was not delivered")
-            self.on_pong(token)
+            self.on_pong(token, P.unpack_u64(frames[3]) if len(frames) == 4 else None)
         elif cmd == P.KICK:
             reason = str(P.load_json(frames[1]).get("reason", ""))
             if self.resyncing:
@@ -380,14 +405,22 @@ class Session:
     def on_welcome(self) -> None:
         pass
 
-    def on_pong(self, token: bytes) -> None:
-        pass
+    def on_pong(self, token: bytes, lease_us: int | None) -> None:
+        """A PONG for a ping of ours (``lease_us``: the lease it grants a
+        session that acknowledges)."""
 
     # -- the session ------------------------------------------------------------
 
     def hello(self) -> None:
         hello = {"v": P.VERSION, "role": "client", "pub": self.kind == "pub", "name": self.client.name}
+        if self.acks:
+            hello["ack"] = True
         self.send([P.HELLO, P.dump_json(hello)])
+
+    def ping(self, token: bytes = b"") -> None:
+        """Send a PING (its PONG comes back behind everything the broker
+        sent before it)."""
+        self.send([P.PING, token])
 
     def resync(self, why: str) -> None:
         log.info("%s: resending to %s (%s)", self.client.name, self.client.endpoint, why)
@@ -397,7 +430,7 @@ class Session:
     def tick(self, now: float) -> None:
         """Ping the broker when due (a restarted broker shows in the PONG)."""
         if now >= self.next_ping:
-            self.send([P.PING, b""])
+            self.ping()
             self.next_ping = now + self.client._ping_interval
 
     def due_in(self, now: float) -> float | None:
@@ -496,4 +529,4 @@ def driving(sessions: list[Session], deadline: float | None) -> Iterator[bool]:
                 s.release()
     finally:
         for s in sessions:
-            s.drivers.remove(token)
+            s.undrive(token)

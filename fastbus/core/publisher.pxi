@@ -33,7 +33,17 @@ cdef class Publisher:
     (its message says ``block_reason()`` if set) without queuing the
     message.  A closed publisher raises ``closed_error(closed_message)``.
     ``max_topic``/``max_payload`` (0: none; a client sets the broker's)
-    refuse a message over them with ValueError, before it is queued."""
+    refuse a message over them with ValueError, before it is queued.
+
+    **The filter's lease.**  ``wanted`` drops a message only until
+    ``lease_until_ns`` (monotonic ns; default: for ever): a broker lets its
+    publishers filter with its view for a bounded time from their last
+    answered ping, and confirms a subscription once that time has passed
+    for every publisher that did not acknowledge it (docs/PROTOCOL.md).
+    Past it, a message the filter would drop is sent (counted in
+    ``lapsed``).  Either way, when the lease has run out or reaches
+    ``renew_at_ns``, ``renew()`` (if set) is called once, until the owner
+    sets ``renew_asked`` False again (when a renewed lease arrives)."""
 
     def __cinit__(self, Outbox outbox not None, wake not None, *, send_now=None, double burst_gap=20e-6,
                   int burst_limit=4, Py_ssize_t max_buffer_bytes=0, block_timeout=None, block_reason=None,
@@ -68,6 +78,10 @@ cdef class Publisher:
         self._last_send_ns = 0
         self.max_topic = 0
         self.max_payload = 0
+        self.lease_until_ns = UINT64_MAX
+        self.renew_at_ns = UINT64_MAX
+        self.renew_asked = False
+        self.renew = None
 
     def publish(self, channel, message) -> int:
         """Queue a message; 0 if no subscriber wants its channel."""
@@ -93,14 +107,24 @@ cdef class Publisher:
         cdef bint starts
         cdef unsigned char *sealed = NULL
         cdef size_t sealed_len = 0, sealed_count = 0
+        cdef uint64_t now
         if w is not None:
             trie = <Trie>w
             _lock(&trie._lock)
             rc = fb_trie_any_match(trie._t, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t))
             _unlock(&trie._lock)
             if rc == 0:
-                self._refused += 1
-                return 0
+                # Nobody wants it, as far as the view goes, and the view
+                # counts only under its lease (the time is read only here,
+                # never for a message someone wants).
+                now = fb_now_ns()
+                if now >= self.renew_at_ns and not self.renew_asked and self.renew is not None:
+                    self.renew_asked = True
+                    self.renew()
+                if now < self.lease_until_ns:
+                    self._refused += 1
+                    return 0
+                self._lapsed += 1
         if self.max_buffer_bytes and \
                 self._sealed_bytes + <Py_ssize_t>fb_outbox_bytes(&ob._o) >= self.max_buffer_bytes:
             self.wait_for_room()
@@ -169,6 +193,17 @@ cdef class Publisher:
     def accepted(self) -> int:
         """Messages publish() queued."""
         return self._accepted
+
+    @property
+    def lapsed(self) -> int:
+        """Messages the filter would have dropped, sent because its lease
+        had run out (see the class doc)."""
+        return self._lapsed
+
+    def filters(self) -> bool:
+        """Does ``wanted`` drop what it does not match now (a view, under a
+        lease that has not run out)?"""
+        return self.wanted is not None and fb_now_ns() < self.lease_until_ns
 
     @property
     def refused(self) -> int:

@@ -174,6 +174,18 @@ cdef class Router:
         fb_router_hold(self._r, link, held)
         _unlock(&self._lock)
 
+    def set_catchall(self, link, from_ns=0) -> None:
+        """From monotonic time ``from_ns`` on (0: now), ``link`` receives
+        every record routed, as if subscribed to everything (each once,
+        never its own); None: no such link.  A broker's upstream link, whose
+        view of what upstream wants may be stale once its lease ran out
+        (csrc/fb_router.h)."""
+        cdef uint32_t l = UINT32_MAX if link is None else <uint32_t>link
+        cdef uint64_t f = <uint64_t>from_ns
+        _lock(&self._lock)
+        fb_router_set_catchall(self._r, l, f)
+        _unlock(&self._lock)
+
     def append(self, uint32_t link, topic, payload, now_ns=None) -> bool:
         """Append one record to a link's outbox directly; True when full.
         KeyError if the link has no outbox."""

@@ -53,6 +53,9 @@ _COUNTER_METRICS = (
     ("flow_timeouts", "Subscribers that kept publishers paused longer than flow_max_pause and stopped "
                       "holding them back."),
     ("gap_notices", "GAP notices sent: a subscriber told how many messages for it were dropped."),
+    ("ack_timeouts", "Acknowledgements a confirmation stopped waiting for: a publisher or broker that did "
+                     "not apply a subscription change within its lease (then it sends everything), or an "
+                     "upstream broker that did not confirm within upstream_confirm_timeout."),
     ("peers_joined", "Peers that joined (HELLO; also the upstream and plain-ZeroMQ links)."),
     ("peers_left", "Peers that left (BYE, disconnected, dropped)."),
     ("subscribe_ops", "Subscribe operations applied."),
