@@ -5,11 +5,15 @@ Redis has processed it), with 1 or 100 channels in one call and 1 or 100
 publishers connected.
 
 The publishers are real clients in their own processes (spread over
---publisher-procs), each publishing a message nobody wants every 20 ms, so
-that every fastbus publisher has its filter in use and must acknowledge
-each new subscription (Redis has no such step: its publishers do not
-filter).  Each round subscribes a new set of channels on one connection,
-then unsubscribes them.  Latency as percentiles (microseconds).
+--publisher-procs).  With ``--publisher-mode filtering`` (the default) each
+publishes a message nobody wants every 20 ms, so every fastbus publisher
+has its filter in use (under a lease) and must acknowledge each new
+subscription: the worst case.  With ``idle`` they are connected and
+publish nothing: a publisher without a lease does not filter, and the
+broker does not wait for it.  Redis has no such step: its publishers do
+not filter.  Each round subscribes a new set of channels on one
+connection, then unsubscribes them.  Latency as percentiles
+(microseconds).
 
     python bench/subscribe_bench.py                       # both systems, all cases
     python bench/subscribe_bench.py --rounds 2000 --json out.json
@@ -31,9 +35,10 @@ from servers import Server  # noqa: E402
 SYSTEMS = ("fastbus", "redis")
 
 
-def _publishers(info: dict, count: int, ready, stop) -> None:
+def _publishers(info: dict, count: int, mode: str, ready, stop) -> None:
     """``count`` publishing clients in this process, each sending a message
-    nobody wants every 20 ms until ``stop``."""
+    nobody wants every 20 ms (mode "filtering"), or nothing ("idle"),
+    until ``stop``."""
     if info["system"] == "fastbus":
         import fastbus
         clients = [fastbus.Client(endpoint=info["endpoint"]) for _ in range(count)]
@@ -53,6 +58,9 @@ def _publishers(info: dict, count: int, ready, stop) -> None:
     ready.release()
     i = 0
     while not stop.is_set():
+        if mode == "idle":
+            stop.wait(0.1)
+            continue
         publish(clients[i % count])
         i += 1
         time.sleep(0.02 / count)
@@ -112,7 +120,7 @@ def percentiles(lat: array) -> dict:
     return {"n": n, "p50": q(0.50), "p90": q(0.90), "p99": q(0.99), "p999": q(0.999), "max": s[-1] / 1e3}
 
 
-def run_case(system: str, publishers: int, channels: int, rounds: int, procs: int) -> dict:
+def run_case(system: str, publishers: int, channels: int, rounds: int, procs: int, mode: str) -> dict:
     server = Server(system, lossless=False)
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
@@ -122,7 +130,7 @@ def run_case(system: str, publishers: int, channels: int, rounds: int, procs: in
         n = max(1, min(procs, publishers))
         for k in range(n):
             count = publishers // n + (1 if k < publishers % n else 0)
-            w = ctx.Process(target=_publishers, args=(server.info, count, ready, stop), daemon=True)
+            w = ctx.Process(target=_publishers, args=(server.info, count, mode, ready, stop), daemon=True)
             w.start()
             workers.append(w)
         for _ in workers:
@@ -130,7 +138,8 @@ def run_case(system: str, publishers: int, channels: int, rounds: int, procs: in
                 raise SystemExit("publishers did not start")
         time.sleep(0.5)                            # their filters are in use
         lat = _subscribe_rounds(server.info, channels, rounds)
-        return {"system": system, "publishers": publishers, "channels": channels, **percentiles(lat)}
+        return {"system": system, "publishers": publishers, "mode": mode, "channels": channels,
+                **percentiles(lat)}
     finally:
         stop.set()
         for w in workers:
@@ -141,15 +150,16 @@ def run_case(system: str, publishers: int, channels: int, rounds: int, procs: in
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| publishers | channels a call | system | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | p50 / Redis | p99 / Redis |",
+    lines = ["| publishers | channels a call | system | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | p50 / Redis | "
+             "p99 / Redis |",
              "|---|---|---|---|---|---|---|---|---|---|"]
-    redis = {(r["publishers"], r["channels"]): r for r in results if r["system"] == "redis"}
+    redis = {(r["publishers"], r["mode"], r["channels"]): r for r in results if r["system"] == "redis"}
     for r in results:
-        peer = redis.get((r["publishers"], r["channels"]))
+        peer = redis.get((r["publishers"], r["mode"], r["channels"]))
         ratio = (f"{r['p50'] / peer['p50']:.2f}x | {r['p99'] / peer['p99']:.2f}x"
                  if peer is not None and r["system"] != "redis" else "| ")
-        lines.append(f"| {r['publishers']} | {r['channels']} | {r['system']} | {r['p50']:,.0f} | {r['p90']:,.0f} | "
-                     f"{r['p99']:,.0f} | {r['p999']:,.0f} | {r['max']:,.0f} | {ratio} |")
+        lines.append(f"| {r['publishers']} {r['mode']} | {r['channels']} | {r['system']} | {r['p50']:,.0f} | "
+                     f"{r['p90']:,.0f} | {r['p99']:,.0f} | {r['p999']:,.0f} | {r['max']:,.0f} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -161,6 +171,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1000, help="subscribe calls per case (default: %(default)s)")
     ap.add_argument("--publisher-procs", type=int, default=4,
                     help="processes the publishers are spread over (default: %(default)s)")
+    ap.add_argument("--publisher-mode", default="filtering,idle",
+                    help="comma-separated: filtering (each publisher's filter in use), idle (default: %(default)s)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if not 1 <= args.rounds <= 1_000_000:
@@ -169,14 +181,19 @@ def main() -> None:
     for s in systems:
         if s not in SYSTEMS:
             raise SystemExit(f"unknown system {s!r}: one of {', '.join(SYSTEMS)}")
+    modes = [m for m in args.publisher_mode.split(",") if m]
+    for m in modes:
+        if m not in ("filtering", "idle"):
+            raise SystemExit(f"unknown --publisher-mode {m!r}: filtering or idle")
     results = []
-    for pubs in (int(x) for x in args.publishers.split(",")):
-        for chans in (int(x) for x in args.channels.split(",")):
-            for system in systems:
-                r = run_case(system, pubs, chans, args.rounds, args.publisher_procs)
-                print(f"{system:8} {pubs:4} publishers {chans:4} channels: p50 {r['p50']:,.0f} µs, "
-                      f"p99 {r['p99']:,.0f} µs, p99.9 {r['p999']:,.0f} µs", flush=True)
-                results.append(r)
+    for mode in modes:
+        for pubs in (int(x) for x in args.publishers.split(",")):
+            for chans in (int(x) for x in args.channels.split(",")):
+                for system in systems:
+                    r = run_case(system, pubs, chans, args.rounds, args.publisher_procs, mode)
+                    print(f"{system:8} {pubs:4} {mode} publishers {chans:4} channels: p50 {r['p50']:,.0f} µs, "
+                          f"p99 {r['p99']:,.0f} µs, p99.9 {r['p999']:,.0f} µs", flush=True)
+                    results.append(r)
     print()
     print(table(results))
     if args.json:

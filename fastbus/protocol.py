@@ -30,7 +30,7 @@ DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{DEFAULT_PORT}"
 HELLO = b"H"        # [H, json hello]
 SUB = b"S"          # [S, seq u64, ops batch]
 PUB = b"P"          # [P, message batch]
-PING = b"p"         # [p, token]
+PING = b"p"         # [p, token(, LEASE_ASK)]   with LEASE_ASK: grant me a filter lease (peers that said "ack")
 STATS = b"Q"        # [Q]
 BYE = b"B"          # [B]
 ACK = b"A"          # [A, want seq u64]   WANT up to this seq applied (peers that said "ack" in HELLO)
@@ -52,6 +52,10 @@ NOTICE = b"E"       # [E, json {"dropped": n, "reason": ...}]   to a sender whos
 #: for this share of a lease the broker granted (clocks may run at slightly
 #: different rates on two hosts), from when it sent what the grant answers.
 LEASE_USE = 0.9
+#: The third frame of a PING that asks for a filter lease (its PONG then
+#: carries one): only a peer whose filter is in use asks, and only a peer
+#: that holds a lease is waited for.
+LEASE_ASK = b"lease"
 #: The token of a ping a downstream broker sends for its lease (then the
 #: send time, u64 ns of its monotonic clock).
 LEASE_TOKEN = b"lease:"

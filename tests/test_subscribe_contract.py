@@ -481,3 +481,37 @@ def test_a_downstream_broker_forwards_everything_once_its_lease_runs_out(brokers
             assert c.publish("y", b"1") == 1
     finally:
         up.close(linger=0)
+
+
+def test_a_broker_whose_upstream_is_unreachable_confirms_at_once(brokers):
+    """No upstream to confirm (nothing listens there): local subscriptions
+    are in effect locally, and nobody waits for an upstream that is not
+    there (it gets the whole set when it comes)."""
+    leaf = brokers("--upstream", _absent_endpoint())
+    with fastbus.Client(endpoint=leaf.endpoint) as c:
+        p = c.pubsub()
+        p.subscribe("warm")
+        t0 = time.monotonic()
+        for i in range(5):
+            p.subscribe(f"ch{i}")
+        assert time.monotonic() - t0 < 0.5 * 5 / 2, "each subscribe() waited for an absent upstream"
+        assert leaf.stats()["ack_timeouts"] == 0
+
+
+def test_only_publishers_whose_filter_is_in_use_are_waited_for(brokers):
+    """A publisher that asked for no lease (its filter dropped nothing
+    lately) does not filter, so a subscription does not wait for it; one
+    whose filter is busy is waited for, and acknowledges: no wait runs out."""
+    b = brokers("--filter-lease", "0.5")
+    with fastbus.Client(endpoint=b.endpoint) as idle, fastbus.Client(endpoint=b.endpoint) as busy, \
+            fastbus.Client(endpoint=b.endpoint) as c:
+        idle.flush()
+        busy.flush()
+        time.sleep(0.6)                           # the leases of their WELCOMEs have run out
+        p = c.pubsub()
+        for i in range(20):
+            busy.publish("noise", b"x")           # busy's filter drops it: it keeps a lease
+            p.subscribe(f"ch{i}")
+            assert busy.publish(f"ch{i}", b"y") == 1
+        assert busy.stats()["filtered"] >= 1
+        assert b.stats()["ack_timeouts"] == 0

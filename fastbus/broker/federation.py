@@ -146,7 +146,7 @@ class Upstream:
             return
         sent = time.monotonic_ns()
         self._lease_ping_at = now
-        self.b.sender.send(self.link, [P.PING, P.LEASE_TOKEN + P.pack_u64(sent)])
+        self.b.sender.send(self.link, [P.PING, P.LEASE_TOKEN + P.pack_u64(sent), P.LEASE_ASK])
         self.next_tick = now + LEASE_PING_RETRY
 
     def hello(self) -> None:

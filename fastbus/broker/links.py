@@ -26,7 +26,9 @@ Changes of what we want from a link, or of what it may filter (WANT to a
 publisher or a downstream broker, SUB to the upstream broker), are numbered
 per link (``change_seq``, sent at ``change_at``); ``change_acked`` is the
 latest the link said it has applied (ACK, or the upstream's CONFIRM).  A
-confirmation waits for them (fastbus.broker.settle).  ``acks``: the peer
+confirmation waits for them (fastbus.broker.settle), from a session only
+while a lease we granted it may still be running (``lease_end``):
+without one it does not filter.  ``acks``: the peer
 acknowledges (it said so in HELLO; our upstream link always does);
 ``holds_lease``: it filters only under a lease from us, so it is waited for
 at most the lease (a session), not the upstream's confirmation timeout.
@@ -34,6 +36,7 @@ at most the lease (a session), not the upstream's confirmation timeout.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 
@@ -60,7 +63,7 @@ class Link:
 
     __slots__ = ("link", "name", "sock", "publisher", "subs", "sub_bytes", "forwarder", "queue",
                  "queued_bytes", "lost", "last_sent", "flow_exempt", "address", "since", "traffic",
-                 "acks", "change_seq", "change_at", "change_acked")
+                 "acks", "change_seq", "change_at", "change_acked", "lease_end")
 
     def __init__(self, link: int, name: str, sock: zmq.Socket, publisher: bool = False) -> None:
         self.link = link
@@ -85,6 +88,7 @@ class Link:
         self.change_seq = 0               # the latest change sent to it (WANT, or SUB upstream)
         self.change_at = 0.0              # when (time.monotonic())
         self.change_acked = 0             # the latest it acknowledged
+        self.lease_end = -math.inf        # a lease we granted it runs until then at most (time.monotonic())
 
     def _changed(self) -> int:
         """Number a change about to be sent to this link."""
@@ -94,8 +98,15 @@ class Link:
 
     @property
     def unacked(self) -> bool:
-        """Did we send it a change it has not acknowledged yet?"""
-        return self.acks and self.change_acked < self.change_seq
+        """Did we send it a change it has not acknowledged yet (and may it
+        still answer)?"""
+        return self.acks and self.change_acked < self.change_seq and self.answering
+
+    @property
+    def answering(self) -> bool:
+        """Is there a peer to acknowledge (not an upstream we are not
+        connected to: no one waits for that)?"""
+        return True
 
     @property
     def filters(self) -> bool:
@@ -225,6 +236,10 @@ class UpstreamLink(Link):
 
     def data_frames(self, batch) -> list:
         return [_PUB, batch]
+
+    @property
+    def answering(self) -> bool:
+        return bool(self.instance)
 
     def want_frames(self, ops) -> list:
         return [P.SUB, P.pack_u64(self._changed()), ops]

@@ -407,8 +407,8 @@ class Broker:
                         self._wake.recv()
                 # What this turn brought goes out now, one batch per link.
                 guarded(sender.flush_due)
-                if settler.next_deadline <= time.monotonic():
-                    guarded(settler.settle, time.monotonic())
+                if settler.dirty or settler.next_deadline <= time.monotonic():
+                    guarded(settler.settle, time.monotonic())      # acknowledged, or waited long enough
                 if sender.blocked or self._watched:
                     guarded(self._retry_blocked, poller)
                 now = time.monotonic()

@@ -12,6 +12,7 @@ logged, answered with KICK, and the session dropped.
 from __future__ import annotations
 
 import logging
+import time
 
 import zmq
 
@@ -161,10 +162,12 @@ class Sessions:
                 self._reply(ident, [P.PONG, token, b.instance])
                 # A client we dropped (or never met) that is still alive.
                 self._hello_required(ident)
-            elif link.acks:
+            elif link.acks and len(rest) > 1 and rest[1] == P.LEASE_ASK:
                 # Behind everything queued for it, WANT included: a lease
                 # on the view those gave it (fastbus.broker.settle).
-                b.sender.send(link, [P.PONG, token, b.instance, P.pack_u64(b.lease_grant_us())])
+                lease = b.lease_grant_us()
+                link.lease_end = time.monotonic() + lease / 1e6
+                b.sender.send(link, [P.PONG, token, b.instance, P.pack_u64(lease)])
             else:
                 b.sender.send(link, [P.PONG, token, b.instance])
         elif cmd == P.STATS:
@@ -257,6 +260,7 @@ class Sessions:
                               "max_sub_ops": cfg.max_sub_ops}}
         if link.acks:
             welcome["lease_us"] = b.lease_grant_us()     # the answer to its HELLO, as a PONG is to a PING
+            link.lease_end = time.monotonic() + welcome["lease_us"] / 1e6
         send(link, [P.WELCOME, P.dump_json(welcome)])
         if link.is_broker or link.filters:
             send(link, b.interest.want_reset(link))

@@ -68,6 +68,9 @@ class Settler:
         self._counters = counters
         self._queues: dict[int, tuple[Link, deque[_Pending]]] = {}
         self.next_deadline = math.inf
+        #: An acknowledgement came in: settle() at the end of the loop's
+        #: turn (once for all the ACKs a turn read, not once each).
+        self.dirty = False
 
     @property
     def waiting(self) -> int:
@@ -97,15 +100,23 @@ class Settler:
 
     def _waits(self, source: Link) -> list:
         """What a change from ``source`` waits for: every other link's
-        latest change, where not acknowledged yet."""
+        latest change, where not acknowledged yet; from a session, only
+        while a lease we granted it may still run (one with none does not
+        filter: it sends everything, and its next lease comes behind our
+        WANT)."""
         waits = []
         unacked = self.links.unacked
+        now = time.monotonic()
         for link_id, link in list(unacked.items()):
             if not link.unacked or not self.links.is_current(link):
                 del unacked[link_id]
             elif link is not source:
-                timeout = self.lease if link.holds_lease else self.upstream_timeout
-                waits.append([link, link.change_seq, link.change_at + timeout])
+                if link.holds_lease:
+                    if now >= link.lease_end:
+                        continue              # no lease of ours may run: it does not filter
+                    waits.append([link, link.change_seq, min(link.change_at + self.lease, link.lease_end)])
+                else:
+                    waits.append([link, link.change_seq, link.change_at + self.upstream_timeout])
         return waits
 
     def acked(self, link: Link, seq: int) -> None:
@@ -115,19 +126,20 @@ class Settler:
             if not link.unacked and self.links.unacked.get(link.link) is link:
                 del self.links.unacked[link.link]
             if self._queues:
-                self.settle(time.monotonic())
+                self.dirty = True
 
     def settle(self, now: float) -> None:
         """Send every reply whose waits are over (acknowledged, timed out,
-        or the link gone), in order per source."""
+        the link gone, or an upstream we lost), in order per source."""
         next_deadline = math.inf
+        self.dirty = False
         for source_id, (source, queue) in list(self._queues.items()):
             while queue:
                 pending = queue[0]
                 left = []
                 for wait in pending.waits:
                     link, seq, deadline = wait
-                    if link.change_acked >= seq or not self.links.is_current(link):
+                    if link.change_acked >= seq or not link.answering or not self.links.is_current(link):
                         continue
                     if now >= deadline:
                         self._counters["ack_timeouts"] += 1

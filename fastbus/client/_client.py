@@ -94,6 +94,9 @@ class PubSession(Session):
         self.notice: MessagesRejected | None = None   # raised by the next flush()
         self._pings: deque[tuple[bytes, int]] = deque(maxlen=PINGS_KEPT)   # (token, sent ns), oldest first
         self._hellos: deque[int] = deque(maxlen=PINGS_KEPT)                # HELLOs not yet welcomed: sent ns
+        self.applied = 0                  # the latest WANT applied (its seq)...
+        self.acked = 0                    # ...and the latest acknowledged
+        self.ack_until_ns = 0             # ACK what we apply until then (see on_message)
         publisher.renew = self.renew_lease
 
     def configure(self, s: zmq.Socket) -> None:
@@ -211,7 +214,13 @@ class PubSession(Session):
         if cmd == P.WANT and len(frames) in (3, 4):
             self.on_want(frames[1], frames[2])
             if len(frames) == 4:
-                self.send([P.ACK, frames[3]])        # applied: the broker may confirm what it added
+                # Applied: the broker may confirm what it added.  Said
+                # while a lease of ours may run, as the broker sees it (it
+                # does not wait for a publisher without one; a new lease
+                # says it, _grant): till twice the lease after we asked.
+                self.applied = P.unpack_u64(frames[3])
+                if time.monotonic_ns() < self.ack_until_ns:
+                    self._ack()
         elif cmd == P.FLOW and len(frames) == 2:
             paused = frames[1] == P.FLOW_PAUSE
             if paused and not self.flow_paused:
@@ -273,23 +282,31 @@ class PubSession(Session):
             pub.lease_until_ns = until
             pub.renew_at_ns = sent_ns + usable // 2      # renewed while the filter is in use
             pub.renew_asked = False
+        self.ack_until_ns = max(self.ack_until_ns, sent_ns + 2 * lease_us * 1000)
+        if self.applied > self.acked:
+            self._ack()                   # what we applied while we did not filter
 
-    def ping(self, token: bytes = b"") -> None:
+    def _ack(self) -> None:
+        self.acked = self.applied
+        self.send([P.ACK, P.pack_u64(self.applied)])
+
+    def ping(self, token: bytes = b"", lease: bool = False) -> None:
         # Its send time before it leaves: a lease counts from no later.
         self._pings.append((token, time.monotonic_ns()))
-        super().ping(token)
+        super().ping(token, lease)
 
     def hello(self) -> None:
         pub = self.publisher
         pub.wanted = None                 # a new session: everything, until its WANT reset
         pub.renew_asked = False
+        self.applied = self.acked = 0     # a new session numbers its WANTs anew
         self._hellos.append(time.monotonic_ns())
         super().hello()
 
     def renew_lease(self) -> None:
         """The publisher's call (see Publisher): its filter is in use and
         its lease ends soon, or has ended.  A ping renews it."""
-        self.post(lambda: self.ping(b"lease"))
+        self.post(lambda: self.ping(b"lease", lease=True))
 
     def filtering(self) -> bool:
         """Does the publisher drop what nobody wants now: a view from the

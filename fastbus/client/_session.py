@@ -417,10 +417,10 @@ class Session:
             hello["ack"] = True
         self.send([P.HELLO, P.dump_json(hello)])
 
-    def ping(self, token: bytes = b"") -> None:
+    def ping(self, token: bytes = b"", lease: bool = False) -> None:
         """Send a PING (its PONG comes back behind everything the broker
-        sent before it)."""
-        self.send([P.PING, token])
+        sent before it; ``lease``: asking for a filter lease)."""
+        self.send([P.PING, token, P.LEASE_ASK] if lease else [P.PING, token])
 
     def resync(self, why: str) -> None:
         log.info("%s: resending to %s (%s)", self.client.name, self.client.endpoint, why)
