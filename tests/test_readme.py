@@ -66,6 +66,7 @@ NOT_RUN = {
     "pytest bench/ --benchmark-only": "benchmarks, minutes (their brokers run in temporary directories)",
     "python bench/trie_memory.py": "a benchmark, minutes",
     "python bench/latency_bench.py": "a benchmark, minutes",
+    "python bench/subscribe_bench.py": "a benchmark, minutes",
     "python bench/pubsub_bench.py": "a benchmark, minutes",
     'pip install "fastbus[spark]"': "an install from PyPI",
 }
