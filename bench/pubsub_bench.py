@@ -1,4 +1,4 @@
-"""Seed 000's pub/sub workload on fastbus, Redis, a libzmq proxy and NATS, in one run.
+"""Seed 000's pub/sub workload on fastbus, Redis, a libzmq proxy, NATS and Zenoh, in one run.
 
 P publisher processes publish 20-byte messages to random channels among 50
 ("0".."49") as fast as they can; S subscriber processes are subscribed to
@@ -29,6 +29,13 @@ sequence, so the random generator does not dominate).  Two consumer styles:
            the message dict; bulk: it only counts).  NATS has no lossless
            setting: a subscriber that falls behind is cut off as a slow
            consumer, which shows as "undelivered"
+  zenoh    eclipse-zenoh 1.x in peer mode (each subscriber listens on its
+           own loopback port, each publisher connects to all of them;
+           multicast scouting off), a publisher per channel with
+           CongestionControl.BLOCK (lossless), a subscriber callback per
+           channel (seed: it builds the message dict; bulk: it only
+           counts).  zenoh-router (only when named): through a
+           router-mode session in its own process
 
 Rates are taken over the middle of the run (after a warm-up).  Then the
 publishers stop and the subscribers drain what is queued for them, for at
@@ -55,7 +62,16 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import EXTRA_SYSTEMS, SYSTEMS, Server  # noqa: E402
+from servers import EXTRA_SYSTEMS, SYSTEMS, Server, free_port, zenoh_config  # noqa: E402
+
+#: Run by default: the servers' systems, and Zenoh in peer mode.
+BENCH_SYSTEMS = SYSTEMS + ("zenoh",)
+
+
+def _zenoh_endpoints(server: dict) -> list[str]:
+    if server["system"] == "zenoh-router":
+        return [f"tcp/127.0.0.1:{server['port']}"]
+    return [f"tcp/127.0.0.1:{p}" for p in server["zenoh_ports"]]
 
 CHANNELS = [str(i) for i in range(50)]
 
@@ -103,6 +119,20 @@ def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed
             pipe.execute()
             n += 1000
             count.value = n
+    elif system in ("zenoh", "zenoh-router"):
+        import zenoh
+        mode = "client" if system == "zenoh-router" else "peer"
+        session = zenoh.open(zenoh_config(mode, connect=_zenoh_endpoints(server)))
+        pubs = {ch.encode(): session.declare_publisher(ch, congestion_control=zenoh.CongestionControl.BLOCK)
+                for ch in CHANNELS}
+        time.sleep(0.5)                           # connected to every subscriber
+        while not stop.is_set():
+            for _ in range(1000):
+                pubs[next(chans)].put(msg)
+            n += 1000
+            count.value = n
+        time.sleep(0.5)                           # what is in flight leaves before the session closes
+        session.close()
     elif system == "nats":
         async def run() -> int:
             import nats
@@ -174,7 +204,7 @@ def _count_messages(get, done, count, state: dict) -> int:
             state["last"] = time.monotonic()
 
 
-def subscriber(system: str, style: str, server: dict, stop_all, ready, count, drain: float) -> None:
+def subscriber(system: str, style: str, server: dict, stop_all, ready, count, drain: float, index: int = 0) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     n = 0
     idle_limit = 1.0
@@ -220,6 +250,35 @@ def subscriber(system: str, style: str, server: dict, stop_all, ready, count, dr
             pass
         ready.set()
         n = _count_messages(p.get_message, done, count, state)
+    elif system in ("zenoh", "zenoh-router"):
+        import zenoh
+        if system == "zenoh-router":
+            conf = zenoh_config("client", connect=_zenoh_endpoints(server))
+        else:
+            conf = zenoh_config("peer", listen=[_zenoh_endpoints(server)[index]])
+        session = zenoh.open(conf)
+        got = [0]
+
+        if style == "seed":
+            def cb(sample) -> None:               # in a Zenoh thread, with the GIL
+                {"type": "message", "channel": str(sample.key_expr), "data": sample.payload.to_bytes()}
+                got[0] += 1
+        else:
+            def cb(sample) -> None:
+                got[0] += 1
+
+        subs = [session.declare_subscriber(ch, cb) for ch in CHANNELS]
+        ready.set()
+        seen = 0
+        while not done():
+            time.sleep(0.05)
+            count.value = got[0]
+            if got[0] != seen:
+                seen = got[0]
+                state["last"] = time.monotonic()
+        n = got[0]
+        del subs
+        session.close()
     elif system == "nats":
         async def run() -> int:
             import nats
@@ -277,6 +336,8 @@ def subscriber(system: str, style: str, server: dict, stop_all, ready, count, dr
 def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float, size: int,
              drain: float, window: int = 0) -> dict:
     srv = Server(system, lossless=True)
+    if system == "zenoh":
+        srv.zenoh_ports = [free_port() for _ in range(nclients)]     # each subscriber listens on one
     ctx = mp.get_context("spawn")
     info = srv.info
     client = "fastbus" if system.startswith("fastbus") else system   # fastbus-http: fastbus's clients
@@ -284,7 +345,7 @@ def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float,
     pubc = [ctx.Value("q", 0) for _ in range(npubs)]
     subc = [ctx.Value("q", 0) for _ in range(nclients)]
     readies = [ctx.Event() for _ in range(nclients)]
-    subs = [ctx.Process(target=subscriber, args=(client, style, info, stop_all, readies[i], subc[i], drain))
+    subs = [ctx.Process(target=subscriber, args=(client, style, info, stop_all, readies[i], subc[i], drain, i))
             for i in range(nclients)]
     pubs = [ctx.Process(target=publisher, args=(client, info, size, stop_pub, ready_pub, pubc[i], i,
                                                 window, pubc, subc))
@@ -367,7 +428,7 @@ def plot(results: list[dict], path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--systems", default=",".join(SYSTEMS),
+    ap.add_argument("--systems", default=",".join(BENCH_SYSTEMS),
                     help="comma-separated, of: " + ", ".join(SYSTEMS + EXTRA_SYSTEMS) + " (fastbus-http: the "
                          "broker with --http, its endpoints read every second; compare with fastbus)")
     ap.add_argument("--cases", default="1:2,1:1,2:2,4:4", help="publishers:subscribers pairs")

@@ -515,3 +515,48 @@ def test_only_publishers_whose_filter_is_in_use_are_waited_for(brokers):
             assert busy.publish(f"ch{i}", b"y") == 1
         assert busy.stats()["filtered"] >= 1
         assert b.stats()["ack_timeouts"] == 0
+
+
+def test_a_flood_of_subs_waiting_on_a_silent_publisher_is_bounded_and_answered_in_order(brokers):
+    """A publisher holds a lease and never acknowledges (a raw session); a
+    client sends 2,000 SUB frames at once: every one is confirmed, in order,
+    within the lease of the last (the broker merges what waits past its
+    bound per source instead of holding one wait list per SUB)."""
+    import zmq
+    from fastbus import protocol as P
+    from fastbus._core import SUBSCRIBE
+    b = brokers("--filter-lease", "0.3")
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.DEALER)
+    pub.linger = 0
+    pub.connect(b.endpoint)
+    pub.send_multipart([P.HELLO, P.dump_json({"v": 1, "role": "client", "pub": True, "name": "silent",
+                                              "ack": True})])
+    pub.send_multipart([P.PING, b"t", P.LEASE_ASK])            # a lease, and then silence
+    deadline = time.monotonic() + 5
+    leased = False
+    while time.monotonic() < deadline and not leased:
+        if pub.poll(100):
+            frames = pub.recv_multipart()
+            leased = frames[0] == P.PONG and len(frames) == 4
+    assert leased
+    sub = ctx.socket(zmq.DEALER)
+    sub.linger = 0
+    sub.connect(b.endpoint)
+    sub.send_multipart([P.HELLO, P.dump_json({"v": 1, "role": "client", "pub": False, "name": "flood"})])
+    n = 2000
+    t0 = time.monotonic()
+    for seq in range(1, n + 1):
+        sub.send_multipart([P.SUB, P.pack_u64(seq), P.encode_ops([(SUBSCRIBE, b"k%d" % seq, False)])])
+    confirmed = []
+    deadline = time.monotonic() + 30
+    while len(confirmed) < n and time.monotonic() < deadline:
+        if sub.poll(100):
+            frames = sub.recv_multipart()
+            if frames[0] == P.CONFIRM:
+                confirmed.append(P.unpack_u64(frames[1]))
+    assert confirmed == list(range(1, n + 1))
+    assert time.monotonic() - t0 < 10
+    assert b.stats()["subscriptions"] == n
+    pub.close()
+    sub.close()

@@ -29,6 +29,12 @@ one leaf of a tree is in the filters of the publishers on every other.
 Replies to one source go in the order of its changes.  Waits go only away
 from the source (never back over the link the change came from), so in a
 tree of brokers they never wait on each other in a circle.
+
+What a source can make the broker hold is bounded: past
+``MAX_PENDING`` replies waiting for one source, a new change's waits merge
+into the last one (each link's latest change, the later deadline), and its
+reply goes with that one's: at most ``MAX_PENDING`` x links wait entries
+per source, however fast it sends SUBs.
 """
 
 from __future__ import annotations
@@ -42,16 +48,31 @@ from .links import Link, LinkTable
 
 log = logging.getLogger("fastbus.broker")
 
+#: Replies one source may have waiting before new ones merge (module doc).
+MAX_PENDING = 64
+
 
 class _Pending:
-    """A reply (CONFIRM, or ACK upstream) and the acknowledgements it waits
-    for: ``[link, seq, deadline]`` each."""
+    """Replies (CONFIRM, or ACK upstream; more than one once merged) and the
+    acknowledgements they wait for: ``[link, seq, deadline]`` each."""
 
-    __slots__ = ("reply", "waits")
+    __slots__ = ("replies", "waits")
 
     def __init__(self, reply: list, waits: list) -> None:
-        self.reply = reply
+        self.replies = [reply]
         self.waits = waits
+
+    def merge(self, reply: list, waits: list) -> None:
+        """A later change's reply and waits, answered with these."""
+        self.replies.append(reply)
+        mine = {w[0].link: w for w in self.waits}
+        for link, seq, deadline in waits:
+            w = mine.get(link.link)
+            if w is None or w[0] is not link:
+                self.waits.append([link, seq, deadline])
+            else:
+                w[1] = max(w[1], seq)
+                w[2] = max(w[2], deadline)
 
 
 class Settler:
@@ -93,7 +114,10 @@ class Settler:
                 return
             entry = (source, deque())
             self._queues[source.link] = entry
-        entry[1].append(_Pending(reply, waits))
+        if len(entry[1]) >= MAX_PENDING:
+            entry[1][-1].merge(reply, waits)
+        else:
+            entry[1].append(_Pending(reply, waits))
         for _link, _seq, deadline in waits:
             if deadline < self.next_deadline:
                 self.next_deadline = deadline
@@ -154,8 +178,9 @@ class Settler:
                 if left:
                     break
                 queue.popleft()
-                if self.links.is_current(source):
-                    self._send(source, pending.reply)
+                for reply in pending.replies:
+                    if self.links.is_current(source):
+                        self._send(source, reply)
             if not queue and self._queues.get(source_id, (None,))[0] is source:
                 del self._queues[source_id]
         self.next_deadline = next_deadline
