@@ -66,7 +66,7 @@ import time
 from array import array
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import SYSTEMS, Server, free_port, zenoh_config  # noqa: E402
+from servers import SYSTEMS, Server, free_port, zenoh_config, zenoh_endpoints  # noqa: E402
 
 #: Run by default: the servers' systems, and Zenoh in peer mode.
 LATENCY_SYSTEMS = SYSTEMS + ("zenoh",)
@@ -150,11 +150,6 @@ def _picks(n: int) -> list[int]:
     return [rnd.randrange(n) for _ in range(1 << 16)]
 
 
-def _zenoh_endpoints(info: dict) -> list[str]:
-    if info["system"] == "zenoh-router":
-        return [f"tcp/127.0.0.1:{info['port']}"]
-    return [f"tcp/127.0.0.1:{p}" for p in info["zenoh_ports"]]
-
 
 def publisher(info: dict, rate: float, seconds: float, warmup: float, max_messages: int, channels: int,
               go, out) -> None:
@@ -205,7 +200,7 @@ def publisher(info: dict, rate: float, seconds: float, warmup: float, max_messag
     elif system in ("zenoh", "zenoh-router"):
         import zenoh
         mode = "client" if system == "zenoh-router" else "peer"
-        session = zenoh.open(zenoh_config(mode, connect=_zenoh_endpoints(info)))
+        session = zenoh.open(zenoh_config(mode, connect=zenoh_endpoints(info)))
         pubs = [session.declare_publisher(n.decode(), congestion_control=zenoh.CongestionControl.BLOCK)
                 for n in names]
         go.wait()
@@ -215,7 +210,7 @@ def publisher(info: dict, rate: float, seconds: float, warmup: float, max_messag
             pubs[picks[i & 0xFFFF]].put(_message(w.seq(i)))
             sent += 1
         t1 = time.monotonic()
-        time.sleep(0.5)                      # what is in flight leaves before the session closes
+        time.sleep(2.0)                      # what is in flight leaves before the session closes
         session.close()
     else:
         async def run() -> tuple[int, float, float]:
@@ -324,9 +319,9 @@ def subscriber(info: dict, style: str, channels: int, index: int, ready, pub_don
     elif system in ("zenoh", "zenoh-router"):
         import zenoh
         if system == "zenoh-router":
-            conf = zenoh_config("client", connect=_zenoh_endpoints(info))
+            conf = zenoh_config("client", connect=zenoh_endpoints(info))
         else:
-            conf = zenoh_config("peer", listen=[_zenoh_endpoints(info)[index]])
+            conf = zenoh_config("peer", listen=[zenoh_endpoints(info)[index]])
         session = zenoh.open(conf)
 
         def cb(sample) -> None:              # in a Zenoh thread, with the GIL

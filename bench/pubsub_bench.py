@@ -62,16 +62,11 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import EXTRA_SYSTEMS, SYSTEMS, Server, free_port, zenoh_config  # noqa: E402
+from servers import EXTRA_SYSTEMS, SYSTEMS, Server, free_port, zenoh_config, zenoh_endpoints  # noqa: E402
 
 #: Run by default: the servers' systems, and Zenoh in peer mode.
 BENCH_SYSTEMS = SYSTEMS + ("zenoh",)
 
-
-def _zenoh_endpoints(server: dict) -> list[str]:
-    if server["system"] == "zenoh-router":
-        return [f"tcp/127.0.0.1:{server['port']}"]
-    return [f"tcp/127.0.0.1:{p}" for p in server["zenoh_ports"]]
 
 CHANNELS = [str(i) for i in range(50)]
 
@@ -122,7 +117,7 @@ def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed
     elif system in ("zenoh", "zenoh-router"):
         import zenoh
         mode = "client" if system == "zenoh-router" else "peer"
-        session = zenoh.open(zenoh_config(mode, connect=_zenoh_endpoints(server)))
+        session = zenoh.open(zenoh_config(mode, connect=zenoh_endpoints(server)))
         pubs = {ch.encode(): session.declare_publisher(ch, congestion_control=zenoh.CongestionControl.BLOCK)
                 for ch in CHANNELS}
         time.sleep(0.5)                           # connected to every subscriber
@@ -131,7 +126,7 @@ def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed
                 pubs[next(chans)].put(msg)
             n += 1000
             count.value = n
-        time.sleep(0.5)                           # what is in flight leaves before the session closes
+        time.sleep(2.0)                           # what is in flight leaves before the session closes
         session.close()
     elif system == "nats":
         async def run() -> int:
@@ -253,9 +248,9 @@ def subscriber(system: str, style: str, server: dict, stop_all, ready, count, dr
     elif system in ("zenoh", "zenoh-router"):
         import zenoh
         if system == "zenoh-router":
-            conf = zenoh_config("client", connect=_zenoh_endpoints(server))
+            conf = zenoh_config("client", connect=zenoh_endpoints(server))
         else:
-            conf = zenoh_config("peer", listen=[_zenoh_endpoints(server)[index]])
+            conf = zenoh_config("peer", listen=[zenoh_endpoints(server)[index]])
         session = zenoh.open(conf)
         got = [0]
 

@@ -208,6 +208,15 @@ def zenoh_config(mode: str, listen: list[str] = (), connect: list[str] = ()):
     return c
 
 
+def zenoh_endpoints(info: dict) -> list[str]:
+    """Where a Zenoh session of a benchmark connects: the router of
+    "zenoh-router", else (peer mode) every subscriber's listening port, in
+    subscriber order."""
+    if info["system"] == "zenoh-router":
+        return [f"tcp/127.0.0.1:{info['port']}"]
+    return [f"tcp/127.0.0.1:{p}" for p in info["zenoh_ports"]]
+
+
 def zenoh_router(port: int) -> None:
     """A router-mode Zenoh session listening on ``port`` until SIGTERM."""
     import zenoh

@@ -193,7 +193,7 @@ _STOPPABLE = textwrap.dedent("""
 """)
 
 
-def _stopped_publisher_case(sub_endpoint: str, pub_endpoint: str, stop_pid_of) -> None:
+def _stopped_publisher_case(sub_endpoint: str, pub_endpoint: str, stop_pid_of) -> int:
     """A publisher whose filter is in use is stopped (SIGSTOP: it reads
     nothing); a client subscribes meanwhile: subscribe() returns within the
     bounded wait; after SIGCONT every message the publisher published from
@@ -234,6 +234,7 @@ def _stopped_publisher_case(sub_endpoint: str, pub_endpoint: str, stop_pid_of) -
             assert all(ret == 1 for _i, ret in after), "publish() dropped a message by a stale filter"
             missing = [i for i, _ret in after if i not in received]
             assert not missing, f"{len(missing)} of {len(after)} messages published after subscribe() lost"
+            return len(after)
     finally:
         if stopped is not None:
             os.kill(stopped, signal.SIGCONT)
@@ -244,7 +245,7 @@ def _stopped_publisher_case(sub_endpoint: str, pub_endpoint: str, stop_pid_of) -
 
 def test_a_stopped_publisher_delays_nobody_and_loses_nothing(brokers):
     b = brokers()
-    _stopped_publisher_case(b.endpoint, b.endpoint, lambda proc: proc.pid)
+    assert _stopped_publisher_case(b.endpoint, b.endpoint, lambda proc: proc.pid) > 100   # all delivered
 
 
 def test_a_stopped_downstream_broker_delays_nobody_and_loses_nothing(brokers):
@@ -257,7 +258,7 @@ def test_a_stopped_downstream_broker_delays_nobody_and_loses_nothing(brokers):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and root.stats()["links"].get("broker", 0) < 1:
         time.sleep(0.05)
-    _stopped_publisher_case(root.endpoint, leaf.endpoint, lambda proc: leaf.proc.pid)
+    assert _stopped_publisher_case(root.endpoint, leaf.endpoint, lambda proc: leaf.proc.pid) > 100
 
 
 def test_subscribe_waits_while_another_thread_reads(brokers):
