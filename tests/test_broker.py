@@ -509,8 +509,8 @@ def test_stuck_subscriber_holds_publishers_back_only_briefly(brokers, client_fac
     pub = client_factory(b.endpoint, max_buffer_bytes=1 << 20, block_timeout=30)
     wait_wanted(pub, "flow")
     t0 = time.monotonic()
-    for _ in range(100_000):                     # 20 MB; nobody reads
-        pub.publish("flow", b"z" * 200)
+    for _ in range(100_000):                     # 100 MB; nobody reads (more than
+        pub.publish("flow", b"z" * 1000)         # loopback's socket buffers hold)
     pub.flush(timeout=30)
     assert time.monotonic() - t0 < 20
     wait_for(lambda: b.stats()["flow_timeouts"] >= 1, what="the pause to end")
