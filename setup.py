@@ -98,6 +98,9 @@ setup(
          # The broker's C data plane: calls the libzmq that pyzmq loaded, found at run time
          # (fastbus/broker/_libzmq.py), so it links nothing but the core.
          Extension("fastbus.broker._relay", ["fastbus/broker/_relay.pyx"], include_dirs=["csrc"],
+                   libraries=["fastbus"]),
+         # The client's native engine (threads that never take the GIL), the same way.
+         Extension("fastbus.client._engine", ["fastbus/client/_engine.pyx"], include_dirs=["csrc"],
                    libraries=["fastbus"])],
         compiler_directives={"language_level": "3", "embedsignature": True},
     ),

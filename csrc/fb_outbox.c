@@ -197,6 +197,19 @@ int fb_outbox_take(fb_outbox *o, unsigned char **buf, size_t *len)
     return FB_OK;
 }
 
+int fb_outbox_untake(fb_outbox *o, unsigned char *buf, size_t len, uint32_t count)
+{
+    if (o->count || o->buf || !buf || !count) return FB_EINVAL;
+    if (!o->resp_len && o->lim.checksum) {
+        if (len < 4) return FB_EINVAL;
+        len -= 4;               /* take appended the trailer; the next take does again */
+    }
+    o->buf = buf;
+    o->len = o->cap = len;
+    o->count = count;           /* first_ns is still the batch's: take leaves it */
+    return FB_OK;
+}
+
 void fb_outbox_clear(fb_outbox *o)
 {
     free(o->buf);

@@ -81,6 +81,12 @@ uint64_t fb_outbox_deadline(const fb_outbox *o);
  * cannot be appended (the batch then stays in the outbox). */
 int fb_outbox_take(fb_outbox *o, unsigned char **buf, size_t *len);
 
+/* Put back a batch fb_outbox_take just handed over and its count, because
+ * it could not be sent: the outbox holds it again as it was.  Only while
+ * nothing was appended since (the caller held the outbox throughout):
+ * FB_EINVAL otherwise, and the batch stays the caller's. */
+int fb_outbox_untake(fb_outbox *o, unsigned char *buf, size_t len, uint32_t count);
+
 /* Drop the pending batch. */
 void fb_outbox_clear(fb_outbox *o);
 

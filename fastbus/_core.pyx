@@ -29,6 +29,7 @@ from fastbus.includes.fb_lock cimport fb_lock, fb_lock_try, fb_lock_release, fb_
 from cpython cimport array
 from libc.stdint cimport uint8_t, int32_t, uint32_t, uint64_t, int64_t, UINT64_MAX, UINT32_MAX
 from libc.string cimport memcpy, memcmp, memset
+from libc.stdlib cimport malloc, free
 from libc.errno cimport errno
 
 from fastbus.includes.fb_common cimport *
@@ -36,6 +37,7 @@ from fastbus.includes.fb_trie cimport *
 from fastbus.includes.fb_forwarder cimport *
 from fastbus.includes.fb_batch cimport *
 from fastbus.includes.fb_outbox cimport *
+from fastbus.includes.fb_batchq cimport *
 from fastbus.includes.fb_router cimport *
 from fastbus.includes.fb_resp cimport *
 

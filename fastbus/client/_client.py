@@ -16,6 +16,7 @@ import zmq
 from fastbus import protocol as P
 from fastbus._core import SUBSCRIBE, Outbox, Publisher, Trie
 from fastbus._types import ChannelT, EncodableT
+from fastbus.client import _engine
 from fastbus.client._endpoint import AbsenceProbe, check_endpoint
 from fastbus.client._keeper import Keeper
 from fastbus.client._keys import to_key
@@ -75,19 +76,27 @@ class PubSession(Session):
     everywhere"): the broker confirms a subscription once this session
     acknowledged it, or once every lease granted before has run out.  The
     publisher asks for a renewal (``renew_lease``) while its filter is in
-    use; a lease that ran out makes it send what it would have dropped."""
+    use; a lease that ran out makes it send what it would have dropped.
+
+    Batches a burst leaves in the outbox are sent by a native thread
+    (``engine``, a ``_engine.Sender``) the moment the burst stops, without
+    waiting for the interpreter lock; what it does not send (a full socket,
+    a FLOW pause, control frames or sealed batches first) it hands back to
+    the keeper.  An event loop's session has none: the loop sends."""
 
     kind = "pub"
     acks = True
     _tokens = itertools.count(1)
 
     def __init__(self, client: Client, publisher: Publisher, linger: float) -> None:
+        self.engine: _engine.Sender | None = None     # (open() starts it)
+        self._skipped = False
         super().__init__(client)
         self.publisher = publisher
         self.linger_ns = int(linger * 1e9)
-        self.flow_paused = False          # the broker asked publishers to pause
+        self._flow_paused = False
         self.flow_pauses = 0
-        self.sent = 0                     # messages sent to the broker
+        self._sent = 0                    # messages sent to the broker from Python
         self.pongs: set[bytes] = set()    # flush tokens the broker answered
         self.stats_replies: list[dict] = []
         self.rejected = 0                 # messages the broker said it dropped (NOTICE)
@@ -98,6 +107,61 @@ class PubSession(Session):
         self.acked = 0                    # ...and the latest acknowledged
         self.ack_until_ns = 0             # ACK what we apply until then (see on_message)
         publisher.renew = self.renew_lease
+
+    def open(self) -> None:
+        super().open()
+        if self.engine is None and not self.client.driven_by_loop and _engine.available():
+            self.engine = _engine.Sender(self.publisher, self.lock, self.sock, self.client._keeper.wake_fd,
+                                         linger=self.linger_ns / 1e9, command=P.PUB)
+            self.publisher.wake = self.engine.wake
+
+    def close(self) -> None:
+        if self.engine is not None:
+            # Before the socket closes; it leaves the lock we hold alone
+            # (it looks whether to stop while it waits for it).
+            self.engine.stop()
+            self.engine = None
+            self.publisher.wake = self.client._keeper.wake
+        super().close()
+
+    @property
+    def sent(self) -> int:
+        """Messages sent to the broker."""
+        return self._sent + (self.engine.sent_messages if self.engine is not None else 0)
+
+    @property
+    def flow_paused(self) -> bool:
+        """Has the broker asked publishers to pause?"""
+        return self._flow_paused
+
+    @flow_paused.setter
+    def flow_paused(self, paused: bool) -> None:
+        self._flow_paused = paused
+        if self.engine is not None:
+            self.engine.paused = paused
+
+    @property
+    def keeper_skipped(self) -> bool:
+        return self._skipped or (self.engine is not None and self.engine.owner_skipped)
+
+    @keeper_skipped.setter
+    def keeper_skipped(self, value: bool) -> None:
+        # The native sender may be the holder the keeper found: it wakes
+        # the keeper when it lets go.
+        self._skipped = value
+        if self.engine is not None:
+            self.engine.owner_skipped = value
+
+    def send(self, frames: list) -> bool:
+        sent = super().send(frames)
+        if not sent and self.engine is not None and self.outq:
+            self.engine.owner_first = True
+        return sent
+
+    def flush_outq(self) -> None:
+        super().flush_outq()
+        if self.engine is not None and not self.outq:
+            self.engine.owner_first = False
 
     def configure(self, s: zmq.Socket) -> None:
         # What is already sent when the broker asks to pause still arrives:
@@ -117,7 +181,7 @@ class PubSession(Session):
         if self.flow_paused:
             return                        # FLOW resume sends it
         if not self.lock.acquire(False):
-            self.client._keeper.wake()
+            self.publisher.wake()         # the native sender (else the keeper) sends it
             return
         try:
             self.pump(busy=full)
@@ -143,7 +207,7 @@ class PubSession(Session):
                 break
             self.blocked = False
             n += 1
-            self.sent += count
+            self._sent += count
         if n:
             pub.sent(busy)
         return n
@@ -167,14 +231,22 @@ class PubSession(Session):
     def serve(self, now: float) -> None:
         if self.outq:
             self.flush_outq()
-        self.pump(force=self.linger_over())
+        if self.keeper_sends():
+            self.pump(force=self.linger_over())
         self.read()
         self.tick(now)
+
+    def keeper_sends(self) -> bool:
+        """Must the keeper send batches now (no native sender, or it handed
+        them back: the socket was full, sealed batches wait)?"""
+        eng = self.engine
+        return eng is None or eng.take_handed() or self.blocked or self.publisher.has_sealed()
 
     def due_in(self, now: float) -> float | None:
         due = super().due_in(now)
         pub = self.publisher
-        if pub.queued and not self.flow_paused:
+        if pub.queued and not self.flow_paused and \
+                (self.engine is None or self.blocked or pub.has_sealed()):
             if self.blocked:
                 # The broker is not taking batches (its pipe is full): the
                 # socket's FD says when it has room, unless another thread
@@ -352,7 +424,7 @@ class PubSession(Session):
             while (item := pub.take(True)) is not None:
                 try:
                     self.sock.send_multipart([P.PUB, item[0]])
-                    self.sent += item[1]
+                    self._sent += item[1]
                 except zmq.ZMQError as exc:
                     log.warning("%s: %d messages not sent at close: %s", self.client.name,
                                 item[1] + pub.queued, exc)

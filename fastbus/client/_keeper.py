@@ -52,6 +52,11 @@ class Keeper(threading.Thread):
     def remove(self, session: Session) -> None:
         self.sessions = tuple(s for s in self.sessions if s is not session)
 
+    @property
+    def wake_fd(self) -> int:
+        """A byte written here wakes the keeper (the native sender's way)."""
+        return self._w
+
     def wake(self) -> None:
         """Have the keeper look at its sessions now (cheap when it already will)."""
         if self._signaled:

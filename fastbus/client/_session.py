@@ -12,7 +12,8 @@ it.  An asyncio client drives its sessions from its event loop instead.
 
 The rules every holder follows:
 
-* Only the holder of ``lock`` touches the socket.  A thread that finds the
+* Only the holder of ``lock`` touches the socket (a ``SessionLock``: the
+  client's native sender, ``_engine.Sender``, holds it too when it sends).  A thread that finds the
   lock taken hands its work over with ``post()``: the holder runs it before
   it lets go, and a holder blocked in ``wait()`` is woken for it.
 * Before letting go (``release()``), the holder reads what the socket has
@@ -28,7 +29,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from fastbus import protocol as P
+from fastbus.client._engine import SessionLock
 
 if TYPE_CHECKING:
     from fastbus.client._client import Client
@@ -96,7 +97,7 @@ class Session:
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self.lock = threading.Lock()
+        self.lock = SessionLock()         # threading.Lock's interface; a native thread may hold it too
         self.drivers: list[object] = []   # user threads driving it now (a token each): the keeper leaves it alone
         self.loop = None                  # the asyncio loop that drives it, if any
         self.posted: deque[Callable[[], None]] = deque()

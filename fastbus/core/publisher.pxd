@@ -1,6 +1,8 @@
 # Publisher: the publish path's state over an Outbox (see publisher.pxi).
 from libc.stdint cimport uint64_t
 
+from fastbus.includes.fb_batchq cimport fb_batchq
+
 
 cdef class Publisher:
     cdef public Outbox outbox
@@ -18,9 +20,7 @@ cdef class Publisher:
     cdef public object send_now
     cdef public Py_ssize_t max_topic
     cdef public Py_ssize_t max_payload
-    cdef object _sealed
-    cdef Py_ssize_t _sealed_bytes
-    cdef Py_ssize_t _sealed_count
+    cdef fb_batchq _sealed          # under outbox._lock (a native sender takes from it)
     cdef uint64_t _gap_ns
     cdef int _burst_limit
     cdef int _streak

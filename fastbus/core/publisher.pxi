@@ -69,9 +69,7 @@ cdef class Publisher:
         self.block_reason = block_reason
         self._room = None
         self._waiting = 0
-        self._sealed = deque()
-        self._sealed_bytes = 0
-        self._sealed_count = 0
+        fb_batchq_init(&self._sealed)
         self._gap_ns = <uint64_t>(burst_gap * 1e9)
         self._burst_limit = burst_limit
         self._streak = 0
@@ -82,6 +80,9 @@ cdef class Publisher:
         self.renew_at_ns = UINT64_MAX
         self.renew_asked = False
         self.renew = None
+
+    def __dealloc__(self):
+        fb_batchq_clear(&self._sealed)
 
     def publish(self, channel, message) -> int:
         """Queue a message; 0 if no subscriber wants its channel."""
@@ -126,13 +127,19 @@ cdef class Publisher:
                     return 0
                 self._lapsed += 1
         if self.max_buffer_bytes and \
-                self._sealed_bytes + <Py_ssize_t>fb_outbox_bytes(&ob._o) >= self.max_buffer_bytes:
+                <Py_ssize_t>(self._sealed.bytes + fb_outbox_bytes(&ob._o)) >= self.max_buffer_bytes:
             self.wait_for_room()
         _lock(&ob._lock)
         if fb_outbox_full(&ob._o):
-            # The sender has not taken this full batch yet: seal it.
+            # The sender has not taken this full batch yet: seal it
+            # (under the outbox's lock, as a native sender takes it).
             sealed_count = fb_outbox_count(&ob._o)
             took = fb_outbox_take(&ob._o, &sealed, &sealed_len)
+            if sealed is not NULL and fb_batchq_push(&self._sealed, sealed, sealed_len,
+                                                     <uint32_t>sealed_count) < 0:
+                # No memory for the queue's entry: the batch stays in the
+                # outbox (which grows past its limit) rather than be lost.
+                fb_outbox_untake(&ob._o, sealed, sealed_len, <uint32_t>sealed_count)
         starts = fb_outbox_count(&ob._o) == 0
         # The outbox uses the time only for the first record of a batch.
         rc = fb_outbox_append(&ob._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(p),
@@ -140,10 +147,6 @@ cdef class Publisher:
         if rc >= 0:
             self._accepted += 1
         _unlock(&ob._lock)
-        if sealed is not NULL:
-            self._sealed.append((_wrap_batch(sealed, sealed_len), sealed_count))
-            self._sealed_bytes += sealed_len
-            self._sealed_count += sealed_count
         if took < 0:
             _raise(took, "publish")
         if rc < 0:
@@ -222,21 +225,19 @@ cdef class Publisher:
         cdef Outbox ob = self.outbox
         cdef unsigned char *buf = NULL
         cdef size_t n = 0, count = 0
+        cdef uint32_t sealed_count = 0
         cdef int rc = FB_OK
-        if self._sealed:
-            item = self._sealed.popleft()
-            self._sealed_bytes -= len(<Batch>item[0])
-            self._sealed_count -= <Py_ssize_t>item[1]
-        else:
-            _lock(&ob._lock)
-            if fb_outbox_count(&ob._o) and (force or fb_outbox_due(&ob._o, fb_now_ns())):
-                count = fb_outbox_count(&ob._o)
-                rc = fb_outbox_take(&ob._o, &buf, &n)
-            _unlock(&ob._lock)
-            _check(rc, "take")
-            if buf is NULL:
-                return None
-            item = (_wrap_batch(buf, n), count)
+        _lock(&ob._lock)
+        if fb_batchq_pop(&self._sealed, &buf, &n, &sealed_count):
+            count = sealed_count
+        elif fb_outbox_count(&ob._o) and (force or fb_outbox_due(&ob._o, fb_now_ns())):
+            count = fb_outbox_count(&ob._o)
+            rc = fb_outbox_take(&ob._o, &buf, &n)
+        _unlock(&ob._lock)
+        _check(rc, "take")
+        if buf is NULL:
+            return None
+        item = (_wrap_batch(buf, n), count)
         if self._waiting:
             with self._room:
                 self._room.notify_all()
@@ -245,9 +246,17 @@ cdef class Publisher:
     def put_back(self, Batch batch not None, Py_ssize_t count) -> None:
         """A batch from take() that could not be sent: it is sent first next
         time, and counts in the buffer again."""
-        self._sealed.appendleft((batch, count))
-        self._sealed_bytes += len(batch)
-        self._sealed_count += count
+        cdef Outbox ob = self.outbox
+        cdef unsigned char *buf = <unsigned char *>malloc(batch._len if batch._len else 1)
+        if buf is NULL:
+            raise MemoryError()
+        memcpy(buf, batch._buf, batch._len)
+        _lock(&ob._lock)
+        cdef int rc = fb_batchq_push_front(&self._sealed, buf, batch._len, <uint32_t>count)
+        _unlock(&ob._lock)
+        if rc < 0:
+            free(buf)
+            raise MemoryError()
 
     def wait_for_room(self) -> None:
         """Block until the buffer is below max_buffer_bytes (publish() calls
@@ -268,7 +277,9 @@ cdef class Publisher:
                         raise PublishTimeout(f"publish: {self.buffered_bytes} bytes waiting to be sent for "
                                              f"{self.block_timeout} s: {why}")
                     self.wake()
-                    self._room.wait(0.1 if left is None else min(left, 0.1))
+                    # A native sender frees room without notifying: look
+                    # again soon (only ever a full buffer waits here).
+                    self._room.wait(0.01 if left is None else min(left, 0.01))
             finally:
                 self._waiting -= 1
 
@@ -279,13 +290,13 @@ cdef class Publisher:
     @property
     def buffered_bytes(self) -> int:
         """Bytes queued: sealed batches and the outbox's batch."""
-        return self._sealed_bytes + <Py_ssize_t>fb_outbox_bytes(&self.outbox._o)
+        return <Py_ssize_t>(self._sealed.bytes + fb_outbox_bytes(&self.outbox._o))
 
     @property
     def queued(self) -> int:
         """Messages queued, not yet taken by the sender."""
-        return self._sealed_count + <Py_ssize_t>fb_outbox_count(&self.outbox._o)
+        return <Py_ssize_t>(self._sealed.count + fb_outbox_count(&self.outbox._o))
 
     def has_sealed(self) -> bool:
         """Is a full batch waiting for the sender?"""
-        return bool(self._sealed)
+        return self._sealed.batches != 0

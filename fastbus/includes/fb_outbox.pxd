@@ -31,6 +31,7 @@ cdef extern from "fb_outbox.h" nogil:
     int fb_outbox_full(const fb_outbox *o)
     uint64_t fb_outbox_deadline(const fb_outbox *o)
     int fb_outbox_take(fb_outbox *o, unsigned char **buf, size_t *len)
+    int fb_outbox_untake(fb_outbox *o, unsigned char *buf, size_t len, uint32_t count)
     void fb_outbox_clear(fb_outbox *o)
     size_t fb_outbox_count(const fb_outbox *o)
     size_t fb_outbox_bytes(const fb_outbox *o)

@@ -1,0 +1,97 @@
+/*
+ * fb_sender.h - a native thread that sends the batches a publisher's burst
+ * left behind, so that no message waits for a Python thread.
+ *
+ * A client appends each message to an fb_outbox in the publishing thread,
+ * and sends the batch there too while it publishes slowly.  In a burst it
+ * does not: the batch gathers what follows, and leaves when the burst
+ * stops.  Somebody must send it then, whatever the publishing thread does
+ * next (spin in Python for a second, say).  A Python thread would first wait
+ * for the interpreter lock (up to the switch interval, 5 ms by default: the
+ * latency tail of issue 22); this thread never takes it.
+ *
+ * It sends only the common case: the outbox's batch, when the socket has
+ * room and nothing must go before it.  Everything else it hands back to its
+ * owner (the client's Python code) by writing a byte to owner_fd: flow
+ * control's pause (`paused`), control frames waiting to be sent
+ * (`owner_first`), a socket without room.  Batches the publisher sealed
+ * (full ones it could not hand over at once) it sends first, oldest first.  It holds the connection's
+ * lock (fb_slock) for every use of the socket, as every other user does,
+ * and the outbox's lock (fb_lock) around a take and its send, as the
+ * publishing thread does around an append, so batches leave in order.
+ *
+ * The socket is a libzmq socket used through function pointers (the
+ * libzmq that pyzmq loaded: a socket handle is valid only in the library
+ * instance that made it).
+ */
+#ifndef FB_SENDER_H
+#define FB_SENDER_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fb_batchq.h"
+#include "fb_lock.h"
+#include "fb_outbox.h"
+#include "fb_slock.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The libzmq calls the sender makes (zmq.h's signatures). */
+typedef struct fb_zmq_calls {
+    int (*send)(void *sock, const void *buf, size_t len, int flags);
+    int (*getsockopt)(void *sock, int option, void *value, size_t *len);
+} fb_zmq_calls;
+
+typedef struct fb_sender {
+    /* Set before fb_sender_start, then only read. */
+    fb_zmq_calls z;
+    void *sock;                  /* guarded by *slock */
+    fb_slock *slock;
+    fb_outbox *outbox;           /* guarded by *outbox_lock */
+    fb_lock *outbox_lock;
+    fb_batchq *sealed;           /* full batches sealed before the outbox's; under *outbox_lock */
+    uint64_t *last_send_ns;      /* the publisher's burst state (Publisher.sent) */
+    int *streak;
+    int burst_limit;
+    uint64_t linger_ns;          /* a partial batch waits this long after the last send (0: none) */
+    const void *command;         /* the first frame of a data message (the protocol's PUB) */
+    size_t command_len;
+    int owner_fd;                /* written to hand work back to the owner (start uses a copy) */
+
+    /* Shared with the owner (atomic). */
+    int paused;                  /* flow control paused publishing: the owner resumes it */
+    int owner_first;             /* control frames wait: the owner sends them, and what follows */
+    int handed;                  /* work was handed back since the owner last cleared this */
+    int owner_skipped;           /* the owner found the connection taken (by us, maybe) and
+                                    sleeps without watching it: woken when we let go */
+    uint64_t sent_messages;      /* records this thread sent */
+    uint64_t sent_batches;
+
+    /* The thread's own. */
+    int wake_r, wake_w;
+    int signaled;                /* a wake-up is pending (atomic): one write per wake */
+    int stop;                    /* atomic */
+    int running;
+    pthread_t thread;
+} fb_sender;
+
+/* Start the thread (the fields above set; the counters zeroed).  0, or an
+ * errno (nothing started). */
+int fb_sender_start(fb_sender *s);
+
+/* Have the thread look at the outbox now (any thread; cheap when a wake-up
+ * is already pending). */
+void fb_sender_wake(fb_sender *s);
+
+/* Stop the thread and wait for it; it lets go of everything first.  Safe
+ * to call more than once. */
+void fb_sender_stop(fb_sender *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FB_SENDER_H */

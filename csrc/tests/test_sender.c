@@ -1,0 +1,330 @@
+/* test_sender.c - the client's native sender (fb_sender.h) against a fake
+ * socket, with the queue (fb_batchq.h), the lock (fb_slock.h) and
+ * fb_outbox_untake it relies on. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctest.h"
+#include "fb_batch.h"
+#include "fb_batchq.h"
+#include "fb_outbox.h"
+#include "fb_sender.h"
+#include "fb_slock.h"
+
+/* -- a fake libzmq socket: records each message's frames; room is a switch */
+
+typedef struct fake {
+    int room;                 /* POLLOUT while set; a send without room fails (EAGAIN) */
+    int sends, messages;      /* frames and whole messages taken */
+    uint32_t records;         /* records in the batches taken, in order... */
+    uint32_t next_id;         /* ...checked against this */
+    int out_of_order;
+} fake;
+
+static fake F;
+
+static int fake_send(void *sock, const void *buf, size_t len, int flags)
+{
+    (void)sock;
+    if (!F.room) {
+        errno = EAGAIN;
+        return -1;
+    }
+    F.sends++;
+    if (flags & 2) return (int)len;             /* the command frame */
+    F.messages++;
+    static fb_record recs[1024];
+    size_t n = 0;
+    REQUIRE(fb_batch_decode(buf, len, NULL, recs, 1024, &n) == FB_OK);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id;
+        REQUIRE(recs[i].payload_len == sizeof id);
+        memcpy(&id, recs[i].payload, sizeof id);
+        if (id != F.next_id) F.out_of_order++;
+        F.next_id = id + 1;
+        __atomic_add_fetch(&F.records, 1, __ATOMIC_SEQ_CST);
+    }
+    return (int)len;
+}
+
+static int fake_getsockopt(void *sock, int option, void *value, size_t *len)
+{
+    (void)sock;
+    (void)len;
+    REQUIRE(option == 15);                      /* ZMQ_EVENTS */
+    *(int *)value = F.room ? 2 : 0;
+    return 0;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static int wait_until(volatile uint32_t *v, uint32_t want, int ms)
+{
+    for (int i = 0; i < ms && __atomic_load_n(v, __ATOMIC_SEQ_CST) < want; i++) sleep_ms(1);
+    return __atomic_load_n(v, __ATOMIC_SEQ_CST) >= want;
+}
+
+typedef struct rig {
+    fb_outbox o;
+    fb_lock ol;
+    fb_slock sl;
+    fb_batchq q;
+    uint64_t last;
+    int streak;
+    int owner[2];
+    fb_sender s;
+} rig;
+
+static void rig_start(rig *r, size_t max_messages)
+{
+    memset(r, 0, sizeof *r);
+    memset(&F, 0, sizeof F);
+    F.room = 1;
+    fb_outbox_limits lim = {max_messages, 0, 0, 0};
+    fb_outbox_init(&r->o, &lim);
+    REQUIRE(fb_slock_init(&r->sl) == 0);
+    fb_batchq_init(&r->q);
+    REQUIRE(pipe(r->owner) == 0);
+    fcntl(r->owner[0], F_SETFL, O_NONBLOCK);
+    fcntl(r->owner[1], F_SETFL, O_NONBLOCK);
+    r->s.z.send = fake_send;
+    r->s.z.getsockopt = fake_getsockopt;
+    r->s.sock = &F;
+    r->s.slock = &r->sl;
+    r->s.outbox = &r->o;
+    r->s.outbox_lock = &r->ol;
+    r->s.sealed = &r->q;
+    r->s.last_send_ns = &r->last;
+    r->s.streak = &r->streak;
+    r->s.burst_limit = 4;
+    r->s.command = "P";
+    r->s.command_len = 1;
+    r->s.owner_fd = r->owner[1];
+    REQUIRE(fb_sender_start(&r->s) == 0);
+}
+
+static void rig_stop(rig *r)
+{
+    fb_sender_stop(&r->s);
+    fb_sender_stop(&r->s);                      /* twice: harmless */
+    fb_outbox_destroy(&r->o);
+    fb_batchq_clear(&r->q);
+    fb_slock_destroy(&r->sl);
+    close(r->owner[0]);
+    close(r->owner[1]);
+}
+
+static void append(rig *r, uint32_t id)
+{
+    fb_lock_wait(&r->ol);
+    REQUIRE(fb_outbox_append(&r->o, "t", 1, &id, sizeof id, fb_now_ns()) >= 0);
+    fb_lock_release(&r->ol);
+}
+
+static int owner_woken(rig *r)
+{
+    char b[16];
+    return read(r->owner[0], b, sizeof b) > 0;
+}
+
+static void test_sends_what_is_there_in_order(void)
+{
+    rig r;
+    rig_start(&r, 100);
+    for (uint32_t i = 0; i < 1000; i++) {
+        append(&r, i);
+        if (i % 37 == 0) fb_sender_wake(&r.s);
+    }
+    fb_sender_wake(&r.s);
+    CHECK(wait_until(&F.records, 1000, 5000));
+    CHECK_EQ(F.out_of_order, 0);
+    CHECK_EQ(__atomic_load_n(&r.s.sent_messages, __ATOMIC_SEQ_CST), 1000);
+    CHECK_EQ(r.streak, 4);                      /* told the publisher it is busy */
+    CHECK(r.last != 0);
+    rig_stop(&r);
+}
+
+static void test_sealed_batches_go_first(void)
+{
+    rig r;
+    rig_start(&r, 0);
+    fb_lock_wait(&r.ol);
+    for (uint32_t b = 0; b < 3; b++) {          /* three sealed batches of 10, then the outbox's */
+        for (uint32_t i = 0; i < 10; i++) {
+            uint32_t id = b * 10 + i;
+            REQUIRE(fb_outbox_append(&r.o, "t", 1, &id, sizeof id, 1) >= 0);
+        }
+        unsigned char *buf;
+        size_t len;
+        REQUIRE(fb_outbox_take(&r.o, &buf, &len) == FB_OK);
+        REQUIRE(fb_batchq_push(&r.q, buf, len, 10) == FB_OK);
+    }
+    CHECK_EQ(r.q.batches, 3);
+    CHECK_EQ(r.q.count, 30);
+    fb_lock_release(&r.ol);
+    for (uint32_t i = 30; i < 35; i++) append(&r, i);
+    fb_sender_wake(&r.s);
+    CHECK(wait_until(&F.records, 35, 5000));
+    CHECK_EQ(F.out_of_order, 0);
+    CHECK_EQ(F.messages, 4);
+    CHECK_EQ(r.q.batches, 0);
+    CHECK_EQ(r.q.bytes, 0);
+    rig_stop(&r);
+}
+
+static void test_no_room_hands_back_and_keeps_the_batch(void)
+{
+    rig r;
+    rig_start(&r, 0);
+    F.room = 0;
+    for (uint32_t i = 0; i < 10; i++) append(&r, i);
+    fb_sender_wake(&r.s);
+    int woken = 0;
+    for (int i = 0; i < 5000 && !woken; i++) {
+        woken = owner_woken(&r);
+        if (!woken) sleep_ms(1);
+    }
+    CHECK(woken);
+    CHECK_EQ(__atomic_exchange_n(&r.s.handed, 0, __ATOMIC_SEQ_CST), 1);
+    CHECK_EQ(fb_outbox_count(&r.o), 10);        /* nothing lost */
+    F.room = 1;
+    fb_sender_wake(&r.s);
+    CHECK(wait_until(&F.records, 10, 5000));
+    CHECK_EQ(F.out_of_order, 0);
+    rig_stop(&r);
+}
+
+static void test_paused_and_owner_first_send_nothing(void)
+{
+    rig r;
+    rig_start(&r, 0);
+    __atomic_store_n(&r.s.paused, 1, __ATOMIC_SEQ_CST);
+    append(&r, 0);
+    fb_sender_wake(&r.s);
+    sleep_ms(50);
+    CHECK_EQ(F.sends, 0);
+    __atomic_store_n(&r.s.paused, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&r.s.owner_first, 1, __ATOMIC_SEQ_CST);
+    fb_sender_wake(&r.s);
+    sleep_ms(50);
+    CHECK_EQ(F.sends, 0);
+    CHECK(owner_woken(&r));                     /* control frames first: the owner's */
+    __atomic_store_n(&r.s.owner_first, 0, __ATOMIC_SEQ_CST);
+    fb_sender_wake(&r.s);
+    CHECK(wait_until(&F.records, 1, 5000));
+    rig_stop(&r);
+}
+
+static void test_waits_for_the_connection_and_wakes_a_skipped_owner(void)
+{
+    rig r;
+    rig_start(&r, 0);
+    REQUIRE(fb_slock_try(&r.sl));               /* the owner holds the connection */
+    append(&r, 0);
+    fb_sender_wake(&r.s);
+    sleep_ms(50);
+    CHECK_EQ(F.sends, 0);
+    __atomic_store_n(&r.s.owner_skipped, 1, __ATOMIC_SEQ_CST);
+    CHECK_EQ(fb_slock_release(&r.sl), 0);
+    CHECK(wait_until(&F.records, 1, 5000));
+    int woken = 0;
+    for (int i = 0; i < 5000 && !woken; i++) {
+        woken = owner_woken(&r);
+        if (!woken) sleep_ms(1);
+    }
+    CHECK(woken);
+    CHECK_EQ(r.s.owner_skipped, 0);
+    rig_stop(&r);
+}
+
+static void test_linger_holds_a_partial_batch(void)
+{
+    rig r;
+    rig_start(&r, 0);
+    REQUIRE(fb_slock_try(&r.sl));               /* the thread reads these only holding it */
+    r.s.linger_ns = 200000000;                  /* 200 ms after the last send */
+    r.last = fb_now_ns();
+    CHECK_EQ(fb_slock_release(&r.sl), 0);
+    append(&r, 0);
+    fb_sender_wake(&r.s);
+    sleep_ms(50);
+    CHECK_EQ(F.records, 0);
+    CHECK(wait_until(&F.records, 1, 5000));     /* then it leaves by itself */
+    rig_stop(&r);
+}
+
+static void test_slock(void)
+{
+    fb_slock l;
+    REQUIRE(fb_slock_init(&l) == 0);
+    CHECK(fb_slock_try(&l));
+    CHECK(!fb_slock_try(&l));
+    CHECK(!fb_slock_wait(&l, 1000000));         /* 1 ms: times out */
+    CHECK_EQ(fb_slock_release(&l), 0);
+    CHECK_EQ(fb_slock_release(&l), -1);         /* not held */
+    CHECK(fb_slock_wait(&l, -1));
+    CHECK(fb_slock_held(&l));
+    CHECK_EQ(fb_slock_release(&l), 0);
+    fb_slock_destroy(&l);
+}
+
+static void test_batchq_and_untake(void)
+{
+    fb_batchq q;
+    fb_batchq_init(&q);
+    unsigned char *a = malloc(3), *b = malloc(5), *buf;
+    size_t len;
+    uint32_t count;
+    CHECK_EQ(fb_batchq_pop(&q, &buf, &len, &count), 0);
+    REQUIRE(fb_batchq_push(&q, a, 3, 1) == FB_OK);
+    REQUIRE(fb_batchq_push_front(&q, b, 5, 2) == FB_OK);
+    CHECK_EQ(q.batches, 2);
+    CHECK_EQ(q.bytes, 8);
+    CHECK_EQ(q.count, 3);
+    CHECK_EQ(fb_batchq_peek(&q, &buf, &len, &count), 1);
+    CHECK(buf == b && len == 5 && count == 2);
+    CHECK_EQ(fb_batchq_pop(&q, &buf, &len, &count), 1);
+    CHECK(buf == b);
+    free(buf);
+    fb_batchq_clear(&q);                        /* frees a */
+    CHECK_EQ(q.batches, 0);
+
+    fb_outbox_limits lim = {0, 0, 0, 1};        /* with the checksum trailer */
+    fb_outbox o;
+    fb_outbox_init(&o, &lim);
+    REQUIRE(fb_outbox_append(&o, "t", 1, "x", 1, 7) >= 0);
+    size_t before = fb_outbox_bytes(&o);
+    REQUIRE(fb_outbox_take(&o, &buf, &len) == FB_OK);
+    CHECK_EQ(fb_outbox_untake(&o, buf, len, 1), FB_OK);
+    CHECK_EQ(fb_outbox_count(&o), 1);
+    CHECK_EQ(fb_outbox_bytes(&o), before);
+    CHECK_EQ(fb_outbox_untake(&o, buf, len, 1), FB_EINVAL);   /* not empty */
+    REQUIRE(fb_outbox_take(&o, &buf, &len) == FB_OK);
+    size_t n = 0;
+    fb_record rec;
+    CHECK_EQ(fb_batch_decode(buf, len, NULL, &rec, 1, &n), FB_OK);   /* still a valid batch, checksum too */
+    CHECK_EQ(n, 1);
+    free(buf);
+    fb_outbox_destroy(&o);
+}
+
+int main(void)
+{
+    RUN(test_slock);
+    RUN(test_batchq_and_untake);
+    RUN(test_sends_what_is_there_in_order);
+    RUN(test_sealed_batches_go_first);
+    RUN(test_no_room_hands_back_and_keeps_the_batch);
+    RUN(test_paused_and_owner_first_send_nothing);
+    RUN(test_waits_for_the_connection_and_wakes_a_skipped_owner);
+    RUN(test_linger_holds_a_partial_batch);
+    CTEST_END();
+}

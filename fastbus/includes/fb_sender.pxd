@@ -1,0 +1,40 @@
+# Mirrors csrc/fb_sender.h
+from libc.stdint cimport uint64_t
+
+from fastbus.includes.fb_batchq cimport fb_batchq
+from fastbus.includes.fb_lock cimport fb_lock
+from fastbus.includes.fb_outbox cimport fb_outbox
+from fastbus.includes.fb_slock cimport fb_slock
+
+cdef extern from "fb_sender.h" nogil:
+    ctypedef struct fb_zmq_calls:
+        int (*send)(void *sock, const void *buf, size_t len, int flags) noexcept nogil
+        int (*getsockopt)(void *sock, int option, void *value, size_t *len) noexcept nogil
+
+    ctypedef struct fb_sender:
+        fb_zmq_calls z
+        void *sock
+        fb_slock *slock
+        fb_outbox *outbox
+        fb_lock *outbox_lock
+        fb_batchq *sealed
+        uint64_t *last_send_ns
+        int *streak
+        int burst_limit
+        uint64_t linger_ns
+        const void *command
+        size_t command_len
+        int owner_fd
+        int paused
+        int owner_first
+        int handed
+        int owner_skipped
+        uint64_t sent_messages
+        uint64_t sent_batches
+        int wake_r
+        int wake_w
+        int running
+
+    int fb_sender_start(fb_sender *s)
+    void fb_sender_wake(fb_sender *s)
+    void fb_sender_stop(fb_sender *s)

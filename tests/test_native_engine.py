@@ -1,0 +1,139 @@
+"""No Python thread on the message path (issue 22): a message moves while
+the process's only busy Python thread holds the interpreter lock.
+
+Each test sets ``sys.setswitchinterval(1.0)`` in a client's process: no
+other Python thread there can run for a second while one holds the
+interpreter, so whatever is delivered meanwhile was moved by native code.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+
+import pytest
+
+import fastbus
+from fastbus.client import _engine
+
+from brokers import BrokerProcess, python_process
+
+pytestmark = pytest.mark.skipif(not _engine.available(), reason="pyzmq's libzmq not found: no native engine")
+
+#: The publishing process: waits until the subscriber is wanted, says
+#: "ready", publishes N messages in a burst on "go", says when the burst
+#: ended (wall time), spins in pure Python for SPIN seconds, then closes.
+PUBLISHER = r"""
+import json, sys, time
+import fastbus
+endpoint, n, spin = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+with fastbus.Client(endpoint=endpoint) as c:
+    deadline = time.monotonic() + 20
+    while not (c.stats()["filter_active"] and c.is_wanted("burst")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    sys.setswitchinterval(1.0)
+    for i in range(n):
+        c.publish("burst", b"%d" % i)
+    ended = time.time()
+    x = 0
+    while time.time() < ended + spin:       # pure Python: holds the interpreter
+        x += 1
+    print(json.dumps({"ended": ended}), flush=True)
+"""
+
+
+def test_a_burst_is_delivered_while_the_publisher_holds_the_interpreter():
+    """The publisher's main thread publishes 1,000 messages in a burst and
+    then spins for 3 s: the subscriber (another process) has all 1,000
+    within 0.5 s of the burst.  Without the native sender the last batch
+    waited for the keeper thread, which could run only when the
+    interpreter let it (about 1 s later)."""
+    n, spin = 1000, 3.0
+    b = BrokerProcess()
+    pub = None
+    try:
+        with fastbus.Client(endpoint=b.endpoint) as sub_client:
+            p = sub_client.pubsub(ignore_subscribe_messages=True)
+            p.subscribe("burst")
+            pub = python_process(PUBLISHER, b.endpoint, str(n), str(spin), stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+            assert pub.stdout.readline().strip() == "ready"
+            pub.stdin.write("go\n")
+            pub.stdin.flush()
+            got, last = [], None
+            deadline = time.monotonic() + spin + 5
+            while len(got) < n and time.monotonic() < deadline:
+                batch = p.get_batch(timeout=0.5)
+                if batch:
+                    got += [int(d) for _c, d in batch]
+                    last = time.time()
+            ended = json.loads(pub.communicate(timeout=30)[0])["ended"]
+            assert got == list(range(n)), f"{len(got)} of {n} arrived"
+            assert last - ended < 0.5, f"the last message arrived {last - ended:.3f} s after the burst"
+    finally:
+        if pub is not None and pub.poll() is None:
+            pub.kill()
+            pub.wait()
+        b.stop()
+
+
+def test_the_native_sender_hands_back_what_it_does_not_send():
+    """Under a flow-control pause (a subscriber that does not read for a
+    second) the native sender leaves batches to the keeper, which sends
+    them when the broker resumes: nothing is lost, all in order, and the
+    client's count of sent messages covers both senders."""
+    # (pauses at 4 MiB; drops only past 64 MB, well above what is in flight)
+    b = BrokerProcess("--max-queue-bytes", "64000000", "--flow-max-pause", "60")
+    n = 50_000                                   # 50 MB: more than the socket buffers hold
+    try:
+        with fastbus.Client(endpoint=b.endpoint, max_inbox_bytes=50_000) as sub_client, \
+                fastbus.Client(endpoint=b.endpoint, block_timeout=60) as pub:
+            assert pub.session.engine is not None and pub.session.engine.running
+            p = sub_client.pubsub(ignore_subscribe_messages=True)
+            p.subscribe("t")
+            deadline = time.monotonic() + 10
+            while not pub.is_wanted("t") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            errors = []
+
+            def publish_all():
+                try:
+                    for i in range(n):
+                        pub.publish("t", b"%06d" % i + b"x" * 1000)
+                except Exception as exc:        # reported by the assert below
+                    errors.append(exc)
+
+            t = threading.Thread(target=publish_all)
+            t.start()
+            time.sleep(1.0)                      # nobody reads: the broker pauses the publisher
+            got = []
+            deadline = time.monotonic() + 120
+            while len(got) < n and time.monotonic() < deadline:
+                got += [int(d[:6]) for _c, d in p.get_batch(timeout=1.0)]
+            t.join(30)
+            assert not errors, errors
+            pub.flush(timeout=30)
+            bad = next((i for i, v in enumerate(got) if v != i), None)
+            assert got == list(range(n)), f"{len(got)} arrived; first out of place at {bad}: {got[bad - 2:bad + 3] if bad is not None else ''}"
+            st = pub.stats()
+            assert st["flow_pauses"] >= 1, st            # the pause happened...
+            assert pub.session.engine.sent_messages > 0    # ...and both senders sent
+            assert pub.session.sent == n
+    finally:
+        b.stop()
+
+
+def test_a_closed_client_stops_its_native_sender():
+    b = BrokerProcess()
+    try:
+        c = fastbus.Client(endpoint=b.endpoint)
+        eng = c.session.engine
+        assert eng is not None and eng.running
+        c.close()
+        assert not eng.running and c.session.engine is None
+    finally:
+        b.stop()
