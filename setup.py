@@ -56,9 +56,14 @@ def _cflags(compiler_type: str, core: bool) -> list:
 
 
 def _ldflags(compiler_type: str) -> list:
-    if compiler_type != "msvc" and SANITIZE:
-        return ["-fsanitize=address,undefined"]
-    return []
+    if compiler_type == "msvc":
+        return []
+    # The client's engine runs threads (csrc/fb_sender.c, fb_reader.c): before
+    # glibc 2.34 (manylinux2014 builds) pthread is a library of its own.
+    flags = ["-pthread"]
+    if SANITIZE:
+        flags += ["-fsanitize=address,undefined"]
+    return flags
 
 
 class BuildClib(build_clib):

@@ -137,3 +137,69 @@ def test_a_closed_client_stops_its_native_sender():
         assert not eng.running and c.session.engine is None
     finally:
         b.stop()
+
+
+#: The subscribing process: subscribes, says "ready"; on "go" calls
+#: get_batch() once, spins in pure Python for SPIN seconds with the
+#: interpreter held, then reads everything and says what it got.
+SUBSCRIBER = r"""
+import json, sys, time
+import fastbus
+endpoint, n, spin = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+with fastbus.Client(endpoint=endpoint) as c:
+    p = c.pubsub(ignore_subscribe_messages=True)
+    p.subscribe("flood")
+    print("ready", flush=True)
+    sys.stdin.readline()
+    got = [int(d[:6]) for _c, d in p.get_batch(timeout=0)]
+    sys.setswitchinterval(1.0)
+    t = time.time()
+    x = 0
+    while time.time() < t + spin:           # pure Python: holds the interpreter
+        x += 1
+    sys.setswitchinterval(0.005)
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        got += [int(d[:6]) for _c, d in p.get_batch(timeout=1.0)]
+    print(json.dumps({"count": len(got), "in_order": got == list(range(n))}), flush=True)
+"""
+
+
+def test_a_subscriber_busy_in_python_does_not_hold_the_broker_back():
+    """The subscriber's process calls get_batch() once, then spins in
+    Python for 3 s (switch interval 1 s) while a publisher sends 10,000
+    messages (10 MB, more than the socket buffers on the way hold): the
+    broker queues next to nothing for it and never pauses the publisher,
+    and afterwards get_batch() returns all 10,000 in order."""
+    n, spin, size = 10_000, 3.0, 1000
+    b = BrokerProcess("--max-queue-bytes", "64000000")
+    sub = None
+    try:
+        sub = python_process(SUBSCRIBER, b.endpoint, str(n), str(spin), stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        assert sub.stdout.readline().strip() == "ready"
+        with fastbus.Client(endpoint=b.endpoint, block_timeout=30) as pub:
+            deadline = time.monotonic() + 10
+            while not pub.is_wanted("flood") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            sub.stdin.write("go\n")
+            sub.stdin.flush()
+            time.sleep(0.3)                       # it spins now
+            t0 = time.monotonic()
+            for i in range(n):
+                pub.publish("flood", b"%06d" % i + b"x" * (size - 6))
+            pub.flush(timeout=30)
+            queued = 0
+            while time.monotonic() < t0 + spin - 0.5:
+                queued = max(queued, b.stats()["queued_bytes"])
+                time.sleep(0.05)
+            pauses = pub.stats()["flow_pauses"]
+        out = json.loads(sub.communicate(timeout=60)[0])
+        assert out == {"count": n, "in_order": True}
+        assert queued < 256 * 1024, f"the broker queued {queued:,} bytes for the busy subscriber"
+        assert pauses == 0
+    finally:
+        if sub is not None and sub.poll() is None:
+            sub.kill()
+            sub.wait()
+        b.stop()

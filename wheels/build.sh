@@ -63,8 +63,9 @@ case "$REPAIRED" in
     *manylinux_*) ;;
     *) echo "the repaired wheel is not tagged manylinux: $REPAIRED"; exit 1 ;;
 esac
-# "is consistent with the following platform tag:" and, on the next line, the tag
-grep -q 'is consistent with' <<<"$SHOW" && grep -q '^"manylinux_' <<<"$SHOW" \
+# "is consistent with the following platform tag: <tag>", wrapped where
+# auditwheel likes (the tag on a line of its own, or not)
+tr '\n' ' ' <<<"$SHOW" | grep -q 'is consistent with *the following platform tag: *"manylinux_' \
     || { echo "auditwheel show does not call it manylinux"; exit 1; }
 
 echo "== a fresh venv with only the repaired wheel"

@@ -455,8 +455,9 @@ class Client:
     **Receiving** (:meth:`pubsub`): a thread in ``get_message()``,
     ``get_batch()`` or ``listen()`` reads the PubSub's connection itself, so
     a message reaches it without a hand-over between threads.  While nobody
-    reads, the keeper thread reads for it, holding at most
-    ``max_inbox_bytes`` of received batches; beyond that the client stops
+    reads, a native thread (no interpreter lock) takes what arrives, up to
+    ``max_inbox_bytes`` of received batches (and as much again already
+    handed to Python, not yet returned); beyond that the client stops
     reading, so a subscriber that falls behind pushes back on the broker
     (which then pauses publishers, drops its oldest messages with a ``gap``
     notice, or disconnects it, as configured) instead of growing without

@@ -15,6 +15,10 @@ has:
   burst left in the outbox, the moment the burst stops, whatever the
   publishing thread does next (csrc/fb_sender.h).  It takes only that
   common case; anything else it hands back to the keeper.
+* ``Reader``: a native thread per subscribing connection that takes what
+  arrives off the socket while no user thread reads (csrc/fb_reader.h), so
+  a subscriber busy in Python between two reads never holds the broker
+  back; the next read takes the messages from it, in order.
 
 It calls libzmq directly, through the functions of the libzmq that pyzmq
 loaded (``fastbus._libzmq``).  Where they cannot be found, ``available()``
@@ -23,9 +27,11 @@ is False and the keeper does the sending, as it always did.
 
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.string cimport strerror
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 
 from fastbus._core cimport Outbox, Publisher
+from fastbus.includes.fb_reader cimport (fb_reader, fb_reader_item, fb_reader_pop, fb_reader_release,
+                                         fb_reader_start, fb_reader_stop, fb_reader_wake, fb_zmq_msg)
 from fastbus.includes.fb_sender cimport fb_sender, fb_sender_start, fb_sender_stop, fb_sender_wake
 from fastbus.includes.fb_slock cimport (fb_slock, fb_slock_destroy, fb_slock_held, fb_slock_init,
                                         fb_slock_release, fb_slock_try, fb_slock_wait)
@@ -45,18 +51,32 @@ cdef extern from *:
 ctypedef int (*f_send)(void *s, const void *buf, size_t len, int flags) noexcept nogil
 ctypedef int (*f_getsockopt)(void *s, int option, void *value, size_t *len) noexcept nogil
 
-#: The libzmq functions the engine calls (``bind``'s keys).
-FUNCTIONS = ("zmq_send", "zmq_getsockopt")
+ctypedef int (*f_msg_init)(fb_zmq_msg *msg) noexcept nogil
+ctypedef int (*f_msg_recv)(fb_zmq_msg *msg, void *s, int flags) noexcept nogil
+ctypedef void *(*f_msg_data)(fb_zmq_msg *msg) noexcept nogil
+ctypedef size_t (*f_msg_size)(const fb_zmq_msg *msg) noexcept nogil
+ctypedef int (*f_msg_more)(const fb_zmq_msg *msg) noexcept nogil
+ctypedef int (*f_msg_close)(fb_zmq_msg *msg) noexcept nogil
+
+#: The libzmq functions the engine calls.
+FUNCTIONS = ("zmq_send", "zmq_getsockopt", "zmq_msg_init", "zmq_msg_recv", "zmq_msg_data", "zmq_msg_size",
+             "zmq_msg_more", "zmq_msg_close")
 
 cdef f_send _send = NULL
 cdef f_getsockopt _getsockopt = NULL
+cdef f_msg_init _msg_init = NULL
+cdef f_msg_recv _msg_recv = NULL
+cdef f_msg_data _msg_data = NULL
+cdef f_msg_size _msg_size = NULL
+cdef f_msg_more _msg_more = NULL
+cdef f_msg_close _msg_close = NULL
 cdef object _found = None
 
 
 def available() -> bool:
     """Can a Sender run here (pyzmq's libzmq found, ``FASTBUS_CLIENT_ENGINE``
     not 0)?"""
-    global _found, _send, _getsockopt
+    global _found, _send, _getsockopt, _msg_init, _msg_recv, _msg_data, _msg_size, _msg_more, _msg_close
     if _found is None:
         import os
         from fastbus._libzmq import functions
@@ -64,6 +84,12 @@ def available() -> bool:
         if addresses is not None:
             _send = <f_send><uintptr_t>addresses["zmq_send"]
             _getsockopt = <f_getsockopt><uintptr_t>addresses["zmq_getsockopt"]
+            _msg_init = <f_msg_init><uintptr_t>addresses["zmq_msg_init"]
+            _msg_recv = <f_msg_recv><uintptr_t>addresses["zmq_msg_recv"]
+            _msg_data = <f_msg_data><uintptr_t>addresses["zmq_msg_data"]
+            _msg_size = <f_msg_size><uintptr_t>addresses["zmq_msg_size"]
+            _msg_more = <f_msg_more><uintptr_t>addresses["zmq_msg_more"]
+            _msg_close = <f_msg_close><uintptr_t>addresses["zmq_msg_close"]
         _found = addresses is not None
     return _found
 
@@ -217,3 +243,104 @@ cdef class Sender:
     def sent_batches(self) -> int:
         return fbe_load_u64(&self._s.sent_batches)
 
+
+
+cdef enum:
+    MAX_FRAMES = 16              # frames of one message handed over; more is the owner's protocol error
+
+
+cdef class Reader:
+    """A native thread that reads one subscribing connection (``sock``,
+    guarded by ``lock``) while no user thread does, into a queue of at most
+    ``max_bytes``; ``pop()`` hands the oldest message over, the lock held.
+    A message that is not data (its first frame other than ``data_command``)
+    wakes the owner (a byte written to ``owner_fd``).  See csrc/fb_reader.h."""
+
+    cdef fb_reader _r
+    cdef SessionLock _lock
+    cdef object _sock
+    cdef bytes _command
+
+    def __cinit__(self, SessionLock lock not None, sock, int owner_fd, Py_ssize_t max_bytes,
+                  bytes data_command=b"D"):
+        if not available():
+            raise RuntimeError("the client's engine needs pyzmq's libzmq, which was not found")
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be positive, not {max_bytes}")
+        self._lock = lock
+        self._sock = sock
+        self._command = data_command
+        self._r.z.msg_init = _msg_init
+        self._r.z.msg_recv = _msg_recv
+        self._r.z.msg_data = _msg_data
+        self._r.z.msg_size = _msg_size
+        self._r.z.msg_more = _msg_more
+        self._r.z.msg_close = _msg_close
+        self._r.z.getsockopt = _getsockopt
+        self._r.sock = <void *><uintptr_t>sock.underlying
+        self._r.sock_fd = sock.FD
+        self._r.slock = &lock._l
+        self._r.max_bytes = max_bytes
+        self._r.data_command = PyBytes_AS_STRING(data_command)
+        self._r.data_command_len = PyBytes_GET_SIZE(data_command)
+        self._r.owner_fd = owner_fd
+        self._r.wake_r = self._r.wake_w = -1
+        cdef int rc = fb_reader_start(&self._r)
+        if rc:
+            raise OSError(rc, strerror(rc).decode())
+
+    def __dealloc__(self):
+        with nogil:
+            fb_reader_stop(&self._r)
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it; what it still holds is dropped
+        (call it at close, without holding the connection's lock)."""
+        with nogil:
+            fb_reader_stop(&self._r)
+
+    def wake(self) -> None:
+        fb_reader_wake(&self._r)
+
+    def let_go(self) -> None:
+        """After the connection's lock was let go: wake the thread if it
+        asked (it found the lock taken, or its queue full)."""
+        if fbe_load_int(&self._r.want_wake):
+            fb_reader_wake(&self._r)
+
+    def pop(self):
+        """The oldest message read, as a list of frames (bytes), or None;
+        the connection's lock held."""
+        cdef fb_reader_item *item = NULL
+        cdef const unsigned char *frames[MAX_FRAMES]
+        cdef size_t lens[MAX_FRAMES]
+        cdef size_t n = fb_reader_pop(&self._r, &item, frames, lens, MAX_FRAMES)
+        if item is NULL:
+            return None
+        cdef size_t i
+        try:
+            return [PyBytes_FromStringAndSize(<const char *>frames[i], lens[i]) for i in range(min(n, MAX_FRAMES))]
+        finally:
+            fb_reader_release(item)
+
+    @property
+    def queued(self) -> int:
+        """Messages waiting in the queue."""
+        return self._r.queued
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._r.queued_bytes
+
+    def take_handed(self) -> bool:
+        """Was a message the owner must see queued since the last call?"""
+        return fbe_exchange_int(&self._r.handed, 0)
+
+    @property
+    def read_messages(self) -> int:
+        """Messages this thread read."""
+        return fbe_load_u64(&self._r.read_messages)
+
+    @property
+    def running(self) -> bool:
+        return self._r.running

@@ -137,6 +137,6 @@ class Keeper(threading.Thread):
             due = s.due_in(time.monotonic())
             if due is not None:
                 timeout = min(timeout, due)
-            if s.reading() and s.fd >= 0:
+            if s.reading() and s.fd >= 0 and s.reader is None:    # (a native reader watches its own)
                 watch.append(s.fd)
         return timeout, watch

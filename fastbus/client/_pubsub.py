@@ -18,6 +18,7 @@ from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Trie
 from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, decode, decode_messages
 from fastbus._messages import pattern_prefix
 from fastbus._messages import to_bytes as to_key
+from fastbus.client import _engine
 from fastbus.client._endpoint import AbsenceProbe
 from fastbus.client._session import Session, recv_frames
 from fastbus.errors import BrokerTimeout, BrokerUnavailable, ConnectionClosed
@@ -56,6 +57,21 @@ class SubSession(Session):
         self.confirmed = 0                  # the latest CONFIRM read: SUBs up to it are in effect
         self.awaiting = 0                   # subscribe() calls waiting for a CONFIRM
         self.confirm_cv = threading.Condition()   # ...woken by it when another thread reads
+
+    def open(self) -> None:
+        super().open()
+        client = self.client
+        if self.reader is None and not client.driven_by_loop and _engine.available():
+            # Takes what arrives while nobody reads (up to max_inbox_bytes
+            # more), without the interpreter lock; see _engine.Reader.
+            self.reader = _engine.Reader(self.lock, self.sock, client._keeper.wake_fd, client.max_inbox_bytes,
+                                         P.DATA)
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.stop()            # before the socket closes; it waits for the lock we hold
+            self.reader = None
+        super().close()
 
     def configure(self, s: zmq.Socket) -> None:
         s.sndhwm = 1000
@@ -479,12 +495,16 @@ class PubSub:
             try:
                 polled = False
                 inbox = self._inbox
+                reader = s.reader
                 while not inbox:
                     if self._closed:
                         raise ConnectionClosed("pubsub is closed")
                     if s.posted:
                         while s.posted:
                             s.posted.popleft()()
+                    elif reader is not None and reader.queued:
+                        # What the native reader took while nobody read: first.
+                        s.handle(reader.pop())
                     elif s.more:
                         # One message at a time: it goes to its reader at once.
                         # (Session.read with budget 1, a DATA frame handled here.)

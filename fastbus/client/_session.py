@@ -103,6 +103,7 @@ class Session:
         self.posted: deque[Callable[[], None]] = deque()
         self.outq: deque[list] = deque()  # control frames waiting for room in the socket
         self.sock: zmq.Socket | None = None
+        self.reader = None                # a SubSession's native reader (_engine.Reader), if any
         self.monitor: zmq.Socket | None = None   # CURVE handshake events (see handshake_failure())
         self._handshake_failure: str | None = None
         self.fd = -1
@@ -260,7 +261,10 @@ class Session:
         busy and went to sleep without watching its socket (it cannot tell
         input meant for it from input its holder is reading): wake it, so
         that what arrives from now on is read (a WANT answered) even if no
-        user thread takes the session again."""
+        user thread takes the session again.  A native reader that found
+        the lock taken (or its queue full) is woken the same way."""
+        if self.reader is not None:
+            self.reader.let_go()
         if self.keeper_skipped:
             self.keeper_skipped = False
             self.client._keeper.wake()
@@ -283,7 +287,10 @@ class Session:
         except zmq.ZMQError as exc:
             log.warning("%s: %s session: %s", self.client.name, self.kind, exc)
         if self.more and self.reading() and self.loop is None and len(self.drivers) <= 1:
-            self.client._keeper.wake()
+            if self.reader is not None:
+                self.reader.wake()        # it reads on when we let go
+            else:
+                self.client._keeper.wake()
 
     # -- sending (the lock held) ------------------------------------------------
 
@@ -341,6 +348,7 @@ class Session:
         message reads with budget 1 and leaves ``more`` set: its next wait
         polls the socket, which says at once whether more is there.)"""
         sock = self.sock
+        reader = self.reader
         n = 0
         ready = self.ready
         self.ready = False
@@ -348,8 +356,11 @@ class Session:
             if not self.reading():
                 self.more = True           # input may wait: read when there is room
                 return n
-            frames = recv_frames(sock, ready)
-            ready = False
+            # What the native reader took off the socket came first.
+            frames = reader.pop() if reader is not None else None
+            if frames is None:
+                frames = recv_frames(sock, ready)
+                ready = False
             if frames is None:
                 self.more = self.unread = False
                 return n
@@ -436,8 +447,8 @@ class Session:
 
     def due_in(self, now: float) -> float | None:
         """Seconds until this session needs serving again (0: now), if
-        nothing arrives meanwhile."""
-        if self.posted or (self.more and self.reading()):
+        nothing arrives meanwhile (input: the native reader's, if any)."""
+        if self.posted or (self.reader is None and self.more and self.reading()):
             return 0.0
         return max(0.0, self.next_ping - now)
 
@@ -445,7 +456,10 @@ class Session:
         """What the keeper (or an event loop) does for an undriven session."""
         if self.outq:
             self.flush_outq()
-        self.read()
+        # With a native reader, only when it queued something to look at
+        # (a confirmation, a PONG): data waits for the user's next read.
+        if self.reader is None or self.reader.take_handed():
+            self.read()
         self.tick(now)
 
     # -- a user thread waiting (the lock held) ----------------------------------

@@ -1,0 +1,237 @@
+/* fb_reader.c - see fb_reader.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "fb_reader.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fb_common.h"
+
+/* zmq.h's values (stable across libzmq 4.x). */
+#define Z_DONTWAIT 1
+#define Z_EVENTS 15
+#define Z_POLLIN 1
+
+/* A queued message: its frames, each as a 4-byte length and the bytes. */
+struct fb_reader_item {
+    fb_reader_item *next;
+    size_t nframes;
+    size_t len, cap;             /* of data */
+    unsigned char *data;
+};
+
+static void poke(int fd)
+{
+    char b = 0;
+    ssize_t w = write(fd, &b, 1);
+    (void)w;   /* a full pipe is a wake-up already pending */
+}
+
+void fb_reader_wake(fb_reader *r)
+{
+    if (!__atomic_exchange_n(&r->signaled, 1, __ATOMIC_SEQ_CST)) poke(r->wake_w);
+}
+
+static int has_input(fb_reader *r)
+{
+    int ev = 0;
+    size_t n = sizeof ev;
+    return r->z.getsockopt(r->sock, Z_EVENTS, &ev, &n) == 0 && (ev & Z_POLLIN);
+}
+
+static void item_free(fb_reader_item *it)
+{
+    if (!it) return;
+    free(it->data);
+    free(it);
+}
+
+static int item_add(fb_reader_item *it, const void *frame, size_t size)
+{
+    if (size > UINT32_MAX) return FB_ETOOBIG;
+    size_t need = it->len + 4 + size;
+    if (need > it->cap) {
+        size_t cap = it->cap ? it->cap : 256;
+        while (cap < need) cap *= 2;
+        unsigned char *d = realloc(it->data, cap);
+        if (!d) return FB_ENOMEM;
+        it->data = d;
+        it->cap = cap;
+    }
+    uint32_t n = (uint32_t)size;
+    memcpy(it->data + it->len, &n, 4);
+    if (size) memcpy(it->data + it->len + 4, frame, size);
+    it->len = need;
+    it->nframes++;
+    return FB_OK;
+}
+
+/* Read whole messages into the queue while it has room, the lock held.
+ * Returns 1 if a message the owner must see (not data) was queued. */
+static int read_some(fb_reader *r)
+{
+    int notify = 0;
+    while (r->queued_bytes < r->max_bytes && has_input(r)) {
+        fb_reader_item *it = calloc(1, sizeof *it);
+        int ok = it != NULL, more = 1, is_data = 0;
+        fb_zmq_msg m;
+        while (more) {
+            r->z.msg_init(&m);
+            if (r->z.msg_recv(&m, r->sock, Z_DONTWAIT) < 0) {
+                /* EAGAIN only before a message's first frame (ZeroMQ
+                 * delivers a message whole); anything else: the socket
+                 * is closing, and the owner sees why. */
+                r->z.msg_close(&m);
+                if (it && it->nframes == 0) {
+                    item_free(it);
+                    return notify;
+                }
+                ok = 0;
+                break;
+            }
+            const void *d = r->z.msg_data(&m);
+            size_t size = r->z.msg_size(&m);
+            if (ok && it->nframes == 0)
+                is_data = size == r->data_command_len && memcmp(d, r->data_command, size) == 0;
+            if (ok && item_add(it, d, size) < 0) ok = 0;
+            more = r->z.msg_more(&m);
+            r->z.msg_close(&m);
+        }
+        if (!ok) {
+            /* No memory for it (or a broken read): the owner reads from
+             * here on, and its own errors say what happened. */
+            item_free(it);
+            notify = 1;
+            r->max_bytes = 0;
+            break;
+        }
+        if (r->tail) r->tail->next = it;
+        else r->head = it;
+        r->tail = it;
+        r->queued++;
+        r->queued_bytes += it->len;
+        __atomic_add_fetch(&r->read_messages, 1, __ATOMIC_SEQ_CST);
+        if (!is_data) notify = 1;
+    }
+    return notify;
+}
+
+static void *run(void *arg)
+{
+    fb_reader *r = arg;
+    int watch_socket = 1;
+    for (;;) {
+        /* The socket's descriptor only while we may read it: a holder that
+         * has the lock leaves it readable (unprocessed commands) until it
+         * acts, and would have us spin. */
+        struct pollfd p[2] = {{r->wake_r, POLLIN, 0}, {r->sock_fd, POLLIN, 0}};
+        if (poll(p, watch_socket ? 2 : 1, -1) < 0 && errno != EINTR) break;
+        char drain[64];
+        while (read(r->wake_r, drain, sizeof drain) > 0) {
+        }
+        __atomic_store_n(&r->signaled, 0, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&r->stop, __ATOMIC_SEQ_CST)) break;
+        __atomic_store_n(&r->want_wake, 1, __ATOMIC_SEQ_CST);
+        if (!fb_slock_try(r->slock)) {
+            watch_socket = 0;           /* the holder wakes us when it lets go */
+            continue;
+        }
+        __atomic_store_n(&r->want_wake, 0, __ATOMIC_SEQ_CST);
+        int notify = read_some(r);
+        /* Full: the owner's reads make room, and it wakes us when it lets go. */
+        watch_socket = r->queued_bytes < r->max_bytes;
+        if (!watch_socket) __atomic_store_n(&r->want_wake, 1, __ATOMIC_SEQ_CST);
+        fb_slock_release(r->slock);
+        if (notify) {
+            __atomic_store_n(&r->handed, 1, __ATOMIC_SEQ_CST);
+            poke(r->owner_fd);
+        }
+    }
+    return NULL;
+}
+
+static int nonblocking(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+int fb_reader_start(fb_reader *r)
+{
+    int fds[2];
+    if (pipe(fds) != 0) return errno;
+    int owner = -1;
+    if (nonblocking(fds[0]) || nonblocking(fds[1]) || fcntl(fds[0], F_SETFD, FD_CLOEXEC) < 0 ||
+            fcntl(fds[1], F_SETFD, FD_CLOEXEC) < 0 || (owner = fcntl(r->owner_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+        int e = errno;
+        close(fds[0]);
+        close(fds[1]);
+        return e;
+    }
+    r->owner_fd = owner;
+    r->wake_r = fds[0];
+    r->wake_w = fds[1];
+    r->signaled = r->stop = r->want_wake = r->handed = 0;
+    r->head = r->tail = NULL;
+    r->queued = r->queued_bytes = 0;
+    int rc = pthread_create(&r->thread, NULL, run, r);
+    if (rc) {
+        close(fds[0]);
+        close(fds[1]);
+        close(owner);
+        r->wake_r = r->wake_w = r->owner_fd = -1;
+        return rc;
+    }
+    r->running = 1;
+    return 0;
+}
+
+void fb_reader_stop(fb_reader *r)
+{
+    if (!r->running) return;
+    __atomic_store_n(&r->stop, 1, __ATOMIC_SEQ_CST);
+    poke(r->wake_w);
+    pthread_join(r->thread, NULL);
+    r->running = 0;
+    close(r->wake_r);
+    close(r->wake_w);
+    close(r->owner_fd);
+    r->wake_r = r->wake_w = r->owner_fd = -1;
+    while (r->head) {
+        fb_reader_item *it = r->head;
+        r->head = it->next;
+        item_free(it);
+    }
+    r->tail = NULL;
+    r->queued = r->queued_bytes = 0;
+}
+
+size_t fb_reader_pop(fb_reader *r, fb_reader_item **item, const unsigned char **frames, size_t *lens,
+                     size_t max_frames)
+{
+    fb_reader_item *it = r->head;
+    *item = it;
+    if (!it) return 0;
+    r->head = it->next;
+    if (!r->head) r->tail = NULL;
+    r->queued--;
+    r->queued_bytes -= it->len;
+    size_t off = 0, i = 0;
+    for (; i < it->nframes && i < max_frames; i++) {
+        uint32_t n;
+        memcpy(&n, it->data + off, 4);
+        frames[i] = it->data + off + 4;
+        lens[i] = n;
+        off += 4 + (size_t)n;
+    }
+    return it->nframes;
+}
+
+void fb_reader_release(fb_reader_item *item)
+{
+    item_free(item);
+}

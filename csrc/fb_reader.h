@@ -1,0 +1,98 @@
+/*
+ * fb_reader.h - a native thread that reads a subscriber's connection while
+ * no user thread does, so the broker is never held back by a subscriber
+ * that is merely busy in Python between two reads.
+ *
+ * A thread in get_message()/get_batch() reads the socket itself (no
+ * hand-over on the way to the caller).  Between two such calls, somebody
+ * must keep taking what arrives, or it piles up at the broker, which then
+ * pauses every publisher (flow control) or drops (a slow consumer).  A
+ * Python thread doing that waits for the interpreter lock first, while the
+ * user's thread holds it; this one never takes it.  It takes whole
+ * messages off the socket into a queue (fb_reader_pop hands them over,
+ * oldest first), up to max_bytes, and leaves everything else to its owner:
+ * a message that is not data (a confirmation, a PONG, a notice) wakes the
+ * owner (owner_fd), which then reads the queue in order.
+ *
+ * It holds the connection's lock (fb_slock) while it reads, as every user
+ * of the socket does; the queue is guarded by the same lock (its owner
+ * pops with the lock held).  When it finds the lock taken it sleeps until
+ * the holder lets go and calls fb_reader_wake (it sets want_wake first,
+ * so the holder knows to); the same when its queue is full.
+ */
+#ifndef FB_READER_H
+#define FB_READER_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fb_slock.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* libzmq's zmq_msg_t (zmq.h, 4.x): 64 opaque bytes, pointer-aligned. */
+typedef union fb_zmq_msg { unsigned char _[64]; void *p; double d; long long l; } fb_zmq_msg;
+
+/* The libzmq calls the reader makes (zmq.h's signatures). */
+typedef struct fb_zmq_recv_calls {
+    int (*msg_init)(fb_zmq_msg *msg);
+    int (*msg_recv)(fb_zmq_msg *msg, void *sock, int flags);
+    void *(*msg_data)(fb_zmq_msg *msg);
+    size_t (*msg_size)(const fb_zmq_msg *msg);
+    int (*msg_more)(const fb_zmq_msg *msg);
+    int (*msg_close)(fb_zmq_msg *msg);
+    int (*getsockopt)(void *sock, int option, void *value, size_t *len);
+} fb_zmq_recv_calls;
+
+typedef struct fb_reader_item fb_reader_item;
+
+typedef struct fb_reader {
+    /* Set before fb_reader_start, then only read. */
+    fb_zmq_recv_calls z;
+    void *sock;                  /* guarded by *slock */
+    int sock_fd;                 /* the socket's ZMQ_FD */
+    fb_slock *slock;
+    size_t max_bytes;            /* stop reading while the queue holds this much */
+    const void *data_command;    /* the first frame of a data message (the protocol's DATA) */
+    size_t data_command_len;
+    int owner_fd;                /* written when a message the owner must see arrived (start uses a copy) */
+
+    /* Shared with the owner (atomic). */
+    int want_wake;               /* the lock was taken, or the queue full: whoever lets go of
+                                    the lock next wakes us (fb_reader_wake) */
+    int handed;                  /* a non-data message was queued since the owner last cleared this */
+    uint64_t read_messages;      /* messages this thread read */
+
+    /* The queue: guarded by *slock. */
+    fb_reader_item *head, *tail;
+    size_t queued, queued_bytes;
+
+    /* The thread's own. */
+    int wake_r, wake_w;
+    int signaled, stop, running;
+    pthread_t thread;
+} fb_reader;
+
+/* Start the thread (the fields above set).  0, or an errno. */
+int fb_reader_start(fb_reader *r);
+void fb_reader_wake(fb_reader *r);
+/* Stop the thread, wait for it, and free what is still queued.  Safe to
+ * call more than once. */
+void fb_reader_stop(fb_reader *r);
+
+/* The oldest queued message, the lock held: its frames' count, and for
+ * each frame i, frames[i] / lens[i] (views valid until fb_reader_release);
+ * 0 if the queue is empty.  At most max_frames frames are described (a
+ * message with more is still released whole).  The item goes to *item, to
+ * hand to fb_reader_release once the frames were copied. */
+size_t fb_reader_pop(fb_reader *r, fb_reader_item **item, const unsigned char **frames, size_t *lens,
+                     size_t max_frames);
+void fb_reader_release(fb_reader_item *item);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FB_READER_H */

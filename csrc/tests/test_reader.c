@@ -1,0 +1,240 @@
+/* test_reader.c - the client's native reader (fb_reader.h) against a fake
+ * socket: whole messages queued in order, up to its bound, the owner told
+ * of what is not data, the lock respected. */
+#define _POSIX_C_SOURCE 200809L
+#include <fcntl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctest.h"
+#include "fb_reader.h"
+
+/* -- a fake libzmq socket: a script of messages (frames), readable through
+ * a pipe that stands for ZMQ_FD */
+
+#define MAXMSG 4096
+typedef struct fmsg { int nframes; const char *frames[4]; size_t lens[4]; } fmsg;
+typedef struct fake {
+    fmsg msgs[MAXMSG];
+    int n, next, frame;       /* messages scripted; next to read; its next frame */
+    int fd[2];
+} fake;
+static fake F;
+
+typedef struct fake_msg { const char *data; size_t size; int more; } fake_msg;
+
+static int f_init(fb_zmq_msg *m) { memset(m, 0, sizeof *m); return 0; }
+static int f_close(fb_zmq_msg *m) { (void)m; return 0; }
+static void *f_data(fb_zmq_msg *m) { return (void *)((fake_msg *)m)->data; }
+static size_t f_size(const fb_zmq_msg *m) { return ((const fake_msg *)m)->size; }
+static int f_more(const fb_zmq_msg *m) { return ((const fake_msg *)m)->more; }
+
+static int f_recv(fb_zmq_msg *m, void *sock, int flags)
+{
+    (void)sock;
+    (void)flags;
+    int next = __atomic_load_n(&F.next, __ATOMIC_SEQ_CST);
+    if (next >= __atomic_load_n(&F.n, __ATOMIC_SEQ_CST)) return -1;
+    fmsg *msg = &F.msgs[next];
+    fake_msg *fm = (fake_msg *)m;
+    fm->data = msg->frames[F.frame];
+    fm->size = msg->lens[F.frame];
+    fm->more = F.frame + 1 < msg->nframes;
+    if (fm->more) F.frame++;
+    else {
+        F.frame = 0;
+        __atomic_store_n(&F.next, next + 1, __ATOMIC_SEQ_CST);
+    }
+    return (int)fm->size;
+}
+
+static int f_getsockopt(void *sock, int option, void *value, size_t *len)
+{
+    (void)sock;
+    (void)len;
+    REQUIRE(option == 15);
+    char b[64];
+    while (read(F.fd[0], b, sizeof b) > 0) {      /* commands processed: the edge is consumed */
+    }
+    *(int *)value = __atomic_load_n(&F.next, __ATOMIC_SEQ_CST) < __atomic_load_n(&F.n, __ATOMIC_SEQ_CST);
+    return 0;
+}
+
+static void script(const char *cmd, const char *body)
+{
+    fmsg *m = &F.msgs[F.n];
+    m->nframes = 2;
+    m->frames[0] = cmd;
+    m->lens[0] = strlen(cmd);
+    m->frames[1] = body;
+    m->lens[1] = strlen(body);
+    __atomic_add_fetch(&F.n, 1, __ATOMIC_SEQ_CST);
+    char c = 0;
+    ssize_t w = write(F.fd[1], &c, 1);              /* the socket's descriptor says "look" */
+    (void)w;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+typedef struct rig { fb_slock sl; int owner[2]; fb_reader r; } rig;
+
+static void rig_start(rig *g, size_t max_bytes)
+{
+    memset(g, 0, sizeof *g);
+    memset(&F, 0, sizeof F);
+    REQUIRE(pipe(F.fd) == 0);
+    fcntl(F.fd[0], F_SETFL, O_NONBLOCK);
+    fcntl(F.fd[1], F_SETFL, O_NONBLOCK);
+    REQUIRE(pipe(g->owner) == 0);
+    fcntl(g->owner[0], F_SETFL, O_NONBLOCK);
+    REQUIRE(fb_slock_init(&g->sl) == 0);
+    g->r.z = (fb_zmq_recv_calls){f_init, f_recv, f_data, f_size, f_more, f_close, f_getsockopt};
+    g->r.sock = &F;
+    g->r.sock_fd = F.fd[0];
+    g->r.slock = &g->sl;
+    g->r.max_bytes = max_bytes;
+    g->r.data_command = "D";
+    g->r.data_command_len = 1;
+    g->r.owner_fd = g->owner[1];
+    REQUIRE(fb_reader_start(&g->r) == 0);
+}
+
+static void rig_stop(rig *g)
+{
+    fb_reader_stop(&g->r);
+    fb_reader_stop(&g->r);
+    fb_slock_destroy(&g->sl);
+    close(g->owner[0]);
+    close(g->owner[1]);
+    close(F.fd[0]);
+    close(F.fd[1]);
+}
+
+static int queued(rig *g)
+{
+    REQUIRE(fb_slock_wait(&g->sl, -1));
+    int n = (int)g->r.queued;
+    fb_slock_release(&g->sl);
+    return n;
+}
+
+static int wait_queued(rig *g, int n)
+{
+    for (int i = 0; i < 5000; i++) {
+        if (queued(g) >= n) return 1;
+        sleep_ms(1);
+    }
+    return 0;
+}
+
+/* Pop one message under the lock: its body into out. */
+static int pop(rig *g, char *cmd, char *out)
+{
+    fb_reader_item *it;
+    const unsigned char *frames[4];
+    size_t lens[4];
+    REQUIRE(fb_slock_wait(&g->sl, -1));
+    size_t n = fb_reader_pop(&g->r, &it, frames, lens, 4);
+    if (n == 2) {
+        memcpy(cmd, frames[0], lens[0]);
+        cmd[lens[0]] = 0;
+        memcpy(out, frames[1], lens[1]);
+        out[lens[1]] = 0;
+    }
+    fb_reader_release(it);
+    fb_slock_release(&g->sl);
+    fb_reader_wake(&g->r);                          /* (as the owner does after it lets go) */
+    return (int)n;
+}
+
+static int owner_woken(rig *g)
+{
+    char b[16];
+    for (int i = 0; i < 2000; i++) {
+        if (read(g->owner[0], b, sizeof b) > 0) return 1;
+        sleep_ms(1);
+    }
+    return 0;
+}
+
+static void test_queues_messages_in_order(void)
+{
+    rig g;
+    rig_start(&g, 1 << 20);
+    static char bodies[100][12];
+    for (int i = 0; i < 100; i++) {
+        snprintf(bodies[i], sizeof bodies[i], "%d", i);
+        script("D", bodies[i]);
+    }
+    CHECK(wait_queued(&g, 100));
+    CHECK_EQ(__atomic_load_n(&g.r.read_messages, __ATOMIC_SEQ_CST), 100);
+    CHECK_EQ(g.r.handed, 0);                        /* data only: the owner is not woken */
+    char cmd[8], body[12];
+    for (int i = 0; i < 100; i++) {
+        CHECK_EQ(pop(&g, cmd, body), 2);
+        CHECK(strcmp(cmd, "D") == 0 && atoi(body) == i);
+    }
+    CHECK_EQ(pop(&g, cmd, body), 0);
+    rig_stop(&g);
+}
+
+static void test_control_messages_wake_the_owner(void)
+{
+    rig g;
+    rig_start(&g, 1 << 20);
+    script("D", "a");
+    script("C", "confirm");
+    CHECK(wait_queued(&g, 2));
+    CHECK(owner_woken(&g));
+    CHECK_EQ(__atomic_exchange_n(&g.r.handed, 0, __ATOMIC_SEQ_CST), 1);
+    rig_stop(&g);                                   /* frees what is queued */
+}
+
+static void test_stops_at_its_bound_and_goes_on_when_emptied(void)
+{
+    rig g;
+    rig_start(&g, 64);                              /* a few messages' worth */
+    static char big[40];
+    memset(big, 'x', sizeof big - 1);
+    for (int i = 0; i < 10; i++) script("D", big);
+    sleep_ms(100);
+    int first = queued(&g);
+    CHECK(first >= 1 && first < 10);                /* stopped at the bound */
+    CHECK(__atomic_load_n(&F.next, __ATOMIC_SEQ_CST) < 10);
+    char cmd[8], body[64];
+    int got = 0;
+    for (int i = 0; i < 2000 && got < 10; i++) {
+        if (pop(&g, cmd, body) == 2) got++;
+        else sleep_ms(1);
+    }
+    CHECK_EQ(got, 10);                              /* all of them, as room came */
+    rig_stop(&g);
+}
+
+static void test_leaves_a_held_connection_alone(void)
+{
+    rig g;
+    rig_start(&g, 1 << 20);
+    REQUIRE(fb_slock_try(&g.sl));                   /* a user thread reads it now */
+    script("D", "mine");
+    sleep_ms(100);
+    CHECK_EQ(g.r.queued, 0);
+    CHECK_EQ(__atomic_load_n(&g.r.want_wake, __ATOMIC_SEQ_CST), 1);
+    fb_slock_release(&g.sl);
+    fb_reader_wake(&g.r);                           /* the holder's let_go */
+    CHECK(wait_queued(&g, 1));
+    rig_stop(&g);
+}
+
+int main(void)
+{
+    RUN(test_queues_messages_in_order);
+    RUN(test_control_messages_wake_the_owner);
+    RUN(test_stops_at_its_bound_and_goes_on_when_emptied);
+    RUN(test_leaves_a_held_connection_alone);
+    CTEST_END();
+}

@@ -1,0 +1,45 @@
+# Mirrors csrc/fb_reader.h
+from libc.stdint cimport uint64_t
+
+from fastbus.includes.fb_slock cimport fb_slock
+
+cdef extern from "fb_reader.h" nogil:
+    ctypedef union fb_zmq_msg:
+        pass
+
+    ctypedef struct fb_zmq_recv_calls:
+        int (*msg_init)(fb_zmq_msg *msg) noexcept nogil
+        int (*msg_recv)(fb_zmq_msg *msg, void *sock, int flags) noexcept nogil
+        void *(*msg_data)(fb_zmq_msg *msg) noexcept nogil
+        size_t (*msg_size)(const fb_zmq_msg *msg) noexcept nogil
+        int (*msg_more)(const fb_zmq_msg *msg) noexcept nogil
+        int (*msg_close)(fb_zmq_msg *msg) noexcept nogil
+        int (*getsockopt)(void *sock, int option, void *value, size_t *len) noexcept nogil
+
+    ctypedef struct fb_reader_item:
+        pass
+
+    ctypedef struct fb_reader:
+        fb_zmq_recv_calls z
+        void *sock
+        int sock_fd
+        fb_slock *slock
+        size_t max_bytes
+        const void *data_command
+        size_t data_command_len
+        int owner_fd
+        int want_wake
+        int handed
+        uint64_t read_messages
+        size_t queued
+        size_t queued_bytes
+        int wake_r
+        int wake_w
+        int running
+
+    int fb_reader_start(fb_reader *r)
+    void fb_reader_wake(fb_reader *r)
+    void fb_reader_stop(fb_reader *r)
+    size_t fb_reader_pop(fb_reader *r, fb_reader_item **item, const unsigned char **frames, size_t *lens,
+                         size_t max_frames)
+    void fb_reader_release(fb_reader_item *item)
