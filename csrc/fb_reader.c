@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fb_common.h"
@@ -15,6 +16,9 @@
 #define Z_DONTWAIT 1
 #define Z_EVENTS 15
 #define Z_POLLIN 1
+
+/* How long input waits for a user thread before this one takes it. */
+#define STEP_IN_NS 200000
 
 /* A queued message: its frames, each as a 4-byte length and the bytes. */
 struct fb_reader_item {
@@ -130,6 +134,16 @@ static void *run(void *arg)
          * acts, and would have us spin. */
         struct pollfd p[2] = {{r->wake_r, POLLIN, 0}, {r->sock_fd, POLLIN, 0}};
         if (poll(p, watch_socket ? 2 : 1, -1) < 0 && errno != EINTR) break;
+        if (watch_socket && !(p[0].revents & POLLIN) && (p[1].revents & POLLIN)) {
+            /* Input, and nobody woke us: a user thread in get_message()
+             * takes it within moments (its read settles the descriptor),
+             * and we would only contend with it.  We step in for input
+             * that nobody takes: a reader busy elsewhere. */
+            struct timespec ts = {0, STEP_IN_NS};
+            nanosleep(&ts, NULL);
+            struct pollfd again = {r->sock_fd, POLLIN, 0};
+            if (poll(&again, 1, 0) == 0) continue;
+        }
         char drain[64];
         while (read(r->wake_r, drain, sizeof drain) > 0) {
         }
