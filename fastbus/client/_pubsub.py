@@ -407,7 +407,9 @@ class PubSub:
         s.awaiting += 1
         try:
             while s.confirmed < seq:
-                if s.lock.acquire(False):
+                # (The native reader holds the lock for moments only: worth
+                # a short wait before falling back to being woken.)
+                if s.lock.acquire(False) or s.lock.acquire(True, 0.002):
                     try:
                         wait.check(locked=True)
                         while s.posted:
