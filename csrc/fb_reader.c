@@ -3,12 +3,10 @@
 #include "fb_reader.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "fb_common.h"
 
@@ -28,16 +26,9 @@ struct fb_reader_item {
     unsigned char *data;
 };
 
-static void poke(int fd)
-{
-    char b = 0;
-    ssize_t w = write(fd, &b, 1);
-    (void)w;   /* a full pipe is a wake-up already pending */
-}
-
 void fb_reader_wake(fb_reader *r)
 {
-    if (!__atomic_exchange_n(&r->signaled, 1, __ATOMIC_SEQ_CST)) poke(r->wake_w);
+    fb_wake_signal(&r->wake);
 }
 
 static int has_input(fb_reader *r)
@@ -132,7 +123,7 @@ static void *run(void *arg)
         /* The socket's descriptor only while we may read it: a holder that
          * has the lock leaves it readable (unprocessed commands) until it
          * acts, and would have us spin. */
-        struct pollfd p[2] = {{r->wake_r, POLLIN, 0}, {r->sock_fd, POLLIN, 0}};
+        struct pollfd p[2] = {{r->wake.r, POLLIN, 0}, {r->sock_fd, POLLIN, 0}};
         if (poll(p, watch_socket ? 2 : 1, -1) < 0 && errno != EINTR) break;
         if (watch_socket && !(p[0].revents & POLLIN) && (p[1].revents & POLLIN)) {
             /* Input, and nobody woke us: a user thread in get_message()
@@ -144,10 +135,7 @@ static void *run(void *arg)
             struct pollfd again = {r->sock_fd, POLLIN, 0};
             if (poll(&again, 1, 0) == 0) continue;
         }
-        char drain[64];
-        while (read(r->wake_r, drain, sizeof drain) > 0) {
-        }
-        __atomic_store_n(&r->signaled, 0, __ATOMIC_SEQ_CST);
+        fb_wake_clear(&r->wake);
         if (__atomic_load_n(&r->stop, __ATOMIC_SEQ_CST)) break;
         __atomic_store_n(&r->want_wake, 1, __ATOMIC_SEQ_CST);
         if (!fb_slock_try(r->slock)) {
@@ -162,42 +150,22 @@ static void *run(void *arg)
         fb_slock_release(r->slock);
         if (notify) {
             __atomic_store_n(&r->handed, 1, __ATOMIC_SEQ_CST);
-            poke(r->owner_fd);
+            fb_wake_owner(&r->wake);
         }
     }
     return NULL;
 }
 
-static int nonblocking(int fd)
-{
-    int fl = fcntl(fd, F_GETFL);
-    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
 int fb_reader_start(fb_reader *r)
 {
-    int fds[2];
-    if (pipe(fds) != 0) return errno;
-    int owner = -1;
-    if (nonblocking(fds[0]) || nonblocking(fds[1]) || fcntl(fds[0], F_SETFD, FD_CLOEXEC) < 0 ||
-            fcntl(fds[1], F_SETFD, FD_CLOEXEC) < 0 || (owner = fcntl(r->owner_fd, F_DUPFD_CLOEXEC, 0)) < 0) {
-        int e = errno;
-        close(fds[0]);
-        close(fds[1]);
-        return e;
-    }
-    r->owner_fd = owner;
-    r->wake_r = fds[0];
-    r->wake_w = fds[1];
-    r->signaled = r->stop = r->want_wake = r->handed = 0;
+    int rc = fb_wake_open(&r->wake, r->owner_fd);
+    if (rc) return rc;
+    r->stop = r->want_wake = r->handed = 0;
     r->head = r->tail = NULL;
     r->queued = r->queued_bytes = 0;
-    int rc = pthread_create(&r->thread, NULL, run, r);
+    rc = pthread_create(&r->thread, NULL, run, r);
     if (rc) {
-        close(fds[0]);
-        close(fds[1]);
-        close(owner);
-        r->wake_r = r->wake_w = r->owner_fd = -1;
+        fb_wake_close(&r->wake);
         return rc;
     }
     r->running = 1;
@@ -208,13 +176,10 @@ void fb_reader_stop(fb_reader *r)
 {
     if (!r->running) return;
     __atomic_store_n(&r->stop, 1, __ATOMIC_SEQ_CST);
-    poke(r->wake_w);
+    fb_wake_force(&r->wake);
     pthread_join(r->thread, NULL);
     r->running = 0;
-    close(r->wake_r);
-    close(r->wake_w);
-    close(r->owner_fd);
-    r->wake_r = r->wake_w = r->owner_fd = -1;
+    fb_wake_close(&r->wake);
     while (r->head) {
         fb_reader_item *it = r->head;
         r->head = it->next;

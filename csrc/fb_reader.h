@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "fb_slock.h"
+#include "fb_wake.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,7 +59,7 @@ typedef struct fb_reader {
     size_t max_bytes;            /* stop reading while the queue holds this much */
     const void *data_command;    /* the first frame of a data message (the protocol's DATA) */
     size_t data_command_len;
-    int owner_fd;                /* written when a message the owner must see arrived (start uses a copy) */
+    int owner_fd;                /* written when a message the owner must see arrived (fb_wake.h) */
 
     /* Shared with the owner (atomic). */
     int want_wake;               /* the lock was taken, or the queue full: whoever lets go of
@@ -71,8 +72,8 @@ typedef struct fb_reader {
     size_t queued, queued_bytes;
 
     /* The thread's own. */
-    int wake_r, wake_w;
-    int signaled, stop, running;
+    fb_wake wake;
+    int stop, running;
     pthread_t thread;
 } fb_reader;
 

@@ -3,9 +3,7 @@
 #include "fb_sender.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
-#include <unistd.h>
 
 #include "fb_common.h"
 
@@ -22,16 +20,9 @@
 /* How often a sender waiting for the connection looks whether it must stop. */
 #define LOCK_POLL_NS 50000000
 
-static void poke(int fd)
-{
-    char b = 0;
-    ssize_t r = write(fd, &b, 1);
-    (void)r;   /* a full pipe is a wake-up already pending */
-}
-
 void fb_sender_wake(fb_sender *s)
 {
-    if (!__atomic_exchange_n(&s->signaled, 1, __ATOMIC_SEQ_CST)) poke(s->wake_w);
+    fb_wake_signal(&s->wake);
 }
 
 static int events(fb_sender *s)
@@ -45,7 +36,7 @@ static int events(fb_sender *s)
 static void hand_back(fb_sender *s)
 {
     __atomic_store_n(&s->handed, 1, __ATOMIC_SEQ_CST);
-    poke(s->owner_fd);
+    fb_wake_owner(&s->wake);
 }
 
 /* Send what is due, the connection's lock held.  Returns when the outbox's
@@ -134,12 +125,9 @@ static void *run(void *arg)
             uint64_t now = fb_now_ns();
             ms = due <= now ? 0 : (int)((due - now + 999999) / 1000000);
         }
-        struct pollfd p = {s->wake_r, POLLIN, 0};
+        struct pollfd p = {s->wake.r, POLLIN, 0};
         if (poll(&p, 1, ms) < 0 && errno != EINTR) break;
-        char drain[64];
-        while (read(s->wake_r, drain, sizeof drain) > 0) {
-        }
-        __atomic_store_n(&s->signaled, 0, __ATOMIC_SEQ_CST);   /* before the look: a later wake writes */
+        fb_wake_clear(&s->wake);            /* before the look: a later wake writes */
         if (__atomic_load_n(&s->stop, __ATOMIC_SEQ_CST)) break;
         due = UINT64_MAX;
         if (__atomic_load_n(&s->paused, __ATOMIC_SEQ_CST)) continue;
@@ -153,49 +141,19 @@ static void *run(void *arg)
         fb_slock_release(s->slock);
         /* Set before the owner's try for the lock, which failed while we
          * held it: after our release one of us sees the other. */
-        if (__atomic_exchange_n(&s->owner_skipped, 0, __ATOMIC_SEQ_CST)) poke(s->owner_fd);
+        if (__atomic_exchange_n(&s->owner_skipped, 0, __ATOMIC_SEQ_CST)) fb_wake_owner(&s->wake);
     }
     return NULL;
 }
 
-static int nonblocking(int fd)
-{
-    int fl = fcntl(fd, F_GETFL);
-    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
-}
-
 int fb_sender_start(fb_sender *s)
 {
-    int fds[2];
-    if (pipe(fds) != 0) return errno;
-    if (nonblocking(fds[0]) || nonblocking(fds[1]) || fcntl(fds[0], F_SETFD, FD_CLOEXEC) < 0 ||
-            fcntl(fds[1], F_SETFD, FD_CLOEXEC) < 0) {
-        int e = errno;
-        close(fds[0]);
-        close(fds[1]);
-        return e;
-    }
-    /* Our own copy of the owner's descriptor: the owner may close its own
-     * before this thread stops (a number reused meanwhile would get our
-     * bytes). */
-    int owner = fcntl(s->owner_fd, F_DUPFD_CLOEXEC, 0);
-    if (owner < 0) {
-        int e = errno;
-        close(fds[0]);
-        close(fds[1]);
-        return e;
-    }
-    s->owner_fd = owner;
-    s->wake_r = fds[0];
-    s->wake_w = fds[1];
-    s->signaled = s->stop = 0;
-    s->handed = s->owner_skipped = 0;
-    int rc = pthread_create(&s->thread, NULL, run, s);
+    int rc = fb_wake_open(&s->wake, s->owner_fd);
+    if (rc) return rc;
+    s->stop = s->handed = s->owner_skipped = 0;
+    rc = pthread_create(&s->thread, NULL, run, s);
     if (rc) {
-        close(fds[0]);
-        close(fds[1]);
-        close(owner);
-        s->wake_r = s->wake_w = -1;
+        fb_wake_close(&s->wake);
         return rc;
     }
     s->running = 1;
@@ -206,11 +164,8 @@ void fb_sender_stop(fb_sender *s)
 {
     if (!s->running) return;
     __atomic_store_n(&s->stop, 1, __ATOMIC_SEQ_CST);
-    poke(s->wake_w);
+    fb_wake_force(&s->wake);
     pthread_join(s->thread, NULL);
     s->running = 0;
-    close(s->wake_r);
-    close(s->wake_w);
-    close(s->owner_fd);
-    s->wake_r = s->wake_w = s->owner_fd = -1;
+    fb_wake_close(&s->wake);
 }

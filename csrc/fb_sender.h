@@ -35,6 +35,7 @@
 #include "fb_lock.h"
 #include "fb_outbox.h"
 #include "fb_slock.h"
+#include "fb_wake.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -60,7 +61,7 @@ typedef struct fb_sender {
     uint64_t linger_ns;          /* a partial batch waits this long after the last send (0: none) */
     const void *command;         /* the first frame of a data message (the protocol's PUB) */
     size_t command_len;
-    int owner_fd;                /* written to hand work back to the owner (start uses a copy) */
+    int owner_fd;                /* written to hand work back to the owner (fb_wake.h) */
 
     /* Shared with the owner (atomic). */
     int paused;                  /* flow control paused publishing: the owner resumes it */
@@ -72,8 +73,7 @@ typedef struct fb_sender {
     uint64_t sent_batches;
 
     /* The thread's own. */
-    int wake_r, wake_w;
-    int signaled;                /* a wake-up is pending (atomic): one write per wake */
+    fb_wake wake;
     int stop;                    /* atomic */
     int running;
     pthread_t thread;

@@ -176,7 +176,6 @@ cdef class Sender:
         self._s.command = PyBytes_AS_STRING(command)
         self._s.command_len = PyBytes_GET_SIZE(command)
         self._s.owner_fd = owner_fd
-        self._s.wake_r = self._s.wake_w = -1
         cdef int rc = fb_sender_start(&self._s)
         if rc:
             raise OSError(rc, strerror(rc).decode())
@@ -284,7 +283,6 @@ cdef class Reader:
         self._r.data_command = PyBytes_AS_STRING(data_command)
         self._r.data_command_len = PyBytes_GET_SIZE(data_command)
         self._r.owner_fd = owner_fd
-        self._r.wake_r = self._r.wake_w = -1
         cdef int rc = fb_reader_start(&self._r)
         if rc:
             raise OSError(rc, strerror(rc).decode())

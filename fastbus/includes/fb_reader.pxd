@@ -33,8 +33,6 @@ cdef extern from "fb_reader.h" nogil:
         uint64_t read_messages
         size_t queued
         size_t queued_bytes
-        int wake_r
-        int wake_w
         int running
 
     int fb_reader_start(fb_reader *r)

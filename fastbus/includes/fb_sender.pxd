@@ -31,8 +31,6 @@ cdef extern from "fb_sender.h" nogil:
         int owner_skipped
         uint64_t sent_messages
         uint64_t sent_batches
-        int wake_r
-        int wake_w
         int running
 
     int fb_sender_start(fb_sender *s)
