@@ -181,15 +181,20 @@ def test_subscribe_after_close_connects_again(brokers):
 def test_sharded_confirmations_in_call_order_with_a_running_count(brokers):
     bs = [brokers() for _ in range(3)]
     with fastbus.ShardedClient([b.endpoint for b in bs]) as c:
-        chans = [f"ch{i}" for i in range(12)]
+        # The brokers' ports are random, so which shard a name lands on is
+        # too: take four names that span at least two shards, in order.
+        names = [f"ch{i}" for i in range(200)]
+        first = c.shard(names[0])
+        other = next(n for n in names if c.shard(n) != first)
+        chans = [n for n in names if n != other][:3] + [other]
         assert len({c.shard(ch) for ch in chans}) > 1
         with c.pubsub() as p:
-            p.subscribe(*chans[:4])
+            p.subscribe(*chans)
             p.psubscribe("room.*")
             ms = confirm(p, 5)
             assert [(m["type"], m["channel"], m["data"]) for m in ms] == [
-                ("subscribe", b"ch0", 1), ("subscribe", b"ch1", 2), ("subscribe", b"ch2", 3),
-                ("subscribe", b"ch3", 4), ("psubscribe", b"room.*", 5)]
+                ("subscribe", ch.encode(), i + 1) for i, ch in enumerate(chans)
+            ] + [("psubscribe", b"room.*", 5)]
             p.unsubscribe()
             p.punsubscribe()
             assert p.subscribed
