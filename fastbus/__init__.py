@@ -75,7 +75,7 @@ from fastbus.errors import (AddressInUse, BatchError, BrokerTimeout, BrokerUnava
                             ListenError,
                             MessagesRejected, NotSubscribedError, PublishTimeout)
 from fastbus.protocol import DEFAULT_ENDPOINT, DEFAULT_PORT, ProtocolError
-from fastbus.client import Client, PubSub
+from fastbus.client import Client, ClientOptions, PubSub
 from fastbus._messages import GapInfo, PubSubMessage
 from fastbus.broker import Broker, BrokerConfig
 from fastbus.sharding import ShardedClient, ShardedPubSub
@@ -92,7 +92,7 @@ __all__ = [
     "BatchError", "FastbusError", "ForwarderError", "MessagesRejected", "NotSubscribedError", "ProtocolError",
     "PublishTimeout", "AddressInUse", "BrokerTimeout", "BrokerUnavailable", "FlushTimeout", "InvalidEndpoint",
     "InvalidKey", "KeyRefused", "ListenError",
-    "ConnectionClosed", "Client", "PubSub", "PubSubMessage", "GapInfo", "Broker", "BrokerConfig",
+    "ConnectionClosed", "Client", "ClientOptions", "PubSub", "PubSubMessage", "GapInfo", "Broker", "BrokerConfig",
     "DEFAULT_ENDPOINT", "DEFAULT_PORT",
     "ShardedClient", "ShardedPubSub", "aio",
     "get_include", "get_library_dirs",

@@ -38,9 +38,11 @@ from fastbus._twins import twin_of
 from fastbus._types import ChannelT, EncodableT
 from fastbus.client._client import Client as _SyncClient
 from fastbus.client._endpoint import AbsenceProbe
-from fastbus.client._pubsub import ConfirmWait, Handler
+from fastbus.client._connections import Connections
+from fastbus.client._pubsub import Handler
 from fastbus.client._pubsub import PubSub as _SyncPubSub
 from fastbus.client._session import Session
+from fastbus.client._subsession import ConfirmWait
 from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, PublishTimeout
 
 __all__ = ["Client", "PubSub"]
@@ -56,8 +58,7 @@ class _LoopDriver:
         self.session = session
         self.loop = loop
         self.changed = changed
-        with session.lock:
-            session.loop = loop               # the keeper leaves it alone from now on
+        session.drive_from(loop)              # the keeper leaves it alone from now on
         loop.add_reader(session.fd, self.serve)
         self._timer: asyncio.TimerHandle | None = None
         self._scheduled = False
@@ -68,14 +69,13 @@ class _LoopDriver:
         self._scheduled = False
         if s.closed:
             return
-        if not s.lock.acquire(False):
+        with s.attempt() as held:
+            if held:
+                s.serve(time.monotonic())
+        if not held:
             # Another thread has it for a moment (a close, a cross-thread call).
             self._again(0.0005)
             return
-        try:
-            s.serve(time.monotonic())
-        finally:
-            s.release()
         self.changed.set()
         due = s.due_in(time.monotonic())
         if due is not None:
@@ -162,12 +162,12 @@ class Client(_SyncClient):
     def _send_pending(self) -> None:
         self._send_scheduled = False
         s = self.session
-        if s.closed or not s.lock.acquire(False):
+        if s.closed:
             return
-        try:
+        with s.attempt() as held:
+            if not held:
+                return
             s.pump(force=s.linger_over())
-        finally:
-            s.release()
         if self._changed is not None:
             self._changed.set()
         if s.publisher.queued and not s.flow_paused and not s.blocked:
@@ -220,20 +220,18 @@ class Client(_SyncClient):
         probe = None if timeout is None else AbsenceProbe(self.endpoint, start)
         while True:
             self._changed.clear()
-            if s.lock.acquire(False):
-                try:
+            with s.attempt() as held:
+                if held:
                     if f is None:
                         f = s.start_flush()
                     done = s.flush_step(f)
                     if not done and probe is not None:
                         probe.check_handshake(s)
-                finally:
-                    s.release()
-                if done:
-                    notice = s.take_notice()
-                    if notice is not None:
-                        raise notice
-                    return
+            if held and done:
+                notice = s.take_notice()
+                if notice is not None:
+                    raise notice
+                return
             if probe is not None and not s.instance and time.monotonic() >= probe.next:
                 # (the probe connects a socket: not in the event loop's thread)
                 await asyncio.get_running_loop().run_in_executor(None, probe.check, s, s.publisher.queued)
@@ -252,8 +250,8 @@ class Client(_SyncClient):
         asked = False
         while True:
             self._changed.clear()
-            if s.lock.acquire(False):
-                try:
+            with s.attempt() as held:
+                if held:
                     if not asked:
                         s.stats_replies.clear()
                         s.send([P.STATS])
@@ -261,8 +259,6 @@ class Client(_SyncClient):
                     s.read()
                     if s.stats_replies:
                         return s.stats_replies.pop(0)
-                finally:
-                    s.release()
             if not await _wait(self._changed, deadline):
                 raise BrokerTimeout(f"no answer from the broker at {self.endpoint} within {timeout:g} s",
                                     self.endpoint)
@@ -271,7 +267,7 @@ class Client(_SyncClient):
         """Call it in the loop that uses the PubSub."""
         if self.closed:
             raise ConnectionClosed("client is closed")
-        return PubSub(self, ignore_subscribe_messages=ignore_subscribe_messages)
+        return PubSub(self.connections, ignore_subscribe_messages=ignore_subscribe_messages)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """The event loop stops driving the connections first."""
@@ -304,9 +300,9 @@ class PubSub(_SyncPubSub):
     """asyncio twin of :class:`fastbus.PubSub`: the (un)subscribe calls and
     the receiving calls are coroutines.  Create it in the loop that uses it."""
 
-    def __init__(self, client: Client, ignore_subscribe_messages: bool = False) -> None:
+    def __init__(self, conns: Connections, ignore_subscribe_messages: bool = False) -> None:
         loop = asyncio.get_running_loop()
-        super().__init__(client, ignore_subscribe_messages)
+        super().__init__(conns, ignore_subscribe_messages)
         self._changed = asyncio.Event()
         self._loop = loop
         self._driver = _LoopDriver(self.session, loop, self._changed)
@@ -337,18 +333,15 @@ class PubSub(_SyncPubSub):
         if not seq:
             return
         s = self.session
-        wait = ConfirmWait(self, seq)
+        wait = ConfirmWait(s, seq)
         s.awaiting += 1
         try:
             while True:
                 self._changed.clear()
-                if s.lock.acquire(False):
-                    try:
-                        if not wait.done():
-                            wait.check(locked=True, probe=False)
-                            s.read()
-                    finally:
-                        s.release()
+                with s.attempt() as held:
+                    if held and not wait.done():
+                        wait.check(locked=True, probe=False)
+                        s.read()
                 if wait.done():
                     return
                 wait.check(locked=False, probe=False)

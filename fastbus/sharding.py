@@ -111,8 +111,7 @@ class ShardedPubSub:
                 if any(p.closed for p in subs):
                     raise ConnectionClosed("pubsub is closed")
                 for s in sessions:
-                    while s.posted:
-                        s.posted.popleft()()
+                    s.run_posted()
                     s.read()
                 if any(p.has_ready() for p in subs):
                     break

@@ -27,7 +27,9 @@ from fastbus.redis.publisher import (AsyncBufferedListProducer, AsyncBufferedPub
 #: must be a coroutine (or an async generator).
 PAIRS = [
     (fastbus.Client, fastbus.aio.Client,
-     {"pubsub", "stats", "is_wanted", "shutdown", "session", "closed", "driven_by_loop"}),
+     {"pubsub", "stats", "is_wanted", "shutdown", "session", "closed", "driven_by_loop",
+      "options", "from_options", "connections", "endpoint", "name", "decode_responses", "max_delay", "max_inbox_bytes",
+      "socket_connect_timeout", "subscribe_timeout"}),
     (fastbus.PubSub, fastbus.aio.PubSub,
      {"subscribed", "has_ready", "ready_message", "ready_batch", "read_nowait", "session", "closed",
       "shutdown", "subscribe_nowait", "psubscribe_nowait"}),

@@ -19,17 +19,21 @@ wants, and ``publish`` drops the others before they reach the network
 restart or reconnect, the client introduces itself again and resends every
 subscription; delivery resumes without user code.
 
-The modules: ``_client`` (Client, the publishing session), ``_pubsub``
-(PubSub, the subscribing session), ``_session`` (a connection and the rules
-for the threads that share it), ``_keeper`` (the background thread for
-sessions nobody drives), ``_keys`` (channel names), ``_stats``
-(``query_stats``).
+The modules, top down (each imports only those below it): ``_client``
+(Client), ``_pubsub`` (PubSub), ``_options`` (ClientOptions: every setting,
+checked once), ``_connections`` (Connections: the owner of a client's
+connections), ``_pubsession`` and ``_subsession`` (the publishing and the
+subscribing connection), ``_session`` (a connection and the rules for the
+threads that share it), ``_keeper`` (the background thread for sessions
+nobody drives), ``_engine`` (the native threads), ``_keys`` (channel
+names), ``_stats`` (``query_stats``).
 """
 
 from fastbus.client._client import Client
 from fastbus.client._keys import pattern_prefix, to_key
+from fastbus.client._options import ClientOptions
 from fastbus.client._pubsub import PubSub
 from fastbus.client._stats import query_stats
 from fastbus.errors import ConnectionClosed, PublishTimeout
 
-__all__ = ["Client", "ConnectionClosed", "PubSub", "PublishTimeout", "pattern_prefix", "query_stats", "to_key"]
+__all__ = ["Client", "ClientOptions", "ConnectionClosed", "PubSub", "PublishTimeout", "pattern_prefix", "query_stats", "to_key"]

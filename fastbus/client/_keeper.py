@@ -22,7 +22,6 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fastbus.client._client import Client
     from fastbus.client._session import Session
 
 log = logging.getLogger("fastbus.client")
@@ -32,9 +31,10 @@ class Keeper(threading.Thread):
     """Serves the sessions of one client that no user thread (or event loop)
     drives at the moment."""
 
-    def __init__(self, client: Client) -> None:
-        super().__init__(name=f"fastbus-keeper-{client.name}", daemon=True)
-        self.client = client
+    def __init__(self, name: str, ping_interval: float) -> None:
+        super().__init__(name=f"fastbus-keeper-{name}", daemon=True)
+        self.client_name = name
+        self.ping_interval = ping_interval
         self.sessions: tuple[Session, ...] = ()       # replaced, never changed in place
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
@@ -93,7 +93,7 @@ class Keeper(threading.Thread):
                     p.register(fd, select.POLLIN)
                 p.poll(None if timeout is None else max(0, math.ceil(timeout * 1000)))
         except Exception:  # a bug: say so, the client's user threads still work
-            log.exception("%s: the keeper thread failed", self.client.name)
+            log.exception("%s: the keeper thread failed", self.client_name)
         finally:
             self.stopped.set()
 
@@ -108,7 +108,7 @@ class Keeper(threading.Thread):
     def _serve_all(self, now: float) -> tuple[float | None, list[int]]:
         """Serve every session nobody drives; return how long to sleep at
         most and the descriptors to watch meanwhile."""
-        timeout: float | None = self.client._ping_interval
+        timeout: float | None = self.ping_interval
         watch = []
         for s in self.sessions:
             if s.closed or s.loop is not None:
@@ -123,13 +123,11 @@ class Keeper(threading.Thread):
             # Said before we try: a thread that lets go of the lock after
             # our try sees it and wakes us.
             s.keeper_skipped = True
-            if s.lock.acquire(False):
-                s.keeper_skipped = False
-                try:
+            with s.attempt() as held:
+                if held:
+                    s.keeper_skipped = False
                     s.serve(now)
-                finally:
-                    s.release()
-            else:
+            if not held:
                 # A user thread holds it for a moment (an inline send, a
                 # subscribe): it reads what arrived before it lets go, and
                 # wakes us when it does.

@@ -1,209 +1,31 @@
-"""The subscribing side of a client: ``PubSub`` and its session."""
+"""The subscribing side of a client: ``PubSub``.
+
+Its connection is a ``_subsession.SubSession``, owned with the client's
+other sessions by its ``Connections``; a PubSub knows that, not the Client.
+"""
 
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import zmq
-
-from fastbus import protocol as P
 from fastbus import _messages as M
 from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Trie
 from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, decode, decode_messages
 from fastbus._messages import pattern_prefix
 from fastbus._messages import to_bytes as to_key
-from fastbus.client import _engine
-from fastbus.client._endpoint import AbsenceProbe
-from fastbus.client._session import Session, recv_frames
-from fastbus.errors import BrokerTimeout, BrokerUnavailable, ConnectionClosed
+from fastbus.client._connections import Connections
+from fastbus.client._subsession import HANDSHAKE_CHECK, SUB_OPS_DEFAULT, ConfirmWait, SubSession
+from fastbus.errors import ConnectionClosed
 
-if TYPE_CHECKING:
-    from fastbus.client._client import Client
-
-log = logging.getLogger("fastbus.client")
-
-_DATA = P.DATA
-_unpack_u64 = P.U64.unpack
 BATCH_MESSAGES = 8192     # get_batch(): about this many messages per call by default
-SUB_OPS_DEFAULT = P.MIN_SUB_OPS   # subscription changes per SUB frame until the broker's WELCOME says its limit
 SUBSCRIBE_KINDS = CONFIRM_KINDS
 
 Handler = Callable[[PubSubMessage], Any]
-
-
-#: How often a CURVE subscriber the broker has not welcomed yet looks for a
-#: refused handshake while it waits (see KeyRefused).
-HANDSHAKE_CHECK = 0.25
-
-
-class SubSession(Session):
-    """The connection of one PubSub: its subscriptions as the broker was
-    told them, and what arrives, handed to the PubSub's inbox."""
-
-    kind = "sub"
-
-    def __init__(self, client: Client, pubsub: PubSub) -> None:
-        super().__init__(client)
-        self.pubsub = pubsub
-        self.subs: set[tuple[bytes, bool]] = set()   # what the broker was told
-        self.seq = 0
-        self.resend = False                 # resend self.subs at the next WELCOME
-        self.confirmed = 0                  # the latest CONFIRM read: SUBs up to it are in effect
-        self.awaiting = 0                   # subscribe() calls waiting for a CONFIRM
-        self.confirm_cv = threading.Condition()   # ...woken by it when another thread reads
-
-    def open(self) -> None:
-        super().open()
-        client = self.client
-        if self.reader is None and not client.driven_by_loop and _engine.available():
-            # Takes what arrives while nobody reads (up to max_inbox_bytes
-            # more), without the interpreter lock; see _engine.Reader.
-            self.reader = _engine.Reader(self.lock, self.sock, client._keeper.wake_fd, client.max_inbox_bytes,
-                                         P.DATA)
-
-    def close(self) -> None:
-        if self.reader is not None:
-            self.reader.stop()            # before the socket closes; it waits for the lock we hold
-            self.reader = None
-        super().close()
-
-    def configure(self, s: zmq.Socket) -> None:
-        s.sndhwm = 1000
-        # A fixed kernel buffer (loopback autotuning may grow one to 32 MB):
-        # what a subscriber holds unread stays bounded, and a stalled one
-        # shows up at the broker.
-        s.rcvbuf = min(max(self.client.max_inbox_bytes // 4, 256 * 1024), 8 * 1024 * 1024)
-
-    def reading(self) -> bool:
-        # A subscribe() waiting for its CONFIRM reads past a full inbox, to
-        # twice its bound (what arrives before the CONFIRM must be kept).
-        ps = self.pubsub
-        return not ps._inbox_full() or (self.awaiting > 0 and not ps._inbox_full(2))
-
-    def hello(self) -> None:
-        super().hello()
-        # What we hold goes again once WELCOME answers (on_welcome).
-        self.resend = bool(self.subs)
-
-    def on_welcome(self) -> None:
-        # The broker knows us again (a reconnect, or a restarted broker):
-        # resend what we hold, now that WELCOME said how many operations it
-        # takes in one SUB frame (a larger frame is a protocol error: the
-        # session would be dropped and the resend refused again, for ever).
-        # Stamped with the latest sequence: this snapshot is the state the
-        # pubsub's own (un)subscriptions reached.
-        if self.resend and self.subs:
-            self.resend = False
-            ops = [(SUBSCRIBE, k, p) for k, p in self.subs]
-            size = self.limit("max_sub_ops", SUB_OPS_DEFAULT)
-            seq = P.pack_u64(self.seq)
-            for i in range(0, len(ops), size):
-                self.send([P.SUB, seq, P.encode_ops(ops[i:i + size])])
-
-    def resync(self, why: str) -> None:
-        super().resync(why)
-        self.pubsub._deliver(("reconnect", why.encode()))
-
-    def change(self, seq: int, ops: list) -> None:
-        """Tell the broker of (un)subscriptions (the lock held)."""
-        self.seq = seq
-        for op, key, prefix in ops:
-            if op == SUBSCRIBE:
-                self.subs.add((key, prefix))
-            else:
-                self.subs.discard((key, prefix))
-        self.send([P.SUB, P.pack_u64(seq), P.encode_ops(ops)])
-
-    def on_message(self, cmd: bytes, frames: list) -> None:
-        ps = self.pubsub
-        if cmd == P.DATA and len(frames) == 3:
-            ps._deliver(("data", P.unpack_u64(frames[1]), frames[2]))
-        elif cmd == P.CONFIRM and len(frames) == 2:
-            seq = P.unpack_u64(frames[1])
-            ps._deliver(("confirm", seq))
-            if seq > self.confirmed:
-                self.confirmed = seq
-                if self.awaiting:
-                    with self.confirm_cv:
-                        self.confirm_cv.notify_all()
-        elif cmd == P.REFUSED and len(frames) == 4:
-            refused = {(key, prefix) for _op, key, prefix in P.decode_ops(frames[2])}
-            reason = str(P.load_json(frames[3]).get("reason", ""))[:500]
-            self.subs -= refused                  # never held: not resent after a reconnect
-            log.warning("%s: the broker at %s refused %d subscriptions: %s", self.client.name,
-                        self.client.endpoint, len(refused), reason)
-            ps._deliver(("refused", P.unpack_u64(frames[1]), refused, reason))
-        elif cmd == P.GAP and len(frames) == 2:
-            ps._deliver(("gap", P.unpack_u64(frames[1])))
-        else:
-            super().on_message(cmd, frames)
-
-
-class ConfirmWait:
-    """When a subscribe() waiting for its CONFIRM gives up (both twins wait
-    through it; only how they wait differs): :meth:`check` raises
-    ConnectionClosed once the PubSub is closed, BrokerUnavailable when no
-    broker answered this connection within the client's
-    ``socket_connect_timeout`` (or nothing listens at its address for about
-    a second: AbsenceProbe), KeyRefused when a CURVE broker refused its
-    key, BrokerTimeout when a broker that answered has not confirmed within
-    ``subscribe_timeout``.  ``wake_by()``: when to look again."""
-
-    def __init__(self, pubsub: PubSub, seq: int) -> None:
-        client = pubsub._client
-        self.pubsub = pubsub
-        self.seq = seq
-        self.start = time.monotonic()
-        self.connect_by = self.start + client.socket_connect_timeout
-        self.deadline = None if client.subscribe_timeout is None else self.start + client.subscribe_timeout
-        self.probe = AbsenceProbe(client.endpoint, self.start)
-
-    def done(self) -> bool:
-        return self.pubsub._session.confirmed >= self.seq
-
-    def check(self, locked: bool, probe: bool = True) -> None:
-        """Raise if the wait is over without a CONFIRM (``locked``: the
-        caller holds the session's lock, so the CURVE handshake can be
-        looked at; ``probe``: probe the address now if due, which may block
-        for up to 0.2 s: an event loop runs ``self.probe.check`` in an
-        executor instead)."""
-        ps = self.pubsub
-        if ps._closed:
-            raise ConnectionClosed("pubsub is closed")
-        s = ps._session
-        if self.done():
-            return
-        endpoint = ps._client.endpoint
-        now = time.monotonic()
-        if not s.instance:
-            if locked:
-                self.probe.check_handshake(s)
-            if probe:
-                self.probe.check(s, 0)
-            if now >= self.connect_by:
-                timeout = ps._client.socket_connect_timeout
-                raise BrokerUnavailable(f"no broker at {endpoint} answered within {timeout:g} s "
-                                        f"(socket_connect_timeout)", endpoint)
-        elif self.deadline is not None and now >= self.deadline:
-            timeout = ps._client.subscribe_timeout
-            raise BrokerTimeout(f"the broker at {endpoint} did not confirm the subscription within "
-                                f"{timeout:g} s (subscribe_timeout); it stays requested, and its "
-                                f"confirmation comes through get_message()", endpoint)
-
-    def wake_by(self) -> float:
-        """When to look again (time.monotonic())."""
-        s = self.pubsub._session
-        now = time.monotonic()
-        if not s.instance:
-            # The probe's next look, the handshake's, or the connect timeout.
-            return self.probe.wake_by(s, min(self.connect_by, now + HANDSHAKE_CHECK)) or now
-        return self.deadline if self.deadline is not None else now + 3600.0
 
 
 class PubSub:
@@ -230,8 +52,9 @@ class PubSub:
     subscribe and unsubscribe meanwhile.
     """
 
-    def __init__(self, client: Client, ignore_subscribe_messages: bool = False) -> None:
-        self._client = client
+    def __init__(self, conns: Connections, ignore_subscribe_messages: bool = False) -> None:
+        self._conns = conns
+        self._options = conns.options
         self.ignore_subscribe_messages = ignore_subscribe_messages
         #: Channels and patterns held (str with decode_responses), each
         #: mapped to its handler or None.
@@ -242,7 +65,6 @@ class PubSub:
     def _open(self) -> None:
         """A fresh connection and empty state (at creation, and for a
         subscribe() after close(), as redis-py reconnects)."""
-        client = self._client
         self._handlers = 0                        # channels/patterns with a handler
         self._subscribed = False
         self._local = Trie()                      # our subscriptions, id -> (key, prefix)
@@ -269,9 +91,9 @@ class PubSub:
         self._pending = self._buf.pairs
         self._dicts = self._buf.dicts
         self._closed = False
-        self._session = SubSession(client, self)
-        client._open(self._session)
-        client._pubsubs.append(self)
+        self._session = SubSession(self._conns, self._deliver, self._inbox_full)
+        self._conns.open(self._session)
+        self._conns.join(self)
 
     # -- subscriptions -----------------------------------------------------
 
@@ -282,8 +104,8 @@ class PubSub:
         if self._closed:
             if op == UNSUBSCRIBE:
                 return 0                          # nothing is held after close()
-            if self._client.closed:
-                raise ConnectionClosed(f"the client of this pubsub ({self._client.endpoint}) is closed")
+            if self._conns.closed:
+                raise ConnectionClosed(f"the client of this pubsub ({self._options.endpoint}) is closed")
             self._open()                          # as redis-py: a closed PubSub connects again
         if op == SUBSCRIBE:
             self._subscribed = True
@@ -348,7 +170,7 @@ class PubSub:
         self._classes.clear()
 
     def _out(self, value):
-        if self._client.decode_responses and isinstance(value, bytes):
+        if self._options.decode_responses and isinstance(value, bytes):
             return value.decode("utf-8")
         return value
 
@@ -401,19 +223,17 @@ class PubSub:
         if not seq:
             return
         s = self._session
-        wait = ConfirmWait(self, seq)
-        token = object()
-        s.drivers.append(token)                  # the keeper leaves the session to us
+        wait = ConfirmWait(s, seq)
+        token = s.drive()
         s.awaiting += 1
         try:
             while s.confirmed < seq:
                 # (The native reader holds the lock for moments only: worth
                 # a short wait before falling back to being woken.)
-                if s.lock.acquire(False) or s.lock.acquire(True, 0.002):
+                if s.hold(0.002):
                     try:
                         wait.check(locked=True)
-                        while s.posted:
-                            s.posted.popleft()()
+                        s.run_posted()
                         s.read()
                         if s.confirmed < seq:
                             s.wait(wait.wake_by())
@@ -423,9 +243,7 @@ class PubSub:
                 else:
                     # Another thread reads the connection: its reading wakes us.
                     wait.check(locked=False)
-                    with s.confirm_cv:
-                        if s.confirmed < seq:
-                            s.confirm_cv.wait(max(0.0, min(0.05, wait.wake_by() - time.monotonic())))
+                    s.wait_read_elsewhere(seq, min(time.monotonic() + 0.05, wait.wake_by()))
         finally:
             s.awaiting -= 1
             s.undrive(token)
@@ -480,19 +298,17 @@ class PubSub:
             self._in_bytes += len(item[2])
 
     def _inbox_full(self, times: int = 1) -> bool:
-        return self._in_bytes - self._out_bytes > times * self._client.max_inbox_bytes
+        return self._in_bytes - self._out_bytes > times * self._options.max_inbox_bytes
 
     def _fill(self, deadline: float | None) -> bool:
         """Read the connection in this thread until the inbox holds
         something (True) or ``deadline`` passes (False); ConnectionClosed
-        once closed with nothing left.  (``driving()`` written out: this is
-        the path of every message a reader waits for.)"""
+        once closed with nothing left.  (``driving()`` for one session,
+        written out: this is the path of every message a reader waits for.)"""
         s = self._session
-        token = object()
-        s.drivers.append(token)                  # the keeper leaves the session to us
+        token = s.drive()
         try:
-            if not s.lock.acquire(False) and \
-                    not s.lock.acquire(True, -1 if deadline is None else max(0.0, deadline - time.monotonic())):
+            if not s.hold(-1 if deadline is None else max(0.0, deadline - time.monotonic())):
                 return bool(self._inbox)
             try:
                 polled = False
@@ -502,23 +318,12 @@ class PubSub:
                     if self._closed:
                         raise ConnectionClosed("pubsub is closed")
                     if s.posted:
-                        while s.posted:
-                            s.posted.popleft()()
+                        s.run_posted()
                     elif reader is not None and reader.queued:
                         # What the native reader took while nobody read: first.
                         s.handle(reader.pop())
                     elif s.more:
-                        # One message at a time: it goes to its reader at once.
-                        # (Session.read with budget 1, a DATA frame handled here.)
-                        frames = recv_frames(s.sock, s.ready)
-                        s.ready = False
-                        if frames is None:
-                            s.more = s.unread = False
-                        elif frames[0] == _DATA and len(frames) == 3 and len(frames[1]) == 8:
-                            inbox.append(("data", _unpack_u64(frames[1])[0], frames[2]))
-                            self._in_bytes += len(frames[2])
-                        else:
-                            s.handle(frames)
+                        s.read_one()              # one at a time: it goes to its reader at once
                     elif polled and deadline is not None and time.monotonic() >= deadline:
                         return False
                     elif s.monitor is not None and not s.instance:
@@ -533,11 +338,7 @@ class PubSub:
                         s.wait(deadline)          # returns at once if the socket holds something
                         polled = True
             finally:
-                if s.posted or s.unread:
-                    s.release()
-                else:
-                    s.lock.release()
-                    s.release_again()             # work posted between our look and the release
+                s.release()
         finally:
             s.undrive(token)
         return True
@@ -548,7 +349,7 @@ class PubSub:
         why = s.handshake_failure()
         if why:
             from fastbus.errors import KeyRefused
-            endpoint = self._client.endpoint
+            endpoint = self._options.endpoint
             raise KeyRefused(f"the broker at {endpoint} {why}", endpoint)
 
     def _take(self, as_dicts: bool = False, sink: list | None = None) -> None:
@@ -569,7 +370,7 @@ class PubSub:
             if as_dicts:
                 # Classification also drops what no subscription matches.
                 self._dicts.extend(decode_messages(batch, self._classes, self._classify,
-                                                   self._client.decode_responses))
+                                                   self._options.decode_responses))
                 return
             records = decode(batch)
             if self._unsub_seqs:
@@ -643,7 +444,7 @@ class PubSub:
             cls = self._classify(channel)
         if cls is None:
             return None
-        if self._client.decode_responses:
+        if self._options.decode_responses:
             return M.message(channel.decode("utf-8"), data.decode("utf-8"), cls[1])
         return M.message(channel, data, cls[1])
 
@@ -731,7 +532,7 @@ class PubSub:
         if max_messages is not None and len(out) > max_messages:
             pending.extendleft(reversed(out[max_messages:]))
             del out[max_messages:]
-        if out and self._client.decode_responses:
+        if out and self._options.decode_responses:
             out = [(c.decode("utf-8"), d.decode("utf-8")) for c, d in out]
         if out and self._handlers:
             out = self._handle_pairs(out)
@@ -791,12 +592,9 @@ class PubSub:
             return True
         if self._closed:
             raise ConnectionClosed("pubsub is closed")
-        s = self._session
-        if s.lock.acquire(False):
-            try:
-                s.read()
-            finally:
-                s.release()
+        with self._session.attempt() as held:
+            if held:
+                self._session.read()
         return bool(self._inbox)
 
     # -- lifecycle ---------------------------------------------------------
@@ -818,15 +616,9 @@ class PubSub:
         self._handlers = 0
         self._subscribed = False
         s = self._session
-        s.wake()                                   # a reader blocked in wait() sees _closed
-        if s.lock.acquire(timeout=timeout):
-            try:
-                s.close()
-            finally:
-                s.lock.release()
-        self._client._keeper.remove(s)
-        if self in self._client._pubsubs:
-            self._client._pubsubs.remove(self)
+        s.close_within(timeout)                    # (a reader blocked in wait() is woken: it sees _closed)
+        self._conns.forget(s)
+        self._conns.leave(self)
 
     reset = close   # redis-py's name
 

@@ -13,7 +13,9 @@ it.  An asyncio client drives its sessions from its event loop instead.
 The rules every holder follows:
 
 * Only the holder of ``lock`` touches the socket (a ``SessionLock``: the
-  client's native sender, ``_engine.Sender``, holds it too when it sends).  A thread that finds the
+  client's native sender, ``_engine.Sender``, holds it too when it sends).
+  The lock is taken only through this class (``hold()``, ``attempt()``,
+  ``driving()``, ``close_within()``) and let go of by ``release()``.  A thread that finds the
   lock taken hands its work over with ``post()``: the holder runs it before
   it lets go, and a holder blocked in ``wait()`` is woken for it.
 * Before letting go (``release()``), the holder reads what the socket has
@@ -41,7 +43,7 @@ from fastbus import protocol as P
 from fastbus.client._engine import SessionLock
 
 if TYPE_CHECKING:
-    from fastbus.client._client import Client
+    from fastbus.client._connections import Connections
 
 log = logging.getLogger("fastbus.client")
 
@@ -95,8 +97,10 @@ class Session:
     #: lease (a publishing session; docs/PROTOCOL.md).
     acks = False
 
-    def __init__(self, client: Client) -> None:
-        self.client = client
+    def __init__(self, conns: Connections) -> None:
+        self.conns = conns                # its owner: options, context, keeper
+        self.options = conns.options
+        self._keeper = conns.keeper
         self.lock = SessionLock()         # threading.Lock's interface; a native thread may hold it too
         self.drivers: list[object] = []   # user threads driving it now (a token each): the keeper leaves it alone
         self.loop = None                  # the asyncio loop that drives it, if any
@@ -117,6 +121,7 @@ class Session:
         self.unread = False               # sent since input was last read to the end
         self.ready = False                # a poll said the socket has input
         self.keeper_skipped = False       # the keeper found the lock taken (see keeper_may_look)
+        self.closing = False              # close() called or under way (close_within)
         self.closed = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -127,8 +132,8 @@ class Session:
     # -- opening and closing (the lock held) ----------------------------------
 
     def open(self) -> None:
-        client = self.client
-        s = client._ctx.socket(zmq.DEALER)
+        opts = self.options
+        s = self.conns.context.socket(zmq.DEALER)
         s.linger = 2000
         s.rcvhwm = 16                     # batches: back-pressure reaches the broker soon
         self.configure(s)
@@ -137,8 +142,8 @@ class Session:
         # No ZMTP heartbeat timeout: a subscriber that pauses reading (full
         # inbox) must not be cut off as dead.  Broker restarts show in PONGs.
         s.tcp_keepalive = 1
-        if client._curve:
-            server, public, secret = client._curve
+        if opts.curve:
+            server, public, secret = opts.curve
             s.curve_serverkey = server.encode()
             s.curve_publickey = public.encode()
             s.curve_secretkey = secret.encode()
@@ -147,12 +152,12 @@ class Session:
             self.monitor = s.get_monitor_socket(
                 zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                 | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-        s.connect(client.endpoint)
+        s.connect(opts.endpoint)
         self.sock = s
         self.fd = s.FD
         self._items = [(s, POLLIN), (self._wake_r, POLLIN)]
         self._items_out = [(s, POLLIN | POLLOUT), (self._wake_r, POLLIN)]
-        self.next_ping = time.monotonic() + client._ping_interval
+        self.next_ping = time.monotonic() + opts.ping_interval
         self.hello()
 
     def configure(self, sock: zmq.Socket) -> None:
@@ -160,7 +165,7 @@ class Session:
 
     def close(self) -> None:
         """Say goodbye and close the socket (the lock held)."""
-        self.closed = True
+        self.closing = self.closed = True
         if self.monitor is not None and self.sock is not None:
             try:
                 self.sock.disable_monitor()
@@ -202,6 +207,54 @@ class Session:
                 except OSError:
                     pass
 
+    # -- holding the lock: every taking of it goes through these ---------------
+
+    def attempt(self) -> _Attempt:
+        """``with s.attempt() as held:`` the lock if it is free now (``held``
+        True), let go of by release() when the block ends."""
+        return _Attempt(self)
+
+    def hold(self, timeout: float = -1) -> bool:
+        """Take the lock, waiting up to ``timeout`` seconds (-1: for ever);
+        True if held (let go of by release())."""
+        return self.lock.acquire(False) or (timeout != 0 and self.lock.acquire(True, timeout))
+
+    def drive(self) -> object:
+        """A user thread starts driving the session: the keeper leaves it
+        alone until ``undrive(token)`` with the token returned."""
+        token = object()
+        self.drivers.append(token)        # list.append/remove are atomic: no lost update between threads
+        return token
+
+    def drive_from(self, loop: object) -> None:
+        """An event loop drives the session from now on (the keeper leaves
+        it alone, and no native reader or sender is started for it)."""
+        self.hold()
+        try:
+            self.loop = loop
+        finally:
+            self.release()
+
+    def close_within(self, timeout: float, close: Callable[[], None] | None = None) -> bool:
+        """Close the session (``close``: how, default close()) once its lock
+        is free, waiting up to ``timeout`` seconds for a holder (woken: it
+        sees its session closing); False if it was not."""
+        self.closing = True
+        self.wake()
+        if not self.hold(timeout):
+            return False
+        try:
+            (close or self.close)()
+        finally:
+            self.lock.release()           # nothing to read or run on a closed session
+        return True
+
+    def run_posted(self) -> None:
+        """Run the work other threads posted (the lock held)."""
+        posted = self.posted
+        while posted:
+            posted.popleft()()
+
     # -- handing work over ------------------------------------------------------
 
     def post(self, work: Callable[[], None]) -> None:
@@ -215,7 +268,7 @@ class Session:
             return
         self.posted.append(work)
         self.wake()
-        self.client._keeper.wake()
+        self._keeper.wake()
         # The holder may have let go between our try and the append:
         # release() looks again after letting go, so the work is not left.
         if self.lock.acquire(False):
@@ -233,22 +286,13 @@ class Session:
         and look again afterwards for work posted meanwhile."""
         while True:
             try:
-                while self.posted:
-                    self.posted.popleft()()
+                self.run_posted()
                 self.drain()
             finally:
                 self.lock.release()
             self.keeper_may_look()
             if not self.posted or not self.lock.acquire(False):
                 return
-
-    def release_again(self) -> None:
-        """After letting go: if work was posted meanwhile and the lock is
-        free, run it (as release() does after letting go); and wake the
-        keeper if it found the session busy."""
-        self.keeper_may_look()
-        if self.posted and self.lock.acquire(False):
-            self.release()
 
     def undrive(self, token: object) -> None:
         """A user thread stops driving the session (its token from
@@ -267,7 +311,7 @@ class Session:
             self.reader.let_go()
         if self.keeper_skipped:
             self.keeper_skipped = False
-            self.client._keeper.wake()
+            self._keeper.wake()
 
     def drain(self) -> None:
         """Read what the socket holds now, if a send since the last read to
@@ -285,14 +329,17 @@ class Session:
             if self.outq:
                 self.flush_outq()
         except zmq.ZMQError as exc:
-            log.warning("%s: %s session: %s", self.client.name, self.kind, exc)
+            log.warning("%s: %s session: %s", self.options.name, self.kind, exc)
         if self.more and self.reading() and self.loop is None and len(self.drivers) <= 1:
             if self.reader is not None:
                 self.reader.wake()        # it reads on when we let go
             else:
-                self.client._keeper.wake()
+                self._keeper.wake()
 
     # -- sending (the lock held) ------------------------------------------------
+
+    def _send_failed(self, exc: zmq.ZMQError) -> None:
+        log.warning("%s: send to %s failed: %s", self.options.name, self.options.endpoint, exc)
 
     def send(self, frames: list) -> bool:
         """Send a control message now, or queue it behind those waiting for
@@ -307,7 +354,7 @@ class Session:
             except zmq.Again:
                 pass
             except zmq.ZMQError as exc:
-                log.warning("%s: send to %s failed: %s", self.client.name, self.client.endpoint, exc)
+                self._send_failed(exc)
                 return False
         self.outq.append(frames)
         return False
@@ -325,7 +372,7 @@ class Session:
         except zmq.Again:
             return False
         except zmq.ZMQError as exc:
-            log.warning("%s: send to %s failed: %s", self.client.name, self.client.endpoint, exc)
+            self._send_failed(exc)
             return False
 
     def flush_outq(self) -> None:
@@ -337,7 +384,7 @@ class Session:
             except zmq.Again:
                 return
             except zmq.ZMQError as exc:
-                log.warning("%s: send to %s failed: %s", self.client.name, self.client.endpoint, exc)
+                self._send_failed(exc)
             self.outq.popleft()
 
     # -- reading (the lock held) ------------------------------------------------
@@ -374,7 +421,7 @@ class Session:
         try:
             self.on_message(frames[0], frames)
         except (P.ProtocolError, ValueError, IndexError) as exc:
-            log.warning("%s: bad message from the broker: %s", self.client.name, exc)
+            log.warning("%s: bad message from the broker: %s", self.options.name, exc)
 
     def reading(self) -> bool:
         """May input be read now (False while a PubSub's inbox is full)?"""
@@ -424,7 +471,7 @@ class Session:
     # -- the session ------------------------------------------------------------
 
     def hello(self) -> None:
-        hello = {"v": P.VERSION, "role": "client", "pub": self.kind == "pub", "name": self.client.name}
+        hello = {"v": P.VERSION, "role": "client", "pub": self.kind == "pub", "name": self.options.name}
         if self.acks:
             hello["ack"] = True
         self.send([P.HELLO, P.dump_json(hello)])
@@ -435,7 +482,7 @@ class Session:
         self.send([P.PING, token, P.LEASE_ASK] if lease else [P.PING, token])
 
     def resync(self, why: str) -> None:
-        log.info("%s: resending to %s (%s)", self.client.name, self.client.endpoint, why)
+        log.info("%s: resending to %s (%s)", self.options.name, self.options.endpoint, why)
         self.resyncing = True
         self.hello()
 
@@ -443,7 +490,7 @@ class Session:
         """Ping the broker when due (a restarted broker shows in the PONG)."""
         if now >= self.next_ping:
             self.ping()
-            self.next_ping = now + self.client._ping_interval
+            self.next_ping = now + self.options.ping_interval
 
     def due_in(self, now: float) -> float | None:
         """Seconds until this session needs serving again (0: now), if
@@ -492,6 +539,25 @@ class Session:
             self.tick(now)
 
 
+class _Attempt:
+    """Session.attempt()'s block (a class, not a generator: it is on the
+    path of an event loop's every read)."""
+
+    __slots__ = ("session", "held")
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.held = False
+
+    def __enter__(self) -> bool:
+        self.held = self.session.lock.acquire(False)
+        return self.held
+
+    def __exit__(self, *exc: object) -> None:
+        if self.held:
+            self.session.release()
+
+
 def wait_many(sessions: list[Session], deadline: float | None) -> None:
     """Block until one of ``sessions`` (whose locks the caller holds) has
     input or posted work, or until ``deadline`` or the next ping due; pings
@@ -526,14 +592,12 @@ def driving(sessions: list[Session], deadline: float | None) -> Iterator[bool]:
     """Hold the locks of ``sessions`` as a user thread that waits on them
     (the keeper leaves them alone meanwhile).  Yields False if the locks
     could not be had before ``deadline``."""
-    token = object()           # list.append/remove are atomic: no lost update between threads
-    for s in sessions:
-        s.drivers.append(token)
+    tokens = [s.drive() for s in sessions]
     held: list[Session] = []
     try:
         for s in sessions:
             left = -1 if deadline is None else max(0.0, deadline - time.monotonic())
-            if not s.lock.acquire(timeout=left):
+            if not s.hold(left):
                 break
             held.append(s)
         ok = len(held) == len(sessions)
@@ -543,5 +607,5 @@ def driving(sessions: list[Session], deadline: float | None) -> Iterator[bool]:
             for s in reversed(held):
                 s.release()
     finally:
-        for s in sessions:
+        for s, token in zip(sessions, tokens):
             s.undrive(token)

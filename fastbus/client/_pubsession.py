@@ -1,0 +1,412 @@
+"""A client's publishing connection: ``PubSession``.
+
+Its publisher (the C ``Publisher``: outbox, buffer, filter), the broker's
+view of what subscribers want (WANT, acknowledged under a lease), flow
+control, flush and the counters behind ``Client.stats()``.  The native
+sender (``_engine.Sender``) sends what a burst leaves while no Python thread
+runs.  It knows its owner's ``Connections`` and options, not the Client.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import deque
+
+import zmq
+
+from fastbus import protocol as P
+from fastbus._core import SUBSCRIBE, Publisher, Trie
+from fastbus.client import _engine
+from fastbus.client._connections import Connections
+from fastbus.client._session import SEND_BURST, Session
+from fastbus.errors import MessagesRejected
+
+log = logging.getLogger("fastbus.client")
+
+#: While the broker's pipe is full, the keeper retries at least this often.
+BLOCKED_BACKSTOP = 0.001
+
+
+class _Flush:
+    __slots__ = ("target", "token", "pinged")
+
+    def __init__(self, target: int, token: bytes) -> None:
+        self.target = target          # messages sent when everything queued at the call is sent
+        self.token = token
+        self.pinged = False
+
+
+#: A lease that never ends (a broker that grants none: its view counts as it is).
+FOREVER = 2 ** 64 - 1
+#: Pings whose send times a publishing session remembers (their PONGs come
+#: back in order, each a lease from when its ping left).
+PINGS_KEPT = 256
+
+
+class PubSession(Session):
+    """The connection a client publishes on: its publisher, the broker's
+    filter of what subscribers want, flow control, flush and stats.
+
+    The filter is the broker's view (WANT), applied and acknowledged (ACK)
+    as it arrives, and it counts only under the broker's lease: from when a
+    ping (or HELLO) left to that plus the lease its PONG (or WELCOME)
+    grants, for docs/PROTOCOL.md's contract ("confirmed means in effect
+    everywhere"): the broker confirms a subscription once this session
+    acknowledged it, or once every lease granted before has run out.  The
+    publisher asks for a renewal (``renew_lease``) while its filter is in
+    use; a lease that ran out makes it send what it would have dropped.
+
+    Batches a burst leaves in the outbox are sent by a native thread
+    (``engine``, a ``_engine.Sender``) the moment the burst stops, without
+    waiting for the interpreter lock; what it does not send (a full socket,
+    a FLOW pause, control frames or sealed batches first) it hands back to
+    the keeper.  An event loop's session has none: the loop sends."""
+
+    kind = "pub"
+    acks = True
+    _tokens = itertools.count(1)
+
+    def __init__(self, conns: Connections, publisher: Publisher) -> None:
+        self.engine: _engine.Sender | None = None     # (open() starts it)
+        self._skipped = False
+        super().__init__(conns)
+        self.publisher = publisher
+        self.linger_ns = int((self.options.max_delay or 0.0) * 1e9)
+        self._flow_paused = False
+        self.flow_pauses = 0
+        self._sent = 0                    # messages sent to the broker from Python
+        self.pongs: set[bytes] = set()    # flush tokens the broker answered
+        self.stats_replies: list[dict] = []
+        self.rejected = 0                 # messages the broker said it dropped (NOTICE)
+        self.notice: MessagesRejected | None = None   # raised by the next flush()
+        self._pings: deque[tuple[bytes, int]] = deque(maxlen=PINGS_KEPT)   # (token, sent ns), oldest first
+        self._hellos: deque[int] = deque(maxlen=PINGS_KEPT)                # HELLOs not yet welcomed: sent ns
+        self.applied = 0                  # the latest WANT applied (its seq)...
+        self.acked = 0                    # ...and the latest acknowledged
+        self.ack_until_ns = 0             # ACK what we apply until then (see on_message)
+        publisher.renew = self.renew_lease
+
+    def open(self) -> None:
+        super().open()
+        if self.engine is None and not self.conns.driven_by_loop and _engine.available():
+            self.engine = _engine.Sender(self.publisher, self.lock, self.sock, self._keeper.wake_fd,
+                                         linger=self.linger_ns / 1e9, command=P.PUB)
+            self.publisher.wake = self.engine.wake
+
+    def close(self) -> None:
+        if self.engine is not None:
+            # Before the socket closes; it leaves the lock we hold alone
+            # (it looks whether to stop while it waits for it).
+            self.engine.stop()
+            self.engine = None
+            self.publisher.wake = self._keeper.wake
+        super().close()
+
+    @property
+    def sent(self) -> int:
+        """Messages sent to the broker."""
+        return self._sent + (self.engine.sent_messages if self.engine is not None else 0)
+
+    @property
+    def flow_paused(self) -> bool:
+        """Has the broker asked publishers to pause?"""
+        return self._flow_paused
+
+    @flow_paused.setter
+    def flow_paused(self, paused: bool) -> None:
+        self._flow_paused = paused
+        if self.engine is not None:
+            self.engine.paused = paused
+
+    @property
+    def keeper_skipped(self) -> bool:
+        return self._skipped or (self.engine is not None and self.engine.owner_skipped)
+
+    @keeper_skipped.setter
+    def keeper_skipped(self, value: bool) -> None:
+        # The native sender may be the holder the keeper found: it wakes
+        # the keeper when it lets go.
+        self._skipped = value
+        if self.engine is not None:
+            self.engine.owner_skipped = value
+
+    def send(self, frames: list) -> bool:
+        sent = super().send(frames)
+        if not sent and self.engine is not None and self.outq:
+            self.engine.owner_first = True
+        return sent
+
+    def flush_outq(self) -> None:
+        super().flush_outq()
+        if self.engine is not None and not self.outq:
+            self.engine.owner_first = False
+
+    def configure(self, s: zmq.Socket) -> None:
+        # What is already sent when the broker asks to pause still arrives:
+        # bound it (in batches, and a fixed kernel buffer), so flow control
+        # holds with a slow-consumer limit well above the pause threshold.
+        # Beyond it, batches wait in the publisher's own bounded buffer
+        # (max_buffer_bytes).
+        s.sndhwm = 16
+        s.sndbuf = 512 * 1024
+
+    # -- sending ----------------------------------------------------------------
+
+    def send_now(self, full: bool) -> None:
+        """The publisher's call, in the publishing thread: a batch may leave
+        now (``full``: it is full).  Sent here if the socket is free, else
+        by whoever holds it or by the keeper."""
+        if self.flow_paused:
+            return                        # FLOW resume sends it
+        if not self.hold(0):
+            self.publisher.wake()         # the native sender (else the keeper) sends it
+            return
+        try:
+            self.pump(busy=full)
+        finally:
+            self.release()
+
+    def pump(self, force: bool = True, busy: bool = True, final: bool = False) -> int:
+        """Send queued batches, at most SEND_BURST (all with ``final``, even
+        while paused); returns how many were sent.  ``busy``: tell the
+        publisher it is not idle (see Publisher.sent)."""
+        if self.flow_paused and not final:
+            return 0
+        pub = self.publisher
+        n = 0
+        while final or n < SEND_BURST:
+            item = pub.take(force)
+            if item is None:
+                break
+            batch, count = item
+            if not self.send_data([P.PUB, batch]):
+                pub.put_back(batch, count)
+                self.blocked = True
+                break
+            self.blocked = False
+            n += 1
+            self._sent += count
+        if n:
+            pub.sent(busy)
+        return n
+
+    def block_reason(self) -> str:
+        """Why publish() timed out on a full buffer (PublishTimeout's text)."""
+        if self.flow_paused:
+            return "the broker asked publishers to pause (a subscriber is behind)"
+        return f"the broker at {self.options.endpoint} is not taking them"
+
+    def take_notice(self) -> MessagesRejected | None:
+        """The broker's notice of dropped messages since the last call (a
+        completed flush raises it), or None."""
+        notice, self.notice = self.notice, None
+        return notice
+
+    def linger_over(self) -> bool:
+        """May a partial batch leave now (no linger, or the linger passed)?"""
+        return not self.linger_ns or time.monotonic_ns() >= self.publisher.last_send_ns + self.linger_ns
+
+    def serve(self, now: float) -> None:
+        if self.outq:
+            self.flush_outq()
+        if self.keeper_sends():
+            self.pump(force=self.linger_over())
+        self.read()
+        self.tick(now)
+
+    def keeper_sends(self) -> bool:
+        """Must the keeper send batches now (no native sender, or it handed
+        them back: the socket was full, sealed batches wait)?"""
+        eng = self.engine
+        return eng is None or eng.take_handed() or self.blocked or self.publisher.has_sealed()
+
+    def due_in(self, now: float) -> float | None:
+        due = super().due_in(now)
+        pub = self.publisher
+        if pub.queued and not self.flow_paused and \
+                (self.engine is None or self.blocked or pub.has_sealed()):
+            if self.blocked:
+                # The broker is not taking batches (its pipe is full): the
+                # socket's FD says when it has room, unless another thread
+                # took that notice in; then this backstop.  Only under
+                # back-pressure, never what a message on an idle client waits for.
+                wait = BLOCKED_BACKSTOP
+            elif self.linger_ns and not pub.has_sealed():
+                wait = max(0.0, (pub.last_send_ns + self.linger_ns - time.monotonic_ns()) / 1e9)
+            else:
+                wait = 0.0
+            due = wait if due is None else min(due, wait)
+        return due
+
+    # -- flush and stats (the lock held by the waiting thread) ------------------
+
+    def start_flush(self) -> _Flush:
+        return _Flush(self.sent + self.publisher.queued, b"flush-%d" % next(self._tokens))
+
+    def flush_step(self, f: _Flush) -> bool:
+        """Advance a flush; True when the broker has everything it covers."""
+        if self.sent < f.target:
+            self.pump()
+            if self.sent < f.target:
+                return False
+        if not f.pinged:
+            # Behind the batches: its PONG comes back once the broker has them.
+            self.ping(f.token)
+            f.pinged = True
+        if f.token in self.pongs:
+            self.pongs.discard(f.token)
+            return True
+        return False
+
+    # -- input ------------------------------------------------------------------
+
+    def on_message(self, cmd: bytes, frames: list) -> None:
+        if cmd == P.WANT and len(frames) in (3, 4):
+            self.on_want(frames[1], frames[2])
+            if len(frames) == 4:
+                # Applied: the broker may confirm what it added.  Said
+                # while a lease of ours may run, as the broker sees it (it
+                # does not wait for a publisher without one; a new lease
+                # says it, _grant): till twice the lease after we asked.
+                self.applied = P.unpack_u64(frames[3])
+                if time.monotonic_ns() < self.ack_until_ns:
+                    self._ack()
+        elif cmd == P.FLOW and len(frames) == 2:
+            paused = frames[1] == P.FLOW_PAUSE
+            if paused and not self.flow_paused:
+                self.flow_pauses += 1
+            self.flow_paused = paused
+            if not paused:
+                self.pump(force=self.linger_over())
+        elif cmd == P.STATS_REPLY and len(frames) == 2:
+            self.stats_replies.append(P.load_json(frames[1], limit=16 << 20))
+        elif cmd == P.NOTICE and len(frames) == 2:
+            info = P.load_json(frames[1])
+            n = info.get("dropped")
+            n = n if isinstance(n, int) and n > 0 else 0
+            reason = str(info.get("reason", ""))[:500]
+            self.rejected += n
+            earlier = self.notice.count if self.notice is not None else 0
+            self.notice = MessagesRejected(f"the broker at {self.options.endpoint} dropped {earlier + n} messages "
+                                           f"of this client: {reason}", earlier + n)
+            log.warning("%s: the broker at %s: %s", self.options.name, self.options.endpoint, reason)
+        else:
+            super().on_message(cmd, frames)
+
+    def on_welcome(self) -> None:
+        self.flow_paused = False          # a new session: the broker says again if not
+        # What the broker accepts: publish() refuses a message over it at once.
+        pub = self.publisher
+        pub.max_payload = self.limit("max_payload")
+        pub.max_topic = self.limit("max_topic")
+        # The answer to our oldest HELLO in flight (or a later one): its
+        # lease counts from the oldest, never longer than granted.
+        sent = self._hellos[0] if self._hellos else 0
+        self._hellos.clear()
+        lease = self.welcome.get("lease_us")
+        if isinstance(lease, int) and not isinstance(lease, bool) and lease >= 0:
+            pub.lease_until_ns = 0
+            if sent:
+                self._grant(sent, lease)
+        else:
+            # A broker that grants no lease does not wait for us either.
+            pub.lease_until_ns = pub.renew_at_ns = FOREVER
+
+    def on_pong(self, token: bytes, lease_us: int | None) -> None:
+        if token.startswith(b"flush-"):
+            self.pongs.add(token)
+        pings = self._pings
+        while pings:                     # PONGs come in the order of the pings
+            t, sent = pings.popleft()
+            if t == token:
+                if lease_us is not None:
+                    self._grant(sent, lease_us)
+                return
+
+    def _grant(self, sent_ns: int, lease_us: int) -> None:
+        """The broker answered what we sent at ``sent_ns`` with a lease."""
+        pub = self.publisher
+        usable = int(lease_us * 1000 * P.LEASE_USE)
+        until = sent_ns + usable
+        if until > pub.lease_until_ns:
+            pub.lease_until_ns = until
+            pub.renew_at_ns = sent_ns + usable // 2      # renewed while the filter is in use
+            pub.renew_asked = False
+        self.ack_until_ns = max(self.ack_until_ns, sent_ns + 2 * lease_us * 1000)
+        if self.applied > self.acked:
+            self._ack()                   # what we applied while we did not filter
+
+    def _ack(self) -> None:
+        self.acked = self.applied
+        self.send([P.ACK, P.pack_u64(self.applied)])
+
+    def ping(self, token: bytes = b"", lease: bool = False) -> None:
+        # Its send time before it leaves: a lease counts from no later.
+        self._pings.append((token, time.monotonic_ns()))
+        super().ping(token, lease)
+
+    def hello(self) -> None:
+        pub = self.publisher
+        pub.wanted = None                 # a new session: everything, until its WANT reset
+        pub.renew_asked = False
+        self.applied = self.acked = 0     # a new session numbers its WANTs anew
+        self._hellos.append(time.monotonic_ns())
+        super().hello()
+
+    def renew_lease(self) -> None:
+        """The publisher's call (see Publisher): its filter is in use and
+        its lease ends soon, or has ended.  A ping renews it."""
+        self.post(lambda: self.ping(b"lease", lease=True))
+
+    def filtering(self) -> bool:
+        """Does the publisher drop what nobody wants now: a view from the
+        broker, under a lease that has not run out?  Asking renews a lease
+        that has."""
+        pub = self.publisher
+        if pub.filters():
+            return True
+        if pub.wanted is not None and not pub.renew_asked:
+            pub.renew_asked = True
+            self.renew_lease()
+        return False
+
+    def on_want(self, flags: bytes, frame) -> None:
+        """The broker's view of what subscribers want (publisher filter)."""
+        ops = P.decode_ops(frame)
+        pub = self.publisher
+        if flags and flags[0] & P.WANT_RESET:
+            t = Trie()
+            for op, key, prefix in ops:
+                if op == SUBSCRIBE:
+                    t.add(key, 0, prefix=prefix)
+            pub.wanted = t
+            return
+        t = pub.wanted
+        if t is None:
+            return          # a diff before any snapshot: keep sending everything
+        for op, key, prefix in ops:
+            if op == SUBSCRIBE:
+                t.add(key, 0, prefix=prefix)
+            else:
+                try:
+                    t.remove(key, 0, prefix=prefix)
+                except KeyError:
+                    pass
+
+    def close_final(self, timeout: float) -> None:
+        """At close: send what is left even while paused (blocking up to
+        ``timeout``), then say goodbye."""
+        if self.sock is not None:
+            self.sock.sndtimeo = max(1, int(timeout * 1000))
+            pub = self.publisher
+            while (item := pub.take(True)) is not None:
+                try:
+                    self.sock.send_multipart([P.PUB, item[0]])
+                    self._sent += item[1]
+                except zmq.ZMQError as exc:
+                    log.warning("%s: %d messages not sent at close: %s", self.options.name,
+                                item[1] + pub.queued, exc)
+                    break
+        self.close()

@@ -1,0 +1,216 @@
+"""A PubSub's connection: ``SubSession``, and ``ConfirmWait`` (how long a
+subscribe() waits for its confirmation, and what it raises when it gives
+up).  They know their owner's ``Connections`` and options, not the Client.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+
+from fastbus import protocol as P
+from fastbus._core import SUBSCRIBE
+from fastbus.client import _engine
+from fastbus.client._connections import Connections
+from fastbus.client._endpoint import AbsenceProbe
+from fastbus.client._session import Session, recv_frames
+from fastbus.errors import BrokerTimeout, BrokerUnavailable, ConnectionClosed
+
+log = logging.getLogger("fastbus.client")
+
+_DATA = P.DATA
+_unpack_u64 = P.U64.unpack
+SUB_OPS_DEFAULT = P.MIN_SUB_OPS   # subscription changes per SUB frame until the broker's WELCOME says its limit
+
+#: How often a CURVE subscriber the broker has not welcomed yet looks for a
+#: refused handshake while it waits (see KeyRefused).
+HANDSHAKE_CHECK = 0.25
+
+
+class SubSession(Session):
+    """The connection of one PubSub: its subscriptions as the broker was
+    told them, and what arrives, handed to the PubSub's inbox."""
+
+    kind = "sub"
+
+    def __init__(self, conns: Connections, deliver: Callable[[tuple], None],
+                 inbox_full: Callable[[int], bool]) -> None:
+        super().__init__(conns)
+        #: Its PubSub's inbox: ``deliver(item)`` what was read (the lock
+        #: held); ``inbox_full(times)``: holds it over ``times`` x its bound?
+        self.deliver = deliver
+        self.inbox_full = inbox_full
+        self.subs: set[tuple[bytes, bool]] = set()   # what the broker was told
+        self.seq = 0
+        self.resend = False                 # resend self.subs at the next WELCOME
+        self.confirmed = 0                  # the latest CONFIRM read: SUBs up to it are in effect
+        self.awaiting = 0                   # subscribe() calls waiting for a CONFIRM
+        self.confirm_cv = threading.Condition()   # ...woken by it when another thread reads
+
+    def open(self) -> None:
+        super().open()
+        if self.reader is None and not self.conns.driven_by_loop and _engine.available():
+            # Takes what arrives while nobody reads (up to max_inbox_bytes
+            # more), without the interpreter lock; see _engine.Reader.
+            self.reader = _engine.Reader(self.lock, self.sock, self._keeper.wake_fd, self.options.max_inbox_bytes,
+                                         P.DATA)
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.stop()            # before the socket closes; it waits for the lock we hold
+            self.reader = None
+        super().close()
+
+    def configure(self, s: zmq.Socket) -> None:
+        s.sndhwm = 1000
+        # A fixed kernel buffer (loopback autotuning may grow one to 32 MB):
+        # what a subscriber holds unread stays bounded, and a stalled one
+        # shows up at the broker.
+        s.rcvbuf = min(max(self.options.max_inbox_bytes // 4, 256 * 1024), 8 * 1024 * 1024)
+
+    def reading(self) -> bool:
+        # A subscribe() waiting for its CONFIRM reads past a full inbox, to
+        # twice its bound (what arrives before the CONFIRM must be kept).
+        return not self.inbox_full(1) or (self.awaiting > 0 and not self.inbox_full(2))
+
+    def hello(self) -> None:
+        super().hello()
+        # What we hold goes again once WELCOME answers (on_welcome).
+        self.resend = bool(self.subs)
+
+    def on_welcome(self) -> None:
+        # The broker knows us again (a reconnect, or a restarted broker):
+        # resend what we hold, now that WELCOME said how many operations it
+        # takes in one SUB frame (a larger frame is a protocol error: the
+        # session would be dropped and the resend refused again, for ever).
+        # Stamped with the latest sequence: this snapshot is the state the
+        # pubsub's own (un)subscriptions reached.
+        if self.resend and self.subs:
+            self.resend = False
+            ops = [(SUBSCRIBE, k, p) for k, p in self.subs]
+            size = self.limit("max_sub_ops", SUB_OPS_DEFAULT)
+            seq = P.pack_u64(self.seq)
+            for i in range(0, len(ops), size):
+                self.send([P.SUB, seq, P.encode_ops(ops[i:i + size])])
+
+    def resync(self, why: str) -> None:
+        super().resync(why)
+        self.deliver(("reconnect", why.encode()))
+
+    def change(self, seq: int, ops: list) -> None:
+        """Tell the broker of (un)subscriptions (the lock held)."""
+        self.seq = seq
+        for op, key, prefix in ops:
+            if op == SUBSCRIBE:
+                self.subs.add((key, prefix))
+            else:
+                self.subs.discard((key, prefix))
+        self.send([P.SUB, P.pack_u64(seq), P.encode_ops(ops)])
+
+    def wait_read_elsewhere(self, seq: int, until: float) -> None:
+        """Without the lock (another thread reads the connection): wait
+        until that thread reads CONFIRM ``seq`` (it wakes us; ``awaiting``
+        said we wait) or until ``until`` (time.monotonic())."""
+        with self.confirm_cv:
+            if self.confirmed < seq:
+                self.confirm_cv.wait(max(0.0, until - time.monotonic()))
+
+    def read_one(self) -> None:
+        """``read(1)`` for the path of every message a reader waits for: a
+        DATA frame goes straight to the inbox (the lock held; ``more`` was
+        set)."""
+        frames = recv_frames(self.sock, self.ready)
+        self.ready = False
+        if frames is None:
+            self.more = self.unread = False
+        elif frames[0] == _DATA and len(frames) == 3 and len(frames[1]) == 8:
+            self.deliver(("data", _unpack_u64(frames[1])[0], frames[2]))
+        else:
+            self.handle(frames)
+
+    def on_message(self, cmd: bytes, frames: list) -> None:
+        deliver = self.deliver
+        if cmd == P.DATA and len(frames) == 3:
+            deliver(("data", P.unpack_u64(frames[1]), frames[2]))
+        elif cmd == P.CONFIRM and len(frames) == 2:
+            seq = P.unpack_u64(frames[1])
+            deliver(("confirm", seq))
+            if seq > self.confirmed:
+                self.confirmed = seq
+                if self.awaiting:
+                    with self.confirm_cv:
+                        self.confirm_cv.notify_all()
+        elif cmd == P.REFUSED and len(frames) == 4:
+            refused = {(key, prefix) for _op, key, prefix in P.decode_ops(frames[2])}
+            reason = str(P.load_json(frames[3]).get("reason", ""))[:500]
+            self.subs -= refused                  # never held: not resent after a reconnect
+            log.warning("%s: the broker at %s refused %d subscriptions: %s", self.options.name,
+                        self.options.endpoint, len(refused), reason)
+            deliver(("refused", P.unpack_u64(frames[1]), refused, reason))
+        elif cmd == P.GAP and len(frames) == 2:
+            deliver(("gap", P.unpack_u64(frames[1])))
+        else:
+            super().on_message(cmd, frames)
+
+
+class ConfirmWait:
+    """When a subscribe() waiting for its CONFIRM gives up (both twins wait
+    through it; only how they wait differs): :meth:`check` raises
+    ConnectionClosed once the PubSub is closed, BrokerUnavailable when no
+    broker answered this connection within the client's
+    ``socket_connect_timeout`` (or nothing listens at its address for about
+    a second: AbsenceProbe), KeyRefused when a CURVE broker refused its
+    key, BrokerTimeout when a broker that answered has not confirmed within
+    ``subscribe_timeout``.  ``wake_by()``: when to look again."""
+
+    def __init__(self, session: SubSession, seq: int) -> None:
+        opts = session.options
+        self.session = session
+        self.seq = seq
+        self.start = time.monotonic()
+        self.connect_by = self.start + opts.socket_connect_timeout
+        self.deadline = None if opts.subscribe_timeout is None else self.start + opts.subscribe_timeout
+        self.probe = AbsenceProbe(opts.endpoint, self.start)
+
+    def done(self) -> bool:
+        return self.session.confirmed >= self.seq
+
+    def check(self, locked: bool, probe: bool = True) -> None:
+        """Raise if the wait is over without a CONFIRM (``locked``: the
+        caller holds the session's lock, so the CURVE handshake can be
+        looked at; ``probe``: probe the address now if due, which may block
+        for up to 0.2 s: an event loop runs ``self.probe.check`` in an
+        executor instead)."""
+        s = self.session
+        if s.closing:
+            raise ConnectionClosed("pubsub is closed")
+        if self.done():
+            return
+        opts = s.options
+        endpoint = opts.endpoint
+        now = time.monotonic()
+        if not s.instance:
+            if locked:
+                self.probe.check_handshake(s)
+            if probe:
+                self.probe.check(s, 0)
+            if now >= self.connect_by:
+                raise BrokerUnavailable(f"no broker at {endpoint} answered within {opts.socket_connect_timeout:g} s "
+                                        f"(socket_connect_timeout)", endpoint)
+        elif self.deadline is not None and now >= self.deadline:
+            raise BrokerTimeout(f"the broker at {endpoint} did not confirm the subscription within "
+                                f"{opts.subscribe_timeout:g} s (subscribe_timeout); it stays requested, and its "
+                                f"confirmation comes through get_message()", endpoint)
+
+    def wake_by(self) -> float:
+        """When to look again (time.monotonic())."""
+        s = self.session
+        now = time.monotonic()
+        if not s.instance:
+            # The probe's next look, the handshake's, or the connect timeout.
+            return self.probe.wake_by(s, min(self.connect_by, now + HANDSHAKE_CHECK)) or now
+        return self.deadline if self.deadline is not None else now + 3600.0
