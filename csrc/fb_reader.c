@@ -15,8 +15,12 @@
 #define Z_EVENTS 15
 #define Z_POLLIN 1
 
-/* How long input waits for a user thread before this one takes it. */
+/* How long after a user thread stopped reading this one takes over. */
 #define STEP_IN_NS 200000
+/* Parked, how often it looks whether a user thread still reads... */
+#define PARK_CHECK_MS 5
+/* ...and after how long of one staying in, it sleeps until let go of. */
+#define DEEP_PARK_NS 20000000
 
 /* A queued message: its frames, each as a 4-byte length and the bytes. */
 struct fb_reader_item {
@@ -29,6 +33,18 @@ struct fb_reader_item {
 void fb_reader_wake(fb_reader *r)
 {
     fb_wake_signal(&r->wake);
+}
+
+void fb_reader_owner_enter(fb_reader *r)
+{
+    __atomic_add_fetch(&r->owner_in, 1, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&r->owner_recent, 1, __ATOMIC_SEQ_CST);
+}
+
+void fb_reader_owner_leave(fb_reader *r)
+{
+    __atomic_store_n(&r->owner_left_ns, fb_now_ns(), __ATOMIC_SEQ_CST);
+    __atomic_sub_fetch(&r->owner_in, 1, __ATOMIC_SEQ_CST);
 }
 
 static int has_input(fb_reader *r)
@@ -115,28 +131,69 @@ static int read_some(fb_reader *r)
     return notify;
 }
 
+/* Parked (a user thread reads, or did within STEP_IN): how long to sleep
+ * before looking again, -1 for until woken; 0 once it is time to read. */
+static int park_timeout(fb_reader *r, uint64_t parked_since)
+{
+    uint64_t now = fb_now_ns();
+    if (__atomic_load_n(&r->owner_in, __ATOMIC_SEQ_CST)) {
+        if (now - parked_since < DEEP_PARK_NS) return PARK_CHECK_MS;
+        /* In for long (blocked, nothing arriving): its letting go of the
+         * lock wakes us (fb_reader_wake through want_wake). */
+        __atomic_store_n(&r->want_wake, 1, __ATOMIC_SEQ_CST);
+        return __atomic_load_n(&r->owner_in, __ATOMIC_SEQ_CST) ? -1 : 0;
+    }
+    uint64_t left = __atomic_load_n(&r->owner_left_ns, __ATOMIC_SEQ_CST);
+    if (now - left < STEP_IN_NS) return 1;          /* (ms: poll's unit) */
+    /* Away for STEP_IN: ours, unless it came back meanwhile. */
+    __atomic_store_n(&r->owner_recent, 0, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&r->owner_in, __ATOMIC_SEQ_CST)) {
+        __atomic_store_n(&r->owner_recent, 1, __ATOMIC_SEQ_CST);
+        return PARK_CHECK_MS;
+    }
+    return 0;
+}
+
 static void *run(void *arg)
 {
     fb_reader *r = arg;
     int watch_socket = 1;
+    uint64_t parked_since = 0;
     for (;;) {
-        /* The socket's descriptor only while we may read it: a holder that
-         * has the lock leaves it readable (unprocessed commands) until it
-         * acts, and would have us spin. */
-        struct pollfd p[2] = {{r->wake.r, POLLIN, 0}, {r->sock_fd, POLLIN, 0}};
-        if (poll(p, watch_socket ? 2 : 1, -1) < 0 && errno != EINTR) break;
-        if (watch_socket && !(p[0].revents & POLLIN) && (p[1].revents & POLLIN)) {
-            /* Input, and nobody woke us: a user thread in get_message()
-             * takes it within moments (its read settles the descriptor),
-             * and we would only contend with it.  We step in for input
-             * that nobody takes: a reader busy elsewhere. */
-            struct timespec ts = {0, STEP_IN_NS};
-            nanosleep(&ts, NULL);
-            struct pollfd again = {r->sock_fd, POLLIN, 0};
-            if (poll(&again, 1, 0) == 0) continue;
+        /* The socket's descriptor only while we may read it and no user
+         * thread does: a holder that has the lock leaves it readable
+         * (unprocessed commands) until it acts, and would have us spin. */
+        int parked = watch_socket && __atomic_load_n(&r->owner_recent, __ATOMIC_SEQ_CST);
+        int timeout = -1;
+        if (parked) {
+            if (!parked_since) parked_since = fb_now_ns();
+            timeout = park_timeout(r, parked_since);
+            if (timeout == 0) parked = 0;           /* ours now: read what it left */
         }
-        fb_wake_clear(&r->wake);
-        if (__atomic_load_n(&r->stop, __ATOMIC_SEQ_CST)) break;
+        if (timeout != 0) {
+            struct pollfd p[2] = {{r->wake.r, POLLIN, 0}, {r->sock_fd, POLLIN, 0}};
+            int n = poll(p, watch_socket && !parked ? 2 : 1, timeout);
+            if (n < 0 && errno != EINTR) break;
+            fb_wake_clear(&r->wake);
+            if (__atomic_load_n(&r->stop, __ATOMIC_SEQ_CST)) break;
+            if (parked) {
+                if (!(p[0].revents & POLLIN)) continue;   /* time to look again */
+                /* Woken: the user thread let go (want_wake), or more input
+                 * was left for us: look again from the top. */
+                __atomic_store_n(&r->want_wake, 0, __ATOMIC_SEQ_CST);
+                parked_since = fb_now_ns();
+                continue;
+            }
+            if (watch_socket && !(p[0].revents & POLLIN) && (p[1].revents & POLLIN) &&
+                __atomic_load_n(&r->owner_recent, __ATOMIC_SEQ_CST)) {
+                /* Input, and a user thread reads now (or did a moment ago):
+                 * it takes it; park instead of contending. */
+                __atomic_add_fetch(&r->parks, 1, __ATOMIC_SEQ_CST);
+                parked_since = 0;
+                continue;
+            }
+        }
+        parked_since = 0;
         __atomic_store_n(&r->want_wake, 1, __ATOMIC_SEQ_CST);
         if (!fb_slock_try(r->slock)) {
             watch_socket = 0;           /* the holder wakes us when it lets go */
@@ -161,6 +218,8 @@ int fb_reader_start(fb_reader *r)
     int rc = fb_wake_open(&r->wake, r->owner_fd);
     if (rc) return rc;
     r->stop = r->want_wake = r->handed = 0;
+    r->owner_in = r->owner_recent = 0;
+    r->owner_left_ns = r->parks = 0;
     r->head = r->tail = NULL;
     r->queued = r->queued_bytes = 0;
     rc = pthread_create(&r->thread, NULL, run, r);

@@ -14,6 +14,18 @@
  * a message that is not data (a confirmation, a PONG, a notice) wakes the
  * owner (owner_fd), which then reads the queue in order.
  *
+ * While a user thread reads (between fb_reader_owner_enter and _leave, and
+ * for STEP_IN after it left) the thread does not watch the socket at all:
+ * the user's read takes what arrives, and two threads woken by one
+ * message cost the CPU that the message's latency is made of (2 cores).
+ * Entering and leaving are memory stores (a syscall per message, such as
+ * arming a timer, costs microseconds in a VM).  Parked, the thread looks
+ * at the time every PARK_CHECK; once no user thread was in for STEP_IN it
+ * reads what was left and watches the socket again.  A user thread that
+ * stays in a long time (blocked waiting, nothing arriving) has it sleep
+ * until that thread lets go of the connection (want_wake), so an idle
+ * subscriber wakes nobody.
+
  * It holds the connection's lock (fb_slock) while it reads, as every user
  * of the socket does; the queue is guarded by the same lock (its owner
  * pops with the lock held).  When it finds the lock taken it sleeps until
@@ -66,6 +78,11 @@ typedef struct fb_reader {
                                     the lock next wakes us (fb_reader_wake) */
     int handed;                  /* a non-data message was queued since the owner last cleared this */
     uint64_t read_messages;      /* messages this thread read */
+    int owner_in;                /* user threads reading now (fb_reader_owner_enter/_leave) */
+    int owner_recent;            /* one was, lately: leave the socket to them (set by enter,
+                                    cleared by this thread STEP_IN after the last leave) */
+    uint64_t owner_left_ns;      /* when the last one left (fb_now_ns) */
+    uint64_t parks;              /* times this thread, woken by input, left it to a user thread */
 
     /* The queue: guarded by *slock. */
     fb_reader_item *head, *tail;
@@ -80,6 +97,10 @@ typedef struct fb_reader {
 /* Start the thread (the fields above set).  0, or an errno. */
 int fb_reader_start(fb_reader *r);
 void fb_reader_wake(fb_reader *r);
+/* A user thread starts / stops reading the connection (any thread; the
+ * lock need not be held; no syscall). */
+void fb_reader_owner_enter(fb_reader *r);
+void fb_reader_owner_leave(fb_reader *r);
 /* Stop the thread, wait for it, and free what is still queued.  Safe to
  * call more than once. */
 void fb_reader_stop(fb_reader *r);

@@ -230,11 +230,29 @@ static void test_leaves_a_held_connection_alone(void)
     rig_stop(&g);
 }
 
+static void test_leaves_input_to_a_user_thread_that_reads(void)
+{
+    rig g;
+    rig_start(&g, 1 << 20);
+    fb_reader_owner_enter(&g.r);                    /* get_message() in progress */
+    script("D", "mine");
+    sleep_ms(100);
+    CHECK_EQ(queued(&g), 0);                        /* left to the user thread... */
+    CHECK_EQ(__atomic_load_n(&F.next, __ATOMIC_SEQ_CST), 0);
+    fb_reader_owner_leave(&g.r);                    /* ...which went away without it */
+    if (__atomic_load_n(&g.r.want_wake, __ATOMIC_SEQ_CST)) fb_reader_wake(&g.r);   /* (its let_go) */
+    CHECK(wait_queued(&g, 1));                      /* taken after STEP_IN */
+    script("D", "later");                           /* watching the socket again */
+    CHECK(wait_queued(&g, 2));
+    rig_stop(&g);
+}
+
 int main(void)
 {
     RUN(test_queues_messages_in_order);
     RUN(test_control_messages_wake_the_owner);
     RUN(test_stops_at_its_bound_and_goes_on_when_emptied);
     RUN(test_leaves_a_held_connection_alone);
+    RUN(test_leaves_input_to_a_user_thread_that_reads);
     CTEST_END();
 }

@@ -31,7 +31,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 
 from fastbus._core cimport Outbox, Publisher
 from fastbus.includes.fb_reader cimport (fb_reader, fb_reader_item, fb_reader_pop, fb_reader_release,
-                                         fb_reader_start, fb_reader_stop, fb_reader_wake, fb_zmq_msg)
+                                         fb_reader_start, fb_reader_stop, fb_reader_wake, fb_zmq_msg,
+                                         fb_reader_owner_enter, fb_reader_owner_leave)
 from fastbus.includes.fb_sender cimport fb_sender, fb_sender_start, fb_sender_stop, fb_sender_wake
 from fastbus.includes.fb_slock cimport (fb_slock, fb_slock_destroy, fb_slock_held, fb_slock_init,
                                         fb_slock_release, fb_slock_try, fb_slock_wait)
@@ -299,6 +300,20 @@ cdef class Reader:
 
     def wake(self) -> None:
         fb_reader_wake(&self._r)
+
+    def owner_enter(self) -> None:
+        """A user thread starts reading the connection: the thread leaves
+        the socket to it (see csrc/fb_reader.h)."""
+        fb_reader_owner_enter(&self._r)
+
+    def owner_leave(self) -> None:
+        """It stops; if none is back within STEP_IN, the thread reads on."""
+        fb_reader_owner_leave(&self._r)
+
+    @property
+    def parks(self) -> int:
+        """Times the thread, woken by input, left it to a user thread."""
+        return fbe_load_u64(&self._r.parks)
 
     def let_go(self) -> None:
         """After the connection's lock was let go: wake the thread if it

@@ -102,7 +102,7 @@ class Session:
         self.options = conns.options
         self._keeper = conns.keeper
         self.lock = SessionLock()         # threading.Lock's interface; a native thread may hold it too
-        self.drivers: list[object] = []   # user threads driving it now (a token each): the keeper leaves it alone
+        self.drivers: list[_Driver] = []  # user threads driving it now (a token each): the keeper leaves it alone
         self.loop = None                  # the asyncio loop that drives it, if any
         self.posted: deque[Callable[[], None]] = deque()
         self.outq: deque[list] = deque()  # control frames waiting for room in the socket
@@ -219,11 +219,14 @@ class Session:
         True if held (let go of by release())."""
         return self.lock.acquire(False) or (timeout != 0 and self.lock.acquire(True, timeout))
 
-    def drive(self) -> object:
-        """A user thread starts driving the session: the keeper leaves it
-        alone until ``undrive(token)`` with the token returned."""
-        token = object()
+    def drive(self) -> _Driver:
+        """A user thread starts driving the session: the keeper (and the
+        native reader) leave it alone until ``undrive(token)`` with the
+        token returned."""
+        token = _Driver(self.reader)
         self.drivers.append(token)        # list.append/remove are atomic: no lost update between threads
+        if token.reader is not None:
+            token.reader.owner_enter()
         return token
 
     def drive_from(self, loop: object) -> None:
@@ -294,10 +297,13 @@ class Session:
             if not self.posted or not self.lock.acquire(False):
                 return
 
-    def undrive(self, token: object) -> None:
+    def undrive(self, token: _Driver) -> None:
         """A user thread stops driving the session (its token from
-        ``drivers``); the keeper looks again if it skipped the session."""
+        ``drive()``); the keeper looks again if it skipped the session, and
+        the native reader steps in if no user thread is back soon."""
         self.drivers.remove(token)
+        if token.reader is not None:
+            token.reader.owner_leave()    # (the reader it entered, even if the session was reopened since)
         self.keeper_may_look()
 
     def keeper_may_look(self) -> None:
@@ -537,6 +543,15 @@ class Session:
         now = time.monotonic()
         if now >= self.next_ping:
             self.tick(now)
+
+
+class _Driver:
+    """A user thread's turn at driving a session (Session.drive)."""
+
+    __slots__ = ("reader",)
+
+    def __init__(self, reader) -> None:
+        self.reader = reader
 
 
 class _Attempt:

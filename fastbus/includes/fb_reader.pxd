@@ -31,12 +31,18 @@ cdef extern from "fb_reader.h" nogil:
         int want_wake
         int handed
         uint64_t read_messages
+        int owner_in
+        int owner_recent
+        uint64_t owner_left_ns
+        uint64_t parks
         size_t queued
         size_t queued_bytes
         int running
 
     int fb_reader_start(fb_reader *r)
     void fb_reader_wake(fb_reader *r)
+    void fb_reader_owner_enter(fb_reader *r)
+    void fb_reader_owner_leave(fb_reader *r)
     void fb_reader_stop(fb_reader *r)
     size_t fb_reader_pop(fb_reader *r, fb_reader_item **item, const unsigned char **frames, size_t *lens,
                          size_t max_frames)
