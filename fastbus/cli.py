@@ -600,9 +600,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Options whose value is a Z85 key, which may start with "-" (one key in
+#: 85): argparse would take such a value for an option and say "expected one
+#: argument".  Given as ``--opt=value``, it is a value.
+KEY_OPTIONS = ("--curve-server-key", "--upstream-curve-server-key")
+
+
+def join_key_values(argv: Sequence[str]) -> list[str]:
+    """``--curve-server-key -abc...`` as ``--curve-server-key=-abc...``."""
+    out: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg in KEY_OPTIONS:
+            value = next(it, None)
+            out.append(arg if value is None else f"{arg}={value}")
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_key_values(sys.argv[1:] if argv is None else argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
