@@ -21,6 +21,8 @@
 #define PARK_CHECK_MS 5
 /* ...and after how long of one staying in, it sleeps until let go of. */
 #define DEEP_PARK_NS 20000000
+/* How soon it tries again for a lock it found taken. */
+#define RETRY_MS 1
 
 /* A queued message: its frames, each as a 4-byte length and the bytes. */
 struct fb_reader_item {
@@ -81,6 +83,18 @@ static int item_add(fb_reader_item *it, const void *frame, size_t size)
     return FB_OK;
 }
 
+/* A FLOW pause read: tell the sender now (see fb_reader.h flow_paused). */
+static void check_flow(fb_reader *r, const fb_reader_item *it)
+{
+    if (!r->flow_paused || it->nframes != 2) return;
+    uint32_t n0, n1;
+    memcpy(&n0, it->data, 4);
+    if (n0 != r->flow_command_len || memcmp(it->data + 4, r->flow_command, n0) != 0) return;
+    memcpy(&n1, it->data + 4 + n0, 4);
+    if (n1 == 1 && it->data[8 + n0] == r->flow_pause)
+        __atomic_store_n(r->flow_paused, 1, __ATOMIC_SEQ_CST);
+}
+
 /* Read whole messages into the queue while it has room, the lock held.
  * Returns 1 if a message the owner must see (not data) was queued. */
 static int read_some(fb_reader *r)
@@ -120,6 +134,7 @@ static int read_some(fb_reader *r)
             r->max_bytes = 0;
             break;
         }
+        check_flow(r, it);
         if (r->tail) r->tail->next = it;
         else r->head = it;
         r->tail = it;
@@ -157,14 +172,17 @@ static int park_timeout(fb_reader *r, uint64_t parked_since)
 static void *run(void *arg)
 {
     fb_reader *r = arg;
-    int watch_socket = 1;
+    int watch_socket = 1, retry = 0;
     uint64_t parked_since = 0;
     for (;;) {
         /* The socket's descriptor only while we may read it and no user
          * thread does: a holder that has the lock leaves it readable
          * (unprocessed commands) until it acts, and would have us spin. */
         int parked = watch_socket && __atomic_load_n(&r->owner_recent, __ATOMIC_SEQ_CST);
-        int timeout = -1;
+        /* The lock was taken: a Python holder wakes us when it lets go
+         * (want_wake), the native sender does not: look again soon. */
+        int timeout = retry ? RETRY_MS : -1;
+        retry = 0;
         if (parked) {
             if (!parked_since) parked_since = fb_now_ns();
             timeout = park_timeout(r, parked_since);
@@ -196,7 +214,8 @@ static void *run(void *arg)
         parked_since = 0;
         __atomic_store_n(&r->want_wake, 1, __ATOMIC_SEQ_CST);
         if (!fb_slock_try(r->slock)) {
-            watch_socket = 0;           /* the holder wakes us when it lets go */
+            watch_socket = 0;           /* until the holder wakes us (or RETRY_MS) */
+            retry = 1;
             continue;
         }
         __atomic_store_n(&r->want_wake, 0, __ATOMIC_SEQ_CST);

@@ -72,6 +72,15 @@ typedef struct fb_reader {
     const void *data_command;    /* the first frame of a data message (the protocol's DATA) */
     size_t data_command_len;
     int owner_fd;                /* written when a message the owner must see arrived (fb_wake.h) */
+    /* Optional (flow_paused NULL: none): a message [flow_command, b] sets
+     * *flow_paused to 1 when b is flow_pause, the moment it is read: a
+     * publishing connection's native sender (fb_sender.h `paused`) stops
+     * at a FLOW pause without waiting for the owner to read it.  (The
+     * message is queued for the owner as well; resuming is the owner's.) */
+    const void *flow_command;
+    size_t flow_command_len;
+    unsigned char flow_pause;
+    int *flow_paused;
 
     /* Shared with the owner (atomic). */
     int want_wake;               /* the lock was taken, or the queue full: whoever lets go of

@@ -82,6 +82,8 @@ static void sleep_ms(int ms)
 
 typedef struct rig { fb_slock sl; int owner[2]; fb_reader r; } rig;
 
+static int *rig_flow_paused;        /* set before rig_start: the flow hook under test */
+
 static void rig_start(rig *g, size_t max_bytes)
 {
     memset(g, 0, sizeof *g);
@@ -98,6 +100,13 @@ static void rig_start(rig *g, size_t max_bytes)
     g->r.slock = &g->sl;
     g->r.max_bytes = max_bytes;
     g->r.data_command = "D";
+    if (rig_flow_paused) {
+        g->r.flow_command = "F";
+        g->r.flow_command_len = 1;
+        g->r.flow_pause = 'p';
+        g->r.flow_paused = rig_flow_paused;
+        rig_flow_paused = NULL;
+    }
     g->r.data_command_len = 1;
     g->r.owner_fd = g->owner[1];
     REQUIRE(fb_reader_start(&g->r) == 0);
@@ -247,6 +256,24 @@ static void test_leaves_input_to_a_user_thread_that_reads(void)
     rig_stop(&g);
 }
 
+static void test_a_flow_pause_stops_the_sender_at_once(void)
+{
+    rig g;
+    static int paused;
+    paused = 0;
+    rig_flow_paused = &paused;
+    rig_start(&g, 1 << 20);
+    script("F", "r");                               /* a resume: the owner's to act on */
+    script("D", "data");
+    CHECK(wait_queued(&g, 2));
+    CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 0);
+    script("F", "p");                               /* a pause: the sender's flag, now */
+    CHECK(wait_queued(&g, 3));
+    CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 1);
+    CHECK(owner_woken(&g));                         /* and the owner hears of it too */
+    rig_stop(&g);
+}
+
 int main(void)
 {
     RUN(test_queues_messages_in_order);
@@ -254,5 +281,6 @@ int main(void)
     RUN(test_stops_at_its_bound_and_goes_on_when_emptied);
     RUN(test_leaves_a_held_connection_alone);
     RUN(test_leaves_input_to_a_user_thread_that_reads);
+    RUN(test_a_flow_pause_stops_the_sender_at_once);
     CTEST_END();
 }

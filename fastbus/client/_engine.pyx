@@ -260,9 +260,12 @@ cdef class Reader:
     cdef SessionLock _lock
     cdef object _sock
     cdef bytes _command
+    cdef bytes _flow_command
+    cdef Sender _flow_to
 
     def __cinit__(self, SessionLock lock not None, sock, int owner_fd, Py_ssize_t max_bytes,
-                  bytes data_command=b"D"):
+                  bytes data_command=b"D", Sender flow_to=None, bytes flow_command=b"F",
+                  bytes flow_pause=b"\x00"):
         if not available():
             raise RuntimeError("the client's engine needs pyzmq's libzmq, which was not found")
         if max_bytes <= 0:
@@ -284,6 +287,16 @@ cdef class Reader:
         self._r.data_command = PyBytes_AS_STRING(data_command)
         self._r.data_command_len = PyBytes_GET_SIZE(data_command)
         self._r.owner_fd = owner_fd
+        if flow_to is not None:
+            # A FLOW pause it reads stops that sender at once (fb_reader.h).
+            if len(flow_pause) != 1:
+                raise ValueError("flow_pause must be one byte")
+            self._flow_to = flow_to
+            self._flow_command = flow_command
+            self._r.flow_command = PyBytes_AS_STRING(flow_command)
+            self._r.flow_command_len = PyBytes_GET_SIZE(flow_command)
+            self._r.flow_pause = <unsigned char>flow_pause[0]
+            self._r.flow_paused = &flow_to._s.paused
         cdef int rc = fb_reader_start(&self._r)
         if rc:
             raise OSError(rc, strerror(rc).decode())

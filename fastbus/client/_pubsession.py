@@ -38,6 +38,9 @@ class _Flush:
         self.pinged = False
 
 
+#: What the publishing session's native reader queues for the keeper at
+#: most (the broker's answers and notices; a stats reply may exceed it).
+PUB_READER_BYTES = 1 << 20
 #: A lease that never ends (a broker that grants none: its view counts as it is).
 FOREVER = 2 ** 64 - 1
 #: Pings whose send times a publishing session remembers (their PONGs come
@@ -94,8 +97,16 @@ class PubSession(Session):
             self.engine = _engine.Sender(self.publisher, self.lock, self.sock, self._keeper.wake_fd,
                                          linger=self.linger_ns / 1e9, command=P.PUB)
             self.publisher.wake = self.engine.wake
+            # Reads what the broker says while no Python thread can: a FLOW
+            # pause stops the sender the moment it arrives (the rest, and
+            # the pause too, the keeper handles as before, woken for each).
+            self.reader = _engine.Reader(self.lock, self.sock, self._keeper.wake_fd, PUB_READER_BYTES, P.DATA,
+                                         flow_to=self.engine, flow_command=P.FLOW, flow_pause=P.FLOW_PAUSE)
 
     def close(self) -> None:
+        if self.reader is not None:
+            self.reader.stop()            # before the sender it pauses, and the socket
+            self.reader = None
         if self.engine is not None:
             # Before the socket closes; it leaves the lock we hold alone
             # (it looks whether to stop while it waits for it).
@@ -111,8 +122,9 @@ class PubSession(Session):
 
     @property
     def flow_paused(self) -> bool:
-        """Has the broker asked publishers to pause?"""
-        return self._flow_paused
+        """Has the broker asked publishers to pause?  (The native reader
+        may have read the pause before the keeper handled it.)"""
+        return self._flow_paused or (self.engine is not None and self.engine.paused)
 
     @flow_paused.setter
     def flow_paused(self, paused: bool) -> None:
@@ -275,7 +287,7 @@ class PubSession(Session):
                     self._ack()
         elif cmd == P.FLOW and len(frames) == 2:
             paused = frames[1] == P.FLOW_PAUSE
-            if paused and not self.flow_paused:
+            if paused and not self._flow_paused:
                 self.flow_pauses += 1
             self.flow_paused = paused
             if not paused:

@@ -28,6 +28,10 @@ cdef extern from "fb_reader.h" nogil:
         const void *data_command
         size_t data_command_len
         int owner_fd
+        const void *flow_command
+        size_t flow_command_len
+        unsigned char flow_pause
+        int *flow_paused
         int want_wake
         int handed
         uint64_t read_messages
