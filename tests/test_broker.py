@@ -376,6 +376,7 @@ COUNTER = textwrap.dedent("""
         if not batch and not notices:
             break
     print(n, lost, flush=True)
+    c.close()            # says goodbye: a peer that vanishes is what the broker counts as unreachable
 """)
 
 
