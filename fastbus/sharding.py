@@ -6,9 +6,12 @@
     p.subscribe("room.42")                    # subscribes on that same broker
     p.psubscribe("room.*")                    # a pattern may match channels on any broker: all of them
 
-A channel's broker is chosen by consistent hashing (CRC-32C of the channel
-on a ring of ``replicas`` points per broker), so every process agrees, and
-adding a broker moves only about 1/N of the channels.  Order is kept per
+A channel's broker is chosen by consistent hashing (``fastbus._core.shard_hash``,
+CRC-32C mixed by MurmurHash3's finaliser, of the channel and of ``replicas``
+points per broker on a ring), so every process agrees, and adding a broker
+moves only about 1/N of the channels.  Processes that share brokers must
+agree on the hash: it was CRC-32C alone until 2026-11-27 (uneven shares),
+so do not mix clients from before and after that change.  Order is kept per
 channel, since a channel always uses one broker.
 """
 
@@ -20,7 +23,7 @@ from collections import deque
 from collections.abc import Iterator
 
 from fastbus import _messages as M
-from fastbus._core import crc32c
+from fastbus._core import shard_hash
 from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, pattern_prefix, to_bytes, to_text
 from fastbus._messages import to_bytes as _key
 from fastbus.client import Client, ConnectionClosed, PubSub
@@ -42,13 +45,13 @@ class ShardedClient:
             raise ValueError("replicas must be >= 1")
         self.endpoints = list(endpoints)
         self.clients = [Client(endpoint=e, **client_kwargs) for e in endpoints]
-        ring = sorted((crc32c(f"{e}#{i}".encode()), n) for n, e in enumerate(endpoints) for i in range(replicas))
+        ring = sorted((shard_hash(f"{e}#{i}".encode()), n) for n, e in enumerate(endpoints) for i in range(replicas))
         self._points = [p for p, _n in ring]
         self._owners = [n for _p, n in ring]
 
     def shard(self, channel) -> int:
         """Index of the broker that owns a channel."""
-        i = bisect.bisect(self._points, crc32c(_key(channel))) % len(self._points)
+        i = bisect.bisect(self._points, shard_hash(_key(channel))) % len(self._points)
         return self._owners[i]
 
     def publish(self, channel, message) -> int:

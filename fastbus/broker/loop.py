@@ -211,6 +211,7 @@ class Broker:
         self._started = time.monotonic()
         self._next_stats_log = self._started + (cfg.stats_interval or 0)
         self._malloc_trim = _malloc_trim()
+        _fix_mmap_threshold()
         self._released_mark = 0                    # see _give_memory_back
         self._last_stats_line: tuple | None = None
         self._queued_peak = 0
@@ -638,6 +639,29 @@ TRIM_AFTER_BYTES = 32 << 20
 #: flight (queued in ZeroMQ, not counted here) goes within a second or two,
 #: and on a loaded machine later (one trim at 2 s left 19 MB of 32 held in CI).
 TRIM_AGAIN_AFTER = (1.0, 3.0, 6.0)
+
+
+#: Allocations above this size get pages of their own (mmap) and give them
+#: back when freed.  glibc's default threshold moves up to the largest block
+#: freed so far (up to 32 MiB): once a large WANT diff or SUB frame has come
+#: and gone, the next ones land in a thread's heap, where one block still in
+#: use can pin megabytes that malloc_trim cannot return (measured: 16 MB of
+#: 31 held in one libzmq thread's heap, one run in eight).
+MMAP_THRESHOLD = 256 << 10
+M_MMAP_THRESHOLD = -3                      # mallopt's parameter number (malloc.h)
+
+
+def _fix_mmap_threshold() -> None:
+    """Pin glibc's mmap threshold at MMAP_THRESHOLD (nothing where there is
+    no glibc).  Process-wide: a broker sets it when it is made."""
+    try:
+        import ctypes
+        fn = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, ImportError):
+        return
+    fn.argtypes = [ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    fn(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def _malloc_trim():

@@ -163,3 +163,24 @@ def crc32c(data, uint32_t crc=0) -> int:
         return fb_crc32c(crc, view.buf, <size_t>view.len)
     finally:
         PyBuffer_Release(&view)
+
+
+def shard_hash(data) -> int:
+    """32-bit hash of a bytes-like object for consistent hashing
+    (fastbus.sharding): CRC-32C through MurmurHash3's finaliser.  CRC alone
+    is linear: similar names (``tcp://127.0.0.1:6464#1``, ``...:6465#1``)
+    get related values, and a ring of them gave one broker 28% and another
+    42% of the channels; the finaliser's multiplies spread them evenly."""
+    cdef Py_buffer view
+    cdef uint32_t h
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        h = fb_crc32c(0, view.buf, <size_t>view.len)
+    finally:
+        PyBuffer_Release(&view)
+    h ^= h >> 16
+    h *= 0x85EBCA6BU
+    h ^= h >> 13
+    h *= 0xC2B2AE35U
+    h ^= h >> 16
+    return h
