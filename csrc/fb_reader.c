@@ -12,6 +12,7 @@
 
 /* zmq.h's values (stable across libzmq 4.x). */
 #define Z_DONTWAIT 1
+#define Z_SNDMORE 2
 #define Z_EVENTS 15
 #define Z_POLLIN 1
 
@@ -83,16 +84,75 @@ static int item_add(fb_reader_item *it, const void *frame, size_t size)
     return FB_OK;
 }
 
+/* Frame i (< nframes) of a queued message: its bytes, and *len. */
+static const unsigned char *item_frame(const fb_reader_item *it, size_t i, size_t *len)
+{
+    size_t off = 0;
+    uint32_t n;
+    for (;;) {
+        memcpy(&n, it->data + off, 4);
+        if (i-- == 0) break;
+        off += 4 + (size_t)n;
+    }
+    *len = n;
+    return it->data + off + 4;
+}
+
+static int is_command(const fb_reader_item *it, const void *command, size_t command_len)
+{
+    size_t len;
+    const unsigned char *c = item_frame(it, 0, &len);
+    return len == command_len && memcmp(c, command, len) == 0;
+}
+
 /* A FLOW pause read: tell the sender now (see fb_reader.h flow_paused). */
 static void check_flow(fb_reader *r, const fb_reader_item *it)
 {
-    if (!r->flow_paused || it->nframes != 2) return;
-    uint32_t n0, n1;
-    memcpy(&n0, it->data, 4);
-    if (n0 != r->flow_command_len || memcmp(it->data + 4, r->flow_command, n0) != 0) return;
-    memcpy(&n1, it->data + 4 + n0, 4);
-    if (n1 == 1 && it->data[8 + n0] == r->flow_pause)
+    if (!r->flow_paused || it->nframes != 2 || !is_command(it, r->flow_command, r->flow_command_len)) return;
+    size_t len;
+    const unsigned char *b = item_frame(it, 1, &len);
+    if (len == 1 && b[0] == r->flow_pause)
         __atomic_store_n(r->flow_paused, 1, __ATOMIC_SEQ_CST);
+}
+
+/* A WANT read: apply it to the view, and send its ACK if one is due (see
+ * fb_reader.h view), the lock held.  Returns what to queue for the owner:
+ * the message itself if it is no WANT this thread handles, NULL if it was
+ * handled (and freed), or an ACK the socket did not take. */
+static fb_reader_item *take_want(fb_reader *r, fb_reader_item *it)
+{
+    if (!r->view || (it->nframes != 3 && it->nframes != 4) ||
+        !is_command(it, r->want_command, r->want_command_len))
+        return it;
+    size_t flen, olen, slen;
+    const unsigned char *flags = item_frame(it, 1, &flen);
+    const unsigned char *ops = item_frame(it, 2, &olen);
+    uint64_t seq = 0, ack = 0;
+    if (it->nframes == 4) {
+        const unsigned char *b = item_frame(it, 3, &slen);
+        if (slen != 8) return it;
+        for (int i = 7; i >= 0; i--) seq = seq << 8 | b[i];         /* u64 LE */
+    }
+    if (fb_view_apply(r->view, flen ? flags[0] : 0, ops, olen, it->nframes == 4, seq, fb_now_ns(), &ack) < 0)
+        return it;
+    item_free(it);
+    if (!ack) return NULL;
+    unsigned char b[8];
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(ack >> (8 * i));
+    if (r->z.send(r->sock, r->ack_command, r->ack_command_len, Z_DONTWAIT | Z_SNDMORE) >= 0) {
+        /* ZeroMQ takes a message's later frames once it took its first. */
+        r->z.send(r->sock, b, 8, Z_DONTWAIT);
+        fb_view_acked(r->view, ack);
+        return NULL;
+    }
+    /* Not now (reconnecting, or the queue to the broker full): the owner
+     * sends it its own way.  Without memory for that, the next lease
+     * acknowledges it (fb_view_grant), or the broker's wait for a lease
+     * to run out confirms without it. */
+    fb_reader_item *a = calloc(1, sizeof *a);
+    if (a && item_add(a, r->ack_command, r->ack_command_len) == FB_OK && item_add(a, b, 8) == FB_OK) return a;
+    item_free(a);
+    return NULL;
 }
 
 /* Read whole messages into the queue while it has room, the lock held.
@@ -135,12 +195,13 @@ static int read_some(fb_reader *r)
             break;
         }
         check_flow(r, it);
+        __atomic_add_fetch(&r->read_messages, 1, __ATOMIC_SEQ_CST);
+        if (!(it = take_want(r, it))) continue;
         if (r->tail) r->tail->next = it;
         else r->head = it;
         r->tail = it;
         r->queued++;
         r->queued_bytes += it->len;
-        __atomic_add_fetch(&r->read_messages, 1, __ATOMIC_SEQ_CST);
         if (!is_data) notify = 1;
     }
     return notify;

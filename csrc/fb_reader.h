@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "fb_slock.h"
+#include "fb_view.h"
 #include "fb_wake.h"
 
 #ifdef __cplusplus
@@ -58,6 +59,7 @@ typedef struct fb_zmq_recv_calls {
     int (*msg_more)(const fb_zmq_msg *msg);
     int (*msg_close)(fb_zmq_msg *msg);
     int (*getsockopt)(void *sock, int option, void *value, size_t *len);
+    int (*send)(void *sock, const void *buf, size_t len, int flags);   /* only with a view */
 } fb_zmq_recv_calls;
 
 typedef struct fb_reader_item fb_reader_item;
@@ -81,6 +83,19 @@ typedef struct fb_reader {
     size_t flow_command_len;
     unsigned char flow_pause;
     int *flow_paused;
+    /* Optional (view NULL: none): a message [want_command, flags, ops(,
+     * seq)] is applied to *view the moment it is read (fb_view.h) and not
+     * queued, and its ACK [ack_command, seq u64 LE] sent at once when one is
+     * due, so a subscription's confirmation never waits for a Python thread
+     * of this publisher.  An ACK the socket does not take now is queued for
+     * the owner as that same message, to send its own way; a WANT the view
+     * refuses (malformed) is queued for the owner, whose reading of it says
+     * what is wrong. */
+    const void *want_command;
+    size_t want_command_len;
+    const void *ack_command;
+    size_t ack_command_len;
+    fb_view *view;
 
     /* Shared with the owner (atomic). */
     int want_wake;               /* the lock was taken, or the queue full: whoever lets go of

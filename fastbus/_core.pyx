@@ -40,6 +40,7 @@ from fastbus.includes.fb_outbox cimport *
 from fastbus.includes.fb_batchq cimport *
 from fastbus.includes.fb_router cimport *
 from fastbus.includes.fb_resp cimport *
+from fastbus.includes.fb_view cimport *
 
 import array as _pyarray
 import os

@@ -81,6 +81,59 @@ def test_a_burst_is_delivered_while_the_publisher_holds_the_interpreter():
         b.stop()
 
 
+#: A publishing process that says "ready" once its filter is in effect,
+#: then holds the interpreter (pure Python) for SPIN seconds.
+BUSY_PUBLISHER = r"""
+import sys, time
+import fastbus
+endpoint, spin = sys.argv[1], float(sys.argv[2])
+with fastbus.Client(endpoint=endpoint) as c:
+    c.publish("nobody", b"x")
+    deadline = time.monotonic() + 20
+    while not (c.stats()["filter_active"] and not c.is_wanted("nobody")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sys.setswitchinterval(1.0)
+    print("ready", flush=True)
+    end = time.time() + spin
+    x = 0
+    while time.time() < end:
+        x += 1
+"""
+
+
+def test_subscribe_is_confirmed_while_a_publisher_holds_the_interpreter():
+    """A subscription is confirmed once every publisher applied it (or its
+    filter's lease ran out): a publisher's WANT and ACK must not wait for
+    one of its Python threads.  The publisher's process spins in pure
+    Python for 3 s under a 1 s switch interval, the broker's lease is 5 s:
+    20 subscribe() calls still confirm within 0.5 s, and the publisher's
+    filter has each channel.  Before, the first waited about 1 s (for the
+    keeper thread to get the interpreter)."""
+    spin = 3.0
+    b = BrokerProcess("--filter-lease", "5")
+    pub = None
+    try:
+        with fastbus.Client(endpoint=b.endpoint) as c:
+            p = c.pubsub(ignore_subscribe_messages=True)
+            pub = python_process(BUSY_PUBLISHER, b.endpoint, str(spin), stdout=subprocess.PIPE, text=True)
+            assert pub.stdout.readline().strip() == "ready"
+            t0 = time.monotonic()
+            for i in range(20):
+                p.subscribe(f"room.{i}")
+            took = time.monotonic() - t0
+            assert pub.poll() is None                                  # still spinning
+            assert took < 0.5, f"20 subscribe() took {took:.3f} s"
+            assert c.broker_stats()["subscriptions"] == 20
+            p.close()
+        pub.wait(timeout=spin + 10)
+        assert pub.returncode == 0
+    finally:
+        if pub is not None and pub.poll() is None:
+            pub.kill()
+            pub.wait()
+        b.stop()
+
+
 def test_the_native_sender_hands_back_what_it_does_not_send():
     """Under a flow-control pause (a subscriber that does not read for a
     second) the native sender leaves batches to the keeper, which sends

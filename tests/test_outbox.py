@@ -196,11 +196,10 @@ def test_publisher_argument_errors():
 
 
 def test_publisher_counts_what_it_queued_and_what_nobody_wanted():
-    from fastbus._core import Publisher, Trie
+    from fastbus import protocol as P
+    from fastbus._core import Publisher
     pub = Publisher(Outbox(max_delay=None), lambda: None)
     assert pub.publish(b"a", b"1") == 1                 # no filter: queued
-    wanted = Trie()
-    wanted.add(b"a", 1)
-    pub.wanted = wanted
+    pub.apply_want(P.WANT_RESET, P.encode_ops([(P.SUBSCRIBE, b"a", False)]))   # the broker's view
     assert pub.publish(b"b", b"2") == 0 and pub.publish(b"a", b"3") == 1
     assert (pub.accepted, pub.refused, pub.queued) == (2, 1, 2)

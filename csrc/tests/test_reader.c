@@ -18,6 +18,9 @@ typedef struct fake {
     fmsg msgs[MAXMSG];
     int n, next, frame;       /* messages scripted; next to read; its next frame */
     int fd[2];
+    unsigned char sent[256];  /* what was sent, each frame as a length byte and the bytes */
+    size_t sent_len;
+    int send_fails;           /* send() says EAGAIN */
 } fake;
 static fake F;
 
@@ -60,6 +63,33 @@ static int f_getsockopt(void *sock, int option, void *value, size_t *len)
     return 0;
 }
 
+static int f_send(void *sock, const void *buf, size_t len, int flags)
+{
+    (void)sock;
+    (void)flags;
+    if (F.send_fails) return -1;
+    REQUIRE(len < 64 && F.sent_len + 1 + len <= sizeof F.sent);
+    F.sent[F.sent_len++] = (unsigned char)len;
+    memcpy(F.sent + F.sent_len, buf, len);
+    F.sent_len += len;
+    return (int)len;
+}
+
+/* A message of n frames (lens: of binary frames). */
+static void script_frames(int n, const char **frames, const size_t *lens)
+{
+    fmsg *m = &F.msgs[F.n];
+    m->nframes = n;
+    for (int i = 0; i < n; i++) {
+        m->frames[i] = frames[i];
+        m->lens[i] = lens[i];
+    }
+    __atomic_add_fetch(&F.n, 1, __ATOMIC_SEQ_CST);
+    char c = 0;
+    ssize_t w = write(F.fd[1], &c, 1);
+    (void)w;
+}
+
 static void script(const char *cmd, const char *body)
 {
     fmsg *m = &F.msgs[F.n];
@@ -83,6 +113,7 @@ static void sleep_ms(int ms)
 typedef struct rig { fb_slock sl; int owner[2]; fb_reader r; } rig;
 
 static int *rig_flow_paused;        /* set before rig_start: the flow hook under test */
+static fb_view *rig_view;           /* and the WANT hook */
 
 static void rig_start(rig *g, size_t max_bytes)
 {
@@ -94,7 +125,7 @@ static void rig_start(rig *g, size_t max_bytes)
     REQUIRE(pipe(g->owner) == 0);
     fcntl(g->owner[0], F_SETFL, O_NONBLOCK);
     REQUIRE(fb_slock_init(&g->sl) == 0);
-    g->r.z = (fb_zmq_recv_calls){f_init, f_recv, f_data, f_size, f_more, f_close, f_getsockopt};
+    g->r.z = (fb_zmq_recv_calls){f_init, f_recv, f_data, f_size, f_more, f_close, f_getsockopt, f_send};
     g->r.sock = &F;
     g->r.sock_fd = F.fd[0];
     g->r.slock = &g->sl;
@@ -106,6 +137,14 @@ static void rig_start(rig *g, size_t max_bytes)
         g->r.flow_pause = 'p';
         g->r.flow_paused = rig_flow_paused;
         rig_flow_paused = NULL;
+    }
+    if (rig_view) {
+        g->r.want_command = "W";
+        g->r.want_command_len = 1;
+        g->r.ack_command = "A";
+        g->r.ack_command_len = 1;
+        g->r.view = rig_view;
+        rig_view = NULL;
     }
     g->r.data_command_len = 1;
     g->r.owner_fd = g->owner[1];
@@ -274,6 +313,82 @@ static void test_a_flow_pause_stops_the_sender_at_once(void)
     rig_stop(&g);
 }
 
+/* WANT [W, flags, ops, seq]: ops subscribing one key. */
+static void script_want(unsigned char flags, const char *key, unsigned seq)
+{
+    static unsigned char store[16][64];
+    static int used;
+    unsigned char *b = store[used++ % 16];
+    size_t k = strlen(key);
+    memcpy(b, "FB\x01\x00\x01\x00\x00\x00", 8);
+    b[8] = (unsigned char)k;
+    b[9] = 1;
+    memcpy(b + 10, key, k);
+    b[10 + k] = FB_VIEW_OP_SUBSCRIBE;
+    unsigned char *f = b + 32, *s = b + 40;
+    f[0] = flags;
+    memset(s, 0, 8);
+    s[0] = (unsigned char)seq;
+    const char *frames[4] = {"W", (const char *)f, (const char *)b, (const char *)s};
+    size_t lens[4] = {1, 1, 11 + k, 8};
+    script_frames(4, frames, lens);
+}
+
+static int wait_wants(fb_view *v, uint64_t n)
+{
+    for (int i = 0; i < 2000; i++) {
+        fb_lock_wait(&v->lock);
+        uint64_t w = v->wants;
+        fb_lock_release(&v->lock);
+        if (w >= n) return 1;
+        sleep_ms(1);
+    }
+    return 0;
+}
+
+static void test_a_want_is_applied_and_acknowledged_at_once(void)
+{
+    rig g;
+    static fb_view view;
+    fb_view_init(&view);
+    fb_view_grant(&view, UINT64_MAX);               /* under a lease: acknowledge at once */
+    rig_view = &view;
+    rig_start(&g, 1 << 20);
+    script_want(FB_VIEW_RESET, "room.1", 1);
+    CHECK(wait_wants(&view, 1));
+    CHECK_EQ(fb_view_match(&view, "room.1", 6), 1);
+    CHECK_EQ(fb_view_match(&view, "room.2", 6), 0);
+    REQUIRE(fb_slock_wait(&g.sl, -1));              /* (the ACK is sent under the lock) */
+    CHECK_EQ(F.sent_len, 11);                       /* [A, 1 as u64 LE] */
+    CHECK(F.sent_len == 11 && F.sent[0] == 1 && F.sent[1] == 'A' && F.sent[2] == 8 && F.sent[3] == 1);
+    fb_slock_release(&g.sl);
+    CHECK_EQ(view.acked, 1);
+    CHECK_EQ(queued(&g), 0);                        /* nothing for the owner */
+
+    F.send_fails = 1;                               /* the socket does not take it now */
+    script_want(0, "room.2", 2);
+    CHECK(wait_queued(&g, 1));
+    CHECK_EQ(fb_view_match(&view, "room.2", 6), 1);
+    CHECK(owner_woken(&g));
+    fb_reader_item *it;
+    const unsigned char *frames[4];
+    size_t lens[4];
+    REQUIRE(fb_slock_wait(&g.sl, -1));
+    CHECK_EQ(fb_reader_pop(&g.r, &it, frames, lens, 4), 2);   /* the owner sends [A, 2] */
+    CHECK(lens[0] == 1 && frames[0][0] == 'A' && lens[1] == 8 && frames[1][0] == 2);
+    fb_reader_release(it);
+    fb_slock_release(&g.sl);
+    CHECK_EQ(view.acked, 1);
+
+    const char *bad[3] = {"W", "", "junk"};         /* malformed: the owner's to report */
+    size_t bad_lens[3] = {1, 0, 4};
+    script_frames(3, bad, bad_lens);
+    CHECK(wait_queued(&g, 1));
+    CHECK_EQ(fb_view_match(&view, "room.1", 6), 1);
+    rig_stop(&g);
+    fb_view_free(&view);
+}
+
 int main(void)
 {
     RUN(test_queues_messages_in_order);
@@ -282,5 +397,6 @@ int main(void)
     RUN(test_leaves_a_held_connection_alone);
     RUN(test_leaves_input_to_a_user_thread_that_reads);
     RUN(test_a_flow_pause_stops_the_sender_at_once);
+    RUN(test_a_want_is_applied_and_acknowledged_at_once);
     CTEST_END();
 }

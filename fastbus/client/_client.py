@@ -199,10 +199,9 @@ class Client:
         """Would publish() send this channel?  True until the broker has told
         this client what its subscribers want, then whether anyone does (and
         True again while that view's lease has run out, until renewed)."""
-        wanted = self._publisher.wanted
-        if wanted is None or not self._pub.filtering():
+        if not self._pub.filtering():
             return True
-        return wanted.any_match(to_key(channel))
+        return self._publisher.view_matches(to_key(channel)) is not False
 
     def flush(self, timeout: float | None = 10.0) -> None:
         """Send everything queued and wait until the broker has it (a ping

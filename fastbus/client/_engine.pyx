@@ -254,7 +254,10 @@ cdef class Reader:
     guarded by ``lock``) while no user thread does, into a queue of at most
     ``max_bytes``; ``pop()`` hands the oldest message over, the lock held.
     A message that is not data (its first frame other than ``data_command``)
-    wakes the owner (a byte written to ``owner_fd``).  See csrc/fb_reader.h."""
+    wakes the owner (a byte written to ``owner_fd``).  Optional hooks: a
+    FLOW pause stops ``flow_to`` (a Sender) at once; a WANT is applied to
+    ``view_of``'s view (a Publisher) and acknowledged, never queued.  See
+    csrc/fb_reader.h."""
 
     cdef fb_reader _r
     cdef SessionLock _lock
@@ -262,10 +265,14 @@ cdef class Reader:
     cdef bytes _command
     cdef bytes _flow_command
     cdef Sender _flow_to
+    cdef Publisher _view_of
+    cdef bytes _want_command
+    cdef bytes _ack_command
 
     def __cinit__(self, SessionLock lock not None, sock, int owner_fd, Py_ssize_t max_bytes,
                   bytes data_command=b"D", Sender flow_to=None, bytes flow_command=b"F",
-                  bytes flow_pause=b"\x00"):
+                  bytes flow_pause=b"\x00", Publisher view_of=None, bytes want_command=b"W",
+                  bytes ack_command=b"A"):
         if not available():
             raise RuntimeError("the client's engine needs pyzmq's libzmq, which was not found")
         if max_bytes <= 0:
@@ -280,6 +287,7 @@ cdef class Reader:
         self._r.z.msg_more = _msg_more
         self._r.z.msg_close = _msg_close
         self._r.z.getsockopt = _getsockopt
+        self._r.z.send = _send
         self._r.sock = <void *><uintptr_t>sock.underlying
         self._r.sock_fd = sock.FD
         self._r.slock = &lock._l
@@ -297,6 +305,17 @@ cdef class Reader:
             self._r.flow_command_len = PyBytes_GET_SIZE(flow_command)
             self._r.flow_pause = <unsigned char>flow_pause[0]
             self._r.flow_paused = &flow_to._s.paused
+        if view_of is not None:
+            # A WANT it reads goes into that publisher's view, and its ACK
+            # out, at once (fb_reader.h); the owner sees neither.
+            self._view_of = view_of
+            self._want_command = want_command
+            self._ack_command = ack_command
+            self._r.want_command = PyBytes_AS_STRING(want_command)
+            self._r.want_command_len = PyBytes_GET_SIZE(want_command)
+            self._r.ack_command = PyBytes_AS_STRING(ack_command)
+            self._r.ack_command_len = PyBytes_GET_SIZE(ack_command)
+            self._r.view = &view_of._view
         cdef int rc = fb_reader_start(&self._r)
         if rc:
             raise OSError(rc, strerror(rc).decode())

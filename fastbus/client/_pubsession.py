@@ -17,11 +17,11 @@ from collections import deque
 import zmq
 
 from fastbus import protocol as P
-from fastbus._core import SUBSCRIBE, Publisher, Trie
+from fastbus._core import Publisher
 from fastbus.client import _engine
 from fastbus.client._connections import Connections
 from fastbus.client._session import SEND_BURST, Session
-from fastbus.errors import MessagesRejected
+from fastbus.errors import BatchError, MessagesRejected
 
 log = logging.getLogger("fastbus.client")
 
@@ -53,7 +53,8 @@ class PubSession(Session):
     filter of what subscribers want, flow control, flush and stats.
 
     The filter is the broker's view (WANT), applied and acknowledged (ACK)
-    as it arrives, and it counts only under the broker's lease: from when a
+    as it arrives (by the native reader, without waiting for a Python
+    thread; csrc/fb_view.h), and it counts only under the broker's lease: from when a
     ping (or HELLO) left to that plus the lease its PONG (or WELCOME)
     grants, for docs/PROTOCOL.md's contract ("confirmed means in effect
     everywhere"): the broker confirms a subscription once this session
@@ -86,9 +87,6 @@ class PubSession(Session):
         self.notice: MessagesRejected | None = None   # raised by the next flush()
         self._pings: deque[tuple[bytes, int]] = deque(maxlen=PINGS_KEPT)   # (token, sent ns), oldest first
         self._hellos: deque[int] = deque(maxlen=PINGS_KEPT)                # HELLOs not yet welcomed: sent ns
-        self.applied = 0                  # the latest WANT applied (its seq)...
-        self.acked = 0                    # ...and the latest acknowledged
-        self.ack_until_ns = 0             # ACK what we apply until then (see on_message)
         publisher.renew = self.renew_lease
 
     def open(self) -> None:
@@ -98,10 +96,12 @@ class PubSession(Session):
                                          linger=self.linger_ns / 1e9, command=P.PUB)
             self.publisher.wake = self.engine.wake
             # Reads what the broker says while no Python thread can: a FLOW
-            # pause stops the sender the moment it arrives (the rest, and
-            # the pause too, the keeper handles as before, woken for each).
+            # pause stops the sender the moment it arrives, a WANT is
+            # applied to the publisher's view and acknowledged at once (the
+            # rest, and the pause too, the keeper handles, woken for each).
             self.reader = _engine.Reader(self.lock, self.sock, self._keeper.wake_fd, PUB_READER_BYTES, P.DATA,
-                                         flow_to=self.engine, flow_command=P.FLOW, flow_pause=P.FLOW_PAUSE)
+                                         flow_to=self.engine, flow_command=P.FLOW, flow_pause=P.FLOW_PAUSE,
+                                         view_of=self.publisher, want_command=P.WANT, ack_command=P.ACK)
 
     def close(self) -> None:
         if self.reader is not None:
@@ -276,15 +276,22 @@ class PubSession(Session):
 
     def on_message(self, cmd: bytes, frames: list) -> None:
         if cmd == P.WANT and len(frames) in (3, 4):
-            self.on_want(frames[1], frames[2])
-            if len(frames) == 4:
-                # Applied: the broker may confirm what it added.  Said
-                # while a lease of ours may run, as the broker sees it (it
-                # does not wait for a publisher without one; a new lease
-                # says it, _grant): till twice the lease after we asked.
-                self.applied = P.unpack_u64(frames[3])
-                if time.monotonic_ns() < self.ack_until_ns:
-                    self._ack()
+            # Applied: the broker may confirm what it added.  Said while a
+            # lease of ours may run, as the broker sees it (it does not
+            # wait for a publisher without one; a new lease says it,
+            # _grant): till twice the lease after we asked.
+            flags = frames[1]
+            seq = P.unpack_u64(frames[3]) if len(frames) == 4 else None
+            try:
+                ack = self.publisher.apply_want(flags[0] if flags else 0, frames[2], seq)
+            except BatchError as exc:
+                raise P.ProtocolError(f"bad subscription batch: {exc}") from exc
+            if ack:
+                self._ack(ack)
+        elif cmd == P.ACK and len(frames) == 2:
+            # Not from the broker: the native reader applied a WANT but
+            # could not send its ACK (the socket's queue was full).
+            self._ack(P.unpack_u64(frames[1]))
         elif cmd == P.FLOW and len(frames) == 2:
             paused = frames[1] == P.FLOW_PAUSE
             if paused and not self._flow_paused:
@@ -346,13 +353,13 @@ class PubSession(Session):
             pub.lease_until_ns = until
             pub.renew_at_ns = sent_ns + usable // 2      # renewed while the filter is in use
             pub.renew_asked = False
-        self.ack_until_ns = max(self.ack_until_ns, sent_ns + 2 * lease_us * 1000)
-        if self.applied > self.acked:
-            self._ack()                   # what we applied while we did not filter
+        ack = pub.grant(sent_ns + 2 * lease_us * 1000)
+        if ack:
+            self._ack(ack)                # what we applied while we did not filter
 
-    def _ack(self) -> None:
-        self.acked = self.applied
-        self.send([P.ACK, P.pack_u64(self.applied)])
+    def _ack(self, seq: int) -> None:
+        self.publisher.acked(seq)
+        self.send([P.ACK, P.pack_u64(seq)])
 
     def ping(self, token: bytes = b"", lease: bool = False) -> None:
         # Its send time before it leaves: a lease counts from no later.
@@ -361,9 +368,8 @@ class PubSession(Session):
 
     def hello(self) -> None:
         pub = self.publisher
-        pub.wanted = None                 # a new session: everything, until its WANT reset
-        pub.renew_asked = False
-        self.applied = self.acked = 0     # a new session numbers its WANTs anew
+        pub.forget_view()                 # a new session: everything, until its WANT reset,
+        pub.renew_asked = False           # and its WANTs numbered anew
         self._hellos.append(time.monotonic_ns())
         super().hello()
 
@@ -379,33 +385,10 @@ class PubSession(Session):
         pub = self.publisher
         if pub.filters():
             return True
-        if pub.wanted is not None and not pub.renew_asked:
+        if pub.has_view and not pub.renew_asked:
             pub.renew_asked = True
             self.renew_lease()
         return False
-
-    def on_want(self, flags: bytes, frame) -> None:
-        """The broker's view of what subscribers want (publisher filter)."""
-        ops = P.decode_ops(frame)
-        pub = self.publisher
-        if flags and flags[0] & P.WANT_RESET:
-            t = Trie()
-            for op, key, prefix in ops:
-                if op == SUBSCRIBE:
-                    t.add(key, 0, prefix=prefix)
-            pub.wanted = t
-            return
-        t = pub.wanted
-        if t is None:
-            return          # a diff before any snapshot: keep sending everything
-        for op, key, prefix in ops:
-            if op == SUBSCRIBE:
-                t.add(key, 0, prefix=prefix)
-            else:
-                try:
-                    t.remove(key, 0, prefix=prefix)
-                except KeyError:
-                    pass
 
     def close_final(self, timeout: float) -> None:
         """At close: send what is left even while paused (blocking up to

@@ -2,11 +2,12 @@
 from libc.stdint cimport uint64_t
 
 from fastbus.includes.fb_batchq cimport fb_batchq
+from fastbus.includes.fb_view cimport fb_view
 
 
 cdef class Publisher:
     cdef public Outbox outbox
-    cdef public object wanted
+    cdef fb_view _view              # its own lock; a native reader applies WANTs to it
     cdef public object wake
     cdef public object closed_error
     cdef public bint closed

@@ -3,7 +3,9 @@
 
 cdef class Publisher:
     """The publish path of a client as one call into C: the publisher-side
-    filter (``wanted``, a Trie or None for no filter), the append to
+    filter (the broker's view of what subscribers want, built from its WANT
+    messages by ``apply_want`` or by a native reader, csrc/fb_view.h; no
+    view: everything is sent), the append to
     ``outbox``, and the decision who sends the batch, and when.
 
     **Who sends.**  Without ``send_now``, a sender thread of the owner's
@@ -35,7 +37,7 @@ cdef class Publisher:
     ``max_topic``/``max_payload`` (0: none; a client sets the broker's)
     refuse a message over them with ValueError, before it is queued.
 
-    **The filter's lease.**  ``wanted`` drops a message only until
+    **The filter's lease.**  The view drops a message only until
     ``lease_until_ns`` (monotonic ns; default: for ever): a broker lets its
     publishers filter with its view for a bounded time from their last
     answered ping, and confirms a subscription once that time has passed
@@ -57,7 +59,7 @@ cdef class Publisher:
         if block_timeout is not None and not block_timeout >= 0:
             raise ValueError(f"block_timeout must be >= 0 seconds, or None to wait for ever, not {block_timeout!r}")
         self.outbox = outbox
-        self.wanted = None
+        fb_view_init(&self._view)
         self.wake = wake
         self.send_now = send_now
         self.closed = False
@@ -83,6 +85,7 @@ cdef class Publisher:
 
     def __dealloc__(self):
         fb_batchq_clear(&self._sealed)
+        fb_view_free(&self._view)
 
     def publish(self, channel, message) -> int:
         """Queue a message; 0 if no subscriber wants its channel."""
@@ -96,36 +99,29 @@ cdef class Publisher:
         cdef bytes t = _as_message(channel)
         cdef bytes p = _as_message(message)
         cdef Outbox ob = self.outbox
-        cdef object w = self.wanted
         if self.max_payload and PyBytes_GET_SIZE(p) > self.max_payload:
             raise ValueError(f"a payload of {PyBytes_GET_SIZE(p):,} bytes is over the broker's limit of "
                              f"{self.max_payload:,} (max_payload); not sent")
         if self.max_topic and PyBytes_GET_SIZE(t) > self.max_topic:
             raise ValueError(f"a channel name of {PyBytes_GET_SIZE(t):,} bytes is over the broker's limit of "
                              f"{self.max_topic:,} (max_topic); not sent")
-        cdef Trie trie
-        cdef int rc, took = FB_OK
+        cdef int took = FB_OK
         cdef bint starts
         cdef unsigned char *sealed = NULL
         cdef size_t sealed_len = 0, sealed_count = 0
         cdef uint64_t now
-        if w is not None:
-            trie = <Trie>w
-            _lock(&trie._lock)
-            rc = fb_trie_any_match(trie._t, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t))
-            _unlock(&trie._lock)
-            if rc == 0:
-                # Nobody wants it, as far as the view goes, and the view
-                # counts only under its lease (the time is read only here,
-                # never for a message someone wants).
-                now = fb_now_ns()
-                if now >= self.renew_at_ns and not self.renew_asked and self.renew is not None:
-                    self.renew_asked = True
-                    self.renew()
-                if now < self.lease_until_ns:
-                    self._refused += 1
-                    return 0
-                self._lapsed += 1
+        if fb_view_match(&self._view, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t)) == 0:
+            # Nobody wants it, as far as the view goes, and the view
+            # counts only under its lease (the time is read only here,
+            # never for a message someone wants).
+            now = fb_now_ns()
+            if now >= self.renew_at_ns and not self.renew_asked and self.renew is not None:
+                self.renew_asked = True
+                self.renew()
+            if now < self.lease_until_ns:
+                self._refused += 1
+                return 0
+            self._lapsed += 1
         if self.max_buffer_bytes and \
                 <Py_ssize_t>(self._sealed.bytes + fb_outbox_bytes(&ob._o)) >= self.max_buffer_bytes:
             self.wait_for_room()
@@ -203,10 +199,64 @@ cdef class Publisher:
         had run out (see the class doc)."""
         return self._lapsed
 
+    # -- the view (csrc/fb_view.h) -------------------------------------------
+
+    def apply_want(self, int flags, ops, seq=None) -> int:
+        """Apply a WANT's flags and ops batch (and its seq, if it has one):
+        the seq to acknowledge now (0: none; once sent, ``acked(seq)``).
+        BatchError (a ValueError) if the ops are malformed: the view is
+        then unchanged."""
+        cdef Py_buffer view
+        cdef uint64_t ack = 0
+        cdef int rc
+        cdef bint has_seq = seq is not None
+        cdef uint64_t s = seq if has_seq else 0
+        PyObject_GetBuffer(ops, &view, PyBUF_SIMPLE)
+        try:
+            with nogil:
+                rc = fb_view_apply(&self._view, <unsigned>flags, view.buf, <size_t>view.len, has_seq, s,
+                                   fb_now_ns(), &ack)
+        finally:
+            PyBuffer_Release(&view)
+        _check(rc, "WANT ops")
+        return ack
+
+    def acked(self, uint64_t seq) -> None:
+        """An ACK for ``seq`` was sent."""
+        fb_view_acked(&self._view, seq)
+
+    def grant(self, uint64_t ack_until_ns) -> int:
+        """A lease arrived that the broker counts until ``ack_until_ns``
+        (monotonic ns): WANTs applied until then are acknowledged at once.
+        Returns the seq to acknowledge now (applied outside the last
+        lease), or 0."""
+        return fb_view_grant(&self._view, ack_until_ns)
+
+    def forget_view(self) -> None:
+        """A new session: no view (everything is sent) until its first
+        WANT reset; its WANTs are numbered anew."""
+        fb_view_forget(&self._view)
+
+    @property
+    def has_view(self) -> bool:
+        """Has a WANT reset arrived this session (a view to filter with)?"""
+        return self._view.on != 0
+
+    @property
+    def wants_applied(self) -> int:
+        """WANT messages applied to the view, by any thread."""
+        return self._view.wants
+
+    def view_matches(self, channel) -> bool | None:
+        """Does the view want this channel (None: there is no view)?"""
+        cdef bytes t = _as_message(channel)
+        cdef int rc = fb_view_match(&self._view, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t))
+        return None if rc < 0 else rc == 1
+
     def filters(self) -> bool:
-        """Does ``wanted`` drop what it does not match now (a view, under a
+        """Does the view drop what it does not match now (a view, under a
         lease that has not run out)?"""
-        return self.wanted is not None and fb_now_ns() < self.lease_until_ns
+        return self._view.on and fb_now_ns() < self.lease_until_ns
 
     @property
     def refused(self) -> int:

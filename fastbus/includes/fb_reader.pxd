@@ -2,6 +2,7 @@
 from libc.stdint cimport uint64_t
 
 from fastbus.includes.fb_slock cimport fb_slock
+from fastbus.includes.fb_view cimport fb_view
 
 cdef extern from "fb_reader.h" nogil:
     ctypedef union fb_zmq_msg:
@@ -15,6 +16,7 @@ cdef extern from "fb_reader.h" nogil:
         int (*msg_more)(const fb_zmq_msg *msg) noexcept nogil
         int (*msg_close)(fb_zmq_msg *msg) noexcept nogil
         int (*getsockopt)(void *sock, int option, void *value, size_t *len) noexcept nogil
+        int (*send)(void *sock, const void *buf, size_t len, int flags) noexcept nogil
 
     ctypedef struct fb_reader_item:
         pass
@@ -32,6 +34,11 @@ cdef extern from "fb_reader.h" nogil:
         size_t flow_command_len
         unsigned char flow_pause
         int *flow_paused
+        const void *want_command
+        size_t want_command_len
+        const void *ack_command
+        size_t ack_command_len
+        fb_view *view
         int want_wake
         int handed
         uint64_t read_messages

@@ -1,0 +1,138 @@
+/* test_view.c - the publisher's view (fb_view.h): WANT snapshots and
+ * diffs, refusal of malformed ops, and when an ACK is due. */
+#include <string.h>
+
+#include "ctest.h"
+#include "fb_view.h"
+
+/* An ops batch (docs/BATCH_FORMAT.md): keys with one flags byte each. */
+typedef struct { unsigned char b[4096]; size_t len; uint32_t count; } ops;
+
+static void ops_start(ops *o)
+{
+    memcpy(o->b, "FB\x01\x00\x00\x00\x00\x00", 8);
+    o->len = 8;
+    o->count = 0;
+}
+
+static void ops_add(ops *o, const char *key, unsigned flags)
+{
+    size_t k = strlen(key);
+    REQUIRE(k < 128 && o->len + k + 3 < sizeof o->b);
+    o->b[o->len++] = (unsigned char)k;
+    o->b[o->len++] = 1;
+    memcpy(o->b + o->len, key, k);
+    o->len += k;
+    o->b[o->len++] = (unsigned char)flags;
+    o->count++;
+    memcpy(o->b + 4, &o->count, 4);
+}
+
+#define SUB FB_VIEW_OP_SUBSCRIBE
+#define PFX FB_VIEW_OP_PREFIX
+
+static int wanted(fb_view *v, const char *topic) { return fb_view_match(v, topic, strlen(topic)); }
+
+static void test_reset_then_diffs(void)
+{
+    fb_view v;
+    fb_view_init(&v);
+    ops o;
+    uint64_t ack = 99;
+    CHECK_EQ(wanted(&v, "a"), -1);                         /* no view: everything goes */
+    ops_start(&o);
+    ops_add(&o, "x", 0);                                   /* a diff before any snapshot: ignored */
+    CHECK_EQ(fb_view_apply(&v, 0, o.b, o.len, 0, 0, 0, &ack), FB_OK);
+    CHECK_EQ(ack, 0);
+    CHECK_EQ(wanted(&v, "a"), -1);
+
+    ops_start(&o);
+    ops_add(&o, "room.1", SUB);
+    ops_add(&o, "news.", SUB | PFX);
+    ops_add(&o, "ignored", 0);                             /* an unsubscribe in a snapshot */
+    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET, o.b, o.len, 0, 0, 0, &ack), FB_OK);
+    CHECK_EQ(wanted(&v, "room.1"), 1);
+    CHECK_EQ(wanted(&v, "room.2"), 0);
+    CHECK_EQ(wanted(&v, "news.sport"), 1);
+    CHECK_EQ(wanted(&v, "ignored"), 0);
+
+    ops_start(&o);
+    ops_add(&o, "room.2", SUB);
+    ops_add(&o, "news.", PFX);                             /* unsubscribe the prefix */
+    ops_add(&o, "never.held", 0);                          /* removing what is not held: ignored */
+    CHECK_EQ(fb_view_apply(&v, 0, o.b, o.len, 0, 0, 0, &ack), FB_OK);
+    CHECK_EQ(wanted(&v, "room.2"), 1);
+    CHECK_EQ(wanted(&v, "news.sport"), 0);
+    CHECK_EQ(v.wants, 3);
+
+    ops_start(&o);                                         /* a new snapshot replaces the view */
+    ops_add(&o, "only", SUB);
+    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET | 0x80, o.b, o.len, 0, 0, 0, &ack), FB_OK);
+    CHECK_EQ(wanted(&v, "room.1"), 0);
+    CHECK_EQ(wanted(&v, "only"), 1);
+
+    fb_view_forget(&v);                                    /* a new session */
+    CHECK_EQ(wanted(&v, "room.1"), -1);
+    fb_view_free(&v);
+}
+
+static void test_malformed_ops_leave_the_view_as_it_was(void)
+{
+    fb_view v;
+    fb_view_init(&v);
+    ops o;
+    uint64_t ack;
+    ops_start(&o);
+    ops_add(&o, "keep", SUB);
+    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET, o.b, o.len, 1, 1, 0, &ack), FB_OK);
+
+    ops_start(&o);
+    ops_add(&o, "bad", 0x80);                              /* unknown op bits */
+    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET, o.b, o.len, 1, 2, 0, &ack), FB_EMALFORMED);
+    /* A well-formed batch whose record's flags are two bytes. */
+    unsigned char two[15] = {'F', 'B', 1, 0, 1, 0, 0, 0, 3, 2, 't', 'w', 'o', SUB, 0};
+    CHECK(fb_view_apply(&v, 0, two, sizeof two, 1, 3, 0, &ack) < 0);   /* over the decoder's limit */
+    unsigned char huge[12] = {'F', 'B', 1, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0};
+    CHECK(fb_view_apply(&v, 0, huge, sizeof huge, 1, 4, 0, &ack) < 0);   /* a count no frame holds */
+    CHECK(fb_view_apply(&v, 0, "nonsense", 8, 1, 5, 0, &ack) < 0);
+    CHECK_EQ(wanted(&v, "keep"), 1);
+    CHECK_EQ(v.applied, 1);                                /* a refused WANT is not acknowledged */
+    fb_view_free(&v);
+}
+
+static void test_acks_within_the_lease_and_when_the_next_one_comes(void)
+{
+    fb_view v;
+    fb_view_init(&v);
+    ops o;
+    uint64_t ack;
+    ops_start(&o);
+    ops_add(&o, "a", SUB);
+    /* No lease yet: applied, not acknowledged now. */
+    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET, o.b, o.len, 1, 1, 1000, &ack), FB_OK);
+    CHECK_EQ(ack, 0);
+    CHECK_EQ(fb_view_grant(&v, 5000), 1);                  /* the lease says it */
+    fb_view_acked(&v, 1);
+    CHECK_EQ(fb_view_grant(&v, 4000), 0);                  /* nothing new; a shorter one is no change */
+    CHECK_EQ(fb_view_apply(&v, 0, o.b, o.len, 1, 2, 4999, &ack), FB_OK);
+    CHECK_EQ(ack, 2);                                      /* within it: at once */
+    fb_view_acked(&v, 2);
+    CHECK_EQ(fb_view_apply(&v, 0, o.b, o.len, 1, 3, 5000, &ack), FB_OK);
+    CHECK_EQ(ack, 0);                                      /* past it */
+    CHECK_EQ(fb_view_grant(&v, 9000), 3);
+    fb_view_acked(&v, 3);
+    fb_view_acked(&v, 2);                                  /* an older ACK leaving late */
+    CHECK_EQ(v.acked, 3);
+    fb_view_forget(&v);
+    CHECK_EQ(v.applied, 0);
+    CHECK_EQ(fb_view_grant(&v, 9000), 0);
+    fb_view_free(&v);
+}
+
+int main(void)
+{
+    RUN(test_reset_then_diffs);
+    RUN(test_malformed_ops_leave_the_view_as_it_was);
+    RUN(test_acks_within_the_lease_and_when_the_next_one_comes);
+    CTEST_END();
+}
