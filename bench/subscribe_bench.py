@@ -8,9 +8,12 @@ The publishers are real clients in their own processes (spread over
 --publisher-procs).  With ``--publisher-mode filtering`` (the default) each
 publishes a message nobody wants every 20 ms, so every fastbus publisher
 has its filter in use (under a lease) and must acknowledge each new
-subscription: the worst case.  With ``idle`` they are connected and
-publish nothing: a publisher without a lease does not filter, and the
-broker does not wait for it.  Redis has no such step: its publishers do
+subscription: the worst case.  With ``busy`` they do the same, and spend
+the time between two messages in pure Python (an application at work,
+holding its interpreter): whatever of a publisher must answer the broker
+then either runs without the interpreter lock or waits for it.  With
+``idle`` they are connected and publish nothing: a publisher without a
+lease does not filter, and the broker does not wait for it.  Redis has no such step: its publishers do
 not filter.  Each round subscribes a new set of channels on one
 connection, then unsubscribes them.  Latency as percentiles
 (microseconds).
@@ -37,8 +40,8 @@ SYSTEMS = ("fastbus", "redis")
 
 def _publishers(info: dict, count: int, mode: str, ready, stop) -> None:
     """``count`` publishing clients in this process, each sending a message
-    nobody wants every 20 ms (mode "filtering"), or nothing ("idle"),
-    until ``stop``."""
+    nobody wants every 20 ms (mode "filtering"; "busy": spinning in Python
+    in between), or nothing ("idle"), until ``stop``."""
     if info["system"] == "fastbus":
         import fastbus
         clients = [fastbus.Client(endpoint=info["endpoint"]) for _ in range(count)]
@@ -63,7 +66,12 @@ def _publishers(info: dict, count: int, mode: str, ready, stop) -> None:
             continue
         publish(clients[i % count])
         i += 1
-        time.sleep(0.02 / count)
+        if mode == "busy":
+            end = time.perf_counter() + 0.02 / count
+            while time.perf_counter() < end:    # pure Python: holds the interpreter
+                pass
+        else:
+            time.sleep(0.02 / count)
     for c in clients:
         c.close()
 
@@ -172,7 +180,8 @@ def main() -> None:
     ap.add_argument("--publisher-procs", type=int, default=4,
                     help="processes the publishers are spread over (default: %(default)s)")
     ap.add_argument("--publisher-mode", default="filtering,idle",
-                    help="comma-separated: filtering (each publisher's filter in use), idle (default: %(default)s)")
+                    help="comma-separated: filtering (each publisher's filter in use), busy (the same, "
+                         "spinning in Python between messages), idle (default: %(default)s)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     if not 1 <= args.rounds <= 1_000_000:
@@ -183,8 +192,8 @@ def main() -> None:
             raise SystemExit(f"unknown system {s!r}: one of {', '.join(SYSTEMS)}")
     modes = [m for m in args.publisher_mode.split(",") if m]
     for m in modes:
-        if m not in ("filtering", "idle"):
-            raise SystemExit(f"unknown --publisher-mode {m!r}: filtering or idle")
+        if m not in ("filtering", "busy", "idle"):
+            raise SystemExit(f"unknown --publisher-mode {m!r}: filtering, busy or idle")
     results = []
     for mode in modes:
         for pubs in (int(x) for x in args.publishers.split(",")):

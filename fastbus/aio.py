@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
@@ -52,17 +53,31 @@ log = logging.getLogger("fastbus.client")
 
 class _LoopDriver:
     """Drives a session from an asyncio loop instead of the keeper thread:
-    serves it when its ZMQ_FD is readable, and at its next ping."""
+    serves it when its ZMQ_FD is readable, when a native thread of the
+    session's hands it something (a byte on the driver's pipe: the
+    publishing connection's reader, which applies and acknowledges the
+    broker's WANTs itself while the loop is busy), and at its next ping."""
 
     def __init__(self, session: Session, loop: asyncio.AbstractEventLoop, changed: asyncio.Event) -> None:
         self.session = session
         self.loop = loop
         self.changed = changed
-        session.drive_from(loop)              # the keeper leaves it alone from now on
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        loop.add_reader(self._wake_r, self._woken)
+        session.drive_from(loop, self._wake_w)   # the keeper leaves it alone from now on
         loop.add_reader(session.fd, self.serve)
         self._timer: asyncio.TimerHandle | None = None
         self._scheduled = False
         self.serve()                          # what arrived before
+
+    def _woken(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except OSError:
+            pass
+        self.serve()
 
     def serve(self) -> None:
         s = self.session
@@ -93,11 +108,19 @@ class _LoopDriver:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self.session.fd >= 0:
+        for fd in (self.session.fd, self._wake_r):
+            if fd >= 0:
+                try:
+                    self.loop.remove_reader(fd)
+                except (RuntimeError, ValueError, OSError):
+                    pass      # the loop is closed
+        # (a native thread writes to a copy of its own: closing ours is safe)
+        for fd in (self._wake_r, self._wake_w):
             try:
-                self.loop.remove_reader(self.session.fd)
-            except (RuntimeError, ValueError, OSError):
-                pass      # the loop is closed
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_r = self._wake_w = -1
 
 
 async def _wait(event: asyncio.Event, deadline: float | None) -> bool:

@@ -98,24 +98,50 @@ with fastbus.Client(endpoint=endpoint) as c:
     x = 0
     while time.time() < end:
         x += 1
+    print(all(c.is_wanted(f"room.{i}") for i in range(20)), flush=True)
 """
 
 
-def test_subscribe_is_confirmed_while_a_publisher_holds_the_interpreter():
+#: The same with an asyncio client, whose event loop is then blocked.
+BUSY_AIO_PUBLISHER = r"""
+import asyncio, sys, time
+import fastbus
+endpoint, spin = sys.argv[1], float(sys.argv[2])
+
+async def main():
+    async with fastbus.aio.Client(endpoint=endpoint) as c:
+        await c.publish("nobody", b"x")
+        deadline = time.monotonic() + 20
+        while not (c.stats()["filter_active"] and not c.is_wanted("nobody")) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        sys.setswitchinterval(1.0)
+        print("ready", flush=True)
+        end = time.time() + spin
+        x = 0
+        while time.time() < end:          # no task or callback of the loop runs meanwhile
+            x += 1
+        print(all(c.is_wanted(f"room.{i}") for i in range(20)), flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("script", [BUSY_PUBLISHER, BUSY_AIO_PUBLISHER], ids=["sync", "asyncio"])
+def test_subscribe_is_confirmed_while_a_publisher_holds_the_interpreter(script):
     """A subscription is confirmed once every publisher applied it (or its
     filter's lease ran out): a publisher's WANT and ACK must not wait for
     one of its Python threads.  The publisher's process spins in pure
     Python for 3 s under a 1 s switch interval, the broker's lease is 5 s:
-    20 subscribe() calls still confirm within 0.5 s, and the publisher's
-    filter has each channel.  Before, the first waited about 1 s (for the
-    keeper thread to get the interpreter)."""
+    20 subscribe() calls still confirm within 0.5 s, and afterwards the
+    publisher's filter has each channel.  Before, they waited for the spin
+    to end (for the keeper thread, or the asyncio publisher's loop)."""
     spin = 3.0
     b = BrokerProcess("--filter-lease", "5")
     pub = None
     try:
         with fastbus.Client(endpoint=b.endpoint) as c:
             p = c.pubsub(ignore_subscribe_messages=True)
-            pub = python_process(BUSY_PUBLISHER, b.endpoint, str(spin), stdout=subprocess.PIPE, text=True)
+            pub = python_process(script, b.endpoint, str(spin), stdout=subprocess.PIPE, text=True)
             assert pub.stdout.readline().strip() == "ready"
             t0 = time.monotonic()
             for i in range(20):
@@ -124,6 +150,7 @@ def test_subscribe_is_confirmed_while_a_publisher_holds_the_interpreter():
             assert pub.poll() is None                                  # still spinning
             assert took < 0.5, f"20 subscribe() took {took:.3f} s"
             assert c.broker_stats()["subscriptions"] == 20
+            assert pub.stdout.readline().strip() == "True"                # in its filter
             p.close()
         pub.wait(timeout=spin + 10)
         assert pub.returncode == 0

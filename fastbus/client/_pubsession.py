@@ -91,15 +91,29 @@ class PubSession(Session):
 
     def open(self) -> None:
         super().open()
-        if self.engine is None and not self.conns.driven_by_loop and _engine.available():
-            self.engine = _engine.Sender(self.publisher, self.lock, self.sock, self._keeper.wake_fd,
-                                         linger=self.linger_ns / 1e9, command=P.PUB)
-            self.publisher.wake = self.engine.wake
-            # Reads what the broker says while no Python thread can: a FLOW
-            # pause stops the sender the moment it arrives, a WANT is
-            # applied to the publisher's view and acknowledged at once (the
-            # rest, and the pause too, the keeper handles, woken for each).
-            self.reader = _engine.Reader(self.lock, self.sock, self._keeper.wake_fd, PUB_READER_BYTES, P.DATA,
+        self.open_native()
+
+    def open_native(self) -> None:
+        """The native sender (a client's own: an event loop sends for its
+        client) and reader.  The reader reads what the broker says while no
+        Python thread can: a WANT is applied to the publisher's view and
+        acknowledged at once, a FLOW pause stops the sender the moment it
+        arrives; the rest, and the pause too, it hands to the keeper (or
+        the loop) through their descriptor."""
+        if not _engine.available():
+            return
+        if self.conns.driven_by_loop:
+            owner_fd = self.loop_wake_fd
+            if owner_fd is None:
+                return                    # the keeper reads, until a loop drives us (drive_from)
+        else:
+            owner_fd = self._keeper.wake_fd
+            if self.engine is None:
+                self.engine = _engine.Sender(self.publisher, self.lock, self.sock, owner_fd,
+                                             linger=self.linger_ns / 1e9, command=P.PUB)
+                self.publisher.wake = self.engine.wake
+        if self.reader is None:
+            self.reader = _engine.Reader(self.lock, self.sock, owner_fd, PUB_READER_BYTES, P.DATA,
                                          flow_to=self.engine, flow_command=P.FLOW, flow_pause=P.FLOW_PAUSE,
                                          view_of=self.publisher, want_command=P.WANT, ack_command=P.ACK)
 

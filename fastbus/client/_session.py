@@ -103,7 +103,8 @@ class Session:
         self._keeper = conns.keeper
         self.lock = SessionLock()         # threading.Lock's interface; a native thread may hold it too
         self.drivers: list[_Driver] = []  # user threads driving it now (a token each): the keeper leaves it alone
-        self.loop = None                  # the asyncio loop that drives it, if any
+        self.loop = None                  # the asyncio loop that drives it, if any...
+        self.loop_wake_fd: int | None = None   # ...and the descriptor it watches (drive_from)
         self.posted: deque[Callable[[], None]] = deque()
         self.outq: deque[list] = deque()  # control frames waiting for room in the socket
         self.sock: zmq.Socket | None = None
@@ -229,14 +230,22 @@ class Session:
             token.reader.owner_enter()
         return token
 
-    def drive_from(self, loop: object) -> None:
+    def drive_from(self, loop: object, wake_fd: int | None = None) -> None:
         """An event loop drives the session from now on (the keeper leaves
-        it alone, and no native reader or sender is started for it)."""
+        it alone).  ``wake_fd``: a descriptor the loop watches, for what a
+        native thread of the session's hands it (see ``open_native``)."""
         self.hold()
         try:
             self.loop = loop
+            self.loop_wake_fd = wake_fd
+            if self.sock is not None:
+                self.open_native()
         finally:
             self.release()
+
+    def open_native(self) -> None:
+        """Start the session's native threads, if it has any, the lock held
+        (at open, and when a loop starts driving it).  None here."""
 
     def close_within(self, timeout: float, close: Callable[[], None] | None = None) -> bool:
         """Close the session (``close``: how, default close()) once its lock
