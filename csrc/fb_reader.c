@@ -202,7 +202,7 @@ static int read_some(fb_reader *r)
         r->tail = it;
         r->queued++;
         r->queued_bytes += it->len;
-        if (!is_data) notify = 1;
+        if (!is_data || r->wake_on_data) notify = 1;
     }
     return notify;
 }

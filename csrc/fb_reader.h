@@ -74,6 +74,8 @@ typedef struct fb_reader {
     const void *data_command;    /* the first frame of a data message (the protocol's DATA) */
     size_t data_command_len;
     int owner_fd;                /* written when a message the owner must see arrived (fb_wake.h) */
+    int wake_on_data;            /* data too wakes the owner: an event loop, which reads only
+                                    when woken (a user thread reads the socket itself) */
     /* Optional (flow_paused NULL: none): a message [flow_command, b] sets
      * *flow_paused to 1 when b is flow_pause, the moment it is read: a
      * publishing connection's native sender (fb_sender.h `paused`) stops

@@ -53,10 +53,12 @@ log = logging.getLogger("fastbus.client")
 
 class _LoopDriver:
     """Drives a session from an asyncio loop instead of the keeper thread:
-    serves it when its ZMQ_FD is readable, when a native thread of the
-    session's hands it something (a byte on the driver's pipe: the
-    publishing connection's reader, which applies and acknowledges the
-    broker's WANTs itself while the loop is busy), and at its next ping."""
+    serves it when its native reader hands it something (a byte on the
+    driver's pipe), and at its next ping.  The reader reads while the loop
+    is busy: a PubSub's takes what arrives (up to max_inbox_bytes), so the
+    broker is not held back; the publishing connection's applies and
+    acknowledges the broker's WANTs itself.  Without the native engine,
+    the loop watches the socket's ZMQ_FD instead."""
 
     def __init__(self, session: Session, loop: asyncio.AbstractEventLoop, changed: asyncio.Event) -> None:
         self.session = session
@@ -67,7 +69,9 @@ class _LoopDriver:
         os.set_blocking(self._wake_w, False)
         loop.add_reader(self._wake_r, self._woken)
         session.drive_from(loop, self._wake_w)   # the keeper leaves it alone from now on
-        loop.add_reader(session.fd, self.serve)
+        self._zmq_fd = session.fd if session.reader is None else -1
+        if self._zmq_fd >= 0:
+            loop.add_reader(self._zmq_fd, self.serve)
         self._timer: asyncio.TimerHandle | None = None
         self._scheduled = False
         self.serve()                          # what arrived before
@@ -108,7 +112,7 @@ class _LoopDriver:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for fd in (self.session.fd, self._wake_r):
+        for fd in (self._zmq_fd, self._wake_r):
             if fd >= 0:
                 try:
                     self.loop.remove_reader(fd)

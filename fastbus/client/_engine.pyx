@@ -254,7 +254,8 @@ cdef class Reader:
     guarded by ``lock``) while no user thread does, into a queue of at most
     ``max_bytes``; ``pop()`` hands the oldest message over, the lock held.
     A message that is not data (its first frame other than ``data_command``)
-    wakes the owner (a byte written to ``owner_fd``).  Optional hooks: a
+    wakes the owner (a byte written to ``owner_fd``); with ``wake_on_data``
+    every message does (an event loop reads only when woken).  Optional hooks: a
     FLOW pause stops ``flow_to`` (a Sender) at once; a WANT is applied to
     ``view_of``'s view (a Publisher) and acknowledged, never queued.  See
     csrc/fb_reader.h."""
@@ -272,7 +273,7 @@ cdef class Reader:
     def __cinit__(self, SessionLock lock not None, sock, int owner_fd, Py_ssize_t max_bytes,
                   bytes data_command=b"D", Sender flow_to=None, bytes flow_command=b"F",
                   bytes flow_pause=b"\x00", Publisher view_of=None, bytes want_command=b"W",
-                  bytes ack_command=b"A"):
+                  bytes ack_command=b"A", bint wake_on_data=False):
         if not available():
             raise RuntimeError("the client's engine needs pyzmq's libzmq, which was not found")
         if max_bytes <= 0:
@@ -295,6 +296,7 @@ cdef class Reader:
         self._r.data_command = PyBytes_AS_STRING(data_command)
         self._r.data_command_len = PyBytes_GET_SIZE(data_command)
         self._r.owner_fd = owner_fd
+        self._r.wake_on_data = wake_on_data
         if flow_to is not None:
             # A FLOW pause it reads stops that sender at once (fb_reader.h).
             if len(flow_pause) != 1:

@@ -383,7 +383,9 @@ class PubSession(Session):
     def hello(self) -> None:
         pub = self.publisher
         pub.forget_view()                 # a new session: everything, until its WANT reset,
-        pub.renew_asked = False           # and its WANTs numbered anew
+        pub.renew_asked = False           # and its WANTs numbered anew;
+        pub.lease_until_ns = 0            # filtering only under its own lease (WELCOME's): the
+                                          # native reader may apply that reset before we read WELCOME
         self._hellos.append(time.monotonic_ns())
         super().hello()
 

@@ -53,11 +53,20 @@ class SubSession(Session):
 
     def open(self) -> None:
         super().open()
-        if self.reader is None and not self.conns.driven_by_loop and _engine.available():
-            # Takes what arrives while nobody reads (up to max_inbox_bytes
-            # more), without the interpreter lock; see _engine.Reader.
-            self.reader = _engine.Reader(self.lock, self.sock, self._keeper.wake_fd, self.options.max_inbox_bytes,
-                                         P.DATA)
+        self.open_native()
+
+    def open_native(self) -> None:
+        """The native reader: takes what arrives while nobody reads (up to
+        max_inbox_bytes more), without the interpreter lock; see
+        _engine.Reader.  An event loop's, once the loop drives us, wakes
+        the loop for every message (the loop reads only when woken)."""
+        if self.reader is not None or not _engine.available():
+            return
+        owner_fd = self.loop_wake_fd if self.conns.driven_by_loop else self._keeper.wake_fd
+        if owner_fd is None:
+            return                        # the keeper reads, until a loop drives us (drive_from)
+        self.reader = _engine.Reader(self.lock, self.sock, owner_fd, self.options.max_inbox_bytes, P.DATA,
+                                     wake_on_data=self.conns.driven_by_loop)
 
     def close(self) -> None:
         if self.reader is not None:

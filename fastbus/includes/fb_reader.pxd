@@ -30,6 +30,7 @@ cdef extern from "fb_reader.h" nogil:
         const void *data_command
         size_t data_command_len
         int owner_fd
+        int wake_on_data
         const void *flow_command
         size_t flow_command_len
         unsigned char flow_pause
