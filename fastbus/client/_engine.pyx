@@ -256,7 +256,8 @@ cdef class Reader:
     A message that is not data (its first frame other than ``data_command``)
     wakes the owner (a byte written to ``owner_fd``); with ``wake_on_data``
     every message does (an event loop reads only when woken).  Optional hooks: a
-    FLOW pause stops ``flow_to`` (a Sender) at once; a WANT is applied to
+    FLOW pause stops ``flow_to`` (a Sender) at once, a resume starts it
+    again (the reader is then the only writer of its ``paused``); a WANT is applied to
     ``view_of``'s view (a Publisher) and acknowledged, never queued.  See
     csrc/fb_reader.h."""
 
@@ -307,6 +308,7 @@ cdef class Reader:
             self._r.flow_command_len = PyBytes_GET_SIZE(flow_command)
             self._r.flow_pause = <unsigned char>flow_pause[0]
             self._r.flow_paused = &flow_to._s.paused
+            self._r.flow_wake = &flow_to._s.wake
         if view_of is not None:
             # A WANT it reads goes into that publisher's view, and its ACK
             # out, at once (fb_reader.h); the owner sees neither.

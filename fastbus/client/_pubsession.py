@@ -136,14 +136,17 @@ class PubSession(Session):
 
     @property
     def flow_paused(self) -> bool:
-        """Has the broker asked publishers to pause?  (The native reader
-        may have read the pause before the keeper handled it.)"""
-        return self._flow_paused or (self.engine is not None and self.engine.paused)
+        """Has the broker asked publishers to pause?  With a native reader,
+        its word: it sets the sender's flag the moment it reads a FLOW, the
+        keeper handles the message later (and counts pauses)."""
+        if self.engine is not None and self.reader is not None:
+            return self.engine.paused
+        return self._flow_paused
 
     @flow_paused.setter
     def flow_paused(self, paused: bool) -> None:
         self._flow_paused = paused
-        if self.engine is not None:
+        if self.engine is not None and self.reader is None:
             self.engine.paused = paused
 
     @property
@@ -386,6 +389,8 @@ class PubSession(Session):
         pub.renew_asked = False           # and its WANTs numbered anew;
         pub.lease_until_ns = 0            # filtering only under its own lease (WELCOME's): the
                                           # native reader may apply that reset before we read WELCOME
+        if self.engine is not None:
+            self.engine.paused = False    # a new session is not paused (its broker says if it is)
         self._hellos.append(time.monotonic_ns())
         super().hello()
 
