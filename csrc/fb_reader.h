@@ -81,13 +81,17 @@ typedef struct fb_reader {
      * to 0 (and signals *flow_wake, if set): a publishing connection's
      * native sender (fb_sender.h `paused`, `wake`) stops at a FLOW pause
      * and sends again at the resume without waiting for a Python thread.
-     * This thread is then the only writer of the flag while it runs.  (The
-     * message is queued for the owner as well, for its counts.) */
+     * A message whose first frame is flow_reset_command (a new session's
+     * WELCOME: its broker says again if it is paused) sets it to 0 too.
+     * (Both are queued for the owner as well, who sets the flag only for
+     * what it reads off the socket itself.) */
     const void *flow_command;
     size_t flow_command_len;
     unsigned char flow_pause;
     int *flow_paused;
     fb_wake *flow_wake;
+    const void *flow_reset_command;
+    size_t flow_reset_command_len;
     /* Optional (view NULL: none): a message [want_command, flags, ops(,
      * seq)] is applied to *view the moment it is read (fb_view.h) and not
      * queued, and its ACK [ack_command, seq u64 LE] sent at once when one is

@@ -138,6 +138,8 @@ static void rig_start(rig *g, size_t max_bytes)
         g->r.flow_pause = 'p';
         g->r.flow_paused = rig_flow_paused;
         g->r.flow_wake = rig_flow_wake;
+        g->r.flow_reset_command = "h";
+        g->r.flow_reset_command_len = 1;
         rig_flow_paused = NULL;
         rig_flow_wake = NULL;
     }
@@ -322,6 +324,12 @@ static void test_a_flow_pause_stops_the_sender_and_a_resume_starts_it(void)
     CHECK(wait_queued(&g, 3));
     CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 0);
     CHECK_EQ(__atomic_load_n(&sender_wake.signaled, __ATOMIC_SEQ_CST), 1);
+    script("F", "p");
+    CHECK(wait_queued(&g, 4));
+    CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 1);
+    script("h", "{}");                              /* a new session's WELCOME: not paused */
+    CHECK(wait_queued(&g, 5));
+    CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 0);
     rig_stop(&g);
     fb_wake_close(&sender_wake);
     close(sink[0]);

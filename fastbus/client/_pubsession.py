@@ -115,7 +115,7 @@ class PubSession(Session):
         if self.reader is None:
             self.reader = _engine.Reader(self.lock, self.sock, owner_fd, PUB_READER_BYTES, P.DATA,
                                          flow_to=self.engine, flow_command=P.FLOW, flow_pause=P.FLOW_PAUSE,
-                                         view_of=self.publisher, want_command=P.WANT, ack_command=P.ACK)
+                                         flow_reset_command=P.WELCOME, view_of=self.publisher, want_command=P.WANT, ack_command=P.ACK)
 
     def close(self) -> None:
         if self.reader is not None:
@@ -136,18 +136,16 @@ class PubSession(Session):
 
     @property
     def flow_paused(self) -> bool:
-        """Has the broker asked publishers to pause?  With a native reader,
-        its word: it sets the sender's flag the moment it reads a FLOW, the
-        keeper handles the message later (and counts pauses)."""
-        if self.engine is not None and self.reader is not None:
-            return self.engine.paused
-        return self._flow_paused
+        """Has the broker asked publishers to pause?  With the native
+        sender, its flag: set by whoever read the broker's latest FLOW (or
+        WELCOME) off the socket, the native reader the moment it reads one
+        (the keeper sees the message later, and counts pauses)."""
+        return self.engine.paused if self.engine is not None else self._flow_paused
 
-    @flow_paused.setter
-    def flow_paused(self, paused: bool) -> None:
+    def _set_flow(self, paused: bool) -> None:
         self._flow_paused = paused
-        if self.engine is not None and self.reader is None:
-            self.engine.paused = paused
+        if self.engine is not None and not self.via_reader:
+            self.engine.paused = paused   # (the reader set it when it read the message)
 
     @property
     def keeper_skipped(self) -> bool:
@@ -313,7 +311,7 @@ class PubSession(Session):
             paused = frames[1] == P.FLOW_PAUSE
             if paused and not self._flow_paused:
                 self.flow_pauses += 1
-            self.flow_paused = paused
+            self._set_flow(paused)
             if not paused:
                 self.pump(force=self.linger_over())
         elif cmd == P.STATS_REPLY and len(frames) == 2:
@@ -332,7 +330,7 @@ class PubSession(Session):
             super().on_message(cmd, frames)
 
     def on_welcome(self) -> None:
-        self.flow_paused = False          # a new session: the broker says again if not
+        self._set_flow(False)             # a new session: the broker says again if not
         # What the broker accepts: publish() refuses a message over it at once.
         pub = self.publisher
         pub.max_payload = self.limit("max_payload")

@@ -37,6 +37,8 @@ cdef extern from "fb_reader.h" nogil:
         unsigned char flow_pause
         int *flow_paused
         fb_wake *flow_wake
+        const void *flow_reset_command
+        size_t flow_reset_command_len
         const void *want_command
         size_t want_command_len
         const void *ack_command
