@@ -17,7 +17,8 @@ Every system runs with its defaults, as a new user would, and is used the
 way its documentation shows:
 
   fastbus  `fastbus broker`; fastbus.Client.publish; PubSub.get_message()
-           (``--fastbus-style batch``: PubSub.get_batch())
+           (``--fastbus-style batch``: PubSub.get_batch(); ``aio``: an asyncio
+           subscriber, fastbus.aio's PubSub.get_message())
   zmq      libzmq XSUB/XPUB proxy (zmq.proxy, default high-water marks); a
            PUB socket's send(); a SUB socket's recv(); one frame
            "channel payload" as seed 000's ZMQPubSub
@@ -265,7 +266,25 @@ def subscriber(info: dict, style: str, channels: int, index: int, ready, pub_don
         t = time.monotonic()
         return t > end or (pub_done.is_set() and t - rec.last > 1.0)
 
-    if system == "fastbus":
+    if system == "fastbus" and style == "aio":
+        import asyncio
+
+        import fastbus
+
+        async def main() -> None:
+            async with fastbus.aio.Client(endpoint=info["endpoint"]) as c:
+                p = c.pubsub(ignore_subscribe_messages=True)
+                await p.subscribe(*names)
+                ready.set()
+                while not finished():
+                    m = await p.get_message(timeout=0.2)
+                    if m is not None:
+                        rec.take(m["data"], now_ns())
+                        rec.last = time.monotonic()
+                await p.aclose()
+
+        asyncio.run(main())
+    elif system == "fastbus":
         import fastbus
         c = fastbus.Client(endpoint=info["endpoint"])
         p = c.pubsub(ignore_subscribe_messages=True)
@@ -514,7 +533,7 @@ def main() -> None:
                     help="at most this many messages per case (default: %(default)s)")
     ap.add_argument("--fastbus-style", default="message,batch",
                     help="fastbus subscriber calls, comma-separated: get_message() (message), get_batch() "
-                         "(batch); each is a row (default: %(default)s)")
+                         "(batch), asyncio get_message() (aio); each is a row (default: %(default)s)")
     ap.add_argument("--channels", type=int, default=50,
                     help="channels the subscribers hold; each message on a random one (default: %(default)s)")
     ap.add_argument("--png", help="write a plot of latency against offered load here")
@@ -537,8 +556,8 @@ def main() -> None:
     if any(f < 1 or f > 32 for f in fanouts):
         raise SystemExit("--fanouts must be between 1 and 32")
     styles = [x for x in args.fastbus_style.split(",") if x]
-    if any(x not in ("message", "batch") for x in styles) or not styles:
-        raise SystemExit("--fastbus-style: message, batch or both")
+    if any(x not in ("message", "batch", "aio") for x in styles) or not styles:
+        raise SystemExit("--fastbus-style: message, batch, aio, comma-separated")
     if not 1 <= args.channels <= 10_000:
         raise SystemExit("--channels must be between 1 and 10,000")
     results = []
