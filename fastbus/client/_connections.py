@@ -31,8 +31,9 @@ class Connections:
                  driven_by_loop: bool = False) -> None:
         self.options = options
         self.context = context or zmq.Context.instance()
-        #: Driven by an event loop (the asyncio twin): the loop sends and
-        #: reads; no native sender or reader is started.
+        #: Driven by an event loop (the asyncio twin): the loop sends (no
+        #: native sender), and its sessions' native readers wake the loop
+        #: (Session.drive_from).
         self.driven_by_loop = driven_by_loop
         self.keeper = Keeper(options.name, options.ping_interval)
         self.members: list[Member] = []

@@ -66,7 +66,8 @@ class PubSession(Session):
     (``engine``, a ``_engine.Sender``) the moment the burst stops, without
     waiting for the interpreter lock; what it does not send (a full socket,
     a FLOW pause, control frames or sealed batches first) it hands back to
-    the keeper.  An event loop's session has none: the loop sends."""
+    the keeper.  An event loop's session has none (the loop sends), but has
+    the native reader, which wakes the loop."""
 
     kind = "pub"
     acks = True
