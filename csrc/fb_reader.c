@@ -105,14 +105,22 @@ static int is_command(const fb_reader_item *it, const void *command, size_t comm
     return len == command_len && memcmp(c, command, len) == 0;
 }
 
-/* A FLOW pause read: tell the sender now (see fb_reader.h flow_paused). */
+/* A FLOW read: tell the sender now (see fb_reader.h flow_paused). */
 static void check_flow(fb_reader *r, const fb_reader_item *it)
 {
-    if (!r->flow_paused || it->nframes != 2 || !is_command(it, r->flow_command, r->flow_command_len)) return;
-    size_t len;
-    const unsigned char *b = item_frame(it, 1, &len);
-    if (len == 1 && b[0] == r->flow_pause)
-        __atomic_store_n(r->flow_paused, 1, __ATOMIC_SEQ_CST);
+    if (!r->flow_paused || it->nframes == 0) return;
+    int pause;
+    if (r->flow_reset_command && is_command(it, r->flow_reset_command, r->flow_reset_command_len)) {
+        pause = 0;
+    } else {
+        if (it->nframes != 2 || !is_command(it, r->flow_command, r->flow_command_len)) return;
+        size_t len;
+        const unsigned char *b = item_frame(it, 1, &len);
+        if (len != 1) return;
+        pause = b[0] == r->flow_pause;
+    }
+    __atomic_store_n(r->flow_paused, pause, __ATOMIC_SEQ_CST);
+    if (!pause && r->flow_wake) fb_wake_signal(r->flow_wake);    /* send what waited */
 }
 
 /* A WANT read: apply it to the view, and send its ACK if one is due (see

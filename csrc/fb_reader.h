@@ -77,14 +77,21 @@ typedef struct fb_reader {
     int wake_on_data;            /* data too wakes the owner: an event loop, which reads only
                                     when woken (a user thread reads the socket itself) */
     /* Optional (flow_paused NULL: none): a message [flow_command, b] sets
-     * *flow_paused to 1 when b is flow_pause, the moment it is read: a
-     * publishing connection's native sender (fb_sender.h `paused`) stops
-     * at a FLOW pause without waiting for the owner to read it.  (The
-     * message is queued for the owner as well; resuming is the owner's.) */
+     * *flow_paused the moment it is read, to 1 when b is flow_pause, else
+     * to 0 (and signals *flow_wake, if set): a publishing connection's
+     * native sender (fb_sender.h `paused`, `wake`) stops at a FLOW pause
+     * and sends again at the resume without waiting for a Python thread.
+     * A message whose first frame is flow_reset_command (a new session's
+     * WELCOME: its broker says again if it is paused) sets it to 0 too.
+     * (Both are queued for the owner as well, who sets the flag only for
+     * what it reads off the socket itself.) */
     const void *flow_command;
     size_t flow_command_len;
     unsigned char flow_pause;
     int *flow_paused;
+    fb_wake *flow_wake;
+    const void *flow_reset_command;
+    size_t flow_reset_command_len;
     /* Optional (view NULL: none): a message [want_command, flags, ops(,
      * seq)] is applied to *view the moment it is read (fb_view.h) and not
      * queued, and its ACK [ack_command, seq u64 LE] sent at once when one is

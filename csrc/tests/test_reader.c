@@ -113,6 +113,7 @@ static void sleep_ms(int ms)
 typedef struct rig { fb_slock sl; int owner[2]; fb_reader r; } rig;
 
 static int *rig_flow_paused;        /* set before rig_start: the flow hook under test */
+static fb_wake *rig_flow_wake;
 static fb_view *rig_view;           /* and the WANT hook */
 
 static void rig_start(rig *g, size_t max_bytes)
@@ -136,7 +137,11 @@ static void rig_start(rig *g, size_t max_bytes)
         g->r.flow_command_len = 1;
         g->r.flow_pause = 'p';
         g->r.flow_paused = rig_flow_paused;
+        g->r.flow_wake = rig_flow_wake;
+        g->r.flow_reset_command = "h";
+        g->r.flow_reset_command_len = 1;
         rig_flow_paused = NULL;
+        rig_flow_wake = NULL;
     }
     if (rig_view) {
         g->r.want_command = "W";
@@ -295,22 +300,40 @@ static void test_leaves_input_to_a_user_thread_that_reads(void)
     rig_stop(&g);
 }
 
-static void test_a_flow_pause_stops_the_sender_at_once(void)
+static void test_a_flow_pause_stops_the_sender_and_a_resume_starts_it(void)
 {
     rig g;
     static int paused;
+    static fb_wake sender_wake;                     /* the sender's, woken at a resume */
+    int sink[2];
+    REQUIRE(pipe(sink) == 0);
+    REQUIRE(fb_wake_open(&sender_wake, sink[1]) == 0);
     paused = 0;
     rig_flow_paused = &paused;
+    rig_flow_wake = &sender_wake;
     rig_start(&g, 1 << 20);
-    script("F", "r");                               /* a resume: the owner's to act on */
     script("D", "data");
-    CHECK(wait_queued(&g, 2));
+    CHECK(wait_queued(&g, 1));
     CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 0);
     script("F", "p");                               /* a pause: the sender's flag, now */
-    CHECK(wait_queued(&g, 3));
+    CHECK(wait_queued(&g, 2));
     CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 1);
+    CHECK_EQ(__atomic_load_n(&sender_wake.signaled, __ATOMIC_SEQ_CST), 0);
     CHECK(owner_woken(&g));                         /* and the owner hears of it too */
+    script("F", "r");                               /* a resume: sending again, at once */
+    CHECK(wait_queued(&g, 3));
+    CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 0);
+    CHECK_EQ(__atomic_load_n(&sender_wake.signaled, __ATOMIC_SEQ_CST), 1);
+    script("F", "p");
+    CHECK(wait_queued(&g, 4));
+    CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 1);
+    script("h", "{}");                              /* a new session's WELCOME: not paused */
+    CHECK(wait_queued(&g, 5));
+    CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 0);
     rig_stop(&g);
+    fb_wake_close(&sender_wake);
+    close(sink[0]);
+    close(sink[1]);
 }
 
 /* WANT [W, flags, ops, seq]: ops subscribing one key. */
@@ -396,7 +419,7 @@ int main(void)
     RUN(test_stops_at_its_bound_and_goes_on_when_emptied);
     RUN(test_leaves_a_held_connection_alone);
     RUN(test_leaves_input_to_a_user_thread_that_reads);
-    RUN(test_a_flow_pause_stops_the_sender_at_once);
+    RUN(test_a_flow_pause_stops_the_sender_and_a_resume_starts_it);
     RUN(test_a_want_is_applied_and_acknowledged_at_once);
     CTEST_END();
 }

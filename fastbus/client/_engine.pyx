@@ -256,7 +256,8 @@ cdef class Reader:
     A message that is not data (its first frame other than ``data_command``)
     wakes the owner (a byte written to ``owner_fd``); with ``wake_on_data``
     every message does (an event loop reads only when woken).  Optional hooks: a
-    FLOW pause stops ``flow_to`` (a Sender) at once; a WANT is applied to
+    FLOW pause stops ``flow_to`` (a Sender) at once, a resume (or
+    ``flow_reset_command``, a new session's WELCOME) starts it again; a WANT is applied to
     ``view_of``'s view (a Publisher) and acknowledged, never queued.  See
     csrc/fb_reader.h."""
 
@@ -265,6 +266,7 @@ cdef class Reader:
     cdef object _sock
     cdef bytes _command
     cdef bytes _flow_command
+    cdef bytes _flow_reset_command
     cdef Sender _flow_to
     cdef Publisher _view_of
     cdef bytes _want_command
@@ -272,7 +274,7 @@ cdef class Reader:
 
     def __cinit__(self, SessionLock lock not None, sock, int owner_fd, Py_ssize_t max_bytes,
                   bytes data_command=b"D", Sender flow_to=None, bytes flow_command=b"F",
-                  bytes flow_pause=b"\x00", Publisher view_of=None, bytes want_command=b"W",
+                  bytes flow_pause=b"\x00", bytes flow_reset_command=None, Publisher view_of=None, bytes want_command=b"W",
                   bytes ack_command=b"A", bint wake_on_data=False):
         if not available():
             raise RuntimeError("the client's engine needs pyzmq's libzmq, which was not found")
@@ -307,6 +309,11 @@ cdef class Reader:
             self._r.flow_command_len = PyBytes_GET_SIZE(flow_command)
             self._r.flow_pause = <unsigned char>flow_pause[0]
             self._r.flow_paused = &flow_to._s.paused
+            self._r.flow_wake = &flow_to._s.wake
+            if flow_reset_command is not None:
+                self._flow_reset_command = flow_reset_command
+                self._r.flow_reset_command = PyBytes_AS_STRING(flow_reset_command)
+                self._r.flow_reset_command_len = PyBytes_GET_SIZE(flow_reset_command)
         if view_of is not None:
             # A WANT it reads goes into that publisher's view, and its ACK
             # out, at once (fb_reader.h); the owner sees neither.

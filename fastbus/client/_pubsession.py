@@ -116,7 +116,7 @@ class PubSession(Session):
         if self.reader is None:
             self.reader = _engine.Reader(self.lock, self.sock, owner_fd, PUB_READER_BYTES, P.DATA,
                                          flow_to=self.engine, flow_command=P.FLOW, flow_pause=P.FLOW_PAUSE,
-                                         view_of=self.publisher, want_command=P.WANT, ack_command=P.ACK)
+                                         flow_reset_command=P.WELCOME, view_of=self.publisher, want_command=P.WANT, ack_command=P.ACK)
 
     def close(self) -> None:
         if self.reader is not None:
@@ -137,15 +137,16 @@ class PubSession(Session):
 
     @property
     def flow_paused(self) -> bool:
-        """Has the broker asked publishers to pause?  (The native reader
-        may have read the pause before the keeper handled it.)"""
-        return self._flow_paused or (self.engine is not None and self.engine.paused)
+        """Has the broker asked publishers to pause?  With the native
+        sender, its flag: set by whoever read the broker's latest FLOW (or
+        WELCOME) off the socket, the native reader the moment it reads one
+        (the keeper sees the message later, and counts pauses)."""
+        return self.engine.paused if self.engine is not None else self._flow_paused
 
-    @flow_paused.setter
-    def flow_paused(self, paused: bool) -> None:
+    def _set_flow(self, paused: bool) -> None:
         self._flow_paused = paused
-        if self.engine is not None:
-            self.engine.paused = paused
+        if self.engine is not None and not self.via_reader:
+            self.engine.paused = paused   # (the reader set it when it read the message)
 
     @property
     def keeper_skipped(self) -> bool:
@@ -311,7 +312,7 @@ class PubSession(Session):
             paused = frames[1] == P.FLOW_PAUSE
             if paused and not self._flow_paused:
                 self.flow_pauses += 1
-            self.flow_paused = paused
+            self._set_flow(paused)
             if not paused:
                 self.pump(force=self.linger_over())
         elif cmd == P.STATS_REPLY and len(frames) == 2:
@@ -330,7 +331,7 @@ class PubSession(Session):
             super().on_message(cmd, frames)
 
     def on_welcome(self) -> None:
-        self.flow_paused = False          # a new session: the broker says again if not
+        self._set_flow(False)             # a new session: the broker says again if not
         # What the broker accepts: publish() refuses a message over it at once.
         pub = self.publisher
         pub.max_payload = self.limit("max_payload")
@@ -387,6 +388,8 @@ class PubSession(Session):
         pub.renew_asked = False           # and its WANTs numbered anew;
         pub.lease_until_ns = 0            # filtering only under its own lease (WELCOME's): the
                                           # native reader may apply that reset before we read WELCOME
+        if self.engine is not None:
+            self.engine.paused = False    # a new session is not paused (its broker says if it is)
         self._hellos.append(time.monotonic_ns())
         super().hello()
 

@@ -105,6 +105,7 @@ class Session:
         self.drivers: list[_Driver] = []  # user threads driving it now (a token each): the keeper leaves it alone
         self.loop = None                  # the asyncio loop that drives it, if any...
         self.loop_wake_fd: int | None = None   # ...and the descriptor it watches (drive_from)
+        self.via_reader = False           # the message being handled came through the native reader
         self.posted: deque[Callable[[], None]] = deque()
         self.outq: deque[list] = deque()  # control frames waiting for room in the socket
         self.sock: zmq.Socket | None = None
@@ -420,6 +421,7 @@ class Session:
                 return n
             # What the native reader took off the socket came first.
             frames = reader.pop() if reader is not None else None
+            self.via_reader = frames is not None
             if frames is None:
                 frames = recv_frames(sock, ready)
                 ready = False

@@ -3,6 +3,7 @@ from libc.stdint cimport uint64_t
 
 from fastbus.includes.fb_slock cimport fb_slock
 from fastbus.includes.fb_view cimport fb_view
+from fastbus.includes.fb_wake cimport fb_wake
 
 cdef extern from "fb_reader.h" nogil:
     ctypedef union fb_zmq_msg:
@@ -35,6 +36,9 @@ cdef extern from "fb_reader.h" nogil:
         size_t flow_command_len
         unsigned char flow_pause
         int *flow_paused
+        fb_wake *flow_wake
+        const void *flow_reset_command
+        size_t flow_reset_command_len
         const void *want_command
         size_t want_command_len
         const void *ack_command

@@ -5,6 +5,7 @@ from fastbus.includes.fb_batchq cimport fb_batchq
 from fastbus.includes.fb_lock cimport fb_lock
 from fastbus.includes.fb_outbox cimport fb_outbox
 from fastbus.includes.fb_slock cimport fb_slock
+from fastbus.includes.fb_wake cimport fb_wake
 
 cdef extern from "fb_sender.h" nogil:
     ctypedef struct fb_zmq_calls:
@@ -32,6 +33,7 @@ cdef extern from "fb_sender.h" nogil:
         uint64_t sent_messages
         uint64_t sent_batches
         int running
+        fb_wake wake
 
     int fb_sender_start(fb_sender *s)
     void fb_sender_wake(fb_sender *s)
