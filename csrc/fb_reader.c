@@ -215,6 +215,19 @@ static int read_some(fb_reader *r)
     return notify;
 }
 
+static void tell_owner(fb_reader *r)
+{
+    __atomic_store_n(&r->handed, 1, __ATOMIC_SEQ_CST);
+    fb_wake_owner(&r->wake);
+}
+
+void fb_reader_read_now(fb_reader *r)
+{
+    /* (The lock is the caller's: an owner woken now and finding it taken
+     * is woken again by the caller's letting go, fb_sender.h owner_skipped.) */
+    if (read_some(r)) tell_owner(r);
+}
+
 /* Parked (a user thread reads, or did within STEP_IN): how long to sleep
  * before looking again, -1 for until woken; 0 once it is time to read. */
 static int park_timeout(fb_reader *r, uint64_t parked_since)
@@ -293,10 +306,7 @@ static void *run(void *arg)
         watch_socket = r->queued_bytes < r->max_bytes;
         if (!watch_socket) __atomic_store_n(&r->want_wake, 1, __ATOMIC_SEQ_CST);
         fb_slock_release(r->slock);
-        if (notify) {
-            __atomic_store_n(&r->handed, 1, __ATOMIC_SEQ_CST);
-            fb_wake_owner(&r->wake);
-        }
+        if (notify) tell_owner(r);      /* after letting go: the owner wants the lock */
     }
     return NULL;
 }

@@ -134,6 +134,12 @@ void fb_reader_wake(fb_reader *r);
  * lock need not be held; no syscall). */
 void fb_reader_owner_enter(fb_reader *r);
 void fb_reader_owner_leave(fb_reader *r);
+/* Read what the connection has now, as the thread would (into the queue,
+ * the FLOW and WANT hooks applied, the owner woken for what it must see),
+ * the lock held by the caller.  The native sender calls it between the
+ * batches it sends (fb_sender.h `reader`): a FLOW pause then stops it
+ * after one batch, and no input waits behind a long burst. */
+void fb_reader_read_now(fb_reader *r);
 /* Stop the thread, wait for it, and free what is still queued.  Safe to
  * call more than once. */
 void fb_reader_stop(fb_reader *r);

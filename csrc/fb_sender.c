@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 
 #include "fb_common.h"
 
@@ -17,6 +18,8 @@
 /* Batches sent in one turn before the lock is let go (the owner may be
  * waiting for it: a FLOW pause to read, a subscribe to send). */
 #define SEND_BURST 32
+/* How soon a sender that found the socket full looks again. */
+#define ROOM_RETRY_NS 1000000
 /* How often a sender waiting for the connection looks whether it must stop. */
 #define LOCK_POLL_NS 50000000
 
@@ -39,15 +42,33 @@ static void hand_back(fb_sender *s)
     fb_wake_owner(&s->wake);
 }
 
-/* Send what is due, the connection's lock held.  Returns when the outbox's
- * batch is next due by the linger (UINT64_MAX: when woken). */
+/* The socket's events, and what the broker said read first when there is
+ * a reader (the lock held): a FLOW pause takes effect before the next
+ * batch.  Without a reader, *unread is set: the owner reads it. */
+static int look(fb_sender *s, int *unread)
+{
+    int ev = events(s);
+    if (ev & Z_POLLIN) {
+        fb_reader *r = __atomic_load_n(&s->reader, __ATOMIC_SEQ_CST);
+        if (r) fb_reader_read_now(r);
+        else *unread = 1;
+    }
+    return ev;
+}
+
+/* Send what is due, the connection's lock held.  Returns when to look
+ * again: now (more is due after a full turn), when the outbox's batch is
+ * due by the linger, or UINT64_MAX: when woken. */
 static uint64_t send_due(fb_sender *s)
 {
     uint64_t next = UINT64_MAX;
-    int hand = 0, sent = 0;
-    for (int n = 0; n < SEND_BURST; n++) {
+    int hand = 0, sent = 0, unread = 0, n;
+    for (n = 0; n < SEND_BURST; n++) {
+        /* What the broker said first (outside the outbox's lock: reading
+         * applies a WANT under the view's, which a publisher takes first). */
+        int ev = look(s, &unread);
         if (__atomic_load_n(&s->paused, __ATOMIC_SEQ_CST))
-            break;                          /* FLOW resume: the owner sends */
+            break;                          /* the resume wakes us (or the owner sends) */
         if (__atomic_load_n(&s->owner_first, __ATOMIC_SEQ_CST)) {
             hand = 1;                       /* control frames go first, in order */
             break;
@@ -71,9 +92,16 @@ static uint64_t send_due(fb_sender *s)
                 break;
             }
         }
-        if (!(events(s) & Z_POLLOUT)) {
+        if (!(ev & Z_POLLOUT)) {
             fb_lock_release(s->outbox_lock);
-            hand = 1;                       /* the owner waits for room (and counts it blocked) */
+            if (__atomic_load_n(&s->reader, __ATOMIC_SEQ_CST)) {
+                /* The broker is behind (its pipe to us is full): look
+                 * again soon, reading it meanwhile, as the owner would. */
+                next = fb_now_ns() + ROOM_RETRY_NS;
+                __atomic_add_fetch(&s->full_waits, 1, __ATOMIC_SEQ_CST);
+            } else {
+                hand = 1;                   /* the owner waits for room, reading */
+            }
             break;
         }
         if (!from_sealed && (fb_outbox_take(o, &buf, &len) < 0 || !buf)) {
@@ -108,10 +136,13 @@ static uint64_t send_due(fb_sender *s)
         __atomic_store_n(s->streak, s->burst_limit, __ATOMIC_RELAXED);
     }
     /* A send may have taken the edge of the socket's notification
-     * descriptor the owner sleeps on: if the broker said something
-     * meanwhile (WANT, FLOW, PONG), the owner reads it. */
-    if (hand || (sent && (events(s) & Z_POLLIN)))
+     * descriptor the reader (or the owner) sleeps on: what the broker said
+     * meanwhile (WANT, FLOW, PONG) is read now, or by the owner. */
+    if (sent) look(s, &unread);
+    if (hand || unread)
         hand_back(s);
+    if (n == SEND_BURST && !hand)
+        next = 0;                           /* more, after letting others have the lock */
     return next;
 }
 
@@ -139,6 +170,7 @@ static void *run(void *arg)
         if (!got) break;
         due = send_due(s);
         fb_slock_release(s->slock);
+        if (due == 0) sched_yield();        /* a waiter for the lock gets it first */
         /* Set before the owner's try for the lock, which failed while we
          * held it: after our release one of us sees the other. */
         if (__atomic_exchange_n(&s->owner_skipped, 0, __ATOMIC_SEQ_CST)) fb_wake_owner(&s->wake);

@@ -10,11 +10,11 @@
  * for the interpreter lock (up to the switch interval, 5 ms by default: the
  * latency tail of issue 22); this thread never takes it.
  *
- * It sends only the common case: the outbox's batch, when the socket has
- * room and nothing must go before it.  Everything else it hands back to its
- * owner (the client's Python code) by writing a byte to owner_fd: flow
- * control's pause (`paused`), control frames waiting to be sent
- * (`owner_first`), a socket without room.  Batches the publisher sealed
+ * It sends the outbox's batch when nothing must go before it.  What it
+ * does not do it hands back to its owner (the client's Python code) by
+ * writing a byte to owner_fd: control frames waiting to be sent
+ * (`owner_first`), and without a reader (below), a socket without room;
+ * while flow control pauses publishing (`paused`) it sends nothing.  Batches the publisher sealed
  * (full ones it could not hand over at once) it sends first, oldest first.  It holds the connection's
  * lock (fb_slock) for every use of the socket, as every other user does,
  * and the outbox's lock (fb_lock) around a take and its send, as the
@@ -34,6 +34,7 @@
 #include "fb_batchq.h"
 #include "fb_lock.h"
 #include "fb_outbox.h"
+#include "fb_reader.h"
 #include "fb_slock.h"
 #include "fb_wake.h"
 
@@ -62,13 +63,23 @@ typedef struct fb_sender {
     const void *command;         /* the first frame of a data message (the protocol's PUB) */
     size_t command_len;
     int owner_fd;                /* written to hand work back to the owner (fb_wake.h) */
+    /* The connection's native reader (optional; set and cleared with the
+     * connection's lock held, atomic): with one, this thread reads what
+     * the broker said between the batches it sends (fb_reader_read_now),
+     * so a FLOW pause stops it after one batch and its resume (which the
+     * reader signals through `wake`) starts it again, and a full socket
+     * has it look again every millisecond, reading meanwhile: a backlog
+     * leaves without the owner.  Without one, input it notices and a full
+     * socket are the owner's. */
+    fb_reader *reader;
 
     /* Shared with the owner (atomic). */
-    int paused;                  /* flow control paused publishing: the owner resumes it */
+    int paused;                  /* flow control paused publishing (set by whoever reads the FLOW) */
     int owner_first;             /* control frames wait: the owner sends them, and what follows */
     int handed;                  /* work was handed back since the owner last cleared this */
     int owner_skipped;           /* the owner found the connection taken (by us, maybe) and
                                     sleeps without watching it: woken when we let go */
+    uint64_t full_waits;         /* times it found the socket full and waited (with a reader) */
     uint64_t sent_messages;      /* records this thread sent */
     uint64_t sent_batches;
 

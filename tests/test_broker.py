@@ -537,15 +537,17 @@ def test_publish_times_out_on_a_buffer_that_stays_full(brokers, client_factory):
     pub = client_factory(b.endpoint, max_buffer_bytes=500_000, block_timeout=0.5)
     wait_wanted(pub, "flow")
     t0 = time.monotonic()
+    accepted = 0
     with pytest.raises(PublishTimeout, match="pause"):
         for _ in range(1_000_000):
             pub.publish("flow", b"w" * 200)
+            accepted += 1
     assert time.monotonic() - t0 < 30
-    queued = pub.stats()["queued"]
-    with pytest.raises(PublishTimeout):
-        pub.publish("flow", b"one more")
-    assert pub.stats()["queued"] == queued        # the refused message was not queued
-    assert pub.stats()["flow_paused"] and b.stats()["flow_pauses"] >= 1
+    # The refused message was not queued.  (Counted, not compared with the
+    # buffer: the stuck subscriber's socket buffers keep growing for a
+    # while, so the broker may resume briefly and the buffer empty.)
+    assert pub.stats()["published"] == accepted
+    assert pub.stats()["flow_pauses"] >= 1 and b.stats()["flow_pauses"] >= 1
     p.close()                                      # the stuck subscriber goes: publishers resume
     wait_for(lambda: not pub.stats()["flow_paused"], what="the resume")
     pub.publish("flow", b"after")

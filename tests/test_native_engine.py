@@ -81,6 +81,87 @@ def test_a_burst_is_delivered_while_the_publisher_holds_the_interpreter():
         b.stop()
 
 
+#: The publishing process for the FLOW test: publishes numbered messages
+#: until the broker pauses it, then TAIL more (they wait in its buffer),
+#: says how many in all, and spins in pure Python for SPIN seconds.
+PAUSED_PUBLISHER = r"""
+import json, sys, time
+import fastbus
+endpoint, tail, spin = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+with fastbus.Client(endpoint=endpoint, max_buffer_bytes=50_000_000) as c:
+    deadline = time.monotonic() + 20
+    while not (c.stats()["filter_active"] and c.is_wanted("flow")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    n = 0
+    while not c.stats()["flow_paused"] and time.monotonic() < deadline:
+        for _ in range(100):
+            c.publish("flow", b"%d " % n + b"w" * 200)
+            n += 1
+    for _ in range(tail):
+        c.publish("flow", b"%d " % n + b"w" * 200)
+        n += 1
+    paused = c.stats()["flow_paused"]
+    sys.setswitchinterval(1.0)
+    print(json.dumps({"total": n, "paused": paused}), flush=True)
+    ended = time.time()
+    x = 0
+    while time.time() < ended + spin:       # pure Python: holds the interpreter
+        x += 1
+"""
+
+
+def test_a_flow_resume_sends_what_waited_while_the_publisher_holds_the_interpreter():
+    """A stuck subscriber makes the broker pause publishers; the publisher
+    queues 1,000 more and spins in pure Python for 3 s.  The stuck
+    subscriber leaves, the broker resumes, and everything the publisher
+    queued reaches a healthy subscriber within 0.5 s, in order: the
+    publisher's native threads read the resume and send.  (When the keeper
+    thread resumed, it waited for the interpreter: about 1 s.)"""
+    tail, spin = 1000, 3.0
+    b = BrokerProcess("--max-queue-bytes", "2000000", "--flow-max-pause", "60")
+    pub = None
+    try:
+        with fastbus.Client(endpoint=b.endpoint) as good, \
+                fastbus.Client(endpoint=b.endpoint, max_inbox_bytes=100_000) as stuck_client:
+            p = good.pubsub(ignore_subscribe_messages=True)
+            p.subscribe("flow")
+            stuck = stuck_client.pubsub(ignore_subscribe_messages=True)
+            stuck.subscribe("flow")                  # and never read
+            pub = python_process(PAUSED_PUBLISHER, b.endpoint, str(tail), str(spin),
+                                 stdout=subprocess.PIPE, text=True)
+            got: list[int] = []
+
+            def take(timeout: float) -> None:
+                for _c, d in p.get_batch(timeout=timeout):
+                    got.append(int(d.split()[0]))
+
+            deadline = time.monotonic() + 30
+            line = []
+            reader = threading.Thread(target=lambda: line.append(pub.stdout.readline()), daemon=True)
+            reader.start()
+            while reader.is_alive() and time.monotonic() < deadline:
+                take(0.05)                           # keep up meanwhile
+            said = json.loads(line[0])
+            assert said["paused"], "the broker never paused the publisher"
+            total = said["total"]
+            stuck.close()                            # the broker resumes
+            closed = time.time()
+            last = None
+            deadline = time.monotonic() + spin + 5
+            while len(got) < total and time.monotonic() < deadline:
+                before = len(got)
+                take(0.5)
+                if len(got) > before:
+                    last = time.time()
+            pub.communicate(timeout=30)
+            assert got == list(range(total)), f"{len(got)} of {total} arrived"
+            assert last - closed < 0.5, f"the last message arrived {last - closed:.3f} s after the resume"
+    finally:
+        if pub is not None and pub.poll() is None:
+            pub.kill()
+            pub.wait()
+
+
 #: A publishing process that says "ready" once its filter is in effect,
 #: then holds the interpreter (pure Python) for SPIN seconds.
 BUSY_PUBLISHER = r"""

@@ -27,6 +27,50 @@ typedef struct fake {
 
 static fake F;
 
+/* What the broker says: two-frame messages [cmd, body], read by a reader
+ * (fb_reader.h) through the calls below; `pause_after` scripts a FLOW
+ * pause that arrives once that many batches were sent. */
+typedef struct said { const char *frames[2]; int next, frame; } said;
+static said IN[8];
+static int in_n, in_next, in_frame, pause_after = -1;
+static int in_fd[2];                            /* stands for ZMQ_FD */
+
+static void say(const char *cmd, const char *body)
+{
+    IN[in_n].frames[0] = cmd;
+    IN[in_n].frames[1] = body;
+    __atomic_add_fetch(&in_n, 1, __ATOMIC_SEQ_CST);
+    char c = 0;
+    ssize_t w = write(in_fd[1], &c, 1);
+    (void)w;
+}
+
+typedef struct fake_msg { const char *data; size_t size; int more; } fake_msg;
+static int f_init(fb_zmq_msg *m) { memset(m, 0, sizeof *m); return 0; }
+static int f_close(fb_zmq_msg *m) { (void)m; return 0; }
+static void *f_data(fb_zmq_msg *m) { return (void *)((fake_msg *)m)->data; }
+static size_t f_size(const fb_zmq_msg *m) { return ((const fake_msg *)m)->size; }
+static int f_more(const fb_zmq_msg *m) { return ((const fake_msg *)m)->more; }
+
+static int f_recv(fb_zmq_msg *m, void *sock, int flags)
+{
+    (void)sock;
+    (void)flags;
+    if (in_next >= __atomic_load_n(&in_n, __ATOMIC_SEQ_CST)) {
+        errno = EAGAIN;
+        return -1;
+    }
+    fake_msg *fm = (fake_msg *)m;
+    fm->data = IN[in_next].frames[in_frame];
+    fm->size = strlen(fm->data);
+    fm->more = in_frame == 0;
+    if (++in_frame == 2) {
+        in_frame = 0;
+        in_next++;
+    }
+    return (int)fm->size;
+}
+
 static int fake_send(void *sock, const void *buf, size_t len, int flags)
 {
     (void)sock;
@@ -36,7 +80,7 @@ static int fake_send(void *sock, const void *buf, size_t len, int flags)
     }
     F.sends++;
     if (flags & 2) return (int)len;             /* the command frame */
-    F.messages++;
+    if (++F.messages == pause_after) say("F", "p");
     static fb_record recs[1024];
     size_t n = 0;
     REQUIRE(fb_batch_decode(buf, len, NULL, recs, 1024, &n) == FB_OK);
@@ -56,7 +100,10 @@ static int fake_getsockopt(void *sock, int option, void *value, size_t *len)
     (void)sock;
     (void)len;
     REQUIRE(option == 15);                      /* ZMQ_EVENTS */
-    *(int *)value = F.room ? 2 : 0;
+    char b[16];
+    while (read(in_fd[0], b, sizeof b) > 0) {  /* commands processed: the edge is consumed */
+    }
+    *(int *)value = (F.room ? 2 : 0) | (in_next < __atomic_load_n(&in_n, __ATOMIC_SEQ_CST) ? 1 : 0);
     return 0;
 }
 
@@ -87,6 +134,11 @@ static void rig_start(rig *r, size_t max_messages)
 {
     memset(r, 0, sizeof *r);
     memset(&F, 0, sizeof F);
+    in_n = in_next = in_frame = 0;
+    pause_after = -1;
+    REQUIRE(pipe(in_fd) == 0);
+    fcntl(in_fd[0], F_SETFL, O_NONBLOCK);
+    fcntl(in_fd[1], F_SETFL, O_NONBLOCK);
     F.room = 1;
     fb_outbox_limits lim = {max_messages, 0, 0, 0};
     fb_outbox_init(&r->o, &lim);
@@ -120,6 +172,8 @@ static void rig_stop(rig *r)
     fb_slock_destroy(&r->sl);
     close(r->owner[0]);
     close(r->owner[1]);
+    close(in_fd[0]);
+    close(in_fd[1]);
 }
 
 static void append(rig *r, uint32_t id)
@@ -261,6 +315,65 @@ static void test_linger_holds_a_partial_batch(void)
     rig_stop(&r);
 }
 
+/* With the connection's reader: what the broker says is read between
+ * batches, so a FLOW pause stops the sender after the batch in flight, and
+ * the resume (read by the reader's own thread) starts it again. */
+static void test_reads_between_batches_and_stops_at_a_pause(void)
+{
+    rig r;
+    rig_start(&r, 0);
+    int owner[2];
+    REQUIRE(pipe(owner) == 0);
+    fcntl(owner[0], F_SETFL, O_NONBLOCK);
+    fb_reader rd;
+    memset(&rd, 0, sizeof rd);
+    rd.z = (fb_zmq_recv_calls){f_init, f_recv, f_data, f_size, f_more, f_close, fake_getsockopt, fake_send};
+    rd.sock = &F;
+    rd.sock_fd = in_fd[0];
+    rd.slock = &r.sl;
+    rd.max_bytes = 1 << 20;
+    rd.data_command = "D";
+    rd.data_command_len = 1;
+    rd.owner_fd = owner[1];
+    rd.flow_command = "F";
+    rd.flow_command_len = 1;
+    rd.flow_pause = 'p';
+    rd.flow_paused = &r.s.paused;
+    rd.flow_wake = &r.s.wake;
+    REQUIRE(fb_slock_try(&r.sl));               /* the thread sends nothing before this is set */
+    REQUIRE(fb_reader_start(&rd) == 0);
+    __atomic_store_n(&r.s.reader, &rd, __ATOMIC_SEQ_CST);
+    pause_after = 3;                            /* a pause arrives with the third batch */
+    fb_lock_wait(&r.ol);
+    for (uint32_t i = 0; i < 50; i++) {         /* fifty sealed batches of one record */
+        REQUIRE(fb_outbox_append(&r.o, "t", 1, &i, sizeof i, 1) >= 0);
+        unsigned char *buf;
+        size_t len;
+        REQUIRE(fb_outbox_take(&r.o, &buf, &len) == FB_OK);
+        REQUIRE(fb_batchq_push(&r.q, buf, len, 1) == FB_OK);
+    }
+    fb_lock_release(&r.ol);
+    CHECK_EQ(fb_slock_release(&r.sl), 0);
+    fb_sender_wake(&r.s);
+    CHECK(wait_until(&F.records, 3, 5000));
+    sleep_ms(50);
+    CHECK_EQ(F.messages, 3);                    /* not one batch after the pause */
+    CHECK_EQ(__atomic_load_n(&r.s.paused, __ATOMIC_SEQ_CST), 1);
+    CHECK_EQ(__atomic_load_n(&rd.handed, __ATOMIC_SEQ_CST), 1);   /* the owner hears of it too */
+    CHECK_EQ(__atomic_load_n(&r.s.handed, __ATOMIC_SEQ_CST), 0);  /* but has nothing to send */
+    say("F", "r");                              /* the resume: the reader's thread reads it */
+    CHECK(wait_until(&F.records, 50, 5000));
+    CHECK_EQ(F.out_of_order, 0);
+    CHECK_EQ(__atomic_load_n(&r.s.paused, __ATOMIC_SEQ_CST), 0);
+    REQUIRE(fb_slock_wait(&r.sl, -1));
+    __atomic_store_n(&r.s.reader, NULL, __ATOMIC_SEQ_CST);
+    CHECK_EQ(fb_slock_release(&r.sl), 0);
+    fb_reader_stop(&rd);
+    rig_stop(&r);
+    close(owner[0]);
+    close(owner[1]);
+}
+
 static void test_slock(void)
 {
     fb_slock l;
@@ -326,5 +439,6 @@ int main(void)
     RUN(test_paused_and_owner_first_send_nothing);
     RUN(test_waits_for_the_connection_and_wakes_a_skipped_owner);
     RUN(test_linger_holds_a_partial_batch);
+    RUN(test_reads_between_batches_and_stops_at_a_pause);
     CTEST_END();
 }

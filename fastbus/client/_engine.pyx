@@ -43,11 +43,13 @@ cdef extern from *:
     static inline void fbe_store_int(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
     static inline int fbe_exchange_int(int *p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
     static inline unsigned long long fbe_load_u64(uint64_t *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+    static inline void fbe_store_ptr(void **p, void *v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
     """
     int fbe_load_int(int *p) nogil
     void fbe_store_int(int *p, int v) nogil
     int fbe_exchange_int(int *p, int v) nogil
     unsigned long long fbe_load_u64(uint64_t *p) nogil
+    void fbe_store_ptr(void **p, void *v) nogil
 
 ctypedef int (*f_send)(void *s, const void *buf, size_t len, int flags) noexcept nogil
 ctypedef int (*f_getsockopt)(void *s, int option, void *value, size_t *len) noexcept nogil
@@ -243,6 +245,12 @@ cdef class Sender:
     def sent_batches(self) -> int:
         return fbe_load_u64(&self._s.sent_batches)
 
+    @property
+    def full_waits(self) -> int:
+        """Times the thread found the socket full and waited for room
+        itself (with a reader: see csrc/fb_sender.h)."""
+        return fbe_load_u64(&self._s.full_waits)
+
 
 
 cdef enum:
@@ -257,7 +265,8 @@ cdef class Reader:
     wakes the owner (a byte written to ``owner_fd``); with ``wake_on_data``
     every message does (an event loop reads only when woken).  Optional hooks: a
     FLOW pause stops ``flow_to`` (a Sender) at once, a resume (or
-    ``flow_reset_command``, a new session's WELCOME) starts it again; a WANT is applied to
+    ``flow_reset_command``, a new session's WELCOME) starts it again, and
+    the sender reads through this reader between its batches; a WANT is applied to
     ``view_of``'s view (a Publisher) and acknowledged, never queued.  See
     csrc/fb_reader.h."""
 
@@ -328,14 +337,26 @@ cdef class Reader:
         cdef int rc = fb_reader_start(&self._r)
         if rc:
             raise OSError(rc, strerror(rc).decode())
+        if flow_to is not None:
+            # The sender reads through us between its batches (fb_sender.h
+            # reader), so a pause stops it after one; until stop() detaches it.
+            fbe_store_ptr(<void **>&flow_to._s.reader, &self._r)
 
     def __dealloc__(self):
+        self._detach()
         with nogil:
             fb_reader_stop(&self._r)
 
+    cdef void _detach(self) noexcept:
+        if self._flow_to is not None:
+            fbe_store_ptr(<void **>&self._flow_to._s.reader, NULL)
+
     def stop(self) -> None:
-        """Stop the thread and wait for it; what it still holds is dropped
-        (call it at close, without holding the connection's lock)."""
+        """Stop the thread and wait for it; what it still holds is dropped.
+        With ``flow_to``, call it holding the connection's lock (that
+        sender reads through this reader only holding it) or after
+        stopping the sender."""
+        self._detach()
         with nogil:
             fb_reader_stop(&self._r)
 

@@ -64,9 +64,11 @@ class PubSession(Session):
 
     Batches a burst leaves in the outbox are sent by a native thread
     (``engine``, a ``_engine.Sender``) the moment the burst stops, without
-    waiting for the interpreter lock; what it does not send (a full socket,
-    a FLOW pause, control frames or sealed batches first) it hands back to
-    the keeper.  An event loop's session has none (the loop sends), but has
+    waiting for the interpreter lock.  It reads what the broker says
+    between its batches (through the native reader), so a FLOW pause stops
+    it after one batch, and the resume, read by whichever thread reads it
+    first, starts it again.  What it does not send (a full socket, control
+    frames first) it hands back to the keeper.  An event loop's session has none (the loop sends), but has
     the native reader, which wakes the loop."""
 
     kind = "pub"
@@ -313,8 +315,8 @@ class PubSession(Session):
             if paused and not self._flow_paused:
                 self.flow_pauses += 1
             self._set_flow(paused)
-            if not paused:
-                self.pump(force=self.linger_over())
+            if not paused and not (self.engine is not None and self.via_reader):
+                self.pump(force=self.linger_over())   # (else the reader woke the native sender)
         elif cmd == P.STATS_REPLY and len(frames) == 2:
             self.stats_replies.append(P.load_json(frames[1], limit=16 << 20))
         elif cmd == P.NOTICE and len(frames) == 2:

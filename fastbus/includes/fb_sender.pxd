@@ -4,6 +4,7 @@ from libc.stdint cimport uint64_t
 from fastbus.includes.fb_batchq cimport fb_batchq
 from fastbus.includes.fb_lock cimport fb_lock
 from fastbus.includes.fb_outbox cimport fb_outbox
+from fastbus.includes.fb_reader cimport fb_reader
 from fastbus.includes.fb_slock cimport fb_slock
 from fastbus.includes.fb_wake cimport fb_wake
 
@@ -26,10 +27,12 @@ cdef extern from "fb_sender.h" nogil:
         const void *command
         size_t command_len
         int owner_fd
+        fb_reader *reader
         int paused
         int owner_first
         int handed
         int owner_skipped
+        uint64_t full_waits
         uint64_t sent_messages
         uint64_t sent_batches
         int running
