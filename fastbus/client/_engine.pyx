@@ -19,6 +19,10 @@ has:
   arrives off the socket while no user thread reads (csrc/fb_reader.h), so
   a subscriber busy in Python between two reads never holds the broker
   back; the next read takes the messages from it, in order.
+* ``send_frames``/``recv_frames``: a Python thread's own sends and reads,
+  without letting go of the interpreter lock (pyzmq's do, and getting it
+  back can take a switch interval, with the connection's lock held
+  meanwhile, and a native thread waiting for it).
 
 It calls libzmq directly, through the functions of the libzmq that pyzmq
 loaded (``fastbus._libzmq``).  Where they cannot be found, ``available()``
@@ -27,7 +31,10 @@ is False and the keeper does the sending, as it always did.
 
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.string cimport strerror
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+
+import zmq
 
 from fastbus._core cimport Outbox, Publisher
 from fastbus.includes.fb_reader cimport (fb_reader, fb_reader_item, fb_reader_pop, fb_reader_release,
@@ -95,6 +102,77 @@ def available() -> bool:
             _msg_close = <f_msg_close><uintptr_t>addresses["zmq_msg_close"]
         _found = addresses is not None
     return _found
+
+
+cdef extern from "<errno.h>":
+    int errno
+    enum: EAGAIN
+
+cdef enum:
+    Z_DONTWAIT = 1
+    Z_SNDMORE = 2
+    Z_EVENTS = 15
+    Z_POLLIN = 1
+
+
+cdef inline void *_handle(sock) except NULL:
+    if sock.closed:
+        raise zmq.ZMQError(zmq.ENOTSOCK)
+    return <void *><uintptr_t>sock.underlying
+
+
+def send_frames(sock, list frames) -> None:
+    """Send a multipart message (bytes-like frames) on a pyzmq socket
+    without blocking and without letting go of the interpreter lock;
+    ``zmq.Again`` if the socket cannot take it now (then nothing was sent),
+    ``zmq.ZMQError`` for any other failure.  Needs ``available()``."""
+    cdef void *h = _handle(sock)
+    cdef Py_ssize_t i, n = len(frames)
+    cdef Py_buffer view
+    cdef int rc, err
+    if n == 0:
+        raise ValueError("a message has at least one frame")
+    for i in range(n):
+        PyObject_GetBuffer(frames[i], &view, PyBUF_SIMPLE)
+        rc = _send(h, view.buf, <size_t>view.len, Z_DONTWAIT | (Z_SNDMORE if i < n - 1 else 0))
+        err = errno
+        PyBuffer_Release(&view)
+        if rc < 0:
+            # Once ZeroMQ took a message's first frame it takes the rest.
+            if i == 0 and err == EAGAIN:
+                raise zmq.Again(err)
+            raise zmq.ZMQError(err)
+
+
+def recv_frames(sock, bint ready=False):
+    """The next multipart message on a pyzmq socket as a list of bytes, or
+    None if none is waiting (``ready``: a poll just said one is: ZMQ_EVENTS
+    is not asked first), without letting go of the interpreter lock.
+    ``zmq.ZMQError`` for a failure.  Needs ``available()``."""
+    cdef void *h = _handle(sock)
+    cdef int ev = 0, rc, err
+    cdef size_t size = sizeof(int)
+    cdef fb_zmq_msg m
+    cdef list parts = []
+    cdef bint more = True
+    if not ready:
+        if _getsockopt(h, Z_EVENTS, &ev, &size) != 0:
+            raise zmq.ZMQError(errno)
+        if not ev & Z_POLLIN:
+            return None
+    while more:
+        _msg_init(&m)
+        rc = _msg_recv(&m, h, Z_DONTWAIT)
+        if rc < 0:
+            err = errno
+            _msg_close(&m)
+            if not parts and err == EAGAIN:
+                return None               # (ZeroMQ delivers a message whole)
+            raise zmq.ZMQError(err)
+        parts.append(PyBytes_FromStringAndSize(<char *>_msg_data(&m), <Py_ssize_t>_msg_size(&m)))
+        more = _msg_more(&m)
+        _msg_close(&m)
+    return parts
 
 
 cdef class SessionLock:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from fastbus import protocol as P
+from fastbus.client import _engine
 from fastbus.client._engine import SessionLock
 
 if TYPE_CHECKING:
@@ -83,6 +84,15 @@ def recv_frames(sock: zmq.Socket, ready: bool = False) -> list | None:
         frame = _recv(sock, NOBLOCK, False)
         parts.append(frame.bytes)
     return parts
+
+
+if _engine.available():
+    # The same, without letting go of the interpreter lock: a Python thread
+    # sends and reads holding the connection's lock, and one that let go of
+    # the interpreter there could wait a switch interval to get it back
+    # while a native thread waits for the connection (issue 22).
+    send_frames = _engine.send_frames     # noqa: F811
+    recv_frames = _engine.recv_frames     # noqa: F811
 
 
 READ_BUDGET = 64          # frames read at a time before the holder looks at other work
