@@ -92,25 +92,19 @@ class PubSession(Session):
         self._hellos: deque[int] = deque(maxlen=PINGS_KEPT)                # HELLOs not yet welcomed: sent ns
         publisher.renew = self.renew_lease
 
-    def open(self) -> None:
-        super().open()
-        self.open_native()
-
     def open_native(self) -> None:
         """The native sender (a client's own: an event loop sends for its
         client) and reader.  The reader reads what the broker says while no
         Python thread can: a WANT is applied to the publisher's view and
         acknowledged at once, a FLOW pause stops the sender the moment it
-        arrives; the rest, and the pause too, it hands to the keeper (or
-        the loop) through their descriptor."""
-        if not _engine.available():
-            return
-        if self.conns.driven_by_loop:
-            owner_fd = self.loop_wake_fd
-            if owner_fd is None:
-                return                    # the keeper reads, until a loop drives us (drive_from)
-        else:
-            owner_fd = self._keeper.wake_fd
+        arrives and a resume starts it again (the sender reads through it
+        between batches too); the rest, and the FLOWs too (the keeper
+        counts pauses), it hands to the keeper (or the loop) through their
+        descriptor."""
+        owner_fd = self.native_owner_fd()
+        if owner_fd is None:
+            return                        # (a loop's session: the keeper reads until the loop drives it)
+        if not self.conns.driven_by_loop:
             if self.engine is None:
                 self.engine = _engine.Sender(self.publisher, self.lock, self.sock, owner_fd,
                                              linger=self.linger_ns / 1e9, command=P.PUB)
@@ -122,7 +116,8 @@ class PubSession(Session):
 
     def close(self) -> None:
         if self.reader is not None:
-            self.reader.stop()            # before the sender it pauses, and the socket
+            self.reader.stop()            # before the sender it pauses, and the socket (the lock
+                                          # we hold: the sender stops reading through it)
             self.reader = None
         if self.engine is not None:
             # Before the socket closes; it leaves the lock we hold alone

@@ -171,6 +171,7 @@ class Session:
         self._items_out = [(s, POLLIN | POLLOUT), (self._wake_r, POLLIN)]
         self.next_ping = time.monotonic() + opts.ping_interval
         self.hello()
+        self.open_native()
 
     def configure(self, sock: zmq.Socket) -> None:
         """Socket options of this kind of session."""
@@ -257,6 +258,14 @@ class Session:
     def open_native(self) -> None:
         """Start the session's native threads, if it has any, the lock held
         (at open, and when a loop starts driving it).  None here."""
+
+    def native_owner_fd(self) -> int | None:
+        """Where a native thread of this session wakes whoever serves it:
+        the keeper, or the loop that drives it (None until one does, and
+        without the native engine: then nothing native is started)."""
+        if not _engine.available():
+            return None
+        return self.loop_wake_fd if self.conns.driven_by_loop else self._keeper.wake_fd
 
     def close_within(self, timeout: float, close: Callable[[], None] | None = None) -> bool:
         """Close the session (``close``: how, default close()) once its lock

@@ -51,20 +51,14 @@ class SubSession(Session):
         self.awaiting = 0                   # subscribe() calls waiting for a CONFIRM
         self.confirm_cv = threading.Condition()   # ...woken by it when another thread reads
 
-    def open(self) -> None:
-        super().open()
-        self.open_native()
-
     def open_native(self) -> None:
         """The native reader: takes what arrives while nobody reads (up to
         max_inbox_bytes more), without the interpreter lock; see
         _engine.Reader.  An event loop's, once the loop drives us, wakes
         the loop for every message (the loop reads only when woken)."""
-        if self.reader is not None or not _engine.available():
-            return
-        owner_fd = self.loop_wake_fd if self.conns.driven_by_loop else self._keeper.wake_fd
-        if owner_fd is None:
-            return                        # the keeper reads, until a loop drives us (drive_from)
+        owner_fd = self.native_owner_fd()
+        if self.reader is not None or owner_fd is None:
+            return                        # (a loop's session: the keeper reads until the loop drives it)
         self.reader = _engine.Reader(self.lock, self.sock, owner_fd, self.options.max_inbox_bytes, P.DATA,
                                      wake_on_data=self.conns.driven_by_loop)
 

@@ -213,9 +213,14 @@ cdef class Publisher:
         cdef uint64_t s = seq if has_seq else 0
         PyObject_GetBuffer(ops, &view, PyBUF_SIMPLE)
         try:
-            with nogil:
-                rc = fb_view_apply(&self._view, <unsigned>flags, view.buf, <size_t>view.len, has_seq, s,
-                                   fb_now_ns(), &ack)
+            # With the interpreter lock held: the caller holds its
+            # connection's lock, and letting go of the interpreter here
+            # could leave it waiting a switch interval to come back while
+            # the native sender waits for the connection.  (The view's lock
+            # is held only for one call, by threads that never take the
+            # interpreter's.)
+            rc = fb_view_apply(&self._view, <unsigned>flags, view.buf, <size_t>view.len, has_seq, s,
+                               fb_now_ns(), &ack)
         finally:
             PyBuffer_Release(&view)
         _check(rc, "WANT ops")
