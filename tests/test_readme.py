@@ -67,6 +67,7 @@ NOT_RUN = {
     "python bench/trie_memory.py": "a benchmark, minutes",
     "python bench/latency_bench.py": "a benchmark, minutes",
     "python bench/subscribe_bench.py": "a benchmark, minutes",
+    "python bench/flow_bench.py": "a benchmark: a minute, a broker and three processes a round",
     "python bench/pubsub_bench.py": "a benchmark, minutes",
     'pip install "fastbus[spark]"': "an install from PyPI",
 }
