@@ -113,6 +113,7 @@ cdef enum:
     Z_SNDMORE = 2
     Z_EVENTS = 15
     Z_POLLIN = 1
+    Z_POLLOUT = 2
 
 
 cdef inline void *_handle(sock) except NULL:
@@ -129,13 +130,23 @@ def send_frames(sock, list frames) -> None:
     cdef void *h = _handle(sock)
     cdef Py_ssize_t i, n = len(frames)
     cdef Py_buffer view
-    cdef int rc, err
+    cdef int rc, err, ev = 0
+    cdef size_t size = sizeof(int)
     if n == 0:
         raise ValueError("a message has at least one frame")
     for i in range(n):
         PyObject_GetBuffer(frames[i], &view, PyBUF_SIMPLE)
         rc = _send(h, view.buf, <size_t>view.len, Z_DONTWAIT | (Z_SNDMORE if i < n - 1 else 0))
         err = errno
+        if rc < 0 and i == 0 and err == EAGAIN:
+            # A send reads the socket's commands at most about once a
+            # millisecond, so room the other side made since (its "read
+            # so far" notice) may not be known yet: a socket sending faster
+            # than its high-water mark per millisecond would report full
+            # with room to spare.  ZMQ_EVENTS reads them all; then once more.
+            if _getsockopt(h, Z_EVENTS, &ev, &size) == 0 and ev & Z_POLLOUT:
+                rc = _send(h, view.buf, <size_t>view.len, Z_DONTWAIT | (Z_SNDMORE if n > 1 else 0))
+                err = errno
         PyBuffer_Release(&view)
         if rc < 0:
             # Once ZeroMQ took a message's first frame it takes the rest.

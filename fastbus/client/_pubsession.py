@@ -209,6 +209,10 @@ class PubSession(Session):
             if not self.send_data([P.PUB, batch]):
                 pub.put_back(batch, count)
                 self.blocked = True
+                if self.engine is not None:
+                    # It waits for room itself (looking every millisecond,
+                    # reading the broker meanwhile): no Python thread must.
+                    self.engine.wake()
                 break
             self.blocked = False
             n += 1
