@@ -119,16 +119,17 @@ def main() -> None:
     args = ap.parse_args()
     if not 1 <= args.rounds <= 100:
         ap.error("--rounds must be 1..100")
-    print("| publisher | rounds | resume -> last message, ms: min | median | max | all in order |")
-    print("|---|---|---|---|---|---|")
+    print("| publisher | rounds | resume -> last message, ms: min | median | max | messages a round (median) | all in order |")
+    print("|---|---|---|---|---|---|---|")
     for mode in args.modes.split(","):
         if mode not in ("busy", "idle"):
             ap.error(f"unknown mode {mode!r}")
         results = [one_round(mode, args.tail, args.spin) for _ in range(args.rounds)]
         ms = [r["ms"] for r in results]
         ok = all(r["in_order"] and r["paused"] for r in results)
+        msgs = statistics.median(r["messages"] for r in results)
         print(f"| {mode} | {len(ms)} | {min(ms):,.1f} | {statistics.median(ms):,.1f} | {max(ms):,.1f} | "
-              f"{'yes' if ok else 'NO'} |", flush=True)
+              f"{msgs:,.0f} | {'yes' if ok else 'NO'} |", flush=True)
 
 
 if __name__ == "__main__":
