@@ -267,8 +267,6 @@ def subscriber(info: dict, style: str, channels: int, index: int, ready, pub_don
         return t > end or (pub_done.is_set() and t - rec.last > 1.0)
 
     if system == "fastbus" and style == "aio":
-        import asyncio
-
         import fastbus
 
         async def main() -> None:
