@@ -123,27 +123,18 @@ static void check_flow(fb_reader *r, const fb_reader_item *it)
     if (!pause && r->flow_wake) fb_wake_signal(r->flow_wake);    /* send what waited */
 }
 
-/* A WANT read: apply it to the view, and send its ACK if one is due (see
- * fb_reader.h view), the lock held.  Returns what to queue for the owner:
- * the message itself if it is no WANT this thread handles, NULL if it was
- * handled (and freed), or an ACK the socket did not take. */
-static fb_reader_item *take_want(fb_reader *r, fb_reader_item *it)
+static uint64_t get_u64(const unsigned char *b)
 {
-    if (!r->view || (it->nframes != 3 && it->nframes != 4) ||
-        !is_command(it, r->want_command, r->want_command_len))
-        return it;
-    size_t flen, olen, slen;
-    const unsigned char *flags = item_frame(it, 1, &flen);
-    const unsigned char *ops = item_frame(it, 2, &olen);
-    uint64_t seq = 0, ack = 0;
-    if (it->nframes == 4) {
-        const unsigned char *b = item_frame(it, 3, &slen);
-        if (slen != 8) return it;
-        for (int i = 7; i >= 0; i--) seq = seq << 8 | b[i];         /* u64 LE */
-    }
-    if (fb_view_apply(r->view, flen ? flags[0] : 0, ops, olen, it->nframes == 4, seq, fb_now_ns(), &ack) < 0)
-        return it;
-    item_free(it);
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = v << 8 | b[i];              /* u64 LE */
+    return v;
+}
+
+/* Send the ACK of seq (0: none) now, the lock held.  Returns NULL, or the
+ * ACK as a message for the owner to send its own way if the socket did not
+ * take it. */
+static fb_reader_item *send_ack(fb_reader *r, uint64_t ack)
+{
     if (!ack) return NULL;
     unsigned char b[8];
     for (int i = 0; i < 8; i++) b[i] = (unsigned char)(ack >> (8 * i));
@@ -161,6 +152,55 @@ static fb_reader_item *take_want(fb_reader *r, fb_reader_item *it)
     if (a && item_add(a, r->ack_command, r->ack_command_len) == FB_OK && item_add(a, b, 8) == FB_OK) return a;
     item_free(a);
     return NULL;
+}
+
+/* A WANT read: apply it to the view, and send its ACK if one is due (see
+ * fb_reader.h view), the lock held.  Returns what to queue for the owner:
+ * the message itself if it is no WANT this thread handles, NULL if it was
+ * handled (and freed), or an ACK the socket did not take. */
+static fb_reader_item *take_want(fb_reader *r, fb_reader_item *it)
+{
+    if (!r->view || (it->nframes != 3 && it->nframes != 4) ||
+        !is_command(it, r->want_command, r->want_command_len))
+        return it;
+    size_t flen, olen, slen;
+    const unsigned char *flags = item_frame(it, 1, &flen);
+    const unsigned char *ops = item_frame(it, 2, &olen);
+    uint64_t seq = 0, ack = 0;
+    if (it->nframes == 4) {
+        const unsigned char *b = item_frame(it, 3, &slen);
+        if (slen != 8) return it;
+        seq = get_u64(b);
+    }
+    if (fb_view_apply(r->view, flen ? flags[0] : 0, ops, olen, it->nframes == 4, seq, fb_now_ns(), &ack) < 0)
+        return it;
+    item_free(it);
+    return send_ack(r, ack);
+}
+
+/* A PONG to a lease ping (its token: lease_token, then the ping's send
+ * time, u64 LE): its lease applied to the view and an ACK sent if one is
+ * due, the lock held; returns as take_want.  A PONG without a lease (the
+ * broker did not know this session) lets the renewal be asked for again,
+ * and is the owner's, who sees which broker answered. */
+static fb_reader_item *take_pong(fb_reader *r, fb_reader_item *it)
+{
+    if (!r->view || !r->pong_command || (it->nframes != 3 && it->nframes != 4) ||
+        !is_command(it, r->pong_command, r->pong_command_len))
+        return it;
+    size_t tlen, llen = 0;
+    const unsigned char *token = item_frame(it, 1, &tlen);
+    const unsigned char *lease = it->nframes == 4 ? item_frame(it, 3, &llen) : NULL;
+    if (tlen != r->lease_token_len + 8 || memcmp(token, r->lease_token, r->lease_token_len) != 0)
+        return it;
+    if (!lease) {
+        fb_view_renewal_answered(r->view);
+        return it;
+    }
+    if (llen != 8) return it;               /* malformed: the owner's reading says what is wrong */
+    uint64_t ack = fb_view_lease(r->view, get_u64(token + r->lease_token_len), get_u64(lease));
+    item_free(it);
+    return send_ack(r, ack);
 }
 
 /* Read whole messages into the queue while it has room, the lock held.
@@ -204,7 +244,7 @@ static int read_some(fb_reader *r)
         }
         check_flow(r, it);
         __atomic_add_fetch(&r->read_messages, 1, __ATOMIC_SEQ_CST);
-        if (!(it = take_want(r, it))) continue;
+        if (!(it = take_want(r, it)) || !(it = take_pong(r, it))) continue;
         if (r->tail) r->tail->next = it;
         else r->head = it;
         r->tail = it;

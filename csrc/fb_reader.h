@@ -105,6 +105,17 @@ typedef struct fb_reader {
     const void *ack_command;
     size_t ack_command_len;
     fb_view *view;
+    /* Optional, with a view (pong_command NULL: none): a PONG [pong_command,
+     * lease_token + sent u64 LE, instance, lease u64 LE] answers a lease
+     * ping (fb_sender.h lease_ping): its lease is applied to *view
+     * (fb_view_lease) and any ACK due sent, at once, and it is not queued,
+     * so the filter of a publisher busy in Python keeps counting without a
+     * Python thread.  Such a PONG without a lease is queued (the owner
+     * sees which broker answered). */
+    const void *pong_command;
+    size_t pong_command_len;
+    const void *lease_token;
+    size_t lease_token_len;
 
     /* Shared with the owner (atomic). */
     int want_wake;               /* the lock was taken, or the queue full: whoever lets go of

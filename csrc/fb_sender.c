@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <sched.h>
+#include <string.h>
 
 #include "fb_common.h"
 
@@ -146,6 +147,31 @@ static uint64_t send_due(fb_sender *s)
     return next;
 }
 
+/* Send the lease ping the publisher asked for, if any, the lock held.
+ * Returns when to try again (a socket without room), else UINT64_MAX. */
+static uint64_t send_lease_ping(fb_sender *s)
+{
+    if (!s->view || !fb_view_take_renewal(s->view)) return UINT64_MAX;
+    unsigned char token[FB_SENDER_TOKEN_MAX + 8];
+    uint64_t now = fb_now_ns();              /* the lease counts from no later than this */
+    memcpy(token, s->lease_token, s->lease_token_len);
+    for (int i = 0; i < 8; i++) token[s->lease_token_len + i] = (unsigned char)(now >> (8 * i));
+    if (s->z.send(s->sock, s->ping_command, s->ping_command_len, Z_DONTWAIT | Z_SNDMORE) < 0) {
+        fb_view_renewal_unsent(s->view);
+        return fb_now_ns() + ROOM_RETRY_NS;
+    }
+    /* ZeroMQ takes a message's later frames once it took its first. */
+    s->z.send(s->sock, token, s->lease_token_len + 8, Z_DONTWAIT | Z_SNDMORE);
+    s->z.send(s->sock, s->lease_ask, s->lease_ask_len, Z_DONTWAIT);
+    __atomic_add_fetch(&s->lease_pings, 1, __ATOMIC_SEQ_CST);
+    return UINT64_MAX;
+}
+
+static int renewal_wanted(fb_sender *s)
+{
+    return s->view && __atomic_load_n(&s->view->renew, __ATOMIC_SEQ_CST) == FB_VIEW_RENEW_WANTED;
+}
+
 static void *run(void *arg)
 {
     fb_sender *s = arg;
@@ -161,14 +187,16 @@ static void *run(void *arg)
         fb_wake_clear(&s->wake);            /* before the look: a later wake writes */
         if (__atomic_load_n(&s->stop, __ATOMIC_SEQ_CST)) break;
         due = UINT64_MAX;
-        if (__atomic_load_n(&s->paused, __ATOMIC_SEQ_CST)) continue;
+        if (__atomic_load_n(&s->paused, __ATOMIC_SEQ_CST) && !renewal_wanted(s)) continue;
         /* The connection's holder may be a Python thread: wait for it (it
          * lets go without us), looking now and then whether to stop. */
         int got = 0;
         while (!(got = fb_slock_wait(s->slock, LOCK_POLL_NS)))
             if (__atomic_load_n(&s->stop, __ATOMIC_SEQ_CST)) break;
         if (!got) break;
-        due = send_due(s);
+        uint64_t ping_due = send_lease_ping(s);
+        due = send_due(s);                  /* (sends nothing while paused) */
+        if (ping_due < due) due = ping_due;
         fb_slock_release(s->slock);
         if (due == 0) sched_yield();        /* a waiter for the lock gets it first */
         /* Set before the owner's try for the lock, which failed while we

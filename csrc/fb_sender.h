@@ -36,6 +36,7 @@
 #include "fb_outbox.h"
 #include "fb_reader.h"
 #include "fb_slock.h"
+#include "fb_view.h"
 #include "fb_wake.h"
 
 #ifdef __cplusplus
@@ -47,6 +48,8 @@ typedef struct fb_zmq_calls {
     int (*send)(void *sock, const void *buf, size_t len, int flags);
     int (*getsockopt)(void *sock, int option, void *value, size_t *len);
 } fb_zmq_calls;
+
+#define FB_SENDER_TOKEN_MAX 32
 
 typedef struct fb_sender {
     /* Set before fb_sender_start, then only read. */
@@ -72,6 +75,20 @@ typedef struct fb_sender {
      * leaves without the owner.  Without one, input it notices and a full
      * socket are the owner's. */
     fb_reader *reader;
+    /* Optional (view NULL: none): the publisher's view, whose lease this
+     * thread renews.  When the publisher asks for a renewal (its filter
+     * drops messages past half the lease: fb_view_ask_renewal, then
+     * fb_sender_wake) this thread sends [ping_command, lease_token + its
+     * send time u64 LE, lease_ask], paused or not; the reader applies the
+     * PONG (fb_reader.h pong_command).  A publisher busy in Python keeps
+     * its lease so, without a Python thread. */
+    fb_view *view;
+    const void *ping_command;
+    size_t ping_command_len;
+    const void *lease_token;     /* at most FB_SENDER_TOKEN_MAX bytes */
+    size_t lease_token_len;
+    const void *lease_ask;
+    size_t lease_ask_len;
 
     /* Shared with the owner (atomic). */
     int paused;                  /* flow control paused publishing (set by whoever reads the FLOW) */
@@ -82,6 +99,7 @@ typedef struct fb_sender {
     uint64_t full_waits;         /* times it found the socket full and waited (with a reader) */
     uint64_t sent_messages;      /* records this thread sent */
     uint64_t sent_batches;
+    uint64_t lease_pings;        /* lease renewals this thread asked for */
 
     /* The thread's own. */
     fb_wake wake;

@@ -13,6 +13,9 @@ void fb_view_init(fb_view *v)
     v->trie = NULL;
     v->on = 0;
     v->applied = v->acked = v->ack_until_ns = v->wants = 0;
+    v->lease_until_ns = v->renew_at_ns = UINT64_MAX;
+    v->renew = FB_VIEW_RENEW_NONE;
+    v->leases = 0;
 }
 
 void fb_view_free(fb_view *v)
@@ -131,8 +134,68 @@ void fb_view_forget(fb_view *v)
     v->trie = NULL;
     v->on = 0;
     v->applied = v->acked = 0;
+    __atomic_store_n(&v->lease_until_ns, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&v->renew, FB_VIEW_RENEW_NONE, __ATOMIC_SEQ_CST);
     fb_lock_release(&v->lock);
     fb_trie_free(old);
+}
+
+int fb_view_in_lease(fb_view *v, uint64_t now_ns)
+{
+    return now_ns < __atomic_load_n(&v->lease_until_ns, __ATOMIC_SEQ_CST);
+}
+
+int fb_view_ask_renewal(fb_view *v, uint64_t now_ns, int force)
+{
+    if (!force && now_ns < __atomic_load_n(&v->renew_at_ns, __ATOMIC_SEQ_CST)) return 0;
+    int none = FB_VIEW_RENEW_NONE;
+    return __atomic_compare_exchange_n(&v->renew, &none, FB_VIEW_RENEW_WANTED, 0, __ATOMIC_SEQ_CST,
+                                       __ATOMIC_SEQ_CST);
+}
+
+int fb_view_take_renewal(fb_view *v)
+{
+    int wanted = FB_VIEW_RENEW_WANTED;
+    return __atomic_compare_exchange_n(&v->renew, &wanted, FB_VIEW_RENEW_SENT, 0, __ATOMIC_SEQ_CST,
+                                       __ATOMIC_SEQ_CST);
+}
+
+void fb_view_renewal_unsent(fb_view *v)
+{
+    int sent = FB_VIEW_RENEW_SENT;
+    __atomic_compare_exchange_n(&v->renew, &sent, FB_VIEW_RENEW_WANTED, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
+uint64_t fb_view_lease(fb_view *v, uint64_t sent_ns, uint64_t lease_us)
+{
+    if (lease_us > FB_VIEW_LEASE_MAX_US) lease_us = FB_VIEW_LEASE_MAX_US;
+    uint64_t usable = lease_us * FB_VIEW_LEASE_USE_PERMILLE;       /* ns: µs x 1000 x permille / 1000 */
+    fb_lock_wait(&v->lock);
+    uint64_t until = __atomic_load_n(&v->lease_until_ns, __ATOMIC_SEQ_CST);
+    if (sent_ns + usable > until) {
+        /* (The renewal is due at half the usable lease: a filter in use
+         * never runs out while pings come back within the other half.) */
+        __atomic_store_n(&v->renew_at_ns, sent_ns + usable / 2, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&v->lease_until_ns, sent_ns + usable, __ATOMIC_SEQ_CST);
+    }
+    __atomic_store_n(&v->renew, FB_VIEW_RENEW_NONE, __ATOMIC_SEQ_CST);
+    v->leases++;
+    fb_lock_release(&v->lock);
+    return fb_view_grant(v, sent_ns + 2 * lease_us * 1000);
+}
+
+void fb_view_renewal_answered(fb_view *v)
+{
+    __atomic_store_n(&v->renew, FB_VIEW_RENEW_NONE, __ATOMIC_SEQ_CST);
+}
+
+void fb_view_set_lease(fb_view *v, uint64_t until_ns)
+{
+    fb_lock_wait(&v->lock);
+    __atomic_store_n(&v->lease_until_ns, until_ns, __ATOMIC_SEQ_CST);
+    if (until_ns == UINT64_MAX) __atomic_store_n(&v->renew_at_ns, UINT64_MAX, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&v->renew, FB_VIEW_RENEW_NONE, __ATOMIC_SEQ_CST);
+    fb_lock_release(&v->lock);
 }
 
 int fb_view_match(fb_view *v, const void *topic, size_t len)

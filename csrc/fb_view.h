@@ -20,6 +20,17 @@
  * broker sees it (ack_until_ns, set by the owner when a lease arrives);
  * what is applied outside it is acknowledged when the next lease arrives
  * (fb_view_grant).
+ *
+ * The view itself counts only under that lease (lease_until_ns): past it,
+ * a message it would drop is sent.  A publisher whose filter drops
+ * messages asks for a renewal from renew_at_ns on (fb_view_ask_renewal),
+ * once until the answer; whoever sends the ping takes the request
+ * (fb_view_take_renewal), and whoever reads the PONG applies the lease
+ * (fb_view_lease).  Both can be native threads (fb_sender.h, fb_reader.h),
+ * so a publisher busy in Python keeps its lease without any Python thread
+ * of its own: a keeper starved of the interpreter lock let the lease run
+ * out and the publisher send what nobody wanted.  These fields are read
+ * without the lock on the publish path (atomics).
  */
 #ifndef FB_VIEW_H
 #define FB_VIEW_H
@@ -37,6 +48,15 @@ extern "C" {
 #define FB_VIEW_RESET 0x01u          /* WANT flags */
 #define FB_VIEW_OP_SUBSCRIBE 0x01u   /* an op record's flags byte */
 #define FB_VIEW_OP_PREFIX 0x02u
+/* The share of a granted lease a publisher counts on (per mille): clocks
+ * may run at slightly different rates on two hosts (protocol.LEASE_USE). */
+#define FB_VIEW_LEASE_USE_PERMILLE 900u
+/* A lease longer than this (from the network) counts as this long. */
+#define FB_VIEW_LEASE_MAX_US 3600000000ull
+/* fb_view.renew */
+#define FB_VIEW_RENEW_NONE 0     /* no renewal asked for */
+#define FB_VIEW_RENEW_WANTED 1   /* asked for; its ping not sent yet */
+#define FB_VIEW_RENEW_SENT 2     /* its ping sent; the PONG not read yet */
 
 typedef struct fb_view {
     fb_lock lock;            /* guards every field below, for one call */
@@ -46,6 +66,11 @@ typedef struct fb_view {
     uint64_t acked;          /* the latest seq acknowledged */
     uint64_t ack_until_ns;   /* acknowledge at once until then (monotonic, fb_now_ns) */
     uint64_t wants;          /* WANTs applied (for stats) */
+    /* The lease (atomic; see the top): */
+    uint64_t lease_until_ns; /* the view counts until then; UINT64_MAX: for ever (no leases) */
+    uint64_t renew_at_ns;    /* a publisher whose filter drops asks for a new lease from then on */
+    int renew;               /* FB_VIEW_RENEW_* */
+    uint64_t leases;         /* leases applied (for stats) */
 } fb_view;
 
 void fb_view_init(fb_view *v);
@@ -65,8 +90,32 @@ void fb_view_acked(fb_view *v, uint64_t seq);
 /* A lease arrived that the broker counts until ack_until_ns: returns the
  * seq to acknowledge now (what was applied outside the last one), or 0. */
 uint64_t fb_view_grant(fb_view *v, uint64_t ack_until_ns);
-/* A new session (HELLO sent): no view, seqs anew, until its reset. */
+/* A new session (HELLO sent): no view, seqs anew, until its reset; no
+ * lease until its WELCOME (or a PONG) grants one. */
 void fb_view_forget(fb_view *v);
+
+/* Does the view count at now (under its lease)? */
+int fb_view_in_lease(fb_view *v, uint64_t now_ns);
+/* The publisher's filter dropped (or would drop) a message at now: 1 if a
+ * renewal is to be asked for now (renew_at_ns reached, or `force`, and
+ * none asked for yet: the caller then has its ping sent), else 0. */
+int fb_view_ask_renewal(fb_view *v, uint64_t now_ns, int force);
+/* A sender: 1 if a renewal's ping is to be sent now (the request is taken:
+ * on failure to send, fb_view_renewal_unsent puts it back). */
+int fb_view_take_renewal(fb_view *v);
+void fb_view_renewal_unsent(fb_view *v);
+/* A lease of lease_us (µs) for what left at sent_ns (a ping's, or a
+ * HELLO's): extends lease_until_ns (never shortens it), sets renew_at_ns,
+ * answers the renewal asked for, and acknowledges as fb_view_grant (the
+ * broker counts the lease until twice it after sent_ns): returns the seq
+ * to acknowledge now, or 0. */
+uint64_t fb_view_lease(fb_view *v, uint64_t sent_ns, uint64_t lease_us);
+/* A renewal's ping was answered without a lease (the broker does not know
+ * this session yet): it may be asked for again. */
+void fb_view_renewal_answered(fb_view *v);
+/* The lease is set outright: 0 (none), or UINT64_MAX (for ever: a broker
+ * that grants none waits for nobody). */
+void fb_view_set_lease(fb_view *v, uint64_t until_ns);
 /* 1 if some subscription in the view matches the topic, 0 if none, -1 if
  * there is no view (everything is wanted). */
 int fb_view_match(fb_view *v, const void *topic, size_t len);

@@ -56,6 +56,8 @@ SUBSCRIBE = FB_OP_SUBSCRIBE
 UNSUBSCRIBE = FB_OP_UNSUBSCRIBE
 BATCH_VERSION = FB_BATCH_VERSION
 CORE_VERSION = (FB_VERSION_MAJOR, FB_VERSION_MINOR, FB_VERSION_PATCH)
+#: The share of a granted filter lease a peer counts on (csrc/fb_view.h).
+LEASE_USE = FB_VIEW_LEASE_USE_PERMILLE / 1000.0
 
 # Release the GIL for batches at least this large; below it, the release and
 # re-acquire cost more than the work.

@@ -15,7 +15,7 @@ import os
 import struct
 from collections.abc import Iterable
 
-from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Batch, decode, encode
+from fastbus._core import LEASE_USE, SUBSCRIBE, UNSUBSCRIBE, Batch, decode, encode
 from fastbus.errors import ProtocolError
 
 VERSION = 1
@@ -48,16 +48,17 @@ FLOW = b"F"         # [F, b"\x00" pause | b"\x01" resume]   to publishers
 REFUSED = b"N"      # [N, seq u64, ops batch, json {"reason": ...}]   before the CONFIRM of that seq
 NOTICE = b"E"       # [E, json {"dropped": n, "reason": ...}]   to a sender whose records were dropped
 
-#: A peer that filters by the broker's WANT messages counts its view only
-#: for this share of a lease the broker granted (clocks may run at slightly
+#: LEASE_USE (from csrc/fb_view.h, where the client applies leases): a peer
+#: that filters by the broker's WANT messages counts its view only for this
+#: share of a lease the broker granted (clocks may run at slightly
 #: different rates on two hosts), from when it sent what the grant answers.
-LEASE_USE = 0.9
 #: The third frame of a PING that asks for a filter lease (its PONG then
 #: carries one): only a peer whose filter is in use asks, and only a peer
 #: that holds a lease is waited for.
 LEASE_ASK = b"lease"
-#: The token of a ping a downstream broker sends for its lease (then the
-#: send time, u64 ns of its monotonic clock).
+#: The token of a lease ping (a client's or a downstream broker's): then
+#: the send time, u64 ns of the sender's monotonic clock, so whoever reads
+#: the PONG knows when the lease counts from.
 LEASE_TOKEN = b"lease:"
 
 FLOW_PAUSE = b"\x00"

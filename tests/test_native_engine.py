@@ -208,6 +208,56 @@ asyncio.run(main())
 """
 
 
+#: Publishes to a channel nobody wants, back to back for SPIN seconds
+#: under a 1 s switch interval, once its filter is in use; then its stats.
+UNWANTED_PUBLISHER = r"""
+import json, sys, time
+import fastbus
+endpoint, spin = sys.argv[1], float(sys.argv[2])
+with fastbus.Client(endpoint=endpoint) as c:
+    deadline = time.monotonic() + 20
+    while not (c.stats()["filter_active"] and c.is_wanted("wanted")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sys.setswitchinterval(1.0)
+    end = time.monotonic() + spin
+    n = 0
+    while time.monotonic() < end:           # no other Python thread of ours runs meanwhile
+        n += c.publish("nobody", b"x")
+    st = c.stats()
+    print(json.dumps({"sent": n, "filtered": st["filtered"], "unfiltered": st["unfiltered"]}), flush=True)
+"""
+
+
+def test_a_publisher_holding_the_interpreter_keeps_its_filter_lease():
+    """A publisher's filter counts only under the broker's lease (100 ms
+    by default), renewed while the filter drops messages.  Its renewal must
+    not wait for a Python thread of the publisher: one that publishes
+    what nobody wants for 1.5 s, holding the interpreter (1 s switch
+    interval), drops every message, and the broker sees none.  Before, the
+    keeper thread sent the renewal and applied its answer: the lease ran
+    out after 90 ms and the publisher sent everything after that (CI saw
+    it once under load, as 2,086 unwanted messages)."""
+    b = BrokerProcess()
+    pub = None
+    try:
+        with fastbus.Client(endpoint=b.endpoint) as c:
+            p = c.pubsub(ignore_subscribe_messages=True)
+            p.subscribe("wanted")
+            pub = python_process(UNWANTED_PUBLISHER, b.endpoint, "1.5", stdout=subprocess.PIPE, text=True)
+            out, _ = pub.communicate(timeout=30)
+            assert pub.returncode == 0
+            st = json.loads(out)
+            assert st["sent"] == 0 and st["filtered"] > 1000, st
+            assert st["unfiltered"] == 0, st
+            assert c.broker_stats()["messages_in"] == 0
+            p.close()
+    finally:
+        if pub is not None and pub.poll() is None:
+            pub.kill()
+            pub.wait()
+        b.stop()
+
+
 @pytest.mark.parametrize("script", [BUSY_PUBLISHER, BUSY_AIO_PUBLISHER], ids=["sync", "asyncio"])
 def test_subscribe_is_confirmed_while_a_publisher_holds_the_interpreter(script):
     """A subscription is confirmed once every publisher applied it (or its

@@ -149,6 +149,10 @@ static void rig_start(rig *g, size_t max_bytes)
         g->r.ack_command = "A";
         g->r.ack_command_len = 1;
         g->r.view = rig_view;
+        g->r.pong_command = "q";
+        g->r.pong_command_len = 1;
+        g->r.lease_token = "lease:";
+        g->r.lease_token_len = 6;
         rig_view = NULL;
     }
     g->r.data_command_len = 1;
@@ -412,6 +416,66 @@ static void test_a_want_is_applied_and_acknowledged_at_once(void)
     fb_view_free(&view);
 }
 
+static int wait_leases(fb_view *v, uint64_t n)
+{
+    for (int i = 0; i < 2000; i++) {
+        fb_lock_wait(&v->lock);
+        uint64_t w = v->leases;
+        fb_lock_release(&v->lock);
+        if (w >= n) return 1;
+        sleep_ms(1);
+    }
+    return 0;
+}
+
+static void put_u64(unsigned char *b, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void test_a_lease_pong_is_applied_at_once(void)
+{
+    rig g;
+    static fb_view view;
+    fb_view_init(&view);
+    fb_view_forget(&view);                          /* a session: no lease yet */
+    uint64_t t0 = fb_now_ns();
+    CHECK_EQ(fb_view_ask_renewal(&view, t0, 1), 1);
+    CHECK_EQ(fb_view_take_renewal(&view), 1);       /* (the sender sent its ping) */
+    rig_view = &view;
+    rig_start(&g, 1 << 20);
+    static unsigned char token[14] = "lease:", lease[8];
+    put_u64(token + 6, t0);
+    put_u64(lease, 100000);                         /* 100 ms */
+    const char *pong[4] = {"q", (const char *)token, "inst", (const char *)lease};
+    size_t lens[4] = {1, 14, 4, 8};
+    script_frames(4, pong, lens);
+    CHECK(wait_leases(&view, 1));
+    CHECK(fb_view_in_lease(&view, t0 + 89999999ull));   /* counted from the ping's send time */
+    CHECK(!fb_view_in_lease(&view, t0 + 90000000ull));
+    CHECK_EQ(view.renew, FB_VIEW_RENEW_NONE);       /* answered: the next may be asked for */
+    CHECK_EQ(queued(&g), 0);                        /* nothing for the owner */
+
+    /* Without a lease (the broker did not know the session): answered,
+     * and the owner's, who sees which broker said so. */
+    CHECK_EQ(fb_view_ask_renewal(&view, t0, 1), 1);
+    script_frames(3, pong, lens);
+    CHECK(wait_queued(&g, 1));
+    CHECK_EQ(view.renew, FB_VIEW_RENEW_NONE);
+    CHECK(owner_woken(&g));
+    /* Other PONGs (a flush's token), and a malformed lease, are the owner's. */
+    static const char flush[] = "flush-1";
+    const char *other[4] = {"q", flush, "inst", (const char *)lease};
+    size_t other_lens[4] = {1, 7, 4, 8};
+    script_frames(4, other, other_lens);
+    size_t short_lens[4] = {1, 14, 4, 7};
+    script_frames(4, pong, short_lens);
+    CHECK(wait_queued(&g, 3));
+    CHECK_EQ(view.leases, 1);
+    rig_stop(&g);
+    fb_view_free(&view);
+}
+
 int main(void)
 {
     RUN(test_queues_messages_in_order);
@@ -421,5 +485,6 @@ int main(void)
     RUN(test_leaves_input_to_a_user_thread_that_reads);
     RUN(test_a_flow_pause_stops_the_sender_and_a_resume_starts_it);
     RUN(test_a_want_is_applied_and_acknowledged_at_once);
+    RUN(test_a_lease_pong_is_applied_at_once);
     CTEST_END();
 }

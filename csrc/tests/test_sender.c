@@ -71,6 +71,12 @@ static int f_recv(fb_zmq_msg *m, void *sock, int flags)
     return (int)fm->size;
 }
 
+/* A lease ping taken (fb_sender.h view): its frames. */
+static int pings, ping_frames, frame_no, in_ping;
+static unsigned char ping_token[64];
+static size_t ping_token_len;
+static char ping_ask[16];
+
 static int fake_send(void *sock, const void *buf, size_t len, int flags)
 {
     (void)sock;
@@ -79,6 +85,19 @@ static int fake_send(void *sock, const void *buf, size_t len, int flags)
         return -1;
     }
     F.sends++;
+    if (frame_no == 0) in_ping = len == 1 && *(const char *)buf == 'p';
+    if (in_ping) {
+        ping_frames++;
+        if (frame_no == 1 && len <= sizeof ping_token) {
+            memcpy(ping_token, buf, len);
+            ping_token_len = len;
+        }
+        if (frame_no == 2 && len < sizeof ping_ask) memcpy(ping_ask, buf, len);
+        frame_no = (flags & 2) ? frame_no + 1 : 0;
+        if (!(flags & 2)) __atomic_add_fetch(&pings, 1, __ATOMIC_SEQ_CST);
+        return (int)len;
+    }
+    frame_no = (flags & 2) ? frame_no + 1 : 0;
     if (flags & 2) return (int)len;             /* the command frame */
     if (++F.messages == pause_after) say("F", "p");
     static fb_record recs[1024];
@@ -136,6 +155,9 @@ static void rig_start(rig *r, size_t max_messages)
     memset(&F, 0, sizeof F);
     in_n = in_next = in_frame = 0;
     pause_after = -1;
+    pings = ping_frames = frame_no = in_ping = 0;
+    ping_token_len = 0;
+    memset(ping_ask, 0, sizeof ping_ask);
     REQUIRE(pipe(in_fd) == 0);
     fcntl(in_fd[0], F_SETFL, O_NONBLOCK);
     fcntl(in_fd[1], F_SETFL, O_NONBLOCK);
@@ -374,6 +396,57 @@ static void test_reads_between_batches_and_stops_at_a_pause(void)
     close(owner[1]);
 }
 
+static void test_sends_the_lease_ping_the_publisher_asks_for_even_paused(void)
+{
+    rig r;
+    fb_view v;
+    fb_view_init(&v);
+    fb_view_forget(&v);
+    fb_view_lease(&v, fb_now_ns(), 100000);
+    /* Set before the thread starts, as the binding does. */
+    memset(&r, 0, sizeof r);
+    rig_start(&r, 0);
+    fb_sender_stop(&r.s);
+    r.s.view = &v;
+    r.s.ping_command = "p";
+    r.s.ping_command_len = 1;
+    r.s.lease_token = "lease:";
+    r.s.lease_token_len = 6;
+    r.s.lease_ask = "lease";
+    r.s.lease_ask_len = 5;
+    REQUIRE(fb_sender_start(&r.s) == 0);
+    __atomic_store_n(&r.s.paused, 1, __ATOMIC_SEQ_CST);       /* a pause stops data, not this */
+    fb_sender_wake(&r.s);
+    sleep_ms(20);
+    CHECK_EQ(__atomic_load_n(&pings, __ATOMIC_SEQ_CST), 0);    /* nobody asked */
+    uint64_t before = fb_now_ns();
+    CHECK_EQ(fb_view_ask_renewal(&v, before, 1), 1);
+    fb_sender_wake(&r.s);
+    CHECK(wait_until((volatile uint32_t *)&pings, 1, 5000));
+    CHECK_EQ(ping_frames, 3);
+    CHECK_EQ(ping_token_len, 14);
+    CHECK(memcmp(ping_token, "lease:", 6) == 0);
+    uint64_t sent = 0;
+    for (int i = 7; i >= 0; i--) sent = sent << 8 | ping_token[6 + i];
+    CHECK(sent >= before && sent <= fb_now_ns());            /* its send time, which the lease counts from */
+    CHECK(strcmp(ping_ask, "lease") == 0);
+    CHECK_EQ(v.renew, FB_VIEW_RENEW_SENT);
+    CHECK_EQ(r.s.lease_pings, 1);
+    CHECK_EQ(F.messages, 0);
+    /* No room: it tries again until the socket takes it. */
+    fb_view_lease(&v, sent, 100000);                          /* (the answer) */
+    F.room = 0;
+    CHECK_EQ(fb_view_ask_renewal(&v, fb_now_ns(), 1), 1);
+    fb_sender_wake(&r.s);
+    sleep_ms(20);
+    CHECK_EQ(__atomic_load_n(&pings, __ATOMIC_SEQ_CST), 1);
+    CHECK_EQ(__atomic_load_n(&v.renew, __ATOMIC_SEQ_CST), FB_VIEW_RENEW_WANTED);
+    F.room = 1;
+    CHECK(wait_until((volatile uint32_t *)&pings, 2, 5000));
+    rig_stop(&r);
+    fb_view_free(&v);
+}
+
 static void test_slock(void)
 {
     fb_slock l;
@@ -431,6 +504,7 @@ static void test_batchq_and_untake(void)
 
 int main(void)
 {
+    RUN(test_sends_the_lease_ping_the_publisher_asks_for_even_paused);
     RUN(test_slock);
     RUN(test_batchq_and_untake);
     RUN(test_sends_what_is_there_in_order);

@@ -129,10 +129,72 @@ static void test_acks_within_the_lease_and_when_the_next_one_comes(void)
     fb_view_free(&v);
 }
 
+static void test_the_lease_counts_renews_once_and_never_shrinks(void)
+{
+    fb_view v;
+    fb_view_init(&v);
+    CHECK(fb_view_in_lease(&v, 12345));                    /* no broker said otherwise: for ever */
+    fb_view_forget(&v);                                    /* a new session: none until granted */
+    CHECK(!fb_view_in_lease(&v, 0));
+    /* 100 ms granted for what left at t=1 s: 90 ms counted, renewal from 45 ms. */
+    CHECK_EQ(fb_view_lease(&v, 1000000000ull, 100000), 0);
+    CHECK(fb_view_in_lease(&v, 1089999999ull));
+    CHECK(!fb_view_in_lease(&v, 1090000000ull));
+    CHECK_EQ(fb_view_ask_renewal(&v, 1044999999ull, 0), 0);  /* not yet */
+    CHECK_EQ(fb_view_ask_renewal(&v, 1045000000ull, 0), 1);
+    CHECK_EQ(fb_view_ask_renewal(&v, 1050000000ull, 0), 0);  /* asked once, until answered */
+    CHECK_EQ(fb_view_ask_renewal(&v, 1050000000ull, 1), 0);
+    CHECK_EQ(fb_view_take_renewal(&v), 1);                 /* the sender takes it... */
+    CHECK_EQ(fb_view_take_renewal(&v), 0);
+    fb_view_renewal_unsent(&v);                            /* ...cannot send it now... */
+    CHECK_EQ(fb_view_take_renewal(&v), 1);                 /* ...and takes it again */
+    CHECK_EQ(fb_view_ask_renewal(&v, 1050000000ull, 0), 0);
+    /* An older ping's answer does not shorten the lease, but answers. */
+    fb_view_lease(&v, 900000000ull, 100000);
+    CHECK(fb_view_in_lease(&v, 1089999999ull));
+    CHECK_EQ(fb_view_ask_renewal(&v, 1050000000ull, 0), 1);
+    CHECK_EQ(fb_view_take_renewal(&v), 1);
+    fb_view_lease(&v, 1050000000ull, 100000);
+    CHECK(fb_view_in_lease(&v, 1139999999ull));
+    CHECK_EQ(fb_view_ask_renewal(&v, 1094999999ull, 0), 0);
+    CHECK_EQ(fb_view_ask_renewal(&v, 1095000000ull, 0), 1);
+    fb_view_renewal_answered(&v);                          /* answered without a lease: ask again */
+    CHECK_EQ(fb_view_ask_renewal(&v, 1095000000ull, 0), 1);
+    CHECK_EQ(v.leases, 3);
+    /* A lease from the network too long to count in ns is bounded. */
+    fb_view_lease(&v, 2000000000ull, UINT64_MAX);
+    CHECK(fb_view_in_lease(&v, 2000000000ull + FB_VIEW_LEASE_MAX_US * 900 - 1));
+    CHECK(!fb_view_in_lease(&v, 2000000000ull + FB_VIEW_LEASE_MAX_US * 900));
+    fb_view_set_lease(&v, UINT64_MAX);                     /* a broker that grants none */
+    CHECK(fb_view_in_lease(&v, UINT64_MAX - 1));
+    CHECK_EQ(fb_view_ask_renewal(&v, UINT64_MAX - 1, 0), 0);
+    fb_view_free(&v);
+}
+
+static void test_a_lease_acknowledges_what_was_applied_outside_the_last(void)
+{
+    fb_view v;
+    fb_view_init(&v);
+    ops o;
+    uint64_t ack = 99;
+    fb_view_forget(&v);
+    ops_start(&o);
+    ops_add(&o, "a", SUB);
+    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET, o.b, o.len, 1, 7, 5000, &ack), FB_OK);
+    CHECK_EQ(ack, 0);                                      /* no lease: not acknowledged now */
+    CHECK_EQ(fb_view_lease(&v, 6000, 100), 7);             /* the next lease says it */
+    fb_view_acked(&v, 7);
+    CHECK_EQ(fb_view_apply(&v, 0, o.b, o.len, 1, 8, 6000 + 2 * 100 * 1000 - 1, &ack), FB_OK);
+    CHECK_EQ(ack, 8);                                      /* within twice the lease from the ping */
+    fb_view_free(&v);
+}
+
 int main(void)
 {
     RUN(test_reset_then_diffs);
     RUN(test_malformed_ops_leave_the_view_as_it_was);
     RUN(test_acks_within_the_lease_and_when_the_next_one_comes);
+    RUN(test_the_lease_counts_renews_once_and_never_shrinks);
+    RUN(test_a_lease_acknowledges_what_was_applied_outside_the_last);
     CTEST_END();
 }

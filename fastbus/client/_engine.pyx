@@ -40,7 +40,8 @@ from fastbus._core cimport Outbox, Publisher
 from fastbus.includes.fb_reader cimport (fb_reader, fb_reader_item, fb_reader_pop, fb_reader_release,
                                          fb_reader_start, fb_reader_stop, fb_reader_wake, fb_zmq_msg,
                                          fb_reader_owner_enter, fb_reader_owner_leave)
-from fastbus.includes.fb_sender cimport fb_sender, fb_sender_start, fb_sender_stop, fb_sender_wake
+from fastbus.includes.fb_sender cimport (FB_SENDER_TOKEN_MAX, fb_sender, fb_sender_start, fb_sender_stop,
+                                         fb_sender_wake)
 from fastbus.includes.fb_slock cimport (fb_slock, fb_slock_destroy, fb_slock_held, fb_slock_init,
                                         fb_slock_release, fb_slock_try, fb_slock_wait)
 
@@ -236,7 +237,9 @@ cdef class Sender:
     """A native thread that sends the batches a publisher's burst left in
     its outbox, on one connection (``sock``, guarded by ``lock``), and hands
     back to its owner (a byte written to ``owner_fd``) what it does not
-    send: see csrc/fb_sender.h.  ``wake()`` is the publisher's wake-up."""
+    send: see csrc/fb_sender.h.  ``wake()`` is the publisher's wake-up.
+    With ``lease_ping`` (ping command, lease token, lease ask) it also sends
+    the lease ping the publisher asks for (its ``renew``)."""
 
     cdef fb_sender _s
     cdef Publisher _pub
@@ -244,9 +247,10 @@ cdef class Sender:
     cdef SessionLock _lock
     cdef object _sock
     cdef bytes _command
+    cdef tuple _lease_ping
 
     def __cinit__(self, Publisher publisher not None, SessionLock lock not None, sock, int owner_fd,
-                  double linger=0.0, bytes command=b"P"):
+                  double linger=0.0, bytes command=b"P", tuple lease_ping=None):
         if not available():
             raise RuntimeError("the client's engine needs pyzmq's libzmq, which was not found")
         self._pub = publisher
@@ -268,6 +272,22 @@ cdef class Sender:
         self._s.command = PyBytes_AS_STRING(command)
         self._s.command_len = PyBytes_GET_SIZE(command)
         self._s.owner_fd = owner_fd
+        if lease_ping is not None:
+            # (ping command, lease token, lease ask): it renews the
+            # publisher's lease when asked (wake), csrc/fb_sender.h view.
+            ping, token, ask = lease_ping
+            if not (isinstance(ping, bytes) and isinstance(token, bytes) and isinstance(ask, bytes)):
+                raise TypeError("lease_ping must be three bytes objects")
+            if len(token) > FB_SENDER_TOKEN_MAX:
+                raise ValueError(f"a lease token of at most {FB_SENDER_TOKEN_MAX} bytes")
+            self._lease_ping = (ping, token, ask)
+            self._s.ping_command = PyBytes_AS_STRING(ping)
+            self._s.ping_command_len = PyBytes_GET_SIZE(ping)
+            self._s.lease_token = PyBytes_AS_STRING(token)
+            self._s.lease_token_len = PyBytes_GET_SIZE(token)
+            self._s.lease_ask = PyBytes_AS_STRING(ask)
+            self._s.lease_ask_len = PyBytes_GET_SIZE(ask)
+            self._s.view = &publisher._view
         cdef int rc = fb_sender_start(&self._s)
         if rc:
             raise OSError(rc, strerror(rc).decode())
@@ -335,6 +355,11 @@ cdef class Sender:
         return fbe_load_u64(&self._s.sent_batches)
 
     @property
+    def lease_pings(self) -> int:
+        """Lease renewals this thread asked the broker for."""
+        return fbe_load_u64(&self._s.lease_pings)
+
+    @property
     def full_waits(self) -> int:
         """Times the thread found the socket full and waited for room
         itself (with a reader: see csrc/fb_sender.h)."""
@@ -356,8 +381,9 @@ cdef class Reader:
     FLOW pause stops ``flow_to`` (a Sender) at once, a resume (or
     ``flow_reset_command``, a new session's WELCOME) starts it again, and
     the sender reads through this reader between its batches; a WANT is applied to
-    ``view_of``'s view (a Publisher) and acknowledged, never queued.  See
-    csrc/fb_reader.h."""
+    ``view_of``'s view (a Publisher) and acknowledged, never queued, and
+    with ``lease_pong`` (pong command, lease token) so is the lease a PONG
+    to a lease ping grants.  See csrc/fb_reader.h."""
 
     cdef fb_reader _r
     cdef SessionLock _lock
@@ -369,11 +395,12 @@ cdef class Reader:
     cdef Publisher _view_of
     cdef bytes _want_command
     cdef bytes _ack_command
+    cdef tuple _lease_pong
 
     def __cinit__(self, SessionLock lock not None, sock, int owner_fd, Py_ssize_t max_bytes,
                   bytes data_command=b"D", Sender flow_to=None, bytes flow_command=b"F",
                   bytes flow_pause=b"\x00", bytes flow_reset_command=None, Publisher view_of=None, bytes want_command=b"W",
-                  bytes ack_command=b"A", bint wake_on_data=False):
+                  bytes ack_command=b"A", tuple lease_pong=None, bint wake_on_data=False):
         if not available():
             raise RuntimeError("the client's engine needs pyzmq's libzmq, which was not found")
         if max_bytes <= 0:
@@ -423,6 +450,17 @@ cdef class Reader:
             self._r.ack_command = PyBytes_AS_STRING(ack_command)
             self._r.ack_command_len = PyBytes_GET_SIZE(ack_command)
             self._r.view = &view_of._view
+            if lease_pong is not None:
+                # (pong command, lease token): the PONG to a lease ping
+                # renews the view's lease at once (fb_reader.h pong_command).
+                pong, token = lease_pong
+                if not (isinstance(pong, bytes) and isinstance(token, bytes)):
+                    raise TypeError("lease_pong must be two bytes objects")
+                self._lease_pong = (pong, token)
+                self._r.pong_command = PyBytes_AS_STRING(pong)
+                self._r.pong_command_len = PyBytes_GET_SIZE(pong)
+                self._r.lease_token = PyBytes_AS_STRING(token)
+                self._r.lease_token_len = PyBytes_GET_SIZE(token)
         cdef int rc = fb_reader_start(&self._r)
         if rc:
             raise OSError(rc, strerror(rc).decode())

@@ -43,9 +43,9 @@ class _Flush:
 PUB_READER_BYTES = 1 << 20
 #: A lease that never ends (a broker that grants none: its view counts as it is).
 FOREVER = 2 ** 64 - 1
-#: Pings whose send times a publishing session remembers (their PONGs come
-#: back in order, each a lease from when its ping left).
-PINGS_KEPT = 256
+#: HELLOs whose send times a publishing session remembers (the WELCOME
+#: grants a lease from the oldest).
+HELLOS_KEPT = 256
 
 
 class PubSession(Session):
@@ -61,6 +61,10 @@ class PubSession(Session):
     acknowledged it, or once every lease granted before has run out.  The
     publisher asks for a renewal (``renew_lease``) while its filter is in
     use; a lease that ran out makes it send what it would have dropped.
+    The renewal's ping carries its send time in its token (``LEASE_TOKEN``),
+    so whoever reads the PONG can apply the lease: with the engine, the
+    native sender sends it and the native reader applies it, and a
+    publisher busy in Python keeps its lease without any Python thread.
 
     Batches a burst leaves in the outbox are sent by a native thread
     (``engine``, a ``_engine.Sender``) the moment the burst stops, without
@@ -88,8 +92,7 @@ class PubSession(Session):
         self.stats_replies: list[dict] = []
         self.rejected = 0                 # messages the broker said it dropped (NOTICE)
         self.notice: MessagesRejected | None = None   # raised by the next flush()
-        self._pings: deque[tuple[bytes, int]] = deque(maxlen=PINGS_KEPT)   # (token, sent ns), oldest first
-        self._hellos: deque[int] = deque(maxlen=PINGS_KEPT)                # HELLOs not yet welcomed: sent ns
+        self._hellos: deque[int] = deque(maxlen=HELLOS_KEPT)    # HELLOs not yet welcomed: sent ns
         publisher.renew = self.renew_lease
 
     def open_native(self) -> None:
@@ -107,12 +110,15 @@ class PubSession(Session):
         if not self.conns.driven_by_loop:
             if self.engine is None:
                 self.engine = _engine.Sender(self.publisher, self.lock, self.sock, owner_fd,
-                                             linger=self.linger_ns / 1e9, command=P.PUB)
+                                             linger=self.linger_ns / 1e9, command=P.PUB,
+                                             lease_ping=(P.PING, P.LEASE_TOKEN, P.LEASE_ASK))
                 self.publisher.wake = self.engine.wake
+                self.publisher.renew = self.engine.wake     # it sends the lease ping asked for
         if self.reader is None:
             self.reader = _engine.Reader(self.lock, self.sock, owner_fd, PUB_READER_BYTES, P.DATA,
                                          flow_to=self.engine, flow_command=P.FLOW, flow_pause=P.FLOW_PAUSE,
-                                         flow_reset_command=P.WELCOME, view_of=self.publisher, want_command=P.WANT, ack_command=P.ACK)
+                                         flow_reset_command=P.WELCOME, view_of=self.publisher, want_command=P.WANT,
+                                         ack_command=P.ACK, lease_pong=(P.PONG, P.LEASE_TOKEN))
 
     def close(self) -> None:
         if self.reader is not None:
@@ -125,6 +131,7 @@ class PubSession(Session):
             self.engine.stop()
             self.engine = None
             self.publisher.wake = self._keeper.wake
+            self.publisher.renew = self.renew_lease
         super().close()
 
     @property
@@ -343,34 +350,28 @@ class PubSession(Session):
         self._hellos.clear()
         lease = self.welcome.get("lease_us")
         if isinstance(lease, int) and not isinstance(lease, bool) and lease >= 0:
-            pub.lease_until_ns = 0
+            pub.set_lease(0)
             if sent:
                 self._grant(sent, lease)
         else:
             # A broker that grants no lease does not wait for us either.
-            pub.lease_until_ns = pub.renew_at_ns = FOREVER
+            pub.set_lease(FOREVER)
 
     def on_pong(self, token: bytes, lease_us: int | None) -> None:
         if token.startswith(b"flush-"):
             self.pongs.add(token)
-        pings = self._pings
-        while pings:                     # PONGs come in the order of the pings
-            t, sent = pings.popleft()
-            if t == token:
-                if lease_us is not None:
-                    self._grant(sent, lease_us)
-                return
+        elif len(token) == len(P.LEASE_TOKEN) + 8 and token.startswith(P.LEASE_TOKEN):
+            # A lease ping's, its send time in the token.  (The native
+            # reader applies those it reads: this one we read ourselves.)
+            if lease_us is None:
+                self.publisher.renewal_answered()     # (the broker did not know us: ask again)
+            else:
+                self._grant(P.unpack_u64(token[len(P.LEASE_TOKEN):]), lease_us)
 
     def _grant(self, sent_ns: int, lease_us: int) -> None:
-        """The broker answered what we sent at ``sent_ns`` with a lease."""
-        pub = self.publisher
-        usable = int(lease_us * 1000 * P.LEASE_USE)
-        until = sent_ns + usable
-        if until > pub.lease_until_ns:
-            pub.lease_until_ns = until
-            pub.renew_at_ns = sent_ns + usable // 2      # renewed while the filter is in use
-            pub.renew_asked = False
-        ack = pub.grant(sent_ns + 2 * lease_us * 1000)
+        """The broker answered what we sent at ``sent_ns`` with a lease
+        (csrc/fb_view.h fb_view_lease: the native reader's way too)."""
+        ack = self.publisher.lease(sent_ns, lease_us)
         if ack:
             self._ack(ack)                # what we applied while we did not filter
 
@@ -378,26 +379,27 @@ class PubSession(Session):
         self.publisher.acked(seq)
         self.send([P.ACK, P.pack_u64(seq)])
 
-    def ping(self, token: bytes = b"", lease: bool = False) -> None:
-        # Its send time before it leaves: a lease counts from no later.
-        self._pings.append((token, time.monotonic_ns()))
-        super().ping(token, lease)
-
     def hello(self) -> None:
         pub = self.publisher
-        pub.forget_view()                 # a new session: everything, until its WANT reset,
-        pub.renew_asked = False           # and its WANTs numbered anew;
-        pub.lease_until_ns = 0            # filtering only under its own lease (WELCOME's): the
-                                          # native reader may apply that reset before we read WELCOME
+        # A new session: everything, until its WANT reset, its WANTs
+        # numbered anew, and filtering only under its own lease (WELCOME's):
+        # the native reader may apply that reset before we read WELCOME.
+        pub.forget_view()
         if self.engine is not None:
             self.engine.paused = False    # a new session is not paused (its broker says if it is)
         self._hellos.append(time.monotonic_ns())
         super().hello()
 
     def renew_lease(self) -> None:
-        """The publisher's call (see Publisher): its filter is in use and
-        its lease ends soon, or has ended.  A ping renews it."""
-        self.post(lambda: self.ping(b"lease", lease=True))
+        """The publisher's call without the native sender (see Publisher):
+        its filter is in use and its lease ends soon, or has ended.  A ping
+        renews it."""
+        self.post(self._lease_ping)
+
+    def _lease_ping(self) -> None:
+        # Its send time in its token, taken before it leaves: the lease
+        # counts from no later, and whoever reads the PONG can apply it.
+        self.ping(P.LEASE_TOKEN + P.pack_u64(time.monotonic_ns()), lease=True)
 
     def filtering(self) -> bool:
         """Does the publisher drop what nobody wants now: a view from the
@@ -406,9 +408,8 @@ class PubSession(Session):
         pub = self.publisher
         if pub.filters():
             return True
-        if pub.has_view and not pub.renew_asked:
-            pub.renew_asked = True
-            self.renew_lease()
+        if pub.has_view:
+            pub.ask_renewal()
         return False
 
     def close_final(self, timeout: float) -> None:

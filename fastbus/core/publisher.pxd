@@ -29,8 +29,5 @@ cdef class Publisher:
     cdef uint64_t _accepted
     cdef uint64_t _refused
     cdef uint64_t _lapsed
-    cdef public uint64_t lease_until_ns
-    cdef public uint64_t renew_at_ns
-    cdef public bint renew_asked
     cdef public object renew
     cdef int _started(self) except -1

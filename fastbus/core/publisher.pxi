@@ -43,9 +43,11 @@ cdef class Publisher:
     answered ping, and confirms a subscription once that time has passed
     for every publisher that did not acknowledge it (docs/PROTOCOL.md).
     Past it, a message the filter would drop is sent (counted in
-    ``lapsed``).  Either way, when the lease has run out or reaches
-    ``renew_at_ns``, ``renew()`` (if set) is called once, until the owner
-    sets ``renew_asked`` False again (when a renewed lease arrives)."""
+    ``lapsed``).  Either way, when the lease has run out or reaches its
+    renewal time, ``renew()`` (if set) is called once, until ``lease()``
+    answers (or ``renewal_answered()``): it has a lease ping sent, a native
+    sender's ``wake`` when there is one (csrc/fb_view.h).  The lease
+    itself lives in the view, where a native reader applies its PONG."""
 
     def __cinit__(self, Outbox outbox not None, wake not None, *, send_now=None, double burst_gap=20e-6,
                   int burst_limit=4, Py_ssize_t max_buffer_bytes=0, block_timeout=None, block_reason=None,
@@ -78,9 +80,6 @@ cdef class Publisher:
         self._last_send_ns = 0
         self.max_topic = 0
         self.max_payload = 0
-        self.lease_until_ns = UINT64_MAX
-        self.renew_at_ns = UINT64_MAX
-        self.renew_asked = False
         self.renew = None
 
     def __dealloc__(self):
@@ -115,10 +114,9 @@ cdef class Publisher:
             # counts only under its lease (the time is read only here,
             # never for a message someone wants).
             now = fb_now_ns()
-            if now >= self.renew_at_ns and not self.renew_asked and self.renew is not None:
-                self.renew_asked = True
+            if self.renew is not None and fb_view_ask_renewal(&self._view, now, 0):
                 self.renew()
-            if now < self.lease_until_ns:
+            if fb_view_in_lease(&self._view, now):
                 self._refused += 1
                 return 0
             self._lapsed += 1
@@ -261,7 +259,50 @@ cdef class Publisher:
     def filters(self) -> bool:
         """Does the view drop what it does not match now (a view, under a
         lease that has not run out)?"""
-        return self._view.on and fb_now_ns() < self.lease_until_ns
+        return self._view.on and fb_view_in_lease(&self._view, fb_now_ns())
+
+    # -- the lease (csrc/fb_view.h) --------------------------------------------
+
+    def lease(self, uint64_t sent_ns, uint64_t lease_us) -> int:
+        """The broker granted ``lease_us`` for what left at ``sent_ns`` (a
+        lease ping, or HELLO): the view counts until then plus
+        ``LEASE_USE`` of it (never less than before), the renewal asked
+        for is answered, and the seq to acknowledge now (applied outside
+        the last lease) is returned, or 0."""
+        return fb_view_lease(&self._view, sent_ns, lease_us)
+
+    def renewal_answered(self) -> None:
+        """A lease ping was answered without a lease: ask again when due."""
+        fb_view_renewal_answered(&self._view)
+
+    def ask_renewal(self) -> bool:
+        """Ask for a renewal now (``renew()``), unless one is asked for
+        already: the filter is in use, its lease has run out."""
+        if self.renew is not None and fb_view_ask_renewal(&self._view, 0, 1):
+            self.renew()
+            return True
+        return False
+
+    def set_lease(self, uint64_t until_ns) -> None:
+        """Set the lease outright: 0 (none: what the view would drop is
+        sent), or 2**64-1 (for ever: a broker that grants no lease waits
+        for no publisher, and the view counts as it is)."""
+        fb_view_set_lease(&self._view, until_ns)
+
+    @property
+    def lease_until_ns(self) -> int:
+        """Until when the view counts (monotonic ns; 2**64-1: for ever)."""
+        return self._view.lease_until_ns
+
+    @property
+    def renewal_pending(self) -> bool:
+        """Is a renewal asked for and not answered yet?"""
+        return self._view.renew != FB_VIEW_RENEW_NONE
+
+    @property
+    def leases(self) -> int:
+        """Leases applied, by any thread."""
+        return self._view.leases
 
     @property
     def refused(self) -> int:

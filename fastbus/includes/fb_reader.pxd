@@ -44,6 +44,10 @@ cdef extern from "fb_reader.h" nogil:
         const void *ack_command
         size_t ack_command_len
         fb_view *view
+        const void *pong_command
+        size_t pong_command_len
+        const void *lease_token
+        size_t lease_token_len
         int want_wake
         int handed
         uint64_t read_messages
