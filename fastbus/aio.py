@@ -27,9 +27,11 @@ it uses the sync class's public hooks (``session``, ``closed``,
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
@@ -211,8 +213,10 @@ class Client(_SyncClient):
         return pub.publish(channel, message)
 
     async def publish_many(self, messages: Iterable[tuple[ChannelT, EncodableT]]) -> int:
+        if self._loop is None:
+            self._bind()
         n = 0
-        for channel, message in messages:
+        for channel, message in self.session.publisher.check_many(messages):   # all checked first
             n += await self.publish(channel, message)
         return n
 
@@ -325,7 +329,15 @@ class Client(_SyncClient):
 @twin_of(_SyncPubSub)
 class PubSub(_SyncPubSub):
     """asyncio twin of :class:`fastbus.PubSub`: the (un)subscribe calls and
-    the receiving calls are coroutines.  Create it in the loop that uses it."""
+    the receiving calls are coroutines.  Create it in the loop that uses it.
+
+    As redis.asyncio's: a handler may be a coroutine function (it is
+    awaited); ``get_message()`` before any subscribe(), psubscribe(),
+    ping() or connect() raises RuntimeError; ``run()`` passes messages to
+    their handlers until cancelled; ``aclose()`` closes (``close()`` and
+    ``reset()`` still do, with a DeprecationWarning, as there)."""
+
+    awaits_handlers = True
 
     def __init__(self, conns: Connections, ignore_subscribe_messages: bool = False) -> None:
         loop = asyncio.get_running_loop()
@@ -333,6 +345,29 @@ class PubSub(_SyncPubSub):
         self._changed = asyncio.Event()
         self._loop = loop
         self._driver = _LoopDriver(self.session, loop, self._changed)
+        self._connected = False           # redis.asyncio's "connection set": by a command, or connect()
+
+    def _check_connected(self) -> None:
+        if not self._connected and not self.closed:
+            raise RuntimeError("pubsub connection not set: did you forget to call subscribe() or psubscribe()?")
+
+    async def connect(self) -> None:
+        """As redis.asyncio's: make sure the PubSub is connected (again,
+        after aclose())."""
+        if self.closed:
+            self._open()
+            self._drive()
+        self._connected = True
+
+    async def check_health(self) -> None:
+        self._check_connected()
+        super().check_health()
+
+    async def _await_handled(self) -> None:
+        """Await what handlers returned, in order."""
+        handled = self.handled
+        while handled:
+            await handled.pop(0)
 
     def _drive(self) -> None:
         """After a subscribe() that connected again (after close()), the
@@ -349,11 +384,13 @@ class PubSub(_SyncPubSub):
     def subscribe_nowait(self, *channels: Any, **handlers: Handler) -> int:
         seq = super().subscribe_nowait(*channels, **handlers)
         self._drive()
+        self._connected = True
         return seq
 
     def psubscribe_nowait(self, *patterns: Any, **handlers: Handler) -> int:
         seq = super().psubscribe_nowait(*patterns, **handlers)
         self._drive()
+        self._connected = True
         return seq
 
     async def wait_confirmed(self, seq: int) -> None:
@@ -381,6 +418,37 @@ class PubSub(_SyncPubSub):
 
     async def ping(self, message: Any = None) -> None:
         super().ping(message)
+        self._connected = True
+
+    async def run(self, *, exception_handler: Callable[[BaseException, Any], Any] | None = None,
+                  poll_timeout: float = 1.0) -> None:
+        """redis.asyncio's: pass every message to its subscription's handler
+        (awaited if it is a coroutine function) until cancelled
+        (``task = asyncio.create_task(p.run()); ...; task.cancel()``).  Every
+        channel and pattern needs a handler, else NoHandlerError.  An
+        exception from a handler or a read goes to
+        ``exception_handler(exc, pubsub)`` (awaited if it returns an
+        awaitable), or ends the run.  It ends by itself when the PubSub is
+        closed."""
+        missing = [k for k, h in list(self.channels.items()) + list(self.patterns.items()) if h is None]
+        if missing:
+            from fastbus.errors import NoHandlerError
+            raise NoHandlerError(f"run: no handler for {', '.join(map(repr, missing))}")
+        await self.connect()
+        while True:
+            try:
+                await self.get_message(ignore_subscribe_messages=True, timeout=poll_timeout)
+            except asyncio.CancelledError:
+                raise
+            except ConnectionClosed:
+                return
+            except Exception as exc:
+                if exception_handler is None:
+                    raise
+                r = exception_handler(exc, self)
+                if inspect.isawaitable(r):
+                    await r
+            await asyncio.sleep(0)        # other tasks run even when nothing had to be awaited
 
     async def run_in_thread(self, sleep_time: float = 0.0, daemon: bool = False,
                             exception_handler: Callable[[BaseException, Any, Any], None] | None = None
@@ -408,7 +476,7 @@ class PubSub(_SyncPubSub):
                             raise
                         exception_handler(exc, self, task)
             finally:
-                await self.close()
+                await self.aclose()
 
         task = asyncio.ensure_future(run())
         task.stop = stopping.set  # type: ignore[attr-defined]
@@ -416,9 +484,11 @@ class PubSub(_SyncPubSub):
 
     async def unsubscribe(self, *channels) -> None:
         super().unsubscribe(*channels)
+        self._connected = True
 
     async def punsubscribe(self, *patterns) -> None:
         super().punsubscribe(*patterns)
+        self._connected = True
 
     async def _afill(self, deadline: float | None) -> bool:
         """Wait, without blocking the loop, until something arrived (True)
@@ -432,18 +502,28 @@ class PubSub(_SyncPubSub):
 
     async def get_message(self, ignore_subscribe_messages: bool = False,
                           timeout: float | None = 0.0) -> PubSubMessage | None:
+        self._check_connected()
+        return await self._next_message_async(ignore_subscribe_messages, timeout, False)
+
+    async def _next_message_async(self, ignore_subscribe_messages: bool, timeout: float | None,
+                                  while_subscribed: bool) -> PubSubMessage | None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             msg = self.ready_message(ignore_subscribe_messages)
+            if self.handled:
+                await self._await_handled()
+                continue
             if msg is not None:
                 return msg
+            if while_subscribed and not self.subscribed:
+                return None
             if not await self._afill(deadline):
                 return None
 
     async def listen(self) -> AsyncIterator[PubSubMessage]:
-        while True:
+        while self.subscribed or self._control:      # (the last confirmations, read together)
             try:
-                msg = await self.get_message(timeout=None)
+                msg = await self._next_message_async(False, None, True)
             except ConnectionClosed:
                 return
             if msg is not None:
@@ -455,6 +535,8 @@ class PubSub(_SyncPubSub):
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             out = self.ready_batch(max_messages)
+            if self.handled:
+                await self._await_handled()
             if out:
                 return out
             if not await self._afill(deadline):
@@ -469,14 +551,23 @@ class PubSub(_SyncPubSub):
         super().shutdown(timeout)
         self._changed.set()
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
+        """Unsubscribe from everything and close this connection."""
         self.shutdown(5.0)
+        self._connected = False
 
-    aclose = close
-    reset = close   # redis-py's name
+    async def close(self) -> None:
+        """Deprecated, as in redis.asyncio: use aclose()."""
+        warnings.warn("PubSub.close() is deprecated: use aclose()", DeprecationWarning, stacklevel=2)
+        await self.aclose()
+
+    async def reset(self) -> None:
+        """Deprecated, as in redis.asyncio: use aclose()."""
+        warnings.warn("PubSub.reset() is deprecated: use aclose()", DeprecationWarning, stacklevel=2)
+        await self.aclose()
 
     async def __aenter__(self) -> PubSub:
         return self
 
     async def __aexit__(self, *exc) -> None:
-        await self.close()
+        await self.aclose()

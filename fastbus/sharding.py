@@ -246,10 +246,14 @@ class ShardedPubSub:
             self._wait_any(deadline)
 
     def listen(self) -> Iterator[PubSubMessage]:
-        """Messages as they arrive, for ever (until close())."""
-        while True:
+        """Messages as they arrive, while anything is subscribed (as
+        redis-py's: it ends once the last unsubscribe is confirmed, and at
+        close())."""
+        while self._subscribed:
             try:
-                msg = self.get_message(timeout=None)
+                # (Bounded: a confirmation ignored by ignore_subscribe_messages
+                # may end it without a message to return.)
+                msg = self.get_message(timeout=0.5)
             except ConnectionClosed:
                 return
             if msg is not None:

@@ -279,3 +279,156 @@ def test_a_bool_is_a_type_error_here_and_the_readme_lists_that_redis_py_says_dat
     table = readme[readme.index("| redis-py | fastbus |"):]
     table = table[:table.index("\n\n")]
     assert any("bool" in row and "DataError" in row and "TypeError" in row for row in table.splitlines()), table
+
+
+# -- what redis-py users pass and expect (issue 23 item 2, 4) --------------------
+
+def test_redis_py_connection_keywords_are_accepted(brokers):
+    """Code written for redis.Redis passes these; each means what it means
+    here (the docstring of fastbus.Client says which are ignored)."""
+    import redis
+    b = brokers()
+    with fastbus.Client(endpoint=b.endpoint, socket_timeout=3.5, socket_connect_timeout=2.0,
+                        retry=redis.retry.Retry(redis.backoff.NoBackoff(), 3), retry_on_timeout=True,
+                        retry_on_error=[ConnectionError], health_check_interval=2, client_name="kw",
+                        socket_keepalive=True) as c:
+        assert c.options.subscribe_timeout == 3.5 and c.options.socket_connect_timeout == 2.0
+        assert c.options.ping_interval == 2 and c.name == "kw"
+        p = c.pubsub()
+        p.subscribe("k")
+        assert p.get_message(timeout=5)["type"] == "subscribe"
+    with pytest.raises(ValueError, match="client_name"):
+        fastbus.Client(endpoint=b.endpoint, name="a", client_name="b")
+
+
+def test_an_endpoint_as_the_first_argument_and_a_trailing_slash(brokers):
+    b = brokers()
+    with fastbus.Client(b.endpoint) as c:                 # redis-py's host position
+        assert c.endpoint == b.endpoint
+        assert c.ping() is True
+    with pytest.raises(ValueError, match="port"):
+        fastbus.Client(b.endpoint, 7000)
+    with pytest.raises(ValueError, match="twice"):
+        fastbus.Client(b.endpoint, endpoint=b.endpoint)
+    for bad in (b.endpoint + "/", b.endpoint + "?x", "tcp://u@127.0.0.1:1"):
+        with pytest.raises(fastbus.errors.InvalidEndpoint, match="nothing after the port"):
+            fastbus.Client(endpoint=bad)
+
+
+def test_publish_many_checks_every_pair_before_sending_any(brokers):
+    b = brokers()
+    with fastbus.Client(endpoint=b.endpoint) as pub, fastbus.Client(endpoint=b.endpoint) as sub:
+        p = sub.pubsub(ignore_subscribe_messages=True)
+        p.subscribe("m")
+        wait_wanted(pub, "m")
+        for bad in ([("m", b"1"), ("m", True)], [("m", b"1"), ("m",)], [("m", b"1"), 7]):
+            with pytest.raises(TypeError):
+                pub.publish_many(bad)
+        assert pub.stats()["published"] == 0                      # nothing queued
+        assert pub.publish_many([("m", b"a"), ("m", b"b"), ("nobody", b"c")]) == 2
+        pub.flush()
+        got = []
+        deadline = time.monotonic() + 5
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += p.get_batch(timeout=0.5)
+        assert got == [(b"m", b"a"), (b"m", b"b")]
+
+    async def aio():
+        async with fastbus.aio.Client(endpoint=b.endpoint) as c:
+            with pytest.raises(TypeError):
+                await c.publish_many([("m", b"1"), ("m", None)])
+            assert c.stats()["published"] == 0
+
+    asyncio.run(aio())
+
+
+def test_listen_ends_when_nothing_is_subscribed(brokers):
+    b = brokers()
+    with fastbus.Client(endpoint=b.endpoint) as c:
+        p = c.pubsub()
+        assert list(p.listen()) == []                            # nothing subscribed: nothing to wait for
+        p.subscribe("a", "b")
+        p.unsubscribe()
+        kinds = [m["type"] for m in p.listen()]
+        assert kinds == ["subscribe", "subscribe", "unsubscribe", "unsubscribe"]
+        q = c.pubsub(ignore_subscribe_messages=True)             # the confirmations are not returned
+        q.subscribe("c")
+        threading.Timer(0.2, q.unsubscribe).start()
+        t0 = time.monotonic()
+        assert list(q.listen()) == []
+        assert time.monotonic() - t0 < 5
+        q.check_health()
+        q.close()
+        with pytest.raises(fastbus.errors.ConnectionClosed):
+            q.check_health()
+
+
+def test_subscription_objects_and_async_handlers(brokers):
+    """redis-py's Subscription(name, handler) objects; a coroutine handler
+    is awaited by the asyncio PubSub and refused by the sync one."""
+    import redis
+    b = brokers()
+    with fastbus.Client(endpoint=b.endpoint) as c:
+        p = c.pubsub()
+        seen = []
+        p.subscribe(redis.Subscription("h", seen.append), redis.Subscription("plain"))
+        assert p.channels == {b"h": seen.append, b"plain": None}
+
+        async def coro(m):
+            pass
+        with pytest.raises(TypeError, match="coroutine"):
+            p.subscribe(x=coro)
+        p.close()
+
+    async def main():
+        async with fastbus.aio.Client(endpoint=b.endpoint) as c:
+            p = c.pubsub()
+            with pytest.raises(RuntimeError, match="subscribe"):
+                await p.get_message()                             # as redis.asyncio: not connected yet
+            with pytest.raises(RuntimeError):
+                await p.check_health()
+            got = []
+
+            async def handler(m):
+                await asyncio.sleep(0)                            # a real coroutine
+                got.append(m["data"])
+            await p.subscribe(redis.Subscription("ah", handler), **{"bh": handler})
+            await p.psubscribe(**{"p.*": handler})
+            await p.check_health()
+            while not all(c.is_wanted(ch) for ch in ("ah", "bh", "p.x")):
+                await asyncio.sleep(0.01)
+            task = asyncio.create_task(p.run(poll_timeout=0.05))
+            for ch in ("ah", "bh", "p.x", "ah"):
+                await c.publish(ch, ch.encode())
+            await c.flush()
+            for _ in range(500):
+                if len(got) == 4:
+                    break
+                await asyncio.sleep(0.01)
+            assert got == [b"ah", b"bh", b"p.x", b"ah"]               # awaited, in order
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            errors = []
+            await p.subscribe(**{"boom": lambda m: 1 / 0})
+            while not c.is_wanted("boom"):
+                await asyncio.sleep(0.01)
+
+            async def on_error(exc, pubsub):
+                errors.append(type(exc))
+                await pubsub.aclose()                             # run() ends with its PubSub
+            task = asyncio.create_task(p.run(exception_handler=on_error, poll_timeout=0.05))
+            await c.publish("boom", b"x")
+            await c.flush()
+            await asyncio.wait_for(task, 5)
+            assert errors == [ZeroDivisionError] and p.closed
+            with pytest.warns(DeprecationWarning, match="aclose"):
+                await p.close()
+            await p.connect()                                     # connects again
+            assert not p.closed and await p.get_message() is None
+            await p.subscribe("l1")
+            await p.unsubscribe()
+            assert [m["type"] async for m in p.listen()] == ["subscribe", "unsubscribe"]   # then it ends
+            await p.aclose()
+
+    asyncio.run(main())

@@ -141,9 +141,11 @@ def test_blocking_get_wakes_on_put_without_polling(queue, redis_url):
         assert 1.4 <= waited < 3.0
         # one try, then BLPOP in 1 s slices with a try after each: no busy loop
         assert evalsha_calls() - before <= 4
-        threading.Timer(0.3, queue.put, (b"wake",)).start()
+        late = threading.Timer(0.3, queue.put, (b"wake",))
+        late.start()
         t0 = time.monotonic()
         m = c.get(timeout=10)
+        late.join()                               # (its call has returned before anything closes)
         assert m is not None and m.payload == b"wake"
         assert time.monotonic() - t0 < 2.0
         c.ack(m)
@@ -296,9 +298,13 @@ def test_scripts_are_loaded_again_after_the_server_forgot_them(queue, redis_url)
     with queue.consumer(clean_interval=None) as c:
         c.ack(*c.get_many(3000, timeout=0))
         client.script_flush()
-        threading.Timer(0.2, client.rpush, ("fastbus:q:{jobs}:notify", "1")).start()
+        late = threading.Timer(0.2, client.rpush, ("fastbus:q:{jobs}:notify", "1"))
+        late.start()
         assert c.get(timeout=0.6) is None                  # woken, GET reloaded, nothing there
+        late.join()                                        # (the rpush read its reply: the client may close)
         client.script_flush()
-        threading.Timer(0.2, queue.put, (b"x",)).start()
+        late = threading.Timer(0.2, queue.put, (b"x",))
+        late.start()
         assert c.get(timeout=5).payload == b"x"
+        late.join()
     client.close()

@@ -54,8 +54,10 @@ def test_blocking_get_on_a_cluster(redis_cluster):
     q = WorkQueue(name, redis_cluster)
     with q.consumer(clean_interval=None) as c:
         assert c.get(timeout=0.2) is None
-        threading.Timer(0.2, q.put, (b"late",)).start()
+        late = threading.Timer(0.2, q.put, (b"late",))
+        late.start()
         m = c.get(timeout=5)
+        late.join()
         assert m is not None and m.payload == b"late"
         c.ack(m)
 

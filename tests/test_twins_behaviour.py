@@ -63,6 +63,8 @@ class _InLoop:
         self._twin = twin
 
     def __getattr__(self, name):
+        if name == "close" and isinstance(self.raw, fastbus.aio.PubSub):
+            name = "aclose"                       # (close() is deprecated there, as in redis.asyncio)
         value = getattr(self.raw, name)
         if not callable(value):
             return value
@@ -106,6 +108,8 @@ class AsyncTwin:
         self.loop.run_until_complete(asyncio.sleep(seconds))
 
     def later(self, delay: float, obj, method: str, *args) -> None:
+        if method == "close" and isinstance(obj.raw, fastbus.aio.PubSub):
+            method = "aclose"
         fn = getattr(obj.raw, method)
 
         def fire():

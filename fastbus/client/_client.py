@@ -90,6 +90,19 @@ class Client:
 
     CURVE: pass the broker's public key and this client's key pair (Z85
     strings).
+
+    **redis-py's connection keywords** are accepted, so code written for
+    ``redis.Redis`` runs unchanged: ``health_check_interval`` sets the
+    period of the pings every connection sends anyway (``ping_interval``);
+    ``socket_connect_timeout`` is how long ``subscribe()`` waits for a broker
+    to answer at all; ``socket_timeout``, if given, is how long a call waits
+    for the broker's answer once it answers (``subscribe_timeout``);
+    ``client_name`` is ``name``.  ``retry``, ``retry_on_timeout``,
+    ``retry_on_error`` and ``socket_keepalive`` are accepted and ignored:
+    a fastbus connection reconnects by itself, resends its subscriptions
+    and says so (a ``reconnect`` message), and pings its broker every
+    ``ping_interval``.  The first argument may be an endpoint
+    (``Client("tcp://127.0.0.1:6464")``) instead of a host.
     """
 
     #: Hook for a twin that an event loop drives (:mod:`fastbus.aio` sets it
@@ -106,12 +119,27 @@ class Client:
                  ping_interval: float = 1.0, max_inbox_bytes: int = 8 * 1024 * 1024,
                  max_buffer_bytes: int = 8 * 1024 * 1024, block_timeout: float | None = 60.0,
                  health_check_interval: float = 0, socket_connect_timeout: float = 5.0,
-                 subscribe_timeout: float | None = 10.0) -> None:
+                 subscribe_timeout: float | None = 10.0, socket_timeout: float | None = None,
+                 client_name: str | None = None, retry: object = None, retry_on_timeout: bool = False,
+                 retry_on_error: list | None = None, socket_keepalive: bool | None = None) -> None:
         if health_check_interval:
             # redis-py's name: how often the connection's health is checked.
             # Here every connection pings its broker every ping_interval
             # seconds anyway; a health_check_interval sets that period.
             ping_interval = health_check_interval
+        if socket_timeout is not None:
+            subscribe_timeout = socket_timeout
+        if client_name is not None:
+            if name is not None and name != client_name:
+                raise ValueError(f"name={name!r} and client_name={client_name!r}: give one (they are the same setting)")
+            name = client_name
+        if isinstance(host, str) and "://" in host:
+            # Client("tcp://127.0.0.1:6464"): an endpoint where redis-py has its host.
+            if endpoint is not None:
+                raise ValueError(f"an endpoint given twice: {host!r} and endpoint={endpoint!r}")
+            if port != P.DEFAULT_PORT:
+                raise ValueError(f"the endpoint {host!r} has its port: give no port={port!r}")
+            endpoint = host
         options = ClientOptions(
             endpoint=endpoint or f"tcp://{host}:{int(port)}", name=name or "", decode_responses=decode_responses,
             max_messages=max_messages, max_bytes=max_bytes, max_delay=max_delay,
@@ -184,9 +212,9 @@ class Client:
 
     def publish_many(self, messages: Iterable[tuple[ChannelT, EncodableT]]) -> int:
         """Queue many ``(channel, message)`` pairs; returns how many were
-        queued (the others nobody wanted)."""
-        publish = self._publisher.publish
-        return sum([publish(channel, message) for channel, message in messages])
+        queued (the others nobody wanted).  Every pair is checked first: a
+        bad one raises (TypeError, ValueError) and none is queued."""
+        return self._publisher.publish_many(messages)
 
     def ping(self, timeout: float | None = 10.0) -> bool:
         """As redis-py's: True once the broker answered a round trip (the

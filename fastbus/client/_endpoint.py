@@ -38,9 +38,9 @@ def check_endpoint(endpoint: object) -> str:
         port = parts.port
     except ValueError:
         port = None
-    if not parts.hostname or port is None or port == 0:
-        raise InvalidEndpoint(f"invalid endpoint {endpoint!r}: expected tcp://HOST:PORT, e.g. "
-                              "tcp://127.0.0.1:6464", endpoint)
+    if not parts.hostname or port is None or port == 0 or rest != parts.netloc or "@" in rest:
+        raise InvalidEndpoint(f"invalid endpoint {endpoint!r}: expected tcp://HOST:PORT (nothing after the "
+                              "port), e.g. tcp://127.0.0.1:6464", endpoint)
     return endpoint
 
 

@@ -6,6 +6,7 @@ other sessions by its ``Connections``; a PubSub knows that, not the Client.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import threading
 import time
@@ -26,6 +27,21 @@ BATCH_MESSAGES = 8192     # get_batch(): about this many messages per call by de
 SUBSCRIBE_KINDS = CONFIRM_KINDS
 
 Handler = Callable[[PubSubMessage], Any]
+
+
+def _subscriptions(names: tuple, handlers: dict) -> tuple[list, dict]:
+    """subscribe()'s arguments with redis-py's ``Subscription(name,
+    handler)`` objects (given positionally) moved to the handlers."""
+    plain = []
+    for n in names:
+        if not isinstance(n, (str, bytes)) and hasattr(n, "name") and hasattr(n, "handler"):
+            if n.handler is None:
+                plain.append(n.name)
+            else:
+                handlers = {**handlers, n.name: n.handler}
+        else:
+            plain.append(n)
+    return plain, handlers
 
 
 class PubSub:
@@ -91,6 +107,7 @@ class PubSub:
         self._pending = self._buf.pairs
         self._dicts = self._buf.dicts
         self._closed = False
+        self.handled: list = []                   # awaitables handlers returned, not yet awaited
         self._session = SubSession(self._conns, self._deliver, self._inbox_full)
         self._conns.open(self._session)
         self._conns.join(self)
@@ -187,7 +204,9 @@ class PubSub:
         As in redis-py, ``subscribe(**{"ch": handler})`` subscribes to
         ``ch`` with a handler: its messages are passed to
         ``handler(message)`` by the reading calls instead of being
-        returned.  A subscribe() after close() connects again."""
+        returned; redis-py's ``Subscription(name, handler)`` objects (any
+        object with ``name`` and ``handler``) may be given positionally.  A
+        subscribe() after close() connects again."""
         self.wait_confirmed(self.subscribe_nowait(*channels, **handlers))
 
     def psubscribe(self, *patterns: Any, **handlers: Handler) -> None:
@@ -204,6 +223,7 @@ class PubSub:
         client; applications call subscribe().)"""
         if not channels and not handlers:
             raise ValueError("subscribe() needs at least one channel")
+        channels, handlers = _subscriptions(channels, handlers)
         names = [to_key(c) for c in channels] + [to_key(c) for c in handlers]
         return self._change(SUBSCRIBE, [(n, False, "subscribe", n) for n in names], self._handler_map(handlers))
 
@@ -211,6 +231,7 @@ class PubSub:
         """psubscribe() without waiting (see subscribe_nowait)."""
         if not patterns and not handlers:
             raise ValueError("psubscribe() needs at least one pattern")
+        patterns, handlers = _subscriptions(patterns, handlers)
         names = [to_key(p) for p in patterns] + [to_key(p) for p in handlers]
         entries = [(pattern_prefix(n), True, "psubscribe", n) for n in names]
         return self._change(SUBSCRIBE, entries, self._handler_map(handlers))
@@ -255,6 +276,9 @@ class PubSub:
         for name, h in handlers.items():
             if not callable(h):
                 raise TypeError(f"the handler of {name!r} is not callable: {h!r}")
+            if not self.awaits_handlers and inspect.iscoroutinefunction(h):
+                raise TypeError(f"the handler of {name!r} is a coroutine function: a PubSub of "
+                                f"fastbus.aio awaits it, this one cannot")
         return {self._out(to_key(k)): h for k, h in handlers.items()}
 
     def unsubscribe(self, *channels) -> None:
@@ -459,14 +483,21 @@ class PubSub:
             msg = buf.next_message(ignore, self._message)
             if msg is not None:
                 if self._handlers and self._handle(msg):
+                    if self.handled:
+                        return None               # (awaited before the next one)
                     continue
                 return msg
             if not self._inbox:
                 return None
             self._take(as_dicts=True)
 
+    #: Does this PubSub await what a handler returns (the asyncio twin)?
+    awaits_handlers = False
+
     def _handle(self, msg: PubSubMessage) -> bool:
-        """Pass a data message to its subscription's handler, if it has one."""
+        """Pass a data message to its subscription's handler, if it has one
+        (an awaitable it returns waits in ``handled``, for the asyncio twin
+        to await: ready_message() then returns None)."""
         kind = msg["type"]
         if kind == "message":
             handler = self.channels.get(msg["channel"])
@@ -476,7 +507,13 @@ class PubSub:
             return False
         if handler is None:
             return False
-        handler(msg)
+        result = handler(msg)
+        if result is not None and inspect.isawaitable(result):
+            if not self.awaits_handlers:
+                getattr(result, "close", lambda: None)()
+                raise TypeError(f"the handler of {msg['channel'] if kind == 'message' else msg['pattern']!r} "
+                                f"returned an awaitable: a PubSub of fastbus.aio awaits it, this one cannot")
+            self.handled.append(result)
         return True
 
     def get_message(self, ignore_subscribe_messages: bool = False,
@@ -485,22 +522,32 @@ class PubSub:
         seconds (0: do not wait; None: wait for ever)."""
         if self._dicts and not self._control and not self._pending and not self._handlers:
             return self._dicts.popleft()           # the common case
+        return self._next_message(ignore_subscribe_messages, timeout, False)
+
+    def _next_message(self, ignore_subscribe_messages: bool, timeout: float | None,
+                      while_subscribed: bool) -> PubSubMessage | None:
+        """get_message(); with ``while_subscribed``, None as soon as nothing
+        is subscribed and nothing is ready (listen()'s end)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             msg = self.ready_message(ignore_subscribe_messages)
             if msg is not None:
                 return msg
+            if while_subscribed and not self._subscribed:
+                return None
             if not self._fill(deadline):
                 return None
 
     def listen(self) -> Iterator[PubSubMessage]:
-        """Messages as they arrive, for ever (until close())."""
+        """Messages as they arrive, while anything is subscribed (redis-py's
+        rule: it ends after the confirmation of the unsubscribe that left
+        nothing held has been read, and at close())."""
         dicts = self._dicts
-        while True:
+        while self._subscribed or self._control:      # (the last confirmations, read together)
             while dicts and not self._control and not self._pending and not self._handlers:
                 yield dicts.popleft()
             try:
-                msg = self.get_message(timeout=None)
+                msg = self._next_message(False, None, True)
             except ConnectionClosed:
                 return
             if msg is not None:
@@ -563,6 +610,14 @@ class PubSub:
                 return out
             if not self._fill(deadline):
                 return []
+
+    def check_health(self) -> None:
+        """redis-py's: is this PubSub's connection usable?  ConnectionClosed
+        once closed.  (Its health is checked by the pings it sends its
+        broker every ``ping_interval``, which ``health_check_interval`` sets:
+        a restarted or lost broker shows as a ``reconnect`` message.)"""
+        if self._closed:
+            raise ConnectionClosed("pubsub is closed")
 
     def has_ready(self) -> bool:
         """Is anything ready for get_message()/get_batch() without reading?"""

@@ -31,3 +31,4 @@ cdef class Publisher:
     cdef uint64_t _lapsed
     cdef public object renew
     cdef int _started(self) except -1
+    cdef int _check_limits(self, bytes t, bytes p) except -1

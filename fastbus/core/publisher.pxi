@@ -98,12 +98,7 @@ cdef class Publisher:
         cdef bytes t = _as_message(channel)
         cdef bytes p = _as_message(message)
         cdef Outbox ob = self.outbox
-        if self.max_payload and PyBytes_GET_SIZE(p) > self.max_payload:
-            raise ValueError(f"a payload of {PyBytes_GET_SIZE(p):,} bytes is over the broker's limit of "
-                             f"{self.max_payload:,} (max_payload); not sent")
-        if self.max_topic and PyBytes_GET_SIZE(t) > self.max_topic:
-            raise ValueError(f"a channel name of {PyBytes_GET_SIZE(t):,} bytes is over the broker's limit of "
-                             f"{self.max_topic:,} (max_topic); not sent")
+        self._check_limits(t, p)
         cdef int took = FB_OK
         cdef bint starts
         cdef unsigned char *sealed = NULL
@@ -155,6 +150,42 @@ cdef class Publisher:
         elif starts and sealed is NULL:
             self._started()
         return 1
+
+    cdef int _check_limits(self, bytes t, bytes p) except -1:
+        if self.max_payload and PyBytes_GET_SIZE(p) > self.max_payload:
+            raise ValueError(f"a payload of {PyBytes_GET_SIZE(p):,} bytes is over the broker's limit of "
+                             f"{self.max_payload:,} (max_payload); not sent")
+        if self.max_topic and PyBytes_GET_SIZE(t) > self.max_topic:
+            raise ValueError(f"a channel name of {PyBytes_GET_SIZE(t):,} bytes is over the broker's limit of "
+                             f"{self.max_topic:,} (max_topic); not sent")
+        return 0
+
+    def check_many(self, messages) -> list:
+        """``messages`` (``(channel, message)`` pairs) as a list of bytes
+        pairs, each checked as publish() checks it (its types, the broker's
+        limits): the first bad one raises, before anything is queued."""
+        cdef list out = []
+        cdef bytes t, p
+        for item in messages:
+            try:
+                channel, message = item
+            except (TypeError, ValueError):
+                raise TypeError(f"publish_many takes (channel, message) pairs, not {item!r:.80}") from None
+            t = _as_message(channel)
+            p = _as_message(message)
+            self._check_limits(t, p)
+            out.append((t, p))
+        return out
+
+    def publish_many(self, messages) -> int:
+        """Queue many ``(channel, message)`` pairs, all checked first
+        (``check_many``: a bad one raises and none is queued); returns how
+        many were queued (the others nobody wanted)."""
+        cdef list items = self.check_many(messages)
+        cdef Py_ssize_t n = 0
+        for t, p in items:
+            n += self.publish(t, p)
+        return n
 
     cdef int _started(self) except -1:
         """A batch started: send it now if the publisher is idle, else
