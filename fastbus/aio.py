@@ -354,9 +354,8 @@ class PubSub(_SyncPubSub):
     async def connect(self) -> None:
         """As redis.asyncio's: make sure the PubSub is connected (again,
         after aclose())."""
-        if self.closed:
-            self._open()
-            self._drive()
+        self.open()
+        self._drive()
         self._connected = True
 
     async def check_health(self) -> None:
@@ -521,7 +520,7 @@ class PubSub(_SyncPubSub):
                 return None
 
     async def listen(self) -> AsyncIterator[PubSubMessage]:
-        while self.subscribed or self._control:      # (the last confirmations, read together)
+        while self.subscribed or self.has_ready():   # (the last confirmations come together)
             try:
                 msg = await self._next_message_async(False, None, True)
             except ConnectionClosed:

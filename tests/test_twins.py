@@ -32,7 +32,7 @@ PAIRS = [
       "socket_connect_timeout", "subscribe_timeout"}),
     (fastbus.PubSub, fastbus.aio.PubSub,
      {"subscribed", "has_ready", "ready_message", "ready_batch", "read_nowait", "session", "closed",
-      "shutdown", "subscribe_nowait", "psubscribe_nowait"}),
+      "shutdown", "subscribe_nowait", "psubscribe_nowait", "open", "awaits_handlers"}),
     (WorkQueue, AsyncWorkQueue, {"consumer", "redis"}),
     (Consumer, AsyncConsumer, {"tag"}),
     (Topic, AsyncTopic, {"consumer", "redis"}),
@@ -46,7 +46,10 @@ PAIRS = [
 ALLOWED = {
     # redis.asyncio's name for close() is aclose(); both are the same coroutine.
     ("Client", "aclose"): "alias of close(), redis-py asyncio's name",
-    ("PubSub", "aclose"): "alias of close(), redis-py asyncio's name",
+    ("PubSub", "aclose"): "redis.asyncio's name for close(), which is deprecated there and here",
+    ("PubSub", "run"): "redis.asyncio's run(): handlers until cancelled (the sync class has run_in_thread())",
+    ("PubSub", "connect"): "redis.asyncio's connect(): get_message() raises RuntimeError until it, or a "
+                           "subscribe(); the sync class is connected when made (open() after close())",
     # The Redis publishers' twin wraps a sync publisher (composition: its
     # flush thread is the sync one's) and passes its options on unchanged.
     ("AsyncBufferedPublisher", "__init__"): "(redis, **options) passed on to BufferedPublisher",

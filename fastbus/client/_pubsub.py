@@ -121,9 +121,7 @@ class PubSub:
         if self._closed:
             if op == UNSUBSCRIBE:
                 return 0                          # nothing is held after close()
-            if self._conns.closed:
-                raise ConnectionClosed(f"the client of this pubsub ({self._options.endpoint}) is closed")
-            self._open()                          # as redis-py: a closed PubSub connects again
+            self.open()                           # as redis-py: a closed PubSub connects again
         if op == SUBSCRIBE:
             self._subscribed = True
         # At most the operations the broker takes in one SUB frame each.
@@ -543,7 +541,7 @@ class PubSub:
         rule: it ends after the confirmation of the unsubscribe that left
         nothing held has been read, and at close())."""
         dicts = self._dicts
-        while self._subscribed or self._control:      # (the last confirmations, read together)
+        while self._subscribed or self.has_ready():   # (the last confirmations come together)
             while dicts and not self._control and not self._pending and not self._handlers:
                 yield dicts.popleft()
             try:
@@ -610,6 +608,14 @@ class PubSub:
                 return out
             if not self._fill(deadline):
                 return []
+
+    def open(self) -> None:
+        """Connect again after close(), as a subscribe() after close() does
+        (nothing while open)."""
+        if self._closed:
+            if self._conns.closed:
+                raise ConnectionClosed(f"the client of this pubsub ({self._options.endpoint}) is closed")
+            self._open()
 
     def check_health(self) -> None:
         """redis-py's: is this PubSub's connection usable?  ConnectionClosed
