@@ -6,6 +6,7 @@
  *   fb_batch.h      the batch wire format: decode, CRC32C
  *   fb_outbox.h     per-destination batch buffers with a flush policy
  *   fb_router.h     a broker's routing step: a batch into per-link outboxes
+ *   fb_glob.h       Redis's glob patterns: match, literal prefix
  *   fb_common.h     status codes, id vectors, key lists
  *
  * Plain C11, no dependencies.  Build with the Makefile in this directory
@@ -21,5 +22,6 @@
 #include "fb_outbox.h"
 #include "fb_router.h"
 #include "fb_resp.h"
+#include "fb_glob.h"
 
 #endif /* FASTBUS_H */

@@ -41,6 +41,7 @@ from fastbus.includes.fb_batchq cimport *
 from fastbus.includes.fb_router cimport *
 from fastbus.includes.fb_resp cimport *
 from fastbus.includes.fb_view cimport *
+from fastbus.includes.fb_glob cimport *
 
 import array as _pyarray
 import os
@@ -77,3 +78,4 @@ include "core/messages.pxi"
 include "core/resp.pxi"
 include "core/router.pxi"
 include "core/queue.pxi"
+include "core/glob.pxi"
