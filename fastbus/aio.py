@@ -429,10 +429,7 @@ class PubSub(_SyncPubSub):
         ``exception_handler(exc, pubsub)`` (awaited if it returns an
         awaitable), or ends the run.  It ends by itself when the PubSub is
         closed."""
-        missing = [k for k, h in list(self.channels.items()) + list(self.patterns.items()) if h is None]
-        if missing:
-            from fastbus.errors import NoHandlerError
-            raise NoHandlerError(f"run: no handler for {', '.join(map(repr, missing))}")
+        self.require_handlers("run")
         await self.connect()
         while True:
             try:
@@ -456,10 +453,7 @@ class PubSub(_SyncPubSub):
         ``stop()`` ends it and closes the PubSub (redis.asyncio's ``run()``
         as a task).  ``exception_handler(exc, pubsub, task)``; ``daemon`` is
         ignored."""
-        missing = [k for k, h in list(self.channels.items()) + list(self.patterns.items()) if h is None]
-        if missing:
-            from fastbus.errors import NoHandlerError
-            raise NoHandlerError(f"run_in_thread: no handler for {', '.join(map(repr, missing))}")
+        self.require_handlers("run_in_thread")
         stopping = asyncio.Event()
         wait = sleep_time if sleep_time > 0 else 0.1
 

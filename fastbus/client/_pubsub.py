@@ -609,6 +609,15 @@ class PubSub:
             if not self._fill(deadline):
                 return []
 
+    def require_handlers(self, caller: str) -> None:
+        """NoHandlerError unless every channel and pattern held has a
+        handler (what ``caller``, a loop that only calls handlers, needs)."""
+        missing = [k for k, h in list(self.channels.items()) + list(self.patterns.items()) if h is None]
+        if missing:
+            from fastbus.errors import NoHandlerError
+            raise NoHandlerError(f"{caller}: no handler for {', '.join(map(repr, missing))}: "
+                                 f"subscribe with subscribe(**{{name: handler}})")
+
     def open(self) -> None:
         """Connect again after close(), as a subscribe() after close() does
         (nothing while open)."""
@@ -694,11 +703,7 @@ class PubSub:
         one read waits for a message (0: a short wait, 0.1 s, so that stop()
         is seen); an exception from a handler or the read goes to
         ``exception_handler(exc, pubsub, thread)``, or ends the thread."""
-        missing = [k for k, h in list(self.channels.items()) + list(self.patterns.items()) if h is None]
-        if missing:
-            from fastbus.errors import NoHandlerError
-            raise NoHandlerError(f"run_in_thread: no handler for {', '.join(map(repr, missing))}: "
-                                 f"subscribe with subscribe(**{{name: handler}})")
+        self.require_handlers("run_in_thread")
         thread = PubSubWorkerThread(self, sleep_time, daemon, exception_handler)
         thread.start()
         return thread
