@@ -33,20 +33,21 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal, TypedDict, Union
 
-from fastbus._core import decode, decode_messages, resp_pubsub_decode
+from fastbus._core import decode, decode_matching, decode_messages, glob_match, glob_prefix, resp_pubsub_decode
 
 __all__ = [
     "CONFIRM_KINDS", "DATA_KINDS", "GLOB_SPECIALS", "GapInfo", "MessageBuffer", "PubSubMessage",
-    "confirmation", "decode", "decode_messages", "gap", "message", "notice", "pattern_prefix", "pong",
-    "resp_pubsub_decode", "to_bytes", "to_text",
+    "confirmation", "decode", "decode_matching", "decode_messages", "gap", "glob_match", "glob_prefix",
+    "message", "notice", "pattern_prefix", "pong", "resp_pubsub_decode", "to_bytes", "to_text",
 ]
 
 #: Confirmations of (un)subscribe calls: what ``ignore_subscribe_messages`` drops.
 CONFIRM_KINDS = frozenset(("subscribe", "psubscribe", "unsubscribe", "punsubscribe"))
 #: Messages that carry published data (what ``get_batch()`` returns as tuples).
 DATA_KINDS = frozenset(("message", "pmessage"))
-#: Glob characters a fastbus pattern may hold only as its final ``*``.
-GLOB_SPECIALS = frozenset("*?[")
+#: Characters that make a name a glob pattern (Redis's: ``*``, ``?``,
+#: ``[...]``, and ``\\`` escaping the next character).
+GLOB_SPECIALS = frozenset("*?[\\")
 
 Kind = Literal["message", "pmessage", "subscribe", "psubscribe", "unsubscribe", "punsubscribe",
                "pong", "gap", "reconnect", "refused"]
@@ -92,13 +93,10 @@ def to_text(value: bytes, decode_responses: bool) -> bytes | str:
 
 
 def pattern_prefix(pattern: object) -> bytes:
-    """The prefix of a fastbus pattern ``prefix*``; any other glob is a ValueError."""
-    p = to_bytes(pattern)
-    if not p.endswith(b"*") or GLOB_SPECIALS & set(p[:-1].decode("latin-1")):
-        raise ValueError(
-            f"fastbus patterns are prefixes ending in '*' (like 'news.*'); {pattern!r} has "
-            f"{'no trailing *' if not p.endswith(b'*') else 'another glob character'}")
-    return p[:-1]
+    """The literal prefix of a glob pattern (Redis's syntax): the bytes
+    every channel it matches starts with, which a broker holds it under
+    (``b"news."`` for ``"news.*"`` and for ``"news.*.sports"``)."""
+    return glob_prefix(to_bytes(pattern))[0]
 
 
 # -- builders ----------------------------------------------------------------

@@ -9,7 +9,8 @@
     fastbus queue list           the queues, topics and inboxes on a Redis server
     fastbus monitor --redis URL  watch the queues: a table, JSON, or HTTP (/metrics, /queuez) with --http
     fastbus topic|inbox ACTION NAME   a topic (publish, read, stats, register) or inbox (create, send, fetch)
-    fastbus pub CHANNEL MSG...   publish (or lines from stdin); fastbus sub CHANNEL|PATTERN* prints what arrives
+    fastbus pub CHANNEL MSG...   publish (or lines from stdin); fastbus sub CHANNEL... prints what arrives
+    fastbus psub PATTERN...      print what arrives on Redis glob patterns (or sub --pattern PATTERN)
     fastbus redis-server         the embedded Redis server in the foreground, to share between processes
 """
 

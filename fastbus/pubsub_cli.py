@@ -1,8 +1,15 @@
-"""``fastbus pub`` and ``fastbus sub``: a broker's channels from the shell, as
-``redis-cli PUBLISH``/``SUBSCRIBE`` and ``nats pub``/``nats sub`` do.
+"""``fastbus pub``, ``fastbus sub`` and ``fastbus psub``: a broker's channels
+from the shell, as ``redis-cli PUBLISH``/``SUBSCRIBE``/``PSUBSCRIBE`` and
+``nats pub``/``nats sub`` do.
 
     fastbus pub news "hello" "world"          # or lines from stdin (no message, or -)
-    fastbus sub news "market.*" [--json] [--count N] [--seconds S]
+    fastbus sub news [--pattern "market.*"] [--json] [--count N] [--seconds S]
+    fastbus psub "user.*.events" "room.?"     # Redis glob patterns
+
+A pattern is taken only when asked for (``--pattern`` or ``psub``): a
+channel argument with a glob character (``*``, ``?``, ``[``, ``\\``) is a
+usage error, never silently a channel nobody publishes to (``--literal``
+takes such a name as the channel it is).
 
 ``sub`` prints ``channel: data`` a line (``--json``: one object a line, the
 data as text or, for bytes that are not UTF-8, base64, tagged by
@@ -92,15 +99,18 @@ def cmd_pub(args: argparse.Namespace) -> int:
 
 
 def cmd_sub(args: argparse.Namespace) -> int:
+    from fastbus._messages import GLOB_SPECIALS
     from fastbus.errors import CommandFailed, UsageError
-    from fastbus.client import pattern_prefix
-    channels = [c for c in args.channels if not c.endswith("*")]
-    patterns = [c for c in args.channels if c.endswith("*")]
-    for p in patterns:
-        try:
-            pattern_prefix(p)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+    channels: list[str] = args.channels
+    patterns: list[str] = args.pattern
+    if not channels and not patterns:
+        raise UsageError("nothing to subscribe to: give channels, or patterns with --pattern (or fastbus psub)")
+    if not args.literal:
+        for c in channels:
+            if GLOB_SPECIALS & set(c):
+                raise UsageError(f"{c!r} is a glob pattern: subscribe to it with --pattern {c!r} "
+                                 f"(or fastbus psub), or to the channel of that name with --literal")
+    names = channels + patterns
     out: TextIO = args.out
     # subscribe() returns once in effect; no broker (or none confirming in
     # time) is BrokerUnavailable (BrokerTimeout), said by main().
@@ -112,16 +122,16 @@ def cmd_sub(args: argparse.Namespace) -> int:
         if patterns:
             p.psubscribe(*patterns)
         confirmed = 0
-        while confirmed < len(args.channels):
+        while confirmed < len(names):
             m = p.get_message(timeout=0)         # the confirmations arrived before subscribe() returned
             if m is None:
                 raise CommandFailed(f"the broker at {client.endpoint} confirmed {confirmed} of "
-                                    f"{len(args.channels)} subscriptions")
+                                    f"{len(names)} subscriptions")
             if m["type"] in ("subscribe", "psubscribe"):
                 confirmed += 1
             elif m["type"] == "refused":
                 raise CommandFailed(f"the broker at {client.endpoint} refused a subscription: {m['data']}")
-        print(f"fastbus sub: subscribed to {', '.join(args.channels)} at {client.endpoint}", file=sys.stderr,
+        print(f"fastbus sub: subscribed to {', '.join(names)} at {client.endpoint}", file=sys.stderr,
               flush=True)
         n = 0
         end = None if args.seconds is None else time.monotonic() + args.seconds
@@ -156,8 +166,8 @@ def _connection_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_parsers(sub) -> None:
-    """Add ``pub`` and ``sub`` to the ``fastbus`` command's subparsers."""
-    from fastbus.cliargs import positive, seconds
+    """Add ``pub``, ``sub`` and ``psub`` to the ``fastbus`` command's subparsers."""
+    from fastbus.cliargs import seconds
     p = sub.add_parser("pub", help="publish messages to a channel (arguments, or lines from stdin)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("channel", help="the channel")
@@ -167,9 +177,27 @@ def add_parsers(sub) -> None:
     _connection_options(p)
     p.set_defaults(func=cmd_pub)
 
-    s = sub.add_parser("sub", help="print what arrives on channels and patterns (prefix*)",
+    s = sub.add_parser("sub", help="print what arrives on channels (and glob patterns with --pattern)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    s.add_argument("channels", nargs="+", metavar="CHANNEL|PATTERN*", help="channels, and prefix patterns ending in *")
+    s.add_argument("channels", nargs="*", metavar="CHANNEL",
+                   help="channels (one with glob characters needs --literal, or is meant as --pattern)")
+    s.add_argument("--pattern", "-p", action="append", default=[], metavar="PATTERN",
+                   help="also a Redis glob pattern (*, ?, [a-z], \\ escapes), as PSUBSCRIBE; repeatable")
+    s.add_argument("--literal", action="store_true",
+                   help="take a CHANNEL with glob characters as the channel of that name")
+    _sub_options(s)
+
+    ps = sub.add_parser("psub", help="print what arrives on Redis glob patterns (fastbus sub --pattern)",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ps.add_argument("pattern", nargs="+", metavar="PATTERN",
+                    help="Redis glob patterns: * any bytes, ? one, [abc] [^a] [a-z] classes, \\ escapes")
+    ps.set_defaults(channels=[], literal=False)
+    _sub_options(ps)
+
+
+def _sub_options(s: argparse.ArgumentParser) -> None:
+    """What ``sub`` and ``psub`` share."""
+    from fastbus.cliargs import positive, seconds
     s.add_argument("--json", action="store_true",
                    help='one JSON object a line: "data" is the text, or base64 where "encoding" says so')
     s.add_argument("--count", type=positive, default=None, help="stop after this many messages (default: run on)")

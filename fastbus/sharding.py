@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 from fastbus import _messages as M
 from fastbus._core import shard_hash
-from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, pattern_prefix, to_bytes, to_text
+from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, to_bytes, to_text
 from fastbus._messages import to_bytes as _key
 from fastbus.client import Client, ConnectionClosed, PubSub
 from fastbus.client._session import driving, wait_many
@@ -160,12 +160,12 @@ class ShardedPubSub:
             self._subs[shard].unsubscribe(ch)
 
     def psubscribe(self, *patterns) -> None:
-        """Subscribe to prefix patterns, on every broker; returns once in
+        """Subscribe to glob patterns (as PubSub.psubscribe), on every broker; returns once in
         effect on every one."""
         if not patterns:
             raise ValueError("psubscribe() needs at least one pattern")
         for pat in patterns:
-            pattern_prefix(pat)                   # validate before subscribing anywhere
+            to_bytes(pat)                         # validate before subscribing anywhere
         self._subscribed = True
         seqs: dict[int, int] = {}
         for pat in patterns:

@@ -592,10 +592,8 @@ def test_embedded_broker_and_config_errors():
 def test_client_argument_errors():
     c = Client(endpoint=f"tcp://127.0.0.1:{free_port()}")
     p = c.pubsub()
-    with pytest.raises(ValueError, match="another glob"):
-        p.psubscribe("a?b*")
-    with pytest.raises(ValueError, match="trailing"):
-        p.psubscribe("news")
+    with pytest.raises(TypeError):
+        p.psubscribe(None)
     with pytest.raises(TypeError):
         p.subscribe(object())
     with pytest.raises(ValueError):

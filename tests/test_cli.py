@@ -205,7 +205,7 @@ def test_pub_and_sub_from_the_shell(brokers):
     b = brokers()
     port = b.endpoint.rsplit(":", 1)[1]
     with tempfile.TemporaryDirectory() as cwd:
-        sub = subprocess.Popen(fastbus_cmd() + ["sub", "--port", port, "news", "mk.*", "--json", "--count", "4"],
+        sub = subprocess.Popen(fastbus_cmd() + ["sub", "--port", port, "news", "--pattern", "mk.*", "--json", "--count", "4"],
                                cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             line = sub.stderr.readline().decode()              # confirmed: now publish
@@ -230,12 +230,40 @@ def test_pub_and_sub_from_the_shell(brokers):
     ]
 
 
+def test_psub_takes_redis_glob_patterns(brokers):
+    """``fastbus psub`` prints what matches Redis's globs, and only that
+    (issue 23: ``fastbus sub "news.*.sports"`` once subscribed to the
+    literal and printed nothing for ever)."""
+    b = brokers()
+    port = b.endpoint.rsplit(":", 1)[1]
+    with tempfile.TemporaryDirectory() as cwd:
+        sub = subprocess.Popen(fastbus_cmd() + ["psub", "--port", port, "news.*.sports", "room.?", "--json",
+                                                "--count", "3"],
+                               cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            line = sub.stderr.readline().decode()
+            assert line.startswith("fastbus sub: subscribed to news.*.sports, room.?"), line + sub.stderr.read().decode()
+            for channel in ("news.uk.weather", "news.uk.sports", "room.12", "room.1", "news.sports", "news.fr.sports"):
+                r = run("pub", "--port", port, channel, channel)
+                assert r.returncode == 0, r.stderr
+            out, err = sub.communicate(timeout=60)
+        finally:
+            if sub.poll() is None:
+                sub.kill()
+                sub.wait()
+    assert sub.returncode == 0, err
+    got = [json.loads(x) for x in out.decode().splitlines()]
+    assert [(m["channel"], m["pattern"]) for m in got] == [
+        ("news.uk.sports", "news.*.sports"), ("room.1", "room.?"), ("news.fr.sports", "news.*.sports")]
+
+
 def test_pub_and_sub_errors():
     from brokers import free_port
     port = str(free_port())
     _one_line_error(run("sub", "--port", port, "x"), 1, f"no broker at tcp://127.0.0.1:{port}", "connection refused")
     _one_line_error(run("pub", "--port", port, "x", "y"), 1, f"no broker at tcp://127.0.0.1:{port}")
-    _one_line_error(run("sub", "x?*"), 2, "prefixes ending in '*'")
+    _one_line_error(run("sub", "x?*"), 2, "'x?*' is a glob pattern", "--pattern", "--literal")
+    _one_line_error(run("sub"), 2, "nothing to subscribe to")
     _one_line_error(run("pub", "--connect", "nowhere", "x", "y"), 2, "invalid endpoint 'nowhere'")
 
 

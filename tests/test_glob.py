@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import redis
 
 from fastbus._core import glob_match, glob_prefix
@@ -69,3 +70,159 @@ def test_the_literal_prefix_holds_every_match():
             assert ch.startswith(prefix), (pat, ch)
         elif star:
             assert not ch.startswith(prefix), (pat, ch)
+
+
+# -- globs through a broker (PubSub, its asyncio twin, the sharded client) ----
+
+def _sync_received(client, groups: list, channels: list, reader: str) -> list:
+    """Subscribe a PubSub to each group of patterns, publish every channel
+    once (its name as data), and return what each PubSub read, as
+    [(channel, pattern)] (pattern None from get_batch)."""
+    subs = [client.pubsub(ignore_subscribe_messages=True) for _ in groups]
+    for p, g in zip(subs, groups):
+        p.psubscribe(*g)
+    for ch in channels:
+        client.publish(ch, ch)
+    client.flush()
+    got = []
+    for p in subs:
+        mine = []
+        if reader == "get_batch":
+            while batch := p.get_batch(timeout=0.5):
+                mine += [(ch, None) for ch, _d in batch]
+        else:
+            while (m := p.get_message(timeout=0.5)) is not None:
+                mine.append((m["channel"], m["pattern"]))
+        got.append(mine)
+    return got
+
+
+async def _async_received(client, groups: list, channels: list) -> list:
+    subs = [client.pubsub(ignore_subscribe_messages=True) for _ in groups]
+    for p, g in zip(subs, groups):
+        await p.psubscribe(*g)
+    for ch in channels:
+        await client.publish(ch, ch)
+    await client.flush()
+    got = []
+    for p in subs:
+        mine = []
+        while (m := await p.get_message(timeout=0.5)) is not None:
+            mine.append((m["channel"], m["pattern"]))
+        got.append(mine)
+    return got
+
+
+def _expected(groups: list, channels: list) -> list:
+    """What Redis delivers, once per channel (fastbus's rule): the channels
+    any pattern of a group matches, each with the matching pattern of the
+    longest literal prefix (the first given of those)."""
+    out = []
+    for g in groups:
+        mine = []
+        for ch in channels:
+            matching = [p for p in g if glob_match(p, ch)]
+            if matching:
+                mine.append((ch, max(matching, key=lambda p: (len(glob_prefix(p)[0]), -g.index(p)))))
+        out.append(mine)
+    return out
+
+
+def _glob_workload(seed: int) -> tuple[list, list]:
+    rng = random.Random(seed)
+    patterns = sorted({b"ch." + _random(rng, 6) for _ in range(120)} | {b"ch.*", b"ch.a*", b"*b"})
+    channels = sorted({b"ch." + _random(rng, 5) for _ in range(300)} | {b"other", b"ch."})
+    rng.shuffle(patterns)
+    return patterns, channels
+
+
+@pytest.mark.parametrize("reader", ["get_message", "get_batch", "asyncio", "sharded"])
+def test_a_pubsub_gets_what_redis_globs_match(brokers, redis_url, reader):
+    """Four PubSubs hold 123 random globs (held at the broker under their
+    literal prefixes, several sharing one) and 302 channels are published
+    once each: each PubSub gets exactly the channels a Redis server would
+    send it, once, with the pattern fastbus's rule names; and the channel
+    set agrees with a real server's PSUBSCRIBE."""
+    import asyncio
+
+    import fastbus
+    import fastbus.aio
+
+    patterns, channels = _glob_workload(5)
+    groups = [patterns[i::4] for i in range(4)]
+    want = _expected(groups, channels)
+    # The model's channel sets are Redis's own (the first test compares
+    # glob_match with the server; here the whole subscriber path).
+    r = redis.Redis.from_url(redis_url)
+    try:
+        p = r.pubsub()
+        p.psubscribe(*groups[0])
+        confirmed = 0
+        while confirmed < len(groups[0]):
+            m = p.get_message(timeout=5)
+            assert m is not None
+            confirmed += m["type"] == "psubscribe"
+        for ch in channels:
+            r.publish(ch, ch)
+        seen = set()
+        while (m := p.get_message(timeout=0.5)) is not None:
+            seen.add(m["channel"])
+        assert seen == {ch for ch, _p in want[0]}
+        p.close()
+    finally:
+        r.close()
+
+    if reader == "sharded":
+        bs = [brokers(), brokers()]
+        c = fastbus.ShardedClient([b.endpoint for b in bs])
+        try:
+            got = _sync_received(c, groups, channels, "get_message")
+        finally:
+            c.close()
+    elif reader == "asyncio":
+        b = brokers()
+
+        async def run():
+            c = fastbus.aio.Client(b.endpoint)
+            try:
+                return await _async_received(c, groups, channels)
+            finally:
+                await c.aclose()
+        got = asyncio.run(run())
+    else:
+        b = brokers()
+        with fastbus.Client(b.endpoint) as c:
+            got = _sync_received(c, groups, channels, reader)
+    if reader == "get_batch":
+        want = [[(ch, None) for ch, _p in mine] for mine in want]
+    if reader == "sharded":                 # no order between brokers
+        got, want = [sorted(g) for g in got], [sorted(w) for w in want]
+    assert got == want
+    assert sum(map(len, want)) > 150
+
+
+def test_patterns_sharing_a_prefix_are_held_once_at_the_broker(brokers):
+    """``user.*.events`` and ``user.?`` are both held under ``user.``: one
+    broker subscription, kept while either is held; the broker and the
+    publisher's filter forget it when the last goes."""
+    import fastbus
+    from brokers import collect, confirm, quiet, wait_for
+
+    b = brokers()
+    with fastbus.Client(b.endpoint) as c:
+        p = c.pubsub()
+        p.psubscribe("user.*.events", "user.?")
+        confirm(p, 2)
+        assert b.stats()["subscriptions"] == 1
+        p.punsubscribe("user.?")
+        assert [m["type"] for m in confirm(p, 1)] == ["punsubscribe"]
+        for ch in ("user.1", "user.1.events", "user.12"):
+            c.publish(ch, ch)
+        c.flush()
+        assert [(m["channel"], m["pattern"]) for m in collect(p, 1)] == [(b"user.1.events", b"user.*.events")]
+        assert quiet(p) == []
+        assert b.stats()["subscriptions"] == 1
+        p.punsubscribe()
+        confirm(p, 1)
+        wait_for(lambda: b.stats()["subscriptions"] == 0, what="the broker to drop user.")
+        wait_for(lambda: not c.is_wanted("user.1.events"), what="the publisher to stop wanting user.")

@@ -4,7 +4,7 @@
     client.publish("news", "hello")           # leaves at once; batched under load
     p = client.pubsub()
     p.subscribe("news")
-    p.psubscribe("market.*")                  # prefix patterns only
+    p.psubscribe("market.*")                  # Redis glob patterns
     for msg in p.listen():                    # {'type', 'pattern', 'channel', 'data'}
         ...
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from fastbus import _messages as M
 from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Trie
-from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, decode, decode_messages
-from fastbus._messages import pattern_prefix
+from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, decode, decode_matching, decode_messages
+from fastbus._messages import glob_match, glob_prefix
 from fastbus._messages import to_bytes as to_key
 from fastbus.client._connections import Connections
 from fastbus.client._subsession import HANDSHAKE_CHECK, SUB_OPS_DEFAULT, ConfirmWait, SubSession
@@ -47,8 +47,9 @@ def _subscriptions(names: tuple, handlers: dict) -> tuple[list, dict]:
 class PubSub:
     """Subscriptions and received messages, shaped like redis-py's PubSub.
 
-    ``subscribe`` takes exact channels; ``psubscribe`` prefix patterns
-    (``"news.*"``).  Messages are dicts ``{'type', 'pattern', 'channel',
+    ``subscribe`` takes exact channels; ``psubscribe`` Redis's glob
+    patterns (``"news.*"``, ``"user.*.events"``, ``"room.?"``,
+    ``"[ab]*"``).  Messages are dicts ``{'type', 'pattern', 'channel',
     'data'}``: types ``subscribe``, ``psubscribe``, ``unsubscribe``,
     ``punsubscribe`` (confirmations, ``data`` = subscriptions held),
     ``message`` / ``pmessage``, ``pong`` (ping()), and fastbus's ``gap``
@@ -59,7 +60,10 @@ class PubSub:
 
     A message matching several subscriptions is delivered once: as
     ``message`` if a channel matches exactly, else as ``pmessage`` with the
-    longest matching pattern.  ``get_batch()`` returns data messages many at
+    matching pattern of the longest literal prefix (the first subscribed of
+    those).  A glob is held at the broker under its literal prefix
+    (``user.`` for ``user.*.events``) and matched exactly here, so the
+    broker may send this PubSub channels that it then drops unread.  ``get_batch()`` returns data messages many at
     a time as ``(channel, data)`` tuples, for high-throughput consumers.
 
     The thread that calls ``get_message()``, ``get_batch()`` or ``listen()``
@@ -83,9 +87,14 @@ class PubSub:
         subscribe() after close(), as redis-py reconnects)."""
         self._handlers = 0                        # channels/patterns with a handler
         self._subscribed = False
-        self._local = Trie()                      # our subscriptions, id -> (key, prefix)
-        self._ids: dict[tuple[bytes, bool], int] = {}
-        self._byid: dict[int, tuple[bytes, bool]] = {}
+        # Our subscriptions.  A name (channel, or glob pattern) is held at
+        # the broker under a key: the channel itself, or the pattern's
+        # literal prefix (several patterns may share one).
+        self._local = Trie()                      # broker key -> ids held under it
+        self._ids: dict[tuple[bytes, bool], int] = {}             # (name, is pattern) -> id
+        self._byid: dict[int, tuple[bytes, bool, bytes, bool]] = {}  # id -> (name, is pattern, key, is glob)
+        self._under: dict[tuple[bytes, bool], set[int]] = {}     # (key, prefix) -> ids held under it
+        self._globs = 0                           # patterns the broker's key does not match exactly
         self._next_id = itertools.count(1)
         self._seq = 0
         self._confirms: dict[int, list] = {}      # seq -> (key, prefix, refusals seen, confirmation dict)
@@ -131,24 +140,21 @@ class PubSub:
             seq = self._change_one(op, entries[i:i + size], handlers)
         return seq
 
-    def _change_one(self, op: int, entries: list[tuple[bytes, bool, str, object]],
+    def _change_one(self, op: int, entries: list[tuple[bytes, bool, str]],
                     handlers: dict | None = None) -> int:
         ops = []
         confirms = []
-        for key, prefix, kind, name in entries:
-            table = self.patterns if prefix else self.channels
-            held = (key, prefix) in self._ids
-            if op == SUBSCRIBE and not held:
-                i = next(self._next_id)
-                self._ids[key, prefix] = i
-                self._byid[i] = (key, prefix)
-                self._local.add(key, i, prefix=prefix)
-                ops.append((SUBSCRIBE, key, prefix))
-            elif op == UNSUBSCRIBE and held:
-                i = self._ids.pop((key, prefix))
-                del self._byid[i]
-                self._local.remove(key, i, prefix=prefix)
-                ops.append((UNSUBSCRIBE, key, prefix))
+        for name, pattern, kind in entries:
+            # (A pattern's prefix matches exactly when the pattern is it and "*".)
+            key, exact = glob_prefix(name) if pattern else (name, True)
+            table = self.patterns if pattern else self.channels
+            i = self._ids.get((name, pattern))
+            if op == SUBSCRIBE and i is None:
+                if self._hold(name, pattern, key, not exact):
+                    ops.append((SUBSCRIBE, key, pattern))
+            elif op == UNSUBSCRIBE and i is not None:
+                if self._drop(i):
+                    ops.append((UNSUBSCRIBE, key, pattern))
             shown = self._out(name)
             if op == SUBSCRIBE:
                 handler = handlers.get(shown) if handlers else None
@@ -158,7 +164,7 @@ class PubSub:
             elif shown in table:
                 if table.pop(shown) is not None:
                     self._handlers -= 1
-            confirms.append((key, prefix, self._refusals_seen,
+            confirms.append((key, pattern, self._refusals_seen,
                              M.confirmation(kind, shown, len(self.channels) + len(self.patterns))))
         self._classes.clear()
         self._seq += 1
@@ -170,19 +176,48 @@ class PubSub:
         s.post(lambda: s.change(seq, ops))
         return seq
 
-    def _forget(self, keys: set) -> None:
-        """Subscriptions the broker refused: they are not held."""
+    def _hold(self, name: bytes, pattern: bool, key: bytes, glob: bool) -> bool:
+        """Hold ``name`` under broker key ``key`` (``glob``: matched here
+        as well); True if the broker must be told (nothing was held under
+        that key)."""
+        i = next(self._next_id)
+        self._ids[name, pattern] = i
+        self._byid[i] = (name, pattern, key, glob)
+        self._local.add(key, i, prefix=pattern)
+        self._globs += glob
+        under = self._under.setdefault((key, pattern), set())
+        under.add(i)
+        return len(under) == 1
+
+    def _drop(self, i: int) -> bool:
+        """Stop holding subscription ``i``; True if the broker must be told
+        (it was the last held under its key)."""
+        name, pattern, key, glob = self._byid.pop(i)
+        del self._ids[name, pattern]
+        self._local.remove(key, i, prefix=pattern)
+        self._globs -= glob
+        under = self._under[key, pattern]
+        under.discard(i)
+        if under:
+            return False
+        del self._under[key, pattern]
+        return True
+
+    def _forget(self, keys: set) -> int:
+        """Subscriptions the broker refused (broker keys): nothing held
+        under them is held.  Returns how many names that was."""
+        forgotten = 0
         for key, prefix in keys:
-            i = self._ids.pop((key, prefix), None)
-            if i is None:
-                continue
-            del self._byid[i]
-            self._local.remove(key, i, prefix=prefix)
-            table = self.patterns if prefix else self.channels
-            name = self._out(key + b"*" if prefix else key)
-            if name in table and table.pop(name) is not None:
-                self._handlers -= 1
+            for i in list(self._under.get((key, prefix), ())):
+                name, pattern = self._byid[i][:2]
+                self._drop(i)
+                forgotten += 1
+                table = self.patterns if pattern else self.channels
+                shown = self._out(name)
+                if shown in table and table.pop(shown) is not None:
+                    self._handlers -= 1
         self._classes.clear()
+        return forgotten
 
     def _out(self, value):
         if self._options.decode_responses and isinstance(value, bytes):
@@ -208,9 +243,11 @@ class PubSub:
         self.wait_confirmed(self.subscribe_nowait(*channels, **handlers))
 
     def psubscribe(self, *patterns: Any, **handlers: Handler) -> None:
-        """Subscribe to prefix patterns: ``"news.*"`` matches every channel
-        starting with ``news.``; ``"*"`` matches all.  Other globs raise
-        ValueError.  Returns once in effect, and
+        """Subscribe to glob patterns, matched as Redis matches them (bytes,
+        not text): ``*`` any run of bytes, ``?`` one byte, ``[abc]``,
+        ``[^a]``, ``[a-z]`` classes, ``\\`` escaping the next character.
+        ``"news.*"`` matches every channel starting with ``news.``; ``"*"``
+        matches all.  Returns once in effect, and
         ``psubscribe(**{"news.*": handler})``, as subscribe()."""
         self.wait_confirmed(self.psubscribe_nowait(*patterns, **handlers))
 
@@ -223,7 +260,7 @@ class PubSub:
             raise ValueError("subscribe() needs at least one channel")
         channels, handlers = _subscriptions(channels, handlers)
         names = [to_key(c) for c in channels] + [to_key(c) for c in handlers]
-        return self._change(SUBSCRIBE, [(n, False, "subscribe", n) for n in names], self._handler_map(handlers))
+        return self._change(SUBSCRIBE, [(n, False, "subscribe") for n in names], self._handler_map(handlers))
 
     def psubscribe_nowait(self, *patterns: Any, **handlers: Handler) -> int:
         """psubscribe() without waiting (see subscribe_nowait)."""
@@ -231,8 +268,7 @@ class PubSub:
             raise ValueError("psubscribe() needs at least one pattern")
         patterns, handlers = _subscriptions(patterns, handlers)
         names = [to_key(p) for p in patterns] + [to_key(p) for p in handlers]
-        entries = [(pattern_prefix(n), True, "psubscribe", n) for n in names]
-        return self._change(SUBSCRIBE, entries, self._handler_map(handlers))
+        return self._change(SUBSCRIBE, [(n, True, "psubscribe") for n in names], self._handler_map(handlers))
 
     def wait_confirmed(self, seq: int) -> None:
         """Block until the broker has confirmed the request ``seq`` (from
@@ -283,13 +319,13 @@ class PubSub:
         """Unsubscribe from channels (all of them without arguments)."""
         names = [to_key(c) for c in (channels or list(self.channels))]
         if names:
-            self._change(UNSUBSCRIBE, [(n, False, "unsubscribe", n) for n in names])
+            self._change(UNSUBSCRIBE, [(n, False, "unsubscribe") for n in names])
 
     def punsubscribe(self, *patterns) -> None:
         """Unsubscribe from patterns (all of them without arguments)."""
         names = [to_key(p) for p in (patterns or list(self.patterns))]
         if names:
-            self._change(UNSUBSCRIBE, [(pattern_prefix(n), True, "punsubscribe", n) for n in names])
+            self._change(UNSUBSCRIBE, [(n, True, "punsubscribe") for n in names])
 
     @property
     def subscribed(self) -> bool:
@@ -394,20 +430,20 @@ class PubSub:
                 self._dicts.extend(decode_messages(batch, self._classes, self._classify,
                                                    self._options.decode_responses))
                 return
-            records = decode(batch)
-            if self._unsub_seqs:
-                # Routed before an unsubscribe took effect: keep only what
-                # still matches our subscriptions.
-                offsets, _ids = self._local.match_flat([t for t, _p in records])
-                records = [r for i, r in enumerate(records) if offsets[i + 1] > offsets[i]]
+            if self._unsub_seqs or self._globs:
+                # Keep only what our subscriptions match: routed before an
+                # unsubscribe took effect, or under a glob's prefix.
+                records = decode_matching(batch, self._classes, self._classify)
+            else:
+                records = decode(batch)
             (self._pending if sink is None else sink).extend(records)
         elif kind == "confirm":
             self._emit_confirms(item[1])
         elif kind == "refused":
             _, seq, refused, reason = item
-            self._forget(refused)
+            forgotten = self._forget(refused)
             self._refused[seq] = (refused, reason, self._refusals_seen)
-            self._refusals_seen += len(refused)
+            self._refusals_seen += forgotten
         elif kind == "gap":
             self._control.append(M.gap(lost=item[1]))
         elif kind == "reconnect":
@@ -440,21 +476,24 @@ class PubSub:
 
     def _classify(self, channel: bytes):
         """("message", None) if a channel matches exactly, ("pmessage",
-        pattern) for the longest matching pattern, None if nothing matches
-        (unsubscribed while in flight).  Cached per channel."""
-        ids = self._local.match(channel)
+        pattern) for the matching pattern of the longest literal prefix
+        (of those, the first subscribed), None if nothing matches
+        (unsubscribed while in flight, or only a glob's prefix matched).
+        Cached per channel."""
         result = None
-        best = -1
-        for i in ids:
-            key, prefix = self._byid.get(i, (None, None))
-            if key is None:
+        best = None
+        for i in self._local.match(channel):
+            entry = self._byid.get(i)
+            if entry is None:
                 continue
-            if not prefix:
+            name, pattern, key, glob = entry
+            if not pattern:
                 result = ("message", None)
                 break
-            if len(key) > best:
-                best = len(key)
-                result = ("pmessage", self._out(key + b"*"))
+            rank = (len(key), -i)
+            if (best is None or rank > best) and (not glob or glob_match(name, channel)):
+                best = rank
+                result = ("pmessage", self._out(name))
         if len(self._classes) >= 100_000:
             self._classes.clear()
         self._classes[channel] = result

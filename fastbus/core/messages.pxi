@@ -56,6 +56,46 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
         PyBuffer_Release(&view)
 
 
+def decode_matching(data, dict classes not None, classify not None) -> list:
+    """``decode()`` keeping only the records a subscription still matches:
+    ``classes`` and ``classify`` as for :func:`decode_messages` (a channel
+    classified None is skipped).  For ``get_batch()`` while the broker may
+    send more than is wanted (a glob held under its literal prefix, or an
+    unsubscribe not yet in effect): one call per batch."""
+    cdef Py_buffer view
+    cdef fb_record *recs = NULL
+    cdef uint32_t count = 0
+    cdef size_t n = 0, i, cap
+    cdef list out = []
+    cdef PyObject *found
+    cdef object topic, cls
+    cdef tuple tup
+    cdef _topic_cache cache
+    memset(&cache, 0, sizeof(cache))
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        _check(fb_batch_header(view.buf, <size_t>view.len, &count, NULL), "batch")
+        cap = count if count <= (<size_t>view.len) // 2 else 0
+        recs = <fb_record *>PyMem_Malloc((cap if cap else 1) * sizeof(fb_record))
+        if recs is NULL:
+            raise MemoryError()
+        _check(fb_batch_decode(view.buf, <size_t>view.len, NULL, recs if cap else NULL, cap, &n), "batch")
+        for i in range(n):
+            topic = _tc_get(&cache, <const char *>recs[i].topic, recs[i].topic_len)
+            found = PyDict_GetItem(classes, topic)
+            cls = <object>found if found is not NULL else classify(topic)
+            if cls is None:
+                continue
+            tup = (topic, PyBytes_FromStringAndSize(<const char *>recs[i].payload, recs[i].payload_len))
+            PyObject_GC_UnTrack(<void *>tup)   # bytes only: no cycles
+            out.append(tup)
+        return out
+    finally:
+        _tc_clear(&cache)
+        PyMem_Free(recs)
+        PyBuffer_Release(&view)
+
+
 cdef dict _PUSH_KINDS = {k.encode(): k for k in (
     "message", "pmessage", "smessage", "subscribe", "unsubscribe", "psubscribe", "punsubscribe",
     "ssubscribe", "sunsubscribe", "pong")}
