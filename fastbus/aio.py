@@ -357,6 +357,10 @@ class PubSub(_SyncPubSub):
         self.open()
         self._drive()
         self._connected = True
+        # Connecting is I/O for redis.asyncio, so it always lets the loop
+        # run: a reconnect loop of connect() and listen() (which ends at
+        # once when nothing is subscribed) must not starve the loop here.
+        await asyncio.sleep(0)
 
     async def check_health(self) -> None:
         self._check_connected()
