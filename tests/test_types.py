@@ -10,7 +10,6 @@ temporary directory.
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import subprocess
@@ -22,47 +21,10 @@ import pytest
 
 pytest.importorskip("mypy", reason="mypy is in the test extra")
 
+from snippets import README, SKIP, prelude, readme_snippets  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
 EXAMPLES = ROOT / "examples"
-
-#: The marker that leaves out the README snippet right after it (partial
-#: snippets only: a reference listing with ``...`` placeholders).
-SKIP = "<!-- mypy: skip -->"
-
-#: Names the README's snippets use without defining them (what the reader
-#: brings: a channel, a Spark session, ...), declared with the types a reader
-#: would have, before each snippet that uses one and does not bind it itself.
-#: Each snippet is checked as its own module.
-PRELUDE_IMPORTS = """\
-from typing import Any
-
-import prometheus_client
-
-import fastbus
-"""
-GIVEN = {
-    "channel": 'channel: str = "news"',
-    "message": 'message: bytes = b"hello"',
-    "channels": 'channels: list[str] = ["news", "sport"]',
-    "topics": 'topics: list[bytes] = [b"market.NYSE.00042.trades"]',
-    "url": 'url: str = "redis://127.0.0.1:6379/0"',
-    "spark": "spark: Any = None          # a pyspark.sql.SparkSession (pyspark is not in the test extra)",
-    "totals": "totals: Any = None         # a streaming DataFrame",
-}
-
-
-def prelude(code: str) -> str:
-    """The imports, and the GIVEN names the snippet reads but never binds."""
-    tree = ast.parse(code)
-    bound, read = set(), set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name):
-            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
-    return PRELUDE_IMPORTS + "".join(GIVEN[n] + "\n" for n in GIVEN if n in read and n not in bound)
-
 
 # pyspark is an optional extra: without it, examples/ cannot see its types.
 MYPY_INI = '''\
@@ -76,28 +38,6 @@ pretty = False
 [mypy-pyspark.*]
 ignore_missing_imports = True
 '''
-
-
-def readme_snippets() -> list[tuple[int, str]]:
-    """``(line, code)`` of each ```python block in README.md, less those
-    right after a SKIP marker."""
-    lines = README.read_text(encoding="utf-8").splitlines()
-    out = []
-    i = 0
-    while i < len(lines):
-        if lines[i].strip() == "```python":
-            start = i + 1
-            j = start
-            while j < len(lines) and lines[j].strip() != "```":
-                j += 1
-            k = i - 1
-            while k >= 0 and not lines[k].strip():
-                k -= 1
-            if not (k >= 0 and lines[k].strip() == SKIP):
-                out.append((start + 1, "\n".join(lines[start:j]) + "\n"))
-            i = j
-        i += 1
-    return out
 
 
 def run_mypy(files: list[Path], workdir: Path, cache: Path) -> subprocess.CompletedProcess[str]:
