@@ -7,6 +7,7 @@
  *   fb_outbox.h     per-destination batch buffers with a flush policy
  *   fb_router.h     a broker's routing step: a batch into per-link outboxes
  *   fb_glob.h       Redis's glob patterns: match, literal prefix
+ *   fb_resp.h       reading Redis replies (RESP), many per call
  *   fb_common.h     status codes, id vectors, key lists
  *
  * Plain C11, no dependencies.  Build with the Makefile in this directory

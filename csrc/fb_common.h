@@ -23,7 +23,7 @@ extern "C" {
 #define FB_VERSION_MINOR 1
 #define FB_VERSION_PATCH 0
 
-/* Status codes.  Keep fb_strerror() and fastbus/_core.pyx in step. */
+/* Status codes.  Keep fb_strerror() and fastbus/core/errors.pxi in step. */
 enum {
     FB_OK = 0,
     FB_ENOMEM = -1,      /* allocation failed */

@@ -530,8 +530,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_stats)
 
     demo = sub.add_parser("demo", help="a broker with live publishers and subscribers printing their rates",
-                          description="Start a broker and client processes on this machine (seed 000's "
-                                      "workload: 50 channels, 20-byte messages) and print rates each second.")
+                          description="Start a broker and client processes on this machine (the workload of the "
+                                      "article 'A Tale of Two Queues': 50 channels, 20-byte messages) and print "
+                                      "rates each second.")
     demo.add_argument("--seconds", type=seconds, default=5.0, help="how long (default: %(default)s)")
     demo.add_argument("--publishers", type=positive, default=1,
                       help="publisher processes (default: %(default)s)")

@@ -1,5 +1,6 @@
 """``fastbus demo``: a broker with live publishers and subscribers that
-print their rates: seed 000's workload (50 channels "0".."49", 20-byte
+print their rates: the workload of the article "A Tale of Two Queues"
+(ZeroMQ against Redis pub/sub; 50 channels "0".."49", 20-byte
 messages, every subscriber on every channel), each client in its own process.
 """
 

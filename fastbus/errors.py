@@ -27,7 +27,7 @@ __all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "
            "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
            "PublishTimeout", "RedisServerError", "ServerOutOfMemory", "ServerRefused", "ServerTimeout",
            "ServerUnavailable"]
-__all__ += ["CommandFailed", "ConsumerGone", "ConsumerTagInUse", "EmbeddedServerError", "InvalidConfig", "InvalidURL", "NoHandlerError", "OptionError",
+__all__ += ["CommandFailed", "ConsumerGone", "ConsumerTagInUse", "EmbeddedServerError", "InvalidConfig", "InvalidURL", "OptionError",
             "PartialBatchError", "PastLastId", "ProtocolError", "PublishError", "QueueError", "ServerNotFoundError", "UsageError"]
 
 # Defined with redis-py's classes among their bases (fastbus.redis._errors).

@@ -1,4 +1,4 @@
-"""Spreading channels over several brokers (seed 000's horizontal scaling).
+"""Spreading channels over several brokers (the horizontal scaling of "A Tale of Two Queues").
 
     client = fastbus.ShardedClient(["tcp://127.0.0.1:6464", "tcp://127.0.0.1:6465"])
     client.publish("room.42", "hi")          # goes to the broker that owns "room.42"

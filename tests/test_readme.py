@@ -68,6 +68,7 @@ NOT_RUN = {
     "python bench/latency_bench.py": "a benchmark, minutes",
     "python bench/subscribe_bench.py": "a benchmark, minutes",
     "python bench/flow_bench.py": "a benchmark: a minute, a broker and three processes a round",
+    "python bench/glob_bench.py": "a benchmark: minutes (Redis scanning 1,000 patterns for a million publishes)",
     "python bench/pubsub_bench.py": "a benchmark, minutes",
     'pip install "fastbus[spark]"': "an install from PyPI",
 }

@@ -2,7 +2,7 @@
 per-link send queues for links whose socket cannot take more, the
 slow-consumer policy, and FLOW pause/resume for publishers.
 
-Batches form by themselves (docs: DESIGN.md).  The loop reads what its
+Batches form by themselves (docs/PROTOCOL.md, "Batching and latency").  The loop reads what its
 sockets hold, routing each received batch into the links' outboxes (C,
 fastbus.Router); then ``flush_due`` sends every outbox that is due: with no
 linger, every outbox that holds records.  So a message that arrives at an

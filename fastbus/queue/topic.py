@@ -1,4 +1,5 @@
-"""Topics with logical consumers (the RedisQ design of seed 002, its holes closed).
+"""Topics with logical consumers (the RedisQ design of the article "Reliable
+Delivery Pub/Sub Message Queues with Redis", its holes closed).
 
     t = Topic("orders")
     t.register("billing")                      # gets every message published from now on

@@ -1,4 +1,5 @@
-"""Reliable work queues on Redis (the rmq design of seed 001, its holes closed).
+"""Reliable work queues on Redis (the rmq design of the article "Building a
+Message Queue Using Redis in Go", its holes closed).
 
     q = WorkQueue("jobs")                      # embedded server; or WorkQueue("jobs", "redis://...")
     q.put(b"resize 42.png")
