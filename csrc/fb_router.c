@@ -12,7 +12,17 @@ typedef struct linkbox {
     uint8_t listed_full;   /* in r->full */
     uint8_t held;          /* due only when full */
     uint8_t sent;          /* a batch was taken since the link was added */
+    uint64_t stamp;        /* the last record appended (r->stamp): each record once */
 } linkbox;
+
+/* A glob subscription (fb_router_add_glob); pat NULL: free, and next the
+ * next free slot. */
+typedef struct globsub {
+    unsigned char *pat;
+    size_t len;
+    uint32_t link;
+    uint32_t next;
+} globsub;
 
 struct fb_router {
     fb_outbox_limits lim;     /* of every outbox: no age limit (the linger is the router's) */
@@ -30,6 +40,9 @@ struct fb_router {
     size_t *offsets;
     size_t capoffsets;
     fb_idvec ids;
+    globsub *globs;           /* by id - FB_ROUTER_GLOB_BASE */
+    uint32_t nglobs, capglobs, freeglob, usedglobs;   /* freeglob UINT32_MAX: none free */
+    uint64_t stamp;           /* counts routed records: a link takes each once (linkbox.stamp) */
     uint32_t catchall;        /* fb_router_set_catchall's link, UINT32_MAX: none */
     uint64_t catchall_from;
     fb_router_stats st;
@@ -46,6 +59,7 @@ fb_router *fb_router_new(const fb_outbox_limits *lim)
     }
     fb_idvec_init(&r->ids);
     r->catchall = UINT32_MAX;
+    r->freeglob = UINT32_MAX;
     return r;
 }
 
@@ -60,7 +74,56 @@ void fb_router_free(fb_router *r)
     free(r->spans);
     free(r->offsets);
     fb_idvec_free(&r->ids);
+    for (uint32_t i = 0; i < r->nglobs; i++) free(r->globs[i].pat);
+    free(r->globs);
     free(r);
+}
+
+int fb_router_add_glob(fb_router *r, uint32_t link, const void *pattern, size_t len, uint64_t *id)
+{
+    if (link >= 0x80000000u || !id || (!pattern && len)) return FB_EINVAL;
+    unsigned char *pat = malloc(len ? len : 1);
+    if (!pat) return FB_ENOMEM;
+    if (len) memcpy(pat, pattern, len);
+    uint32_t i;
+    if (r->freeglob != UINT32_MAX) {
+        i = r->freeglob;
+        r->freeglob = r->globs[i].next;
+    } else {
+        if (r->nglobs == r->capglobs) {
+            uint32_t c = r->capglobs ? r->capglobs * 2 : 16;
+            globsub *ng = c > r->capglobs ? realloc(r->globs, (size_t)c * sizeof *ng) : NULL;
+            if (!ng) {
+                free(pat);
+                return FB_ENOMEM;
+            }
+            r->globs = ng;
+            r->capglobs = c;
+        }
+        i = r->nglobs++;
+    }
+    r->globs[i] = (globsub){ pat, len, link, UINT32_MAX };
+    r->usedglobs++;
+    *id = FB_ROUTER_GLOB_BASE + i;
+    return FB_OK;
+}
+
+int fb_router_remove_glob(fb_router *r, uint64_t id)
+{
+    if (id < FB_ROUTER_GLOB_BASE || id - FB_ROUTER_GLOB_BASE >= r->nglobs) return FB_ENOTFOUND;
+    globsub *g = &r->globs[id - FB_ROUTER_GLOB_BASE];
+    if (!g->pat) return FB_ENOTFOUND;
+    free(g->pat);
+    g->pat = NULL;
+    g->next = r->freeglob;
+    r->freeglob = (uint32_t)(id - FB_ROUTER_GLOB_BASE);
+    r->usedglobs--;
+    return FB_OK;
+}
+
+size_t fb_router_glob_count(const fb_router *r)
+{
+    return r->usedglobs;
 }
 
 int fb_router_add_link(fb_router *r, uint32_t link)
@@ -157,13 +220,14 @@ static int reserve(void **p, size_t *cap, size_t need, size_t item)
     return FB_OK;
 }
 
-/* Append one record to a link's outbox: 1 if appended, 0 if the link has
- * no outbox, or an error. */
+/* Append the record being routed to a link's outbox: 1 if appended, 0 if
+ * the link has no outbox or already has this record, or an error. */
 static int append_to(fb_router *r, uint32_t id, const fb_record *rec, uint64_t now_ns)
 {
     linkbox *lb = &r->links[id];
     int rc;
-    if (!lb->active) return 0;
+    if (!lb->active || lb->stamp == r->stamp) return 0;
+    lb->stamp = r->stamp;
     if (fb_outbox_count(&lb->ob) == 0 && (rc = list_link(r, id)) < 0) return rc;
     rc = fb_outbox_append(&lb->ob, rec->topic, rec->topic_len, rec->payload, rec->payload_len, now_ns);
     if (rc < 0) return rc;
@@ -229,15 +293,22 @@ int fb_router_route(fb_router *r, fb_trie *t, const void *batch, size_t len,
     for (size_t i = 0; i < n; i++) {
         const fb_record *rec = &r->recs[i];
         size_t before = delivered;
-        int to_all = all != UINT32_MAX;
+        r->stamp++;                             /* append_to: each link once */
         for (size_t j = r->offsets[i]; j < r->offsets[i + 1]; j++) {
             uint64_t id = r->ids.ids[j];
+            if (id >= FB_ROUTER_GLOB_BASE) {
+                /* A glob held under a prefix of this topic: does it match? */
+                uint64_t g = id - FB_ROUTER_GLOB_BASE;
+                if (g >= r->nglobs || !r->globs[g].pat ||
+                    fb_glob_match(r->globs[g].pat, r->globs[g].len, rec->topic, rec->topic_len) != 1)
+                    continue;
+                id = r->globs[g].link;
+            }
             if (id == source || id >= r->caplinks) continue;
-            if (id == all) to_all = 0;          /* it matched anyway: once */
             if ((rc = append_to(r, (uint32_t)id, rec, now_ns)) < 0) return rc;
             delivered += (uint64_t)rc;
         }
-        if (to_all) {
+        if (all != UINT32_MAX) {                /* (a link that matched anyway has it: once) */
             if ((rc = append_to(r, all, rec, now_ns)) < 0) return rc;
             delivered += (uint64_t)rc;
         }

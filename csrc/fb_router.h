@@ -46,6 +46,7 @@
 
 #include "fb_common.h"
 #include "fb_batch.h"
+#include "fb_glob.h"
 #include "fb_outbox.h"
 #include "fb_trie.h"
 
@@ -126,6 +127,27 @@ void fb_router_hold(fb_router *r, uint32_t link, int held);
  * from more than one place uses it to leave a held link's batch to the one
  * that queues for it (fastbus's C data plane leaves it to Python). */
 int fb_router_held(const fb_router *r, uint32_t link);
+
+/* Glob subscriptions (Redis's patterns, fb_glob.h), matched exactly here,
+ * at the hop that delivers.  The trie only knows prefixes: a glob is held
+ * there under its literal prefix (fb_glob_prefix) by a subscriber id of its
+ * own, which fb_router_add_glob gives (>= FB_ROUTER_GLOB_BASE, never a
+ * link).  When the trie reports such an id for a record, the router matches
+ * the record's topic against the glob and, if it matches, delivers to the
+ * glob's link.  A link gets a record once however many of its keys and
+ * globs match it.  Why here: the forwarders, upstream brokers and the
+ * publishers' filters see the prefix (a wider subscription is always safe),
+ * and a subscriber is sent only what its globs match.
+ *
+ * fb_router_add_glob copies the pattern; FB_EINVAL for a link >= 2^31.
+ * fb_router_remove_glob frees the id (FB_ENOTFOUND if it is not one); the
+ * caller removes the trie's entry for it.  Removing a link leaves its
+ * globs (their records go nowhere: the link has no outbox). */
+#define FB_ROUTER_GLOB_BASE ((uint64_t)1 << 32)
+int fb_router_add_glob(fb_router *r, uint32_t link, const void *pattern, size_t len, uint64_t *id);
+int fb_router_remove_glob(fb_router *r, uint64_t id);
+/* Glob subscriptions held (for counters and tests). */
+size_t fb_router_glob_count(const fb_router *r);
 
 /* A link that receives every record from now_ns >= from_ns on, as if it
  * were subscribed to everything (each record once, never back to its

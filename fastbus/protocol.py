@@ -69,6 +69,11 @@ WANT_RESET = 1
 # ops batch flags byte
 OP_SUBSCRIBE = 0x01
 OP_PREFIX = 0x02
+OP_GLOB = 0x04          # the key is a Redis glob (never with OP_PREFIX)
+#: The third field of an op ``(op, key, prefix)`` for a glob: neither exact
+#: (False) nor prefix (True).  Only a subscriber's SUB and the REFUSED
+#: naming it carry globs; brokers and publishers' filters see prefixes.
+GLOB = 2
 
 U64 = struct.Struct("<Q")
 
@@ -89,25 +94,30 @@ def unpack_u64(frame) -> int:
     return U64.unpack(b)[0]
 
 
-def encode_ops(ops: Iterable[tuple[int, bytes, bool]]) -> Batch:
-    """Subscription operations ``(op, key, prefix)`` as an ops batch."""
+def encode_ops(ops: Iterable[tuple[int, bytes, bool | int]]) -> Batch:
+    """Subscription operations ``(op, key, prefix)`` as an ops batch
+    (``prefix``: False, True or GLOB)."""
     return encode(
-        (key, bytes(((OP_SUBSCRIBE if op == SUBSCRIBE else 0) | (OP_PREFIX if prefix else 0),)))
+        (key, bytes(((OP_SUBSCRIBE if op == SUBSCRIBE else 0)
+                     | (OP_GLOB if prefix == GLOB else OP_PREFIX if prefix else 0),)))
         for op, key, prefix in ops)
 
 
-def decode_ops(data, *, max_key: int = 0, max_ops: int = 0) -> list[tuple[int, bytes, bool]]:
-    """An ops batch back into ``(op, key, prefix)``; ProtocolError if invalid."""
+def decode_ops(data, *, max_key: int = 0, max_ops: int = 0) -> list[tuple[int, bytes, bool | int]]:
+    """An ops batch back into ``(op, key, prefix)`` (``prefix``: False, True
+    or GLOB); ProtocolError if invalid."""
     try:
         records = decode(data, max_topic=max_key, max_payload=1, max_records=max_ops)
     except ValueError as exc:
         raise ProtocolError(f"bad subscription batch: {exc}") from exc
     ops = []
     for key, flags in records:
-        if len(flags) != 1 or flags[0] & ~(OP_SUBSCRIBE | OP_PREFIX):
+        if len(flags) != 1 or flags[0] & ~(OP_SUBSCRIBE | OP_PREFIX | OP_GLOB) or (
+                flags[0] & OP_PREFIX and flags[0] & OP_GLOB):
             raise ProtocolError(f"bad subscription flags {flags!r}")
         f = flags[0]
-        ops.append((SUBSCRIBE if f & OP_SUBSCRIBE else UNSUBSCRIBE, key, bool(f & OP_PREFIX)))
+        kind = GLOB if f & OP_GLOB else bool(f & OP_PREFIX)
+        ops.append((SUBSCRIBE if f & OP_SUBSCRIBE else UNSUBSCRIBE, key, kind))
     return ops
 
 

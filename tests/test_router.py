@@ -28,6 +28,26 @@ def test_routes_to_every_matching_link_once_except_the_source():
     assert s["records"] == 3 and s["deliveries"] == 4 and s["unrouted"] == 1
 
 
+def test_globs_are_matched_where_they_are_delivered():
+    """A glob held under its literal prefix by the router's id for it: a
+    link gets what the glob matches, once, however many of its keys match."""
+    from fastbus._core import glob_prefix
+    from fastbus.errors import NotSubscribedError
+    t, r = make()
+    g = r.add_glob(1, "user.*.events")
+    assert g >= 1 << 32 and r.globs == 1
+    t.add(glob_prefix("user.*.events")[0], g, prefix=True)
+    t.add(b"user.1.events", 1)                            # the same link, exactly: still once
+    batch = encode([(b"user.1.events", b"1"), (b"user.2", b"2"), (b"user.3.events", b"3")])
+    assert r.route(batch, now_ns=0) == 3
+    assert decode(r.take(1)) == [(b"user.1.events", b"1"), (b"user.3.events", b"3")]
+    assert r.stats()["unrouted"] == 1
+    r.remove_glob(g)
+    with pytest.raises(NotSubscribedError):
+        r.remove_glob(g)
+    assert r.globs == 0
+
+
 def test_no_linger_every_outbox_that_holds_records_is_due():
     t = Trie()
     r = Router(t, max_messages=3, max_bytes=0)          # max_delay=0: no linger

@@ -9,6 +9,11 @@ One per broker link, over all *other* links, gives what we want from that
 broker (split horizon: never what it wants itself); its diffs are WANT to a
 downstream broker and SUB to the upstream one (``Link.want_frames``).
 
+A glob (a subscriber's Redis pattern, ``P.GLOB``) is held in the trie under
+its literal prefix by an id the router gives it (``Router.add_glob``): the
+router matches it exactly when it delivers, and the forwarders hold the
+prefix, so other brokers and the publishers' filters see only prefixes.
+
 Every such message is built here (``want_diff``, ``want_reset``,
 ``upstream_snapshot``), numbered by its link for a peer that acknowledges,
 and the link noted in ``LinkTable.unacked``: a confirmation waits for those
@@ -18,7 +23,7 @@ and the link noted in ``LinkTable.unacked``: a confirmation waits for those
 from __future__ import annotations
 
 from fastbus import protocol as P
-from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Forwarder, Trie
+from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Forwarder, Router, Trie, glob_prefix
 from fastbus.errors import NotSubscribedError
 
 from .config import SUB_OVERHEAD, BrokerConfig
@@ -29,9 +34,10 @@ class Interest:
     """The subscriptions of every link and the diffs they cause.  ``send``
     is how a diff leaves (fastbus.broker.sending.Sender.send)."""
 
-    def __init__(self, trie: Trie, links: LinkTable, send, config: BrokerConfig, counters: dict,
+    def __init__(self, trie: Trie, router: Router, links: LinkTable, send, config: BrokerConfig, counters: dict,
                  drops: dict) -> None:
         self.trie = trie
+        self.router = router
         self.links = links
         self._send = send
         self._max_subs = config.max_subscriptions
@@ -56,12 +62,19 @@ class Interest:
                 for key, prefix, refs in self.trie.subscriber_keys(other.link):
                     for _ in range(refs):
                         fwd.subscribe(other.link, key, prefix=prefix)
+                for _gid, refs, key in other.globs.values():
+                    for _ in range(refs):
+                        fwd.subscribe(other.link, key, prefix=True)
         link.forwarder = fwd
 
     def detach(self, link: Link) -> None:
         """A link that went (already out of the table): its subscriptions
         go, and the diffs travel."""
         self.trie.remove_subscriber(link.link)
+        for gid, _refs, _key in link.globs.values():
+            self.trie.remove_subscriber(gid)
+            self.router.remove_glob(gid)
+        link.globs.clear()
         self.released += link.subs
         self.total_bytes -= link.sub_bytes
         link.sub_bytes = link.subs = 0
@@ -126,6 +139,7 @@ class Interest:
         limited = link.limited
         trie, fwd_all, key_id = self.trie, self.all, link.link
         for op, key, prefix in ops:
+            glob = prefix == P.GLOB
             if op == SUBSCRIBE:
                 cost = len(key) + SUB_OVERHEAD
                 if limited:
@@ -134,7 +148,10 @@ class Interest:
                         self._drops["too_many_subscriptions"] += 1
                         refused.append((key, prefix, why))
                         continue
-                trie.add(key, key_id, prefix=prefix)
+                if glob:
+                    key, prefix = self._hold_glob(link, key), True     # the forwarders hold its prefix
+                else:
+                    trie.add(key, key_id, prefix=prefix)
                 link.subs += 1
                 link.sub_bytes += cost
                 self.total_bytes += cost
@@ -146,7 +163,10 @@ class Interest:
                         diffs.setdefault(other, []).extend(d)
             else:
                 try:
-                    trie.remove(key, key_id, prefix=prefix)
+                    if glob:
+                        held = self._drop_glob(link, key)
+                    else:
+                        trie.remove(key, key_id, prefix=prefix)
                 except NotSubscribedError:
                     self._drops["not_subscribed"] += 1
                     continue
@@ -155,6 +175,8 @@ class Interest:
                 link.sub_bytes -= len(key) + SUB_OVERHEAD
                 self.total_bytes -= len(key) + SUB_OVERHEAD
                 self._counters["unsubscribe_ops"] += 1
+                if glob:
+                    key, prefix = held, True
                 diff_all += fwd_all.unsubscribe(key_id, key, prefix=prefix)
                 for other in brokers:
                     d = other.forwarder.unsubscribe(key_id, key, prefix=prefix)
@@ -165,6 +187,31 @@ class Interest:
             if self.links.is_current(other):      # a send above may have found it gone
                 self._emit_link(other, d)
         return refused
+
+    def _hold_glob(self, link: Link, pattern: bytes) -> bytes:
+        """A link's glob, held (once per link: a second subscription only
+        counts); returns its literal prefix."""
+        entry = link.globs.get(pattern)
+        if entry is None:
+            key = glob_prefix(pattern)[0]
+            gid = self.router.add_glob(link.link, pattern)
+            self.trie.add(key, gid, prefix=True)
+            entry = link.globs[pattern] = [gid, 0, key]
+        entry[1] += 1
+        return entry[2]
+
+    def _drop_glob(self, link: Link, pattern: bytes) -> bytes:
+        """One subscription of a link's glob less (NotSubscribedError if it
+        holds none); returns its literal prefix."""
+        entry = link.globs.get(pattern)
+        if entry is None:
+            raise NotSubscribedError(f"subscriber {link.link} does not hold glob {pattern!r}")
+        entry[1] -= 1
+        if not entry[1]:
+            gid, _refs, key = link.globs.pop(pattern)
+            self.trie.remove(key, gid, prefix=True)
+            self.router.remove_glob(gid)
+        return entry[2]
 
     def set_wants(self, link: Link, wanted: set, reset: bool) -> None:
         """Make a link's subscriptions a given set of (key, prefix) (the

@@ -61,7 +61,7 @@ class Link:
     is_broker = False
     holds_lease = False
 
-    __slots__ = ("link", "name", "sock", "publisher", "subs", "sub_bytes", "forwarder", "queue",
+    __slots__ = ("link", "name", "sock", "publisher", "subs", "sub_bytes", "globs", "forwarder", "queue",
                  "queued_bytes", "lost", "last_sent", "flow_exempt", "address", "since", "traffic",
                  "acks", "change_seq", "change_at", "change_acked", "lease_end")
 
@@ -72,6 +72,7 @@ class Link:
         self.publisher = publisher
         self.subs = 0                     # subscriptions it holds here
         self.sub_bytes = 0                # what they cost (key bytes + SUB_OVERHEAD each)
+        self.globs: dict = {}             # glob -> [router's id for it, references, literal prefix]
         self.forwarder = None             # broker links: what we want from them
         self.queue: deque = deque()       # (frames, records or 0 for control, bytes)
         self.queued_bytes = 0

@@ -202,7 +202,7 @@ class Broker:
                              max_delay=cfg.max_delay, max_topic=cfg.max_topic, max_payload=cfg.max_payload)
         self.links = LinkTable()
         self.sender = Sender(self.router, self.links, cfg, self.counters, self.drops, self.remove_link)
-        self.interest = Interest(self.trie, self.links, self.sender.send, cfg, self.counters,
+        self.interest = Interest(self.trie, self.router, self.links, self.sender.send, cfg, self.counters,
                                  self.drops)
         self.sender.want_reset = self.interest.want_reset
         self.settler = Settler(self.links, self.sender.send, cfg.filter_lease, cfg.upstream_confirm_timeout,

@@ -253,6 +253,7 @@ class Sessions:
         send = b.sender.send
         cfg = b.config
         welcome = {"v": P.VERSION, "instance": b.instance.decode(), "name": cfg.name,
+                   "globs": True,                # SUB may hold glob ops (flags bit 2)
                    "limits": {"max_topic": cfg.max_topic, "max_payload": cfg.max_payload,
                               "max_message_bytes": cfg.max_message_bytes,
                               "max_subscriptions": cfg.max_subscriptions,

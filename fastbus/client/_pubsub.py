@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from fastbus import _messages as M
+from fastbus import protocol as P
 from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Trie
 from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, decode, decode_matching, decode_messages
 from fastbus._messages import glob_match, glob_prefix
@@ -27,6 +28,17 @@ BATCH_MESSAGES = 8192     # get_batch(): about this many messages per call by de
 SUBSCRIBE_KINDS = CONFIRM_KINDS
 
 Handler = Callable[[PubSubMessage], Any]
+
+
+def _broker_key(name: bytes, pattern: bool) -> tuple:
+    """``(key, kind)`` a subscription is held under at the broker: a
+    channel exact (False); a pattern that is a literal prefix and ``*``
+    as that prefix (True: patterns may share it); any other glob as itself
+    (P.GLOB: the broker matches it, fastbus.broker.interest)."""
+    if not pattern:
+        return name, False
+    prefix, exact = glob_prefix(name)
+    return (prefix, True) if exact else (name, P.GLOB)
 
 
 def _subscriptions(names: tuple, handlers: dict) -> tuple[list, dict]:
@@ -61,10 +73,10 @@ class PubSub:
     A message matching several subscriptions is delivered once: as
     ``message`` if a channel matches exactly, else as ``pmessage`` with the
     matching pattern of the longest literal prefix (the first subscribed of
-    those).  A glob is held at the broker under its literal prefix
-    (``user.`` for ``user.*.events``) and matched exactly here, so the
-    broker may send this PubSub channels that it then drops unread.  ``get_batch()`` returns data messages many at
-    a time as ``(channel, data)`` tuples, for high-throughput consumers.
+    those).  The broker matches globs exactly, as Redis does; other brokers
+    and the publishers' filters hold them as their literal prefix.
+    ``get_batch()`` returns data messages many at a time as ``(channel,
+    data)`` tuples, for high-throughput consumers.
 
     The thread that calls ``get_message()``, ``get_batch()`` or ``listen()``
     reads the connection itself: a message reaches it with no hand-over
@@ -87,14 +99,13 @@ class PubSub:
         subscribe() after close(), as redis-py reconnects)."""
         self._handlers = 0                        # channels/patterns with a handler
         self._subscribed = False
-        # Our subscriptions.  A name (channel, or glob pattern) is held at
-        # the broker under a key: the channel itself, or the pattern's
-        # literal prefix (several patterns may share one).
-        self._local = Trie()                      # broker key -> ids held under it
+        # Our subscriptions.  A name (channel, or pattern) is held at the
+        # broker under a key (_broker_key): the channel, a "prefix*"
+        # pattern's prefix (patterns may share one), or a glob itself.
+        self._local = Trie()                      # local key (channel or literal prefix) -> ids
         self._ids: dict[tuple[bytes, bool], int] = {}             # (name, is pattern) -> id
-        self._byid: dict[int, tuple[bytes, bool, bytes, bool]] = {}  # id -> (name, is pattern, key, is glob)
-        self._under: dict[tuple[bytes, bool], set[int]] = {}     # (key, prefix) -> ids held under it
-        self._globs = 0                           # patterns the broker's key does not match exactly
+        self._byid: dict[int, tuple] = {}         # id -> (name, is pattern, local key, is glob, broker key)
+        self._under: dict[tuple, set[int]] = {}   # broker key -> ids held under it
         self._next_id = itertools.count(1)
         self._seq = 0
         self._confirms: dict[int, list] = {}      # seq -> (key, prefix, refusals seen, confirmation dict)
@@ -145,16 +156,15 @@ class PubSub:
         ops = []
         confirms = []
         for name, pattern, kind in entries:
-            # (A pattern's prefix matches exactly when the pattern is it and "*".)
-            key, exact = glob_prefix(name) if pattern else (name, True)
+            bkey = _broker_key(name, pattern)
             table = self.patterns if pattern else self.channels
             i = self._ids.get((name, pattern))
             if op == SUBSCRIBE and i is None:
-                if self._hold(name, pattern, key, not exact):
-                    ops.append((SUBSCRIBE, key, pattern))
+                if self._hold(name, pattern, bkey):
+                    ops.append((SUBSCRIBE, *bkey))
             elif op == UNSUBSCRIBE and i is not None:
                 if self._drop(i):
-                    ops.append((UNSUBSCRIBE, key, pattern))
+                    ops.append((UNSUBSCRIBE, *bkey))
             shown = self._out(name)
             if op == SUBSCRIBE:
                 handler = handlers.get(shown) if handlers else None
@@ -164,7 +174,7 @@ class PubSub:
             elif shown in table:
                 if table.pop(shown) is not None:
                     self._handlers -= 1
-            confirms.append((key, pattern, self._refusals_seen,
+            confirms.append((*bkey, self._refusals_seen,
                              M.confirmation(kind, shown, len(self.channels) + len(self.patterns))))
         self._classes.clear()
         self._seq += 1
@@ -176,31 +186,29 @@ class PubSub:
         s.post(lambda: s.change(seq, ops))
         return seq
 
-    def _hold(self, name: bytes, pattern: bool, key: bytes, glob: bool) -> bool:
-        """Hold ``name`` under broker key ``key`` (``glob``: matched here
-        as well); True if the broker must be told (nothing was held under
-        that key)."""
+    def _hold(self, name: bytes, pattern: bool, bkey: tuple) -> bool:
+        """Hold ``name`` under broker key ``bkey``; True if the broker must
+        be told (nothing was held under that key)."""
         i = next(self._next_id)
+        local, exact = glob_prefix(name) if pattern else (name, True)
         self._ids[name, pattern] = i
-        self._byid[i] = (name, pattern, key, glob)
-        self._local.add(key, i, prefix=pattern)
-        self._globs += glob
-        under = self._under.setdefault((key, pattern), set())
+        self._byid[i] = (name, pattern, local, not exact, bkey)
+        self._local.add(local, i, prefix=pattern)
+        under = self._under.setdefault(bkey, set())
         under.add(i)
         return len(under) == 1
 
     def _drop(self, i: int) -> bool:
         """Stop holding subscription ``i``; True if the broker must be told
         (it was the last held under its key)."""
-        name, pattern, key, glob = self._byid.pop(i)
+        name, pattern, local, _glob, bkey = self._byid.pop(i)
         del self._ids[name, pattern]
-        self._local.remove(key, i, prefix=pattern)
-        self._globs -= glob
-        under = self._under[key, pattern]
+        self._local.remove(local, i, prefix=pattern)
+        under = self._under[bkey]
         under.discard(i)
         if under:
             return False
-        del self._under[key, pattern]
+        del self._under[bkey]
         return True
 
     def _forget(self, keys: set) -> int:
@@ -430,9 +438,9 @@ class PubSub:
                 self._dicts.extend(decode_messages(batch, self._classes, self._classify,
                                                    self._options.decode_responses))
                 return
-            if self._unsub_seqs or self._globs:
-                # Keep only what our subscriptions match: routed before an
-                # unsubscribe took effect, or under a glob's prefix.
+            if self._unsub_seqs:
+                # Routed before an unsubscribe took effect: keep only what
+                # still matches our subscriptions.
                 records = decode_matching(batch, self._classes, self._classify)
             else:
                 records = decode(batch)
@@ -486,7 +494,7 @@ class PubSub:
             entry = self._byid.get(i)
             if entry is None:
                 continue
-            name, pattern, key, glob = entry
+            name, pattern, key, glob = entry[:4]
             if not pattern:
                 result = ("message", None)
                 break

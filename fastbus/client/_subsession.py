@@ -94,6 +94,7 @@ class SubSession(Session):
         # pubsub's own (un)subscriptions reached.
         if self.resend and self.subs:
             self.resend = False
+            self._refuse_globs(self.seq, [(SUBSCRIBE, k, p) for k, p in self.subs])
             ops = [(SUBSCRIBE, k, p) for k, p in self.subs]
             size = self.limit("max_sub_ops", SUB_OPS_DEFAULT)
             seq = P.pack_u64(self.seq)
@@ -104,9 +105,26 @@ class SubSession(Session):
         super().resync(why)
         self.deliver(("reconnect", why.encode()))
 
+    def _refuse_globs(self, seq: int, ops: list) -> list:
+        """``ops`` less the glob subscriptions a broker that said WELCOME
+        without ``globs`` (an older one) would drop this session for: they
+        are refused here, as the broker refuses, and not held.  (Before any
+        WELCOME, all go: an older broker's KICK brings the WELCOME that
+        says so, and the resend leaves them out.)"""
+        if not self.welcome or self.welcome.get("globs"):
+            return ops
+        globs = {(key, prefix) for op, key, prefix in ops if prefix == P.GLOB and op == SUBSCRIBE}
+        if not globs:
+            return ops
+        self.subs -= globs
+        self.deliver(("refused", seq, globs, f"the broker at {self.options.endpoint} does not match glob "
+                                              f"patterns (a version before they came): upgrade it"))
+        return [op for op in ops if op[2] != P.GLOB or op[0] != SUBSCRIBE]
+
     def change(self, seq: int, ops: list) -> None:
         """Tell the broker of (un)subscriptions (the lock held)."""
         self.seq = seq
+        ops = self._refuse_globs(seq, ops)
         for op, key, prefix in ops:
             if op == SUBSCRIBE:
                 self.subs.add((key, prefix))

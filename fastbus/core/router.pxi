@@ -88,6 +88,36 @@ cdef class Router:
         _unlock(&self._lock)
         return n
 
+    def add_glob(self, uint32_t link, pattern) -> int:
+        """Deliver to ``link`` what the Redis glob ``pattern`` matches: the
+        returned id (never a link) is what the trie must hold under the
+        glob's literal prefix (``trie.add(glob_prefix(pattern)[0], id,
+        prefix=True)``); routing matches each topic the trie reports for it
+        exactly (fb_router.h).  A link gets a message once however many of
+        its keys and globs match it."""
+        cdef bytes p = _as_message(pattern)
+        cdef uint64_t gid = 0
+        _lock(&self._lock)
+        rc = fb_router_add_glob(self._r, link, PyBytes_AS_STRING(p), <size_t>PyBytes_GET_SIZE(p), &gid)
+        _unlock(&self._lock)
+        _check(rc, "add_glob")
+        return gid
+
+    def remove_glob(self, uint64_t glob_id) -> None:
+        """Forget a glob of :meth:`add_glob` (its trie entry is the caller's
+        to remove); NotSubscribedError if ``glob_id`` is not one."""
+        _lock(&self._lock)
+        rc = fb_router_remove_glob(self._r, glob_id)
+        _unlock(&self._lock)
+        if rc == FB_ENOTFOUND:
+            raise NotSubscribedError(f"{glob_id} is not a glob of this router")
+        _check(rc, "remove_glob")
+
+    @property
+    def globs(self) -> int:
+        """Glob subscriptions held."""
+        return fb_router_glob_count(self._r)
+
     def has_link(self, uint32_t link) -> bool:
         _lock(&self._lock)
         n = fb_router_has_link(self._r, link)

@@ -31,6 +31,10 @@ cdef extern from "fb_router.h" nogil:
     int fb_router_take(fb_router *r, uint32_t link, uint64_t now_ns, unsigned char **buf, size_t *len)
     void fb_router_hold(fb_router *r, uint32_t link, int held)
     int fb_router_held(const fb_router *r, uint32_t link)
+    uint64_t FB_ROUTER_GLOB_BASE
+    int fb_router_add_glob(fb_router *r, uint32_t link, const void *pattern, size_t len, uint64_t *id)
+    int fb_router_remove_glob(fb_router *r, uint64_t id)
+    size_t fb_router_glob_count(const fb_router *r)
     void fb_router_set_catchall(fb_router *r, uint32_t link, uint64_t from_ns)
     fb_outbox *fb_router_outbox(fb_router *r, uint32_t link)
     void fb_router_touch(fb_router *r, uint32_t link)
