@@ -199,29 +199,39 @@ def test_keygen_refuses_to_overwrite_and_keeps_the_secret_private(tmp_path):
     assert secret.read_bytes() != before and stat.S_IMODE(secret.stat().st_mode) == 0o600
 
 
-def test_pub_and_sub_from_the_shell(brokers):
-    """``fastbus sub`` prints what ``fastbus pub`` sends, from arguments and
-    from stdin, binary-safe with --json, and stops after --count."""
-    b = brokers()
-    port = b.endpoint.rsplit(":", 1)[1]
+def _subscriber_prints(args: list, subscribed: str, publish) -> list:
+    """Run ``fastbus ARGS`` (a sub or psub with --json and --count), wait
+    for it to say ``subscribed``, call ``publish(port, cwd)``, and return
+    the JSON lines it printed before it stopped by itself."""
     with tempfile.TemporaryDirectory() as cwd:
-        sub = subprocess.Popen(fastbus_cmd() + ["sub", "--port", port, "news", "--pattern", "mk.*", "--json", "--count", "4"],
-                               cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        sub = subprocess.Popen(fastbus_cmd() + args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             line = sub.stderr.readline().decode()              # confirmed: now publish
-            assert line.startswith("fastbus sub: subscribed to news, mk.*"), line + sub.stderr.read().decode()
-            r = run("pub", "--port", port, "news", "hello", "w\u00f6rld")
-            assert r.returncode == 0 and "published 2 message(s) to news" in r.stdout, r.stderr
-            r = subprocess.run(fastbus_cmd() + ["pub", "--port", port, "mk.x", "-"], input=b"a\n\xff\xfe\n",
-                               capture_output=True, timeout=60, cwd=cwd)
-            assert r.returncode == 0, r.stderr
+            assert line.startswith(f"fastbus sub: subscribed to {subscribed}"), line + sub.stderr.read().decode()
+            publish(cwd)
             out, err = sub.communicate(timeout=60)
         finally:
             if sub.poll() is None:
                 sub.kill()
                 sub.wait()
     assert sub.returncode == 0, err
-    got = [json.loads(x) for x in out.decode().splitlines()]
+    return [json.loads(x) for x in out.decode().splitlines()]
+
+
+def test_pub_and_sub_from_the_shell(brokers):
+    """``fastbus sub`` prints what ``fastbus pub`` sends, from arguments and
+    from stdin, binary-safe with --json, and stops after --count."""
+    port = brokers().endpoint.rsplit(":", 1)[1]
+
+    def publish(cwd):
+        r = run("pub", "--port", port, "news", "hello", "w\u00f6rld")
+        assert r.returncode == 0 and "published 2 message(s) to news" in r.stdout, r.stderr
+        r = subprocess.run(fastbus_cmd() + ["pub", "--port", port, "mk.x", "-"], input=b"a\n\xff\xfe\n",
+                           capture_output=True, timeout=60, cwd=cwd)
+        assert r.returncode == 0, r.stderr
+
+    got = _subscriber_prints(["sub", "--port", port, "news", "--pattern", "mk.*", "--json", "--count", "4"],
+                             "news, mk.*", publish)
     assert got == [
         {"channel": "news", "data": "hello", "encoding": "utf-8", "pattern": None},
         {"channel": "news", "data": "w\u00f6rld", "encoding": "utf-8", "pattern": None},
@@ -234,25 +244,15 @@ def test_psub_takes_redis_glob_patterns(brokers):
     """``fastbus psub`` prints what matches Redis's globs, and only that
     (issue 23: ``fastbus sub "news.*.sports"`` once subscribed to the
     literal and printed nothing for ever)."""
-    b = brokers()
-    port = b.endpoint.rsplit(":", 1)[1]
-    with tempfile.TemporaryDirectory() as cwd:
-        sub = subprocess.Popen(fastbus_cmd() + ["psub", "--port", port, "news.*.sports", "room.?", "--json",
-                                                "--count", "3"],
-                               cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            line = sub.stderr.readline().decode()
-            assert line.startswith("fastbus sub: subscribed to news.*.sports, room.?"), line + sub.stderr.read().decode()
-            for channel in ("news.uk.weather", "news.uk.sports", "room.12", "room.1", "news.sports", "news.fr.sports"):
-                r = run("pub", "--port", port, channel, channel)
-                assert r.returncode == 0, r.stderr
-            out, err = sub.communicate(timeout=60)
-        finally:
-            if sub.poll() is None:
-                sub.kill()
-                sub.wait()
-    assert sub.returncode == 0, err
-    got = [json.loads(x) for x in out.decode().splitlines()]
+    port = brokers().endpoint.rsplit(":", 1)[1]
+
+    def publish(cwd):
+        for channel in ("news.uk.weather", "news.uk.sports", "room.12", "room.1", "news.sports", "news.fr.sports"):
+            r = run("pub", "--port", port, channel, channel)
+            assert r.returncode == 0, r.stderr
+
+    got = _subscriber_prints(["psub", "--port", port, "news.*.sports", "room.?", "--json", "--count", "3"],
+                             "news.*.sports, room.?", publish)
     assert [(m["channel"], m["pattern"]) for m in got] == [
         ("news.uk.sports", "news.*.sports"), ("room.1", "room.?"), ("news.fr.sports", "news.*.sports")]
 
