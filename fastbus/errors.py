@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "ConnectionClosed", "FastbusError",
+__all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "ConnectionClosed", "DataPlaneUnavailable",
+           "FastbusError",
            "FlushTimeout", "ForwarderError", "InvalidEndpoint", "InvalidKey", "KeyRefused", "ListenError",
            "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
            "PublishTimeout", "RedisServerError", "ServerOutOfMemory", "ServerRefused", "ServerTimeout",
@@ -213,6 +214,12 @@ class PublishError(FastbusError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self), self.failed, self.reason))
+
+
+class DataPlaneUnavailable(FastbusError, RuntimeError):
+    """The broker cannot start: its data plane (C code calling the libzmq
+    that pyzmq loaded) cannot run in this process; the message says why
+    and what to install."""
 
 
 class EmbeddedServerError(FastbusError, RuntimeError):

@@ -109,12 +109,9 @@ def close_all(clients, subs) -> None:
         c.close()
 
 
-@pytest.fixture(params=["relay", "python"])
-def broker(request, monkeypatch):
-    """A broker process with --http, on the C data plane and on the Python
-    one (FASTBUS_BROKER_RELAY=0): the per-peer counters are counted in both."""
-    if request.param == "python":
-        monkeypatch.setenv("FASTBUS_BROKER_RELAY", "0")
+@pytest.fixture
+def broker():
+    """A broker process with --http."""
     port = free_port()
     b = BrokerProcess("--http", f"127.0.0.1:{port}")
     b.http = f"http://127.0.0.1:{port}"

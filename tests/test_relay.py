@@ -25,7 +25,7 @@ def test_libzmq_functions_are_found_where_pyzmq_bundles_them():
     addresses = _libzmq.functions(relay_mod.FUNCTIONS)
     if addresses is None:
         assert not sys.platform.startswith("linux"), "pyzmq's libzmq not found on Linux"
-        pytest.skip(f"pyzmq's libzmq not found on {sys.platform}: the broker routes in Python there")
+        pytest.skip(f"pyzmq's libzmq not found on {sys.platform}: the broker cannot start there")
     assert set(addresses) == set(relay_mod.FUNCTIONS) and all(addresses.values())
 
 
@@ -205,34 +205,99 @@ def test_routing_ids_survive_churn(setup):
         relay.add_session(4, b"x" * 256)
 
 
-def test_brokers_route_the_same_with_either_data_plane(brokers, monkeypatch):
-    """A broker with the C data plane and one without deliver the same
-    messages, in order, with the same counters."""
-    results = []
-    for env in ("1", "0"):
-        monkeypatch.setenv("FASTBUS_BROKER_RELAY", env)
-        # A lease that does not run out during the test: a publisher whose
-        # lease lapsed (its renewal late on a loaded machine) rightly sends
-        # what nobody wants, and messages_in would then count those too.
-        b = brokers("--filter-lease", "60")
-        with fastbus.Client(endpoint=b.endpoint) as pub, fastbus.Client(endpoint=b.endpoint) as sub:
-            p = sub.pubsub()
-            p.subscribe("a")
-            p.psubscribe("b.*")
-            for _ in range(2):
-                assert p.get_message(timeout=5)["type"] in ("subscribe", "psubscribe")
-            deadline = time.monotonic() + 10
-            while not (pub.is_wanted("a") and pub.is_wanted("b.x")):
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
-            for i in range(3000):
-                pub.publish("a" if i % 3 else "b.%d" % i, b"%d" % i)
-                pub.publish("nobody", b"-")
-            pub.flush()
-            got = []
-            while len(got) < 3000 and time.monotonic() < deadline:
-                got += p.get_batch(timeout=0.5)
-            st = b.stats()
-            results.append((got, st["messages_in"], st["messages_out"]))
-    assert results[0] == results[1]
-    assert [int(d) for _c, d in results[0][0]] == list(range(3000))
+def test_wait_routes_in_c_and_returns_only_for_python(setup):
+    """wait() is the broker's poll: it routes and sends known sessions'
+    PUBs itself, and returns when a message is Python's (receive() gives
+    it first), when another socket or descriptor is readable, when
+    batches wait for Python, or at its timeout."""
+    r, trie, router, relay, peer = setup
+    pub, sub = peer(b"pub"), peer(b"sub")
+    for link in (1, 2, 3):
+        router.add_link(link)
+    relay.add_session(1, b"pub")
+    relay.add_session(2, b"sub")
+    trie.add(b"news", 2)
+    batch = bytes(fastbus.encode([(b"news", b"x")]))
+
+    t0 = time.monotonic()
+    assert relay.wait([], 60) == []                       # nothing: the timeout
+    assert time.monotonic() - t0 >= 0.05
+
+    # 200 PUBs, then a PING: wait() routes the PUBs and returns for the PING.
+    for _ in range(200):
+        pub.send_multipart([P.PUB, batch])
+    pub.send_multipart([P.PING, b"t"])
+    got, t0 = [], time.monotonic()
+    while not got and time.monotonic() - t0 < 5:
+        got = relay.wait([], 5000)
+    assert got == [-1] and relay.batches_in == 200
+    assert relay.wait([], 5000) == [-1]                   # still Python's until taken
+    frames, _meta, _n = relay.receive(64)
+    assert frames == [b"pub", P.PING, b"t"]
+    delivered = 0
+    while delivered < 200 and sub.poll(5000):
+        delivered += len(fastbus.decode(sub.recv_multipart()[2]))
+    assert delivered == 200
+
+    # Another socket and a descriptor: their indices.
+    import os
+    rfd, wfd = os.pipe()
+    try:
+        os.write(wfd, b"!")
+        assert relay.wait([sub, rfd], 5000) == [1]
+    finally:
+        os.close(rfd)
+        os.close(wfd)
+
+    # A batch for a link with no session here: wait() returns, flush() has it.
+    trie.add(b"up", 3)
+    pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"up", b"y")]))])
+    got, t0 = None, time.monotonic()
+    while got != [] or not relay.batches_in == 201:
+        got = relay.wait([], 5000)
+        assert time.monotonic() - t0 < 5
+    (link, b, count), = relay.flush()
+    assert (link, count) == (3, 1) and fastbus.decode(bytes(b)) == [(b"up", b"y")]
+
+    # once=True: back after the first turn that routed anything.
+    pub.send_multipart([P.PUB, batch])
+    t0 = time.monotonic()
+    while relay.batches_in < 202:
+        assert relay.wait([], 5000, True) == []
+        assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 4
+
+
+def test_wait_lets_other_python_threads_run(setup):
+    """wait() holds no interpreter lock: a Python thread counts on while
+    the broker's thread waits."""
+    import threading
+    r, trie, router, relay, peer = setup
+    count = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            count[0] += 1
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        time.sleep(0.05)
+        before = count[0]
+        relay.wait([], 300)
+        assert count[0] - before > 1000
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_the_broker_needs_its_data_plane(monkeypatch):
+    """Where pyzmq's libzmq cannot be found the broker does not start (there
+    is no second data plane to fall back on), and says why."""
+    from fastbus.broker import Broker, BrokerConfig, _libzmq as broker_libzmq
+    from fastbus.errors import DataPlaneUnavailable
+    monkeypatch.setattr(broker_libzmq, "_bound", False)
+    monkeypatch.setattr(broker_libzmq, "functions", lambda names: None)
+    with pytest.raises(DataPlaneUnavailable, match="pyzmq"):
+        Broker(BrokerConfig(bind=["tcp://127.0.0.1:0"])).start()

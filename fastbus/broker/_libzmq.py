@@ -1,38 +1,37 @@
-"""The broker's C data plane, where it can run: ``relay()`` (see
-``fastbus.broker._relay``; the libzmq functions it calls are found by
-``fastbus._libzmq``).  Where the extension or pyzmq's libzmq is not found,
-``relay()`` returns None and the broker does the same work in Python.
-``FASTBUS_BROKER_RELAY=0`` turns the relay off (to compare, or to test the
-Python path).
+"""The broker's data plane in C (``fastbus.broker._relay``), bound to the
+libzmq that pyzmq loaded (``fastbus._libzmq`` finds its functions).
+
+There is one data plane: the broker routes, sends and polls in C, and
+Python drives it (sessions' lifecycles, control messages, queues, stats).
+Where the extension or pyzmq's libzmq cannot be found the broker does not
+start, and says why.
 """
 
 from __future__ import annotations
 
-import logging
-import os
+import zmq
 
 from fastbus._libzmq import functions
+from fastbus.errors import DataPlaneUnavailable
 
-log = logging.getLogger("fastbus.broker")
-
-_bound: bool | None = None
+_bound = False
 
 
 def relay(router, sock):
-    """A Relay for this router and ROUTER socket, or None (see the module doc)."""
+    """The Relay for this router and ROUTER socket (see the module doc)."""
     global _bound
-    if os.environ.get("FASTBUS_BROKER_RELAY", "1") == "0":
-        return None
     try:
         from fastbus.broker import _relay
     except ImportError as exc:            # a build without the extension
-        log.info("the broker's C data plane is not built (%s): routing in Python", exc)
-        return None
-    if _bound is None:
+        raise DataPlaneUnavailable(f"the broker's data plane (fastbus.broker._relay) is not built: {exc}; "
+                               f"reinstall fastbus from its source or wheel") from None
+    if not _bound:
         addresses = functions(_relay.FUNCTIONS)
-        _bound = addresses is not None
-        if _bound:
-            _relay.bind(addresses)
-        else:
-            log.info("the libzmq that pyzmq loaded was not found: the broker routes in Python")
-    return _relay.Relay(router, sock) if _bound else None
+        if addresses is None:
+            raise DataPlaneUnavailable(
+                f"the broker calls libzmq from C, through the library pyzmq loaded, and could not find it "
+                f"(pyzmq {zmq.__version__}, libzmq {zmq.zmq_version()}, backend {getattr(zmq.backend.Socket, '__module__', '?')}); "
+                f"install pyzmq's own wheel (pip install --force-reinstall pyzmq)")
+        _relay.bind(addresses)
+        _bound = True
+    return _relay.Relay(router, sock)

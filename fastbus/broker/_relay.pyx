@@ -1,6 +1,14 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The broker's data plane in C: a received PUB batch is routed and each
-link's batch sent without a Python call per message or per batch.
+"""The broker's data plane in C: the loop's poll, and a received PUB batch
+routed and each link's batch sent, without a Python call per message or
+per batch and without the interpreter lock.
+
+``wait()`` is the broker's poll: it waits on the ROUTER socket and the
+loop's other sockets, and while only known sessions' PUBs arrive it routes
+and sends them itself, turn after turn, returning to Python only when
+something is Python's.  So no Python thread stands between a PUB and its
+DATA: not the broker's own (its turn cost about 30 µs in Python), and not
+another thread of the process holding the interpreter.
 
 What the broker does with a batch from a known session is always the same:
 receive it, route it (fb_router), send every link its outbox as
@@ -18,8 +26,8 @@ the relay only takes the common path.
 It calls libzmq directly, through the functions of the libzmq that pyzmq
 loaded (``fastbus.broker._libzmq`` finds them; a socket handle is only
 valid in the library instance that made it).  Where they cannot be found,
-the broker runs the same path in Python.  Only the broker's own thread uses
-a Relay, as it does the socket.
+the broker does not start: there is one data plane.  Only the broker's own
+thread uses a Relay, as it does the socket.
 """
 
 from libc.errno cimport EAGAIN, EHOSTUNREACH
@@ -32,7 +40,7 @@ from fastbus._core cimport Batch, Router
 from fastbus.includes.fb_batch cimport fb_batch_header
 from fastbus.includes.fb_common cimport fb_free, fb_now_ns
 from fastbus.includes.fb_lock cimport fb_lock, fb_lock_try, fb_lock_release, fb_lock_wait
-from fastbus.includes.fb_router cimport (fb_router_due, fb_router_full, fb_router_get_stats, fb_router_held,
+from fastbus.includes.fb_router cimport (fb_router_deadline, fb_router_due, fb_router_full, fb_router_get_stats, fb_router_held,
                                          fb_router_route, fb_router_stats, fb_router_take)
 
 cdef extern from *:
@@ -42,6 +50,13 @@ cdef extern from *:
     """
     ctypedef struct fbz_msg:
         pass
+
+# libzmq's zmq_pollitem_t on POSIX (zmq.h).
+cdef struct fbz_pollitem:
+    void *socket
+    int fd
+    short events
+    short revents
 
 ctypedef void (*free_fn)(void *data, void *hint) noexcept nogil
 ctypedef int (*f_msg_init)(fbz_msg *msg) noexcept nogil
@@ -55,6 +70,7 @@ ctypedef int (*f_msg_more)(const fbz_msg *msg) noexcept nogil
 ctypedef int (*f_send)(void *s, const void *buf, size_t len, int flags) noexcept nogil
 ctypedef int (*f_errno)() noexcept nogil
 ctypedef const char *(*f_msg_gets)(const fbz_msg *msg, const char *prop) noexcept nogil
+ctypedef int (*f_poll)(fbz_pollitem *items, int nitems, long timeout) noexcept nogil
 
 cdef struct zmq_api:
     f_msg_init msg_init
@@ -68,10 +84,12 @@ cdef struct zmq_api:
     f_send send
     f_errno last_error
     f_msg_gets msg_gets
+    f_poll poll
 
 #: The libzmq functions the relay calls (``bind``'s keys).
 FUNCTIONS = ("zmq_msg_init", "zmq_msg_init_data", "zmq_msg_close", "zmq_msg_recv", "zmq_msg_send",
-             "zmq_msg_data", "zmq_msg_size", "zmq_msg_more", "zmq_send", "zmq_errno", "zmq_msg_gets")
+             "zmq_msg_data", "zmq_msg_size", "zmq_msg_more", "zmq_send", "zmq_errno", "zmq_msg_gets",
+             "zmq_poll")
 
 cdef zmq_api Z
 cdef bint _bound = False
@@ -83,6 +101,14 @@ cdef enum:
     LINKS_PER_CALL = 4096
     COPY_MAX = 8192              # batches up to this size are copied; larger ones handed to libzmq
     IDENT_MAX = 255              # ZeroMQ routing ids are 1..255 bytes
+    POLLIN = 1                   # ZMQ_POLLIN
+    MAX_WAITED = 64              # sockets and descriptors wait() watches besides the ROUTER
+    # What wait() found (bits of _run's result).
+    FOUND_MESSAGE = 1            # a message for Python (receive() returns it first)
+    FOUND_LEFTOVERS = 2          # batches for Python to send (flush())
+    FOUND_OTHERS = 4             # another socket or descriptor is readable
+    FOUND_ACTIVITY = 8           # a message was routed (wait(once=True) returns)
+    FOUND_ERROR = 16             # zmq_poll failed (EINTR: a signal for Python)
 
 
 def bind(dict addresses) -> None:
@@ -102,6 +128,7 @@ def bind(dict addresses) -> None:
     Z.send = <f_send><uintptr_t>addresses["zmq_send"]
     Z.last_error = <f_errno><uintptr_t>addresses["zmq_errno"]
     Z.msg_gets = <f_msg_gets><uintptr_t>addresses["zmq_msg_gets"]
+    Z.poll = <f_poll><uintptr_t>addresses["zmq_poll"]
     _bound = True
 
 
@@ -136,6 +163,14 @@ cdef struct slot:
     uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out
 
 
+cdef struct pend:
+    # A batch the relay leaves for Python to send (flush()).
+    uint32_t link
+    uint32_t count
+    unsigned char *buf
+    size_t len
+
+
 cdef inline uint32_t _hash(const uint8_t *p, size_t n) noexcept nogil:
     cdef uint32_t h = 2166136261u
     cdef size_t i
@@ -147,12 +182,15 @@ cdef inline uint32_t _hash(const uint8_t *p, size_t n) noexcept nogil:
 cdef class Relay:
     """The data plane of one broker's ROUTER socket (see the module doc).
 
+    ``wait(others, timeout_ms)`` is the broker's poll: it routes and sends
+    known sessions' PUBs in C until something is Python's.
     ``receive(budget)`` reads, routes and sends until a message is not a
     known session's PUB, and returns that one; ``flush()`` sends every due
     batch and returns ``(link, batch, records)`` for those Python must
     send.  Counters of what the relay itself did:
     ``batches_in``, ``messages_in``, ``bytes_in`` (routed), ``batches_out``,
-    ``messages_out``, ``bytes_out`` (sent)."""
+    ``messages_out``, ``bytes_out`` (sent), ``dropped`` (records of batches
+    lost for want of memory to keep them)."""
 
     cdef Router router
     cdef object pysock            # keeps the socket (and its handle) alive
@@ -161,13 +199,20 @@ cdef class Relay:
     cdef uint32_t nslots
     cdef uint32_t *table          # open addressing: link + 1, 0 empty, UINT32_MAX a tombstone
     cdef uint32_t tcap, tused
-    cdef list _leftovers
-    cdef size_t _leftover_bytes
+    cdef pend *_pend              # batches left for Python (flush())
+    cdef size_t _npend, _pcap, _pend_bytes
+    cdef fbz_msg _parts[MAX_PARTS]  # a message read for Python, until taken
+    cdef int _nparts
+    cdef int _rc                  # of that message, if a PUB: the router's status
+    cdef uint64_t _over           # ... and the records it dropped over the limits
+    cdef object _slow             # that message as (frames, meta), for receive()
     cdef uint32_t _links[LINKS_PER_CALL]
-    cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out
-    #: receive() stops reading once the batches it leaves for Python hold
-    #: this many bytes (see receive).
+    cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out, dropped
+    #: Reading stops once the batches left for Python hold this many bytes
+    #: (see receive).
     cdef public size_t leftover_limit
+    #: wait() reads at most this many messages before polling again.
+    cdef public int budget
 
     def __cinit__(self, Router router not None, sock not None):
         if not _bound:
@@ -179,10 +224,17 @@ cdef class Relay:
         self.table = <uint32_t *>calloc(self.tcap, sizeof(uint32_t))
         if self.table is NULL:
             raise MemoryError()
-        self._leftovers = []
         self.leftover_limit = 4 << 20
+        self.budget = 256
 
     def __dealloc__(self):
+        cdef size_t k
+        cdef int i
+        for k in range(self._npend):
+            fb_free(self._pend[k].buf)
+        for i in range(self._nparts):
+            Z.msg_close(&self._parts[i])
+        free(self._pend)
         free(self.slots)
         free(self.table)
 
@@ -310,17 +362,191 @@ cdef class Relay:
 
     # -- the data plane ---------------------------------------------------------
 
+    def wait(self, list others not None, long timeout_ms, bint once=False) -> list:
+        """The broker's poll, in C: wait up to ``timeout_ms`` for work that
+        needs Python, routing and sending known sessions' PUBs meanwhile
+        without the interpreter lock (so no Python thread, in the broker's
+        process or in its own loop, stands between a PUB and its DATA).
+
+        ``others`` are the other sockets (pyzmq sockets) and descriptors
+        (ints) the loop watches.  Returns their indices that are readable,
+        and -1 first when the ROUTER socket holds a message for Python
+        (``receive()`` returns it first).  It also returns, with an empty
+        list, once batches wait for Python to send (``flush()``), when
+        ``timeout_ms`` has passed, on a signal, and with ``once`` after
+        the first turn that routed anything (for a loop that has per-turn
+        work: blocked links, a flow pause)."""
+        cdef fbz_pollitem items[MAX_WAITED + 1]
+        cdef int n = len(others), i, found
+        cdef uint64_t deadline
+        if n > MAX_WAITED:
+            raise ValueError(f"wait() watches at most {MAX_WAITED} sockets and descriptors besides the ROUTER")
+        if self._slow is not None:
+            return [-1]
+        items[0].socket = self.sock
+        items[0].fd = 0
+        items[0].events = POLLIN
+        items[0].revents = 0
+        for i in range(n):
+            o = others[i]
+            if isinstance(o, int):
+                items[i + 1].socket = NULL
+                items[i + 1].fd = o
+            else:
+                items[i + 1].socket = <void *><uintptr_t>o.underlying
+                items[i + 1].fd = 0
+            items[i + 1].events = POLLIN
+            items[i + 1].revents = 0
+        deadline = fb_now_ns() + <uint64_t>(timeout_ms if timeout_ms > 0 else 0) * 1000000u
+        with nogil:
+            found = self._run(items, n + 1, deadline, once)
+        ready = []
+        if found & FOUND_MESSAGE:
+            self._slow = self._take_parts()
+            ready.append(-1)
+        if found & FOUND_OTHERS:
+            for i in range(n):
+                if items[i + 1].revents & POLLIN:
+                    ready.append(i)
+        return ready
+
+    cdef int _run(self, fbz_pollitem *items, int n, uint64_t deadline, bint once) noexcept nogil:
+        """wait()'s loop (see there): poll, read and route what the ROUTER
+        has, send what is due, until something is Python's."""
+        cdef uint64_t now, due
+        cdef long ms
+        cdef int rc, i, got, found
+        while True:
+            now = fb_now_ns()
+            _lock(&self.router._lock)
+            due = fb_router_deadline(self.router._r)          # a lingering batch (0: none)
+            fb_lock_release(&self.router._lock)
+            if due > deadline:
+                due = deadline
+            ms = 0 if due <= now else <long>((due - now + 999999u) // 1000000u)
+            rc = Z.poll(items, n, ms)
+            if rc < 0:
+                return FOUND_ERROR
+            found = 0
+            for i in range(1, n):
+                if items[i].revents & POLLIN:
+                    found = FOUND_OTHERS
+            got = 0
+            if items[0].revents & POLLIN:
+                got = self._read(self.budget, &found)
+            self._send_due(fb_now_ns())
+            if self._npend:
+                found |= FOUND_LEFTOVERS
+            if found:
+                return found
+            if once and got:
+                return FOUND_ACTIVITY
+            if fb_now_ns() >= deadline:
+                return 0
+
+    cdef int _read(self, int budget, int *found) noexcept nogil:
+        """Read and route up to ``budget`` messages until one is Python's
+        (kept in self._parts: FOUND_MESSAGE) or the batches left for
+        Python reach leftover_limit; the number read."""
+        cdef int got = 0, n, i
+        while got < budget and self._pend_bytes < self.leftover_limit:
+            n = self._recv(self._parts)
+            if n == 0:
+                break
+            got += 1
+            if self._route(self._parts, n):
+                for i in range(n):
+                    Z.msg_close(&self._parts[i])
+                continue
+            self._nparts = n
+            found[0] |= FOUND_MESSAGE
+            break
+        return got
+
+    cdef bint _route(self, fbz_msg *parts, int n) noexcept nogil:
+        """A known session's PUB: route it here (an outbox it fills goes
+        at once) and return True.  False for a message Python must see:
+        any other, and a PUB the router refused (rc < 0) or took only in
+        part (records over the size limits): self._rc and self._over say
+        which."""
+        cdef uint8_t *cmd
+        cdef uint32_t link
+        cdef int rc
+        cdef size_t nfull = 0, len
+        cdef uint64_t over
+        cdef fb_router_stats st
+        self._rc = 0
+        self._over = 0
+        if n != 3 or Z.msg_size(&parts[1]) != 1:
+            return False
+        cmd = <uint8_t *>Z.msg_data(&parts[1])
+        if cmd[0] != b'P':
+            return False
+        link = self._find(<const uint8_t *>Z.msg_data(&parts[0]), Z.msg_size(&parts[0]))
+        if link == UINT32_MAX:
+            return False
+        len = Z.msg_size(&parts[2])
+        _lock(&self.router._lock)
+        _lock(&self.router._trie._lock)
+        fb_router_get_stats(self.router._r, &st)
+        over = st.oversize
+        rc = fb_router_route(self.router._r, self.router._trie._t, Z.msg_data(&parts[2]), len, &self.router._lim, link,
+                             fb_now_ns())
+        if rc >= 0:
+            nfull = fb_router_full(self.router._r, self._links, LINKS_PER_CALL)
+            fb_router_get_stats(self.router._r, &st)
+            over = st.oversize - over
+        fb_lock_release(&self.router._trie._lock)
+        fb_lock_release(&self.router._lock)
+        if rc >= 0:
+            self.batches_in += 1
+            self.messages_in += <uint64_t>rc
+            self.bytes_in += len
+            self.slots[link].batches_in += 1
+            self.slots[link].messages_in += <uint64_t>rc
+            self.slots[link].bytes_in += len
+        if nfull:
+            self._send_links(self._links, nfull, fb_now_ns())
+        if rc < 0 or over:
+            # The router refused the batch (Python drops the sender with
+            # the reason), or dropped records over the limits (Python
+            # tells the sender); it counted either.
+            self._rc = rc
+            self._over = over
+            return False
+        return True
+
+    cdef tuple _take_parts(self):
+        """The message _read kept for Python, as ``(frames, meta)``
+        (see receive); its parts are closed."""
+        cdef int i, n = self._nparts
+        meta = None
+        if self._rc < 0 or self._over:
+            frames = [PyBytes_FromStringAndSize(<char *>Z.msg_data(&self._parts[0]), Z.msg_size(&self._parts[0])),
+                      b"P", self._rc if self._rc < 0 else <long>self._over]
+        else:
+            frames = [PyBytes_FromStringAndSize(<char *>Z.msg_data(&self._parts[i]), Z.msg_size(&self._parts[i]))
+                      for i in range(n)]
+            if n >= 2 and frames[1] == b"H":
+                meta = {"Peer-Address": _prop(&self._parts[1], b"Peer-Address"),
+                        "User-Id": _prop(&self._parts[1], b"User-Id")}
+        for i in range(n):
+            Z.msg_close(&self._parts[i])
+        self._nparts = 0
+        return frames, meta
+
     def receive(self, int budget) -> tuple:
         """Read up to ``budget`` messages, routing each known session's PUB
-        here, until one needs Python: that one is returned, in order.
-        Before returning, what was routed goes out (each link its due
-        batch; an outbox that fills goes at once), so a message leaves in
-        the call that read it.  Returns ``(frames or None, meta, messages
-        read)``.  ``frames`` is a message's frames (bytes), or for a known
-        session's PUB ``[ident, b"P", n]``: n < 0, the router refused the
-        batch (a core status code); n > 0, it routed the batch but n records
-        over the size limits (the other records went).  ``meta`` is, for a
-        HELLO, the connection's ``{"Peer-Address": ..., "User-Id": ...}``
+        here, until one needs Python: that one is returned, in order (a
+        message wait() found comes first).  Before returning, what was
+        routed goes out (each link its due batch; an outbox that fills
+        goes at once), so a message leaves in the call that read it.
+        Returns ``(frames or None, meta, messages read)``.  ``frames`` is a
+        message's frames (bytes), or for a known session's PUB
+        ``[ident, b"P", n]``: n < 0, the router refused the batch (a core
+        status code); n > 0, it routed the batch but n records over the
+        size limits (the other records went).  ``meta`` is, for a HELLO,
+        the connection's ``{"Peer-Address": ..., "User-Id": ...}``
         (ZeroMQ's message properties; None where unknown), else None.
 
         Batches the relay cannot send (held links: slow subscribers) wait
@@ -330,75 +556,18 @@ cdef class Relay:
         them: reading stops at ``leftover_limit`` bytes (the socket stays
         readable; the next turn goes on), and what the broker holds for
         slow subscribers stays their queues' limit."""
-        cdef fbz_msg parts[MAX_PARTS]
-        cdef int n = 0, i, got = 0
-        cdef uint32_t link
-        cdef int rc = 0
-        cdef size_t nfull
-        cdef bint fast, routed = False
-        cdef uint8_t *cmd
-        cdef uint64_t now, over = 0
-        cdef fb_router_stats st
-        cdef Router router = self.router
-        slow = None
-        meta = None
-        while got < budget and self._leftover_bytes < self.leftover_limit:
-            with nogil:
-                n = self._recv(parts)
-                fast = False
-                nfull = 0
-                over = 0
-                if n == 3 and Z.msg_size(&parts[1]) == 1:
-                    cmd = <uint8_t *>Z.msg_data(&parts[1])
-                    if cmd[0] == b'P':
-                        link = self._find(<const uint8_t *>Z.msg_data(&parts[0]), Z.msg_size(&parts[0]))
-                        if link != UINT32_MAX:
-                            now = fb_now_ns()
-                            _lock(&router._lock)
-                            _lock(&router._trie._lock)
-                            fb_router_get_stats(router._r, &st)
-                            over = st.oversize
-                            rc = fb_router_route(router._r, router._trie._t, Z.msg_data(&parts[2]),
-                                                 Z.msg_size(&parts[2]), &router._lim, link, now)
-                            if rc >= 0:
-                                nfull = fb_router_full(router._r, self._links, LINKS_PER_CALL)
-                                fb_router_get_stats(router._r, &st)
-                                over = st.oversize - over
-                            fb_lock_release(&router._trie._lock)
-                            fb_lock_release(&router._lock)
-                            fast = True
-                            if rc >= 0:
-                                routed = True
-                                self.batches_in += 1
-                                self.messages_in += <uint64_t>rc
-                                self.bytes_in += Z.msg_size(&parts[2])
-                                self.slots[link].batches_in += 1
-                                self.slots[link].messages_in += <uint64_t>rc
-                                self.slots[link].bytes_in += Z.msg_size(&parts[2])
-            if n == 0:
-                break
-            got += 1
-            if not fast:
-                slow = [PyBytes_FromStringAndSize(<char *>Z.msg_data(&parts[i]), Z.msg_size(&parts[i]))
-                        for i in range(n)]
-                if n >= 2 and slow[1] == b"H":
-                    meta = {"Peer-Address": _prop(&parts[1], b"Peer-Address"),
-                            "User-Id": _prop(&parts[1], b"User-Id")}
-            elif rc < 0 or over:
-                # The router refused the batch (Python drops the sender with
-                # the reason), or dropped records over the limits (Python
-                # tells the sender); it counted either.
-                slow = [PyBytes_FromStringAndSize(<char *>Z.msg_data(&parts[0]), Z.msg_size(&parts[0])),
-                        b"P", rc if rc < 0 else <long>over]
-            for i in range(n):
-                Z.msg_close(&parts[i])
-            if nfull:
-                self._send_links(self._links, nfull, fb_now_ns())
-            if slow is not None:
-                break               # in order: Python handles it before anything read after it
-        if routed:
+        cdef int got, found = 0
+        if self._slow is not None:
+            frames, meta = self._slow
+            self._slow = None
+            return frames, meta, 0
+        with nogil:
+            got = self._read(budget, &found)
             self._send_due(fb_now_ns())
-        return slow, meta, got
+        if found & FOUND_MESSAGE:
+            frames, meta = self._take_parts()
+            return frames, meta, got
+        return None, None, got
 
     cdef int _recv(self, fbz_msg *parts) noexcept nogil:
         """Read one message: its frame count (at most MAX_PARTS kept; the
@@ -429,54 +598,58 @@ cdef class Relay:
 
     def flush(self) -> list:
         """Send every batch that is due; return ``(link, batch, records)``
-        for those Python must send (and those that ``receive`` left),
-        oldest first."""
-        cdef uint32_t link
-        self._send_due(fb_now_ns())
-        out = self._leftovers
-        self._leftovers = []
-        self._leftover_bytes = 0
-        for item in out:
-            link = item[0]
-            if link < self.nslots:
-                self.slots[link].deferred = 0
+        for those Python must send (and those that receive() or wait()
+        left), oldest first."""
+        cdef size_t k
+        cdef pend *p
+        cdef Batch b
+        with nogil:
+            self._send_due(fb_now_ns())
+        out = []
+        for k in range(self._npend):
+            p = &self._pend[k]
+            b = Batch.__new__(Batch)
+            b._buf = p.buf
+            b._len = p.len
+            p.buf = NULL
+            out.append((p.link, b, p.count))
+            if p.link < self.nslots:
+                self.slots[p.link].deferred = 0
+        self._npend = 0
+        self._pend_bytes = 0
         return out
 
-    cdef int _send_due(self, uint64_t now) except -1:
+    cdef void _send_due(self, uint64_t now) noexcept nogil:
         cdef size_t n
-        cdef Router router = self.router
         while True:
-            _lock(&router._lock)
-            n = fb_router_due(router._r, now, self._links, LINKS_PER_CALL)
-            fb_lock_release(&router._lock)
+            _lock(&self.router._lock)
+            n = fb_router_due(self.router._r, now, self._links, LINKS_PER_CALL)
+            fb_lock_release(&self.router._lock)
             if n:
                 self._send_links(self._links, n, now)
             if n < LINKS_PER_CALL:
-                return 0
+                return
 
-    cdef int _send_links(self, uint32_t *links, size_t n, uint64_t now) except -1:
+    cdef void _send_links(self, uint32_t *links, size_t n, uint64_t now) noexcept nogil:
         cdef size_t k
         cdef uint32_t link, count
         cdef unsigned char *buf
         cdef size_t len
         cdef int rc, held
-        cdef Router router = self.router
-        cdef Batch b
         for k in range(n):
             link = links[k]
             buf = NULL
             len = 0
-            _lock(&router._lock)
-            held = fb_router_held(router._r, link)
-            rc = fb_router_take(router._r, link, now, &buf, &len)
-            fb_lock_release(&router._lock)
+            _lock(&self.router._lock)
+            held = fb_router_held(self.router._r, link)
+            rc = fb_router_take(self.router._r, link, now, &buf, &len)
+            fb_lock_release(&self.router._lock)
             if rc < 0 or buf is NULL:
                 continue                      # FB_ENOMEM: the batch stays for the next turn
             count = 0
             fb_batch_header(buf, len, &count, NULL)
             if link < self.nslots and self.slots[link].session and not held and not self.slots[link].deferred:
-                with nogil:
-                    rc = self._send_data(&self.slots[link], buf, len)
+                rc = self._send_data(&self.slots[link], buf, len)
                 if rc == 0:
                     self.batches_out += 1
                     self.messages_out += count
@@ -490,12 +663,30 @@ cdef class Relay:
                 # then) would overtake it.
                 self.slots[link].deferred = 1
             # Python's: another kind of link, a blocked one, a failed send.
-            b = Batch.__new__(Batch)
-            b._buf = buf
-            b._len = len
-            self._leftovers.append((link, b, count))
-            self._leftover_bytes += len
-        return 0
+            self._leave(link, buf, len, count)
+
+    cdef void _leave(self, uint32_t link, unsigned char *buf, size_t len, uint32_t count) noexcept nogil:
+        """Keep a batch for Python (flush())."""
+        cdef size_t cap
+        cdef pend *p
+        if self._npend == self._pcap:
+            cap = self._pcap * 2 if self._pcap else 64
+            p = <pend *>realloc(self._pend, cap * sizeof(pend))
+            if p is NULL:
+                # No memory even for the list: the batch is lost, counted
+                # as the router's drops are (unrouted would be wrong).
+                fb_free(buf)
+                self.dropped += count
+                return
+            self._pend = p
+            self._pcap = cap
+        p = &self._pend[self._npend]
+        p.link = link
+        p.buf = buf
+        p.len = len
+        p.count = count
+        self._npend += 1
+        self._pend_bytes += len
 
     cdef int _send_data(self, slot *s, unsigned char *buf, size_t len) noexcept nogil:
         """[ident, DATA, seq, batch]: 0 when sent (the batch is then libzmq's

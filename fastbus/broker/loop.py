@@ -30,7 +30,7 @@ from fastbus.errors import AddressInUse, BrokerTimeout, ListenError
 
 from ._libzmq import relay as _relay
 from .compat import Compat
-from .config import BrokerConfig
+from .config import RECV_BUDGET, BrokerConfig
 from .federation import Upstream
 from .interest import Interest
 from .links import Link, LinkTable, Session, count_in
@@ -220,13 +220,13 @@ class Broker:
         self._wake = self._ctx.socket(zmq.PAIR)
         self._wake.bind(self._wake_addr)
         self._sock = self._router_socket()
-        # The data plane in C when pyzmq's libzmq can be called (see _relay.pyx).
+        # The data plane, in C (_relay.pyx): it polls, routes and sends.
         self.relay = _relay(self.router, self._sock)
-        if self.relay is not None:
-            # What one turn may route for held (slow) subscribers before
-            # Python sees their queues and sends FLOW pause: part of what
-            # can arrive after the pause threshold (docs/PROTOCOL.md).
-            self.relay.leftover_limit = LEFTOVER_LIMIT
+        # What one turn may route for held (slow) subscribers before
+        # Python sees their queues and sends FLOW pause: part of what
+        # can arrive after the pause threshold (docs/PROTOCOL.md).
+        self.relay.leftover_limit = LEFTOVER_LIMIT
+        self.relay.budget = RECV_BUDGET
         self.sender.relay = self.relay
         self.sessions = Sessions(self, self._sock)
         self.handlers[self._sock] = self.sessions.on_readable
@@ -339,7 +339,7 @@ class Broker:
         """A new neighbour: an outbox, and (for a broker) a forwarder."""
         self.links.add(link)
         self.router.add_link(link.link)
-        if self.relay is not None and isinstance(link, Session) and link.sock is self._sock:
+        if isinstance(link, Session) and link.sock is self._sock:
             self.relay.add_session(link.link, link.ident, link.acked_seq)
         self.interest.attach(link)
         self.counters["peers_joined"] += 1
@@ -350,8 +350,7 @@ class Broker:
         if not self.links.is_current(link):
             return
         log.info("peer %s (%s, link %d) left: %s", link.name, link.role, link.link, reason)
-        if self.relay is not None:
-            self.relay.remove_session(link.link)
+        self.relay.remove_session(link.link)
         self.links.remove(link)
         self.settler.forget(link)
         self.interest.detach(link)
@@ -381,14 +380,16 @@ class Broker:
         except BaseException:
             self._teardown()
             raise
-        poller = zmq.Poller()
-        poller.register(self._wake, zmq.POLLIN)
-        for s in self.handlers:
-            poller.register(s, zmq.POLLIN)
-        self._watched: dict = {}                   # blocked sockets -> their ZMQ_FD, polled too
+        # The sockets the loop watches besides the ROUTER (whose known
+        # sessions' PUBs the relay routes itself): each with its handler.
+        self._waited = [self._wake, *(s for s in self.handlers if s is not self._sock)]
+        self._on_ready = [self._on_wake, *(h for s, h in self.handlers.items() if s is not self._sock)]
+        self._fixed = len(self._waited)
+        self._watched: dict = {}                   # blocked sockets -> their ZMQ_FD, watched too
         self._ready.set()
         log.info("broker %s listening on %s", self.config.name, ", ".join(self.endpoints))
-        handlers = self.handlers
+        on_sessions = self.handlers[self._sock]
+        wait = self.relay.wait
         sender = self.sender
         settler = self.settler
         upstream = self.upstream
@@ -401,18 +402,19 @@ class Broker:
         next_maint = time.monotonic() + probe_interval
         try:
             while not self._stop_requested:
-                for sock, _ev in poller.poll(self._poll_timeout(next_maint)):
-                    handler = handlers.get(sock)
-                    if handler is not None:
-                        guarded(handler)
-                    elif sock is self._wake:
-                        self._wake.recv()
+                # Waits, and routes and sends known sessions' PUBs, in C
+                # without the interpreter lock, until something is ours.
+                # With per-turn work (a blocked link, a flow pause) it
+                # returns after each turn that routed anything.
+                once = bool(sender.blocked or self._watched or sender.paused)
+                for i in wait(self._waited, self._poll_timeout(next_maint), once):
+                    guarded(on_sessions if i < 0 else self._on_ready[i])
                 # What this turn brought goes out now, one batch per link.
                 guarded(sender.flush_due)
                 if settler.dirty or settler.next_deadline <= time.monotonic():
                     guarded(settler.settle, time.monotonic())      # acknowledged, or waited long enough
                 if sender.blocked or self._watched:
-                    guarded(self._retry_blocked, poller)
+                    guarded(self._retry_blocked)
                 now = time.monotonic()
                 if upstream is not None and now >= upstream.next_tick:
                     guarded(upstream.tick, now)
@@ -434,6 +436,17 @@ class Broker:
             self._teardown()
             self._stopped.set()
 
+    def _on_wake(self) -> None:
+        """request_stop()'s message (the loop checks the flag each turn)."""
+        try:
+            self._wake.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+    def _on_watched(self) -> None:
+        """A blocked link's socket took commands in (its pipe may have room):
+        _retry_blocked runs at the end of the turn."""
+
     def _guarded(self, fn, *args) -> None:
         """Run one step of the loop; an unexpected error (a bug) is logged
         with its traceback and counted, and the broker serves on."""
@@ -445,13 +458,13 @@ class Broker:
             self.drops["internal"] += 1
             log.exception("internal error in %s; the broker continues", getattr(fn, "__name__", fn))
 
-    def _retry_blocked(self, poller: zmq.Poller) -> None:
-        """Retry the queues of blocked links, and have the next poll wake up
+    def _retry_blocked(self) -> None:
+        """Retry the queues of blocked links, and have the next wait return
         when one of their sockets may take more.
 
         libzmq tells a socket that a full pipe has room again with a command
         (activate_write) that makes the socket's ZMQ_FD readable; ZMQ_EVENTS
-        takes the commands in.  So: take them in, retry, and poll that FD
+        takes the commands in.  So: take them in, retry, and watch that FD
         until the link is unblocked.  (POLLOUT cannot say it: a ROUTER is
         writable while any one peer is, an XPUB always.)"""
         socks = {link.sock for link in self.sender.blocked.values()}
@@ -460,12 +473,17 @@ class Broker:
         self.sender.drain()
         socks = {link.sock for link in self.sender.blocked.values()}
         watched = self._watched
+        changed = False
         for s in [s for s in watched if s not in socks]:
-            poller.unregister(watched.pop(s))
+            del watched[s]
+            changed = True
         for s in socks:
             if s not in watched:
                 watched[s] = s.getsockopt(zmq.FD)
-                poller.register(watched[s], zmq.POLLIN)
+                changed = True
+        if changed:
+            self._waited[self._fixed:] = watched.values()
+            self._on_ready[self._fixed:] = [self._on_watched] * len(watched)
 
     def _poll_timeout(self, next_maint: float) -> int:
         """Milliseconds until maintenance, the next lingering batch or the
@@ -570,11 +588,12 @@ class Broker:
             roles[link.role] = roles.get(link.role, 0) + 1
         counters = dict(self.counters)
         counters.update(batches_in=rs["batches"], messages_in=rs["records"], bytes_in=rs["bytes"])
-        if self.relay is not None:                 # what the C data plane sent itself
-            counters["batches_out"] += self.relay.batches_out
-            counters["messages_out"] += self.relay.messages_out
-            counters["bytes_out"] += self.relay.bytes_out
+        relay = self.relay                         # what the C data plane sent itself
+        counters["batches_out"] += relay.batches_out
+        counters["messages_out"] += relay.messages_out
+        counters["bytes_out"] += relay.bytes_out
         drops = dict(self.drops)
+        drops["internal"] += relay.dropped
         drops["unrouted"] = rs["unrouted"]
         drops["malformed"] = self.drops["malformed"] + rs["rejected"]
         up = self.upstream
@@ -602,7 +621,7 @@ class Broker:
         """One tuple per link (links.PEER_FIELDS), cheap to build in the
         loop; links.peer_dicts() makes them JSON.  Traffic adds what Python and the C
         data plane each counted for the link."""
-        rc = self.relay.link_counters() if self.relay is not None else {}
+        rc = self.relay.link_counters()
         blocked = self.sender.blocked
         holding = self.sender._holding
         none = (0, 0, 0, 0, 0, 0)

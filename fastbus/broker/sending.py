@@ -82,7 +82,7 @@ class Sender:
         self._holding: set[int] = set()          # links whose queue keeps publishers paused
         self.flow_bytes = config.flow_bytes
         self.paused = False
-        self.relay = None                        # the C data plane, if there is one (fastbus.broker._relay)
+        self.relay = None                        # the C data plane (fastbus.broker._relay), set by the broker
         self._pause_started = 0.0
         #: link -> the frames of a WANT reset for it (whole snapshot), built
         #: when a queued reset mark is sent; None: WANT is queued as is.
@@ -162,19 +162,10 @@ class Sender:
     def flush_due(self) -> None:
         """The end of a turn: every outbox that is due goes (with no linger,
         every one that holds records, except held links' partial batches)."""
-        if self.relay is not None:
-            # The relay sent what it could; these are Python's (other kinds
-            # of links, held ones, refused sends).
-            for link_id, batch, n in self.relay.flush():
-                self.send_batch(link_id, batch, n)
-            return
-        router = self.router
-        while True:
-            due = router.due()
-            for link_id in due:
-                self.flush_link(link_id)
-            if len(due) < 4096:                 # Router.due() lists up to 4096 a call
-                return
+        # The relay sent what it could; these are Python's (other kinds of
+        # links, held ones, refused sends).
+        for link_id, batch, n in self.relay.flush():
+            self.send_batch(link_id, batch, n)
 
     def flush_everything(self) -> None:
         """On stop: whatever any outbox holds, due or not."""

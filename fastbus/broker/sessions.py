@@ -2,10 +2,9 @@
 brokers, and the commands they send (HELLO, SUB, PUB, PING, STATS, BYE;
 docs/PROTOCOL.md).
 
-A PUB from a known session is the hot path: one C call routes the whole
-batch (``Router.receive``), and only an outbox that it filled is sent before
-reading on; everything else waits for the end of the turn (the loop's
-``Sender.flush_due``).  Bad input never stops the broker: it is counted,
+A PUB from a known session is the hot path, and never comes here: the data
+plane (fastbus.broker._relay) routes and sends it in C.  Everything else
+is handed over one message at a time, in order.  Bad input never stops the broker: it is counted,
 logged, answered with KICK, and the session dropped.
 """
 
@@ -22,19 +21,11 @@ from fastbus._core import error_for
 from fastbus.errors import BatchError
 
 from .config import RECV_BUDGET, SUB_OPS_PER_TURN, broker_allowed, broker_network
-from .links import ClientLink, DownstreamLink, Session, count_in, peer_dicts
+from .links import ClientLink, DownstreamLink, Session, peer_dicts
 
 log = logging.getLogger("fastbus.broker")
 
-_NOBLOCK = zmq.NOBLOCK
 
-
-def _prop(frame: zmq.Frame, name: str) -> str | None:
-    """A ZeroMQ message property (metadata of its connection), or None."""
-    try:
-        return frame.get(name)
-    except zmq.ZMQError:
-        return None
 def _wants_clients(frame: bytes) -> bool:
     """STATS's optional options frame (JSON): {"clients": true} asks for
     one entry per peer too (docs/PROTOCOL.md)."""
@@ -65,59 +56,21 @@ class Sessions:
     # -- receiving ---------------------------------------------------------
 
     def on_readable(self) -> None:
-        """Read up to RECV_BUDGET messages, and apply at most
-        SUB_OPS_PER_TURN subscription operations (the rest next turn, so a
-        flood of subscriptions does not stop the loop serving others)."""
-        b = self.b
+        """Take the messages the data plane (fastbus.broker._relay) hands
+        over: up to RECV_BUDGET read, and at most SUB_OPS_PER_TURN
+        subscription operations applied (the rest next turn, so a flood
+        of subscriptions does not stop the loop serving others).  Known
+        sessions' PUBs among them are routed and sent in C; the rest comes
+        here, one message at a time, in order."""
+        relay = self.b.relay
         self._ops_this_turn = 0
-        relay = b.relay
-        if relay is not None:
-            # Known sessions' PUBs are routed and sent in C; the rest comes
-            # back here, one message at a time, in order.
-            left = RECV_BUDGET
-            while left > 0 and self._ops_this_turn < SUB_OPS_PER_TURN:
-                frames, meta, n = relay.receive(left)
-                left -= n
-                if frames is None:
-                    return
-                self._message(frames, meta)
-            return
-        recv = self.sock.recv_multipart
-        by_ident = b.links.by_ident
-        receive = b.router.receive
-        flush_full = b.sender.flush_full
-        router = b.router
-        for _ in range(RECV_BUDGET):
-            if self._ops_this_turn >= SUB_OPS_PER_TURN:
+        left = RECV_BUDGET
+        while left > 0 and self._ops_this_turn < SUB_OPS_PER_TURN:
+            frames, meta, n = relay.receive(left)
+            left -= n
+            if frames is None:
                 return
-            try:
-                parts = recv(_NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            if len(parts) < 2:
-                b.drops["protocol"] += 1
-                continue
-            ident = parts[0].bytes
-            cmd = parts[1].bytes
-            if cmd == _PUB and len(parts) == 3:
-                link = by_ident.get(ident)
-                if link is not None:
-                    over = router.oversize
-                    try:
-                        full = receive(parts[2], link.link)
-                    except BatchError as exc:
-                        self._protocol_error(ident, exc)
-                        continue
-                    count_in(link, parts[2])
-                    if full:
-                        flush_full(full)
-                    if router.oversize != over:
-                        self._oversize(link, router.oversize - over)
-                    continue
-            meta = None
-            if cmd == P.HELLO:
-                meta = {"Peer-Address": _prop(parts[1], "Peer-Address"), "User-Id": _prop(parts[1], "User-Id")}
-            self._message([ident, cmd, *(f.bytes for f in parts[2:])], meta)
+            self._message(frames, meta)
 
     def _message(self, frames: list, meta: dict | None = None) -> None:
         """One message the data plane did not route (see _relay.pyx)."""
@@ -145,11 +98,11 @@ class Sessions:
                     self._oversize(link, rest[0])
                 return
             if link is not None:
-                b.route(rest[0], link.link)    # (the Python data plane's fast path did not take it)
+                b.route(rest[0], link.link)    # a link the relay does not know (none today)
                 return
             # An unknown sender (e.g. after a broker restart): route what
             # arrives, and ask it to introduce itself (once) so it gets its
-            # filters.  (A known sender's PUB took the fast path.)
+            # filters.  (A known session's PUB the relay routed itself.)
             b.route(rest[0], None)
             self._hello_required(ident)
             return
@@ -196,8 +149,7 @@ class Sessions:
             # Data routed from now on carries this seq; the CONFIRM says
             # more, and may wait (below).
             link.confirm(seq)
-            if b.relay is not None:
-                b.relay.confirm(link.link, seq)
+            b.relay.confirm(link.link, seq)
             if refused:
                 # Never confirmed: the client learns which, and why, first.
                 reason = refused[0][2]
