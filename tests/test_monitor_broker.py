@@ -505,7 +505,6 @@ def _chromium(browser: str, url: str, *extra: str) -> subprocess.CompletedProces
                               capture_output=True, text=True, timeout=90)
 
 
-@pytest.mark.parametrize("broker", ["relay"], indirect=True)
 def test_web_page_in_headless_chromium_shows_the_numbers(broker, tmp_path):
     browser = _browser()
     if browser is None:
@@ -545,7 +544,6 @@ def test_web_page_in_headless_chromium_shows_the_numbers(broker, tmp_path):
         close_all(pubs, subs)
 
 
-@pytest.mark.parametrize("broker", ["relay"], indirect=True)
 def test_grafana_example_uses_only_metrics_the_broker_serves(broker):
     import pathlib
     import re
