@@ -10,20 +10,29 @@
 #   3. a fresh venv with only the repaired wheel (and the "test" extra's
 #      tools): fastbus imported from site-packages; the C embedding example
 #      built against the wheel's headers and static library and run; then
-#      the test suite run against it (tests/conftest.py refuses a
-#      source-tree import; it builds a downstream Cython extension too);
+#      the tests of what a wheel changes run against it (WHEEL_TESTS below:
+#      the compiled extensions as auditwheel left them, the shipped headers,
+#      .pxd and Lua files, the native code that calls pyzmq's libzmq, the
+#      command line, a broker end to end; tests/conftest.py refuses a
+#      source-tree import and builds a downstream Cython extension too).
+#      The rest of the suite is the same Python over the same C: the
+#      README's test run has it (--all-tests runs it here too);
 #   4. another fresh venv: pip install of the sdist, imported.
 #
-# Usage: wheels/build.sh [--no-tests]     (PYTHON=python3.12 to pick the interpreter)
+# Usage: wheels/build.sh [--no-tests | --all-tests]     (PYTHON=python3.12 to pick the interpreter)
 # Output: wheels/dist/ (the repaired wheel and the sdist).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 RUN_TESTS=1
+WHEEL_TESTS=(tests/test_packaging.py tests/test_modules.py tests/test_relay.py tests/test_native_engine.py
+             tests/test_cli.py tests/test_broker.py tests/test_codec.py tests/test_router.py tests/test_trie.py
+             tests/test_queue_decode.py tests/test_resp.py)
 for arg in "$@"; do
     case "$arg" in
         --no-tests) RUN_TESTS=0 ;;
+        --all-tests) WHEEL_TESTS=(tests) ;;
         -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
         *) echo "unknown argument: $arg (try --help)" >&2; exit 2 ;;
     esac
@@ -86,7 +95,7 @@ LIBDIR=$(cd / && "$WORK/venv/bin/python" -c 'import fastbus; print(fastbus.get_l
 if [ "$RUN_TESTS" = 1 ]; then
     # from the repository root: the tests compile csrc/ and run examples/;
     # fastbus itself comes from the venv (conftest.py exits on a source import)
-    "$WORK/venv/bin/pytest" -q -p no:cacheprovider tests
+    "$WORK/venv/bin/pytest" -q -p no:cacheprovider "${WHEEL_TESTS[@]}"
 fi
 
 echo "== pip install of the sdist"
