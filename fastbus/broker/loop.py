@@ -34,6 +34,7 @@ from .config import RECV_BUDGET, BrokerConfig
 from .federation import Upstream
 from .interest import Interest
 from .links import Link, LinkTable, Session, count_in
+from .memory import GiveBack, fix_mmap_threshold
 from .sending import Sender
 from .sessions import Sessions
 from .settle import Settler
@@ -210,12 +211,9 @@ class Broker:
         self.handlers: dict = {}                   # socket -> what to call when it is readable
         self._started = time.monotonic()
         self._next_stats_log = self._started + (cfg.stats_interval or 0)
-        self._malloc_trim = _malloc_trim()
-        _fix_mmap_threshold()
-        self._released_mark = 0                    # see _give_memory_back
+        fix_mmap_threshold()
+        self._give_back = GiveBack(self.counters)
         self._last_stats_line: tuple | None = None
-        self._queued_peak = 0
-        self._trim_again_at: list[float] = []       # see _give_memory_back
 
         self._wake = self._ctx.socket(zmq.PAIR)
         self._wake.bind(self._wake_addr)
@@ -534,7 +532,8 @@ class Broker:
         if self.upstream is not None:
             self.upstream.check(now)
         self._publish_stats()
-        self._give_memory_back()
+        st = self._stats_snapshot
+        self._give_back.check(self.interest.released, st["subscriptions"], st["queued_bytes"])
         if self.config.stats_interval and now >= self._next_stats_log:
             self._next_stats_log = now + self.config.stats_interval
             s = self._stats_snapshot
@@ -543,39 +542,6 @@ class Broker:
             if line != self._last_stats_line:           # an idle broker says it once, not every interval
                 self._last_stats_line = line
                 log.info("peers %d, subscriptions %d, in %d msg (%d batches), out %d msg, dropped %s", *line)
-
-    def _give_memory_back(self) -> None:
-        """After what the broker holds fell a lot (a client with many
-        subscriptions left, a long queue drained), have the C allocator
-        return its free pages to the system.  The trie's arena gives back
-        its own segments (docs/CORE.md); what Python and libzmq freed goes
-        to glibc's heaps, which keep it.  Runs in maintenance, at most once
-        a second, and only after such a fall: malloc_trim walks the heaps.
-        Subscriptions are counted as they go (a client can come and go
-        between two runs); queued bytes are sampled."""
-        if self._malloc_trim is None:
-            return
-        if self._trim_again_at and time.monotonic() >= self._trim_again_at[0]:
-            # What was still on its way out at the first trim (a large WANT
-            # diff in a publisher's ZeroMQ pipe, say) has been freed since.
-            self._trim_again_at.pop(0)
-            self._malloc_trim(0)
-            self.counters["memory_trims"] += 1
-        st = self._stats_snapshot
-        released = (self.interest.released - self._released_mark) * TRIM_BYTES_PER_SUBSCRIPTION
-        held = st["subscriptions"] * TRIM_BYTES_PER_SUBSCRIPTION
-        queued = st["queued_bytes"]
-        self._queued_peak = max(self._queued_peak, queued)
-        fall = released + self._queued_peak - queued
-        if fall >= TRIM_AFTER_BYTES and held + queued <= fall:
-            t0 = time.perf_counter()
-            self._malloc_trim(0)
-            self.counters["memory_trims"] += 1
-            log.debug("gave memory back (malloc_trim) in %.1f ms", (time.perf_counter() - t0) * 1e3)
-            self._released_mark = self.interest.released
-            self._queued_peak = queued
-            now = time.monotonic()
-            self._trim_again_at = [now + t for t in TRIM_AGAIN_AFTER]
 
     # -- stats -------------------------------------------------------------
 
@@ -647,52 +613,6 @@ class Broker:
             self._auth.stop()
             self._auth = None
         self._remove_ipc_files()
-
-
-#: _give_memory_back: what a subscription costs the broker while it is
-#: being processed and held (the trie, the forwarders, the Python objects of
-#: its SUB and WANT frames), and the fall that is worth a malloc_trim.
-TRIM_BYTES_PER_SUBSCRIPTION = 300
-TRIM_AFTER_BYTES = 32 << 20
-#: A large fall is trimmed again this many seconds later: what was still in
-#: flight (queued in ZeroMQ, not counted here) goes within a second or two,
-#: and on a loaded machine later (one trim at 2 s left 19 MB of 32 held in CI).
-TRIM_AGAIN_AFTER = (1.0, 3.0, 6.0)
-
-
-#: Allocations above this size get pages of their own (mmap) and give them
-#: back when freed.  glibc's default threshold moves up to the largest block
-#: freed so far (up to 32 MiB): once a large WANT diff or SUB frame has come
-#: and gone, the next ones land in a thread's heap, where one block still in
-#: use can pin megabytes that malloc_trim cannot return (measured: 16 MB of
-#: 31 held in one libzmq thread's heap, one run in eight).
-MMAP_THRESHOLD = 256 << 10
-M_MMAP_THRESHOLD = -3                      # mallopt's parameter number (malloc.h)
-
-
-def _fix_mmap_threshold() -> None:
-    """Pin glibc's mmap threshold at MMAP_THRESHOLD (nothing where there is
-    no glibc).  Process-wide: a broker sets it when it is made."""
-    try:
-        import ctypes
-        fn = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError, ImportError):
-        return
-    fn.argtypes = [ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    fn(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-
-
-def _malloc_trim():
-    """glibc's malloc_trim(pad), or None where there is none."""
-    try:
-        import ctypes
-        fn = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError, ImportError):
-        return None
-    fn.argtypes = [ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    return fn
 
 
 class _AllowedKeys:
