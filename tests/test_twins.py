@@ -19,8 +19,8 @@ import fastbus
 import fastbus.aio
 from fastbus.queue import (AsyncConsumer, AsyncInbox, AsyncTopic, AsyncWorkQueue, Consumer, Inbox, Topic,
                            WorkQueue)
-from fastbus.redis.publisher import (AsyncBufferedListProducer, AsyncBufferedPublisher, BufferedListProducer,
-                                     BufferedPublisher)
+from fastbus.redis import (AsyncBufferedListProducer, AsyncBufferedPublisher, BufferedListProducer,
+                           BufferedPublisher)
 
 #: (sync, async twin, the twin's public members that are plain calls or
 #: attributes: they do not wait).  Every other public method of the twin

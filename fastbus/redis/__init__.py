@@ -14,13 +14,12 @@ from fastbus.redis._errors import (
     ServerUnavailable,
 )
 from fastbus.redis.publisher import (
-    AsyncBufferedListProducer,
-    AsyncBufferedPublisher,
     BufferedListProducer,
     BufferedPublisher,
     PublishError,
     PublishTimeout,
 )
+from fastbus.redis.publisher_aio import AsyncBufferedListProducer, AsyncBufferedPublisher
 from fastbus.redis.server import (
     ENV_BINARY,
     ENV_URL,

@@ -29,11 +29,16 @@ Accounting: every message ``publish()`` accepted ends either answered by
 the server (``stats()["published"]``) or reported failed (``on_error`` and
 :class:`PublishError`), also when the server is unreachable from the start,
 dies mid-stream, or ``close(timeout)`` runs out first.
+
+On a Redis Cluster, commands that must reach a key's owner go through
+``fastbus.redis.publisher_cluster``; the asyncio twins are in
+``fastbus.redis.publisher_aio``.  (This file is over 700 lines because its
+one class's flush thread, which writes, counts replies, retries and
+reports, is one state machine: split, its parts would share every field.)
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import socket
@@ -48,17 +53,24 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from fastbus._core import Outbox, Publisher, RespPump, key_slot, resp_scan
+from fastbus._core import Outbox, Publisher, RespPump, resp_scan
 from fastbus._types import ChannelT, EncodableT
-from fastbus._twins import twin_of
 from fastbus.errors import FastbusError, FlushTimeout, PublishError, PublishTimeout
 from fastbus.redis._connection import Connection, is_asyncio, is_cluster
 from fastbus.redis._errors import DEFAULT_MAX_BULK_LEN, not_redis, too_large, translate
 
 log = logging.getLogger("fastbus.redis")
 
-__all__ = ["AsyncBufferedListProducer", "AsyncBufferedPublisher", "BufferedListProducer", "BufferedPublisher",
-           "PublishError", "PublishTimeout"]
+__all__ = ["BufferedListProducer", "BufferedPublisher", "PublishError", "PublishTimeout"]
+
+
+def __getattr__(name: str) -> Any:
+    # The asyncio twins live in fastbus.redis.publisher_aio (which imports
+    # this module); their old import path here keeps working.
+    if name in ("AsyncBufferedPublisher", "AsyncBufferedListProducer"):
+        from fastbus.redis import publisher_aio
+        return getattr(publisher_aio, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 WINDOW_BYTES = 4 << 20       # written and not yet answered, at most (with a backlog)
 COALESCE_BYTES = 2 << 20   # with a backlog, batches are joined into writes of about this size
@@ -66,7 +78,7 @@ CLOSE_GRACE = 2.0          # close(timeout): at most this (and a tenth of the ti
 _NETWORK_ERRORS = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 
-def _merged(first: PublishError | None, second: PublishError | None) -> PublishError | None:
+def merged_errors(first: PublishError | None, second: PublishError | None) -> PublishError | None:
     """One PublishError holding the messages of both (either may be None)."""
     if first is None or second is None:
         return first or second
@@ -75,19 +87,19 @@ def _merged(first: PublishError | None, second: PublishError | None) -> PublishE
                         first.error)
 
 
-def _deadline(timeout: float | None) -> float | None:
+def deadline_after(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
 
-def _stop_part(timeout: float | None) -> float:
+def stop_part(timeout: float | None) -> float:
     """Of close(timeout), the seconds kept to stop the flush thread and
     report what is left: a tenth, at most CLOSE_GRACE."""
     return 0.0 if timeout is None else min(CLOSE_GRACE, max(0.0, timeout) / 10)
 
 
-def _flush_part(timeout: float | None) -> float | None:
+def flush_part(timeout: float | None) -> float | None:
     """Of close(timeout), the seconds the flush may take."""
-    return None if timeout is None else max(0.0, timeout - _stop_part(timeout))
+    return None if timeout is None else max(0.0, timeout - stop_part(timeout))
 
 
 def _parse_commands(pipeline, first: int, indexes: set[int] | None = None) -> list[tuple[bytes, bytes]]:
@@ -115,7 +127,7 @@ def _parse_commands(pipeline, first: int, indexes: set[int] | None = None) -> li
     return out
 
 
-def _check_options(max_messages: int = 1000, max_bytes: int = 1 << 20, max_delay: float | None = None,
+def check_options(max_messages: int = 1000, max_bytes: int = 1 << 20, max_delay: float | None = None,
                    socket_timeout: float = 10.0, max_buffer_bytes: int = 64 * 1024 * 1024,
                    block_timeout: float | None = 60.0, on_error: Any = None, **_other) -> None:
     """Raise ValueError/TypeError for a bad option of BufferedPublisher (the
@@ -204,7 +216,8 @@ class BufferedPublisher:
         if is_cluster(redis) and not is_asyncio(redis) and (sharded or cls._COMMAND != "PUBLISH"):
             # Commands that must reach a key's owner: one publisher per
             # primary, chosen by hash slot.
-            return _ClusterRouter(redis, cls, sharded=sharded, **kwargs)
+            from fastbus.redis.publisher_cluster import ClusterRouter
+            return ClusterRouter(redis, cls, sharded=sharded, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, redis: Any = None, *, max_messages: int = 1000, max_bytes: int = 1 << 20,
@@ -212,7 +225,7 @@ class BufferedPublisher:
                  on_error: Callable[[PublishError, list], None] | None = None,
                  socket_timeout: float = 10.0, max_buffer_bytes: int = 64 * 1024 * 1024,
                  block_timeout: float | None = 60.0) -> None:
-        _check_options(max_messages, max_bytes, max_delay, socket_timeout, max_buffer_bytes, block_timeout,
+        check_options(max_messages, max_bytes, max_delay, socket_timeout, max_buffer_bytes, block_timeout,
                        on_error)
         command = "SPUBLISH" if sharded and self._COMMAND == "PUBLISH" else self._COMMAND
         self._command = command
@@ -300,11 +313,11 @@ class BufferedPublisher:
         when it gets there."""
         if self._closing:
             return
-        deadline = _deadline(timeout)
+        deadline = deadline_after(timeout)
         error: BaseException | None = None
         timed_out = False
         try:
-            self.flush(_flush_part(timeout))
+            self.flush(flush_part(timeout))
         except FlushTimeout:
             timed_out = True                         # what is left fails below
         except BaseException as exc:                 # PublishError; KeyboardInterrupt: close anyway
@@ -340,7 +353,7 @@ class BufferedPublisher:
         (aborting it if it is still writing when only the part kept for
         stopping is left), then release the connection and raise."""
         if deadline is not None and not self._abort.is_set():
-            self._thread.join(max(0.0, deadline - _stop_part(timeout) - time.monotonic()))
+            self._thread.join(max(0.0, deadline - stop_part(timeout) - time.monotonic()))
         else:
             self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive() and deadline is not None:
@@ -360,7 +373,7 @@ class BufferedPublisher:
         self._conn.close()
         pending, self._pub.pending_error = self._pub.pending_error, None
         if isinstance(error, PublishError) or error is None:
-            error = _merged(error, pending)
+            error = merged_errors(error, pending)
         if error is not None:
             raise error
 
@@ -730,160 +743,9 @@ class BufferedPublisher:
             # The next publish()/flush()/close() raises one error holding
             # every failure not raised yet.  If publish() raises the older
             # one meanwhile, its messages are reported twice, never lost.
-            self._pub.pending_error = _merged(self._pub.pending_error, err)
+            self._pub.pending_error = merged_errors(self._pub.pending_error, err)
             self._done += n
             self._cond.notify_all()
-
-
-class _ClusterRouter:
-    """BufferedPublisher / BufferedListProducer on a Redis Cluster for
-    commands that must reach the primary that owns the key's hash slot
-    (SPUBLISH, RPUSH, LPUSH): one buffered publisher per primary, the slot
-    computed in C.  Messages of one channel or key keep their order (one
-    slot, one primary).  After a MOVED reply the slot map is read again and
-    the refused messages are sent to the new owner (their order relative to
-    later messages of the same key is then not guaranteed).  Each primary's
-    publisher batches by itself as BufferedPublisher does (``max_delay`` an
-    optional linger); the options are checked here, before the first one
-    is made."""
-
-    def __init__(self, cluster: Any, kind: type, **kwargs: Any) -> None:
-        _check_options(**kwargs)
-        self._rc = cluster
-        self._kind = kind
-        self._kwargs = kwargs
-        self._subs: dict[str, BufferedPublisher] = {}
-        self._lock = threading.Lock()
-        self._closed = False
-        self._table: list[str] = []
-        self._refresh(initial=True)
-
-    def _refresh(self, initial: bool = False) -> None:
-        nm = self._rc.nodes_manager
-        if not initial:
-            nm.initialize()
-        table = [""] * 16384
-        for slot, nodes in nm.slots_cache.items():
-            if nodes:
-                table[slot] = nodes[0].name
-        if "" in table:
-            raise redis.ClusterDownError("the cluster does not cover every hash slot")
-        self._table = table
-
-    def _sub(self, name: str) -> BufferedPublisher:
-        sub = self._subs.get(name)
-        if sub is None:
-            with self._lock:
-                sub = self._subs.get(name)
-                if sub is None:
-                    node = self._rc.get_node(node_name=name)
-                    kw = dict(self._kwargs)
-                    if self._kind is BufferedListProducer:
-                        kw.pop("sharded", None)
-                    sub = self._kind(node.redis_connection.connection_pool, **kw)
-                    sub._redirect = self._redirected
-                    self._subs[name] = sub
-        return sub
-
-    def publish(self, channel: ChannelT, message: EncodableT) -> int:
-        """Queue a message for the primary that owns its channel's slot."""
-        if self._closed:
-            raise PublishError("publisher is closed", [], "closed")
-        return self._sub(self._table[key_slot(channel)]).publish(channel, message)
-
-    push = publish
-
-    def has_room(self) -> bool:
-        """Would publish() queue without waiting, whichever primary it goes to?"""
-        return all(sub.has_room() for sub in list(self._subs.values()))
-
-    def wait_for_room(self) -> None:
-        """Block until every primary's publisher has room (see BufferedPublisher)."""
-        for sub in list(self._subs.values()):
-            sub.wait_for_room()
-
-    def _redirected(self, messages: list) -> None:
-        try:
-            self._refresh()
-        except Exception:
-            log.exception("reading the cluster's slot map failed")
-        for channel, message in messages:
-            self._sub(self._table[key_slot(channel)]).publish(channel, message)
-
-    def flush(self, timeout: float | None = 30.0) -> None:
-        """flush() every primary's publisher; again while redirects move
-        messages between them; all within ``timeout``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for _ in range(5):
-            before = sum(s.stats().get("redirected", 0) for s in list(self._subs.values()))
-            errors = []
-            for sub in list(self._subs.values()):
-                try:
-                    sub.flush(None if deadline is None else max(0.0, deadline - time.monotonic()))
-                except PublishError as exc:
-                    errors.append(exc)
-            if errors:
-                every = [m for e in errors for m in e.failed]
-                raise PublishError(f"{len(every)} messages were not written: {errors[0].reason}", every,
-                                   errors[0].reason, errors[0].error)
-            if sum(s.stats().get("redirected", 0) for s in list(self._subs.values())) == before:
-                return
-
-    def close(self, timeout: float | None = 30.0) -> None:
-        """Close every primary's publisher, all within about ``timeout``
-        (what is not answered by then is reported, as BufferedPublisher.close)."""
-        if self._closed:
-            return
-        deadline = _deadline(timeout)
-        failed: PublishError | None = None
-        other: BaseException | None = None
-        timed_out = False
-        try:
-            self.flush(_flush_part(timeout))
-        except PublishError as exc:
-            failed = exc
-        except FlushTimeout:
-            timed_out = True                         # each publisher below reports what is left
-        except BaseException as exc:
-            other = exc
-        self._closed = True
-        # Every primary's publisher stops at once (the same deadline), not
-        # one after the other.
-        started: set[str] = set()
-        ended: set[str] = set()
-        while len(ended) < len(self._subs):          # a redirect may add one meanwhile
-            for name, sub in list(self._subs.items()):
-                if name not in started:
-                    started.add(name)
-                    if not sub._closing:
-                        sub._stop_begin(deadline, timeout, timed_out)
-            for name, sub in list(self._subs.items()):
-                if name in started and name not in ended:
-                    ended.add(name)
-                    try:
-                        sub._stop_end(deadline, timeout, None)
-                    except PublishError as exc:
-                        failed = _merged(failed, exc)
-                    except FlushTimeout as exc:
-                        other = other or exc
-        if other is not None:
-            raise other
-        if failed is not None:
-            raise failed
-
-    def stats(self) -> dict[str, int]:
-        """The sum of the primaries' counters, and ``nodes``."""
-        out: dict[str, int] = {"nodes": len(self._subs)}
-        for sub in list(self._subs.values()):
-            for k, v in sub.stats().items():
-                out[k] = out.get(k, 0) + v
-        return out
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class BufferedListProducer(BufferedPublisher):
@@ -904,67 +766,3 @@ class BufferedListProducer(BufferedPublisher):
     def push(self, key: ChannelT, value: EncodableT) -> int:  # replaced per instance by the C fast path
         """Queue one value for the list ``key``; returns 1 at once."""
         return self._pub.publish(key, value)
-
-
-@twin_of(BufferedPublisher)
-class AsyncBufferedPublisher:
-    """:class:`BufferedPublisher` for asyncio: ``publish`` queues at once
-    (and awaits only when the buffer is full), ``flush``/``close`` await the
-    flush thread without blocking the event loop; ``async with`` closes.
-    The same options and batching: a message leaves at once when the flush
-    thread is idle, ``max_delay`` (default None) is an optional linger.
-    It wraps a :class:`BufferedPublisher` (the flush thread is the same)
-    and uses only its public methods; its methods carry that class's
-    docstrings (:func:`fastbus._twins.twin_of`)."""
-
-    _SYNC = BufferedPublisher
-
-    def __init__(self, redis: Any = None, **kwargs: Any) -> None:
-        self._sync = self._SYNC(redis, **kwargs)
-        if isinstance(self._sync, _ClusterRouter):
-            self._sync.close()
-            raise TypeError("the asyncio publishers do not route by hash slot on Redis Cluster yet: "
-                            "use BufferedPublisher / BufferedListProducer (thread-safe) there")
-
-    async def publish(self, channel: ChannelT, message: EncodableT) -> int:
-        """Awaits (in a thread, the loop not blocked) only while the buffer
-        is full."""
-        sync = self._sync
-        if not sync.has_room():
-            await asyncio.to_thread(sync.wait_for_room)
-        return sync.publish(channel, message)
-
-    def has_room(self) -> bool:
-        return self._sync.has_room()
-
-    async def wait_for_room(self) -> None:
-        """Awaits the sync wait in a thread."""
-        await asyncio.to_thread(self._sync.wait_for_room)
-
-    async def flush(self, timeout: float | None = 30.0) -> None:
-        """Awaits the sync flush in a thread."""
-        await asyncio.to_thread(self._sync.flush, timeout)
-
-    async def close(self, timeout: float | None = 30.0) -> None:
-        """Awaits the sync close in a thread."""
-        await asyncio.to_thread(self._sync.close, timeout)
-
-    def stats(self) -> dict[str, int]:
-        return self._sync.stats()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-
-@twin_of(BufferedListProducer)
-class AsyncBufferedListProducer(AsyncBufferedPublisher):
-    """:class:`BufferedListProducer` for asyncio: ``await push(key, value)``."""
-
-    _SYNC = BufferedListProducer
-
-    async def push(self, key: ChannelT, value: EncodableT) -> int:
-        """Awaits only while the buffer is full, as publish()."""
-        return await self.publish(key, value)
