@@ -414,96 +414,98 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="fastbus", description="fastbus: fast pub/sub and reliable messaging with a C core.")
-    parser.add_argument("--version", action="version", version=_version_text(),
-                        help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def _add_broker_parser(sub) -> None:
+    """``fastbus broker``: its options in groups, as --help shows them."""
     b = sub.add_parser("broker", help="run a broker",
                        description="Run a fastbus broker until SIGINT or SIGTERM. Listens on loopback "
                                    f"only unless --allow-remote (default {P.DEFAULT_ENDPOINT}).")
-    b.add_argument("--bind", action="append", metavar="ENDPOINT",
+    g = b.add_argument_group("Where it listens, and its neighbours")
+    g.add_argument("--bind", action="append", metavar="ENDPOINT",
                    help="endpoint for clients, repeatable: tcp://127.0.0.1:6464, ipc:///tmp/fastbus.sock "
                         f"(default: {P.DEFAULT_ENDPOINT})")
-    b.add_argument("--allow-remote", action="store_true", help="allow non-loopback TCP endpoints")
-    b.add_argument("--upstream", metavar="ENDPOINT", help="federate: connect to this upstream broker")
-    b.add_argument("--upstream-curve-server-key", metavar="KEY",
+    g.add_argument("--allow-remote", action="store_true", help="allow non-loopback TCP endpoints")
+    g.add_argument("--upstream", metavar="ENDPOINT", help="federate: connect to this upstream broker")
+    g.add_argument("--upstream-curve-server-key", metavar="KEY",
                    help="CURVE to the upstream: its public key (40 Z85 characters, or its .key file); "
                         "it must list this broker's key with --curve-allow-broker")
-    b.add_argument("--upstream-curve-cert", metavar="FILE",
+    g.add_argument("--upstream-curve-cert", metavar="FILE",
                    help="this broker's secret certificate for the upstream connection "
                         "(default: --curve-cert's)")
-    b.add_argument("--zmq-pub", action="append", default=[], metavar="ENDPOINT",
+    g.add_argument("--zmq-pub", action="append", default=[], metavar="ENDPOINT",
                    help="XPUB endpoint for plain ZeroMQ SUB sockets ([channel, payload] frames)")
-    b.add_argument("--zmq-sub", action="append", default=[], metavar="ENDPOINT",
+    g.add_argument("--zmq-sub", action="append", default=[], metavar="ENDPOINT",
                    help="XSUB endpoint for plain ZeroMQ PUB sockets")
-    b.add_argument("--zmq-pull", action="append", default=[], metavar="ENDPOINT",
+    g.add_argument("--zmq-pull", action="append", default=[], metavar="ENDPOINT",
                    help="PULL endpoint for plain ZeroMQ PUSH sockets")
-    b.add_argument("--max-messages", type=positive, default=4096, help="records per batch to a subscriber (default: %(default)s)")
-    b.add_argument("--max-bytes", type=positive, default=256 * 1024, help="bytes per batch to a subscriber (default: %(default)s)")
-    b.add_argument("--max-delay", type=float, default=0.0,
+    g = b.add_argument_group("Batches, slow subscribers and flow control")
+    g.add_argument("--max-messages", type=positive, default=4096, help="records per batch to a subscriber (default: %(default)s)")
+    g.add_argument("--max-bytes", type=positive, default=256 * 1024, help="bytes per batch to a subscriber (default: %(default)s)")
+    g.add_argument("--max-delay", type=float, default=0.0,
                    help="optional linger in seconds: a busy link gets at most one batch per this "
                         "time (larger batches), while a link idle that long still sends at once; "
                         "0: no linger, each batch leaves as soon as the broker has read what "
                         "arrived (default: %(default)s)")
-    b.add_argument("--max-queue-bytes", type=positive, default=32 << 20,
+    g.add_argument("--max-queue-bytes", type=positive, default=32 << 20,
                    help="bytes queued for a slow subscriber before --slow-policy applies (default: %(default)s)")
-    b.add_argument("--slow-policy", choices=["drop", "disconnect"], default="drop",
+    g.add_argument("--slow-policy", choices=["drop", "disconnect"], default="drop",
                    help="slow subscriber: drop its oldest batches (with a gap notice) or disconnect it "
                         "(default: %(default)s)")
-    b.add_argument("--flow-pause-bytes", type=nonnegative, default=None,
+    g.add_argument("--flow-pause-bytes", type=nonnegative, default=None,
                    help="ask publishers to pause while this many bytes are queued for a subscriber; "
                         "0: no flow control (default: 4 MiB or a quarter of --max-queue-bytes)")
-    b.add_argument("--flow-max-pause", type=float, default=5.0,
+    g.add_argument("--flow-max-pause", type=float, default=5.0,
                    help="seconds one subscriber may keep publishers paused (default: %(default)s)")
-    b.add_argument("--filter-lease", type=seconds, default=0.1, metavar="SECONDS",
+    g.add_argument("--filter-lease", type=seconds, default=0.1, metavar="SECONDS",
                    help="a subscription is confirmed once every publisher's filter has it; a publisher "
                         "that does not acknowledge within this time (stopped, or starved) has stopped "
                         "filtering by then, and is not waited for longer (default: %(default)s)")
-    b.add_argument("--upstream-confirm-timeout", type=seconds, default=1.0, metavar="SECONDS",
+    g.add_argument("--upstream-confirm-timeout", type=seconds, default=1.0, metavar="SECONDS",
                    help="with --upstream: how long a confirmation waits for the upstream broker's "
                         "(default: %(default)s)")
-    b.add_argument("--max-topic", type=positive, default=65535,
+    g = b.add_argument_group("What one connection may send or hold")
+    g.add_argument("--max-topic", type=positive, default=65535,
                    help="longest channel name accepted, in bytes (default: %(default)s)")
-    b.add_argument("--max-payload", type=positive, default=16 << 20,
+    g.add_argument("--max-payload", type=positive, default=16 << 20,
                    help="largest payload accepted, in bytes (default: %(default)s)")
-    b.add_argument("--max-subscriptions", type=positive, default=1_000_000,
+    g.add_argument("--max-subscriptions", type=positive, default=1_000_000,
                    help="subscriptions one connection (client or downstream broker) may hold; more are "
                         "refused, and the client told (default: %(default)s)")
-    b.add_argument("--max-subscription-bytes", type=positive, default=64 << 20,
+    g.add_argument("--max-subscription-bytes", type=positive, default=64 << 20,
                    help="bytes of subscription keys one connection may hold, counting 48 more per "
                         "subscription (default: %(default)s)")
-    b.add_argument("--max-total-subscription-bytes", type=positive, default=1 << 30,
+    g.add_argument("--max-total-subscription-bytes", type=positive, default=1 << 30,
                    help="the same for all connections together (default: %(default)s)")
-    b.add_argument("--max-sub-ops", type=positive, default=4096,
+    g.add_argument("--max-sub-ops", type=positive, default=4096,
                    help="subscription changes in one SUB frame, at least 1000; clients split larger ones "
                         "(default: %(default)s)")
-    b.add_argument("--allow-broker", action="append", default=[], metavar="ADDRESS",
+    g = b.add_argument_group("Who may connect")
+    g.add_argument("--allow-broker", action="append", default=[], metavar="ADDRESS",
                    help="accept downstream brokers (--upstream pointing here) from this IP address, "
                         "network (10.1.0.0/16) or 'local' (loopback, ipc, inproc); repeatable; "
                         "by default none are accepted")
-    b.add_argument("--curve-allow-broker", action="append", default=[], metavar="PATH",
+    g.add_argument("--curve-allow-broker", action="append", default=[], metavar="PATH",
                    help="with CURVE: accept downstream brokers with these public keys (certificate "
                         "files or directories); then --allow-broker does not apply")
-    b.add_argument("--curve-cert", metavar="FILE", help="enable CURVE with this secret certificate (keygen)")
-    b.add_argument("--curve-allow", action="append", default=[], metavar="PATH",
+    g.add_argument("--curve-cert", metavar="FILE", help="enable CURVE with this secret certificate (keygen)")
+    g.add_argument("--curve-allow", action="append", default=[], metavar="PATH",
                    help="public certificate file or directory of clients to accept (with --curve-cert)")
-    b.add_argument("--name", default="fastbus", help="broker name in logs and stats (default: %(default)s)")
-    b.add_argument("--stats-interval", type=nonnegative, default=10.0,
+    g = b.add_argument_group("Name, monitoring and logs")
+    g.add_argument("--name", default="fastbus", help="broker name in logs and stats (default: %(default)s)")
+    g.add_argument("--stats-interval", type=nonnegative, default=10.0,
                    help="seconds between counter log lines, 0 for none (default: %(default)s)")
-    b.add_argument("--http", metavar="HOST:PORT",
+    g.add_argument("--http", metavar="HOST:PORT",
                    help="serve monitoring over HTTP here, e.g. 127.0.0.1:8222: /metrics (Prometheus), "
                         "/varz, /connz, /subsz, /healthz and a live page at /; loopback only unless "
                         "--allow-remote (default: off)")
-    b.add_argument("--http-max-age", type=float, default=3.0, metavar="SECONDS",
+    g.add_argument("--http-max-age", type=float, default=3.0, metavar="SECONDS",
                    help="/healthz answers 503 when the loop's latest snapshot is older than this "
                         "(default: %(default)s)")
-    b.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+    g.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="what the broker logs to stderr (default: %(default)s)")
     b.set_defaults(func=cmd_broker)
 
+
+def _add_stats_parser(sub) -> None:
     st = sub.add_parser("stats", help="print a broker's counters",
                         description="Print a broker's counters; --clients adds a row per connected peer, "
                                     "--watch prints a line of rates every second until Ctrl-C.")
@@ -529,6 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--curve-cert", metavar="FILE", help="this client's secret certificate, for a CURVE broker")
     st.set_defaults(func=cmd_stats)
 
+
+def _add_demo_parsers(sub) -> None:
     demo = sub.add_parser("demo", help="a broker with live publishers and subscribers printing their rates",
                           description="Start a broker and client processes on this machine (the workload of the "
                                       "article 'A Tale of Two Queues': 50 channels, 20-byte messages) and print "
@@ -556,6 +560,8 @@ def build_parser() -> argparse.ArgumentParser:
     core.add_argument("--seed", type=int, default=1, help="random seed (default: %(default)s)")
     core.set_defaults(func=cmd_core_demo)
 
+
+def _add_keygen_parser(sub) -> None:
     kg = sub.add_parser("keygen", help="create a CURVE key pair (NAME.key, NAME.key_secret)")
     kg.add_argument("--dir", default=".", help="where to write them (default: %(default)s)")
     kg.add_argument("--name", default="fastbus",
@@ -563,17 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
     kg.add_argument("--force", action="store_true", help="replace key files that exist (default: refuse)")
     kg.set_defaults(func=cmd_keygen)
 
-    from fastbus.queue.cli import add_parser as add_queue_parser
-    from fastbus.queue.cli import add_topic_inbox_parsers
-    add_queue_parser(sub)
-    add_topic_inbox_parsers(sub)
 
-    from fastbus.pubsub_cli import add_parsers as add_pubsub_parsers
-    add_pubsub_parsers(sub)
-
-    from fastbus.monitor.cli import add_parser as add_monitor_parser
-    add_monitor_parser(sub)
-
+def _add_redis_server_parser(sub) -> None:
     rs = sub.add_parser(
         "redis-server", help="run the embedded Redis server in the foreground, to share it between processes",
         description="Start fastbus's embedded Redis-compatible server (the bundled valkey-server, else "
@@ -597,6 +594,32 @@ def build_parser() -> argparse.ArgumentParser:
                     help="options passed to the server, after --: e.g. -- --maxmemory 1gb")
     rs.set_defaults(func=cmd_redis_server)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line: one function per command (or family) adds
+    its parser; the queue, pub/sub and monitor commands live with their
+    packages."""
+    parser = argparse.ArgumentParser(
+        prog="fastbus", description="fastbus: fast pub/sub and reliable messaging with a C core.")
+    parser.add_argument("--version", action="version", version=_version_text(),
+                        help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_broker_parser(sub)
+    _add_stats_parser(sub)
+    _add_demo_parsers(sub)
+    _add_keygen_parser(sub)
+
+    from fastbus.queue.cli import add_parser as add_queue_parser
+    from fastbus.queue.cli import add_topic_inbox_parsers
+    add_queue_parser(sub)
+    add_topic_inbox_parsers(sub)
+
+    from fastbus.pubsub_cli import add_parsers as add_pubsub_parsers
+    add_pubsub_parsers(sub)
+
+    from fastbus.monitor.cli import add_parser as add_monitor_parser
+    add_monitor_parser(sub)
+    _add_redis_server_parser(sub)
     ver = sub.add_parser("version", help="print the version")
     ver.set_defaults(func=cmd_version)
     return parser
