@@ -209,11 +209,11 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from fastbus.client._endpoint import check_endpoint
+    from fastbus.endpoints import check_connect
     from fastbus.errors import InvalidEndpoint
     endpoint = args.connect or f"tcp://{args.host}:{args.port}"
     try:
-        check_endpoint(endpoint)
+        check_connect(endpoint)
     except InvalidEndpoint as exc:
         raise UsageError(str(exc)) from None
     curve = None

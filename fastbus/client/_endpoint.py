@@ -1,6 +1,6 @@
-"""Client endpoints: checked before ZeroMQ sees them (its own error is a bare
-"Invalid argument"), and probed, where the transport allows, to tell at once
-that nothing listens there (``refused``, ``AbsenceProbe``)."""
+"""Client endpoints probed, where the transport allows, to tell at once that
+nothing listens there (``refused``, ``AbsenceProbe``).  What an endpoint
+is: fastbus.endpoints."""
 
 from __future__ import annotations
 
@@ -10,38 +10,10 @@ import time
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from fastbus.errors import BrokerUnavailable, InvalidEndpoint, KeyRefused
+from fastbus.errors import BrokerUnavailable, KeyRefused
 
 if TYPE_CHECKING:
     from fastbus.client._session import Session
-
-_FORMS = "tcp://HOST:PORT, ipc://PATH or inproc://NAME"
-
-
-def check_endpoint(endpoint: object) -> str:
-    """``endpoint`` if a client can connect to it, else InvalidEndpoint."""
-    if not isinstance(endpoint, str):
-        raise InvalidEndpoint(f"an endpoint is a str ({_FORMS}), not {type(endpoint).__name__}", repr(endpoint))
-    scheme, sep, rest = endpoint.partition("://")
-    if not sep:
-        raise InvalidEndpoint(f"invalid endpoint {endpoint!r}: expected {_FORMS}", endpoint)
-    if scheme in ("ipc", "inproc"):
-        if not rest:
-            raise InvalidEndpoint(f"invalid endpoint {endpoint!r}: {scheme}:// needs a "
-                                  f"{'path' if scheme == 'ipc' else 'name'}", endpoint)
-        return endpoint
-    if scheme != "tcp":
-        raise InvalidEndpoint(f"invalid endpoint {endpoint!r}: unsupported transport {scheme!r} "
-                              f"(expected {_FORMS})", endpoint)
-    parts = urlsplit(endpoint)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if not parts.hostname or port is None or port == 0 or rest != parts.netloc or "@" in rest:
-        raise InvalidEndpoint(f"invalid endpoint {endpoint!r}: expected tcp://HOST:PORT (nothing after the "
-                              "port), e.g. tcp://127.0.0.1:6464", endpoint)
-    return endpoint
 
 
 def refused(endpoint: str, timeout: float = 1.0) -> bool:

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from fastbus import protocol as P
-from fastbus.client._endpoint import check_endpoint
+from fastbus.endpoints import check_connect
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,7 @@ class ClientOptions:
     curve_secret_key: str | None = field(default=None, repr=False)   # (never printed)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "endpoint", check_endpoint(self.endpoint))
+        object.__setattr__(self, "endpoint", check_connect(self.endpoint))
         if not self.name:
             object.__setattr__(self, "name", f"client-{os.getpid()}-{id(self):x}")
         if self.max_delay is not None and not 0 <= self.max_delay <= 10:

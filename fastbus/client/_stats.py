@@ -6,7 +6,8 @@ from __future__ import annotations
 import zmq
 
 from fastbus import protocol as P
-from fastbus.client._endpoint import check_endpoint, refused
+from fastbus.client._endpoint import refused
+from fastbus.endpoints import check_connect
 from fastbus.errors import BrokerTimeout, BrokerUnavailable, InvalidKey
 
 
@@ -21,7 +22,7 @@ def query_stats(endpoint: str, timeout: float = 5.0, curve: tuple[str, str, str]
     there (TCP refused, no ipc socket), BrokerTimeout (a TimeoutError) if
     no broker answers within ``timeout`` seconds; InvalidEndpoint,
     InvalidKey for bad arguments."""
-    check_endpoint(endpoint)
+    check_connect(endpoint)
     if refused(endpoint, min(timeout, 1.0)):
         raise BrokerUnavailable(f"no broker answered at {endpoint}: connection refused (nothing listens there)",
                                 endpoint)

@@ -63,8 +63,8 @@ class RemoteBrokerSource(BrokerSource):
         for what, v in (("interval", interval), ("timeout", timeout), ("max_age", max_age)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
                 raise ValueError(f"{what} must be a number of seconds > 0, not {v!r}")
-        from fastbus.client._endpoint import check_endpoint
-        check_endpoint(endpoint)                 # InvalidEndpoint, as fastbus.Client says it
+        from fastbus.endpoints import check_connect
+        check_connect(endpoint)                 # InvalidEndpoint, as fastbus.Client says it
         if curve is not None and (len(curve) != 3 or not all(isinstance(k, str) and k for k in curve)):
             raise ValueError("curve must be (broker public key, client public key, client secret key), Z85 text")
         self.endpoint = endpoint
