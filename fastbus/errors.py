@@ -14,7 +14,7 @@ The errors about a Redis server (:class:`RedisServerError` and its
 subclasses :class:`ServerUnavailable`, :class:`NotARedisServer`,
 :class:`ServerTimeout`, :class:`PayloadTooLarge`, :class:`ServerRefused`,
 :class:`ServerOutOfMemory`) also derive from redis-py's exception classes,
-so they are defined in :mod:`fastbus.redis._errors` and imported from here
+so they are defined in :mod:`fastbus.redis.errors` and imported from here
 on first use (importing this module does not import redis-py).
 """
 
@@ -31,19 +31,19 @@ __all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "
 __all__ += ["CommandFailed", "ConsumerGone", "ConsumerTagInUse", "EmbeddedServerError", "InvalidConfig", "InvalidURL", "OptionError",
             "PartialBatchError", "PastLastId", "ProtocolError", "PublishError", "QueueError", "ServerNotFoundError", "UsageError"]
 
-# Defined with redis-py's classes among their bases (fastbus.redis._errors).
+# Defined with redis-py's classes among their bases (fastbus.redis.errors).
 _REDIS_ERRORS = frozenset({"NotARedisServer", "PayloadTooLarge", "RedisServerError", "ServerOutOfMemory",
                            "ServerRefused", "ServerTimeout", "ServerUnavailable"})
 
 
 if TYPE_CHECKING:       # what __getattr__ hands out, for type checkers
-    from fastbus.redis._errors import (NotARedisServer, PayloadTooLarge, RedisServerError, ServerOutOfMemory,
+    from fastbus.redis.errors import (NotARedisServer, PayloadTooLarge, RedisServerError, ServerOutOfMemory,
                                        ServerRefused, ServerTimeout, ServerUnavailable)
 
 
 def __getattr__(name: str) -> type[FastbusError]:
     if name in _REDIS_ERRORS:
-        from fastbus.redis._errors import (NotARedisServer, PayloadTooLarge, RedisServerError, ServerOutOfMemory,
+        from fastbus.redis.errors import (NotARedisServer, PayloadTooLarge, RedisServerError, ServerOutOfMemory,
                                            ServerRefused, ServerTimeout, ServerUnavailable)
         classes = (NotARedisServer, PayloadTooLarge, RedisServerError, ServerOutOfMemory, ServerRefused,
                    ServerTimeout, ServerUnavailable)

@@ -43,12 +43,24 @@ def _sources() -> list[Path]:
     return files
 
 
+def _private_owner(module: str) -> str | None:
+    """The package whose private module ``module`` is (or is inside), or None
+    for a public one: fastbus.client for fastbus.client._session."""
+    parts = module.split(".")
+    for i, part in enumerate(parts):
+        if _private(part):
+            return ".".join(parts[:i])
+    return None
+
+
 def private_imports(path: Path, module: str | None = None) -> list[str]:
-    """``from fastbus.X import _name`` and ``fastbus.X._name`` in the module at
-    ``path``, where the module is not X itself nor inside package X (a
-    package may use its own private submodules and names: ``from ._session
-    import Session``, ``from fastbus.queue import _lua`` in fastbus.queue).
-    Importing a public name from a private module is fine."""
+    """``from fastbus.X import _name``, ``fastbus.X._name`` and ``from
+    fastbus.X._y import name`` in the module at ``path``, where the module
+    is not X itself nor inside package X (a package may use its own
+    private submodules and names: ``from ._session import Session``,
+    ``from fastbus.queue import _lua`` in fastbus.queue; and every module of
+    fastbus may use fastbus's own, such as fastbus._core).  Another
+    package's private module is not a shared API (issue 24)."""
     module = module or _module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
@@ -60,6 +72,10 @@ def private_imports(path: Path, module: str | None = None) -> list[str]:
             else:
                 target = node.module or ""
             if not _inside(target, "fastbus"):
+                continue
+            owner = _private_owner(target)
+            if owner is not None and not _inside(module, owner):
+                found.append(f"{module} (line {node.lineno}): from {target} (a private module of {owner})")
                 continue
             for alias in node.names:
                 if _private(alias.name) and not _inside(module, target):
@@ -80,12 +96,16 @@ def test_the_private_import_check_sees_what_it_should(tmp_path):
     """The checker itself, on a module written for it (as if fastbus.probe)."""
     probe = tmp_path / "probe.py"
     probe.write_text("from fastbus.cli import _positive\nfrom fastbus.client._session import Session\n"
-                     "from fastbus import _messages\nimport fastbus.redis\nx = fastbus.redis._errors.translate\n"
+                     "from fastbus import _messages\nimport fastbus.queue\nx = fastbus.queue._lua.load\n"
                      "from ._twins import twin_of\nfrom .client import _client\n")
     assert private_imports(probe, "fastbus.probe") == [
         "fastbus.probe (line 1): from fastbus.cli import _positive",
+        "fastbus.probe (line 2): from fastbus.client._session (a private module of fastbus.client)",
         "fastbus.probe (line 7): from fastbus.client import _client",
-        "fastbus.probe (line 5): fastbus.redis._errors"]
+        "fastbus.probe (line 5): fastbus.queue._lua"]
+    inside = tmp_path / "inside.py"
+    inside.write_text("from fastbus.client._session import Session\nfrom fastbus._core import Router\n")
+    assert private_imports(inside, "fastbus.client.inside") == []
 
 
 def test_no_module_imports_another_modules_private_names():
@@ -111,7 +131,7 @@ def test_every_public_exception_is_a_fastbus_error_defined_in_fastbus_errors():
     """Every exception class a user can reach (a public name of any module)
     subclasses FastbusError, is fastbus.errors.<its name> and is listed in
     fastbus.errors.__all__.  The Redis server errors are defined in
-    fastbus.redis._errors (they need redis-py's classes among their bases,
+    fastbus.redis.errors (they need redis-py's classes among their bases,
     and importing fastbus.errors must not import redis-py) and handed out by
     fastbus.errors as its own: their __module__ says fastbus.errors."""
     seen: dict[type, str] = {}
@@ -142,7 +162,7 @@ def test_no_exception_class_is_defined_outside_fastbus_errors():
                                            "ConnectionError", "Warning", "UserWarning"}
     found = []
     for path in _sources():
-        if path.relative_to(SOURCE).as_posix() in ("errors.py", "redis/_errors.py"):
+        if path.relative_to(SOURCE).as_posix() in ("errors.py", "redis/errors.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ClassDef) and not _private(node.name):
@@ -166,7 +186,7 @@ def test_each_error_also_inherits_a_builtin_or_is_a_base(name):
 
 def test_the_redis_servers_size_limit_is_read_in_one_place():
     """Issue 14: the name "proto-max-bulk-len" as a value (what a CONFIG GET
-    sends or a reply is searched for) appears only in fastbus.redis._errors,
+    sends or a reply is searched for) appears only in fastbus.redis.errors,
     next to its parser and its two constants."""
     found = []
     for path in _sources():
@@ -175,9 +195,9 @@ def test_the_redis_servers_size_limit_is_read_in_one_place():
                 found.append(_module_name(path))
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and "BULK" in t.id for t in node.targets):
                 found.append(f"{_module_name(path)}: {ast.unparse(node)}")
-    assert sorted(found) == ["fastbus.redis._errors",
-                             "fastbus.redis._errors: DEFAULT_MAX_BULK_LEN = 512 << 20",
-                             "fastbus.redis._errors: MIN_MAX_BULK_LEN = 1 << 20"], found
+    assert sorted(found) == ["fastbus.redis.errors",
+                             "fastbus.redis.errors: DEFAULT_MAX_BULK_LEN = 512 << 20",
+                             "fastbus.redis.errors: MIN_MAX_BULK_LEN = 1 << 20"], found
 
 
 def test_developing_md_layout_names_every_file_of_the_package():

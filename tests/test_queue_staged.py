@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from fastbus.queue import StagedWriter, Topic, WorkQueue
-from fastbus.queue._common import Call
+from fastbus.queue.common import Call
 from fastbus.redis import Subscriber
 
 

@@ -362,7 +362,7 @@ def test_subscriber_against_an_http_server(fake):
 def test_a_server_error_an_operation_raises_from_a_reply_is_translated_too(small_url):
     """Operations that collect errors as replies (a batch written in part)
     and raise one of them: the driver translates it as one it met itself."""
-    from fastbus.queue._common import Cmd, SyncDriver
+    from fastbus.queue.common import Cmd, SyncDriver
     r = redis.Redis.from_url(small_url)
     real = None
     for i in range(5_000):                                  # 20 MB: over the 4 MB maxmemory
@@ -386,7 +386,7 @@ def test_a_server_error_an_operation_raises_from_a_reply_is_translated_too(small
 def test_one_parser_reads_proto_max_bulk_len_from_every_reply_form(redis_url):
     """The flat list a raw connection or the queue driver gets, redis-py's
     dict, and a cluster client's dict of node -> either (the smallest)."""
-    from fastbus.redis._errors import CONFIG_GET_LIMIT, DEFAULT_MAX_BULK_LEN, max_bulk_len, parse_limit
+    from fastbus.redis.errors import CONFIG_GET_LIMIT, DEFAULT_MAX_BULK_LEN, max_bulk_len, parse_limit
     assert parse_limit([b"proto-max-bulk-len", b"2097152"]) == 2 << 20
     assert parse_limit({"proto-max-bulk-len": "3145728"}) == 3 << 20
     assert parse_limit({"127.0.0.1:7000": [b"proto-max-bulk-len", b"4194304"],

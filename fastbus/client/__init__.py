@@ -19,7 +19,9 @@ wants, and ``publish`` drops the others before they reach the network
 restart or reconnect, the client introduces itself again and resends every
 subscription; delivery resumes without user code.
 
-The modules, top down (each imports only those below it): ``_client``
+The modules, top down (each imports only those below it): ``aio`` (the
+asyncio twins, ``fastbus.aio``) and ``sharding`` (several brokers as one,
+``fastbus.sharding``), ``_client``
 (Client), ``_pubsub`` (PubSub), ``_options`` (ClientOptions: every setting,
 checked once), ``_connections`` (Connections: the owner of a client's
 connections), ``_pubsession`` and ``_subsession`` (the publishing and the

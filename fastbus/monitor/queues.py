@@ -46,7 +46,7 @@ from typing import Any
 
 import redis
 
-from fastbus.queue._common import DEFAULT_PREFIX, Call, Many, check_prefix, namespace, sync_driver
+from fastbus.queue.common import DEFAULT_PREFIX, Call, Many, check_prefix, namespace, sync_driver
 from fastbus.queue.registry import read_names
 
 from .http import Ticker
@@ -212,7 +212,7 @@ class QueueSource:
         self.members = members
         self._size = max(2, int(history / interval) + 1)
         self._driver, self._own = sync_driver(redis)
-        from fastbus.redis._errors import address_of
+        from fastbus.redis.errors import address_of
         self.server = address_of(self._driver.client) or "?"
         self._lock = threading.Lock()           # one sample at a time; the snapshot swapped whole
         self._rings: dict[tuple, _Ring] = {}

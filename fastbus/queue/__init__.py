@@ -3,7 +3,7 @@ multi-recipient inboxes.  Every multi-key step is one Lua script; every key
 of one queue, topic or inbox shares a hash tag (Redis Cluster)."""
 
 from fastbus.errors import ConsumerGone, ConsumerTagInUse, PartialBatchError, PastLastId, PayloadTooLarge, QueueError
-from fastbus.queue._common import Message
+from fastbus.queue.common import Message
 from fastbus.queue.inbox import (
     AsyncInbox,
     Inbox,

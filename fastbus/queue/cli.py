@@ -29,7 +29,7 @@ import redis
 
 from fastbus.cliargs import DEFAULT_URL, positive, redis_url
 from fastbus.errors import QueueError
-from fastbus.queue._common import DEFAULT_PREFIX, check_name
+from fastbus.queue.common import DEFAULT_PREFIX, check_name
 from fastbus.redis.server import ENV_URL
 from fastbus.queue.workqueue import QueueStats, WorkQueue
 

@@ -70,7 +70,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fastbus._twins import twin_of
-from fastbus.queue._common import (
+from fastbus.queue.common import (
     DEFAULT_PREFIX,
     AsyncHandle,
     Op,
@@ -78,7 +78,7 @@ from fastbus.queue._common import (
     async_driver,
     sync_driver,
 )
-from fastbus.queue._engine import InboxMessage, InboxOps, all_pending, fetch_count
+from fastbus.queue.engine import InboxMessage, InboxOps, all_pending, fetch_count
 
 __all__ = [
     "AsyncInbox",

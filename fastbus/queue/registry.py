@@ -41,7 +41,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-from fastbus.queue._common import (
+from fastbus.queue.common import (
     DEFAULT_PREFIX,
     Cmd,
     Many,
@@ -92,7 +92,7 @@ def renew(entry: Register) -> Register:
 class Listing:
     """One queue object's entry in the registry: registered before the
     object's first write (once per object, and per process and server: see
-    :class:`~fastbus.queue._common.Register`), and again when the server
+    :class:`~fastbus.queue.common.Register`), and again when the server
     says the name is new."""
 
     __slots__ = ("entry", "listed")

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from fastbus.queue._common import (
+from fastbus.queue.common import (
     DEFAULT_PREFIX,
     Call,
     Cmd,

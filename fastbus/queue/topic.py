@@ -45,13 +45,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from fastbus._twins import twin_of
-from fastbus.queue._common import (
+from fastbus.queue.common import (
     DEFAULT_PREFIX,
     AsyncHandle,
     Message,
     SyncHandle,
 )
-from fastbus.queue._engine import CleanResult, TopicOps, TopicStats
+from fastbus.queue.engine import CleanResult, TopicOps, TopicStats
 from fastbus.queue.workqueue import (
     AsyncConsumer,
     Consumer,

@@ -31,7 +31,7 @@ from collections.abc import Generator, Iterable
 from typing import Any, Self
 
 from fastbus._twins import twin_of
-from fastbus.queue._common import (
+from fastbus.queue.common import (
     DEFAULT_PREFIX,
     AsyncDriver,
     AsyncHandle,
@@ -41,7 +41,7 @@ from fastbus.queue._common import (
     SyncHandle,
     check_name,
 )
-from fastbus.queue._engine import (
+from fastbus.queue.engine import (
     NETWORK_ERRORS,
     CleanResult,
     ConsumerState,

@@ -1,10 +1,10 @@
 """fastbus on Redis: every part takes a URL; with none, ``$FASTBUS_REDIS_URL``,
 else an embedded Redis-compatible server private to the process
 (:mod:`fastbus.redis.server`).  Failures against a server raise the
-errors of :mod:`fastbus.redis._errors` (also in :mod:`fastbus.errors`)."""
+errors of :mod:`fastbus.redis.errors` (also in :mod:`fastbus.errors`)."""
 
 from fastbus.errors import FlushTimeout
-from fastbus.redis._errors import (
+from fastbus.redis.errors import (
     NotARedisServer,
     PayloadTooLarge,
     RedisServerError,

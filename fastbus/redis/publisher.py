@@ -56,8 +56,8 @@ from redis.retry import Retry
 from fastbus._core import Outbox, Publisher, RespPump, resp_scan
 from fastbus._types import ChannelT, EncodableT
 from fastbus.errors import FastbusError, FlushTimeout, PublishError, PublishTimeout
-from fastbus.redis._connection import Connection, is_asyncio, is_cluster
-from fastbus.redis._errors import DEFAULT_MAX_BULK_LEN, not_redis, too_large, translate
+from fastbus.redis.connection import Connection, is_asyncio, is_cluster
+from fastbus.redis.errors import DEFAULT_MAX_BULK_LEN, not_redis, too_large, translate
 
 log = logging.getLogger("fastbus.redis")
 

@@ -30,8 +30,8 @@ import redis
 from fastbus import _messages as M
 from fastbus._messages import MessageBuffer, PubSubMessage, resp_pubsub_decode, to_bytes
 from fastbus.errors import BatchError
-from fastbus.redis._connection import Connection
-from fastbus.redis._errors import not_redis, translate
+from fastbus.redis.connection import Connection
+from fastbus.redis.errors import not_redis, translate
 
 log = logging.getLogger("fastbus.redis")
 

@@ -22,7 +22,7 @@ from pyspark.sql.streaming.datasource import (
 
 from fastbus._core import queue_decode
 from fastbus.queue import QueueError, Topic, WorkQueue
-from fastbus.queue._engine import TopicOps, queue_namespace
+from fastbus.queue.engine import TopicOps, queue_namespace
 from fastbus.spark._options import OptionError, Options
 from fastbus.spark._redis import client
 

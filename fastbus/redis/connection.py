@@ -19,7 +19,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from fastbus.redis._errors import CONFIG_GET_LIMIT, DEFAULT_MAX_BULK_LEN, address_of, parse_limit
+from fastbus.redis.errors import CONFIG_GET_LIMIT, DEFAULT_MAX_BULK_LEN, address_of, parse_limit
 
 __all__ = ["Connection", "async_client", "is_asyncio", "is_cluster", "pool_from", "sync_client"]
 

@@ -29,8 +29,8 @@ from fastbus._core import QueueMessage, queue_decode
 from fastbus._twins import twin_of
 from fastbus.errors import ConsumerGone, ConsumerTagInUse, FastbusError, PartialBatchError, QueueError
 from fastbus.queue import _lua
-from fastbus.redis._connection import async_client, is_cluster, sync_client
-from fastbus.redis._errors import (CONFIG_GET_LIMIT, DEFAULT_MAX_BULK_LEN, MIN_MAX_BULK_LEN, PayloadTooLarge, address_of,
+from fastbus.redis.connection import async_client, is_cluster, sync_client
+from fastbus.redis.errors import (CONFIG_GET_LIMIT, DEFAULT_MAX_BULK_LEN, MIN_MAX_BULK_LEN, PayloadTooLarge, address_of,
                                    parse_limit, too_large)
 
 DEFAULT_PREFIX = "fastbus"
@@ -288,7 +288,7 @@ _REGISTERED_MAX = 100_000     # a process that touches more names than this star
 
 def _server_of(client: Any) -> tuple:
     """What tells a client's server (and database) apart, for REGISTERED."""
-    from fastbus.redis._errors import address_of
+    from fastbus.redis.errors import address_of
     pool = getattr(client, "connection_pool", None)
     db = pool.connection_kwargs.get("db", 0) if pool is not None else 0
     return (address_of(client), db)
@@ -327,11 +327,11 @@ def _translate(error: BaseException, client: Any = None, request: Any = None, li
     ``request`` on ``client``: the scripts' own refusals (``FBQ ...``) as
     :class:`QueueError` / :class:`ConsumerTagInUse`; everything else (network,
     timeouts, a peer that is not Redis, OOM, sizes) through
-    :func:`fastbus.redis._errors.translate`, the one mechanism every Redis
+    :func:`fastbus.redis.errors.translate`, the one mechanism every Redis
     part uses, naming the operation, the queue and the server.  ``limit``:
     the server's ``proto-max-bulk-len``, when the caller read it because a
     large value was refused."""
-    from fastbus.redis._errors import clean_reply, is_connection_failure, largest, translate
+    from fastbus.redis.errors import clean_reply, is_connection_failure, largest, translate
     text = str(error)
     if isinstance(error, redis.ResponseError) and text.startswith("FBQ "):
         text = text[4:].split(" script:")[0]
@@ -526,7 +526,7 @@ class SyncDriver(_Driver):
                 raise _with_address(e, self.client)
             error = _translate(e, self.client, request)
             if getattr(error, "limit", 0) is None:       # a large value is the suspect: ask the limit
-                from fastbus.redis._errors import max_bulk_len
+                from fastbus.redis.errors import max_bulk_len
                 error = _translate(e, self.client, request, max_bulk_len(self.client))
             if error is e:
                 raise
@@ -621,7 +621,7 @@ class AsyncDriver(_Driver):
                 raise _with_address(e, self.client)
             error = _translate(e, self.client, request)
             if getattr(error, "limit", 0) is None:       # a large value is the suspect: ask the limit
-                from fastbus.redis._errors import max_bulk_len_async
+                from fastbus.redis.errors import max_bulk_len_async
                 error = _translate(e, self.client, request, await max_bulk_len_async(self.client))
             if error is e:
                 raise

@@ -2,7 +2,7 @@
 written once, sans I/O, for both APIs.
 
 An operation is a generator that yields requests (:class:`Call` of a Lua
-script, :class:`Cmd`, :class:`Many`; see :mod:`fastbus.queue._common`) and
+script, :class:`Cmd`, :class:`Many`; see :mod:`fastbus.queue.common`) and
 gets their replies; the sync and asyncio facades (:mod:`~fastbus.queue.workqueue`,
 :mod:`~fastbus.queue.topic`, :mod:`~fastbus.queue.inbox`) hand it to a driver
 that carries the requests out.  Here: :class:`QueueSpace` (one queue
@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from fastbus._core import topic_columns, topic_decode
-from fastbus.queue._common import (
+from fastbus.queue.common import (
     Call,
     Cmd,
     ConsumerGone,
@@ -52,7 +52,7 @@ from fastbus.queue._common import (
     positive_seconds,
 )
 from fastbus.errors import PastLastId
-from fastbus.redis._errors import MIN_MAX_BULK_LEN
+from fastbus.redis.errors import MIN_MAX_BULK_LEN
 from fastbus.queue._lua import INBOX_HEADER
 from fastbus.queue.registry import Listing
 

@@ -1,0 +1,570 @@
+"""asyncio clients, with the API of redis-py's ``redis.asyncio`` pub/sub.
+
+    client = fastbus.aio.Client()
+    await client.publish("news", "hello")
+    p = client.pubsub()
+    await p.subscribe("news")
+    async for msg in p.listen():
+        ...
+
+The asyncio twins change only how they wait: the sockets, batching, filters
+and reconnects are those of :class:`fastbus.Client`.  Their connections are
+driven by the event loop that first uses them (it reads a connection when
+its ZeroMQ descriptor says so, and pings on a timer), so a message reaches a
+coroutine without a thread hand-over, and nothing here blocks the loop.
+Batches form by themselves: what the running task publishes before it next
+yields to the loop leaves as one batch (a full batch leaves at once).  Use
+a twin from its loop's thread only.
+
+Each twin is a subclass of its sync class that changes only how it waits:
+it uses the sync class's public hooks (``session``, ``closed``,
+``read_nowait()``, ``ready_message()``, ``ready_batch()``, ``subscribe_nowait()``,
+``psubscribe_nowait()``, ``shutdown()``,
+``driven_by_loop``), and its methods carry the sync ones' docstrings
+(:func:`fastbus._twins.twin_of`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import time
+import warnings
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from fastbus import protocol as P
+from fastbus._messages import PubSubMessage
+from fastbus._twins import twin_of
+from fastbus._types import ChannelT, EncodableT
+from fastbus.client._client import Client as _SyncClient
+from fastbus.client._endpoint import AbsenceProbe
+from fastbus.client._connections import Connections
+from fastbus.client._pubsub import Handler
+from fastbus.client._pubsub import PubSub as _SyncPubSub
+from fastbus.client._session import Session
+from fastbus.client._subsession import ConfirmWait
+from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, PublishTimeout
+
+__all__ = ["Client", "PubSub"]
+
+log = logging.getLogger("fastbus.client")
+
+
+class _LoopDriver:
+    """Drives a session from an asyncio loop instead of the keeper thread:
+    serves it when its native reader hands it something (a byte on the
+    driver's pipe), and at its next ping.  The reader reads while the loop
+    is busy: a PubSub's takes what arrives (up to max_inbox_bytes), so the
+    broker is not held back; the publishing connection's applies and
+    acknowledges the broker's WANTs itself.  Without the native engine,
+    the loop watches the socket's ZMQ_FD instead."""
+
+    def __init__(self, session: Session, loop: asyncio.AbstractEventLoop, changed: asyncio.Event) -> None:
+        self.session = session
+        self.loop = loop
+        self.changed = changed
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        loop.add_reader(self._wake_r, self._woken)
+        session.drive_from(loop, self._wake_w)   # the keeper leaves it alone from now on
+        self._zmq_fd = session.fd if session.reader is None else -1
+        if self._zmq_fd >= 0:
+            loop.add_reader(self._zmq_fd, self.serve)
+        self._timer: asyncio.TimerHandle | None = None
+        self._scheduled = False
+        self.serve()                          # what arrived before
+
+    def _woken(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except OSError:
+            pass
+        self.serve()
+
+    def serve(self) -> None:
+        s = self.session
+        self._scheduled = False
+        if s.closed:
+            return
+        with s.attempt() as held:
+            if held:
+                s.serve(time.monotonic())
+        if not held:
+            # Another thread has it for a moment (a close, a cross-thread call).
+            self._again(0.0005)
+            return
+        self.changed.set()
+        due = s.due_in(time.monotonic())
+        if due is not None:
+            self._again(due)
+
+    def _again(self, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(delay, self.serve) if delay > 0 else None
+        if delay <= 0 and not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self.serve)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for fd in (self._zmq_fd, self._wake_r):
+            if fd >= 0:
+                try:
+                    self.loop.remove_reader(fd)
+                except (RuntimeError, ValueError, OSError):
+                    pass      # the loop is closed
+        # (a native thread writes to a copy of its own: closing ours is safe)
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._wake_r = self._wake_w = -1
+
+
+async def _wait(event: asyncio.Event, deadline: float | None) -> bool:
+    """Wait for ``event`` until ``deadline`` (time.monotonic); False on timeout."""
+    if deadline is None:
+        await event.wait()
+        return True
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return False
+    try:
+        await asyncio.wait_for(event.wait(), left)
+        return True
+    except TimeoutError:
+        return False
+
+
+@twin_of(_SyncClient)
+class Client(_SyncClient):
+    """asyncio twin of :class:`fastbus.Client`; same arguments.  Its methods
+    that talk to the broker are coroutines; ``pubsub()``, ``stats()``,
+    ``is_wanted()`` and ``shutdown()`` are plain calls."""
+
+    driven_by_loop = True
+
+    # Bound to the event loop that first uses the client (_bind).
+    _loop: asyncio.AbstractEventLoop | None = None
+    _changed: asyncio.Event | None = None
+    _driver: _LoopDriver | None = None
+    _send_scheduled = False
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is loop:
+            return loop
+        if self._loop is not None:
+            raise RuntimeError("a fastbus.aio.Client is used from one event loop only")
+        if self.closed:
+            raise ConnectionClosed("client is closed")
+        self._loop = loop
+        self._changed = asyncio.Event()
+        self.session.publisher.send_now = self._send_soon
+        self._driver = _LoopDriver(self.session, loop, self._changed)
+        return loop
+
+    def _send_soon(self, full: bool) -> None:
+        """The publisher's call (in the loop's thread): a full batch leaves
+        now; a starting one when the running task yields."""
+        if full:
+            self._send_pending()
+        elif not self._send_scheduled:
+            self._send_scheduled = True
+            s = self.session
+            wait = 0.0
+            if s.linger_ns:
+                wait = max(0.0, (s.publisher.last_send_ns + s.linger_ns - time.monotonic_ns()) / 1e9)
+            if wait:
+                self._loop.call_later(wait, self._send_pending)
+            else:
+                self._loop.call_soon(self._send_pending)
+
+    def _send_pending(self) -> None:
+        self._send_scheduled = False
+        s = self.session
+        if s.closed:
+            return
+        with s.attempt() as held:
+            if not held:
+                return
+            s.pump(force=s.linger_over())
+        if self._changed is not None:
+            self._changed.set()
+        if s.publisher.queued and not s.flow_paused and not s.blocked:
+            self._send_soon(False)        # more than one burst: the rest next turn
+
+    async def publish(self, channel: ChannelT, message: EncodableT) -> int:
+        """Waits (without blocking the loop) while the buffer is full, at
+        most ``block_timeout``."""
+        if self._loop is None:
+            self._bind()
+        pub = self.session.publisher
+        if not pub.has_room():
+            await self._wait_for_room()
+        return pub.publish(channel, message)
+
+    async def publish_many(self, messages: Iterable[tuple[ChannelT, EncodableT]]) -> int:
+        if self._loop is None:
+            self._bind()
+        n = 0
+        for channel, message in self.session.publisher.check_many(messages):   # all checked first
+            n += await self.publish(channel, message)
+        return n
+
+    async def _wait_for_room(self) -> None:
+        s = self.session
+        pub = s.publisher
+        timeout = pub.block_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not pub.has_room():
+            if pub.closed:
+                raise ConnectionClosed("client is closed")
+            self._changed.clear()
+            self._send_pending()
+            if pub.has_room():
+                return
+            if not await _wait(self._changed, deadline):
+                raise PublishTimeout(f"publish: {pub.buffered_bytes} bytes waiting to be sent for {timeout} s: "
+                                     f"{s.block_reason()}")
+
+    async def ping(self, timeout: float | None = 10.0) -> bool:
+        await self.flush(timeout)
+        return True
+
+    async def flush(self, timeout: float | None = 10.0) -> None:
+        if self.closed:
+            raise ConnectionClosed("client is closed")
+        self._bind()
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        s = self.session
+        f = None
+        probe = None if timeout is None else AbsenceProbe(self.endpoint, start)
+        while True:
+            self._changed.clear()
+            with s.attempt() as held:
+                if held:
+                    if f is None:
+                        f = s.start_flush()
+                    done = s.flush_step(f)
+                    if not done and probe is not None:
+                        probe.check_handshake(s)
+            if held and done:
+                notice = s.take_notice()
+                if notice is not None:
+                    raise notice
+                return
+            if probe is not None and not s.instance and time.monotonic() >= probe.next:
+                # (the probe connects a socket: not in the event loop's thread)
+                await asyncio.get_running_loop().run_in_executor(None, probe.check, s, s.publisher.queued)
+            until = deadline if probe is None else probe.wake_by(s, deadline)
+            if not await _wait(self._changed, until) and (deadline is not None and time.monotonic() >= deadline):
+                queued = s.publisher.queued
+                raise FlushTimeout(f"the broker at {self.endpoint} did not confirm the flush within {timeout:g} s "
+                                   f"({queued} message(s) stay queued for it)", queued)
+
+    async def broker_stats(self, timeout: float = 5.0) -> dict:
+        if self.closed:
+            raise ConnectionClosed("client is closed")
+        self._bind()
+        deadline = time.monotonic() + timeout
+        s = self.session
+        asked = False
+        while True:
+            self._changed.clear()
+            with s.attempt() as held:
+                if held:
+                    if not asked:
+                        s.stats_replies.clear()
+                        s.send([P.STATS])
+                        asked = True
+                    s.read()
+                    if s.stats_replies:
+                        return s.stats_replies.pop(0)
+            if not await _wait(self._changed, deadline):
+                raise BrokerTimeout(f"no answer from the broker at {self.endpoint} within {timeout:g} s",
+                                    self.endpoint)
+
+    def pubsub(self, ignore_subscribe_messages: bool = False) -> PubSub:
+        """Call it in the loop that uses the PubSub."""
+        if self.closed:
+            raise ConnectionClosed("client is closed")
+        return PubSub(self.connections, ignore_subscribe_messages=ignore_subscribe_messages)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """The event loop stops driving the connections first."""
+        if self.closed:
+            return
+        if self._driver is not None:
+            self._driver.stop()
+        super().shutdown(timeout)
+
+    async def close(self, timeout: float = 5.0) -> None:
+        if self.closed:
+            return
+        try:
+            await self.flush(timeout)
+        except (TimeoutError, ConnectionClosed, KeyRefused) as exc:
+            log.warning("closing %s with messages the broker did not confirm: %s", self.name, exc)
+        self.shutdown(timeout)
+
+    aclose = close
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+@twin_of(_SyncPubSub)
+class PubSub(_SyncPubSub):
+    """asyncio twin of :class:`fastbus.PubSub`: the (un)subscribe calls and
+    the receiving calls are coroutines.  Create it in the loop that uses it.
+
+    As redis.asyncio's: a handler may be a coroutine function (it is
+    awaited); ``get_message()`` before any subscribe(), psubscribe(),
+    ping() or connect() raises RuntimeError; ``run()`` passes messages to
+    their handlers until cancelled; ``aclose()`` closes (``close()`` and
+    ``reset()`` still do, with a DeprecationWarning, as there)."""
+
+    awaits_handlers = True
+
+    def __init__(self, conns: Connections, ignore_subscribe_messages: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        super().__init__(conns, ignore_subscribe_messages)
+        self._changed = asyncio.Event()
+        self._loop = loop
+        self._driver = _LoopDriver(self.session, loop, self._changed)
+        self._connected = False           # redis.asyncio's "connection set": by a command, or connect()
+
+    def _check_connected(self) -> None:
+        if not self._connected and not self.closed:
+            raise RuntimeError("pubsub connection not set: did you forget to call subscribe() or psubscribe()?")
+
+    async def connect(self) -> None:
+        """As redis.asyncio's: make sure the PubSub is connected (again,
+        after aclose())."""
+        self.open()
+        self._drive()
+        self._connected = True
+        # Connecting is I/O for redis.asyncio, so it always lets the loop
+        # run: a reconnect loop of connect() and listen() (which ends at
+        # once when nothing is subscribed) must not starve the loop here.
+        await asyncio.sleep(0)
+
+    async def check_health(self) -> None:
+        self._check_connected()
+        super().check_health()
+
+    async def _await_handled(self) -> None:
+        """Await what handlers returned, in order."""
+        handled = self.handled
+        while handled:
+            await handled.pop(0)
+
+    def _drive(self) -> None:
+        """After a subscribe() that connected again (after close()), the
+        loop drives the new connection."""
+        if self._driver.session is not self.session:
+            self._driver = _LoopDriver(self.session, self._loop, self._changed)
+
+    async def subscribe(self, *channels: Any, **handlers: Handler) -> None:
+        await self.wait_confirmed(self.subscribe_nowait(*channels, **handlers))
+
+    async def psubscribe(self, *patterns: Any, **handlers: Handler) -> None:
+        await self.wait_confirmed(self.psubscribe_nowait(*patterns, **handlers))
+
+    def subscribe_nowait(self, *channels: Any, **handlers: Handler) -> int:
+        seq = super().subscribe_nowait(*channels, **handlers)
+        self._drive()
+        self._connected = True
+        return seq
+
+    def psubscribe_nowait(self, *patterns: Any, **handlers: Handler) -> int:
+        seq = super().psubscribe_nowait(*patterns, **handlers)
+        self._drive()
+        self._connected = True
+        return seq
+
+    async def wait_confirmed(self, seq: int) -> None:
+        if not seq:
+            return
+        s = self.session
+        wait = ConfirmWait(s, seq)
+        s.awaiting += 1
+        try:
+            while True:
+                self._changed.clear()
+                with s.attempt() as held:
+                    if held and not wait.done():
+                        wait.check(locked=True, probe=False)
+                        s.read()
+                if wait.done():
+                    return
+                wait.check(locked=False, probe=False)
+                if not s.instance and time.monotonic() >= wait.probe.next:
+                    # (the probe connects a socket: not in the event loop's thread)
+                    await asyncio.get_running_loop().run_in_executor(None, wait.probe.check, s, 0)
+                await _wait(self._changed, wait.wake_by())
+        finally:
+            s.awaiting -= 1
+
+    async def ping(self, message: Any = None) -> None:
+        super().ping(message)
+        self._connected = True
+
+    async def run(self, *, exception_handler: Callable[[BaseException, Any], Any] | None = None,
+                  poll_timeout: float = 1.0) -> None:
+        """redis.asyncio's: pass every message to its subscription's handler
+        (awaited if it is a coroutine function) until cancelled
+        (``task = asyncio.create_task(p.run()); ...; task.cancel()``).  Every
+        channel and pattern needs a handler, else NoHandlerError.  An
+        exception from a handler or a read goes to
+        ``exception_handler(exc, pubsub)`` (awaited if it returns an
+        awaitable), or ends the run.  It ends by itself when the PubSub is
+        closed."""
+        self.require_handlers("run")
+        await self.connect()
+        while True:
+            try:
+                await self.get_message(ignore_subscribe_messages=True, timeout=poll_timeout)
+            except asyncio.CancelledError:
+                raise
+            except ConnectionClosed:
+                return
+            except Exception as exc:
+                if exception_handler is None:
+                    raise
+                r = exception_handler(exc, self)
+                if inspect.isawaitable(r):
+                    await r
+            await asyncio.sleep(0)        # other tasks run even when nothing had to be awaited
+
+    async def run_in_thread(self, sleep_time: float = 0.0, daemon: bool = False,
+                            exception_handler: Callable[[BaseException, Any, Any], None] | None = None
+                            ) -> asyncio.Task:
+        """Not a thread: a task of this loop that reads the PubSub; its
+        ``stop()`` ends it and closes the PubSub (redis.asyncio's ``run()``
+        as a task).  ``exception_handler(exc, pubsub, task)``; ``daemon`` is
+        ignored."""
+        self.require_handlers("run_in_thread")
+        stopping = asyncio.Event()
+        wait = sleep_time if sleep_time > 0 else 0.1
+
+        async def run() -> None:
+            try:
+                while not stopping.is_set():
+                    try:
+                        await self.get_message(ignore_subscribe_messages=True, timeout=wait)
+                    except ConnectionClosed:
+                        break                     # stop(), or the PubSub or its client closed
+                    except Exception as exc:
+                        if exception_handler is None:
+                            raise
+                        exception_handler(exc, self, task)
+            finally:
+                await self.aclose()
+
+        task = asyncio.ensure_future(run())
+        task.stop = stopping.set  # type: ignore[attr-defined]
+        return task
+
+    async def unsubscribe(self, *channels) -> None:
+        super().unsubscribe(*channels)
+        self._connected = True
+
+    async def punsubscribe(self, *patterns) -> None:
+        super().punsubscribe(*patterns)
+        self._connected = True
+
+    async def _afill(self, deadline: float | None) -> bool:
+        """Wait, without blocking the loop, until something arrived (True)
+        or ``deadline`` passes (False)."""
+        while True:
+            self._changed.clear()
+            if self.read_nowait():
+                return True
+            if not await _wait(self._changed, deadline):
+                return False
+
+    async def get_message(self, ignore_subscribe_messages: bool = False,
+                          timeout: float | None = 0.0) -> PubSubMessage | None:
+        self._check_connected()
+        return await self._next_message_async(ignore_subscribe_messages, timeout, False)
+
+    async def _next_message_async(self, ignore_subscribe_messages: bool, timeout: float | None,
+                                  while_subscribed: bool) -> PubSubMessage | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            msg = self.ready_message(ignore_subscribe_messages)
+            if self.handled:
+                await self._await_handled()
+                continue
+            if msg is not None:
+                return msg
+            if while_subscribed and not self.subscribed:
+                return None
+            if not await self._afill(deadline):
+                return None
+
+    async def listen(self) -> AsyncIterator[PubSubMessage]:
+        while self.subscribed or self.has_ready():   # (the last confirmations come together)
+            try:
+                msg = await self._next_message_async(False, None, True)
+            except ConnectionClosed:
+                return
+            if msg is not None:
+                yield msg
+
+    async def get_batch(self, timeout: float | None = None, max_messages: int | None = None) -> list:
+        if max_messages is not None and max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            out = self.ready_batch(max_messages)
+            if self.handled:
+                await self._await_handled()
+            if out:
+                return out
+            if not await self._afill(deadline):
+                return []
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """The event loop stops driving the connection first, and a
+        coroutine waiting for a message wakes (and sees it closed)."""
+        if self.closed:
+            return
+        self._driver.stop()
+        super().shutdown(timeout)
+        self._changed.set()
+
+    async def aclose(self) -> None:
+        """Unsubscribe from everything and close this connection."""
+        self.shutdown(5.0)
+        self._connected = False
+
+    async def close(self) -> None:
+        """Deprecated, as in redis.asyncio: use aclose()."""
+        warnings.warn("PubSub.close() is deprecated: use aclose()", DeprecationWarning, stacklevel=2)
+        await self.aclose()
+
+    async def reset(self) -> None:
+        """Deprecated, as in redis.asyncio: use aclose()."""
+        warnings.warn("PubSub.reset() is deprecated: use aclose()", DeprecationWarning, stacklevel=2)
+        await self.aclose()
+
+    async def __aenter__(self) -> PubSub:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
