@@ -29,6 +29,16 @@ def _local_part(endpoint: object, invalid) -> tuple[str, str]:
     return (scheme if sep else ""), rest
 
 
+def _tcp(endpoint: str) -> tuple[str | None, int | None, bool]:
+    """A tcp:// endpoint's host and port (None where missing), and whether
+    its port could be read at all."""
+    parts = urlsplit(endpoint)
+    try:
+        return parts.hostname, parts.port, True
+    except ValueError:
+        return parts.hostname, None, False
+
+
 def check_connect(endpoint: object) -> str:
     """``endpoint`` if a client can connect to it, else InvalidEndpoint."""
     def invalid(why: str) -> InvalidEndpoint:
@@ -41,12 +51,8 @@ def check_connect(endpoint: object) -> str:
         return endpoint
     if scheme != "tcp":
         raise invalid(f"invalid endpoint {endpoint!r}: unsupported transport {scheme!r} (expected {FORMS})")
-    parts = urlsplit(endpoint)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if not parts.hostname or port is None or port == 0 or rest != parts.netloc or "@" in rest:
+    host, port, _ = _tcp(endpoint)
+    if not host or port is None or port == 0 or rest != urlsplit(endpoint).netloc or "@" in rest:
         raise invalid(f"invalid endpoint {endpoint!r}: expected tcp://HOST:PORT (nothing after the "
                       "port), e.g. tcp://127.0.0.1:6464")
     return endpoint
@@ -64,12 +70,9 @@ def check_listen(endpoint: object, allow_remote: bool, setting: str = "bind") ->
         return
     if scheme != "tcp":
         raise invalid(f"unsupported endpoint {endpoint!r}: use {FORMS}")
-    parts = urlsplit(endpoint)
-    try:
-        port = parts.port
-    except ValueError:
-        raise invalid(f"bad port in {endpoint!r}") from None
-    host = parts.hostname
+    host, port, readable = _tcp(endpoint)
+    if not readable:
+        raise invalid(f"bad port in {endpoint!r}")
     if not host or port is None:
         raise invalid(f"endpoint {endpoint!r} needs a host and a port, e.g. tcp://127.0.0.1:6464")
     if allow_remote or host == "localhost":

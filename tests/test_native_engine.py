@@ -46,6 +46,19 @@ with fastbus.Client(endpoint=endpoint) as c:
 """
 
 
+def _burst(p, n: int, seconds: float) -> tuple[list[int], float | None]:
+    """The burst's numbers as they arrive (get_batch), and the wall time the
+    last of them came, reading for at most ``seconds``."""
+    got, last = [], None
+    deadline = time.monotonic() + seconds
+    while len(got) < n and time.monotonic() < deadline:
+        batch = p.get_batch(timeout=0.5)
+        if batch:
+            got += [int(d) for _c, d in batch]
+            last = time.time()
+    return got, last
+
+
 def test_a_burst_is_delivered_while_the_publisher_holds_the_interpreter():
     """The publisher's main thread publishes 1,000 messages in a burst and
     then spins for 3 s: the subscriber (another process) has all 1,000
@@ -64,13 +77,7 @@ def test_a_burst_is_delivered_while_the_publisher_holds_the_interpreter():
             assert pub.stdout.readline().strip() == "ready"
             pub.stdin.write("go\n")
             pub.stdin.flush()
-            got, last = [], None
-            deadline = time.monotonic() + spin + 5
-            while len(got) < n and time.monotonic() < deadline:
-                batch = p.get_batch(timeout=0.5)
-                if batch:
-                    got += [int(d) for _c, d in batch]
-                    last = time.time()
+            got, last = _burst(p, n, spin + 5)
             ended = json.loads(pub.communicate(timeout=30)[0])["ended"]
             assert got == list(range(n)), f"{len(got)} of {n} arrived"
             assert last - ended < 0.5, f"the last message arrived {last - ended:.3f} s after the burst"
@@ -534,13 +541,7 @@ def test_a_broker_routes_while_its_process_holds_the_interpreter():
             # then wait for the interpreter, as the old loop did each turn).
             pub.publish_many([("burst", b"%d" % i) for i in range(n)])
             ended = time.time()
-            got, last = [], None
-            deadline = time.monotonic() + spin + 5
-            while len(got) < n and time.monotonic() < deadline:
-                batch = p.get_batch(timeout=0.5)
-                if batch:
-                    got += [int(d) for _c, d in batch]
-                    last = time.time()
+            got, last = _burst(p, n, spin + 5)
             assert got == list(range(n)), f"{len(got)} of {n} arrived"
             assert last - ended < 0.5, f"the last message arrived {last - ended:.3f} s after the burst"
         host.communicate(timeout=30)
