@@ -268,6 +268,31 @@ def test_wait_routes_in_c_and_returns_only_for_python(setup):
     assert time.monotonic() - t0 < 4
 
 
+def test_wait_raises_when_its_context_is_terminated():
+    """As pyzmq's poll did for the broker's loop: a terminated context ends
+    the wait with ContextTerminated (the loop then stops), never a loop
+    that polls a dead socket over and over."""
+    import threading
+    addresses = _libzmq.functions(relay_mod.FUNCTIONS)
+    if addresses is None:
+        pytest.skip("pyzmq's libzmq not found: no C data plane here")
+    relay_mod.bind(addresses)
+    ctx = zmq.Context()
+    r = ctx.socket(zmq.ROUTER)
+    r.linger = 0
+    r.bind_to_random_port("tcp://127.0.0.1")
+    relay = relay_mod.Relay(Router(Trie(), max_messages=100, max_bytes=1 << 16), r)
+    term = threading.Thread(target=ctx.term)
+    term.start()
+    try:
+        with pytest.raises(zmq.ContextTerminated):
+            relay.wait([], 10_000)
+    finally:
+        r.close()
+        term.join(10)
+    assert not term.is_alive()
+
+
 def test_wait_lets_other_python_threads_run(setup):
     """wait() holds no interpreter lock: a Python thread counts on while
     the broker's thread waits."""

@@ -30,7 +30,7 @@ the broker does not start: there is one data plane.  Only the broker's own
 thread uses a Relay, as it does the socket.
 """
 
-from libc.errno cimport EAGAIN, EHOSTUNREACH
+from libc.errno cimport EAGAIN, EHOSTUNREACH, EINTR
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t, UINT32_MAX
 from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memcmp, memcpy, memset
@@ -42,6 +42,8 @@ from fastbus.includes.fb_common cimport fb_free, fb_now_ns
 from fastbus.includes.fb_lock cimport fb_lock, fb_lock_try, fb_lock_release, fb_lock_wait
 from fastbus.includes.fb_router cimport (fb_router_deadline, fb_router_due, fb_router_full, fb_router_get_stats, fb_router_held,
                                          fb_router_route, fb_router_stats, fb_router_take)
+
+import zmq
 
 include "_zmq_calls.pxi"
 
@@ -59,7 +61,7 @@ cdef enum:
     FOUND_LEFTOVERS = 2          # batches for Python to send (flush())
     FOUND_OTHERS = 4             # another socket or descriptor is readable
     FOUND_ACTIVITY = 8           # a message was routed (wait(once=True) returns)
-    FOUND_ERROR = 16             # zmq_poll failed (EINTR: a signal for Python)
+    FOUND_ERROR = 16             # zmq_poll failed (EINTR: a signal for Python; else wait() raises)
 
 
 cdef void _free_batch(void *data, void *hint) noexcept nogil:
@@ -132,6 +134,7 @@ cdef class Relay:
     cdef int _rc                  # of that message, if a PUB: the router's status
     cdef uint64_t _over           # ... and the records it dropped over the limits
     cdef object _slow             # that message as (frames, meta), for receive()
+    cdef int _errno               # of a failed zmq_poll
     cdef uint32_t _links[LINKS_PER_CALL]
     cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out, dropped
     #: Reading stops once the batches left for Python hold this many bytes
@@ -301,7 +304,8 @@ cdef class Relay:
         list, once batches wait for Python to send (``flush()``), when
         ``timeout_ms`` has passed, on a signal, and with ``once`` after
         the first turn that routed anything (for a loop that has per-turn
-        work: blocked links, a flow pause)."""
+        work: blocked links, a flow pause).  A terminated context raises
+        zmq.ContextTerminated, as pyzmq's poll does."""
         cdef fbz_pollitem items[MAX_WAITED + 1]
         cdef int n = len(others), i, found
         cdef uint64_t deadline
@@ -326,6 +330,12 @@ cdef class Relay:
         deadline = fb_now_ns() + <uint64_t>(timeout_ms if timeout_ms > 0 else 0) * 1000000u
         with nogil:
             found = self._run(items, n + 1, deadline, once)
+        if found & FOUND_ERROR and self._errno != EINTR:
+            # The context was terminated (the old poll raised the same), or
+            # a socket closed under us: never a loop that spins on it.
+            if self._errno == zmq.ETERM:
+                raise zmq.ContextTerminated(self._errno)
+            raise zmq.ZMQError(self._errno)
         ready = []
         if found & FOUND_MESSAGE:
             self._slow = self._take_parts()
@@ -352,6 +362,7 @@ cdef class Relay:
             ms = 0 if due <= now else <long>((due - now + 999999u) // 1000000u)
             rc = Z.poll(items, n, ms)
             if rc < 0:
+                self._errno = Z.last_error()
                 return FOUND_ERROR
             found = 0
             for i in range(1, n):
