@@ -2,12 +2,15 @@
 maintenance and stats; it wires the other modules of fastbus.broker
 together and adds and removes links.
 
-One thread runs :meth:`Broker.run`.  Each turn of the loop waits for a
-socket to become readable, reads each readable socket up to its budget
-(routing every received batch in C), then sends every link the batch that
-turn produced (fastbus.broker.sending).  Nothing on the message path waits
-for a timer: the poll sleeps until a socket has something or maintenance is
-due, or, with a linger, until the next lingering batch is due.
+One thread runs :meth:`Broker.run`.  Its poll is the data plane's
+``Relay.wait()`` (fastbus/broker/_relay.pyx): in C, without the
+interpreter lock, it waits on the sockets and routes and sends known
+sessions' PUBs itself, turn after turn.  It returns to this loop only for
+what is Python's: a control message (handled by fastbus.broker.sessions),
+another socket, batches Python must send (slow subscribers' queues, the
+upstream: fastbus.broker.sending), or a deadline (maintenance, a
+confirmation's wait, the upstream's lease, a lingering batch).  Nothing on
+the message path waits for a timer.
 """
 
 from __future__ import annotations
