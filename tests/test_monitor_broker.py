@@ -556,3 +556,29 @@ def test_grafana_example_uses_only_metrics_the_broker_serves(broker):
     status, body = get(broker.http + "/metrics")
     served = {s.name for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
     assert used <= served, used - served
+
+
+def test_one_counter_ring_serves_both_sources():
+    """fastbus.monitor.http.CounterRing, the ring behind a broker's
+    Snapshots and each queue series: rates over the window, history from a
+    cut, at most ``keep`` samples, and (for queue series) a counter that
+    fell or a clock that went back starting the ring over, not a negative
+    rate."""
+    from fastbus.monitor.http import CounterRing, Snapshots
+    ring = CounterRing(keep=5, reset_on_fall=True)
+    assert ring.rates(10) == ({}, 0.0) and ring.history()["t"] == []
+    for i in range(8):
+        ring.add(100.0 + i, {"in": 10 * i})
+    assert len(ring.history()["t"]) == 4                  # 5 samples kept: 4 rates between them
+    assert ring.rates(2) == ({"in": 10.0}, 2.0)           # 107 against 105
+    assert ring.rates(100) == ({"in": 10.0}, 4.0)         # the oldest kept
+    assert ring.history(2) == {"t": [105.0, 106.0, 107.0], "dt": [1.0] * 3, "rates": {"in": [10.0] * 3}}
+    ring.add(108.0, {"in": 5})                            # the counter fell: start over
+    assert ring.rates(10) == ({"in": 0.0}, 0.0) and ring.latest[2] == {"in": 5}
+    ring.add(109.0, {"in": 9})
+    ring.add(108.5, {"in": 20})                           # the clock went back: start over
+    assert ring.history()["t"] == []
+    snaps = Snapshots(keep=3)
+    snaps.publish({"in": 1}, "a")
+    snaps.publish({"in": 0}, "b")                         # a broker's counters never fall: shown as 0
+    assert snaps.latest[3] == "b" and snaps.rates(60)[0] == {"in": 0.0}

@@ -41,8 +41,9 @@ path.  A source has:
     prefixed ``<id>/``) and each section's health from ``/healthz``'s
     ``sources``.
 
-:class:`Snapshots` is the ring of counter samples both sources use for
-rates and history.
+:class:`CounterRing` is the one ring of counter samples for rates and
+history: a broker's source keeps one (through :class:`Snapshots`, which
+adds the latest snapshot's data), the queue source one per series.
 
 The page (fastbus/monitor/static/) is plain HTML, CSS and JavaScript
 shipped in the package: no CDN, charts drawn on canvas.
@@ -126,43 +127,46 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-class Snapshots:
-    """The latest snapshot and a ring of counter samples, published by one
-    thread (the loop) and read by others (the HTTP threads).
+class CounterRing:
+    """Recent samples of cumulative counters, oldest first, at most
+    ``keep``: the one ring both monitoring sources keep (a broker's
+    snapshots, each queue's series).  A sample is ``(t, stamp, counters,
+    data)``: ``t`` the time rates are taken over, ``stamp`` the time
+    history reports (wall time), ``data`` whatever goes with it.
 
-    ``publish(counters, data)`` replaces both with new objects in one
-    attribute assignment, so a reader always sees a consistent pair and
-    never waits for the loop.  ``counters`` are the cumulative figures to
-    take rates of; ``data`` whatever else the endpoints serve."""
+    One thread adds; any thread reads: each ``add`` replaces the whole
+    tuple in one assignment, so a reader sees a consistent ring and never
+    waits.  ``reset_on_fall``: a counter that fell (keys deleted, a server
+    flushed) or a clock that went back starts the ring over, instead of
+    reading as a negative rate (shown as 0 otherwise)."""
 
-    def __init__(self, keep: int = 600) -> None:
+    def __init__(self, keep: int, reset_on_fall: bool = False) -> None:
         self.keep = keep
-        #: (monotonic time, wall time, counters, data) of each sample, oldest first
+        self.reset_on_fall = reset_on_fall
         self._ring: tuple = ()
 
-    def publish(self, counters: dict[str, float], data: Any) -> None:
-        """A new sample (the publishing thread only)."""
-        entry = (time.monotonic(), time.time(), counters, data)
+    def add(self, t: float, counters: dict[str, float], stamp: float | None = None, data: Any = None) -> None:
+        """A new sample (the adding thread only)."""
         ring = self._ring
+        if ring and self.reset_on_fall:
+            last_t, _, last, _ = ring[-1]
+            if t <= last_t or any(v < last.get(k, 0) for k, v in counters.items()):
+                ring = ()
         if len(ring) >= self.keep:
             ring = ring[len(ring) - self.keep + 1:]
-        self._ring = ring + (entry,)
+        self._ring = ring + ((t, t if stamp is None else stamp, counters, data),)
 
     @property
     def latest(self) -> tuple | None:
-        """(monotonic time, wall time, counters, data) of the newest sample."""
+        """``(t, stamp, counters, data)`` of the newest sample."""
         ring = self._ring
         return ring[-1] if ring else None
 
-    def age(self) -> float | None:
-        """Seconds since the newest sample, or None before the first."""
-        last = self.latest
-        return None if last is None else time.monotonic() - last[0]
-
-    def rates(self, window: float = 5.0) -> tuple[dict[str, float], float]:
+    def rates(self, window: float) -> tuple[dict[str, float], float]:
         """Per-second rates of every counter over about the last ``window``
-        seconds (the newest sample against the oldest one at most that old),
-        and the seconds they cover (0 with fewer than two samples)."""
+        seconds (the newest sample against the oldest one at most that old,
+        or the one before the newest), and the seconds they cover (0 with
+        fewer than two samples)."""
         ring = self._ring
         if len(ring) < 2:
             return ({k: 0.0 for k in ring[-1][2]} if ring else {}), 0.0
@@ -173,20 +177,22 @@ class Snapshots:
                 break
             old = entry
         dt = new[0] - old[0]
+        if dt <= 0:
+            return dict.fromkeys(new[2], 0.0), 0.0
         return {k: max(0.0, (v - old[2].get(k, 0)) / dt) for k, v in new[2].items()}, dt
 
-    def history(self, seconds: float, keys: Iterable[str] | None = None) -> dict:
-        """Rates between consecutive samples over the last ``seconds``:
-        ``{"t": [wall times], "dt": [seconds each rate covers, up to its
-        t], "rates": {key: [per second]}}``."""
+    def history(self, seconds: float | None = None, keys: Iterable[str] | None = None) -> dict:
+        """Rates between consecutive samples over the last ``seconds`` (None:
+        all kept): ``{"t": [stamps], "dt": [seconds each rate covers, up to
+        its t], "rates": {key: [per second]}}``."""
         ring = self._ring
         if not ring:
-            return {"t": [], "dt": [], "rates": {}}
-        cut = ring[-1][0] - seconds
-        entries = [e for e in ring if e[0] >= cut]
-        start = ring.index(entries[0])
-        if start > 0:
-            entries.insert(0, ring[start - 1])
+            return {"t": [], "dt": [], "rates": {k: [] for k in keys or ()}}
+        entries = list(ring)
+        if seconds is not None:
+            cut = ring[-1][0] - seconds
+            start = next(i for i, e in enumerate(ring) if e[0] >= cut)
+            entries = entries[max(0, start - 1):]
         keys = list(keys) if keys is not None else list(ring[-1][2])
         out: dict = {"t": [], "dt": [], "rates": {k: [] for k in keys}}
         for a, b in zip(entries, entries[1:]):
@@ -198,6 +204,43 @@ class Snapshots:
             for k in keys:
                 out["rates"][k].append(round(max(0.0, (b[2].get(k, 0) - a[2].get(k, 0)) / dt), 3))
         return out
+
+
+class Snapshots:
+    """The latest snapshot and a ring of counter samples, published by one
+    thread (the loop) and read by others (the HTTP threads): a
+    :class:`CounterRing` over monotonic time, stamped with wall time.
+
+    ``publish(counters, data)`` adds a sample, so a reader always sees a
+    consistent pair and never waits for the loop.  ``counters`` are the
+    cumulative figures to take rates of; ``data`` whatever else the
+    endpoints serve."""
+
+    def __init__(self, keep: int = 600) -> None:
+        self.keep = keep
+        self._ring = CounterRing(keep)
+
+    def publish(self, counters: dict[str, float], data: Any) -> None:
+        """A new sample (the publishing thread only)."""
+        self._ring.add(time.monotonic(), counters, stamp=time.time(), data=data)
+
+    @property
+    def latest(self) -> tuple | None:
+        """(monotonic time, wall time, counters, data) of the newest sample."""
+        return self._ring.latest
+
+    def age(self) -> float | None:
+        """Seconds since the newest sample, or None before the first."""
+        last = self.latest
+        return None if last is None else time.monotonic() - last[0]
+
+    def rates(self, window: float = 5.0) -> tuple[dict[str, float], float]:
+        """As :meth:`CounterRing.rates`."""
+        return self._ring.rates(window)
+
+    def history(self, seconds: float, keys: Iterable[str] | None = None) -> dict:
+        """As :meth:`CounterRing.history`; ``t`` are wall times."""
+        return self._ring.history(seconds, keys)
 
 
 def process_rss() -> int | None:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -49,7 +48,7 @@ import redis
 from fastbus.queue.common import DEFAULT_PREFIX, Call, Many, check_prefix, namespace, sync_driver
 from fastbus.queue.registry import read_names
 
-from .http import Ticker
+from .http import CounterRing, Ticker
 
 log = logging.getLogger("fastbus.monitor")
 _NETWORK = (redis.ConnectionError, redis.TimeoutError, OSError)
@@ -75,55 +74,6 @@ def _counters(flat: list, names: dict[str, str], ops: tuple) -> dict[str, int]:
         if k is not None:
             out[k] = int(flat[i + 1])
     return out
-
-
-class _Ring:
-    """Recent (time, totals) samples of one series."""
-
-    __slots__ = ("samples",)
-
-    def __init__(self, size: int) -> None:
-        self.samples: deque = deque(maxlen=size)
-
-    def add(self, t: float, totals: dict[str, int]) -> None:
-        if self.samples:
-            last_t, last = self.samples[-1]
-            if t <= last_t:                       # a clock that went back: start over
-                self.samples.clear()
-            elif any(v < last.get(k, 0) for k, v in totals.items()):
-                self.samples.clear()              # counters reset (keys deleted, server flushed)
-        self.samples.append((t, totals))
-
-    def rates(self, window: float) -> tuple[dict[str, float], float]:
-        """Per second over the newest sample and the newest one at least
-        ``window`` seconds older (else the oldest kept); and the span used."""
-        t1, last = self.samples[-1]
-        base = self.samples[0]
-        for s in reversed(self.samples):
-            if s[0] <= t1 - window:
-                base = s
-                break
-        t0, first = base
-        span = t1 - t0
-        if span <= 0:
-            return dict.fromkeys(last, 0.0), 0.0
-        return {k: (v - first.get(k, 0)) / span for k, v in last.items()}, span
-
-    def history(self, seconds: float | None = None) -> dict:
-        """Rates between consecutive samples (over the last ``seconds``):
-        ``{"t": [sample times], "dt": [seconds each covers], "rates": {op: [per second]}}``."""
-        samples = list(self.samples)
-        if seconds is not None and samples:
-            cut = samples[-1][0] - seconds
-            first = next((i for i, s in enumerate(samples) if s[0] >= cut), len(samples) - 1)
-            samples = samples[max(0, first - 1):]
-        out: dict = {"t": [], "dt": [], "rates": {k: [] for k in (samples[-1][1] if samples else ())}}
-        for (t0, a), (t1, b) in zip(samples, samples[1:]):
-            out["t"].append(round(t1, 3))
-            out["dt"].append(round(t1 - t0, 6))
-            for k in out["rates"]:
-                out["rates"][k].append(round((b.get(k, 0) - a.get(k, 0)) / (t1 - t0), 3))
-        return out
 
 
 def _instances(cons: list, now_ms: int) -> list[dict]:
@@ -215,7 +165,7 @@ class QueueSource:
         from fastbus.redis.errors import address_of
         self.server = address_of(self._driver.client) or "?"
         self._lock = threading.Lock()           # one sample at a time; the snapshot swapped whole
-        self._rings: dict[tuple, _Ring] = {}
+        self._rings: dict[tuple, CounterRing] = {}
         self._snap: dict | None = None
         self._ok_at: float | None = None        # time.monotonic() of the last good sample
         self.samples = 0
@@ -311,7 +261,7 @@ class QueueSource:
     def _rate(self, key: tuple, t: float, totals: dict, seen: set) -> dict[str, float]:
         ring = self._rings.get(key)
         if ring is None:
-            ring = self._rings[key] = _Ring(self._size)
+            ring = self._rings[key] = CounterRing(self._size, reset_on_fall=True)
         ring.add(t, totals)
         seen.add(key)
         return ring.rates(self.window)[0]
