@@ -29,8 +29,9 @@ def test_libzmq_functions_are_found_where_pyzmq_bundles_them():
     assert set(addresses) == set(relay_mod.FUNCTIONS) and all(addresses.values())
 
 
-@pytest.fixture
-def setup():
+def _relay_on_a_router() -> tuple:
+    """A fresh context, a ROUTER socket bound to a loopback port, and a
+    Relay over it: ``(ctx, sock, port, trie, router, relay)``."""
     addresses = _libzmq.functions(relay_mod.FUNCTIONS)
     if addresses is None:
         pytest.skip("pyzmq's libzmq not found: no C data plane here")
@@ -42,7 +43,12 @@ def setup():
     port = r.bind_to_random_port("tcp://127.0.0.1")
     trie = Trie()
     router = Router(trie, max_messages=100, max_bytes=1 << 16, max_payload=1000)
-    relay = relay_mod.Relay(router, r)
+    return ctx, r, port, trie, router, relay_mod.Relay(router, r)
+
+
+@pytest.fixture
+def setup():
+    ctx, r, port, trie, router, relay = _relay_on_a_router()
     peers = []
 
     def peer(name: bytes):
@@ -273,15 +279,8 @@ def test_wait_raises_when_its_context_is_terminated():
     the wait with ContextTerminated (the loop then stops), never a loop
     that polls a dead socket over and over."""
     import threading
-    addresses = _libzmq.functions(relay_mod.FUNCTIONS)
-    if addresses is None:
-        pytest.skip("pyzmq's libzmq not found: no C data plane here")
-    relay_mod.bind(addresses)
-    ctx = zmq.Context()
-    r = ctx.socket(zmq.ROUTER)
+    ctx, r, _port, _trie, _router, relay = _relay_on_a_router()
     r.linger = 0
-    r.bind_to_random_port("tcp://127.0.0.1")
-    relay = relay_mod.Relay(Router(Trie(), max_messages=100, max_bytes=1 << 16), r)
     term = threading.Thread(target=ctx.term)
     term.start()
     try:
