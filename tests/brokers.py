@@ -17,6 +17,14 @@ from fastbus import protocol as P
 from fastbus.client import query_stats
 
 
+#: Broker arguments for a test that asserts what a publisher's filter kept
+#: back (``publish(...) == 0``, exact counts): a lease long enough that a
+#: loaded machine delaying one lease ping by 0.1 s (the default lease) does
+#: not make the publisher stop filtering mid-test.  Tests of the lease
+#: itself set their own.
+STEADY_FILTER = ("--filter-lease", "5")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from brokers import free_port
+from brokers import STEADY_FILTER, free_port
 
 import fastbus
 import fastbus.aio
@@ -169,7 +169,7 @@ def wanted(twin, c, *channels) -> None:
 # -- the behaviour -------------------------------------------------------------
 
 def test_publish_subscribe_confirm(twin, brokers):
-    b = brokers()
+    b = brokers(*STEADY_FILTER)
     c = twin.client(endpoint=b.endpoint)
     p = c.pubsub()
     p.subscribe("a", "b")
@@ -196,7 +196,7 @@ def test_publish_subscribe_confirm(twin, brokers):
 
 
 def test_patterns_deliver_once_with_the_longest_pattern(twin, brokers):
-    b = brokers()
+    b = brokers(*STEADY_FILTER)
     c = twin.client(endpoint=b.endpoint, decode_responses=True)
     p = c.pubsub(ignore_subscribe_messages=True)
     p.subscribe("n.a")
@@ -276,7 +276,7 @@ def test_close_releases_a_waiting_reader(twin, brokers):
 
 
 def test_flush_confirms_and_times_out(twin, brokers):
-    b = brokers()
+    b = brokers(*STEADY_FILTER)
     c = twin.client(endpoint=b.endpoint)
     p = c.pubsub()
     p.subscribe("f")
