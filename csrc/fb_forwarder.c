@@ -19,6 +19,7 @@
 
 struct fb_forwarder {
     fb_trie *t;
+    int owns_trie;        /* 0: fb_forwarder_new_over's, the caller's table */
     fb_forwarder_mode mode;
     size_t cap, cap_low;
     size_t nup;
@@ -27,14 +28,14 @@ struct fb_forwarder {
     fb_keylist tmp;       /* a peer's keys, or an enumeration of U */
 };
 
-fb_forwarder *fb_forwarder_new(fb_forwarder_mode mode, size_t cap, size_t cap_low)
+fb_forwarder *fb_forwarder_new_over(fb_trie *t, fb_forwarder_mode mode, size_t cap, size_t cap_low)
 {
+    if (!t) return NULL;
     if (mode != FB_FWD_DEDUP && mode != FB_FWD_SUBSUME) return NULL;
     if (cap_low > cap) return NULL;
     fb_forwarder *f = calloc(1, sizeof *f);
     if (!f) return NULL;
-    f->t = fb_trie_new();
-    if (!f->t) { free(f); return NULL; }
+    f->t = t;
     f->mode = mode;
     f->cap = cap;
     f->cap_low = cap_low;
@@ -43,10 +44,20 @@ fb_forwarder *fb_forwarder_new(fb_forwarder_mode mode, size_t cap, size_t cap_lo
     return f;
 }
 
+fb_forwarder *fb_forwarder_new(fb_forwarder_mode mode, size_t cap, size_t cap_low)
+{
+    fb_trie *t = fb_trie_new();
+    if (!t) return NULL;
+    fb_forwarder *f = fb_forwarder_new_over(t, mode, cap, cap_low);
+    if (!f) { fb_trie_free(t); return NULL; }
+    f->owns_trie = 1;
+    return f;
+}
+
 void fb_forwarder_free(fb_forwarder *f)
 {
     if (!f) return;
-    fb_trie_free(f->t);
+    if (f->owns_trie) fb_trie_free(f->t);
     fb_keylist_free(&f->scratch);
     fb_keylist_free(&f->tmp);
     free(f);
@@ -156,6 +167,21 @@ static int enumerate_upstream(const fb_forwarder *f, fb_keylist *out)
     return fb_trie_walk(f->t, NULL, 0, upstream_cb, &c);
 }
 
+/* Count U (a walk as enumerate_upstream's, nothing copied). */
+typedef struct count_ctx { fb_forwarder_mode mode; size_t n; } count_ctx;
+
+static int count_cb(void *vctx, const unsigned char *key, size_t len, uint32_t ex, uint32_t px)
+{
+    (void)key; (void)len;
+    count_ctx *c = vctx;
+    if (c->mode == FB_FWD_SUBSUME && px) {
+        c->n++;
+        return FB_WALK_SKIP;
+    }
+    c->n += (ex != 0) + (px != 0);
+    return FB_WALK_NEXT;
+}
+
 static inline int is_all(const fb_keyent *e) { return e->len == 0 && (e->flags & FB_KL_PREFIX); }
 
 typedef struct keyref { const unsigned char *p; size_t len; uint32_t kind; } keyref;
@@ -248,11 +274,25 @@ fail:
     return rc;
 }
 
+/* The diff an event built in scratch, appended to the caller's.  Into an
+ * empty diff (the usual case) the buffers change hands instead of being
+ * copied: a peer that leaves with 64 MiB of keys makes a diff that size,
+ * and a copy of it would double the broker's peak. */
+static int hand_over(fb_keylist *diff, fb_keylist *scratch)
+{
+    if (diff->n != 0) return fb_keylist_extend(diff, scratch);
+    fb_keylist spare = *diff;
+    *diff = *scratch;
+    *scratch = spare;
+    fb_keylist_clear(scratch);
+    return FB_OK;
+}
+
 static int finish(fb_forwarder *f, fb_keylist *diff)
 {
     if (f->cap && !f->collapsed && f->nup > f->cap) return collapse(f, diff);
     if (f->cap && f->collapsed) return f->nup <= f->cap_low ? expand(f, diff) : FB_OK;
-    return fb_keylist_extend(diff, &f->scratch);
+    return hand_over(diff, &f->scratch);
 }
 
 /* One downstream event: change the trie, then derive U's change.  On error
@@ -317,10 +357,10 @@ int fb_forwarder_remove_peer(fb_forwarder *f, uint64_t peer, fb_keylist *diff)
     for (size_t i = 0; i < n; i++)
         ord[i] = (order){ f->tmp.ents[i].len, f->tmp.ents[i].flags & FB_KL_PREFIX, i };
     qsort(ord, n, sizeof *ord, order_cmp);
-    /* tmp is reused by collapse/expand in finish(): copy the keys out first. */
-    fb_keylist keys;
-    fb_keylist_init(&keys);
-    rc = fb_keylist_extend(&keys, &f->tmp);
+    /* tmp is reused by collapse/expand in finish(): the keys leave it first
+     * (its buffers change hands; no copy of what may be many long keys). */
+    fb_keylist keys = f->tmp;
+    fb_keylist_init(&f->tmp);
     for (size_t i = 0; i < n && rc >= 0; i++) {
         const fb_keyent *e = &keys.ents[ord[i].idx];
         const unsigned char *k = fb_keylist_key(&keys, ord[i].idx);
@@ -339,6 +379,19 @@ int fb_forwarder_remove_peer(fb_forwarder *f, uint64_t peer, fb_keylist *diff)
     if (rc < 0) return rc;
     if (frc < 0) return frc;
     return n > 0x7fffffff ? 0x7fffffff : (int)n;
+}
+
+int fb_forwarder_drop_peer(fb_forwarder *f, uint64_t peer)
+{
+    int rc = fb_trie_remove_subscriber(f->t, peer, NULL);
+    if (rc < 0) return rc;
+    count_ctx c = { f->mode, 0 };
+    int wrc = fb_trie_walk(f->t, NULL, 0, count_cb, &c);
+    if (wrc < 0) return wrc;
+    f->nup = c.n;
+    if (f->cap && f->collapsed && f->nup <= f->cap_low) f->collapsed = 0;
+    else if (f->cap && !f->collapsed && f->nup > f->cap) f->collapsed = 1;
+    return rc;
 }
 
 int fb_forwarder_snapshot(const fb_forwarder *f, fb_keylist *out)

@@ -45,6 +45,12 @@ typedef struct fb_forwarder fb_forwarder;
 /* cap = 0: no cap.  cap_low must be <= cap (0 < cap: 0 <= cap_low <= cap);
  * NULL on a bad argument or out of memory. */
 fb_forwarder *fb_forwarder_new(fb_forwarder_mode mode, size_t cap, size_t cap_low);
+/* The same over a table the caller owns (and must outlive the forwarder),
+ * such as the trie a broker routes with: the forwarder's calls are then
+ * that table's changes, so each key is stored once, not once for routing
+ * and again for the diffs.  Nobody else may change the table meanwhile (its
+ * readers, routing, may look: the caller serialises them with its lock). */
+fb_forwarder *fb_forwarder_new_over(fb_trie *t, fb_forwarder_mode mode, size_t cap, size_t cap_low);
 void fb_forwarder_free(fb_forwarder *f);
 
 /* A downstream peer subscribes / unsubscribes (reference counted per peer).
@@ -60,6 +66,14 @@ int fb_forwarder_unsubscribe(fb_forwarder *f, uint64_t peer, const void *key, si
  * FB_ENOMEM the diff so far is appended and the peer partly removed; calling
  * again continues. */
 int fb_forwarder_remove_peer(fb_forwarder *f, uint64_t peer, fb_keylist *diff);
+
+/* The peer went away, and the caller sends the whole upstream set next
+ * (fb_forwarder_snapshot) instead of a diff: drop everything it held
+ * without building one.  No copy of its keys is made, which matters when
+ * they are many and long and the set left is small (a diff would be as
+ * large as the keys it names).  Returns the number of keys it held; on
+ * FB_ENOMEM the peer is partly removed and calling again continues. */
+int fb_forwarder_drop_peer(fb_forwarder *f, uint64_t peer);
 
 /* The full upstream set as subscribe operations, to send after a reconnect. */
 int fb_forwarder_snapshot(const fb_forwarder *f, fb_keylist *out);

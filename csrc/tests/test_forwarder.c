@@ -110,11 +110,15 @@ static size_t expected_u(int mode, key_t_ *out)
     return n;
 }
 
-static void run_random(int mode, size_t cap, size_t cap_low, int steps, unsigned long long seed)
+/* With a table: the forwarder works over it (fb_forwarder_new_over), and
+ * the table must hold exactly the downstream model's keys. */
+static void run_random_over(int mode, size_t cap, size_t cap_low, int steps, unsigned long long seed,
+                            fb_trie *table)
 {
     ctest_rng = seed;
-    fb_forwarder *f = fb_forwarder_new(mode, cap, cap_low);
+    fb_forwarder *f = table ? fb_forwarder_new_over(table, mode, cap, cap_low) : fb_forwarder_new(mode, cap, cap_low);
     REQUIRE(f);
+    if (table) CHECK(fb_forwarder_trie(f) == table);
     fb_keylist d, snap;
     fb_keylist_init(&d);
     fb_keylist_init(&snap);
@@ -207,9 +211,34 @@ static void run_random(int mode, size_t cap, size_t cap_low, int steps, unsigned
         CHECK(collapses > 0);
         CHECK(expands > 0);
     }
+    if (table) {
+        for (size_t i = 0; i < ndown; i++)
+            CHECK(fb_trie_holders(table, down[i].k.key, down[i].k.len, down[i].k.kind) > 0);
+        fb_trie_stats st;
+        fb_trie_get_stats(table, &st);
+        CHECK_EQ(st.subscriptions, ndown);              /* nothing else: one entry per (key, kind, peer) */
+    }
     fb_keylist_free(&d);
     fb_keylist_free(&snap);
     fb_forwarder_free(f);
+}
+
+static void run_random(int mode, size_t cap, size_t cap_low, int steps, unsigned long long seed)
+{
+    run_random_over(mode, cap, cap_low, steps, seed, NULL);
+}
+
+static void test_random_subsume_over_a_table(void)
+{
+    /* The same walk over a table the test owns: the same diffs, the table
+     * holds what the peers hold, and it outlives the forwarder. */
+    fb_trie *t = fb_trie_new();
+    REQUIRE(t);
+    run_random_over(FB_FWD_SUBSUME, 0, 0, 6000, 12, t);
+    const char *why = NULL;
+    CHECK_EQ(fb_trie_check(t, &why), FB_OK);
+    fb_trie_free(t);
+    CHECK(fb_forwarder_new_over(NULL, FB_FWD_SUBSUME, 0, 0) == NULL);
 }
 
 static void test_random_dedup(void) { run_random(FB_FWD_DEDUP, 0, 0, 6000, 11); }
@@ -269,12 +298,56 @@ static void test_remove_peer_minimal(void)
     fb_forwarder_free(f);
 }
 
+static void test_drop_peer_leaves_what_remove_peer_leaves(void)
+{
+    /* Two forwarders fed the same events; a peer leaves one by remove_peer
+     * (a diff) and the other by drop_peer (none): the same upstream set,
+     * the same count, collapsed or not alike (with a cap). */
+    for (size_t cap = 0; cap <= 6; cap += 6) {
+        ctest_rng = 77 + cap;
+        fb_forwarder *a = fb_forwarder_new(FB_FWD_SUBSUME, cap, cap / 2);
+        fb_forwarder *b = fb_forwarder_new(FB_FWD_SUBSUME, cap, cap / 2);
+        REQUIRE(a && b);
+        fb_keylist d, sa, sb;
+        fb_keylist_init(&d); fb_keylist_init(&sa); fb_keylist_init(&sb);
+        for (int round = 0; round < 200; round++) {
+            for (int i = 0; i < 20; i++) {
+                unsigned char k[MAXK];
+                size_t len = rndn(MAXK + 1);
+                for (size_t j = 0; j < len; j++) k[j] = alpha[rndn(4)];
+                int kind = (int)rndn(2);
+                uint64_t peer = rndn(4);
+                fb_keylist_clear(&d);
+                CHECK(fb_forwarder_subscribe(a, peer, k, len, kind, &d) >= 0);
+                CHECK(fb_forwarder_subscribe(b, peer, k, len, kind, &d) >= 0);
+            }
+            uint64_t gone = rndn(4);
+            fb_keylist_clear(&d);
+            int ra = fb_forwarder_remove_peer(a, gone, &d);
+            CHECK_EQ(fb_forwarder_drop_peer(b, gone), ra);
+            CHECK_EQ(fb_forwarder_upstream_count(a), fb_forwarder_upstream_count(b));
+            CHECK_EQ(fb_forwarder_collapsed(a), fb_forwarder_collapsed(b));
+            fb_keylist_clear(&sa); fb_keylist_clear(&sb);
+            CHECK_EQ(fb_forwarder_snapshot(a, &sa), FB_OK);
+            CHECK_EQ(fb_forwarder_snapshot(b, &sb), FB_OK);
+            REQUIRE(sa.n == sb.n && sa.nbytes == sb.nbytes);
+            CHECK(sa.nbytes == 0 || !memcmp(sa.bytes, sb.bytes, sa.nbytes));
+        }
+        CHECK_EQ(fb_forwarder_drop_peer(b, 99), 0);                /* a peer it never saw */
+        fb_keylist_free(&d); fb_keylist_free(&sa); fb_keylist_free(&sb);
+        fb_forwarder_free(a);
+        fb_forwarder_free(b);
+    }
+}
+
 int main(void)
 {
+    RUN(test_drop_peer_leaves_what_remove_peer_leaves);
     RUN(test_article_example);
     RUN(test_remove_peer_minimal);
     RUN(test_random_dedup);
     RUN(test_random_subsume);
+    RUN(test_random_subsume_over_a_table);
     RUN(test_random_dedup_cap);
     RUN(test_random_subsume_cap);
     RUN(test_random_subsume_cap_nohyst);

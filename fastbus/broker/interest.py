@@ -47,7 +47,10 @@ class Interest:
         self._drops = drops
         self.total_bytes = 0                     # what every session's subscriptions cost (SUB_OVERHEAD)
         self.released = 0                        # subscriptions removed, ever (the broker's memory trim)
-        self.all = Forwarder("subsume")          # every link: the publishers' filter
+        self.released_bytes = 0                  # and what they cost (SUB_OVERHEAD counted)
+        # Every link: the publishers' filter.  It works over the routing trie
+        # itself (each key stored once): its calls are the trie's changes.
+        self.all = Forwarder("subsume", trie=trie)
 
     # -- links come and go -------------------------------------------------
 
@@ -69,16 +72,32 @@ class Interest:
 
     def detach(self, link: Link) -> None:
         """A link that went (already out of the table): its subscriptions
-        go, and the diffs travel."""
-        self.trie.remove_subscriber(link.link)
-        for gid, _refs, _key in link.globs.values():
-            self.trie.remove_subscriber(gid)
+        go (from the routing trie too: ``self.all`` works over it), and the
+        publishing clients hear of it.  A diff names every key that went, so
+        when the link held more than everybody else (a client leaving with
+        64 MiB of keys makes a 64 MiB diff, and the broker's memory would
+        double while it goes) they get what is left instead, whole (a WANT
+        reset), and the keys go without a copy (``drop_peer``)."""
+        publishers = [o for o in self.links.snapshot() if o.filters]
+        whole = not publishers or link.sub_bytes > self.total_bytes - link.sub_bytes
+        peers = [gid for gid, _refs, _key in link.globs.values()] + [link.link]
+        for peer in peers:
+            if whole:
+                self.all.drop_peer(peer)
+            else:
+                self._emit_all(self.all.remove_peer(peer, ops=True))
+        for gid in peers[:-1]:
             self.router.remove_glob(gid)
         link.globs.clear()
         self.released += link.subs
+        self.released_bytes += link.sub_bytes
         self.total_bytes -= link.sub_bytes
         link.sub_bytes = link.subs = 0
-        self._emit_all(self.all.remove_peer(link.link))
+        if whole and publishers:
+            snapshot = self._all_ops()
+            for pub in publishers:                 # a send may find another link dead
+                if self.links.is_current(pub):
+                    self._send(pub, self.want_reset(pub, snapshot))
         for other in self.links.snapshot():
             if other.forwarder is not None:
                 self._emit_link(other, other.forwarder.remove_peer(link.link))
@@ -93,13 +112,22 @@ class Interest:
             self.links.unacked[link.link] = link
         return frames
 
-    def want_reset(self, link: Link) -> list:
+    def _all_ops(self):
+        """What the publishing clients should let through, whole, as an ops batch."""
+        snapshot = self.all.snapshot(ops=True)
+        return P.encode_ops([]) if snapshot is None else snapshot
+
+    def want_reset(self, link: Link, snapshot=None) -> list:
         """A WANT reset for a session (built when it is sent: a queued
         backlog of diffs collapses into one, fastbus.broker.sending): for a
         downstream broker what we want from it, for a publishing client
-        what it should let through."""
-        snapshot = link.forwarder.snapshot() if link.is_broker else self.all.snapshot()
-        frames = link.want_reset_frames(P.encode_ops(snapshot))
+        what it should let through (``snapshot``, if the caller has it)."""
+        if snapshot is None:
+            if link.is_broker:
+                snapshot = link.forwarder.snapshot(ops=True) or P.encode_ops([])
+            else:
+                snapshot = self._all_ops()
+        frames = link.want_reset_frames(snapshot)
         if link.acks:
             self.links.unacked[link.link] = link
         return frames
@@ -137,7 +165,7 @@ class Interest:
         refused: list = []
         brokers = [o for o in self.links.by_id.values() if o.forwarder is not None and o is not link]
         limited = link.limited
-        trie, fwd_all, key_id = self.trie, self.all, link.link
+        fwd_all, key_id = self.all, link.link
         for op, key, prefix in ops:
             glob = prefix == P.GLOB
             if op == SUBSCRIBE:
@@ -149,14 +177,13 @@ class Interest:
                         refused.append((key, prefix, why))
                         continue
                 if glob:
-                    key, prefix = self._hold_glob(link, key), True     # the forwarders hold its prefix
+                    key, prefix = self._hold_glob(link, key, diff_all), True   # the forwarders hold its prefix
                 else:
-                    trie.add(key, key_id, prefix=prefix)
+                    diff_all += fwd_all.subscribe(key_id, key, prefix=prefix)   # and the routing trie
                 link.subs += 1
                 link.sub_bytes += cost
                 self.total_bytes += cost
                 self._counters["subscribe_ops"] += 1
-                diff_all += fwd_all.subscribe(key_id, key, prefix=prefix)
                 for other in brokers:
                     d = other.forwarder.subscribe(key_id, key, prefix=prefix)
                     if d:
@@ -164,52 +191,55 @@ class Interest:
             else:
                 try:
                     if glob:
-                        held = self._drop_glob(link, key)
+                        held = self._drop_glob(link, key, diff_all)
                     else:
-                        trie.remove(key, key_id, prefix=prefix)
+                        diff_all += fwd_all.unsubscribe(key_id, key, prefix=prefix)
                 except NotSubscribedError:
                     self._drops["not_subscribed"] += 1
                     continue
                 link.subs -= 1
                 self.released += 1
+                self.released_bytes += len(key) + SUB_OVERHEAD
                 link.sub_bytes -= len(key) + SUB_OVERHEAD
                 self.total_bytes -= len(key) + SUB_OVERHEAD
                 self._counters["unsubscribe_ops"] += 1
                 if glob:
                     key, prefix = held, True
-                diff_all += fwd_all.unsubscribe(key_id, key, prefix=prefix)
                 for other in brokers:
                     d = other.forwarder.unsubscribe(key_id, key, prefix=prefix)
                     if d:
                         diffs.setdefault(other, []).extend(d)
-        self._emit_all(diff_all)
+        self._emit_all(P.encode_ops(diff_all) if diff_all else None)
         for other, d in diffs.items():
             if self.links.is_current(other):      # a send above may have found it gone
                 self._emit_link(other, d)
         return refused
 
-    def _hold_glob(self, link: Link, pattern: bytes) -> bytes:
+    def _hold_glob(self, link: Link, pattern: bytes, diff: list) -> bytes:
         """A link's glob, held (once per link: a second subscription only
-        counts); returns its literal prefix."""
+        counts); returns its literal prefix.  The routing trie holds that
+        prefix for the glob's id (the router matches the glob itself), by
+        way of the publishers' forwarder, whose diff goes to ``diff``."""
         entry = link.globs.get(pattern)
         if entry is None:
             key = glob_prefix(pattern)[0]
             gid = self.router.add_glob(link.link, pattern)
-            self.trie.add(key, gid, prefix=True)
+            diff += self.all.subscribe(gid, key, prefix=True)
             entry = link.globs[pattern] = [gid, 0, key]
         entry[1] += 1
         return entry[2]
 
-    def _drop_glob(self, link: Link, pattern: bytes) -> bytes:
+    def _drop_glob(self, link: Link, pattern: bytes, diff: list) -> bytes:
         """One subscription of a link's glob less (NotSubscribedError if it
-        holds none); returns its literal prefix."""
+        holds none); returns its literal prefix (the forwarder's diff of
+        the last one to ``diff``)."""
         entry = link.globs.get(pattern)
         if entry is None:
             raise NotSubscribedError(f"subscriber {link.link} does not hold glob {pattern!r}")
         entry[1] -= 1
         if not entry[1]:
             gid, _refs, key = link.globs.pop(pattern)
-            self.trie.remove(key, gid, prefix=True)
+            diff += self.all.unsubscribe(gid, key, prefix=True)
             self.router.remove_glob(gid)
         return entry[2]
 
@@ -225,11 +255,11 @@ class Interest:
 
     # -- diffs out -----------------------------------------------------------
 
-    def _emit_all(self, diff: list) -> None:
-        """Tell the publishing clients what is now (un)wanted."""
-        if not diff:
+    def _emit_all(self, ops) -> None:
+        """Tell the publishing clients what is now (un)wanted: ``ops``, an
+        ops batch (one for all of them, sent without a copy), or None."""
+        if ops is None:
             return
-        ops = P.encode_ops(diff)
         for link in self.links.snapshot():       # a send may find another link dead
             if link.filters and self.links.is_current(link):
                 self._send(link, self.want_diff(link, ops))

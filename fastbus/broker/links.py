@@ -163,12 +163,14 @@ class Session(Link):
 
     def send(self, frames: list) -> None:
         # Frame by frame (send_multipart would first copy the list and
-        # type-check every part).  Only the routing id can fail.
-        # The last frame is a batch where there is one: no copy if large.
+        # type-check every part).  Only the routing id can fail.  No frame
+        # is copied if large (pyzmq copies those under its copy_threshold):
+        # a batch, or a WANT's ops for many long keys, which every
+        # publishing session is sent from one buffer.
         send = self.sock.send
         send(self.ident, _MORE)
         for f in frames[:-1]:
-            send(f, _MORE)
+            send(f, _MORE, copy=False)
         send(frames[-1], _NOBLOCK, copy=False)
 
     def data_frames(self, batch) -> list:

@@ -536,7 +536,8 @@ class Broker:
             self.upstream.check(now)
         self._publish_stats()
         st = self._stats_snapshot
-        self._give_back.check(self.interest.released, st["subscriptions"], st["queued_bytes"])
+        i = self.interest
+        self._give_back.check(i.released, i.released_bytes, st["subscriptions"], i.total_bytes, st["queued_bytes"])
         if self.config.stats_interval and now >= self._next_stats_log:
             self._next_stats_log = now + self.config.stats_interval
             s = self._stats_snapshot

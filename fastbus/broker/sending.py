@@ -282,7 +282,7 @@ class Sender:
             return True
         frames = self.want_reset(link)
         for f in frames[:-1]:
-            sock.send(f, zmq.NOBLOCK | zmq.SNDMORE)
+            sock.send(f, zmq.NOBLOCK | zmq.SNDMORE, copy=False)      # the ops: no copy
         sock.send(frames[-1], zmq.NOBLOCK, copy=False)
         link.last_sent = _monotonic()
         return True

@@ -8,12 +8,12 @@ cdef dict _MODES = {"dedup": FB_FWD_DEDUP, "subsume": FB_FWD_SUBSUME}
 
 cdef int _fwd_event(Forwarder self, int op, uint64_t peer, bytes k, int kind, fb_keylist *diff) noexcept:
     cdef int rc
-    _lock(&self._lock)
+    _lock(self._lk)
     if op == FB_OP_SUBSCRIBE:
         rc = fb_forwarder_subscribe(self._f, peer, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), kind, diff)
     else:
         rc = fb_forwarder_unsubscribe(self._f, peer, PyBytes_AS_STRING(k), PyBytes_GET_SIZE(k), kind, diff)
-    _unlock(&self._lock)
+    _unlock(self._lk)
     return rc
 
 
@@ -42,9 +42,14 @@ cdef class Forwarder:
 
     Each call returns its diff as a list of ``(op, key, prefix)`` with ``op``
     SUBSCRIBE (1) or UNSUBSCRIBE (0), to apply upstream in order.
+
+    ``trie``: work over that :class:`Trie` instead of a table of its own, so
+    that each key is stored once (a broker's routing trie: the forwarder's
+    calls are then its changes, made under its lock, and peers are its
+    subscribers).  Nothing else may add to or remove from it meanwhile.
     """
 
-    def __cinit__(self, str mode="subsume", Py_ssize_t cap=0, cap_low=None):
+    def __cinit__(self, str mode="subsume", Py_ssize_t cap=0, cap_low=None, Trie trie=None):
         if mode not in _MODES:
             raise ValueError(f"mode must be 'dedup' or 'subsume', not {mode!r}")
         if cap < 0:
@@ -52,7 +57,13 @@ cdef class Forwarder:
         cdef Py_ssize_t low = (cap * 3 // 4) if cap_low is None else cap_low
         if low < 0 or low > cap:
             raise ValueError(f"cap_low must be between 0 and cap ({cap}), not {low}")
-        self._f = fb_forwarder_new(<fb_forwarder_mode>_MODES[mode], <size_t>cap, <size_t>low)
+        self._lk = &self._lock
+        if trie is None:
+            self._f = fb_forwarder_new(<fb_forwarder_mode>_MODES[mode], <size_t>cap, <size_t>low)
+        else:
+            self._f = fb_forwarder_new_over(trie._t, <fb_forwarder_mode>_MODES[mode], <size_t>cap, <size_t>low)
+            self._table = trie
+            self._lk = &trie._lock
         if self._f is NULL:
             raise MemoryError("cannot allocate a forwarder")
 
@@ -69,21 +80,36 @@ cdef class Forwarder:
         NotSubscribedError if the peer does not hold the key."""
         return _fwd_one(self, FB_OP_UNSUBSCRIBE, peer, key, prefix)
 
-    def remove_peer(self, uint64_t peer) -> list:
-        """The peer disconnected: drop all it held; returns the upstream diff."""
+    def remove_peer(self, uint64_t peer, *, bint ops=False):
+        """The peer disconnected: drop all it held; returns the upstream diff.
+        ``ops=True``: the diff as one ops batch, as
+        ``fastbus.protocol.encode_ops`` would encode it (None if empty),
+        built without a Python object per key."""
         cdef fb_keylist diff
         cdef int rc
         fb_keylist_init(&diff)
         try:
-            _lock(&self._lock)
+            _lock(self._lk)
             with nogil:
                 rc = fb_forwarder_remove_peer(self._f, peer, &diff)
-            _unlock(&self._lock)
-            out = _keylist_to_list(&diff, True, False)
+            _unlock(self._lk)
+            out = _keylist_to_ops(&diff) if ops else _keylist_to_list(&diff, True, False)
             _check(rc, "remove_peer")
             return out
         finally:
             fb_keylist_free(&diff)
+
+    def drop_peer(self, uint64_t peer) -> int:
+        """The peer disconnected, and the whole upstream set (``snapshot``)
+        goes next instead of a diff: drop all it held without building one
+        (no copy of its keys).  Returns how many keys it held."""
+        cdef int rc
+        _lock(self._lk)
+        with nogil:
+            rc = fb_forwarder_drop_peer(self._f, peer)
+        _unlock(self._lk)
+        _check(rc, "drop_peer")
+        return rc
 
     def apply(self, events) -> list:
         """Apply many ``(op, peer, key, prefix)`` events (op SUBSCRIBE or
@@ -116,17 +142,18 @@ cdef class Forwarder:
         finally:
             fb_keylist_free(&diff)
 
-    def snapshot(self) -> list:
+    def snapshot(self, *, bint ops=False):
         """The whole upstream set as SUBSCRIBE operations (resend it after a
-        reconnect)."""
+        reconnect).  ``ops=True``: as one ops batch (None if empty), as
+        ``remove_peer``'s."""
         cdef fb_keylist out
         fb_keylist_init(&out)
         try:
-            _lock(&self._lock)
+            _lock(self._lk)
             rc = fb_forwarder_snapshot(self._f, &out)
-            _unlock(&self._lock)
+            _unlock(self._lk)
             _check(rc, "snapshot")
-            return _keylist_to_list(&out, True, False)
+            return _keylist_to_ops(&out) if ops else _keylist_to_list(&out, True, False)
         finally:
             fb_keylist_free(&out)
 
@@ -135,9 +162,9 @@ cdef class Forwarder:
         cdef fb_keylist kl
         fb_keylist_init(&kl)
         try:
-            _lock(&self._lock)
+            _lock(self._lk)
             rc = fb_trie_subscriber_keys(fb_forwarder_trie(self._f), peer, &kl)
-            _unlock(&self._lock)
+            _unlock(self._lk)
             _check(rc, "peer_keys")
             return _keylist_to_list(&kl, False, True)
         finally:
@@ -146,17 +173,17 @@ cdef class Forwarder:
     @property
     def upstream_count(self) -> int:
         """Keys upstream holds when not collapsed (dedup: distinct keys)."""
-        _lock(&self._lock)
+        _lock(self._lk)
         n = fb_forwarder_upstream_count(self._f)
-        _unlock(&self._lock)
+        _unlock(self._lk)
         return n
 
     @property
     def collapsed(self) -> bool:
         """True while the cap has collapsed upstream to the prefix b""."""
-        _lock(&self._lock)
+        _lock(self._lk)
         c = fb_forwarder_collapsed(self._f)
-        _unlock(&self._lock)
+        _unlock(self._lk)
         return c != 0
 
     @property

@@ -106,20 +106,22 @@ cdef class Trie:
         _unlock(&self._lock)
         return _check_held(rc, "remove", "subscriber", subscriber, k, prefix) == 1
 
-    def remove_subscriber(self, uint64_t subscriber) -> list:
+    def remove_subscriber(self, uint64_t subscriber, *, bint keys=True):
         """Drop every key the subscriber holds.  Returns the ``(key, prefix)``
         pairs that lost their last holder (what a disconnect unsubscribes
-        upstream).  Its cost grows with the subscriber's own keys only."""
+        upstream); with ``keys=False`` only how many keys it held, without
+        a copy of them (a broker's forwarder has the diff).  Its cost grows
+        with the subscriber's own keys only."""
         cdef fb_keylist gone
         cdef int rc
         fb_keylist_init(&gone)
         try:
             _lock(&self._lock)
             with nogil:
-                rc = fb_trie_remove_subscriber(self._t, subscriber, &gone)
+                rc = fb_trie_remove_subscriber(self._t, subscriber, &gone if keys else NULL)
             _unlock(&self._lock)
             _check(rc, "remove_subscriber")
-            return _keylist_to_list(&gone, False, False)
+            return _keylist_to_list(&gone, False, False) if keys else rc
         finally:
             fb_keylist_free(&gone)
 

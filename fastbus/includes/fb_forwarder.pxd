@@ -12,7 +12,9 @@ cdef extern from "fb_forwarder.h" nogil:
         pass
 
     fb_forwarder *fb_forwarder_new(fb_forwarder_mode mode, size_t cap, size_t cap_low)
+    fb_forwarder *fb_forwarder_new_over(fb_trie *t, fb_forwarder_mode mode, size_t cap, size_t cap_low)
     void fb_forwarder_free(fb_forwarder *f)
+    int fb_forwarder_drop_peer(fb_forwarder *f, uint64_t peer)
     int fb_forwarder_subscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
                          fb_keylist *diff)
     int fb_forwarder_unsubscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
