@@ -15,14 +15,14 @@ log = logging.getLogger("fastbus.broker")
 
 #: What a subscription costs the broker while it is being processed and
 #: held (the trie, the forwarders, the Python objects of its SUB and WANT
-#: frames) besides its key, the copies of its key held (the routing trie's
-#: and the publishers' forwarder's), and the fall that is worth a
-#: malloc_trim.  Long keys (up to 64 KiB each) are mostly key: a client
-#: leaving with 1,000 of them frees some 130 MB in 64 KiB blocks, which
-#: glibc keeps in its heap until trimmed.
+#: frames) besides its key, which the routing trie holds once; and the
+#: fall that is worth a malloc_trim: this much, and at least a quarter of
+#: what is still held (a trim walks the heaps, in the broker's thread).
+#: Long keys (up to 64 KiB each) are mostly key: a client leaving with
+#: 1,000 of them frees 64 MB in 64 KiB blocks, which glibc keeps in its
+#: heap until trimmed.
 TRIM_BYTES_PER_SUBSCRIPTION = 300
-KEY_COPIES = 2
-TRIM_AFTER_BYTES = 32 << 20
+TRIM_AFTER_BYTES = 16 << 20
 #: A large fall is trimmed again this many seconds later: what was still in
 #: flight (queued in ZeroMQ, not counted here) goes within a second or two,
 #: and on a loaded machine later (one trim at 2 s left 19 MB of 32 held in CI).
@@ -93,11 +93,11 @@ class GiveBack:
             self._trim(0)
             self.counters["memory_trims"] += 1
         freed = ((released - self._released_mark) * TRIM_BYTES_PER_SUBSCRIPTION
-                 + (released_bytes - self._released_bytes_mark) * KEY_COPIES)
-        held = subscriptions * TRIM_BYTES_PER_SUBSCRIPTION + held_bytes * KEY_COPIES
+                 + released_bytes - self._released_bytes_mark)
+        held = subscriptions * TRIM_BYTES_PER_SUBSCRIPTION + held_bytes
         self._queued_peak = max(self._queued_peak, queued)
         fall = freed + self._queued_peak - queued
-        if fall >= TRIM_AFTER_BYTES and held + queued <= fall:
+        if fall >= TRIM_AFTER_BYTES and held + queued <= 4 * fall:
             t0 = time.perf_counter()
             self._trim(0)
             self.counters["memory_trims"] += 1
