@@ -73,7 +73,7 @@ except ImportError as _exc:
 from fastbus.errors import (AddressInUse, BatchError, BrokerTimeout, BrokerUnavailable, ConnectionClosed,
                             FastbusError, FlushTimeout, ForwarderError, InvalidEndpoint, InvalidKey, KeyRefused,
                             ListenError,
-                            MessagesRejected, NotSubscribedError, PublishTimeout)
+                            MessagesRejected, MessageTooLarge, NotSubscribedError, PublishTimeout)
 from fastbus.protocol import DEFAULT_ENDPOINT, DEFAULT_PORT, ProtocolError
 from fastbus.client import Client, ClientOptions, PubSub
 from fastbus._messages import GapInfo, PubSubMessage
@@ -89,7 +89,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 __all__ = [
     "BATCH_VERSION", "CORE_VERSION", "EXACT", "PREFIX", "SUBSCRIBE", "UNSUBSCRIBE",
     "Batch", "Forwarder", "Outbox", "Publisher", "Router", "Trie", "batch_count", "crc32c", "decode", "decode_messages", "encode",
-    "BatchError", "FastbusError", "ForwarderError", "MessagesRejected", "NotSubscribedError", "ProtocolError",
+    "BatchError", "FastbusError", "ForwarderError", "MessagesRejected", "MessageTooLarge", "NotSubscribedError", "ProtocolError",
     "PublishTimeout", "AddressInUse", "BrokerTimeout", "BrokerUnavailable", "FlushTimeout", "InvalidEndpoint",
     "InvalidKey", "KeyRefused", "ListenError",
     "ConnectionClosed", "Client", "ClientOptions", "PubSub", "PubSubMessage", "GapInfo", "Broker", "BrokerConfig",

@@ -49,7 +49,7 @@ import threading
 import time
 from collections import deque
 
-from fastbus.errors import BatchError, FastbusError, ForwarderError, NotSubscribedError, PublishTimeout
+from fastbus.errors import BatchError, FastbusError, ForwarderError, MessageTooLarge, NotSubscribedError, PublishTimeout
 
 EXACT = FB_EXACT
 PREFIX = FB_PREFIX

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "ConnectionClosed", "DataPlaneUnavailable",
            "FastbusError",
            "FlushTimeout", "ForwarderError", "InvalidEndpoint", "InvalidKey", "KeyRefused", "ListenError",
-           "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
+           "MessageTooLarge", "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
            "PublishTimeout", "RedisServerError", "ServerOutOfMemory", "ServerRefused", "ServerTimeout",
            "ServerUnavailable"]
 __all__ += ["CommandFailed", "ConsumerGone", "ConsumerTagInUse", "EmbeddedServerError", "InvalidConfig", "InvalidURL", "OptionError",
@@ -119,6 +119,19 @@ class MessagesRejected(FastbusError, ValueError):
     def __init__(self, message: str, count: int) -> None:
         super().__init__(message)
         self.count = count
+
+
+class MessageTooLarge(FastbusError, ValueError):
+    """``publish()`` refused a message over the broker's limits, before
+    queueing it (nothing was sent): ``what`` is ``"payload"`` or ``"channel
+    name"``, ``size`` its bytes, ``limit`` the broker's (``max_payload`` or
+    ``max_topic``, which the broker says when the client connects)."""
+
+    def __init__(self, message: str, what: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.what = what
+        self.size = size
+        self.limit = limit
 
 
 class InvalidEndpoint(FastbusError, ValueError):

@@ -173,8 +173,12 @@ def test_a_client_refuses_an_oversized_message_or_reports_it(brokers):
         assert refused_here != reported              # one or the other, never silence
         assert b.stats()["drops"]["oversize"] == (1 if reported else 0)
         wait_for(lambda: c._publisher.max_payload == 1000, what="the broker's limits")
-        with pytest.raises(ValueError, match="max_payload"):
+        with pytest.raises(fastbus.MessageTooLarge, match="max_payload") as too_large:
             c.publish("t", b"x" * 2000)
+        assert isinstance(too_large.value, ValueError)          # as before it had a class of its own
+        assert (too_large.value.what, too_large.value.size, too_large.value.limit) == ("payload", 2000, 1000)
+        with pytest.raises(fastbus.MessageTooLarge, match="max_payload"):
+            c.publish_many([("t", b"ok"), ("t", b"x" * 2000)])      # checked before any is queued
         assert c.publish("t", b"x" * 1000) in (0, 1)
         c.flush()
 

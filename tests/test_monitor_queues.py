@@ -24,7 +24,7 @@ from fastbus.monitor.cli import start_http
 from fastbus.monitor.http import parse_address
 from fastbus.monitor.queues import QueueSource
 from fastbus.queue import Inbox, QueueName, Topic, WorkQueue, list_queues, prune_queues
-from fastbus.queue.common import REGISTERED
+from fastbus.queue.driver import REGISTERED
 
 
 def fresh(stem: str) -> str:

@@ -1,5 +1,5 @@
 """The sync driver keeps a connection of the client's pool for script calls
-(fastbus.queue.common.SyncDriver): it must behave as the client's own path
+(fastbus.queue.driver.SyncDriver): it must behave as the client's own path
 does when the server closes it, when threads share a queue, and in a forked
 child."""
 

@@ -362,7 +362,8 @@ def test_subscriber_against_an_http_server(fake):
 def test_a_server_error_an_operation_raises_from_a_reply_is_translated_too(small_url):
     """Operations that collect errors as replies (a batch written in part)
     and raise one of them: the driver translates it as one it met itself."""
-    from fastbus.queue.common import Cmd, SyncDriver
+    from fastbus.queue.common import Cmd
+    from fastbus.queue.driver import SyncDriver
     r = redis.Redis.from_url(small_url)
     real = None
     for i in range(5_000):                                  # 20 MB: over the 4 MB maxmemory

@@ -72,7 +72,7 @@ def test_stubs_are_installed() -> None:
     names = {a or b for a, b in stubbed}
     public = {n for n in dir(fastbus._core) if not n.startswith("_")} - {
         "array", "deque", "os", "threading", "time",                    # modules it imports
-        "BatchError", "FastbusError", "ForwarderError", "NotSubscribedError", "PublishTimeout"}
+        "BatchError", "FastbusError", "ForwarderError", "MessageTooLarge", "NotSubscribedError", "PublishTimeout"}
     assert public <= names, sorted(public - names)
 
 

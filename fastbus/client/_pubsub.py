@@ -2,6 +2,14 @@
 
 Its connection is a ``_subsession.SubSession``, owned with the client's
 other sessions by its ``Connections``; a PubSub knows that, not the Client.
+
+(This file is over 700 lines because ``PubSub`` is one class with
+redis-py's whole API (subscribe, psubscribe and their waits, get_message,
+listen, get_batch, handlers, run_in_thread) over one state: the names it
+holds, the confirmations it waits for and the messages ready for the
+caller.  What is not that state lives elsewhere: the wire and the
+confirmations in ``_subsession.py``, decoding and pattern matching in
+``fastbus._messages``.)
 """
 
 from __future__ import annotations

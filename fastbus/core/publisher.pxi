@@ -35,7 +35,8 @@ cdef class Publisher:
     (its message says ``block_reason()`` if set) without queuing the
     message.  A closed publisher raises ``closed_error(closed_message)``.
     ``max_topic``/``max_payload`` (0: none; a client sets the broker's)
-    refuse a message over them with ValueError, before it is queued.
+    refuse a message over them with MessageTooLarge (a ValueError), before
+    it is queued.
 
     **The filter's lease.**  The view drops a message only until
     ``lease_until_ns`` (monotonic ns; default: for ever): a broker lets its
@@ -153,11 +154,13 @@ cdef class Publisher:
 
     cdef int _check_limits(self, bytes t, bytes p) except -1:
         if self.max_payload and PyBytes_GET_SIZE(p) > self.max_payload:
-            raise ValueError(f"a payload of {PyBytes_GET_SIZE(p):,} bytes is over the broker's limit of "
-                             f"{self.max_payload:,} (max_payload); not sent")
+            raise MessageTooLarge(f"a payload of {PyBytes_GET_SIZE(p):,} bytes is over the broker's limit of "
+                                  f"{self.max_payload:,} (max_payload); not sent",
+                                  "payload", PyBytes_GET_SIZE(p), self.max_payload)
         if self.max_topic and PyBytes_GET_SIZE(t) > self.max_topic:
-            raise ValueError(f"a channel name of {PyBytes_GET_SIZE(t):,} bytes is over the broker's limit of "
-                             f"{self.max_topic:,} (max_topic); not sent")
+            raise MessageTooLarge(f"a channel name of {PyBytes_GET_SIZE(t):,} bytes is over the broker's limit of "
+                                  f"{self.max_topic:,} (max_topic); not sent",
+                                  "channel name", PyBytes_GET_SIZE(t), self.max_topic)
         return 0
 
     def check_many(self, messages) -> list:

@@ -9,6 +9,12 @@ that carries the requests out.  Here: :class:`QueueSpace` (one queue
 namespace: a work queue, or a topic's logical consumer), :class:`ConsumerState`
 (one consumer's tag, token, heartbeat and gets), :class:`TopicOps`,
 :class:`InboxOps` and the records they return.
+
+(This file is over 700 lines because the three primitives are one set of
+operations on one key layout, each operation beside the Lua script call
+it makes: a topic's consumer is a work queue's space, an inbox reuses its
+claims.  The validation, the requests and the drivers are in
+:mod:`~fastbus.queue.common` and :mod:`~fastbus.queue.driver`.)
 """
 
 from __future__ import annotations
@@ -26,15 +32,13 @@ from typing import Any
 import redis
 
 from fastbus._core import topic_columns, topic_decode
+from fastbus.errors import ConsumerGone, ConsumerTagInUse, QueueError
 from fastbus.queue.common import (
     Call,
     Cmd,
-    ConsumerGone,
-    ConsumerTagInUse,
     Many,
     MessageRef,
     Op,
-    QueueError,
     Register,
     SizeCheck,
     as_bytes,

@@ -41,7 +41,6 @@ from fastbus.queue.common import (
     Cmd,
     Many,
     Op,
-    SyncHandle,
     check_name,
     chunks,
     namespace,
@@ -49,6 +48,7 @@ from fastbus.queue.common import (
     positive_int,
     positive_seconds,
 )
+from fastbus.queue.driver import SyncHandle
 from fastbus.queue.registry import Listing
 
 __all__ = ["StagedWriter"]

@@ -31,16 +31,8 @@ from collections.abc import Generator, Iterable
 from typing import Any, Self
 
 from fastbus._twins import twin_of
-from fastbus.queue.common import (
-    DEFAULT_PREFIX,
-    AsyncDriver,
-    AsyncHandle,
-    Message,
-    MessageRef,
-    SyncDriver,
-    SyncHandle,
-    check_name,
-)
+from fastbus.queue.common import DEFAULT_PREFIX, Message, MessageRef, check_name
+from fastbus.queue.driver import AsyncDriver, AsyncHandle, SyncDriver, SyncHandle
 from fastbus.queue.engine import (
     NETWORK_ERRORS,
     CleanResult,

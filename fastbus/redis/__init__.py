@@ -20,16 +20,14 @@ from fastbus.redis.publisher import (
     PublishTimeout,
 )
 from fastbus.redis.publisher_aio import AsyncBufferedListProducer, AsyncBufferedPublisher
+from fastbus.redis.binary import ENV_BINARY, bundled_server_binary, find_server_binary
 from fastbus.redis.server import (
-    ENV_BINARY,
     ENV_URL,
     EmbeddedServer,
     EmbeddedServerError,
     ServerNotFoundError,
-    bundled_server_binary,
     check_url,
     default_server,
-    find_server_binary,
     resolve_url,
 )
 from fastbus.redis.subscriber import Subscriber
