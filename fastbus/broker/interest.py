@@ -30,6 +30,12 @@ from .config import SUB_OVERHEAD, BrokerConfig
 from .links import Link, LinkTable
 
 
+def _whole(forwarder: Forwarder):
+    """A forwarder's whole upstream set as one ops batch (empty if none)."""
+    snapshot = forwarder.snapshot(ops=True)
+    return P.encode_ops([]) if snapshot is None else snapshot
+
+
 class Interest:
     """The subscriptions of every link and the diffs they cause.  ``send``
     is how a diff leaves (fastbus.broker.sending.Sender.send)."""
@@ -94,7 +100,7 @@ class Interest:
         self.total_bytes -= link.sub_bytes
         link.sub_bytes = link.subs = 0
         if whole and publishers:
-            snapshot = self._all_ops()
+            snapshot = _whole(self.all)
             for pub in publishers:                 # a send may find another link dead
                 if self.links.is_current(pub):
                     self._send(pub, self.want_reset(pub, snapshot))
@@ -112,21 +118,13 @@ class Interest:
             self.links.unacked[link.link] = link
         return frames
 
-    def _all_ops(self):
-        """What the publishing clients should let through, whole, as an ops batch."""
-        snapshot = self.all.snapshot(ops=True)
-        return P.encode_ops([]) if snapshot is None else snapshot
-
     def want_reset(self, link: Link, snapshot=None) -> list:
         """A WANT reset for a session (built when it is sent: a queued
         backlog of diffs collapses into one, fastbus.broker.sending): for a
         downstream broker what we want from it, for a publishing client
         what it should let through (``snapshot``, if the caller has it)."""
         if snapshot is None:
-            if link.is_broker:
-                snapshot = link.forwarder.snapshot(ops=True) or P.encode_ops([])
-            else:
-                snapshot = self._all_ops()
+            snapshot = _whole(link.forwarder if link.is_broker else self.all)
         frames = link.want_reset_frames(snapshot)
         if link.acks:
             self.links.unacked[link.link] = link

@@ -106,22 +106,20 @@ cdef class Trie:
         _unlock(&self._lock)
         return _check_held(rc, "remove", "subscriber", subscriber, k, prefix) == 1
 
-    def remove_subscriber(self, uint64_t subscriber, *, bint keys=True):
+    def remove_subscriber(self, uint64_t subscriber) -> list:
         """Drop every key the subscriber holds.  Returns the ``(key, prefix)``
         pairs that lost their last holder (what a disconnect unsubscribes
-        upstream); with ``keys=False`` only how many keys it held, without
-        a copy of them (a broker's forwarder has the diff).  Its cost grows
-        with the subscriber's own keys only."""
+        upstream).  Its cost grows with the subscriber's own keys only."""
         cdef fb_keylist gone
         cdef int rc
         fb_keylist_init(&gone)
         try:
             _lock(&self._lock)
             with nogil:
-                rc = fb_trie_remove_subscriber(self._t, subscriber, &gone if keys else NULL)
+                rc = fb_trie_remove_subscriber(self._t, subscriber, &gone)
             _unlock(&self._lock)
             _check(rc, "remove_subscriber")
-            return _keylist_to_list(&gone, False, False) if keys else rc
+            return _keylist_to_list(&gone, False, False)
         finally:
             fb_keylist_free(&gone)
 
