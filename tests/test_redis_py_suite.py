@@ -22,10 +22,11 @@ import re
 import subprocess
 import sys
 import tarfile
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+import suites
+from suites import pip
 
 HERE = Path(__file__).resolve().parent
 EXPECTED = HERE / "redis_py" / "expected.txt"
@@ -41,20 +42,7 @@ SUITE_FILES = ["tests/test_pubsub.py", "tests/test_asyncio/test_pubsub.py"]
 
 def read_expected(path: Path = EXPECTED) -> dict[str, tuple[str, str]]:
     """{test id: (outcome, why)}: outcome ``pass``, ``n/a`` or ``differs``."""
-    out: dict[str, tuple[str, str]] = {}
-    outcome = why = None
-    for line in path.read_text().splitlines():
-        if line.startswith("## "):
-            head = line[3:]
-            outcome, _, why = head.partition(": ")
-            assert outcome in ("pass", "n/a", "differs"), f"{path}: unknown outcome {head!r}"
-            continue
-        if not line.strip() or line.startswith("#"):
-            continue
-        assert outcome is not None, f"{path}: a test before any '## outcome' line: {line!r}"
-        assert line not in out, f"{path}: {line} listed twice"
-        out[line] = (outcome, why)
-    return out
+    return suites.read_expected(path)
 
 
 def readme_difference_rows() -> set[str]:
@@ -85,24 +73,14 @@ def test_the_list_of_outcomes_is_consistent():
     assert outcomes.count("pass") > 150 and outcomes.count("differs") <= 4
 
 
-def _pip(*args: str, cwd: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], cwd=cwd,
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode:
-        why = f"pip {' '.join(args[:2])} failed: {r.stderr.strip().splitlines()[-1:] or r.stdout[-300:]}"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(f"{why} (no package index here?)")
-
-
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory) -> Path:
     """redis-py's tests, their settings and the fastbus factory, in a
     directory of their own; ``site/`` beside them holds redis-py and the
     plugins."""
     root = tmp_path_factory.mktemp("redis-py-suite")
-    _pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", f"redis=={REDIS_PY}", "-d", "dl", cwd=root)
-    _pip("install", "--quiet", "--no-deps", "--target", "site", f"redis=={REDIS_PY}", *PLUGINS, cwd=root)
+    pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", f"redis=={REDIS_PY}", "-d", "dl", cwd=root)
+    pip("install", "--quiet", "--no-deps", "--target", "site", f"redis=={REDIS_PY}", *PLUGINS, cwd=root)
     (sdist,) = (root / "dl").glob("redis-*.tar.gz")
     top = f"redis-{REDIS_PY}/"
     with tarfile.open(sdist) as tar:
@@ -120,22 +98,6 @@ def suite(tmp_path_factory) -> Path:
     return src
 
 
-def _outcomes(junit: Path) -> dict[str, tuple[str, str]]:
-    """{test id: (passed | failed | skipped, first line of why)} from a
-    junit XML report."""
-    out = {}
-    for case in ET.parse(junit).iter("testcase"):
-        parts = case.get("classname").split(".")
-        test = f"{'/'.join(parts[:-1])}.py::{parts[-1]}::{case.get('name')}"
-        state, why = "passed", ""
-        for child in case:
-            if child.tag in ("failure", "error", "skipped"):
-                state = "skipped" if child.tag == "skipped" else "failed"
-                why = (child.get("message") or "").strip().splitlines()[0][:200] if child.get("message") else ""
-        out[test] = (state, why)
-    return out
-
-
 def test_redis_py_pubsub_suite_against_fastbus(suite, brokers):
     """Every test redis-py's pub/sub suite holds does what the list says:
     the applicable ones pass, sync and asyncio."""
@@ -150,17 +112,8 @@ def test_redis_py_pubsub_suite_against_fastbus(suite, brokers):
                         "--redis-url", "redis://127.0.0.1:1/0", f"--junitxml={junit}"],
                        cwd=suite, env=env, capture_output=True, text=True, timeout=900)
     assert junit.exists(), f"redis-py's suite did not run (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    got = _outcomes(junit)
-    expected = read_expected()
-    wrong = []
-    for test, (state, why) in sorted(got.items()):
-        want = expected.get(test)
-        if want is None:
-            wrong.append(f"{test}: {state}, and not in {EXPECTED.name}")
-        elif (want[0] == "pass") != (state == "passed"):
-            wrong.append(f"{test}: {state} ({why}), listed as {want[0]}{': ' + want[1] if want[1] else ''}")
-    missing = sorted(set(expected) - set(got))
-    assert not wrong and not missing, ("\n".join(wrong) + "\nlisted, not run: " + ", ".join(missing)
-                                       + f"\n--- pytest said:\n{r.stdout[-2000:]}")
+    got = suites.junit_outcomes(junit)
+    wrong = suites.mismatches(got, read_expected(), EXPECTED.name)
+    assert not wrong, "\n".join(wrong) + f"\n--- pytest said:\n{r.stdout[-2000:]}"
     assert len(got) >= 300
     assert re.search(r"\d+ passed", r.stdout), r.stdout[-2000:]

@@ -36,6 +36,7 @@ from snippets import DOCS, SPARK_NAMES, prelude, python_snippets, reads
 NEEDS = {
     "for message in p.listen():": {"broker": True, "until": "'data': b'hello'"},
     'client = fastbus.Client(host="127.0.0.1", port=6464)': {"broker": True},
+    'layer = ChannelLayer("tcp://127.0.0.1:6464")': {"broker": True, "until": "'text': 'hi'"},
     "fastbus.curve.client_keys": {"setup": ["keygen --name server", "keygen --dir clients --name client"]},
 }
 DEFAULT_PORT = 6464

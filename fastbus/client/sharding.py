@@ -29,7 +29,30 @@ from fastbus._messages import to_bytes as _key
 from fastbus.client import Client, ConnectionClosed, PubSub
 from fastbus.client._session import driving, wait_many
 
-__all__ = ["ShardedClient", "ShardedPubSub"]
+__all__ = ["Ring", "ShardedClient", "ShardedPubSub"]
+
+
+class Ring:
+    """Which of several brokers owns a channel: ``replicas`` points per
+    endpoint on a hash ring (consistent hashing).  Every client built over
+    the same endpoint list agrees; :class:`ShardedClient` and
+    :class:`fastbus.channels.ChannelLayer` use it."""
+
+    def __init__(self, endpoints: list[str], replicas: int = 64) -> None:
+        if not endpoints:
+            raise ValueError("sharding needs at least one endpoint")
+        if len(set(endpoints)) != len(endpoints):
+            raise ValueError(f"duplicate endpoint in {endpoints!r}")
+        if replicas < 1:
+            raise ValueError("replicas must be >= 1")
+        ring = sorted((shard_hash(f"{e}#{i}".encode()), n) for n, e in enumerate(endpoints) for i in range(replicas))
+        self._points = [p for p, _n in ring]
+        self._owners = [n for _p, n in ring]
+
+    def shard(self, channel) -> int:
+        """Index (in the endpoint list) of the broker that owns a channel."""
+        i = bisect.bisect(self._points, shard_hash(_key(channel))) % len(self._points)
+        return self._owners[i]
 
 
 class ShardedClient:
@@ -37,22 +60,13 @@ class ShardedClient:
     arguments go to each Client."""
 
     def __init__(self, endpoints: list[str], *, replicas: int = 64, **client_kwargs) -> None:
-        if not endpoints:
-            raise ValueError("ShardedClient needs at least one endpoint")
-        if len(set(endpoints)) != len(endpoints):
-            raise ValueError("duplicate endpoint in ShardedClient")
-        if replicas < 1:
-            raise ValueError("replicas must be >= 1")
+        self._ring = Ring(endpoints, replicas)
         self.endpoints = list(endpoints)
         self.clients = [Client(endpoint=e, **client_kwargs) for e in endpoints]
-        ring = sorted((shard_hash(f"{e}#{i}".encode()), n) for n, e in enumerate(endpoints) for i in range(replicas))
-        self._points = [p for p, _n in ring]
-        self._owners = [n for _p, n in ring]
 
     def shard(self, channel) -> int:
         """Index of the broker that owns a channel."""
-        i = bisect.bisect(self._points, shard_hash(_key(channel))) % len(self._points)
-        return self._owners[i]
+        return self._ring.shard(channel)
 
     def publish(self, channel, message) -> int:
         return self.clients[self.shard(channel)].publish(channel, message)

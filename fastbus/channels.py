@@ -1,0 +1,516 @@
+"""A Django Channels channel layer on fastbus brokers.
+
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "fastbus.channels.ChannelLayer",
+            "CONFIG": {"endpoint": "tcp://127.0.0.1:6464"},
+        },
+    }
+
+It is a pub/sub layer, as channels_redis's ``RedisPubSubChannelLayer`` is:
+a message reaches the receivers that exist when it is sent, through the
+broker, and waits in the receiving process (up to ``capacity`` per channel,
+at most ``expiry`` seconds) until a consumer takes it.
+
+How it maps onto fastbus (docs/channels.md says more):
+
+* Each event loop that uses the layer has its own connections (a
+  :class:`fastbus.aio.Client` and one subscribing connection per broker)
+  and its own client prefix.  The channels ``new_channel()`` makes there
+  all live under one pattern subscription, ``{prefix}:specific:{client
+  prefix}:*``, taken once: making a channel costs no round trip after the
+  first.
+* A group is a fastbus channel, ``{prefix}:group:{name}``, subscribed by
+  each loop that has a member of it.  ``group_send()`` publishes once: the
+  message crosses each broker link once however many members a process
+  has, and the receiving process hands it to each of its members.
+* A named channel (without ``!``) is the fastbus channel
+  ``{prefix}:channel:{name}``, subscribed by the loops that ``receive()``
+  it: every receiver gets every message (pub/sub), and a message sent while
+  nobody receives it is not kept.
+* With several endpoints, each channel and group lives on the broker
+  :class:`fastbus.sharding.Ring` picks for it, and a loop's own channels on
+  the broker its client prefix hashes to.
+* ``capacity`` and ``channel_capacity`` bound each channel's messages
+  waiting in the receiving process: beyond it, a ``send()`` from the same
+  loop raises :class:`channels.exceptions.ChannelFull`, and a message that
+  arrives is dropped and counted (``stats()["dropped_full"]``, and a log
+  line at INFO), as channels_redis's ``group_send()`` drops.  ``expiry``:
+  a message older than that (by the sender's clock) when a consumer asks
+  for it is dropped and counted.  ``group_expiry``: a membership older
+  than that ends (as in channels_redis; re-adding renews it).
+* A ``receive()`` that is cancelled ends its channel in this loop (as in
+  channels_redis's pub/sub layer: Channels cancels it when a consumer
+  exits); a message that arrives for an ended channel is counted
+  (``dropped_gone``).
+
+When a broker restarts, the clients reconnect and subscribe again by
+themselves; a message sent from the moment the broker went away until the
+receiving loop has subscribed again may be lost.  A message is never
+delivered twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import struct
+import time
+import types
+from typing import Any
+
+from channels.exceptions import ChannelFull
+from channels.layers import BaseChannelLayer
+
+from fastbus import protocol as P
+from fastbus.client.aio import Client, PubSub
+from fastbus.client.sharding import Ring
+from fastbus.errors import ConnectionClosed
+
+__all__ = ["ChannelFull", "ChannelLayer", "DEFAULT_ENDPOINT"]
+
+log = logging.getLogger("fastbus.channels")
+
+#: The broker a layer uses when its CONFIG names none (``fastbus broker``'s default).
+DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{P.DEFAULT_PORT}"
+
+#: Each payload on the wire: the sender's time.time() (for ``expiry``), then
+#: the serialized message.
+_STAMP = struct.Struct("!d")
+
+_COUNTERS = ("sent", "unwanted", "delivered", "received", "dropped_full", "dropped_expired", "dropped_gone",
+             "forwarded", "malformed")
+
+
+class _Serializer:
+    """msgpack (channels_redis's default) or JSON, optionally encrypted with
+    Fernet keys (``symmetric_encryption_keys``, as channels_redis takes them:
+    the first key encrypts, any of them decrypts)."""
+
+    def __init__(self, serializer_format: str, symmetric_encryption_keys: Any, expiry: float | None) -> None:
+        if serializer_format == "msgpack":
+            try:
+                import msgpack
+            except ImportError as exc:
+                raise ImportError("fastbus.channels needs msgpack: pip install 'fastbus[channels]'") from exc
+            self.dumps, self.loads = msgpack.packb, msgpack.unpackb
+        elif serializer_format == "json":
+            self.dumps = lambda m: json.dumps(m).encode()
+            self.loads = json.loads
+        else:
+            raise ValueError(f"serializer_format must be 'msgpack' or 'json', not {serializer_format!r}")
+        self.crypter = None
+        self.ttl = None if expiry is None else int(expiry) + 10
+        if symmetric_encryption_keys:
+            if isinstance(symmetric_encryption_keys, (str, bytes)):
+                raise ValueError("symmetric_encryption_keys must be a list of keys, not one key")
+            try:
+                from cryptography.fernet import Fernet, MultiFernet
+            except ImportError as exc:
+                raise ImportError("symmetric_encryption_keys needs the cryptography package") from exc
+            import base64
+            import hashlib
+            fernets = [Fernet(base64.urlsafe_b64encode(hashlib.sha256(k.encode() if isinstance(k, str) else k).digest()))
+                       for k in symmetric_encryption_keys]
+            self.crypter = MultiFernet(fernets)
+
+    def serialize(self, message: Any) -> bytes:
+        data = self.dumps(message)
+        return self.crypter.encrypt(data) if self.crypter else data
+
+    def deserialize(self, data: bytes) -> Any:
+        if self.crypter:
+            data = self.crypter.decrypt(data, self.ttl)
+        return self.loads(data)
+
+
+class ChannelLayer(BaseChannelLayer):
+    """A channel layer on one fastbus broker (``endpoint``) or several
+    (a list of endpoints).  The other arguments are channels_redis's:
+    ``prefix`` (of every fastbus channel the layer uses), ``expiry``
+    (seconds a message may wait for a consumer), ``group_expiry`` (seconds
+    a group membership lasts), ``capacity`` and ``channel_capacity`` (how
+    many messages may wait per channel; ``{glob or regex: capacity}``),
+    ``serializer_format`` (``"msgpack"`` or ``"json"``) and
+    ``symmetric_encryption_keys``.  ``client_options`` go to each
+    :class:`fastbus.aio.Client` (CURVE keys, buffer sizes, ...)."""
+
+    extensions = ["groups", "flush"]
+
+    def __init__(self, endpoint: str | list[str] = DEFAULT_ENDPOINT, *, prefix: str = "asgi", expiry: float = 60,
+                 group_expiry: float = 86400, capacity: int = 100, channel_capacity: dict | None = None,
+                 serializer_format: str = "msgpack", symmetric_encryption_keys: Any = None,
+                 client_options: dict | None = None, **unknown: Any) -> None:
+        if unknown:
+            hint = (" (channels_redis's 'hosts' are Redis servers: this layer takes 'endpoint', a fastbus broker's "
+                    "tcp://host:port, or a list of them)") if "hosts" in unknown else ""
+            raise TypeError(f"fastbus.channels.ChannelLayer: unknown CONFIG key(s) {', '.join(map(repr, unknown))}{hint}")
+        super().__init__(expiry=expiry, capacity=capacity, channel_capacity=channel_capacity)
+        self.endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+        self._ring = Ring(self.endpoints)
+        if not self.group_name_regex.match(prefix):
+            raise ValueError(f"prefix {prefix!r}: use ASCII letters, digits, '-', '_' and '.'")
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, not {capacity!r}")
+        self.prefix = prefix
+        self.group_expiry = group_expiry
+        self.channel_capacity = self.compile_capacities(self.channel_capacity)
+        self.client_options = dict(client_options or {})
+        # Random from the OS: a program that seeds `random` gets new names.
+        self.client_prefix = secrets.token_hex(6)
+        self._serializer = _Serializer(serializer_format, symmetric_encryption_keys, expiry)
+        self._layers: dict[asyncio.AbstractEventLoop, _LoopLayer] = {}
+        self._loops_made = 0
+        self.counters = dict.fromkeys(_COUNTERS, 0)
+
+    # -- what the Channels API calls -----------------------------------------
+
+    async def send(self, channel: str, message: Any) -> None:
+        """Send a message to a channel.  ChannelFull when the channel is
+        received in this event loop and already holds its capacity."""
+        self.require_valid_channel_name(channel)
+        await self._get_layer().send(channel, message)
+
+    async def receive(self, channel: str) -> Any:
+        """The next message of a channel (waits for one).  A channel of
+        ``new_channel()`` is received in the event loop that made it."""
+        self.require_valid_channel_name(channel)
+        return await self._get_layer().receive(channel)
+
+    async def new_channel(self, prefix: str = "specific") -> str:
+        """A new channel name for a consumer of this event loop; it receives
+        from now on."""
+        return await self._get_layer().new_channel(prefix)
+
+    async def group_add(self, group: str, channel: str) -> None:
+        """Add a channel to a group (for ``group_expiry`` seconds).  Once this
+        returns, every later group_send() reaches it, from any process."""
+        self.require_valid_group_name(group)
+        self.require_valid_channel_name(channel)
+        await self._get_layer().group_add(group, channel)
+
+    async def group_discard(self, group: str, channel: str) -> None:
+        """Remove a channel from a group (nothing happens if it is not in it)."""
+        self.require_valid_group_name(group)
+        self.require_valid_channel_name(channel)
+        await self._get_layer().group_discard(group, channel)
+
+    async def group_send(self, group: str, message: Any) -> None:
+        """Send a message to every channel of a group (those over capacity
+        miss it: counted in ``stats()``)."""
+        self.require_valid_group_name(group)
+        await self._get_layer().group_send(group, message)
+
+    async def flush(self) -> None:
+        """Forget this event loop's channels, groups and waiting messages
+        and close its connections (the layer opens new ones when used
+        again).  Other processes and loops keep theirs."""
+        layer = self._layers.pop(asyncio.get_running_loop(), None)
+        if layer is not None:
+            await layer.close()
+
+    close = flush
+
+    # -- serialization and names -------------------------------------------
+
+    def serialize(self, message: Any) -> bytes:
+        return self._serializer.serialize(message)
+
+    def deserialize(self, data: bytes) -> Any:
+        return self._serializer.deserialize(data)
+
+    def _group_key(self, group: str) -> bytes:
+        """The fastbus channel of a group."""
+        return f"{self.prefix}:group:{group}".encode()
+
+    def stats(self) -> dict[str, int]:
+        """Counters since the layer was made, over all its event loops:
+        ``sent`` (send and group_send calls), ``unwanted`` (of those, how
+        many no subscriber wanted, as the broker told the sender),
+        ``delivered`` (messages put in a channel of this process),
+        ``received`` (returned by receive()), ``dropped_full``,
+        ``dropped_expired``, ``dropped_gone`` (for a channel whose receive()
+        was cancelled), ``forwarded`` (group messages passed on to a member
+        received elsewhere), ``malformed``; and ``channels`` and ``groups``
+        held now."""
+        out = dict(self.counters)
+        out["channels"] = sum(len(layer.inboxes) for layer in self._layers.values())
+        out["groups"] = sum(len(layer.groups) for layer in self._layers.values())
+        return out
+
+    def _get_layer(self) -> _LoopLayer:
+        loop = asyncio.get_running_loop()
+        layer = self._layers.get(loop)
+        if layer is None:
+            self._loops_made += 1
+            layer = self._layers[loop] = _LoopLayer(self, f"{self.client_prefix}_{self._loops_made}")
+            _close_with_loop(self, loop)
+        return layer
+
+
+def _close_with_loop(owner: ChannelLayer, loop: asyncio.AbstractEventLoop) -> None:
+    """Close a loop's connections when the loop closes (as async_to_sync's
+    loops do after each call), so nothing is left behind."""
+    original = loop.close
+
+    def close(self: asyncio.AbstractEventLoop) -> None:
+        layer = owner._layers.pop(self, None)
+        if layer is not None and not self.is_closed() and not self.is_running():
+            self.run_until_complete(layer.close())
+        self.close = original            # type: ignore[method-assign]
+        original()
+
+    loop.close = types.MethodType(close, loop)   # type: ignore[method-assign]
+
+
+class _Inbox:
+    """One channel's waiting messages in this loop: (sent at, payload)."""
+
+    __slots__ = ("queue", "receivers")
+
+    def __init__(self, capacity: int) -> None:
+        self.queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(capacity)
+        self.receivers = 0
+
+
+class _LoopLayer:
+    """The layer's state in one event loop: its connections, the channels
+    received here (inboxes), the groups with members here."""
+
+    def __init__(self, channel_layer: ChannelLayer, client_prefix: str) -> None:
+        self.channel_layer = channel_layer
+        cl = channel_layer
+        self.client_prefix = client_prefix
+        n = len(cl.endpoints)
+        self.clients: list[Client | None] = [None] * n
+        self.pubsubs: list[PubSub | None] = [None] * n
+        self.readers: list[asyncio.Task | None] = [None] * n
+        self.inboxes: dict[str, _Inbox] = {}
+        self.groups: dict[str, dict[str, float]] = {}     # group -> {channel: added at, monotonic}
+        self.topics: dict[bytes, int] = {}                 # subscribed topic -> shard
+        self._lock = asyncio.Lock()                        # (un)subscribing, one at a time
+        p = cl.prefix
+        self.mine = f"{p}:specific:{client_prefix}:"       # this loop's channels' topics start so
+        self._mine_b = self.mine.encode()
+        self._specific_b = f"{p}:specific:".encode()
+        self._group_b = f"{p}:group:".encode()
+        self._channel_b = f"{p}:channel:".encode()
+
+    # -- topics ---------------------------------------------------------------
+
+    def _topic(self, channel: str) -> tuple[bytes, int]:
+        """The fastbus channel a Channels channel travels on, and its broker."""
+        bang = channel.find("!")
+        if bang < 0:
+            topic = self._channel_b + channel.encode()
+            return topic, self.channel_layer._ring.shard(topic)
+        owner = channel[:bang].rpartition(".")[2]
+        home = self._specific_b + owner.encode() + b":"
+        return home + channel.encode(), self.channel_layer._ring.shard(home)
+
+    def _client(self, shard: int) -> Client:
+        c = self.clients[shard]
+        if c is None:
+            c = self.clients[shard] = Client(endpoint=self.channel_layer.endpoints[shard],
+                                             **self.channel_layer.client_options)
+        return c
+
+    async def _subscribe(self, topic: bytes, shard: int, pattern: bool) -> None:
+        async with self._lock:
+            if topic in self.topics:
+                return
+            p = self.pubsubs[shard]
+            if p is None:
+                p = self.pubsubs[shard] = self._client(shard).pubsub(ignore_subscribe_messages=True)
+            if pattern:
+                await p.psubscribe(topic + b"*")
+            else:
+                await p.subscribe(topic)
+            self.topics[topic] = shard
+            if self.readers[shard] is None:
+                self.readers[shard] = asyncio.get_running_loop().create_task(self._read(p))
+
+    async def _unsubscribe(self, topic: bytes) -> None:
+        async with self._lock:
+            shard = self.topics.pop(topic, None)
+            p = self.pubsubs[shard] if shard is not None else None
+            if p is not None and not p.closed:
+                await p.unsubscribe(topic)
+
+    async def _publish(self, topic: bytes, shard: int, message: Any) -> None:
+        cl = self.channel_layer
+        payload = _STAMP.pack(time.time()) + cl.serialize(message)
+        cl.counters["sent"] += 1
+        if not await self._client(shard).publish(topic, payload):
+            cl.counters["unwanted"] += 1
+
+    # -- the API, in this loop -------------------------------------------------
+
+    async def send(self, channel: str, message: Any) -> None:
+        inbox = self.inboxes.get(channel)
+        if inbox is not None and inbox.queue.full():
+            raise ChannelFull(channel)
+        topic, shard = self._topic(channel)
+        await self._publish(topic, shard, message)
+
+    async def group_send(self, group: str, message: Any) -> None:
+        topic = self.channel_layer._group_key(group)
+        await self._publish(topic, self.channel_layer._ring.shard(topic), message)
+
+    async def new_channel(self, prefix: str) -> str:
+        name = f"{prefix}.{self.client_prefix}!{secrets.token_hex(12)}"
+        self.channel_layer.require_valid_channel_name(name)
+        await self._open(name)
+        return name
+
+    async def _open(self, channel: str) -> _Inbox:
+        """The channel's inbox, subscribing what it needs first."""
+        inbox = self.inboxes.get(channel)
+        if inbox is not None:
+            return inbox
+        topic, shard = self._topic(channel)
+        if "!" in channel:
+            if not topic.startswith(self._mine_b):
+                raise AssertionError(f"{channel!r} was not made by new_channel() in this event loop: "
+                                     f"a specific channel is received where it was made")
+            await self._subscribe(self._mine_b, shard, pattern=True)
+        else:
+            await self._subscribe(topic, shard, pattern=False)
+        return self.inboxes.setdefault(channel, _Inbox(self.channel_layer.get_capacity(channel)))
+
+    async def receive(self, channel: str) -> Any:
+        cl = self.channel_layer
+        inbox = await self._open(channel)
+        inbox.receivers += 1
+        try:
+            while True:
+                sent_at, payload = await inbox.queue.get()
+                if cl.expiry is not None and time.time() - sent_at > cl.expiry:
+                    cl.counters["dropped_expired"] += 1
+                    continue
+                cl.counters["received"] += 1
+                return cl.deserialize(payload)
+        except asyncio.CancelledError:
+            # Channels cancels a consumer's receive() when the consumer
+            # exits: its channel ends here (channels_redis's pub/sub rule).
+            if inbox.receivers == 1 and self.inboxes.get(channel) is inbox:
+                del self.inboxes[channel]
+                if "!" not in channel:
+                    await self._unsubscribe(self._topic(channel)[0])
+            raise
+        finally:
+            inbox.receivers -= 1
+
+    async def group_add(self, group: str, channel: str) -> None:
+        members = self.groups.setdefault(group, {})
+        members[channel] = time.monotonic()
+        topic = self.channel_layer._group_key(group)
+        try:
+            await self._subscribe(topic, self.channel_layer._ring.shard(topic), pattern=False)
+        except BaseException:
+            if members.pop(channel, None) is not None and not members:
+                self.groups.pop(group, None)
+            raise
+
+    async def group_discard(self, group: str, channel: str) -> None:
+        members = self.groups.get(group)
+        if members is None or members.pop(channel, None) is None:
+            return
+        if not members:
+            del self.groups[group]
+            await self._unsubscribe(self.channel_layer._group_key(group))
+
+    # -- arriving messages -----------------------------------------------------
+
+    async def _read(self, p: PubSub) -> None:
+        """Hand what arrives on a subscribing connection to its channels."""
+        while True:
+            try:
+                batch = await p.get_batch()
+            except ConnectionClosed:
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:                       # keep the loop's channels served
+                log.exception("fastbus.channels: reading from the broker failed")
+                await asyncio.sleep(0.1)
+                continue
+            for topic, data in batch:
+                if len(data) < _STAMP.size:
+                    self.channel_layer.counters["malformed"] += 1
+                elif topic.startswith(self._group_b):
+                    await self._deliver_group(topic[len(self._group_b):].decode(), data)
+                elif topic.startswith(self._mine_b):
+                    self._deliver(topic[len(self._mine_b):].decode(), data)
+                elif topic.startswith(self._channel_b):
+                    self._deliver(topic[len(self._channel_b):].decode(), data)
+
+    def _deliver(self, channel: str, data: bytes) -> bool:
+        """Put a message in a channel's inbox; False if it was full."""
+        counters = self.channel_layer.counters
+        inbox = self.inboxes.get(channel)
+        if inbox is None:
+            counters["dropped_gone"] += 1
+            return True
+        try:
+            inbox.queue.put_nowait((_STAMP.unpack_from(data)[0], data[_STAMP.size:]))
+        except asyncio.QueueFull:
+            counters["dropped_full"] += 1
+            return False
+        counters["delivered"] += 1
+        return True
+
+    async def _deliver_group(self, group: str, data: bytes) -> None:
+        members = self.groups.get(group)
+        if not members:
+            return
+        cl = self.channel_layer
+        too_old = time.monotonic() - cl.group_expiry if cl.group_expiry else None
+        full = 0
+        for channel, added in list(members.items()):
+            if too_old is not None and added < too_old:
+                del members[channel]
+            elif channel in self.inboxes:
+                full += not self._deliver(channel, data)
+            elif "!" in channel and self._topic(channel)[0].startswith(self._mine_b):
+                # One of ours whose consumer has gone: it leaves the group.
+                del members[channel]
+                cl.counters["dropped_gone"] += 1
+            else:
+                # Received elsewhere (a named channel, another process's
+                # channel): pass it on, as it was sent.
+                topic, shard = self._topic(channel)
+                cl.counters["forwarded"] += 1
+                await self._client(shard).publish(topic, data)
+        if full:
+            log.info("%d of %d channels over capacity in group %s", full, len(members), group)
+        if not members:
+            self.groups.pop(group, None)
+            await self._unsubscribe(cl._group_key(group))
+
+    # -- closing ---------------------------------------------------------------
+
+    async def close(self) -> None:
+        for task in self.readers:
+            if task is not None:
+                task.cancel()
+        for task in self.readers:
+            if task is not None:
+                try:
+                    await task
+                except BaseException:
+                    pass
+        for p in self.pubsubs:
+            if p is not None:
+                await p.aclose()
+        for c in self.clients:
+            if c is not None:
+                await c.close()
+        self.readers = [None] * len(self.readers)
+        self.pubsubs = [None] * len(self.pubsubs)
+        self.clients = [None] * len(self.clients)
+        self.inboxes.clear()
+        self.groups.clear()
+        self.topics.clear()

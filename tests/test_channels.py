@@ -1,0 +1,258 @@
+"""fastbus.channels.ChannelLayer on real brokers: what channels_redis's own
+suite (tests/test_channels_redis_suite.py) does not ask — other processes,
+a broker restart, what crosses the broker, what is dropped and counted,
+and the errors a user meets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import time
+
+import pytest
+from brokers import python_process
+
+pytest.importorskip("channels", reason="fastbus.channels needs channels: pip install 'fastbus[channels]'")
+pytest.importorskip("msgpack", reason="fastbus.channels needs msgpack: pip install 'fastbus[channels]'")
+
+from channels.exceptions import ChannelFull  # noqa: E402
+
+from fastbus.channels import ChannelLayer  # noqa: E402
+
+#: A consumer process: G channels in group "room", prints their names, then
+#: what each receives (N messages each), as JSON lines.
+CONSUMER = r"""
+import asyncio, json, sys
+from fastbus.channels import ChannelLayer
+endpoint, groups, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+async def main():
+    layer = ChannelLayer(endpoint)
+    names = [await layer.new_channel() for _ in range(groups)]
+    for name in names:
+        await layer.group_add("room", name)
+    print(json.dumps({"ready": names}), flush=True)
+
+    async def take(name):
+        return [(await asyncio.wait_for(layer.receive(name), 20))["i"] for _ in range(n)]
+
+    got = await asyncio.gather(*(take(name) for name in names))
+    print(json.dumps({"got": got, "stats": layer.stats()}), flush=True)
+    await layer.flush()
+
+asyncio.run(main())
+"""
+
+
+def _line(proc: subprocess.Popen) -> dict:
+    line = proc.stdout.readline()
+    assert line, f"the consumer exited ({proc.wait(10)}): {proc.stderr.read()[-3000:]}"
+    return json.loads(line)
+
+
+def test_group_send_reaches_every_member_in_other_processes_crossing_the_broker_once_per_process(brokers):
+    """Two consumer processes with three channels each in one group: every
+    group message reaches all six channels, in order, and the broker sends
+    each one once per process (not once per member)."""
+    b = brokers()
+    procs = [python_process(CONSUMER, b.endpoint, "3", "50", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True) for _ in range(2)]
+    try:
+        for p in procs:
+            assert len(_line(p)["ready"]) == 3          # every group_add has returned: in effect
+        before = b.stats()["messages_out"]
+
+        async def produce():
+            layer = ChannelLayer(b.endpoint)
+            for i in range(50):
+                await layer.group_send("room", {"type": "chat.message", "i": i})
+            await layer.flush()
+
+        asyncio.run(produce())
+        for p in procs:
+            out = _line(p)
+            assert out["got"] == [list(range(50))] * 3
+            assert out["stats"]["dropped_full"] == out["stats"]["dropped_gone"] == 0
+            assert p.wait(20) == 0
+        assert b.stats()["messages_out"] - before == 2 * 50
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def test_the_layer_survives_a_broker_restart(brokers):
+    """The broker goes away and comes back on the same port: the layer's
+    connections come back by themselves, its channel and group still
+    receive, and nothing arrives twice."""
+    b = brokers()
+
+    async def main():
+        layer = ChannelLayer(b.endpoint)
+        me = await layer.new_channel()
+        await layer.group_add("g", me)
+        await layer.group_send("g", {"type": "x", "i": 0})
+        assert (await asyncio.wait_for(layer.receive(me), 5))["i"] == 0
+        await asyncio.to_thread(b.kill)
+        await asyncio.to_thread(b.start)
+        # Messages sent before this loop's subscriptions are back may be
+        # lost (docs/channels.md): send until one arrives, bounded.
+        task = asyncio.ensure_future(layer.receive(me))
+        deadline = time.monotonic() + 20
+        i = 1
+        while not task.done() and time.monotonic() < deadline:
+            await layer.group_send("g", {"type": "x", "i": i})
+            await layer.send(me, {"type": "x", "i": -i})
+            i += 1
+            await asyncio.wait({task}, timeout=0.2)
+        assert task.done(), "nothing arrived after the broker came back"
+        seen = [task.result()["i"]]
+        # Both kinds of message flow again, once each.
+        await layer.group_send("g", {"type": "x", "i": 1000})
+        await layer.send(me, {"type": "x", "i": 2000})
+        while 1000 not in seen or 2000 not in seen:
+            seen.append((await asyncio.wait_for(layer.receive(me), 5))["i"])
+        assert len(seen) == len(set(seen)), f"delivered twice: {seen}"
+        await layer.flush()
+
+    asyncio.run(main())
+
+
+def test_capacity_raises_channel_full_for_a_local_receiver_and_counts_what_is_dropped(brokers, caplog):
+    b = brokers()
+
+    async def main():
+        layer = ChannelLayer(b.endpoint, capacity=2, channel_capacity={"small.*": 1})
+        ch = await layer.new_channel()
+        small = await layer.new_channel("small")
+        await layer.group_add("g", ch)
+        await layer.group_add("g", small)
+        for i in range(3):
+            await layer.group_send("g", {"i": i})
+        await asyncio.sleep(0)
+        # (both have arrived once the next one does: one connection, in order)
+        await layer.send(ch, {"i": "marker"})
+        deadline = time.monotonic() + 5
+        while layer.stats()["delivered"] + layer.stats()["dropped_full"] < 7 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert layer.stats()["dropped_full"] == 4      # ch: message 2 and the marker; small: 1 and 2
+        with pytest.raises(ChannelFull):
+            await layer.send(ch, {"i": "over"})        # a receiver here, full: the sender hears it
+        assert [(await layer.receive(ch))["i"] for _ in range(2)] == [0, 1]
+        assert (await layer.receive(small))["i"] == 0
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(layer.receive(small), 0.3)
+        await layer.flush()
+
+    with caplog.at_level(logging.INFO, logger="fastbus.channels"):
+        asyncio.run(main())
+    assert "2 of 2 channels over capacity in group g" in caplog.text
+
+
+def test_expired_messages_are_dropped_and_counted(brokers):
+    b = brokers()
+
+    async def main():
+        layer = ChannelLayer(b.endpoint, expiry=0.3)
+        ch = await layer.new_channel()
+        await layer.send(ch, {"i": 0})
+        await asyncio.sleep(0.6)
+        await layer.send(ch, {"i": 1})
+        assert (await asyncio.wait_for(layer.receive(ch), 5))["i"] == 1
+        assert layer.stats()["dropped_expired"] == 1
+        await layer.flush()
+
+    asyncio.run(main())
+
+
+def test_a_group_member_received_elsewhere_gets_the_message_forwarded(brokers):
+    """group_add() of a named channel that another process receives: the
+    group message is passed on to it."""
+    b = brokers()
+
+    async def main():
+        adder, receiver = ChannelLayer(b.endpoint), ChannelLayer(b.endpoint)
+        task = asyncio.ensure_future(receiver.receive("worker-jobs"))
+        while receiver.stats()["channels"] == 0:      # its receive() has subscribed
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        await adder.group_add("jobs", "worker-jobs")
+        await adder.group_send("jobs", {"type": "job", "n": 7})
+        assert (await asyncio.wait_for(task, 5))["n"] == 7
+        assert adder.stats()["forwarded"] == 1
+        await adder.flush()
+        await receiver.flush()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_receive_ends_its_channel_and_leaves_its_groups(brokers):
+    b = brokers()
+
+    async def main():
+        layer = ChannelLayer(b.endpoint)
+        ch = await layer.new_channel()
+        await layer.group_add("g", ch)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(layer.receive(ch), 0.1)
+        assert layer.stats()["channels"] == 0
+        await layer.group_send("g", {"i": 1})
+        deadline = time.monotonic() + 5
+        while layer.stats()["dropped_gone"] == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert layer.stats()["dropped_gone"] == 1 and layer.stats()["groups"] == 0
+        await layer.flush()
+
+    asyncio.run(main())
+
+
+def test_each_event_loop_closes_what_it_opened(brokers):
+    """async_to_sync-style use: each call's loop opens connections, and
+    the loop's close closes them."""
+    b = brokers()
+    layer = ChannelLayer(b.endpoint)
+    for _ in range(3):
+        asyncio.run(layer.group_send("g", {"type": "x"}))
+    assert layer._layers == {}
+    assert layer.stats()["sent"] == 3
+    deadline = time.monotonic() + 10
+    while b.stats()["peers"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert b.stats()["peers"] == 0
+
+
+def test_configuration_errors_are_clear():
+    with pytest.raises(TypeError, match="'hosts'.*endpoint"):
+        ChannelLayer(hosts=["redis://127.0.0.1:6379"])
+    with pytest.raises(ValueError, match="serializer_format"):
+        ChannelLayer(serializer_format="pickle")
+    with pytest.raises(ValueError, match="duplicate endpoint"):
+        ChannelLayer(["tcp://127.0.0.1:1", "tcp://127.0.0.1:1"])
+    with pytest.raises(ValueError, match="capacity"):
+        ChannelLayer(capacity=0)
+    layer = ChannelLayer()
+
+    async def bad_names():
+        with pytest.raises(TypeError):
+            await layer.send("no spaces", {})
+        with pytest.raises(TypeError):
+            await layer.group_add("bad group", "ch")
+        with pytest.raises(AssertionError, match="new_channel"):
+            await layer.receive("specific.someoneelse!abc")
+
+    asyncio.run(bad_names())
+
+
+def test_symmetric_encryption_round_trips_and_another_key_cannot_read(brokers):
+    pytest.importorskip("cryptography")
+    layer = ChannelLayer(symmetric_encryption_keys=["k1"])
+    data = layer.serialize({"type": "secret", "n": 1})
+    assert b"secret" not in data
+    assert layer.deserialize(data) == {"type": "secret", "n": 1}
+    assert ChannelLayer(symmetric_encryption_keys=["k0", "k1"]).deserialize(data) == {"type": "secret", "n": 1}
+    from cryptography.fernet import InvalidToken
+    with pytest.raises(InvalidToken):
+        ChannelLayer(symmetric_encryption_keys=["k2"]).deserialize(data)
