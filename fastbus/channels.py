@@ -53,12 +53,14 @@ delivered twice.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import logging
 import secrets
 import struct
 import time
 import types
+import weakref
 from typing import Any
 
 from channels.exceptions import ChannelFull
@@ -81,7 +83,15 @@ DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{P.DEFAULT_PORT}"
 _STAMP = struct.Struct("!d")
 
 _COUNTERS = ("sent", "unwanted", "delivered", "received", "dropped_full", "dropped_expired", "dropped_gone",
-             "forwarded", "malformed")
+             "dropped_broker", "forwarded", "malformed")
+
+#: Messages the reader hands out between two turns of the consumers: a
+#: channel's capacity (100 by default) is not overrun by one read alone.
+READ_BATCH = 64
+
+#: The default ``max_inbox_bytes`` of the layer's connections (the
+#: client's is 8 MiB): what a loop that falls behind may hold unread.
+INBOX_BYTES = 1024 * 1024
 
 
 class _Serializer:
@@ -157,11 +167,14 @@ class ChannelLayer(BaseChannelLayer):
         self.prefix = prefix
         self.group_expiry = group_expiry
         self.channel_capacity = self.compile_capacities(self.channel_capacity)
-        self.client_options = dict(client_options or {})
+        # A loop that falls behind stops reading soon, so the broker's rules
+        # for a slow subscriber apply instead of a backlog in this process.
+        self.client_options = {"max_inbox_bytes": INBOX_BYTES, **(client_options or {})}
         # Random from the OS: a program that seeds `random` gets new names.
         self.client_prefix = secrets.token_hex(6)
         self._serializer = _Serializer(serializer_format, symmetric_encryption_keys, expiry)
         self._layers: dict[asyncio.AbstractEventLoop, _LoopLayer] = {}
+        _LIVE.add(self)
         self._loops_made = 0
         self.counters = dict.fromkeys(_COUNTERS, 0)
 
@@ -176,8 +189,10 @@ class ChannelLayer(BaseChannelLayer):
     async def receive(self, channel: str) -> Any:
         """The next message of a channel (waits for one).  A channel of
         ``new_channel()`` is received in the event loop that made it."""
-        self.require_valid_channel_name(channel)
-        return await self._get_layer().receive(channel)
+        layer = self._get_layer()
+        if channel not in layer.inboxes:       # (checked when it was opened)
+            self.require_valid_channel_name(channel)
+        return await layer.receive(channel)
 
     async def new_channel(self, prefix: str = "specific") -> str:
         """A new channel name for a consumer of this event loop; it receives
@@ -232,7 +247,8 @@ class ChannelLayer(BaseChannelLayer):
         ``delivered`` (messages put in a channel of this process),
         ``received`` (returned by receive()), ``dropped_full``,
         ``dropped_expired``, ``dropped_gone`` (for a channel whose receive()
-        was cancelled), ``forwarded`` (group messages passed on to a member
+        was cancelled), ``dropped_broker`` (by the broker, for a loop that
+        fell behind: its gap notices), ``forwarded`` (group messages passed on to a member
         received elsewhere), ``malformed``; and ``channels`` and ``groups``
         held now."""
         out = dict(self.counters)
@@ -250,6 +266,18 @@ class ChannelLayer(BaseChannelLayer):
         return layer
 
 
+_LIVE: weakref.WeakSet[ChannelLayer] = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_at_exit() -> None:
+    """A server that exits without closing its loop (daphne does): the
+    connections still say goodbye, so the broker counts no peer as lost."""
+    for owner in list(_LIVE):
+        for layer in list(owner._layers.values()):
+            layer.shutdown()
+
+
 def _close_with_loop(owner: ChannelLayer, loop: asyncio.AbstractEventLoop) -> None:
     """Close a loop's connections when the loop closes (as async_to_sync's
     loops do after each call), so nothing is left behind."""
@@ -258,7 +286,12 @@ def _close_with_loop(owner: ChannelLayer, loop: asyncio.AbstractEventLoop) -> No
     def close(self: asyncio.AbstractEventLoop) -> None:
         layer = owner._layers.pop(self, None)
         if layer is not None and not self.is_closed() and not self.is_running():
-            self.run_until_complete(layer.close())
+            try:
+                self.run_until_complete(layer.close())
+            except Exception as exc:      # (asyncio.run has shut the executor a flush may need)
+                log.warning("fastbus.channels: closing at the event loop's close, unconfirmed by the "
+                            "broker: %s", exc)
+                layer.shutdown()
         self.close = original            # type: ignore[method-assign]
         original()
 
@@ -382,11 +415,15 @@ class _LoopLayer:
 
     async def receive(self, channel: str) -> Any:
         cl = self.channel_layer
-        inbox = await self._open(channel)
+        inbox = self.inboxes.get(channel)
+        if inbox is None:
+            inbox = await self._open(channel)
+        queue = inbox.queue
         inbox.receivers += 1
         try:
             while True:
-                sent_at, payload = await inbox.queue.get()
+                # (a message waiting is taken without a turn of the loop)
+                sent_at, payload = queue.get_nowait() if queue.qsize() else await queue.get()
                 if cl.expiry is not None and time.time() - sent_at > cl.expiry:
                     cl.counters["dropped_expired"] += 1
                     continue
@@ -425,10 +462,16 @@ class _LoopLayer:
     # -- arriving messages -----------------------------------------------------
 
     async def _read(self, p: PubSub) -> None:
-        """Hand what arrives on a subscribing connection to its channels."""
+        """Hand what arrives on a subscribing connection to its channels, a
+        bounded batch at a time, letting the consumers run between batches:
+        while they keep up, nothing waits in front of their channels; while
+        this whole loop cannot, the connection's reader stops reading and
+        the broker's rules for a slow subscriber apply (a ``gap``, logged
+        and counted as ``dropped_broker``)."""
+        counters = self.channel_layer.counters
         while True:
             try:
-                batch = await p.get_batch()
+                batch = await p.get_batch(max_messages=READ_BATCH)
             except ConnectionClosed:
                 return
             except asyncio.CancelledError:
@@ -439,26 +482,33 @@ class _LoopLayer:
                 continue
             for topic, data in batch:
                 if len(data) < _STAMP.size:
-                    self.channel_layer.counters["malformed"] += 1
+                    counters["malformed"] += 1
                 elif topic.startswith(self._group_b):
                     await self._deliver_group(topic[len(self._group_b):].decode(), data)
                 elif topic.startswith(self._mine_b):
                     self._deliver(topic[len(self._mine_b):].decode(), data)
                 elif topic.startswith(self._channel_b):
                     self._deliver(topic[len(self._channel_b):].decode(), data)
+            for notice in p.take_notices():
+                if notice["type"] == "gap":
+                    lost = notice["data"]["lost"]
+                    counters["dropped_broker"] += lost or 0
+                    log.warning("fastbus.channels: the broker dropped %s messages for this process, which fell "
+                                "behind (its slow-subscriber rule)", "some" if lost is None else lost)
+            await asyncio.sleep(0)                  # the consumers' turn
 
-    def _deliver(self, channel: str, data: bytes) -> bool:
+    def _deliver(self, channel: str, data: bytes, item: tuple[float, bytes] | None = None) -> bool:
         """Put a message in a channel's inbox; False if it was full."""
         counters = self.channel_layer.counters
         inbox = self.inboxes.get(channel)
         if inbox is None:
             counters["dropped_gone"] += 1
             return True
-        try:
-            inbox.queue.put_nowait((_STAMP.unpack_from(data)[0], data[_STAMP.size:]))
-        except asyncio.QueueFull:
+        queue = inbox.queue
+        if queue.full():
             counters["dropped_full"] += 1
             return False
+        queue.put_nowait(item or (_STAMP.unpack_from(data)[0], data[_STAMP.size:]))
         counters["delivered"] += 1
         return True
 
@@ -469,11 +519,12 @@ class _LoopLayer:
         cl = self.channel_layer
         too_old = time.monotonic() - cl.group_expiry if cl.group_expiry else None
         full = 0
+        item = (_STAMP.unpack_from(data)[0], data[_STAMP.size:])     # one for all members
         for channel, added in list(members.items()):
             if too_old is not None and added < too_old:
                 del members[channel]
             elif channel in self.inboxes:
-                full += not self._deliver(channel, data)
+                full += not self._deliver(channel, data, item)
             elif "!" in channel and self._topic(channel)[0].startswith(self._mine_b):
                 # One of ours whose consumer has gone: it leaves the group.
                 del members[channel]
@@ -491,6 +542,15 @@ class _LoopLayer:
             await self._unsubscribe(cl._group_key(group))
 
     # -- closing ---------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Close the connections without the loop (at interpreter exit)."""
+        for p in self.pubsubs:
+            if p is not None:
+                p.shutdown(1.0)
+        for c in self.clients:
+            if c is not None:
+                c.shutdown(1.0)
 
     async def close(self) -> None:
         for task in self.readers:

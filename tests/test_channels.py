@@ -256,3 +256,25 @@ def test_symmetric_encryption_round_trips_and_another_key_cannot_read(brokers):
     from cryptography.fernet import InvalidToken
     with pytest.raises(InvalidToken):
         ChannelLayer(symmetric_encryption_keys=["k2"]).deserialize(data)
+
+
+def test_a_process_that_exits_without_closing_its_loop_leaves_the_broker_cleanly(brokers):
+    """As daphne exits (its loop is never closed): the layer's connections
+    say goodbye at interpreter exit, so the broker counts no peer lost."""
+    b = brokers()
+    script = ("import asyncio, os, sys\n"
+              "from fastbus.channels import ChannelLayer\n"
+              "layer = ChannelLayer(sys.argv[1])\n"
+              "loop = asyncio.new_event_loop()\n"
+              "ch = loop.run_until_complete(layer.new_channel())\n"
+              "loop.run_until_complete(layer.group_add('g', ch))\n"
+              "print('ready', flush=True)\n")
+    p = python_process(script, b.endpoint, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and out == "ready\n", err
+    deadline = time.monotonic() + 10
+    while b.stats()["peers"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stats = b.stats()
+    assert stats["peers"] == 0 and stats["subscriptions"] == 0
+    assert not stats["drops"].get("unreachable"), stats["drops"]

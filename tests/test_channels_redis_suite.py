@@ -12,7 +12,7 @@ tests need Redis Sentinel, and the serializer and utility tests test
 channels_redis's own helpers: they are not run.
 
 ``tests/channels_redis/expected.txt`` says for every test: passes, or not
-applicable and why.  Any test whose outcome differs from the list, or that
+applicable and why (two of those race, and are run but not judged).  Any test whose outcome differs from the list, or that
 the list does not name, fails this test.
 """
 
@@ -43,8 +43,8 @@ SUITE_FILES = ["tests/test_pubsub.py", "tests/test_core.py"]
 
 
 def read_expected() -> dict[str, tuple[str, str]]:
-    """{test id: (outcome, why)}: outcome ``pass`` or ``n/a``."""
-    return suites.read_expected(EXPECTED, ("pass", "n/a"))
+    """{test id: (outcome, why)}: outcome ``pass``, ``n/a`` or ``either``."""
+    return suites.read_expected(EXPECTED, ("pass", "n/a", "either"))
 
 
 def test_the_list_of_outcomes_is_consistent():
@@ -54,7 +54,8 @@ def test_the_list_of_outcomes_is_consistent():
     for test, (outcome, why) in expected.items():
         assert outcome == "pass" or len(why) > 20, f"{test}: {outcome} needs a reason"
     outcomes = [o for o, _w in expected.values()]
-    assert outcomes.count("pass") >= 30 and outcomes.count("n/a") <= 12, outcomes
+    assert outcomes.count("pass") >= 30 and outcomes.count("n/a") + outcomes.count("either") <= 10, outcomes
+    assert outcomes.count("either") <= 2, outcomes
 
 
 @pytest.fixture(scope="module")

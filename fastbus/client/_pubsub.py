@@ -689,6 +689,16 @@ class PubSub:
         if self._closed:
             raise ConnectionClosed("pubsub is closed")
 
+    def take_notices(self) -> list[PubSubMessage]:
+        """The notices waiting for get_message() (gaps, reconnects,
+        refusals, and confirmations unless ignored), taken: for a reader
+        that takes its data with get_batch() and must still hear of losses."""
+        out = list(self._control)
+        self._control.clear()
+        if self.ignore_subscribe_messages:
+            out = [m for m in out if m["type"] not in CONFIRM_KINDS]
+        return out
+
     def has_ready(self) -> bool:
         """Is anything ready for get_message()/get_batch() without reading?"""
         return bool(self._control or self._pending or self._dicts or self._inbox)
