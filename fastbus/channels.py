@@ -23,7 +23,10 @@ How it maps onto fastbus (docs/channels.md says more):
 * A group is a fastbus channel, ``{prefix}:group:{name}``, subscribed by
   each loop that has a member of it.  ``group_send()`` publishes once: the
   message crosses each broker link once however many members a process
-  has, and the receiving process hands it to each of its members.
+  has, and the receiving process hands it to each of its members.  A
+  channel joins groups in the loop that receives it (a consumer adds its
+  own channel_name); ``group_add()`` of any other channel raises, as
+  channels_redis's pub/sub layer does.
 * A named channel (without ``!``) is the fastbus channel
   ``{prefix}:channel:{name}``, subscribed by the loops that ``receive()``
   it: every receiver gets every message (pub/sub), and a message sent while
@@ -41,13 +44,16 @@ How it maps onto fastbus (docs/channels.md says more):
   than that ends (as in channels_redis; re-adding renews it).
 * A ``receive()`` that is cancelled ends its channel in this loop (as in
   channels_redis's pub/sub layer: Channels cancels it when a consumer
-  exits); a message that arrives for an ended channel is counted
-  (``dropped_gone``).
+  exits) and leaves its groups; a message that arrives for an ended
+  channel is counted (``dropped_gone``).  One that cannot be read is
+  dropped and counted (``malformed``).
 
 When a broker restarts, the clients reconnect and subscribe again by
 themselves; a message sent from the moment the broker went away until the
 receiving loop has subscribed again may be lost.  A message is never
-delivered twice.
+delivered twice.  A ``send()`` or ``group_send()`` waits in the client for
+an unreachable broker only as long as its loop lives: an ``async_to_sync``
+call's loop closes at once (and logs what the broker did not confirm).
 """
 
 from __future__ import annotations
@@ -67,8 +73,10 @@ from channels.exceptions import ChannelFull
 from channels.layers import BaseChannelLayer
 
 from fastbus import protocol as P
+from fastbus.client._pubsub import PubSub as _SyncPubSub
 from fastbus.client.aio import Client, PubSub
 from fastbus.client.sharding import Ring
+from fastbus.endpoints import check_connect
 from fastbus.errors import ConnectionClosed
 
 __all__ = ["ChannelFull", "ChannelLayer", "DEFAULT_ENDPOINT"]
@@ -83,7 +91,7 @@ DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{P.DEFAULT_PORT}"
 _STAMP = struct.Struct("!d")
 
 _COUNTERS = ("sent", "unwanted", "delivered", "received", "dropped_full", "dropped_expired", "dropped_gone",
-             "dropped_broker", "forwarded", "malformed")
+             "dropped_broker", "malformed")
 
 #: Messages the reader hands out between two turns of the consumers: a
 #: channel's capacity (100 by default) is not overrun by one read alone.
@@ -158,7 +166,8 @@ class ChannelLayer(BaseChannelLayer):
                     "tcp://host:port, or a list of them)") if "hosts" in unknown else ""
             raise TypeError(f"fastbus.channels.ChannelLayer: unknown CONFIG key(s) {', '.join(map(repr, unknown))}{hint}")
         super().__init__(expiry=expiry, capacity=capacity, channel_capacity=channel_capacity)
-        self.endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+        # (a malformed endpoint is an InvalidEndpoint now, at startup, not at first use)
+        self.endpoints = [check_connect(e) for e in ([endpoint] if isinstance(endpoint, str) else endpoint)]
         self._ring = Ring(self.endpoints)
         if not self.group_name_regex.match(prefix):
             raise ValueError(f"prefix {prefix!r}: use ASCII letters, digits, '-', '_' and '.'")
@@ -174,8 +183,8 @@ class ChannelLayer(BaseChannelLayer):
         self.client_prefix = secrets.token_hex(6)
         self._serializer = _Serializer(serializer_format, symmetric_encryption_keys, expiry)
         self._layers: dict[asyncio.AbstractEventLoop, _LoopLayer] = {}
+        self._wrapped: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()   # loops whose close closes ours
         _LIVE.add(self)
-        self._loops_made = 0
         self.counters = dict.fromkeys(_COUNTERS, 0)
 
     # -- what the Channels API calls -----------------------------------------
@@ -200,8 +209,10 @@ class ChannelLayer(BaseChannelLayer):
         return await self._get_layer().new_channel(prefix)
 
     async def group_add(self, group: str, channel: str) -> None:
-        """Add a channel to a group (for ``group_expiry`` seconds).  Once this
-        returns, every later group_send() reaches it, from any process."""
+        """Add a channel received in this event loop (a consumer's own) to a
+        group, for ``group_expiry`` seconds or until its receive() is
+        cancelled.  Once this returns, every later group_send() reaches it,
+        from any process.  RuntimeError for a channel not received here."""
         self.require_valid_group_name(group)
         self.require_valid_channel_name(channel)
         await self._get_layer().group_add(group, channel)
@@ -248,9 +259,8 @@ class ChannelLayer(BaseChannelLayer):
         ``received`` (returned by receive()), ``dropped_full``,
         ``dropped_expired``, ``dropped_gone`` (for a channel whose receive()
         was cancelled), ``dropped_broker`` (by the broker, for a loop that
-        fell behind: its gap notices), ``forwarded`` (group messages passed on to a member
-        received elsewhere), ``malformed``; and ``channels`` and ``groups``
-        held now."""
+        fell behind: its gap notices), ``malformed`` (unreadable: dropped);
+        and ``channels`` and ``groups`` held now."""
         out = dict(self.counters)
         out["channels"] = sum(len(layer.inboxes) for layer in self._layers.values())
         out["groups"] = sum(len(layer.groups) for layer in self._layers.values())
@@ -260,9 +270,12 @@ class ChannelLayer(BaseChannelLayer):
         loop = asyncio.get_running_loop()
         layer = self._layers.get(loop)
         if layer is None:
-            self._loops_made += 1
-            layer = self._layers[loop] = _LoopLayer(self, f"{self.client_prefix}_{self._loops_made}")
-            _close_with_loop(self, loop)
+            # A prefix of its own, drawn now: a process forked after the
+            # layer was made (gunicorn --preload) does not share its parent's.
+            layer = self._layers[loop] = _LoopLayer(self, secrets.token_hex(6))
+            if loop not in self._wrapped:
+                self._wrapped.add(loop)
+                _close_with_loop(self, loop)
         return layer
 
 
@@ -323,7 +336,8 @@ class _LoopLayer:
         self.inboxes: dict[str, _Inbox] = {}
         self.groups: dict[str, dict[str, float]] = {}     # group -> {channel: added at, monotonic}
         self.topics: dict[bytes, int] = {}                 # subscribed topic -> shard
-        self._lock = asyncio.Lock()                        # (un)subscribing, one at a time
+        self._locks = [asyncio.Lock() for _ in range(n)]   # subscribing, one at a time per broker
+        self.member_of: dict[str, set[str]] = {}           # channel -> its groups here
         p = cl.prefix
         self.mine = f"{p}:specific:{client_prefix}:"       # this loop's channels' topics start so
         self._mine_b = self.mine.encode()
@@ -351,26 +365,35 @@ class _LoopLayer:
         return c
 
     async def _subscribe(self, topic: bytes, shard: int, pattern: bool) -> None:
-        async with self._lock:
+        """Subscribe a topic once (returns when the broker has confirmed it
+        for every publisher).  A failed or cancelled subscribe leaves
+        nothing subscribed."""
+        if topic in self.topics:
+            return
+        async with self._locks[shard]:            # (one broker's slowness holds up no other)
             if topic in self.topics:
                 return
             p = self.pubsubs[shard]
             if p is None:
                 p = self.pubsubs[shard] = self._client(shard).pubsub(ignore_subscribe_messages=True)
-            if pattern:
-                await p.psubscribe(topic + b"*")
-            else:
-                await p.subscribe(topic)
+            seq = p.psubscribe_nowait(topic + b"*") if pattern else p.subscribe_nowait(topic)
+            try:
+                await p.wait_confirmed(seq)
+            except BaseException:
+                if not p.closed:                  # it stays requested otherwise
+                    _SyncPubSub.punsubscribe(p, topic + b"*") if pattern else _SyncPubSub.unsubscribe(p, topic)
+                raise
             self.topics[topic] = shard
-            if self.readers[shard] is None:
+            reader = self.readers[shard]
+            if reader is None or reader.done():
                 self.readers[shard] = asyncio.get_running_loop().create_task(self._read(p))
 
-    async def _unsubscribe(self, topic: bytes) -> None:
-        async with self._lock:
-            shard = self.topics.pop(topic, None)
-            p = self.pubsubs[shard] if shard is not None else None
-            if p is not None and not p.closed:
-                await p.unsubscribe(topic)
+    def _unsubscribe(self, topic: bytes) -> None:
+        """Drop a topic's subscription (the broker needs no answer)."""
+        shard = self.topics.pop(topic, None)
+        p = self.pubsubs[shard] if shard is not None else None
+        if p is not None and not p.closed:
+            _SyncPubSub.unsubscribe(p, topic)
 
     async def _publish(self, topic: bytes, shard: int, message: Any) -> None:
         cl = self.channel_layer
@@ -427,20 +450,48 @@ class _LoopLayer:
                 if cl.expiry is not None and time.time() - sent_at > cl.expiry:
                     cl.counters["dropped_expired"] += 1
                     continue
+                try:
+                    message = cl.deserialize(payload)
+                except Exception as exc:         # one bad payload must not end the consumer
+                    cl.counters["malformed"] += 1
+                    log.warning("fastbus.channels: a message for %s could not be read (%s: %s): dropped",
+                                channel, type(exc).__name__, exc)
+                    continue
                 cl.counters["received"] += 1
-                return cl.deserialize(payload)
+                return message
         except asyncio.CancelledError:
             # Channels cancels a consumer's receive() when the consumer
-            # exits: its channel ends here (channels_redis's pub/sub rule).
+            # exits: its channel ends here, and leaves its groups
+            # (channels_redis's pub/sub rule).
             if inbox.receivers == 1 and self.inboxes.get(channel) is inbox:
-                del self.inboxes[channel]
-                if "!" not in channel:
-                    await self._unsubscribe(self._topic(channel)[0])
+                self._end(channel)
             raise
         finally:
             inbox.receivers -= 1
 
+    def _end(self, channel: str) -> None:
+        """A channel ends in this loop: its inbox, memberships and
+        subscriptions go."""
+        del self.inboxes[channel]
+        for group in self.member_of.pop(channel, ()):
+            members = self.groups.get(group)
+            if members is not None:
+                members.pop(channel, None)
+                if not members:
+                    del self.groups[group]
+                    self._unsubscribe(self.channel_layer._group_key(group))
+        if "!" not in channel:
+            self._unsubscribe(self._topic(channel)[0])
+
     async def group_add(self, group: str, channel: str) -> None:
+        if channel not in self.inboxes:
+            # Membership lives in the loop that receives the channel: held
+            # anywhere else it would end with that loop, or deliver twice.
+            raise RuntimeError(
+                f"group_add({group!r}, {channel!r}): the channel is not received in this event loop. "
+                f"Call it where the channel is received, as consumers do: "
+                f"self.channel_layer.group_add(group, self.channel_name); from elsewhere (a sync view, a "
+                f"task), send the consumer a message that makes it join")
         members = self.groups.setdefault(group, {})
         members[channel] = time.monotonic()
         topic = self.channel_layer._group_key(group)
@@ -450,14 +501,19 @@ class _LoopLayer:
             if members.pop(channel, None) is not None and not members:
                 self.groups.pop(group, None)
             raise
+        if channel in self.inboxes:               # (it may have ended meanwhile)
+            self.member_of.setdefault(channel, set()).add(group)
+        else:
+            members.pop(channel, None)
 
     async def group_discard(self, group: str, channel: str) -> None:
         members = self.groups.get(group)
         if members is None or members.pop(channel, None) is None:
             return
+        self.member_of.get(channel, set()).discard(group)
         if not members:
             del self.groups[group]
-            await self._unsubscribe(self.channel_layer._group_key(group))
+            self._unsubscribe(self.channel_layer._group_key(group))
 
     # -- arriving messages -----------------------------------------------------
 
@@ -481,14 +537,18 @@ class _LoopLayer:
                 await asyncio.sleep(0.1)
                 continue
             for topic, data in batch:
-                if len(data) < _STAMP.size:
+                try:
+                    if len(data) < _STAMP.size:
+                        raise ValueError(f"{len(data)} bytes")
+                    if topic.startswith(self._group_b):
+                        self._deliver_group(topic[len(self._group_b):].decode(), data)
+                    elif topic.startswith(self._mine_b):
+                        self._deliver(topic[len(self._mine_b):].decode(), data)
+                    elif topic.startswith(self._channel_b):
+                        self._deliver(topic[len(self._channel_b):].decode(), data)
+                except Exception as exc:            # (from anyone who can publish there)
                     counters["malformed"] += 1
-                elif topic.startswith(self._group_b):
-                    await self._deliver_group(topic[len(self._group_b):].decode(), data)
-                elif topic.startswith(self._mine_b):
-                    self._deliver(topic[len(self._mine_b):].decode(), data)
-                elif topic.startswith(self._channel_b):
-                    self._deliver(topic[len(self._channel_b):].decode(), data)
+                    log.warning("fastbus.channels: dropped a malformed message on %r: %s", topic[:200], exc)
             for notice in p.take_notices():
                 if notice["type"] == "gap":
                     lost = notice["data"]["lost"]
@@ -512,7 +572,8 @@ class _LoopLayer:
         counters["delivered"] += 1
         return True
 
-    async def _deliver_group(self, group: str, data: bytes) -> None:
+    def _deliver_group(self, group: str, data: bytes) -> None:
+        """Put a group message in each member's inbox (once unpacked)."""
         members = self.groups.get(group)
         if not members:
             return
@@ -523,23 +584,14 @@ class _LoopLayer:
         for channel, added in list(members.items()):
             if too_old is not None and added < too_old:
                 del members[channel]
-            elif channel in self.inboxes:
-                full += not self._deliver(channel, data, item)
-            elif "!" in channel and self._topic(channel)[0].startswith(self._mine_b):
-                # One of ours whose consumer has gone: it leaves the group.
-                del members[channel]
-                cl.counters["dropped_gone"] += 1
+                self.member_of.get(channel, set()).discard(group)
             else:
-                # Received elsewhere (a named channel, another process's
-                # channel): pass it on, as it was sent.
-                topic, shard = self._topic(channel)
-                cl.counters["forwarded"] += 1
-                await self._client(shard).publish(topic, data)
+                full += not self._deliver(channel, data, item)
         if full:
             log.info("%d of %d channels over capacity in group %s", full, len(members), group)
         if not members:
-            self.groups.pop(group, None)
-            await self._unsubscribe(cl._group_key(group))
+            del self.groups[group]
+            self._unsubscribe(cl._group_key(group))
 
     # -- closing ---------------------------------------------------------------
 
@@ -573,4 +625,5 @@ class _LoopLayer:
         self.clients = [None] * len(self.clients)
         self.inboxes.clear()
         self.groups.clear()
+        self.member_of.clear()
         self.topics.clear()

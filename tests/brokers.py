@@ -88,6 +88,17 @@ class BrokerProcess:
         return self.proc.returncode if self.proc else 0
 
 
+def browser() -> str | None:
+    """A Chromium (or Chrome) on PATH, for the tests that open a page in it
+    (.ci/run installs Debian's chromium)."""
+    import shutil
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import struct
 import subprocess
 import time
 
@@ -168,23 +169,32 @@ def test_expired_messages_are_dropped_and_counted(brokers):
     asyncio.run(main())
 
 
-def test_a_group_member_received_elsewhere_gets_the_message_forwarded(brokers):
-    """group_add() of a named channel that another process receives: the
-    group message is passed on to it."""
+def test_group_add_of_a_channel_not_received_in_this_loop_is_refused(brokers):
+    """As from a sync view through async_to_sync (a loop per call): the
+    membership would end with that call's loop, so it is refused, saying
+    what to do; the consumer's own group_add works."""
     b = brokers()
+    layer = ChannelLayer(b.endpoint)
+    from asgiref.sync import async_to_sync
+
+    async def consumer(started: asyncio.Event, names: list) -> None:
+        names.append(await layer.new_channel())
+        started.set()
+        await asyncio.sleep(0.5)
 
     async def main():
-        adder, receiver = ChannelLayer(b.endpoint), ChannelLayer(b.endpoint)
-        task = asyncio.ensure_future(receiver.receive("worker-jobs"))
-        while receiver.stats()["channels"] == 0:      # its receive() has subscribed
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)
-        await adder.group_add("jobs", "worker-jobs")
-        await adder.group_send("jobs", {"type": "job", "n": 7})
-        assert (await asyncio.wait_for(task, 5))["n"] == 7
-        assert adder.stats()["forwarded"] == 1
-        await adder.flush()
-        await receiver.flush()
+        started, names = asyncio.Event(), []
+        task = asyncio.ensure_future(consumer(started, names))
+        await started.wait()
+        with pytest.raises(RuntimeError, match="not received in this event loop.*self.channel_name"):
+            await asyncio.to_thread(async_to_sync(layer.group_add), "room", names[0])
+        with pytest.raises(RuntimeError, match="not received"):
+            await layer.group_add("room", "worker-jobs")           # a named channel nobody receives here
+        await layer.group_add("room", names[0])                    # where it is received: fine
+        await layer.group_send("room", {"n": 1})
+        assert (await asyncio.wait_for(layer.receive(names[0]), 5))["n"] == 1
+        await task
+        await layer.flush()
 
     asyncio.run(main())
 
@@ -196,14 +206,44 @@ def test_a_cancelled_receive_ends_its_channel_and_leaves_its_groups(brokers):
         layer = ChannelLayer(b.endpoint)
         ch = await layer.new_channel()
         await layer.group_add("g", ch)
+        subscribed = b.stats()["subscriptions"]
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(layer.receive(ch), 0.1)
-        assert layer.stats()["channels"] == 0
-        await layer.group_send("g", {"i": 1})
+        assert layer.stats()["channels"] == 0 and layer.stats()["groups"] == 0
+        deadline = time.monotonic() + 5                 # the group's subscription goes too
+        while b.stats()["subscriptions"] >= subscribed and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert b.stats()["subscriptions"] == subscribed - 1
+        await layer.send(ch, {"i": 1})
         deadline = time.monotonic() + 5
         while layer.stats()["dropped_gone"] == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        assert layer.stats()["dropped_gone"] == 1 and layer.stats()["groups"] == 0
+        assert layer.stats()["dropped_gone"] == 1
+        await layer.flush()
+
+    asyncio.run(main())
+
+
+def test_unreadable_messages_are_dropped_and_counted_and_receiving_goes_on(brokers):
+    """Whoever can publish on the layer's channels cannot stop its reader or
+    its consumers: a payload too short, not msgpack, or a topic that is not
+    UTF-8 is dropped, logged and counted."""
+    import fastbus
+    b = brokers()
+
+    async def main():
+        layer = ChannelLayer(b.endpoint)
+        ch = await layer.new_channel()
+        await layer.group_add("g", ch)
+        mine = layer._get_layer().mine.encode()
+        async with fastbus.aio.Client(endpoint=b.endpoint) as raw:
+            await raw.publish(b"asgi:group:g", struct.pack("!d", time.time()) + b"\xc1")   # a stamp, then no msgpack
+            await raw.publish(b"asgi:group:g", b"abc")                       # shorter than the stamp
+            await raw.publish(mine + b"\xff\xfe", b"\x00" * 9)               # not a name
+            await raw.flush()
+        await layer.group_send("g", {"n": 2})
+        assert (await asyncio.wait_for(layer.receive(ch), 5))["n"] == 2
+        assert layer.stats()["malformed"] == 3
         await layer.flush()
 
     asyncio.run(main())
@@ -233,6 +273,9 @@ def test_configuration_errors_are_clear():
         ChannelLayer(["tcp://127.0.0.1:1", "tcp://127.0.0.1:1"])
     with pytest.raises(ValueError, match="capacity"):
         ChannelLayer(capacity=0)
+    import fastbus
+    with pytest.raises(fastbus.InvalidEndpoint):
+        ChannelLayer("localhost:6464")                   # (no tcp://): said at startup
     layer = ChannelLayer()
 
     async def bad_names():

@@ -14,7 +14,6 @@ import fcntl
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,21 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from brokers import free_port
+from brokers import browser, free_port
 
 pytest.importorskip("django")
 pytest.importorskip("channels")
 pytest.importorskip("daphne")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "chat"
-
-
-def _browser() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
 
 
 def _stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
@@ -188,8 +179,8 @@ def _say(text: str) -> str:
 
 
 def test_pages_of_a_room_on_two_app_processes_see_each_others_messages(brokers, tmp_path):
-    browser = _browser()
-    if browser is None:
+    path = browser()
+    if path is None:
         pytest.skip("no Chromium here (.ci/run installs Debian's chromium; apt-get install chromium)")
     b = brokers()
     # Two app processes on one broker: what one page says reaches the other
@@ -208,7 +199,7 @@ def test_pages_of_a_room_on_two_app_processes_see_each_others_messages(brokers, 
                 log.close()
                 raise
         with tempfile.TemporaryDirectory() as profile, open(tmp_path / "chromium.log", "w+") as clog:
-            chrome = Chromium(browser, profile, clog)
+            chrome = Chromium(path, profile, clog)
             try:
                 sessions = {n: chrome.open(f"{apps[app][2]}/chat/{room}/?name={n}")
                             for n, (app, room) in pages.items()}

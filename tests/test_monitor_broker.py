@@ -10,7 +10,6 @@ import fcntl
 import html.parser
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from fastbus import protocol as P
 from fastbus.broker import Broker, BrokerConfig
 from fastbus.errors import MonitorBindError
 
-from brokers import BrokerProcess, free_port, wait_wanted
+from brokers import BrokerProcess, browser, free_port, wait_wanted
 
 N = 3000            # messages published
 M = 3               # subscribers
@@ -460,14 +459,6 @@ def test_stats_clients_and_watch_cli(broker):
 # -- the web page in a real browser --------------------------------------------
 
 
-def _browser() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
 class _Cells(html.parser.HTMLParser):
     """data-value of the page's tiles (id tile-*), and of each table row's
     cells (tr data-id -> {data-key: data-value})."""
@@ -506,13 +497,13 @@ def _chromium(browser: str, url: str, *extra: str) -> subprocess.CompletedProces
 
 
 def test_web_page_in_headless_chromium_shows_the_numbers(broker, tmp_path):
-    browser = _browser()
-    if browser is None:
+    path = browser()
+    if path is None:
         pytest.skip("no Chromium here (.ci/run installs Debian's chromium; apt-get install chromium)")
     pubs, subs = run_workload(broker.endpoint)
     try:
         wait_snapshot_after(broker.http, time.time())
-        r = _chromium(browser, broker.http + "/", "--dump-dom")
+        r = _chromium(path, broker.http + "/", "--dump-dom")
         assert r.returncode == 0, r.stderr[-3000:]
         page = _Cells()
         page.feed(r.stdout)
@@ -536,7 +527,7 @@ def test_web_page_in_headless_chromium_shows_the_numbers(broker, tmp_path):
         assert top == [{"key": "t.a", "prefix": "false", "subscribers": str(M)}]
         # and a picture of it (kept under the test's tmp_path for a person to look at)
         shot = tmp_path / "monitor.png"
-        r = _chromium(browser, broker.http + "/", "--hide-scrollbars", "--window-size=1280,1100",
+        r = _chromium(path, broker.http + "/", "--hide-scrollbars", "--window-size=1280,1100",
                       f"--screenshot={shot}")
         assert r.returncode == 0, r.stderr[-3000:]
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000

@@ -52,6 +52,11 @@ NOT_RUN = {
     "python producer.py &": "the reader's own scripts",
     "python consumer.py": "the reader's own scripts",
     "make -C examples/embed asan": ".ci/run runs it (a sanitizer build, minutes)",
+    'pip install ".[channels]" daphne && fastbus broker':
+        "the chat example's broker, which runs until stopped: tests/test_channels_chat.py starts brokers itself",
+    "cd examples/chat && daphne chat.asgi:application":
+        "the chat example's server, which runs until stopped: tests/test_channels_chat.py runs this app under "
+        "daphne, from examples/chat",
     "make -C csrc check": "tests/test_c_core.py builds and runs the C tests",
     "make -C csrc asan": "tests/test_c_core.py builds and runs the C tests under ASan/UBSan",
     "wheels/build.sh": ".ci/run runs it (a wheel build and a whole test run, minutes)",
