@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tarfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -80,3 +81,23 @@ def mismatches(got: dict[str, tuple[str, str]], expected: dict[str, tuple[str, s
             wrong.append(f"{test}: {state} ({why}), listed as {want[0]}{': ' + want[1] if want[1] else ''}")
     wrong += [f"{test}: listed in {listing}, not run" for test in sorted(set(expected) - set(got))]
     return wrong
+
+
+def fetch_suite(root: Path, project: str, version: str, settings: str, plugins: list[str]) -> Path:
+    """A project's own tests: its source distribution's ``tests/``,
+    ``settings`` (where its pytest configuration is) and LICENSE, from the
+    package index, in ``root/src/``; the release itself (never its source
+    tree: the suite imports the installed one) and ``plugins`` installed in
+    ``root/site`` (for PYTHONPATH).  Returns the source directory."""
+    pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", f"{project}=={version}", "-d", "dl", cwd=root)
+    pip("install", "--quiet", "--no-deps", "--target", "site", f"{project}=={version}", *plugins, cwd=root)
+    (sdist,) = (root / "dl").glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        top = tar.getmembers()[0].name.split("/")[0] + "/"
+        members = [m for m in tar.getmembers()
+                   if m.name.startswith(top + "tests/") or m.name in (top + settings, top + "LICENSE")]
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}   # (Python 3.11.4+)
+        tar.extractall(root / "src", members=members, **safe)
+    src = root / "src" / top.rstrip("/")
+    assert (src / "tests").is_dir() and not (src / project.replace("-", "_")).exists()
+    return src

@@ -21,12 +21,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 import suites
-from suites import pip
 
 pytest.importorskip("channels", reason="fastbus.channels needs channels: pip install 'fastbus[channels]'")
 pytest.importorskip("msgpack", reason="fastbus.channels needs msgpack: pip install 'fastbus[channels]'")
@@ -64,18 +62,7 @@ def suite(tmp_path_factory) -> Path:
     directory of their own; ``site/`` beside them holds channels_redis and
     the plugins."""
     root = tmp_path_factory.mktemp("channels-redis-suite")
-    pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", f"channels_redis=={CHANNELS_REDIS}", "-d", "dl",
-        cwd=root)
-    pip("install", "--quiet", "--no-deps", "--target", "site", f"channels_redis=={CHANNELS_REDIS}", *PLUGINS, cwd=root)
-    (sdist,) = (root / "dl").glob("channels_redis-*.tar.gz")
-    top = f"channels_redis-{CHANNELS_REDIS}/"
-    with tarfile.open(sdist) as tar:
-        members = [m for m in tar.getmembers()
-                   if m.name.startswith(top + "tests/") or m.name in (top + "setup.cfg", top + "LICENSE")]
-        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}   # (Python 3.11.4+)
-        tar.extractall(root / "src", members=members, **safe)
-    src = root / "src" / f"channels_redis-{CHANNELS_REDIS}"
-    assert not (src / "channels_redis").exists()     # the suite imports the installed release
+    src = suites.fetch_suite(root, "channels_redis", CHANNELS_REDIS, "setup.cfg", PLUGINS)
     assert not (src / "tests" / "conftest.py").exists()
     (src / "tests" / "conftest.py").write_text(CONFTEST.read_text())
     return src

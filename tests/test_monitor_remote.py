@@ -23,8 +23,8 @@ from fastbus.monitor.queues import QueueSource
 from fastbus.monitor.remote import RemoteBrokerSource
 from fastbus.queue import WorkQueue
 
-from brokers import BrokerProcess, free_port
-from test_monitor_broker import _browser, _Cells, _chromium, close_all, get, get_json, metrics, run_workload
+from brokers import BrokerProcess, browser, free_port
+from test_monitor_broker import _Cells, _chromium, close_all, get, get_json, metrics, run_workload
 
 N = 500             # messages published to the broker
 M = 2               # its subscribers
@@ -313,15 +313,15 @@ def test_the_real_command_serves_both_in_one_scrape(broker, redis_url):
 
 
 def test_the_page_shows_the_queues_and_the_broker_in_headless_chromium(broker, redis_url, tmp_path):
-    browser = _browser()
-    if browser is None:
+    path = browser()
+    if path is None:
         pytest.skip("no Chromium here (.ci/run installs Debian's chromium; apt-get install chromium)")
     pubs, subs = run_workload(broker.endpoint, N, M)
     q = queue_workload(redis_url)
     mon = Monitor(redis_url, broker.endpoint)
     try:
         mon.wait_fresh()
-        r = _chromium(browser, mon.url + "/", "--dump-dom")
+        r = _chromium(path, mon.url + "/", "--dump-dom")
         assert r.returncode == 0, r.stderr[-3000:]
         page = _Cells()
         page.feed(r.stdout)
@@ -346,7 +346,7 @@ def test_the_page_shows_the_queues_and_the_broker_in_headless_chromium(broker, r
         (pub,) = [c for c in peers if c["name"] == "pub-1"]
         assert pub["messages_in"] == str(N)
         shot = tmp_path / "monitor-remote.png"
-        r = _chromium(browser, mon.url + "/", "--hide-scrollbars", "--window-size=1280,1600",
+        r = _chromium(path, mon.url + "/", "--hide-scrollbars", "--window-size=1280,1600",
                       f"--screenshot={shot}")
         assert r.returncode == 0, r.stderr[-3000:]
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000

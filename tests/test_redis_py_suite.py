@@ -21,12 +21,10 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 import suites
-from suites import pip
 
 HERE = Path(__file__).resolve().parent
 EXPECTED = HERE / "redis_py" / "expected.txt"
@@ -79,17 +77,7 @@ def suite(tmp_path_factory) -> Path:
     directory of their own; ``site/`` beside them holds redis-py and the
     plugins."""
     root = tmp_path_factory.mktemp("redis-py-suite")
-    pip("download", "--quiet", "--no-deps", "--no-binary", ":all:", f"redis=={REDIS_PY}", "-d", "dl", cwd=root)
-    pip("install", "--quiet", "--no-deps", "--target", "site", f"redis=={REDIS_PY}", *PLUGINS, cwd=root)
-    (sdist,) = (root / "dl").glob("redis-*.tar.gz")
-    top = f"redis-{REDIS_PY}/"
-    with tarfile.open(sdist) as tar:
-        members = [m for m in tar.getmembers()
-                   if m.name.startswith(top + "tests/") or m.name in (top + "pyproject.toml", top + "LICENSE")]
-        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}   # (Python 3.11.4+)
-        tar.extractall(root / "src", members=members, **safe)
-    src = root / "src" / f"redis-{REDIS_PY}"
-    assert not (src / "redis").exists()          # the suite imports the installed redis-py
+    src = suites.fetch_suite(root, "redis", REDIS_PY, "pyproject.toml", PLUGINS)
     (src / "fastbus_factory.py").write_text(FACTORY.read_text())
     with open(src / "tests" / "conftest.py", "a") as f:
         f.write("\nfrom fastbus_factory import _get_client  # noqa: E402,F401  (fastbus)\n")
