@@ -73,7 +73,6 @@ from channels.exceptions import ChannelFull
 from channels.layers import BaseChannelLayer
 
 from fastbus import protocol as P
-from fastbus.client._pubsub import PubSub as _SyncPubSub
 from fastbus.client.aio import Client, PubSub
 from fastbus.client.sharding import Ring
 from fastbus.endpoints import check_connect
@@ -311,6 +310,14 @@ def _close_with_loop(owner: ChannelLayer, loop: asyncio.AbstractEventLoop) -> No
     loop.close = types.MethodType(close, loop)   # type: ignore[method-assign]
 
 
+def _drop(p: PubSub, name: bytes, pattern: bool) -> None:
+    """Unsubscribe now, from plain code: the sync class's (un)subscribe
+    only sends the request (the asyncio twin's coroutine adds nothing to
+    wait for)."""
+    sync = super(PubSub, p)
+    sync.punsubscribe(name) if pattern else sync.unsubscribe(name)
+
+
 class _Inbox:
     """One channel's waiting messages in this loop: (sent at, payload)."""
 
@@ -381,7 +388,7 @@ class _LoopLayer:
                 await p.wait_confirmed(seq)
             except BaseException:
                 if not p.closed:                  # it stays requested otherwise
-                    _SyncPubSub.punsubscribe(p, topic + b"*") if pattern else _SyncPubSub.unsubscribe(p, topic)
+                    _drop(p, topic + b"*" if pattern else topic, pattern)
                 raise
             self.topics[topic] = shard
             reader = self.readers[shard]
@@ -393,7 +400,7 @@ class _LoopLayer:
         shard = self.topics.pop(topic, None)
         p = self.pubsubs[shard] if shard is not None else None
         if p is not None and not p.closed:
-            _SyncPubSub.unsubscribe(p, topic)
+            _drop(p, topic, False)
 
     async def _publish(self, topic: bytes, shard: int, message: Any) -> None:
         cl = self.channel_layer
