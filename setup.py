@@ -6,6 +6,7 @@ next to it; their .pxd files are included by fastbus/_core.pxd and installed
 with it, for `cimport`).
 
 Environment switches:
+  FASTBUS_BUILD_JOBS=N compile with N processes (default: one per CPU)
   FASTBUS_SANITIZE=1   -O0 -g -fsanitize=address,undefined (run Python with
                        LD_PRELOAD of libasan; see docs/DEVELOPING.md)
   FASTBUS_DEBUG=1      -O0 -g, no sanitizers
@@ -17,6 +18,7 @@ against the core: see fastbus.get_include() and fastbus.get_library_dirs().
 
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from Cython.Build import cythonize
@@ -28,6 +30,9 @@ HERE = Path(__file__).resolve().parent
 CORE_SOURCES = sorted(p.name for p in (HERE / "csrc").glob("fb_*.c"))
 SANITIZE = os.environ.get("FASTBUS_SANITIZE", "") == "1"
 DEBUG = SANITIZE or os.environ.get("FASTBUS_DEBUG", "") == "1"
+# Every build (a user's pip install, and CI's several) compiles in parallel:
+# the Cython translation, the core's C files and the extensions.
+JOBS = int(os.environ.get("FASTBUS_BUILD_JOBS") or os.cpu_count() or 1)
 
 
 def _copy_headers() -> None:
@@ -71,10 +76,23 @@ class BuildClib(build_clib):
         ct = self.compiler.compiler_type
         for _name, info in libraries:
             info["cflags"] = _cflags(ct, core=True)
+            # build_clib compiles one file after another: compile them here,
+            # a compiler process per job, and it finds the objects up to date.
+            def compile_one(source, info=info):
+                self.compiler.compile([source], output_dir=self.build_temp, macros=info.get("macros"),
+                                      include_dirs=info.get("include_dirs"), extra_postargs=info["cflags"],
+                                      debug=self.debug)
+            with ThreadPoolExecutor(JOBS) as pool:
+                list(pool.map(compile_one, info["sources"]))
         super().build_libraries(libraries)
 
 
 class BuildExt(build_ext):
+    def finalize_options(self):
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = JOBS
+
     def build_extensions(self):
         ct = self.compiler.compiler_type
         for ext in self.extensions:
@@ -108,6 +126,7 @@ setup(
          Extension("fastbus.client._engine", ["fastbus/client/_engine.pyx"], include_dirs=["csrc"],
                    libraries=["fastbus"])],
         compiler_directives={"language_level": "3", "embedsignature": True},
+        nthreads=JOBS if JOBS > 1 else 0,
     ),
     cmdclass={"build_clib": BuildClib, "build_ext": BuildExt},
 )

@@ -35,6 +35,72 @@ except ImportError as exc:  # pragma: no cover - a setup problem, not a test fai
     pytest.exit(f"cannot import the compiled fastbus extension: {exc}{hint}", returncode=4)
 
 
+#: Modules whose tests share a costly module fixture (a clone and its venv,
+#: a Spark session, the C core's objects, mypy's cache) or a fixed port (the
+#: README's 127.0.0.1:6464): under pytest-xdist each runs on one worker.
+ONE_WORKER = ("test_readme", "test_redis_py_suite", "test_spark", "test_channels_redis_suite",
+              "test_snippets", "test_c_core", "test_types")
+#: What `.ci/run` runs again against Debian's redis-server (``-m
+#: redis_server``): the Redis and queue modules (their tests start servers
+#: of their own too, with $FASTBUS_TEST_REDIS_SERVER), and any other test
+#: that uses these fixtures.  The two foreign suites use no server.
+SERVER_MODULES = ("test_redis_", "test_queue_")
+SERVER_FIXTURES = {"redis_server", "redis_url", "redis_cluster"}
+NO_SERVER = ("test_redis_py_suite",)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "redis_server: talks to a Redis-compatible server binary "
+                                       "(.ci/run runs these again against Debian's redis-server)")
+    config.addinivalue_line("markers", "serial: asserts wall-clock bounds; runs while no other "
+                                       "test does (under pytest-xdist too)")
+
+
+@pytest.fixture(autouse=True)
+def _serial_tests_run_alone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """Under pytest-xdist, a test marked ``serial`` runs while no other test
+    of the run does (its bounds are about fastbus, not about the CPU other
+    workers take); every other test may run beside any other.  A
+    readers-writer lock over two files shared by the workers: every test
+    passes a turnstile and holds the room shared, a serial test holds both
+    exclusively, so none starts while it waits or runs."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        yield
+        return
+    import fcntl
+    base = tmp_path_factory.getbasetemp().parent / "tests"     # (each worker's basetemp is in the run's)
+    serial = request.node.get_closest_marker("serial") is not None
+    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.room", "a") as room:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(room, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+        finally:
+            if not serial:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+            if serial:
+                fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group and order the tests for pytest-xdist (``-n``, in pyproject's
+    addopts): the long modules of ONE_WORKER first, in that order (the
+    longest first, so none is left running alone at the end); then the
+    rest, as collected."""
+    for item in items:
+        module = item.path.stem
+        if module in ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(module))
+        if (module.startswith(SERVER_MODULES) and module not in NO_SERVER
+                or SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.redis_server)
+    rank = {m: i for i, m in enumerate(ONE_WORKER)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO

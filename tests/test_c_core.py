@@ -14,6 +14,7 @@ import pytest
 CSRC = Path(__file__).resolve().parent.parent / "csrc"
 CORE = sorted(p.name for p in CSRC.glob("fb_*.c"))
 TESTS = sorted(p.stem for p in (CSRC / "tests").glob("test_*.c")) or ["(no C sources)"]
+WARNINGS = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
 FLAGS = {
     "optimised": ["-O2", "-g"],
     "sanitized": ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
@@ -36,12 +37,34 @@ def csrc(repo_root: Path) -> Path:
     return d
 
 
+@pytest.fixture(scope="module")
+def core_objects(csrc: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The core's object files for a variant, compiled once (each test then
+    compiles only its own file): ``core_objects(variant)``."""
+    built: dict[str, list[str]] = {}
+
+    def objects(variant: str) -> list[str]:
+        if variant not in built:
+            out = tmp_path_factory.mktemp(f"core-{variant}")
+            objs = []
+            for source in CORE:
+                obj = out / source.replace(".c", ".o")
+                cmd = _cc() + [*WARNINGS, *FLAGS[variant], f"-I{csrc}", "-c", str(csrc / source), "-o", str(obj)]
+                build = subprocess.run(cmd, capture_output=True, text=True)
+                assert build.returncode == 0, f"build failed:\n{' '.join(cmd)}\n{build.stderr}"
+                objs.append(str(obj))
+            built[variant] = objs
+        return built[variant]
+
+    return objects
+
+
 @pytest.mark.parametrize("variant", sorted(FLAGS))
 @pytest.mark.parametrize("name", TESTS)
-def test_c_unit_tests(csrc: Path, tmp_path: Path, name: str, variant: str):
+def test_c_unit_tests(csrc: Path, core_objects, tmp_path: Path, name: str, variant: str):
     exe = tmp_path / name
-    cmd = _cc() + ["-std=c11", "-Wall", "-Wextra", "-Werror", *FLAGS[variant], f"-I{csrc}",
-                   str(csrc / "tests" / f"{name}.c"), *(str(csrc / s) for s in CORE), "-o", str(exe)]
+    cmd = _cc() + [*WARNINGS, *FLAGS[variant], f"-I{csrc}",
+                   str(csrc / "tests" / f"{name}.c"), *core_objects(variant), "-o", str(exe)]
     build = subprocess.run(cmd, capture_output=True, text=True)
     assert build.returncode == 0, f"build failed:\n{' '.join(cmd)}\n{build.stderr}"
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0",

@@ -20,7 +20,8 @@ from fastbus.client import _engine
 
 from brokers import BrokerProcess, python_process
 
-pytestmark = pytest.mark.skipif(not _engine.available(), reason="pyzmq's libzmq not found: no native engine")
+pytestmark = [pytest.mark.skipif(not _engine.available(), reason="pyzmq's libzmq not found: no native engine"),
+              pytest.mark.serial]
 
 #: The publishing process: waits until the subscriber is wanted, says
 #: "ready", publishes N messages in a burst on "go", says when the burst

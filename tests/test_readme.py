@@ -230,7 +230,9 @@ def test_spark_example_from_the_clone_root(clone, tmp_path):
     """``python examples/spark_pipeline.py`` in the clone's root: Spark starts
     its Python workers with ``python -m`` in that directory.  ``python`` is
     this test run's interpreter (installed with the spark extra, as the
-    README's ``pip install ".[spark]"`` does), not the quick start's."""
+    README's ``pip install ".[spark]"`` does), not the quick start's.  On
+    embedded defaults, end to end: every event published is counted in the
+    results the subscriber prints."""
     pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[test,spark]')")
     pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install '.[test,spark]')")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
@@ -246,6 +248,7 @@ def test_spark_example_from_the_clone_root(clone, tmp_path):
     m = re.search(r"published (\d+) events \(amount (\d+)\); the job reported (\d+) events \(amount (\d+)\)",
                   r.stdout)
     assert m and m.group(1, 2) == m.group(3, 4), r.stdout[-2000:]
+    assert int(m.group(1)) >= 500 and "window " in r.stdout, r.stdout[-2000:]
 
 
 @pytest.mark.slow
