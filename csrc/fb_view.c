@@ -172,7 +172,7 @@ uint64_t fb_view_lease(fb_view *v, uint64_t sent_ns, uint64_t lease_us)
     uint64_t usable = lease_us * FB_VIEW_LEASE_USE_PERMILLE;       /* ns: µs x 1000 x permille / 1000 */
     fb_lock_wait(&v->lock);
     uint64_t until = __atomic_load_n(&v->lease_until_ns, __ATOMIC_SEQ_CST);
-    if (sent_ns + usable > until) {
+    if (usable && sent_ns + usable > until) {
         /* (The renewal is due at half the usable lease: a filter in use
          * never runs out while pings come back within the other half.) */
         __atomic_store_n(&v->renew_at_ns, sent_ns + usable / 2, __ATOMIC_SEQ_CST);
@@ -202,6 +202,15 @@ int fb_view_match(fb_view *v, const void *topic, size_t len)
 {
     fb_lock_wait(&v->lock);
     int rc = v->on ? fb_trie_any_match(v->trie, topic, len) > 0 : -1;
+    fb_lock_release(&v->lock);
+    return rc;
+}
+
+int fb_view_match_lease(fb_view *v, const void *topic, size_t len, uint64_t *until_ns)
+{
+    fb_lock_wait(&v->lock);
+    int rc = v->on ? fb_trie_any_match(v->trie, topic, len) > 0 : -1;
+    *until_ns = __atomic_load_n(&v->lease_until_ns, __ATOMIC_SEQ_CST);
     fb_lock_release(&v->lock);
     return rc;
 }

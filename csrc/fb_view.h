@@ -105,7 +105,10 @@ int fb_view_ask_renewal(fb_view *v, uint64_t now_ns, int force);
 int fb_view_take_renewal(fb_view *v);
 void fb_view_renewal_unsent(fb_view *v);
 /* A lease of lease_us (µs) for what left at sent_ns (a ping's, or a
- * HELLO's): extends lease_until_ns (never shortens it), sets renew_at_ns,
+ * HELLO's): extends lease_until_ns (never shortens it; a lease of 0 grants
+ * nothing: a downstream broker whose own lease ran out grants 0, and the
+ * view must not count until sent_ns, a time it may be checked against
+ * from before the ping left), sets renew_at_ns,
  * answers the renewal asked for, and acknowledges as fb_view_grant (the
  * broker counts the lease until twice it after sent_ns): returns the seq
  * to acknowledge now, or 0. */
@@ -119,6 +122,15 @@ void fb_view_set_lease(fb_view *v, uint64_t until_ns);
 /* 1 if some subscription in the view matches the topic, 0 if none, -1 if
  * there is no view (everything is wanted). */
 int fb_view_match(fb_view *v, const void *topic, size_t len);
+/* The same, and *until_ns: the lease that view counts under, read with it
+ * (under the lock).  What publish() decides by: a lease is applied after
+ * the WANTs that preceded its PONG, so a view read before a lease (a match,
+ * then the lease looked up) may lack a subscription that the broker
+ * confirmed without waiting for us, our lease having run out, while the
+ * lease read later is a new one.  Read together, the view is never older
+ * than its lease.  The caller reads the clock after this call: the lease
+ * must hold at a time no earlier than the view. */
+int fb_view_match_lease(fb_view *v, const void *topic, size_t len, uint64_t *until_ns);
 
 #ifdef __cplusplus
 }

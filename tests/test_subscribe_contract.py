@@ -484,6 +484,94 @@ def test_a_downstream_broker_forwards_everything_once_its_lease_runs_out(brokers
         up.close(linger=0)
 
 
+@pytest.mark.parametrize("case", ["want_behind_the_lease", "zero_lease"])
+def test_publish_decides_by_a_view_no_older_than_its_lease(case):
+    """publish() reads the view (no match), then asks for a lease and looks
+    at it: a lease that arrives in between (renew() itself may read its
+    PONG; a native reader applies it meanwhile; on a loaded machine either
+    happens between two steps of publish) must not make a view read before
+    it count.  The test plays the broker (a ROUTER socket), and its
+    publisher's renew() serves it, so the lease arrives exactly there: what
+    a starved publishing thread met in CI (twice, under pytest -n 4).
+
+    ``want_behind_the_lease``: the publisher's lease ran out, so a broker
+    confirms a new subscription without waiting for it; its WANT is queued
+    before publish() is called (the native reader cannot take it yet: the
+    test holds the connection), and the lease renewed behind that WANT must
+    not cover the view from before it: publish() sends (returns 1).
+    ``zero_lease``: a downstream broker whose own lease ran out grants 0
+    (it never grants beyond its own): that is no lease, even for a clock
+    read before the ping left; publish() sends."""
+    import zmq
+    from fastbus import protocol as P
+    ctx = zmq.Context.instance()
+    up = ctx.socket(zmq.ROUTER)
+    up.linger = 0
+    port = up.bind_to_random_port("tcp://127.0.0.1")
+    lease_us = 100_000
+    ident = [None]
+
+    def serve_until(done, seconds=5.0, grant=lease_us):
+        end = time.monotonic() + seconds
+        while not done() and time.monotonic() < end:
+            if not up.poll(5):
+                continue
+            ident[0], cmd, *rest = up.recv_multipart()
+            if cmd == P.HELLO:
+                up.send_multipart([ident[0], P.WELCOME, P.dump_json(
+                    {"v": P.VERSION, "instance": "fake", "name": "fake", "limits": {}, "lease_us": lease_us})])
+                up.send_multipart([ident[0], P.WANT, bytes([P.WANT_RESET]), P.encode_ops([]), P.pack_u64(1)])
+            elif cmd == P.PING:
+                if len(rest) > 1 and rest[1] == P.LEASE_ASK:
+                    up.send_multipart([ident[0], P.PONG, rest[0], b"fake", P.pack_u64(grant)])
+                else:
+                    up.send_multipart([ident[0], P.PONG, rest[0], b"fake"])
+        assert done(), "the fake broker did not see what it waited for"
+
+    c = fastbus.Client(endpoint=f"tcp://127.0.0.1:{port}")
+    try:
+        s = c.session
+        pub = s.publisher
+        serve_until(lambda: pub.has_view and pub.leases >= 1)
+        # Its lease (WELCOME's) runs out: the broker waits for it no longer.
+        serve_until(lambda: time.monotonic_ns() > pub.lease_until_ns + 20_000_000)
+        assert not pub.filters() and not pub.renewal_pending   # (stats() would ask for a lease)
+        leases = pub.leases
+        renew = pub.renew
+        held = case == "want_behind_the_lease"
+        if held:
+            assert s.hold(5)                      # the native reader cannot read now
+            # A subscription to "ch", confirmed at once (no lease of the
+            # publisher's runs): its WANT is on its way.
+            up.send_multipart([ident[0], P.WANT, b"\x00", P.encode_ops([(P.SUBSCRIBE, b"ch", False)]),
+                               P.pack_u64(2)])
+            time.sleep(0.05)
+
+        def renew_then_lease_arrives():
+            nonlocal held
+            renew()                               # the lease ping (the native sender, or posted)
+            if held:
+                held = False
+                s.release()                       # the WANT is read now, then the PONG
+            serve_until(lambda: pub.leases > leases, grant=lease_us if case != "zero_lease" else 0)
+
+        pub.renew = renew_then_lease_arrives
+        try:
+            channel = "ch" if case == "want_behind_the_lease" else "y"
+            assert c.publish(channel, b"x") == 1
+        finally:
+            pub.renew = renew
+            if held:
+                s.release()
+        assert pub.leases > leases, "publish() asked for no lease"
+        if case == "want_behind_the_lease":
+            assert pub.view_matches(b"ch")        # applied, behind it the lease
+            assert c.publish("ch", b"x") == 1
+    finally:
+        c.shutdown(1)
+        up.close(linger=0)
+
+
 def test_a_broker_whose_upstream_is_unreachable_confirms_at_once(brokers):
     """No upstream to confirm (nothing listens there): local subscriptions
     are in effect locally, and nobody waits for an upstream that is not

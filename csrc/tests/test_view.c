@@ -189,6 +189,31 @@ static void test_a_lease_acknowledges_what_was_applied_outside_the_last(void)
     fb_view_free(&v);
 }
 
+static void test_a_zero_lease_grants_nothing_and_the_lease_is_read_with_the_view(void)
+{
+    fb_view v;
+    fb_view_init(&v);
+    ops o;
+    uint64_t ack, until = 1;
+    fb_view_forget(&v);
+    ops_start(&o);
+    ops_add(&o, "a", SUB);
+    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET, o.b, o.len, 1, 1, 1000, &ack), FB_OK);
+    CHECK_EQ(fb_view_match_lease(&v, "b", 1, &until), 0);
+    CHECK_EQ(until, 0);                                    /* no lease yet */
+    fb_view_lease(&v, 1000000000ull, 100000);
+    CHECK_EQ(fb_view_match_lease(&v, "a", 1, &until), 1);
+    CHECK_EQ(until, 1090000000ull);
+    /* A downstream broker whose own lease ran out grants 0: nothing, not a
+     * lease until the ping's send time. */
+    fb_view_lease(&v, 2000000000ull, 0);
+    CHECK(!fb_view_in_lease(&v, 1999999999ull));
+    CHECK_EQ(fb_view_match_lease(&v, "b", 1, &until), 0);
+    CHECK_EQ(until, 1090000000ull);
+    CHECK_EQ(v.renew, FB_VIEW_RENEW_NONE);                 /* answered: may ask again */
+    fb_view_free(&v);
+}
+
 int main(void)
 {
     RUN(test_reset_then_diffs);
@@ -196,5 +221,6 @@ int main(void)
     RUN(test_acks_within_the_lease_and_when_the_next_one_comes);
     RUN(test_the_lease_counts_renews_once_and_never_shrinks);
     RUN(test_a_lease_acknowledges_what_was_applied_outside_the_last);
+    RUN(test_a_zero_lease_grants_nothing_and_the_lease_is_read_with_the_view);
     CTEST_END();
 }

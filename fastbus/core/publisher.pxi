@@ -104,15 +104,20 @@ cdef class Publisher:
         cdef bint starts
         cdef unsigned char *sealed = NULL
         cdef size_t sealed_len = 0, sealed_count = 0
-        cdef uint64_t now
-        if fb_view_match(&self._view, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t)) == 0:
+        cdef uint64_t now, until
+        if fb_view_match_lease(&self._view, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), &until) == 0:
             # Nobody wants it, as far as the view goes, and the view
             # counts only under its lease (the time is read only here,
-            # never for a message someone wants).
+            # never for a message someone wants).  The lease is the one
+            # read with that view, and the clock is read after both: a
+            # lease applied later (renew() below may read its PONG, or a
+            # native reader may apply it meanwhile) came behind WANTs this
+            # view lacks, and a lease of a ping sent after the clock was
+            # read (a downstream broker's 0 for one) says nothing about it.
             now = fb_now_ns()
             if self.renew is not None and fb_view_ask_renewal(&self._view, now, 0):
                 self.renew()
-            if fb_view_in_lease(&self._view, now):
+            if now < until:
                 self._refused += 1
                 return 0
             self._lapsed += 1

@@ -35,6 +35,7 @@ cdef extern from "fb_view.h" nogil:
     uint64_t fb_view_grant(fb_view *v, uint64_t ack_until_ns)
     void fb_view_forget(fb_view *v)
     int fb_view_match(fb_view *v, const void *topic, size_t len)
+    int fb_view_match_lease(fb_view *v, const void *topic, size_t len, uint64_t *until_ns)
     int fb_view_in_lease(fb_view *v, uint64_t now_ns)
     int fb_view_ask_renewal(fb_view *v, uint64_t now_ns, int force)
     int fb_view_take_renewal(fb_view *v)
