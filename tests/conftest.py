@@ -6,8 +6,10 @@ The tests run against the *installed* package (``pip install ".[test]"`` then
 
 import os
 import random
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,23 +56,34 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "(.ci/run runs these again against Debian's redis-server)")
     config.addinivalue_line("markers", "serial: asserts wall-clock bounds; runs while no other "
                                        "test does (under pytest-xdist too)")
+    # pytest-xdist's controller (or a run in one process): a directory for
+    # the workers' serial lock (they inherit the environment), removed
+    # when the run ends.
+    if not hasattr(config, "workerinput") and "FASTBUS_TEST_LOCKS" not in os.environ:
+        locks = os.environ["FASTBUS_TEST_LOCKS"] = tempfile.mkdtemp(prefix="fastbus-tests-")
+
+        def remove() -> None:
+            os.environ.pop("FASTBUS_TEST_LOCKS", None)
+            shutil.rmtree(locks, ignore_errors=True)
+        config.add_cleanup(remove)
 
 
-@pytest.fixture(autouse=True)
-def _serial_tests_run_alone(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """Under pytest-xdist, a test marked ``serial`` runs while no other test
     of the run does (its bounds are about fastbus, not about the CPU other
-    workers take); every other test may run beside any other.  A
-    readers-writer lock over two files shared by the workers: every test
-    passes a turnstile and holds the room shared, a serial test holds both
+    workers take); every other test may run beside any other.  The whole
+    protocol is inside, so a module's costly fixtures (a venv to build, a
+    Spark to start) are set up and torn down inside it too.  A
+    readers-writer lock over two files the workers share: every test passes
+    a turnstile and holds the room shared; a serial test holds both
     exclusively, so none starts while it waits or runs."""
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        yield
-        return
+    locks = os.environ.get("FASTBUS_TEST_LOCKS")
+    if locks is None or not hasattr(item.config, "workerinput"):
+        return (yield)
     import fcntl
-    base = tmp_path_factory.getbasetemp().parent / "tests"     # (each worker's basetemp is in the run's)
-    serial = request.node.get_closest_marker("serial") is not None
-    with open(f"{base}.turnstile", "a") as turnstile, open(f"{base}.room", "a") as room:
+    serial = item.get_closest_marker("serial") is not None
+    with open(os.path.join(locks, "turnstile"), "a") as turnstile, open(os.path.join(locks, "room"), "a") as room:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
             fcntl.flock(room, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
@@ -78,7 +91,7 @@ def _serial_tests_run_alone(request: pytest.FixtureRequest, tmp_path_factory: py
             if not serial:
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:
-            yield
+            return (yield)
         finally:
             fcntl.flock(room, fcntl.LOCK_UN)
             if serial:
