@@ -10,6 +10,7 @@ import pytest
 from brokers import STEADY_FILTER, confirm, wait_for, wait_wanted
 
 import fastbus
+import fastbus.aio
 from fastbus import _messages as M
 from fastbus.errors import NoHandlerError
 from fastbus.redis import Subscriber
@@ -428,6 +429,35 @@ def test_subscription_objects_and_async_handlers(brokers):
             await p.subscribe("l1")
             await p.unsubscribe()
             assert [m["type"] async for m in p.listen()] == ["subscribe", "unsubscribe"]   # then it ends
+            await p.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_cancel_that_meets_a_wakeup_ends_the_async_receive(brokers):
+    """A task waiting for a message (get_message(), and so run()) ends when
+    cancelled, even when the cancel comes in the loop turn in which its
+    wait was woken (the PubSub's driver wakes it on every PONG, every
+    confirmation, every batch).  asyncio.wait_for swallows such a cancel
+    on Python 3.11 (CPython gh-86296): redis-py's test_callbacks then
+    waited for ever for its cancelled run() task under load."""
+    b = brokers()
+
+    async def main():
+        async with fastbus.aio.Client(endpoint=b.endpoint) as c:
+            p = c.pubsub()
+            await p.subscribe("quiet")
+            for _ in range(5):
+                task = asyncio.create_task(p.get_message(ignore_subscribe_messages=True, timeout=30))
+                await asyncio.sleep(0.05)          # it waits (nothing comes)
+                p._changed.set()                   # what the driver does when woken...
+                await asyncio.sleep(0)             # ...the wait's inner step completes...
+                task.cancel()                      # ...and the cancel comes before it resumes
+                done, _ = await asyncio.wait({task}, timeout=5)
+                if not done:
+                    task.cancel()                  # (not to leave it running)
+                    await asyncio.wait({task}, timeout=5)
+                assert done and task.cancelled(), "the cancel was lost: the receive went on waiting"
             await p.aclose()
 
     asyncio.run(main())

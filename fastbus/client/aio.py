@@ -130,7 +130,13 @@ class _LoopDriver:
 
 
 async def _wait(event: asyncio.Event, deadline: float | None) -> bool:
-    """Wait for ``event`` until ``deadline`` (time.monotonic); False on timeout."""
+    """Wait for ``event`` until ``deadline`` (time.monotonic); False on timeout.
+
+    Not ``asyncio.wait_for``: on Python 3.11 it swallows a cancel that
+    arrives while the event is set (its inner task done, the outer not yet
+    resumed: CPython gh-86296), and a receiving loop such as
+    ``PubSub.run()`` then never ends.  ``asyncio.timeout`` waits in the
+    calling task itself, so a cancel always reaches it."""
     if deadline is None:
         await event.wait()
         return True
@@ -138,7 +144,8 @@ async def _wait(event: asyncio.Event, deadline: float | None) -> bool:
     if left <= 0:
         return False
     try:
-        await asyncio.wait_for(event.wait(), left)
+        async with asyncio.timeout(left):
+            await event.wait()
         return True
     except TimeoutError:
         return False
