@@ -143,6 +143,11 @@ async def _wait(event: asyncio.Event, deadline: float | None) -> bool:
     left = deadline - time.monotonic()
     if left <= 0:
         return False
+    if event.is_set():
+        # Event.wait() would return without letting the loop run: a caller
+        # retrying (a publish waiting for room) would hold the loop.
+        await asyncio.sleep(0)
+        return True
     try:
         async with asyncio.timeout(left):
             await event.wait()
