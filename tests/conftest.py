@@ -37,13 +37,18 @@ except ImportError as exc:  # pragma: no cover - a setup problem, not a test fai
     pytest.exit(f"cannot import the compiled fastbus extension: {exc}{hint}", returncode=4)
 
 
-#: Modules whose tests share a costly module fixture (a clone and its venv,
-#: a Spark session, the C core's objects, mypy's cache) or a fixed port (the
-#: README's 127.0.0.1:6464): run first, longest first, and marked
-#: xdist_group (which pytest-xdist 3.8 does not honour here yet: what must
-#: not overlap is marked serial).
-ONE_WORKER = ("test_readme", "test_redis_py_suite", "test_spark", "test_channels_redis_suite",
-              "test_snippets", "test_c_core", "test_types")
+#: The modules that take longest under pytest-xdist (measured with 2
+#: workers on 2 cores), longest first: they start first, so none is left
+#: running alone at the end.  pyproject's ``--dist loadfile`` keeps each
+#: module on one worker, so a module fixture (the README's clone and its
+#: venv, a Spark session, the C core's objects, mypy's cache) is built
+#: once, and the snippets' fixed port (the README's 127.0.0.1:6464) is
+#: never taken twice.  The other modules follow, as collected.
+LONGEST_FIRST = ("test_readme", "test_spark", "test_redis_py_suite", "test_subscribe_contract",
+                 "test_c_core", "test_channels_redis_suite", "test_broker", "test_cli", "test_snippets",
+                 "test_native_engine", "test_broker_promises", "test_monitor_broker", "test_types",
+                 "test_broker_memory", "test_redis_publisher", "test_forwarder", "test_queue_cli",
+                 "test_monitor_remote")
 #: What `.ci/run` runs again against Debian's redis-server (``-m
 #: redis_server``): the Redis and queue modules (their tests start servers
 #: of their own too, with $FASTBUS_TEST_REDIS_SERVER), and any other test
@@ -60,7 +65,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "test does (under pytest-xdist too)")
     # pytest-xdist's controller (or a run in one process): a directory for
     # the workers' serial lock (they inherit the environment), removed
-    # when the run ends.
+    # when the run ends.  Where the environment names one already, the run
+    # shares it with the others that do (.ci/run's concurrent runs).
     if not hasattr(config, "workerinput") and "FASTBUS_TEST_LOCKS" not in os.environ:
         locks = os.environ["FASTBUS_TEST_LOCKS"] = tempfile.mkdtemp(prefix="fastbus-tests-")
 
@@ -79,9 +85,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     Spark to start) are set up and torn down inside it too.  A
     readers-writer lock over two files the workers share: every test passes
     a turnstile and holds the room shared; a serial test holds both
-    exclusively, so none starts while it waits or runs."""
+    exclusively, so none starts while it waits or runs.  Runs that share
+    the directory ($FASTBUS_TEST_LOCKS) share the lock."""
     locks = os.environ.get("FASTBUS_TEST_LOCKS")
-    if locks is None or not hasattr(item.config, "workerinput"):
+    if locks is None:
         return (yield)
     import fcntl
     serial = item.get_closest_marker("serial") is not None
@@ -100,20 +107,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
                 fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
-@pytest.hookimpl(tryfirst=True)      # before xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group and order the tests for pytest-xdist (``-n``, in pyproject's
-    addopts): the long modules of ONE_WORKER first, in that order (the
-    longest first, so none is left running alone at the end); then the
-    rest, as collected."""
+    """Mark the tests that talk to a Redis server, and order the modules for
+    pytest-xdist (``-n``, in pyproject's addopts): LONGEST_FIRST first, in
+    that order; then the rest, as collected."""
     for item in items:
         module = item.path.stem
-        if module in ONE_WORKER:
-            item.add_marker(pytest.mark.xdist_group(module))
         if (module.startswith(SERVER_MODULES) and module not in NO_SERVER
                 or SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))):
             item.add_marker(pytest.mark.redis_server)
-    rank = {m: i for i, m in enumerate(ONE_WORKER)}
+    rank = {m: i for i, m in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
 
 

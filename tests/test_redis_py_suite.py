@@ -104,4 +104,4 @@ def test_redis_py_pubsub_suite_against_fastbus(suite, brokers):
     wrong = suites.mismatches(got, read_expected(), EXPECTED.name)
     assert not wrong, "\n".join(wrong) + f"\n--- pytest said:\n{r.stdout[-2000:]}"
     assert len(got) >= 300
-    assert re.search(r"\d+ passed", r.stdout), r.stdout[-2000:]
+    assert re.search(r"\d+ passed", r.stdout), f"(exit {r.returncode})\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"

@@ -41,10 +41,9 @@ NEEDS = {
 }
 DEFAULT_PORT = 6464
 
-# Several snippets take the README's port 6464: under pytest-xdist they run
-# while no other test does (conftest's xdist_group for this module is not
-# honoured by pytest-xdist 3.8 here: see the closing note of this change).
-pytestmark = pytest.mark.serial
+# Several snippets take the README's port 6464, one after another: pyproject's
+# --dist loadfile keeps this module's tests on one worker, and no other
+# module uses that port.
 
 
 def _snippets() -> list[tuple[str, str]]:

@@ -14,9 +14,12 @@
 #      the compiled extensions as auditwheel left them, the shipped headers,
 #      .pxd and Lua files, the native code that calls pyzmq's libzmq, the
 #      command line, a broker end to end; tests/conftest.py refuses a
-#      source-tree import and builds a downstream Cython extension too).
+#      source-tree import and builds a downstream Cython extension too),
+#      in one process, without the tests marked serial (their wall-clock
+#      bounds are about the same code, which the README's run times).
 #      The rest of the suite is the same Python over the same C: the
-#      README's test run has it (--all-tests runs it here too);
+#      README's test run has it (--all-tests runs it all here, as the
+#      README's pytest does);
 #   (pip install of the sdist builds the same way as step 1's wheel from the
 #   sdist: PEP 517, an isolated build environment.)
 #
@@ -27,13 +30,14 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 RUN_TESTS=1
+PYTEST_ARGS=(-n 0 -m "not serial")
 WHEEL_TESTS=(tests/test_packaging.py tests/test_modules.py tests/test_relay.py tests/test_native_engine.py
              tests/test_cli.py tests/test_broker.py tests/test_codec.py tests/test_router.py tests/test_trie.py
              tests/test_queue_decode.py tests/test_resp.py)
 for arg in "$@"; do
     case "$arg" in
         --no-tests) RUN_TESTS=0 ;;
-        --all-tests) WHEEL_TESTS=(tests) ;;
+        --all-tests) WHEEL_TESTS=(tests); PYTEST_ARGS=() ;;
         -h|--help) sed -n '2,/^set /{/^#/p}' "$0"; exit 0 ;;
         *) echo "unknown argument: $arg (try --help)" >&2; exit 2 ;;
     esac
@@ -96,7 +100,7 @@ LIBDIR=$(cd / && "$WORK/venv/bin/python" -c 'import fastbus; print(fastbus.get_l
 if [ "$RUN_TESTS" = 1 ]; then
     # from the repository root: the tests compile csrc/ and run examples/;
     # fastbus itself comes from the venv (conftest.py exits on a source import)
-    "$WORK/venv/bin/pytest" -q -p no:cacheprovider "${WHEEL_TESTS[@]}"
+    "$WORK/venv/bin/pytest" -q -p no:cacheprovider "${PYTEST_ARGS[@]}" "${WHEEL_TESTS[@]}"
 fi
 
 echo "== done: $OUT"
