@@ -344,11 +344,14 @@ static int order_cmp(const void *a, const void *b)
     return x->idx < y->idx ? -1 : (x->idx > y->idx);
 }
 
-int fb_forwarder_remove_peer(fb_forwarder *f, uint64_t peer, fb_keylist *diff)
+/* Release up to max_bytes of the peer's keys (0: all of them), longest
+ * first; append the change of U to diff.  Returns how many keys went (the
+ * peer's reference counts aside), or < 0. */
+static int remove_keys(fb_forwarder *f, uint64_t peer, fb_keylist *diff, size_t max_bytes)
 {
     fb_keylist_clear(&f->scratch);
     fb_keylist_clear(&f->tmp);
-    int rc = fb_trie_subscriber_keys(f->t, peer, &f->tmp);
+    int rc = fb_trie_subscriber_keys_some(f->t, peer, &f->tmp, max_bytes);
     if (rc < 0) return rc;
     size_t n = f->tmp.n;
     if (n == 0) return 0;
@@ -379,6 +382,18 @@ int fb_forwarder_remove_peer(fb_forwarder *f, uint64_t peer, fb_keylist *diff)
     if (rc < 0) return rc;
     if (frc < 0) return frc;
     return n > 0x7fffffff ? 0x7fffffff : (int)n;
+}
+
+int fb_forwarder_remove_peer(fb_forwarder *f, uint64_t peer, fb_keylist *diff)
+{
+    return remove_keys(f, peer, diff, 0);
+}
+
+int fb_forwarder_remove_peer_some(fb_forwarder *f, uint64_t peer, fb_keylist *diff, size_t max_bytes)
+{
+    if (max_bytes == 0) return FB_EINVAL;
+    int rc = remove_keys(f, peer, diff, max_bytes);
+    return rc < 0 ? rc : rc > 0;
 }
 
 int fb_forwarder_drop_peer(fb_forwarder *f, uint64_t peer)

@@ -67,6 +67,19 @@ int fb_forwarder_unsubscribe(fb_forwarder *f, uint64_t peer, const void *key, si
  * again continues. */
 int fb_forwarder_remove_peer(fb_forwarder *f, uint64_t peer, fb_keylist *diff);
 
+/* The same, a part at a time: releases about max_bytes (> 0) of the peer's
+ * keys, longest first among them, so that a caller can send each part's
+ * diff before the next is built.  A peer leaving with many long keys then
+ * costs one part beside its keys, not a copy of them, a diff as large and
+ * the frames made of it.  Each part's diff is minimal for that part: a
+ * prefix of the peer that goes in an earlier part than keys of the peer
+ * below it uncovers them (subscribed, to be unsubscribed in their part),
+ * an op or two more, in the same safe order.  Returns 1 when keys went
+ * (call again: there may be more), 0 when the peer holds nothing (the
+ * diff is then empty), < 0 on error (the part partly removed; calling
+ * again continues).  Other events may come between the parts. */
+int fb_forwarder_remove_peer_some(fb_forwarder *f, uint64_t peer, fb_keylist *diff, size_t max_bytes);
+
 /* The peer went away, and the caller sends the whole upstream set next
  * (fb_forwarder_snapshot) instead of a diff: drop everything it held
  * without building one.  No copy of its keys is made, which matters when

@@ -1189,13 +1189,18 @@ out:
 
 int fb_trie_subscriber_keys(const fb_trie *t, uint64_t subscriber, fb_keylist *out)
 {
+    return fb_trie_subscriber_keys_some(t, subscriber, out, 0);
+}
+
+int fb_trie_subscriber_keys_some(const fb_trie *t, uint64_t subscriber, fb_keylist *out, size_t max_bytes)
+{
     int64_t s = slot_lookup(t, subscriber);
     if (s < 0) return FB_OK;
     unsigned char *kb = NULL;
-    size_t kcap = 0, klen;
+    size_t kcap = 0, klen, start = out->nbytes;
     int rc = FB_OK;
     const slot *sl = &t->slots[s];
-    for (uint32_t i = 0; i < sl->nkeys && rc == FB_OK; i++) {
+    for (uint32_t i = 0; i < sl->nkeys && rc == FB_OK && !(max_bytes && out->nbytes - start >= max_bytes); i++) {
         subent e = sub_index(t, (uint32_t)s)[i];
         int kind = (int)(e.pos_kind & 1u);
         rc = node_key(t, e.node, &kb, &kcap, &klen);

@@ -99,6 +99,9 @@ int fb_trie_walk(const fb_trie *t, const void *prefix, size_t plen,
 
 /* Append the keys held by subscriber (count = its reference count). */
 int fb_trie_subscriber_keys(const fb_trie *t, uint64_t subscriber, fb_keylist *out);
+/* The same, some of them: stops once it appended max_bytes of keys or more
+ * (at least one key; 0: no limit), in no particular order. */
+int fb_trie_subscriber_keys_some(const fb_trie *t, uint64_t subscriber, fb_keylist *out, size_t max_bytes);
 
 void fb_trie_get_stats(const fb_trie *t, fb_trie_stats *s);
 

@@ -6,7 +6,7 @@ redis-py sends them).  Everything the extension hands back is ``bytes``.
 """
 
 import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, Literal, overload
 
 from typing_extensions import Buffer
@@ -56,6 +56,7 @@ class Forwarder:
     def remove_peer(self, peer: int, *, ops: Literal[False] = False) -> list[tuple[int, bytes, bool]]: ...
     @overload
     def remove_peer(self, peer: int, *, ops: Literal[True]) -> Batch | None: ...
+    def remove_peer_parts(self, peer: int, max_bytes: int) -> Iterator[Batch]: ...
     def drop_peer(self, peer: int) -> int: ...
     def apply(self, events: Iterable[tuple[int, int, _Key, bool]]) -> list[tuple[int, bytes, bool]]: ...
     @overload

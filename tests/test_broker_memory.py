@@ -366,6 +366,30 @@ def test_memory_comes_back_after_a_client_with_many_subscriptions_leaves(brokers
         f"{(after - before) / MB:.1f} MB still held of {(full - before) / MB:.1f} (RSS was {before / MB:.1f} MB)"
 
 
+def long_keys(tag: bytes, n: int) -> list:
+    """n keys of 65,535 bytes (the longest there are)."""
+    return [tag + b"%05d." % i + b"k" * (65535 - 6 - len(tag)) for i in range(n)]
+
+
+def take(sock: zmq.Socket, keys: list, publisher: zmq.Socket) -> None:
+    """Subscribe a session to keys, 16 a frame, and wait until each frame
+    is confirmed (the publisher's WANT diffs drained meanwhile)."""
+    seq = 0
+    for start in range(0, len(keys), 16):
+        seq += 1
+        sock.send_multipart([P.SUB, P.pack_u64(seq), P.encode_ops((SUBSCRIBE, k, False)
+                                                                  for k in keys[start:start + 16])])
+    confirmed = 0
+
+    def all_confirmed():
+        nonlocal confirmed
+        drain(publisher)
+        while sock.poll(0):
+            confirmed += sock.recv_multipart()[0] == P.CONFIRM
+        return confirmed == seq
+    wait_for(all_confirmed, timeout=60, interval=0.05, what="the confirmations")
+
+
 def test_what_the_subscription_budget_counts_bounds_the_brokers_memory(brokers, zctx):
     """A client takes its whole subscription budget (--max-subscription-bytes,
     64 MiB by default, counting each key and 48 bytes) in keys of 65,535
@@ -386,20 +410,7 @@ def test_what_the_subscription_budget_counts_bounds_the_brokers_memory(brokers, 
     before = rss(pid)
     peak = PeakRSS(pid)
     big = raw_session(zctx, b.endpoint, "big")
-    seq = 0
-    for start in range(0, n, 16):
-        seq += 1
-        big.send_multipart([P.SUB, P.pack_u64(seq), P.encode_ops(
-            (SUBSCRIBE, b"%05d." % i + b"k" * (key_len - 6), False) for i in range(start, min(n, start + 16)))])
-    confirmed = 0
-
-    def all_confirmed():
-        nonlocal confirmed
-        drain(publisher)
-        while big.poll(0):
-            confirmed += big.recv_multipart()[0] == P.CONFIRM
-        return confirmed == seq
-    wait_for(all_confirmed, timeout=60, interval=0.05, what="the confirmations")
+    take(big, long_keys(b"", n), publisher)
     st = b.stats()
     held = st["subscriptions"]
     assert held == n - 1                             # the last one is over the budget
@@ -423,3 +434,56 @@ def test_what_the_subscription_budget_counts_bounds_the_brokers_memory(brokers, 
     assert holding > counted / 2, report             # they were held
     assert top <= 1.5 * counted, report
     assert after < before / 10, report
+
+
+def test_a_client_leaving_with_less_than_others_hold_costs_about_its_keys(brokers, zctx):
+    """One client holds half a subscription budget of long keys and stays;
+    another takes a quarter budget and leaves, while a publishing client is
+    connected.  It held less than the other, so the publisher gets a diff
+    naming each key that went: in parts, each sent before the next is
+    built (a single diff cost the keys, a copy of them, the diff and its
+    frame at once: 2.8x).  While it goes, the broker's RSS stays within
+    1.5x of what the leaving client's budget counted (above where it was
+    before it came), and it comes back within 10% of where it was; the
+    publisher's diffs unsubscribe each key that went, once."""
+    b = brokers()
+    pid = b.proc.pid
+    publisher = raw_session(zctx, b.endpoint, "pub", pub=True)
+    wait_for(lambda: publisher.poll(50), what="the publisher's welcome")
+    drain(publisher)
+    budget = 64 << 20
+    stays = raw_session(zctx, b.endpoint, "stays")
+    staying = long_keys(b"s", budget // 2 // (65535 + 48))
+    take(stays, staying, publisher)
+    time.sleep(0.5)
+    before = rss(pid)
+    leaves = raw_session(zctx, b.endpoint, "leaves")
+    leaving = long_keys(b"l", budget // 4 // (65535 + 48))
+    take(leaves, leaving, publisher)
+    counted = sum(len(k) + 48 for k in leaving)
+    holding = rss(pid) - before
+    peak = PeakRSS(pid)                              # while it goes (the test above covers its arrival)
+    leaves.send_multipart([P.BYE])
+    leaves.close()
+    wait_for(lambda: b.stats()["subscriptions"] == len(staying), timeout=30, what="the client to leave")
+    ops = 0
+
+    def settled():
+        nonlocal ops
+        for frames in iter(lambda: publisher.recv_multipart() if publisher.poll(0) else None, None):
+            if frames[0] == P.WANT and not frames[1][0] & 1:       # a diff, not a reset
+                ops += sum(op == UNSUBSCRIBE for op, _key, _prefix in P.decode_ops(frames[2]))
+        return rss(pid) - before < before / 10
+    try:
+        wait_for(settled, timeout=10, interval=0.2, what="memory to come back")
+    except AssertionError:
+        pass
+    after = rss(pid) - before
+    top = peak.stop() - before
+    report = (f"the leaving client's budget counted {counted / MB:.0f} MB; RSS +{holding / MB:.0f} MB held, "
+              f"peak +{top / MB:.0f} MB, +{after / MB:.1f} MB after (RSS was {before / MB:.0f} MB)")
+    assert holding > counted / 2, report             # they were held
+    assert top <= 1.5 * counted, report
+    assert after < before / 10, report
+    assert ops == len(leaving), f"the publisher's diffs unsubscribed {ops} keys; {len(leaving)} went"
+    assert b.stats()["subscriptions"] == len(staying)

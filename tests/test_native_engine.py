@@ -132,7 +132,12 @@ def test_a_flow_resume_sends_what_waited_while_the_publisher_holds_the_interpret
     publisher's native threads read the resume and send.  (When the keeper
     thread resumed, it waited for the interpreter: about 1 s.)"""
     tail, spin = 1000, 3.0
-    b = BrokerProcess("--max-queue-bytes", "2000000", "--flow-max-pause", "60")
+    # Pauses at 500 kB; drops only past 64 MB, far above what the publisher
+    # can send before its pause arrives, even late on a loaded machine (at
+    # 2 MB a late pause once let the broker drop the stuck subscriber's
+    # oldest batches, and its resume came before the test's).
+    b = BrokerProcess("--max-queue-bytes", "64000000", "--flow-pause-bytes", "500000",
+                      "--flow-max-pause", "60")
     pub = None
     try:
         with fastbus.Client(endpoint=b.endpoint) as good, \
@@ -169,6 +174,7 @@ def test_a_flow_resume_sends_what_waited_while_the_publisher_holds_the_interpret
                     last = time.time()
             pub.communicate(timeout=30)
             assert got == list(range(total)), f"{len(got)} of {total} arrived"
+            assert last is not None, "everything arrived before the resume: the broker did not hold the tail"
             assert last - closed < 0.5, f"the last message arrived {last - closed:.3f} s after the resume"
     finally:
         if pub is not None and pub.poll() is None:

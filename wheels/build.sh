@@ -13,7 +13,7 @@
 #      the tests of what a wheel changes run against it (WHEEL_TESTS below:
 #      the compiled extensions as auditwheel left them, the shipped headers,
 #      .pxd and Lua files, the native code that calls pyzmq's libzmq, the
-#      command line, a broker end to end; tests/conftest.py refuses a
+#      command line, brokers end to end; tests/conftest.py refuses a
 #      source-tree import and builds a downstream Cython extension too),
 #      in one process, without the tests marked serial (their wall-clock
 #      bounds are about the same code, which the README's run times).
@@ -31,9 +31,22 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 RUN_TESTS=1
 PYTEST_ARGS=(-n 0 -m "not serial")
+# What a wheel changes: the compiled extensions as auditwheel left them,
+# the shipped headers, .pxd and Lua files (packaging, modules, codec,
+# router, trie, decoders), the native code that calls pyzmq's libzmq (relay,
+# native engine), the command line's entry points, and brokers end to end
+# over tcp, ipc and CURVE, federated.  The rest of the suite is the same
+# Python over the same C, run by the README's command.
+B=tests/test_broker.py C=tests/test_cli.py
 WHEEL_TESTS=(tests/test_packaging.py tests/test_modules.py tests/test_relay.py tests/test_native_engine.py
-             tests/test_cli.py tests/test_broker.py tests/test_codec.py tests/test_router.py tests/test_trie.py
-             tests/test_queue_decode.py tests/test_resp.py)
+             tests/test_codec.py tests/test_router.py tests/test_trie.py tests/test_queue_decode.py
+             tests/test_resp.py
+             "$B::test_exact_and_prefix_delivery_once" "$B::test_confirmed_subscription_gets_every_later_message_in_order"
+             "$B::test_three_tier_federation_each_link_once" "$B::test_curve_accepts_allowed_keys_only"
+             "$B::test_ipc_and_inproc_endpoints" "$B::test_embedded_broker_and_config_errors"
+             "$C::test_help" "$C::test_version" "$C::test_core_demo_runs_and_reports_rates"
+             "$C::test_broker_runs_answers_stats_and_stops_on_sigterm" "$C::test_keygen"
+             "$C::test_pub_and_sub_from_the_shell" "$C::test_psub_takes_redis_glob_patterns")
 for arg in "$@"; do
     case "$arg" in
         --no-tests) RUN_TESTS=0 ;;

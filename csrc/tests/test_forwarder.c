@@ -113,7 +113,7 @@ static size_t expected_u(int mode, key_t_ *out)
 /* With a table: the forwarder works over it (fb_forwarder_new_over), and
  * the table must hold exactly the downstream model's keys. */
 static void run_random_over(int mode, size_t cap, size_t cap_low, int steps, unsigned long long seed,
-                            fb_trie *table)
+                            fb_trie *table, int parts)
 {
     ctest_rng = seed;
     fb_forwarder *f = table ? fb_forwarder_new_over(table, mode, cap, cap_low) : fb_forwarder_new(mode, cap, cap_low);
@@ -133,6 +133,7 @@ static void run_random_over(int mode, size_t cap, size_t cap_low, int steps, uns
         size_t nub = expected_u(mode, ub);
         int was_collapsed = fb_forwarder_collapsed(f);
         fb_keylist_clear(&d);
+        int minimal = 1;
         unsigned op = rndn(100);
         unsigned char k[MAXK];
         size_t len = rndn(MAXK + 1);
@@ -164,8 +165,22 @@ static void run_random_over(int mode, size_t cap, size_t cap_low, int steps, uns
         } else {
             size_t held = 0;
             for (size_t i = 0; i < ndown; i++) held += down[i].peer == peer;
-            CHECK_EQ(fb_forwarder_remove_peer(f, peer, &d), held);
             for (size_t i = 0; i < ndown;) if (down[i].peer == peer) down[i] = down[--ndown]; else i++;
+            if (parts) {
+                /* A part at a time (remove_peer_some), each part's diff
+                 * applied before the next is built, each op checked. */
+                size_t max_bytes = 1 + rndn(3), n = 0;
+                int rc;
+                while ((rc = fb_forwarder_remove_peer_some(f, peer, &d, max_bytes)) == 1) {
+                    apply_diff(&d, wanted, np);
+                    fb_keylist_clear(&d);
+                    REQUIRE(++n <= held);
+                }
+                CHECK_EQ(rc, 0);
+                minimal = 0;
+            } else {
+                CHECK_EQ(fb_forwarder_remove_peer(f, peer, &d), held);
+            }
         }
         apply_diff(&d, wanted, np);
         /* Upstream matches exactly when downstream does (collapsed, it
@@ -182,7 +197,7 @@ static void run_random_over(int mode, size_t cap, size_t cap_low, int steps, uns
             /* Exactly U, reached by a minimal diff when no cap was crossed. */
             CHECK_EQ(nup_, nua);
             for (size_t i = 0; i < nua; i++) CHECK(up_find(up, nup_, ua[i].key, ua[i].len, ua[i].kind) >= 0);
-            if (!was_collapsed) {
+            if (!was_collapsed && minimal) {
                 size_t sym = 0;
                 for (size_t i = 0; i < nua; i++) sym += up_find(ub, nub, ua[i].key, ua[i].len, ua[i].kind) < 0;
                 for (size_t i = 0; i < nub; i++) sym += up_find(ua, nua, ub[i].key, ub[i].len, ub[i].kind) < 0;
@@ -225,7 +240,7 @@ static void run_random_over(int mode, size_t cap, size_t cap_low, int steps, uns
 
 static void run_random(int mode, size_t cap, size_t cap_low, int steps, unsigned long long seed)
 {
-    run_random_over(mode, cap, cap_low, steps, seed, NULL);
+    run_random_over(mode, cap, cap_low, steps, seed, NULL, 0);
 }
 
 static void test_random_subsume_over_a_table(void)
@@ -234,7 +249,7 @@ static void test_random_subsume_over_a_table(void)
      * holds what the peers hold, and it outlives the forwarder. */
     fb_trie *t = fb_trie_new();
     REQUIRE(t);
-    run_random_over(FB_FWD_SUBSUME, 0, 0, 6000, 12, t);
+    run_random_over(FB_FWD_SUBSUME, 0, 0, 6000, 12, t, 0);
     const char *why = NULL;
     CHECK_EQ(fb_trie_check(t, &why), FB_OK);
     fb_trie_free(t);
@@ -246,6 +261,10 @@ static void test_random_subsume(void) { run_random(FB_FWD_SUBSUME, 0, 0, 6000, 1
 static void test_random_dedup_cap(void) { run_random(FB_FWD_DEDUP, 12, 8, 6000, 13); }
 static void test_random_subsume_cap(void) { run_random(FB_FWD_SUBSUME, 6, 3, 6000, 14); }
 static void test_random_subsume_cap_nohyst(void) { run_random(FB_FWD_SUBSUME, 4, 4, 6000, 15); }
+/* Peers leave a part at a time (fb_forwarder_remove_peer_some): every op
+ * of every part keeps what is still wanted, and the set after is U. */
+static void test_random_subsume_parts(void) { run_random_over(FB_FWD_SUBSUME, 0, 0, 6000, 16, NULL, 1); }
+static void test_random_subsume_cap_parts(void) { run_random_over(FB_FWD_SUBSUME, 6, 3, 6000, 17, NULL, 1); }
 
 static void test_article_example(void)
 {
@@ -340,9 +359,67 @@ static void test_drop_peer_leaves_what_remove_peer_leaves(void)
     }
 }
 
+static void test_remove_peer_in_parts_leaves_what_remove_peer_leaves(void)
+{
+    /* Two forwarders fed the same events; a peer leaves one by remove_peer
+     * and the other a part at a time (remove_peer_some, a few bytes of keys
+     * per part): the same upstream set after, the same count, collapsed
+     * or not alike.  (test_random_subsume_parts checks every op.) */
+    for (size_t cap = 0; cap <= 6; cap += 6) {
+        ctest_rng = 91 + cap;
+        fb_forwarder *a = fb_forwarder_new(FB_FWD_SUBSUME, cap, cap / 2);
+        fb_forwarder *b = fb_forwarder_new(FB_FWD_SUBSUME, cap, cap / 2);
+        REQUIRE(a && b);
+        fb_keylist d, sa, sb;
+        fb_keylist_init(&d); fb_keylist_init(&sa); fb_keylist_init(&sb);
+        for (int round = 0; round < 200; round++) {
+            for (int i = 0; i < 20; i++) {
+                unsigned char k[MAXK];
+                size_t len = rndn(MAXK + 1);
+                for (size_t j = 0; j < len; j++) k[j] = alpha[rndn(4)];
+                int kind = (int)rndn(2);
+                uint64_t peer = rndn(4);
+                fb_keylist_clear(&d);
+                CHECK(fb_forwarder_subscribe(a, peer, k, len, kind, &d) >= 0);
+                CHECK(fb_forwarder_subscribe(b, peer, k, len, kind, &d) >= 0);
+            }
+            uint64_t gone = rndn(4);
+            fb_keylist_clear(&d);
+            CHECK(fb_forwarder_remove_peer(a, gone, &d) >= 0);
+            size_t max_bytes = 1 + rndn(3), parts = 0;
+            int rc;
+            do {
+                fb_keylist_clear(&d);
+                rc = fb_forwarder_remove_peer_some(b, gone, &d, max_bytes);
+                CHECK(rc == 0 || rc == 1);
+                if (rc == 0) CHECK_EQ(d.n, 0);
+                REQUIRE(++parts < 1000);
+            } while (rc == 1);
+            CHECK_EQ(fb_forwarder_upstream_count(a), fb_forwarder_upstream_count(b));
+            CHECK_EQ(fb_forwarder_collapsed(a), fb_forwarder_collapsed(b));
+            fb_keylist_clear(&sa); fb_keylist_clear(&sb);
+            CHECK_EQ(fb_forwarder_snapshot(a, &sa), FB_OK);
+            CHECK_EQ(fb_forwarder_snapshot(b, &sb), FB_OK);
+            REQUIRE(sa.n == sb.n && sa.nbytes == sb.nbytes);
+            CHECK(sa.nbytes == 0 || !memcmp(sa.bytes, sb.bytes, sa.nbytes));
+        }
+        fb_keylist_free(&d); fb_keylist_free(&sa); fb_keylist_free(&sb);
+        fb_forwarder_free(a);
+        fb_forwarder_free(b);
+    }
+    fb_forwarder *f = fb_forwarder_new(FB_FWD_DEDUP, 0, 0);
+    fb_keylist d;
+    fb_keylist_init(&d);
+    CHECK_EQ(fb_forwarder_remove_peer_some(f, 1, &d, 0), FB_EINVAL);
+    CHECK_EQ(fb_forwarder_remove_peer_some(f, 1, &d, 1), 0);      /* a peer it never saw */
+    fb_keylist_free(&d);
+    fb_forwarder_free(f);
+}
+
 int main(void)
 {
     RUN(test_drop_peer_leaves_what_remove_peer_leaves);
+    RUN(test_remove_peer_in_parts_leaves_what_remove_peer_leaves);
     RUN(test_article_example);
     RUN(test_remove_peer_minimal);
     RUN(test_random_dedup);
@@ -351,5 +428,7 @@ int main(void)
     RUN(test_random_dedup_cap);
     RUN(test_random_subsume_cap);
     RUN(test_random_subsume_cap_nohyst);
+    RUN(test_random_subsume_parts);
+    RUN(test_random_subsume_cap_parts);
     CTEST_END();
 }

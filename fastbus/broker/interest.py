@@ -30,6 +30,11 @@ from .config import SUB_OVERHEAD, BrokerConfig
 from .links import Link, LinkTable
 
 
+#: A leaving link's diff to the publishing clients goes in WANT frames of
+#: about this many bytes of keys (``Interest.detach``).
+DIFF_PART_BYTES = 1 << 20
+
+
 def _whole(forwarder: Forwarder):
     """A forwarder's whole upstream set as one ops batch (empty if none)."""
     snapshot = forwarder.snapshot(ops=True)
@@ -83,7 +88,11 @@ class Interest:
         when the link held more than everybody else (a client leaving with
         64 MiB of keys makes a 64 MiB diff, and the broker's memory would
         double while it goes) they get what is left instead, whole (a WANT
-        reset), and the keys go without a copy (``drop_peer``)."""
+        reset), and the keys go without a copy (``drop_peer``).  Otherwise
+        the diff goes in parts of DIFF_PART_BYTES of keys, each sent before
+        the next is built (``remove_peer_parts``): the broker then holds a
+        copy of the leaving keys and one part, not a diff and its frames as
+        large as the keys."""
         publishers = [o for o in self.links.snapshot() if o.filters]
         whole = not publishers or link.sub_bytes > self.total_bytes - link.sub_bytes
         peers = [gid for gid, _refs, _key in link.globs.values()] + [link.link]
@@ -91,7 +100,8 @@ class Interest:
             if whole:
                 self.all.drop_peer(peer)
             else:
-                self._emit_all(self.all.remove_peer(peer, ops=True))
+                for ops in self.all.remove_peer_parts(peer, DIFF_PART_BYTES):
+                    self._emit_all(ops)
         for gid in peers[:-1]:
             self.router.remove_glob(gid)
         link.globs.clear()

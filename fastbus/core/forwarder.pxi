@@ -99,6 +99,42 @@ cdef class Forwarder:
         finally:
             fb_keylist_free(&diff)
 
+    def remove_peer_parts(self, uint64_t peer, Py_ssize_t max_bytes):
+        """The peer disconnected: drop all it held, yielding the upstream
+        diff as ops batches (as ``remove_peer(ops=True)``'s) of about
+        ``max_bytes`` of keys each, each part built after the caller took
+        the one before: a peer leaving with many long keys costs a copy of
+        its keys and one part, not a diff as large as its keys.  Other
+        events may come between the parts; another peer's removal may not
+        (an iteration left unfinished is finished, unsent, when the
+        generator is closed)."""
+        if max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0, not {max_bytes}")
+        cdef fb_keylist diff
+        cdef int rc = 1
+        try:
+            while rc == 1:
+                fb_keylist_init(&diff)
+                try:
+                    _lock(self._lk)
+                    with nogil:
+                        rc = fb_forwarder_remove_peer_some(self._f, peer, &diff, <size_t>max_bytes)
+                    _unlock(self._lk)
+                    out = _keylist_to_ops(&diff)
+                    _check(rc, "remove_peer")
+                finally:
+                    fb_keylist_free(&diff)
+                if out is not None:
+                    yield out
+        finally:
+            if rc == 1:         # abandoned part way: the rest goes, its diff unsent
+                fb_keylist_init(&diff)
+                _lock(self._lk)
+                with nogil:
+                    fb_forwarder_remove_peer(self._f, peer, &diff)
+                _unlock(self._lk)
+                fb_keylist_free(&diff)
+
     def drop_peer(self, uint64_t peer) -> int:
         """The peer disconnected, and the whole upstream set (``snapshot``)
         goes next instead of a diff: drop all it held without building one

@@ -20,6 +20,7 @@ cdef extern from "fb_forwarder.h" nogil:
     int fb_forwarder_unsubscribe(fb_forwarder *f, uint64_t peer, const void *key, size_t len, int kind,
                            fb_keylist *diff)
     int fb_forwarder_remove_peer(fb_forwarder *f, uint64_t peer, fb_keylist *diff)
+    int fb_forwarder_remove_peer_some(fb_forwarder *f, uint64_t peer, fb_keylist *diff, size_t max_bytes)
     int fb_forwarder_snapshot(const fb_forwarder *f, fb_keylist *out)
     size_t fb_forwarder_upstream_count(const fb_forwarder *f)
     int fb_forwarder_collapsed(const fb_forwarder *f)

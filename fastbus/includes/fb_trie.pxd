@@ -35,5 +35,6 @@ cdef extern from "fb_trie.h" nogil:
     int fb_trie_walk(const fb_trie *t, const void *prefix, size_t plen, fb_walk_fn fn, void *ctx)
 
     int fb_trie_subscriber_keys(const fb_trie *t, uint64_t subscriber, fb_keylist *out)
+    int fb_trie_subscriber_keys_some(const fb_trie *t, uint64_t subscriber, fb_keylist *out, size_t max_bytes)
     void fb_trie_get_stats(const fb_trie *t, fb_trie_stats *s)
     int fb_trie_check(const fb_trie *t, const char **why)
