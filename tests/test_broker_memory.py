@@ -390,6 +390,35 @@ def take(sock: zmq.Socket, keys: list, publisher: zmq.Socket) -> None:
     wait_for(all_confirmed, timeout=60, interval=0.05, what="the confirmations")
 
 
+def welcomed_publisher(ctx, endpoint: str) -> zmq.Socket:
+    """A publishing session the broker has welcomed (its filter is kept)."""
+    publisher = raw_session(ctx, endpoint, "pub", pub=True)
+    wait_for(lambda: publisher.poll(50), what="the publisher's welcome")
+    drain(publisher)
+    return publisher
+
+
+def check_memory(pid: int, before: int, holding: int, peak: PeakRSS, counted: int, read, what: str) -> None:
+    """After a client left: the broker held its keys (``holding``, RSS
+    above ``before``), its peak stayed within 1.5x of what the budget
+    counted, and its RSS comes back within 10% of ``before`` (``read``
+    takes what the publisher was sent meanwhile)."""
+    def settled():
+        read()
+        return rss(pid) - before < before / 10
+    try:
+        wait_for(settled, timeout=10, interval=0.2, what="memory to come back")
+    except AssertionError:
+        pass
+    after = rss(pid) - before
+    top = peak.stop() - before
+    report = (f"{what} counted {counted / MB:.0f} MB; RSS +{holding / MB:.0f} MB held, peak +{top / MB:.0f} MB, "
+              f"+{after / MB:.1f} MB after (RSS was {before / MB:.0f} MB)")
+    assert holding > counted / 2, report             # they were held
+    assert top <= 1.5 * counted, report
+    assert after < before / 10, report
+
+
 def test_what_the_subscription_budget_counts_bounds_the_brokers_memory(brokers, zctx):
     """A client takes its whole subscription budget (--max-subscription-bytes,
     64 MiB by default, counting each key and 48 bytes) in keys of 65,535
@@ -401,9 +430,7 @@ def test_what_the_subscription_budget_counts_bounds_the_brokers_memory(brokers, 
     it comes back within 10% of where it was."""
     b = brokers()
     pid = b.proc.pid
-    publisher = raw_session(zctx, b.endpoint, "pub", pub=True)
-    wait_for(lambda: publisher.poll(50), what="the publisher's welcome")
-    drain(publisher)
+    publisher = welcomed_publisher(zctx, b.endpoint)
     budget = 64 << 20
     key_len = 65535
     n = budget // (key_len + 48) + 1                 # one more than fits: refused, not held
@@ -419,21 +446,7 @@ def test_what_the_subscription_budget_counts_bounds_the_brokers_memory(brokers, 
     big.send_multipart([P.BYE])
     big.close()
     wait_for(lambda: b.stats()["subscriptions"] == 0, timeout=30, what="the client to leave")
-
-    def settled():
-        drain(publisher)
-        return rss(pid) - before < before / 10
-    try:
-        wait_for(settled, timeout=10, interval=0.2, what="memory to come back")
-    except AssertionError:
-        pass
-    after = rss(pid) - before
-    top = peak.stop() - before
-    report = (f"budget counted {counted / MB:.0f} MB; RSS +{holding / MB:.0f} MB held, peak +{top / MB:.0f} MB, "
-              f"+{after / MB:.1f} MB after (RSS was {before / MB:.0f} MB)")
-    assert holding > counted / 2, report             # they were held
-    assert top <= 1.5 * counted, report
-    assert after < before / 10, report
+    check_memory(pid, before, holding, peak, counted, lambda: drain(publisher), "budget")
 
 
 def test_a_client_leaving_with_less_than_others_hold_costs_about_its_keys(brokers, zctx):
@@ -448,9 +461,7 @@ def test_a_client_leaving_with_less_than_others_hold_costs_about_its_keys(broker
     publisher's diffs unsubscribe each key that went, once."""
     b = brokers()
     pid = b.proc.pid
-    publisher = raw_session(zctx, b.endpoint, "pub", pub=True)
-    wait_for(lambda: publisher.poll(50), what="the publisher's welcome")
-    drain(publisher)
+    publisher = welcomed_publisher(zctx, b.endpoint)
     budget = 64 << 20
     stays = raw_session(zctx, b.endpoint, "stays")
     staying = long_keys(b"s", budget // 2 // (65535 + 48))
@@ -468,22 +479,11 @@ def test_a_client_leaving_with_less_than_others_hold_costs_about_its_keys(broker
     wait_for(lambda: b.stats()["subscriptions"] == len(staying), timeout=30, what="the client to leave")
     ops = 0
 
-    def settled():
+    def read_diffs():
         nonlocal ops
         for frames in iter(lambda: publisher.recv_multipart() if publisher.poll(0) else None, None):
             if frames[0] == P.WANT and not frames[1][0] & 1:       # a diff, not a reset
                 ops += sum(op == UNSUBSCRIBE for op, _key, _prefix in P.decode_ops(frames[2]))
-        return rss(pid) - before < before / 10
-    try:
-        wait_for(settled, timeout=10, interval=0.2, what="memory to come back")
-    except AssertionError:
-        pass
-    after = rss(pid) - before
-    top = peak.stop() - before
-    report = (f"the leaving client's budget counted {counted / MB:.0f} MB; RSS +{holding / MB:.0f} MB held, "
-              f"peak +{top / MB:.0f} MB, +{after / MB:.1f} MB after (RSS was {before / MB:.0f} MB)")
-    assert holding > counted / 2, report             # they were held
-    assert top <= 1.5 * counted, report
-    assert after < before / 10, report
+    check_memory(pid, before, holding, peak, counted, read_diffs, "the leaving client's budget")
     assert ops == len(leaving), f"the publisher's diffs unsubscribed {ops} keys; {len(leaving)} went"
     assert b.stats()["subscriptions"] == len(staying)
