@@ -626,9 +626,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Options whose value is a Z85 key, which may start with "-" (one key in
-#: 85): argparse would take such a value for an option and say "expected one
-#: argument".  Given as ``--opt=value``, it is a value.
-KEY_OPTIONS = ("--curve-server-key", "--upstream-curve-server-key")
+#: 85), or a file, where a key given by mistake gets its own error ("is a
+#: key, not a certificate file"): argparse would take such a value for an
+#: option and say "expected one argument".  Given as ``--opt=value``, it is
+#: a value.
+KEY_OPTIONS = ("--curve-server-key", "--upstream-curve-server-key", "--curve-cert", "--upstream-curve-cert")
 
 
 def join_key_values(argv: Sequence[str]) -> list[str]:
