@@ -90,9 +90,9 @@ class Interest:
         double while it goes) they get what is left instead, whole (a WANT
         reset), and the keys go without a copy (``drop_peer``).  Otherwise
         the diff goes in parts of DIFF_PART_BYTES of keys, each sent before
-        the next is built (``remove_peer_parts``): the broker then holds a
-        copy of the leaving keys and one part, not a diff and its frames as
-        large as the keys."""
+        the next is built (``remove_peer_parts``): the broker then holds one
+        part beside the keys, not a copy of them, a diff and its frames as
+        large."""
         publishers = [o for o in self.links.snapshot() if o.filters]
         whole = not publishers or link.sub_bytes > self.total_bytes - link.sub_bytes
         peers = [gid for gid, _refs, _key in link.globs.values()] + [link.link]

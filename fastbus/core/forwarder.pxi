@@ -102,12 +102,15 @@ cdef class Forwarder:
     def remove_peer_parts(self, uint64_t peer, Py_ssize_t max_bytes):
         """The peer disconnected: drop all it held, yielding the upstream
         diff as ops batches (as ``remove_peer(ops=True)``'s) of about
-        ``max_bytes`` of keys each, each part built after the caller took
-        the one before: a peer leaving with many long keys costs a copy of
-        its keys and one part, not a diff as large as its keys.  Other
-        events may come between the parts; another peer's removal may not
-        (an iteration left unfinished is finished, unsent, when the
-        generator is closed)."""
+        ``max_bytes`` of keys each, each part's keys copied and released
+        after the caller took the part before: a peer leaving with many
+        long keys costs one part beside its keys, not a copy of them and a
+        diff as large.  Other events may come between the parts.  A part
+        releases its keys longest first, so a prefix of the peer that goes
+        before the peer's keys below it costs an op or two more (see
+        ``fb_forwarder_remove_peer_some``).  An iteration left unfinished
+        releases the rest, unsent, when the generator is closed (upstream
+        then keeps keys nobody wants: it filters nothing out)."""
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, not {max_bytes}")
         cdef fb_keylist diff
