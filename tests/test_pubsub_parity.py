@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import zmq
 from brokers import STEADY_FILTER, confirm, wait_for, wait_wanted
 
 import fastbus
@@ -461,3 +462,60 @@ def test_a_cancel_that_meets_a_wakeup_ends_the_async_receive(brokers):
             await p.aclose()
 
     asyncio.run(main())
+
+
+def _timed_async_flush(b, before_flush) -> float:
+    """Seconds an asyncio client's flush() takes after ``before_flush(c)``,
+    with pings 5 s apart (a wait that only the loop's next ping ends shows)."""
+
+    async def main():
+        async with fastbus.aio.Client(endpoint=b.endpoint, ping_interval=5.0) as c:
+            await c.publish("x", b"first")
+            await c.flush(10)
+            before_flush(c)
+            start = time.monotonic()
+            await c.publish("x", b"second")
+            await c.flush(10)
+            return time.monotonic() - start
+
+    return asyncio.run(main())
+
+
+def test_an_async_flush_that_finds_its_connection_taken_looks_again(brokers):
+    """The publishing connection's native reader holds its lock for a
+    moment (reading a WANT or a lease PONG, which it handles itself and
+    does not wake the loop for).  The asyncio client's send and flush that
+    find it taken look again soon; they waited for the loop's next ping (a
+    second by default: channels_redis's fixture met its own 1 s flush
+    timeout under load)."""
+    b = brokers()
+
+    def taken_for_a_moment(c):
+        c.session.lock.acquire()                             # as the reader does...
+        threading.Timer(0.05, c.session.lock.release).start()   # ...letting go without a word
+
+    took = _timed_async_flush(b, taken_for_a_moment)
+    assert took < 1.0, f"the flush took {took:.2f} s: it waited for the next ping"
+
+
+def test_an_async_flush_whose_answer_is_read_while_letting_go_returns(brokers):
+    """The PONG that completes a flush can arrive before the coroutine lets
+    go of the connection, and is then read as it lets go (``drain``), by
+    the loop's thread, with nothing waking the loop: the flush is told and
+    returns, where it waited for the loop's next ping."""
+    b = brokers()
+
+    def answer_before_letting_go(c):
+        s = c.session
+        step = s.flush_step
+
+        def flush_step(f):
+            done = step(f)
+            if not done and f.pinged:
+                s.sock.poll(2000, zmq.POLLIN)   # the broker answers before we let go
+            return done
+
+        s.flush_step = flush_step
+
+    took = _timed_async_flush(b, answer_before_letting_go)
+    assert took < 1.0, f"the flush took {took:.2f} s: it waited for the next ping"

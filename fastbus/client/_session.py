@@ -114,7 +114,8 @@ class Session:
         self.lock = SessionLock()         # threading.Lock's interface; a native thread may hold it too
         self.drivers: list[_Driver] = []  # user threads driving it now (a token each): the keeper leaves it alone
         self.loop = None                  # the asyncio loop that drives it, if any...
-        self.loop_wake_fd: int | None = None   # ...and the descriptor it watches (drive_from)
+        self.loop_wake_fd: int | None = None   # ...the descriptor it watches (drive_from)...
+        self.loop_input: Callable[[], None] | None = None   # ...and how it learns of input we read
         self.via_reader = False           # the message being handled came through the native reader
         self.posted: deque[Callable[[], None]] = deque()
         self.outq: deque[list] = deque()  # control frames waiting for room in the socket
@@ -242,14 +243,19 @@ class Session:
             token.reader.owner_enter()
         return token
 
-    def drive_from(self, loop: object, wake_fd: int | None = None) -> None:
+    def drive_from(self, loop: object, wake_fd: int | None = None,
+                   on_input: Callable[[], None] | None = None) -> None:
         """An event loop drives the session from now on (the keeper leaves
         it alone).  ``wake_fd``: a descriptor the loop watches, for what a
-        native thread of the session's hands it (see ``open_native``)."""
+        native thread of the session's hands it (see ``open_native``);
+        ``on_input()``: called (any thread) when input was read while
+        letting go of the lock (``drain``), which the loop would not
+        otherwise hear of: a coroutine waiting for it looks again."""
         self.hold()
         try:
             self.loop = loop
             self.loop_wake_fd = wake_fd
+            self.loop_input = on_input
             if self.sock is not None:
                 self.open_native()
         finally:
@@ -358,7 +364,11 @@ class Session:
             return
         try:
             if (self.more or _get(sock, EVENTS) & POLLIN) and self.reading():
-                self.read()
+                # (A loop's coroutine that sent, let go and now waits for
+                # the answer, a flush's PONG, would otherwise wait for the
+                # loop's next ping: read here, nobody else hears of it.)
+                if self.read() and self.loop_input is not None:
+                    self.loop_input()
             else:
                 self.unread = False
             if self.outq:

@@ -30,6 +30,7 @@ import asyncio
 import inspect
 import logging
 import os
+import threading
 import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -70,7 +71,9 @@ class _LoopDriver:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         loop.add_reader(self._wake_r, self._woken)
-        session.drive_from(loop, self._wake_w)   # the keeper leaves it alone from now on
+        self._thread = threading.get_ident()
+        # The keeper leaves it alone from now on.
+        session.drive_from(loop, self._wake_w, on_input=self._input_read)
         self._zmq_fd = session.fd if session.reader is None else -1
         if self._zmq_fd >= 0:
             loop.add_reader(self._zmq_fd, self.serve)
@@ -84,6 +87,17 @@ class _LoopDriver:
         except OSError:
             pass
         self.serve()
+
+    def _input_read(self) -> None:
+        """The session read input while letting go of its lock (the loop
+        was not woken for it): whoever waits looks again."""
+        if threading.get_ident() == self._thread:
+            self.changed.set()
+        else:
+            try:
+                self.loop.call_soon_threadsafe(self.changed.set)
+            except RuntimeError:
+                pass          # the loop is closed: nobody waits in it
 
     def serve(self) -> None:
         s = self.session
@@ -127,6 +141,21 @@ class _LoopDriver:
             except OSError:
                 pass
         self._wake_r = self._wake_w = -1
+
+
+#: How soon a coroutine (or the loop's send) that found its connection's
+#: lock taken tries again.  The holder is the native reader for a moment
+#: (reading a WANT or a lease PONG, which it handles itself without waking
+#: the loop), or another thread closing: neither tells the loop when it
+#: lets go, and waiting for the next event instead stalled a flush until
+#: the loop's next ping, a second later.
+RETRY_TAKEN = 0.0005
+
+
+def _retry_by(until: float | None) -> float:
+    """``until``, or sooner: when to look again at a lock found taken."""
+    soon = time.monotonic() + RETRY_TAKEN
+    return soon if until is None or until > soon else until
 
 
 async def _wait(event: asyncio.Event, deadline: float | None) -> bool:
@@ -207,6 +236,8 @@ class Client(_SyncClient):
             return
         with s.attempt() as held:
             if not held:
+                self._send_scheduled = True
+                self._loop.call_later(RETRY_TAKEN, self._send_pending)
                 return
             s.pump(force=s.linger_over())
         if self._changed is not None:
@@ -279,7 +310,7 @@ class Client(_SyncClient):
                 # (the probe connects a socket: not in the event loop's thread)
                 await asyncio.get_running_loop().run_in_executor(None, probe.check, s, s.publisher.queued)
             until = deadline if probe is None else probe.wake_by(s, deadline)
-            if not await _wait(self._changed, until) and (deadline is not None and time.monotonic() >= deadline):
+            if not await _wait(self._changed, until if held else _retry_by(until)) and (deadline is not None and time.monotonic() >= deadline):
                 queued = s.publisher.queued
                 raise FlushTimeout(f"the broker at {self.endpoint} did not confirm the flush within {timeout:g} s "
                                    f"({queued} message(s) stay queued for it)", queued)
@@ -302,7 +333,8 @@ class Client(_SyncClient):
                     s.read()
                     if s.stats_replies:
                         return s.stats_replies.pop(0)
-            if not await _wait(self._changed, deadline):
+            if not await _wait(self._changed, deadline if held else _retry_by(deadline)) and \
+                    time.monotonic() >= deadline:
                 raise BrokerTimeout(f"no answer from the broker at {self.endpoint} within {timeout:g} s",
                                     self.endpoint)
 
@@ -427,7 +459,7 @@ class PubSub(_SyncPubSub):
                 if not s.instance and time.monotonic() >= wait.probe.next:
                     # (the probe connects a socket: not in the event loop's thread)
                     await asyncio.get_running_loop().run_in_executor(None, wait.probe.check, s, 0)
-                await _wait(self._changed, wait.wake_by())
+                await _wait(self._changed, wait.wake_by() if held else _retry_by(wait.wake_by()))
         finally:
             s.awaiting -= 1
 
