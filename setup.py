@@ -1,5 +1,7 @@
 """Build of fastbus: the C core (csrc/) as a static library, and the Cython
-extension fastbus._core linked against it.
+extensions linked against it: fastbus._core (the core's bindings), and the
+modules that cimport it (the broker's data plane, the client's engine,
+redis-py's message dicts, the queues' item layout).
 
 fastbus/_core.pyx includes its parts by concern, fastbus/core/*.pxi (found
 next to it; their .pxd files are included by fastbus/_core.pxd and installed
@@ -127,7 +129,15 @@ setup(
                    libraries=["fastbus"]),
          # The client's native engine (threads that never take the GIL), the same way.
          Extension("fastbus.client._engine", ["fastbus/client/_engine.pyx"], include_dirs=["csrc"],
-                   libraries=["fastbus"])],
+                   libraries=["fastbus"]),
+         # What knows a Python-level shape, each its own module cimporting _core:
+         # the publish path (the engine cimports it), redis-py's message dicts,
+         # the queues' item layout.
+         Extension("fastbus._publisher", ["fastbus/_publisher.pyx"], include_dirs=["csrc"],
+                   libraries=["fastbus"]),
+         Extension("fastbus._decoders", ["fastbus/_decoders.pyx"], include_dirs=["csrc"],
+                   libraries=["fastbus"]),
+         Extension("fastbus.queue._layout", ["fastbus/queue/_layout.pyx"])],
         compiler_directives={"language_level": "3", "embedsignature": True},
         nthreads=JOBS if JOBS > 1 else 0,
     ),

@@ -58,15 +58,15 @@ try:
         Batch,
         Forwarder,
         Outbox,
-        Publisher,
         Router,
         Trie,
         batch_count,
         crc32c,
         decode,
-        decode_messages,
         encode,
     )
+    from fastbus._decoders import decode_messages
+    from fastbus._publisher import Publisher
 except ImportError as _exc:
     raise _source_tree_error(_exc) from None
 

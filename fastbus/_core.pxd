@@ -12,11 +12,11 @@
 #
 # The declarations live by concern in fastbus/core/*.pxd, next to the .pxi
 # that implements them (included by fastbus/_core.pyx).
+include "core/common.pxd"
+include "core/errors.pxd"
 include "core/trie.pxd"
 include "core/forwarder.pxd"
 include "core/batch.pxd"
 include "core/outbox.pxd"
 include "core/router.pxd"
-include "core/publisher.pxd"
 include "core/resp.pxd"
-include "core/queue.pxd"

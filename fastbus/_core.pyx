@@ -1,6 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Python bindings of the fastbus C core (csrc/): Trie, Forwarder, Outbox,
-Batch, Router, RespPump, and the Publisher and decoders built on them.
+Batch, Router, RespPump, glob matching.  What knows a Python-level shape
+is built on them in extensions of its own (fastbus._publisher,
+fastbus._decoders, fastbus.queue._layout: docs/CORE.md).
 
 Thin by design: each method converts arguments, takes the object's lock,
 calls C, and converts the result.  The GIL is released around C work whose
@@ -19,8 +21,6 @@ from cpython.list cimport PyList_New, PyList_SET_ITEM
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 
-from cpython.dict cimport PyDict_New, PyDict_SetItem, PyDict_GetItem
-from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cpython.object cimport PyObject
 
 cdef extern from "Python.h":
@@ -37,7 +37,6 @@ from fastbus.includes.fb_trie cimport *
 from fastbus.includes.fb_forwarder cimport *
 from fastbus.includes.fb_batch cimport *
 from fastbus.includes.fb_outbox cimport *
-from fastbus.includes.fb_batchq cimport *
 from fastbus.includes.fb_router cimport *
 from fastbus.includes.fb_resp cimport *
 from fastbus.includes.fb_view cimport *
@@ -45,11 +44,8 @@ from fastbus.includes.fb_glob cimport *
 
 import array as _pyarray
 import os
-import threading
-import time
-from collections import deque
 
-from fastbus.errors import BatchError, FastbusError, ForwarderError, MessageTooLarge, NotSubscribedError, PublishTimeout
+from fastbus.errors import BatchError, FastbusError, ForwarderError, NotSubscribedError
 
 EXACT = FB_EXACT
 PREFIX = FB_PREFIX
@@ -73,9 +69,6 @@ include "core/forwarder.pxi"
 include "core/topic_cache.pxi"
 include "core/batch.pxi"
 include "core/outbox.pxi"
-include "core/publisher.pxi"
-include "core/messages.pxi"
 include "core/resp.pxi"
 include "core/router.pxi"
-include "core/queue.pxi"
 include "core/glob.pxi"

@@ -33,7 +33,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal, TypedDict, Union
 
-from fastbus._core import decode, decode_matching, decode_messages, glob_match, glob_prefix, resp_pubsub_decode
+from fastbus._core import decode, glob_match, glob_prefix
+from fastbus._decoders import decode_matching, decode_messages, resp_pubsub_decode
 
 __all__ = [
     "CONFIRM_KINDS", "DATA_KINDS", "GLOB_SPECIALS", "GapInfo", "MessageBuffer", "PubSubMessage",

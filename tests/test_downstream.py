@@ -34,6 +34,17 @@ USE = textwrap.dedent("""
     box = fastbus.Outbox(max_messages=0)
     assert consumer.fill(box, 3) == 3
     assert fastbus.decode(box.take()) == [(b"t", b"payload")] * 3
+    pub = fastbus.Publisher(fastbus.Outbox(), lambda: None)
+    pub.publish("news", b"x")
+    pub.publish("news", b"y")
+    assert consumer.sealed_or_queued(pub) == 2
+    assert consumer.check(0) == 0
+    try:
+        consumer.check(-6)                  # FB_EMALFORMED
+    except fastbus.BatchError as exc:        # the core's exception for its status code, with our text
+        assert "downstream" in str(exc), exc
+    else:
+        raise AssertionError("a core error code did not raise")
     print("downstream ok")
 """)
 

@@ -74,7 +74,7 @@ def test_publisher_wakes_once_per_batch_and_seals_full_batches():
     """Publisher wakes the sender when a batch starts and when it becomes
     due, not for every record; a full batch the sender has not taken is
     sealed, so batches stay at the limit and nothing is lost or reordered."""
-    from fastbus._core import Publisher
+    from fastbus._publisher import Publisher
     box = Outbox(max_messages=100, max_bytes=0, max_delay=None)
     wakes = []
     pub = Publisher(box, lambda: wakes.append(len(box)))
@@ -101,7 +101,7 @@ def test_publisher_blocks_at_its_buffer_limit():
     the sender makes room and wakes a waiting publisher."""
     import threading
 
-    from fastbus._core import Publisher
+    from fastbus._publisher import Publisher
 
     from fastbus.errors import PublishTimeout
     box = Outbox(max_messages=10, max_bytes=0, max_delay=None)
@@ -134,7 +134,7 @@ def test_publisher_sends_inline_when_idle_and_leaves_bursts_to_the_sender():
     that way within burst_gap of each other, a starting batch wakes the
     sender instead; a full batch is always send_now(True); a send the
     sender made (sent(full=True)) marks the publisher busy."""
-    from fastbus._core import Publisher
+    from fastbus._publisher import Publisher
     box = Outbox(max_messages=3, max_bytes=0, max_delay=None)
     calls = []
     pub = Publisher(box, lambda: calls.append("wake"), burst_gap=10.0, burst_limit=2)
@@ -169,7 +169,7 @@ def test_publisher_sends_inline_when_idle_and_leaves_bursts_to_the_sender():
 
 
 def test_publisher_put_back_keeps_order_and_accounting():
-    from fastbus._core import Publisher
+    from fastbus._publisher import Publisher
     box = Outbox(max_messages=2, max_bytes=0, max_delay=None)
     pub = Publisher(box, lambda: None)
     for i in range(5):
@@ -185,7 +185,7 @@ def test_publisher_put_back_keeps_order_and_accounting():
 
 
 def test_publisher_argument_errors():
-    from fastbus._core import Publisher
+    from fastbus._publisher import Publisher
     box = Outbox()
     with pytest.raises(ValueError, match="burst_gap"):
         Publisher(box, lambda: None, burst_gap=-1)
@@ -197,7 +197,7 @@ def test_publisher_argument_errors():
 
 def test_publisher_counts_what_it_queued_and_what_nobody_wanted():
     from fastbus import protocol as P
-    from fastbus._core import Publisher
+    from fastbus._publisher import Publisher
     pub = Publisher(Outbox(max_delay=None), lambda: None)
     assert pub.publish(b"a", b"1") == 1                 # no filter: queued
     pub.apply_want(P.WANT_RESET, P.encode_ops([(P.SUBSCRIBE, b"a", False)]))   # the broker's view

@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 
 import pytest
-from fastbus._core import queue_decode
+from fastbus.queue._layout import queue_decode
 
 from fastbus.queue import Message
 

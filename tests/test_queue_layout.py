@@ -9,7 +9,7 @@ import struct
 
 from conftest import REPO
 
-from fastbus._core import QUEUE_ITEM_LAYOUT, queue_decode, topic_decode
+from fastbus.queue._layout import QUEUE_ITEM_LAYOUT, queue_decode, topic_decode
 from fastbus.queue import _lua
 
 LIB = (REPO / "fastbus" / "queue" / "lua" / "lib.lua").read_text()

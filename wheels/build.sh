@@ -33,14 +33,15 @@ RUN_TESTS=1
 PYTEST_ARGS=(-n 0 -m "not serial")
 # What a wheel changes: the compiled extensions as auditwheel left them,
 # the shipped headers, .pxd and Lua files (packaging, modules, codec,
-# router, trie, decoders), the native code that calls pyzmq's libzmq (relay,
+# router, trie, decoders, the publisher; an extension built against the
+# wheel's .pxd files), the native code that calls pyzmq's libzmq (relay,
 # native engine), the command line's entry points, and brokers end to end
 # over tcp, ipc and CURVE, federated.  The rest of the suite is the same
 # Python over the same C, run by the README's command.
 B=tests/test_broker.py C=tests/test_cli.py
 WHEEL_TESTS=(tests/test_packaging.py tests/test_modules.py tests/test_relay.py tests/test_native_engine.py
              tests/test_codec.py tests/test_router.py tests/test_trie.py tests/test_queue_decode.py
-             tests/test_resp.py
+             tests/test_resp.py tests/test_outbox.py tests/test_downstream.py
              "$B::test_exact_and_prefix_delivery_once" "$B::test_confirmed_subscription_gets_every_later_message_in_order"
              "$B::test_three_tier_federation_each_link_once" "$B::test_curve_accepts_allowed_keys_only"
              "$B::test_ipc_and_inproc_endpoints" "$B::test_embedded_broker_and_config_errors"

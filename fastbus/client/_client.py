@@ -15,7 +15,8 @@ from typing import Any, TypedDict
 import zmq
 
 from fastbus import protocol as P
-from fastbus._core import Outbox, Publisher
+from fastbus._core import Outbox
+from fastbus._publisher import Publisher
 from fastbus._types import ChannelT, EncodableT
 from fastbus.client._connections import Connections
 from fastbus.client._endpoint import AbsenceProbe

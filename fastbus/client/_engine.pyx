@@ -36,7 +36,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 
 import zmq
 
-from fastbus._core cimport Outbox, Publisher
+from fastbus._core cimport Outbox
+from fastbus._publisher cimport Publisher
 from fastbus.includes.fb_reader cimport (fb_reader, fb_reader_item, fb_reader_pop, fb_reader_release,
                                          fb_reader_start, fb_reader_stop, fb_reader_wake, fb_zmq_msg,
                                          fb_reader_owner_enter, fb_reader_owner_leave)

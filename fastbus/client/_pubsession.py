@@ -17,7 +17,7 @@ from collections import deque
 import zmq
 
 from fastbus import protocol as P
-from fastbus._core import Publisher
+from fastbus._publisher import Publisher
 from fastbus.client import _engine
 from fastbus.client._connections import Connections
 from fastbus.client._session import SEND_BURST, Session

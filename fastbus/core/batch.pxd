@@ -5,3 +5,6 @@ cdef class Batch:
     cdef unsigned char *_buf
     cdef size_t _len
     cdef Py_ssize_t _exports
+
+
+cdef Batch _wrap_batch(unsigned char *buf, size_t n)   # takes buf (malloc'd)

@@ -32,11 +32,6 @@ cdef object _error(int rc, str what="", int err=0):
 cdef int _raise(int rc, str what="", int err=0) except -1:
     raise _error(rc, what, err)
 
-cdef inline int _check(int rc, str what="") except -1:
-    if rc < 0:
-        _raise(rc, what)
-    return rc
-
 cdef int _check_held(int rc, str what, str holder, uint64_t who, bytes key, bint prefix) except -1:
     """_check for a call on a key someone holds: FB_ENOTFOUND says which
     holder ("subscriber 7", "peer 3") does not hold which key."""

@@ -1,5 +1,11 @@
-# The decoders' cache of topic bytes objects (used by batch.pxi and messages.pxi).
-# Part of fastbus/_core.pyx (included there).
+# The decoders' cache of topic bytes objects: inline helpers, included by
+# fastbus/_core.pyx (batch.pxi's decode) and fastbus/_decoders.pyx.
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from libc.stdint cimport uint32_t, uint64_t
+from libc.string cimport memcmp
 
 # -- decoded topics ---------------------------------------------------------
 #

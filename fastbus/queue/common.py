@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from fastbus._core import QueueMessage, queue_decode
+from fastbus.queue._layout import QueueMessage, queue_decode
 from fastbus.errors import PartialBatchError
 from fastbus.queue import _lua
 from fastbus.redis.errors import CONFIG_GET_LIMIT, DEFAULT_MAX_BULK_LEN, MIN_MAX_BULK_LEN, parse_limit, too_large

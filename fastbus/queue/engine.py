@@ -31,7 +31,7 @@ from typing import Any
 
 import redis
 
-from fastbus._core import topic_columns, topic_decode
+from fastbus.queue._layout import topic_columns, topic_decode
 from fastbus.errors import ConsumerGone, ConsumerTagInUse, QueueError
 from fastbus.queue.common import (
     Call,

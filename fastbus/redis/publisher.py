@@ -53,7 +53,8 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from fastbus._core import Outbox, Publisher, RespPump, resp_scan
+from fastbus._core import Outbox, RespPump, resp_scan
+from fastbus._publisher import Publisher
 from fastbus._types import ChannelT, EncodableT
 from fastbus.errors import FastbusError, FlushTimeout, PublishError, PublishTimeout
 from fastbus.redis.connection import Connection, is_asyncio, is_cluster

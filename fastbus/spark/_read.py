@@ -20,7 +20,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from fastbus._core import queue_decode
+from fastbus.queue.common import decode_items
 from fastbus.queue import QueueError, Topic, WorkQueue
 from fastbus.queue.engine import TopicOps, queue_namespace
 from fastbus.spark._options import OptionError, Options
@@ -106,7 +106,7 @@ def _read_list(url: str, name: str, part: ListRange) -> Iterator[pa.RecordBatch]
         items = r.lrange(part.key, a, min(part.stop, a + READ_STEP - 1))
         if not items:
             return
-        ms = queue_decode(items)
+        ms = decode_items(items)
         yield queue_batch(name, [m.id for m in ms], [m.payload for m in ms],
                           [round(m.created_at * 1000) for m in ms], [m.deliveries for m in ms])
 

@@ -1,5 +1,30 @@
-# Publisher: a client's publish path over an Outbox.
-# Part of fastbus/_core.pyx (included there).
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""A client's publish path as one call into C: the Publisher, over an
+Outbox of fastbus._core (its class docstring says the rest).
+
+Its own module: it holds policy above the core (who sends, when to wait
+for room and for how long, the filter's lease) that the core's bindings do
+not know.  The client's native engine (fastbus/client/_engine.pyx) cimports
+it and takes its sealed batches and its view from C threads; the Redis
+publisher (fastbus/redis/publisher.py) uses it over an Outbox in RESP mode.
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from libc.stdint cimport uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+
+from fastbus._core cimport Batch, Outbox, _as_message, _check, _lock, _raise, _unlock, _wrap_batch
+from fastbus.includes.fb_batchq cimport *
+from fastbus.includes.fb_common cimport *
+from fastbus.includes.fb_outbox cimport *
+from fastbus.includes.fb_view cimport *
+
+import threading
+import time
+
+from fastbus.errors import BatchError, MessageTooLarge, PublishTimeout
 
 cdef class Publisher:
     """The publish path of a client as one call into C: the publisher-side

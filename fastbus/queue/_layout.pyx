@@ -1,9 +1,17 @@
-# fastbus.queue items and topic READ replies decoded in one call.
-# Part of fastbus/_core.pyx (included there).
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""fastbus.queue's items and topic READ replies decoded in one call: the
+queue item layout, written by the Lua scripts (fastbus/queue/lua/lib.lua,
+the source of truth; tests/test_queue_layout.py checks the two agree).
 
-# The layouts are written by the Lua scripts (fastbus/queue/lua/lib.lua, the
-# source of truth); tests/test_queue_layout.py checks these against it.
-#
+An extension of its own: a format of the queues, not of the C core.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.ref cimport Py_INCREF
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
 # A work-queue item: version u8 (1), prior deliveries u32, id u64, created
 # ms u64, all big-endian, then the payload.  A topic READ value: created ms
 # u64 big-endian, then the payload.

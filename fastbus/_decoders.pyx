@@ -1,5 +1,33 @@
-# redis-py message dicts built from batches and from RESP push messages.
-# Part of fastbus/_core.pyx (included there).
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""redis-py message dicts (and ``(channel, data)`` tuples) built in one
+call per batch: from a broker batch (fb_batch.h) for ``PubSub``, and from
+RESP push messages (fb_resp.h) for ``fastbus.redis.Subscriber``.
+
+The shape users see (redis-py's dict keys and kinds) lives here and in
+fastbus/_messages.py, which drives these calls; fastbus._core wraps the C
+core without knowing it.  C errors become exceptions through _core's one
+place (``_check``/``_raise``, fastbus/core/errors.pxd).
+"""
+
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.dict cimport PyDict_GetItem, PyDict_New, PyDict_SetItem
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport uint32_t, uint64_t
+from libc.string cimport memset
+
+from fastbus._core cimport _check, _raise
+from fastbus.includes.fb_batch cimport fb_batch_decode, fb_batch_header, fb_record
+from fastbus.includes.fb_resp cimport fb_resp_elem, fb_resp_flat_array
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void *op)
+
+from fastbus.errors import BatchError
+
+include "core/topic_cache.pxi"
 
 cdef str _K_TYPE = "type", _K_PATTERN = "pattern", _K_CHANNEL = "channel", _K_DATA = "data"
 

@@ -1,4 +1,4 @@
-# QueueMessage: a fastbus.queue message (its wire layout: queue.pxi).
+# QueueMessage: a fastbus.queue message (its wire layout: _layout.pyx).
 
 
 cdef class QueueMessage:

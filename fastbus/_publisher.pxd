@@ -1,5 +1,8 @@
-# Publisher: the publish path's state over an Outbox (see publisher.pxi).
+# Publisher: the publish path's state over an Outbox (see _publisher.pyx),
+# for other extensions: ``from fastbus._publisher cimport Publisher``.
 from libc.stdint cimport uint64_t
+
+from fastbus._core cimport Outbox
 
 from fastbus.includes.fb_batchq cimport fb_batchq
 from fastbus.includes.fb_view cimport fb_view

@@ -1,0 +1,14 @@
+"""Type stubs for fastbus._decoders (redis-py message dicts, one call per batch)."""
+
+from collections.abc import Callable
+from typing import Any
+
+from typing_extensions import Buffer
+
+def decode_messages(data: Buffer, classes: dict[bytes, tuple[str, Any] | None],
+                    classify: Callable[[bytes], tuple[str, Any] | None],
+                    utf8: bool = False) -> list[dict[str, Any]]: ...
+def decode_matching(data: Buffer, classes: dict[bytes, tuple[str, Any] | None],
+                    classify: Callable[[bytes], tuple[str, Any] | None]) -> list[tuple[bytes, bytes]]: ...
+def resp_pubsub_decode(data: Buffer, start: int = 0, end: int = -1, as_dicts: bool = True,
+                       utf8: bool = False) -> tuple[int, list[Any], list[dict[str, Any]]]: ...
