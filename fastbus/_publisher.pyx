@@ -420,28 +420,44 @@ cdef class Publisher:
 
     def wait_for_room(self) -> None:
         """Block until the buffer is below max_buffer_bytes (publish() calls
-        this; asyncio wrappers call it in a thread): PublishTimeout after
-        block_timeout seconds, closed_error if the publisher closes."""
+        this): PublishTimeout after block_timeout seconds, closed_error if
+        the publisher closes.  An asyncio twin waits its own way with
+        ``room_check()``."""
         if self._room is None:
             self._room = threading.Condition()
-        deadline = None if self.block_timeout is None else time.monotonic() + self.block_timeout
+        deadline = self.room_deadline
         with self._room:
             self._waiting += 1
             try:
-                while self.buffered_bytes >= self.max_buffer_bytes:
-                    if self.closed:
-                        raise self.closed_error(self.closed_message)
+                while not self.room_check(deadline):
                     left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        why = self.block_reason() if self.block_reason is not None else "the sender is behind"
-                        raise PublishTimeout(f"publish: {self.buffered_bytes} bytes waiting to be sent for "
-                                             f"{self.block_timeout} s: {why}")
-                    self.wake()
                     # A native sender frees room without notifying: look
                     # again soon (only ever a full buffer waits here).
-                    self._room.wait(0.01 if left is None else min(left, 0.01))
+                    self._room.wait(0.01 if left is None else max(0.0, min(left, 0.01)))
             finally:
                 self._waiting -= 1
+
+    @property
+    def room_deadline(self):
+        """When a wait for room that starts now gives up (time.monotonic();
+        None: never, block_timeout None)."""
+        return None if self.block_timeout is None else time.monotonic() + self.block_timeout
+
+    def room_check(self, deadline) -> bool:
+        """One step of waiting for room: True if publish() can queue now;
+        else closed_error if closed, PublishTimeout once ``deadline``
+        (``room_deadline`` when the wait began) has passed, or False after
+        waking the sender (the caller waits, and looks again)."""
+        if self.has_room():
+            return True
+        if self.closed:
+            raise self.closed_error(self.closed_message)
+        if deadline is not None and time.monotonic() >= deadline:
+            why = self.block_reason() if self.block_reason is not None else "the sender is behind"
+            raise PublishTimeout(f"publish: {self.buffered_bytes} bytes waiting to be sent for "
+                                 f"{self.block_timeout} s: {why}")
+        self.wake()
+        return False
 
     def has_room(self) -> bool:
         """Would publish() queue without waiting for room?"""

@@ -1,5 +1,6 @@
 """The rule of the asyncio twins, as code: an async twin's public methods
-carry their sync twin's docstrings (see docs/DEVELOPING.md, "Async twins").
+carry their sync twin's docstrings (see docs/DEVELOPING.md, "Async twins"),
+and a twin that waits for another thread's event waits with wait_event().
 
 ``twin_of(SyncClass)`` decorates the async class: each public method,
 property or coroutine defined in the async class whose name the sync class
@@ -10,7 +11,9 @@ cannot drift apart.  tests/test_twins.py checks every pair.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -63,3 +66,30 @@ def twin_of(sync_cls: type) -> Callable[[T], T]:
         return async_cls
 
     return decorate
+
+
+async def wait_event(event: asyncio.Event, deadline: float | None) -> bool:
+    """Wait for ``event`` until ``deadline`` (time.monotonic); False on timeout.
+
+    Not ``asyncio.wait_for``: on Python 3.11 it swallows a cancel that
+    arrives while the event is set (its inner task done, the outer not yet
+    resumed: CPython gh-86296), and a receiving loop such as
+    ``PubSub.run()`` then never ends.  ``asyncio.timeout`` waits in the
+    calling task itself, so a cancel always reaches it."""
+    if deadline is None:
+        await event.wait()
+        return True
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return False
+    if event.is_set():
+        # Event.wait() would return without letting the loop run: a caller
+        # retrying (a publish waiting for room) would hold the loop.
+        await asyncio.sleep(0)
+        return True
+    try:
+        async with asyncio.timeout(left):
+            await event.wait()
+        return True
+    except TimeoutError:
+        return False

@@ -6,6 +6,7 @@ hangs.  Every accepted message still ends written or reported."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -15,7 +16,7 @@ from redis.backoff import ConstantBackoff
 from redis.retry import Retry
 
 from fastbus.errors import FlushTimeout
-from fastbus.redis import BufferedPublisher, PublishError
+from fastbus.redis import AsyncBufferedPublisher, BufferedPublisher, PublishError
 
 SLACK = 0.3          # seconds over T that close(timeout=T) may take (a loaded 2-core machine)
 
@@ -128,6 +129,41 @@ def test_close_is_bounded_while_replies_do_not_come(silent_server):
     for i in range(100):
         pub.publish("ch", b"%d:x" % i)
     took, error = _close_timed(pub, 1.0)
+    assert took < 1.0 + SLACK, f"close(timeout=1) took {took:.2f} s"
+    assert isinstance(error, PublishError) and "close(timeout=1.0)" in error.reason
+    assert sorted(cb.ids) == list(range(100))
+
+
+def test_the_asyncio_close_is_bounded_and_waits_in_the_loop(silent_server):
+    """The asyncio twin waits as the sync class does, in its event loop
+    (woken by the flush thread), not in a borrowed thread: while a flush()
+    waits for replies that do not come, the process has no thread more
+    than the publisher's own; a cancelled flush() ends at once; and
+    close(timeout=1) keeps to its second and reports every message, as
+    the sync close() does."""
+    cb = _Reported()
+
+    async def main():
+        pub = AsyncBufferedPublisher(silent_server, on_error=cb, socket_timeout=30)
+        for i in range(100):
+            await pub.publish("ch", b"%d:x" % i)
+        threads = threading.active_count()
+        task = asyncio.create_task(pub.flush(timeout=30))
+        await asyncio.sleep(0.3)
+        assert not task.done()
+        assert threading.active_count() == threads, "the flush waits in a thread"
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=1)
+        assert done and task.cancelled()
+        t0 = time.monotonic()
+        try:
+            await pub.close(timeout=1.0)
+            error = None
+        except (PublishError, FlushTimeout) as exc:
+            error = exc
+        return time.monotonic() - t0, error
+
+    took, error = asyncio.run(main())
     assert took < 1.0 + SLACK, f"close(timeout=1) took {took:.2f} s"
     assert isinstance(error, PublishError) and "close(timeout=1.0)" in error.reason
     assert sorted(cb.ids) == list(range(100))

@@ -38,7 +38,7 @@ from typing import Any
 
 from fastbus import protocol as P
 from fastbus._messages import PubSubMessage
-from fastbus._twins import twin_of
+from fastbus._twins import twin_of, wait_event as _wait
 from fastbus._types import ChannelT, EncodableT
 from fastbus.client._client import Client as _SyncClient
 from fastbus.client._endpoint import AbsenceProbe
@@ -47,7 +47,7 @@ from fastbus.client._pubsub import Handler
 from fastbus.client._pubsub import PubSub as _SyncPubSub
 from fastbus.client._session import Session
 from fastbus.client._subsession import ConfirmWait
-from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, PublishTimeout
+from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused
 
 __all__ = ["Client", "PubSub"]
 
@@ -158,33 +158,6 @@ def _retry_by(until: float | None) -> float:
     return soon if until is None or until > soon else until
 
 
-async def _wait(event: asyncio.Event, deadline: float | None) -> bool:
-    """Wait for ``event`` until ``deadline`` (time.monotonic); False on timeout.
-
-    Not ``asyncio.wait_for``: on Python 3.11 it swallows a cancel that
-    arrives while the event is set (its inner task done, the outer not yet
-    resumed: CPython gh-86296), and a receiving loop such as
-    ``PubSub.run()`` then never ends.  ``asyncio.timeout`` waits in the
-    calling task itself, so a cancel always reaches it."""
-    if deadline is None:
-        await event.wait()
-        return True
-    left = deadline - time.monotonic()
-    if left <= 0:
-        return False
-    if event.is_set():
-        # Event.wait() would return without letting the loop run: a caller
-        # retrying (a publish waiting for room) would hold the loop.
-        await asyncio.sleep(0)
-        return True
-    try:
-        async with asyncio.timeout(left):
-            await event.wait()
-        return True
-    except TimeoutError:
-        return False
-
-
 @twin_of(_SyncClient)
 class Client(_SyncClient):
     """asyncio twin of :class:`fastbus.Client`; same arguments.  Its methods
@@ -264,20 +237,14 @@ class Client(_SyncClient):
         return n
 
     async def _wait_for_room(self) -> None:
-        s = self.session
-        pub = s.publisher
-        timeout = pub.block_timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not pub.has_room():
-            if pub.closed:
-                raise ConnectionClosed("client is closed")
+        pub = self.session.publisher
+        deadline = pub.room_deadline
+        while True:
             self._changed.clear()
             self._send_pending()
-            if pub.has_room():
+            if pub.room_check(deadline):      # (raises as the sync wait does)
                 return
-            if not await _wait(self._changed, deadline):
-                raise PublishTimeout(f"publish: {pub.buffered_bytes} bytes waiting to be sent for {timeout} s: "
-                                     f"{s.block_reason()}")
+            await _wait(self._changed, deadline)
 
     async def ping(self, timeout: float | None = 10.0) -> bool:
         await self.flush(timeout)

@@ -46,7 +46,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Self
 
 import redis
@@ -212,6 +212,9 @@ class BufferedPublisher:
     """
 
     _COMMAND = "PUBLISH"
+    #: The asyncio twin (fastbus.redis.publisher_aio) sets it: its publish()
+    #: is a coroutine, so the per-instance C fast path is not installed.
+    driven_by_loop = False
 
     def __new__(cls, redis: Any = None, *args: Any, sharded: bool = False, **kwargs: Any) -> Any:
         if is_cluster(redis) and not is_asyncio(redis) and (sharded or cls._COMMAND != "PUBLISH"):
@@ -256,9 +259,14 @@ class BufferedPublisher:
         self._redirect: Callable[[list], None] | None = None     # set by the cluster router
         self._stats = {"published": 0, "batches": 0, "bytes": 0, "errors": 0, "retries": 0,
                        "receivers": 0}
+        #: Called in the flush thread whenever a waiter may go on (messages
+        #: answered or failed, room freed, the thread ending): how the
+        #: asyncio twin's event loop hears of it.  Threads wait on _cond.
+        self.on_progress: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run, name=f"fastbus-{command.lower()}", daemon=True)
         self._thread.start()
-        self.publish = self._pub.publish          # the hot path: one C call, no Python frame
+        if not self.driven_by_loop:
+            self.publish = self._pub.publish      # the hot path: one C call, no Python frame
 
     # -- the user's side -----------------------------------------------------
 
@@ -279,28 +287,54 @@ class BufferedPublisher:
         :class:`PublishError` if the publisher closes meanwhile."""
         self._pub.wait_for_room()
 
+    def room_check(self, deadline: float | None) -> bool:
+        """wait_for_room() as one step, for a driver that waits its own way
+        (the asyncio twin, woken by ``on_progress``): True if there is
+        room; False if not yet (the flush thread is woken); the same
+        errors, ``deadline`` being ``time.monotonic()`` + ``block_timeout``."""
+        return self._pub.room_check(deadline)
+
+    @property
+    def room_deadline(self) -> float | None:
+        """When a wait for room that starts now gives up (None: never)."""
+        return self._pub.room_deadline
+
     def flush(self, timeout: float | None = 30.0) -> None:
         """Block until every message queued before the call is answered by
         the server; raise :class:`PublishError` if some failed, TimeoutError
         if that takes longer than ``timeout`` seconds."""
+        target = self.start_flush()
+        deadline = deadline_after(timeout)
+        while not self.flush_done(target, timeout, deadline):
+            with self._cond:
+                if self._done < target and self._thread.is_alive():
+                    self._cond.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def start_flush(self) -> int:
+        """flush() in steps, for a driver that waits its own way (the
+        asyncio twin): have the flush thread write what is queued now, and
+        return the count ``flush_done()`` waits for."""
         target = self._pub.accepted
         with self._cond:
             self._flush_wanted = True
         self._wake.set()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        return target
+
+    def flush_done(self, target: int, timeout: float | None, deadline: float | None) -> bool:
+        """Are the messages up to ``target`` (``start_flush()``) answered?
+        Raises as flush() does: PublishError for those that failed,
+        FlushTimeout once ``deadline`` (time.monotonic()) has passed."""
         with self._cond:
-            while self._done < target:
-                if not self._thread.is_alive():
-                    break
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    pending = target - self._done
-                    last = f" (last error: {self._last_error})" if self._last_error is not None else ""
-                    raise FlushTimeout(f"flush: {pending} messages not answered by Redis at "
-                                       f"{self._conn.address} within {timeout} s{last}; they stay "
-                                       f"queued", pending)
-                self._cond.wait(left)
-        self._raise_pending()
+            done = self._done >= target or not self._thread.is_alive()
+            if not done and deadline is not None and time.monotonic() >= deadline:
+                pending = target - self._done
+                last = f" (last error: {self._last_error})" if self._last_error is not None else ""
+                raise FlushTimeout(f"flush: {pending} messages not answered by Redis at "
+                                   f"{self._conn.address} within {timeout} s{last}; they stay "
+                                   f"queued", pending)
+        if done:
+            self._raise_pending()
+        return done
 
     def close(self, timeout: float | None = 30.0) -> None:
         """Flush, stop the flush thread and release the connection, within
@@ -323,8 +357,29 @@ class BufferedPublisher:
             timed_out = True                         # what is left fails below
         except BaseException as exc:                 # PublishError; KeyboardInterrupt: close anyway
             error = exc
+        for wait in self.stop_steps(deadline, timeout, timed_out, error):
+            self._thread.join(wait)
+
+    @property
+    def closing(self) -> bool:
+        """Has close() started?"""
+        return self._closing
+
+    @property
+    def stopped(self) -> bool:
+        """Has the flush thread ended (after close())?"""
+        return not self._thread.is_alive()
+
+    def stop_steps(self, deadline: float | None, timeout: float | None, timed_out: bool,
+                   error: BaseException | None) -> Iterator[float | None]:
+        """close() after its flush, as the waits it needs, for a driver that
+        waits its own way (close() joins the flush thread for each; the
+        asyncio twin awaits ``stopped``, woken by ``on_progress``): yields
+        how long to wait for the thread to end (None: for ever), then
+        releases the connection and raises what close() raises.
+        ``timed_out``: the flush ran out of time; ``error``: what it raised."""
         self._stop_begin(deadline, timeout, timed_out)
-        self._stop_end(deadline, timeout, error)
+        yield from self._stop_end(deadline, timeout, error)
 
     def _stop_begin(self, deadline: float | None, timeout: float | None, abort: bool) -> None:
         """close(), first half: no more publishes; the thread writes what
@@ -349,20 +404,22 @@ class BufferedPublisher:
         self._conn.interrupt()
         self._wake.set()
 
-    def _stop_end(self, deadline: float | None, timeout: float | None, error: BaseException | None) -> None:
+    def _stop_end(self, deadline: float | None, timeout: float | None,
+                  error: BaseException | None) -> Iterator[float | None]:
         """close(), second half: wait for the thread until the deadline
         (aborting it if it is still writing when only the part kept for
-        stopping is left), then release the connection and raise."""
+        stopping is left), then release the connection and raise.  Each
+        wait is yielded (stop_steps)."""
         if deadline is not None and not self._abort.is_set():
-            self._thread.join(max(0.0, deadline - stop_part(timeout) - time.monotonic()))
+            yield max(0.0, deadline - stop_part(timeout) - time.monotonic())
         else:
-            self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            yield None if deadline is None else max(0.0, deadline - time.monotonic())
         if self._thread.is_alive() and deadline is not None:
             if self._pub.accepted == self._done:
-                self._thread.join(0.2)               # nothing left: only its wake-up to come
+                yield 0.2                            # nothing left: only its wake-up to come
             if self._thread.is_alive():
                 self._abort_now(timeout)
-                self._thread.join(max(0.0, deadline - time.monotonic()))
+                yield max(0.0, deadline - time.monotonic())
         if self._thread.is_alive():
             # Still in a connection attempt or in on_error: it reports the
             # rest when that returns; nothing is dropped.
@@ -410,6 +467,18 @@ class BufferedPublisher:
         too.  With no linger every wake writes what is queued, so the
         thread sleeps with no timeout: no poll on the message path.  With
         a linger it sleeps until the oldest message's deadline at most."""
+        try:
+            self._serve()
+        finally:
+            self._progressed()                       # a close() waiting for the thread's end
+
+    def _progressed(self) -> None:
+        """A waiter may go on (called in the flush thread, _cond held or not)."""
+        hook = self.on_progress
+        if hook is not None:
+            hook()
+
+    def _serve(self) -> None:
         box = self._outbox
         pub = self._pub
         eager = self._linger is None
@@ -534,6 +603,8 @@ class BufferedPublisher:
         item = pub.take(force)
         if item is None:
             return None, 0
+        if self.on_progress is not None and pub.max_buffer_bytes:
+            self._progressed()                       # room freed: a twin's publish may wait for it
         data, n = item
         if pub.has_sealed() or (force and pub.queued):
             parts = [data]
@@ -666,6 +737,7 @@ class BufferedPublisher:
             if not b.errs:
                 self._done += b.n
                 self._cond.notify_all()              # flush()
+                self._progressed()
                 return
         failed = _parse_commands(b.data, 0, set(b.errs))
         if self._redirect is not None and b.first and b.first.startswith(("MOVED ", "ASK ")):
@@ -678,6 +750,7 @@ class BufferedPublisher:
                 self._stats["redirected"] = self._stats.get("redirected", 0) + len(failed)
                 self._done += b.n
                 self._cond.notify_all()
+                self._progressed()
             return
         self._report(failed, translate(redis.ResponseError(b.first or "error"), self._conn.address,
                                        self._command), b.n)
@@ -747,6 +820,7 @@ class BufferedPublisher:
             self._pub.pending_error = merged_errors(self._pub.pending_error, err)
             self._done += n
             self._cond.notify_all()
+            self._progressed()
 
 
 class BufferedListProducer(BufferedPublisher):
@@ -762,7 +836,8 @@ class BufferedListProducer(BufferedPublisher):
     def __init__(self, redis: Any = None, *, left: bool = False, **kwargs: Any) -> None:
         self._COMMAND = "LPUSH" if left else "RPUSH"
         super().__init__(redis, **kwargs)
-        self.push = self._pub.publish
+        if not self.driven_by_loop:
+            self.push = self._pub.publish
 
     def push(self, key: ChannelT, value: EncodableT) -> int:  # replaced per instance by the C fast path
         """Queue one value for the list ``key``; returns 1 at once."""

@@ -148,7 +148,8 @@ class ClusterRouter:
                 if name in started and name not in ended:
                     ended.add(name)
                     try:
-                        sub._stop_end(deadline, timeout, None)
+                        for wait in sub._stop_end(deadline, timeout, None):
+                            sub._thread.join(wait)
                     except PublishError as exc:
                         failed = merged_errors(failed, exc)
                     except FlushTimeout as exc:
