@@ -603,13 +603,15 @@ class _LoopLayer:
     # -- closing ---------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Close the connections without the loop (at interpreter exit)."""
-        for p in self.pubsubs:
-            if p is not None:
-                p.shutdown(1.0)
+        """Close the connections without the loop (at interpreter exit):
+        each client first, which closes its publishing connection before
+        its PubSubs (see Client.shutdown)."""
         for c in self.clients:
             if c is not None:
                 c.shutdown(1.0)
+        for p in self.pubsubs:
+            if p is not None:
+                p.shutdown(1.0)
 
     async def close(self) -> None:
         for task in self.readers:

@@ -348,9 +348,12 @@ class Client:
             return
         self._closed = True
         self._publisher.closed = True
-        self._conns.shutdown(timeout)
+        # The publishing connection says goodbye first: when the PubSubs'
+        # subscriptions then go, the broker has no WANT to send it (sent to
+        # a connection already closed, it counted a peer lost).
         s = self._pub
         s.close_within(timeout, lambda: s.close_final(timeout))
+        self._conns.shutdown(timeout)
 
     def __enter__(self) -> Client:
         return self
