@@ -5,8 +5,9 @@ RESP push messages (fb_resp.h) for ``fastbus.redis.Subscriber``.
 
 The shape users see (redis-py's dict keys and kinds) lives here and in
 fastbus/_messages.py, which drives these calls; fastbus._core wraps the C
-core without knowing it.  C errors become exceptions through _core's one
-place (``_check``/``_raise``, fastbus/core/errors.pxd).
+core without knowing it.  A batch's records come checked from _core
+(``_batch_records``, as its own decode() takes them), and C errors become
+exceptions through _core's one place (``_raise``, fastbus/core/errors.pxd).
 """
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
@@ -18,8 +19,8 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memset
 
-from fastbus._core cimport _check, _raise
-from fastbus.includes.fb_batch cimport fb_batch_decode, fb_batch_header, fb_record
+from fastbus._core cimport _batch_records, _raise
+from fastbus.includes.fb_batch cimport fb_record
 from fastbus.includes.fb_resp cimport fb_resp_elem, fb_resp_flat_array
 
 cdef extern from "Python.h":
@@ -42,9 +43,7 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
     channels and payloads are decoded to str."""
     cdef Py_buffer view
     cdef fb_record *recs = NULL
-    cdef uint32_t count = 0
-    cdef size_t n = 0, i, cap
-    cdef int rc
+    cdef size_t n = 0, i
     cdef list out = []
     cdef PyObject *found
     cdef object topic, payload, cls, d
@@ -52,13 +51,7 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
     memset(&cache, 0, sizeof(cache))
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
-        _check(fb_batch_header(view.buf, <size_t>view.len, &count, NULL), "batch")
-        cap = count if count <= (<size_t>view.len) // 2 else 0
-        recs = <fb_record *>PyMem_Malloc((cap if cap else 1) * sizeof(fb_record))
-        if recs is NULL:
-            raise MemoryError()
-        rc = fb_batch_decode(view.buf, <size_t>view.len, NULL, recs if cap else NULL, cap, &n)
-        _check(rc, "batch")
+        recs = _batch_records(&view, NULL, &n)
         for i in range(n):
             topic = _tc_get(&cache, <const char *>recs[i].topic, recs[i].topic_len)
             found = PyDict_GetItem(classes, topic)
@@ -92,8 +85,7 @@ def decode_matching(data, dict classes not None, classify not None) -> list:
     unsubscribe not yet in effect): one call per batch."""
     cdef Py_buffer view
     cdef fb_record *recs = NULL
-    cdef uint32_t count = 0
-    cdef size_t n = 0, i, cap
+    cdef size_t n = 0, i
     cdef list out = []
     cdef PyObject *found
     cdef object topic, cls
@@ -102,12 +94,7 @@ def decode_matching(data, dict classes not None, classify not None) -> list:
     memset(&cache, 0, sizeof(cache))
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
-        _check(fb_batch_header(view.buf, <size_t>view.len, &count, NULL), "batch")
-        cap = count if count <= (<size_t>view.len) // 2 else 0
-        recs = <fb_record *>PyMem_Malloc((cap if cap else 1) * sizeof(fb_record))
-        if recs is NULL:
-            raise MemoryError()
-        _check(fb_batch_decode(view.buf, <size_t>view.len, NULL, recs if cap else NULL, cap, &n), "batch")
+        recs = _batch_records(&view, NULL, &n)
         for i in range(n):
             topic = _tc_get(&cache, <const char *>recs[i].topic, recs[i].topic_len)
             found = PyDict_GetItem(classes, topic)

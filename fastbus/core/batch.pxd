@@ -1,4 +1,5 @@
 # Batch: an encoded batch (fb_batch.h format) owned without a copy.
+from fastbus.includes.fb_batch cimport fb_decode_limits, fb_record
 
 
 cdef class Batch:
@@ -8,3 +9,6 @@ cdef class Batch:
 
 
 cdef Batch _wrap_batch(unsigned char *buf, size_t n)   # takes buf (malloc'd)
+
+# A batch's checked records in a PyMem_Malloc'd array (the caller frees it).
+cdef fb_record *_batch_records(Py_buffer *view, const fb_decode_limits *lim, size_t *n) except NULL

@@ -97,9 +97,7 @@ def decode(data, *, uint32_t max_topic=0, uint32_t max_payload=0, uint32_t max_r
     nothing.  The limits (0: none) bound what a network peer may send."""
     cdef Py_buffer view
     cdef fb_decode_limits lim
-    cdef uint32_t count = 0
-    cdef size_t n = 0, i, cap
-    cdef int rc
+    cdef size_t n = 0
     cdef fb_record *recs = NULL
     lim.max_topic = max_topic
     lim.max_payload = max_payload
@@ -107,24 +105,35 @@ def decode(data, *, uint32_t max_topic=0, uint32_t max_payload=0, uint32_t max_r
     lim.require_checksum = require_checksum
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
-        rc = fb_batch_header(view.buf, <size_t>view.len, &count, NULL)
-        _check(rc, "batch")
-        # A count the buffer cannot hold is rejected by the decoder; do not
-        # allocate for it first.
-        cap = count if count <= (<size_t>view.len) // 2 else 0
-        recs = <fb_record *>PyMem_Malloc((cap if cap else 1) * sizeof(fb_record))
-        if recs is NULL:
-            raise MemoryError()
-        if <size_t>view.len >= NOGIL_MIN_BYTES:
-            with nogil:
-                rc = fb_batch_decode(view.buf, <size_t>view.len, &lim, recs if cap else NULL, cap, &n)
-        else:
-            rc = fb_batch_decode(view.buf, <size_t>view.len, &lim, recs if cap else NULL, cap, &n)
-        _check(rc, "batch")
+        recs = _batch_records(&view, &lim, &n)
         return _records_to_list(recs, n)
     finally:
         PyMem_Free(recs)
         PyBuffer_Release(&view)
+
+
+cdef fb_record *_batch_records(Py_buffer *view, const fb_decode_limits *lim, size_t *n) except NULL:
+    """A batch's records (pointing into ``view``), checked, in a
+    PyMem_Malloc'd array the caller frees; ``n``: how many.  (decode here,
+    and the message decoders of fastbus._decoders.)"""
+    cdef uint32_t count = 0
+    _check(fb_batch_header(view.buf, <size_t>view.len, &count, NULL), "batch")
+    # A count the buffer cannot hold is rejected by the decoder; do not
+    # allocate for it first.
+    cdef size_t cap = count if count <= (<size_t>view.len) // 2 else 0
+    cdef fb_record *recs = <fb_record *>PyMem_Malloc((cap if cap else 1) * sizeof(fb_record))
+    if recs is NULL:
+        raise MemoryError()
+    cdef int rc
+    if <size_t>view.len >= NOGIL_MIN_BYTES:
+        with nogil:
+            rc = fb_batch_decode(view.buf, <size_t>view.len, lim, recs if cap else NULL, cap, n)
+    else:
+        rc = fb_batch_decode(view.buf, <size_t>view.len, lim, recs if cap else NULL, cap, n)
+    if rc < 0:
+        PyMem_Free(recs)
+        _raise(rc, "batch")
+    return recs
 
 
 cdef list _records_to_list(const fb_record *recs, size_t n):
