@@ -1,6 +1,7 @@
 """The rule of the asyncio twins, as code: an async twin's public methods
 carry their sync twin's docstrings (see docs/DEVELOPING.md, "Async twins"),
-and a twin that waits for another thread's event waits with wait_event().
+and a twin that waits for another thread's event waits with wait_event(),
+set through event_setter().
 
 ``twin_of(SyncClass)`` decorates the async class: each public method,
 property or coroutine defined in the async class whose name the sync class
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -93,3 +95,22 @@ async def wait_event(event: asyncio.Event, deadline: float | None) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+def event_setter(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> Callable[[], None]:
+    """A call that sets ``event`` of ``loop`` from any thread: at once in
+    the loop's own (the thread that calls this), else through
+    ``call_soon_threadsafe``; nothing once the loop is closed (nobody
+    waits in it)."""
+    owner = threading.get_ident()
+
+    def set_event() -> None:
+        if threading.get_ident() == owner:
+            event.set()
+            return
+        try:
+            loop.call_soon_threadsafe(event.set)
+        except RuntimeError:
+            pass
+
+    return set_event

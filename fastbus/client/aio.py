@@ -30,7 +30,6 @@ import asyncio
 import inspect
 import logging
 import os
-import threading
 import time
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -38,7 +37,7 @@ from typing import Any
 
 from fastbus import protocol as P
 from fastbus._messages import PubSubMessage
-from fastbus._twins import twin_of, wait_event as _wait
+from fastbus._twins import event_setter, twin_of, wait_event as _wait
 from fastbus._types import ChannelT, EncodableT
 from fastbus.client._client import Client as _SyncClient
 from fastbus.client._endpoint import AbsenceProbe
@@ -71,9 +70,9 @@ class _LoopDriver:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         loop.add_reader(self._wake_r, self._woken)
-        self._thread = threading.get_ident()
-        # The keeper leaves it alone from now on.
-        session.drive_from(loop, self._wake_w, on_input=self._input_read)
+        # The keeper leaves it alone from now on; input the session reads
+        # while letting go of its lock (which wakes nobody) sets ``changed``.
+        session.drive_from(loop, self._wake_w, on_input=event_setter(loop, changed))
         self._zmq_fd = session.fd if session.reader is None else -1
         if self._zmq_fd >= 0:
             loop.add_reader(self._zmq_fd, self.serve)
@@ -87,17 +86,6 @@ class _LoopDriver:
         except OSError:
             pass
         self.serve()
-
-    def _input_read(self) -> None:
-        """The session read input while letting go of its lock (the loop
-        was not woken for it): whoever waits looks again."""
-        if threading.get_ident() == self._thread:
-            self.changed.set()
-        else:
-            try:
-                self.loop.call_soon_threadsafe(self.changed.set)
-            except RuntimeError:
-                pass          # the loop is closed: nobody waits in it
 
     def serve(self) -> None:
         s = self.session

@@ -17,7 +17,7 @@ import asyncio
 import time
 from typing import Any, Self
 
-from fastbus._twins import twin_of, wait_event
+from fastbus._twins import event_setter, twin_of, wait_event
 from fastbus._types import ChannelT, EncodableT
 from fastbus.errors import FlushTimeout
 from fastbus.redis.connection import is_asyncio, is_cluster
@@ -39,15 +39,8 @@ class _LoopWaits:
             if self._loop is not None and not self._loop.is_closed():
                 raise RuntimeError("an asyncio Redis publisher is used from one event loop only")
             self._loop = loop
-            self._changed = changed = asyncio.Event()
-
-            def progressed() -> None:                # the flush thread's call
-                try:
-                    loop.call_soon_threadsafe(changed.set)
-                except RuntimeError:
-                    pass                             # the loop is closed: nobody waits in it
-
-            self.on_progress = progressed            # type: ignore[attr-defined]
+            self._changed = asyncio.Event()
+            self.on_progress = event_setter(loop, self._changed)   # type: ignore[attr-defined]
         assert self._changed is not None
         return self._changed
 
