@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 # A library's loggers stay silent unless the application configures logging
 # (without this, Python's last-resort handler prints their warnings).
@@ -79,12 +79,28 @@ from fastbus.client import Client, ClientOptions, PubSub
 from fastbus._messages import GapInfo, PubSubMessage
 from fastbus.broker import Broker, BrokerConfig
 from fastbus.sharding import ShardedClient, ShardedPubSub
-from fastbus import aio  # noqa: E402  (fastbus.aio.Client, fastbus.aio.PubSub)
 
-try:
-    __version__ = version("fastbus")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
+# fastbus.aio (asyncio) and __version__ (importlib.metadata) are a third of
+# what importing fastbus cost, and most processes (a broker, a command, a
+# synchronous client) use neither: they come on first use.
+if TYPE_CHECKING:
+    from fastbus import aio
+    __version__: str
+
+
+def __getattr__(name: str) -> Any:
+    global __version__
+    if name == "aio":
+        import fastbus.aio
+        return fastbus.aio
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            __version__ = version("fastbus")
+        except PackageNotFoundError:  # running from a source tree that was never installed
+            __version__ = "0+unknown"
+        return __version__
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "BATCH_VERSION", "CORE_VERSION", "EXACT", "PREFIX", "SUBSCRIBE", "UNSUBSCRIBE",

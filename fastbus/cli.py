@@ -409,6 +409,20 @@ def _version_text() -> str:
             f"batch format v{fastbus.BATCH_VERSION})")
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: argparse's own action wants the text when the parser
+    is built, which would import importlib.metadata for every command."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(_version_text())
+        parser.exit()
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(_version_text(), file=args.out)
     return 0
@@ -601,8 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
     packages."""
     parser = argparse.ArgumentParser(
         prog="fastbus", description="fastbus: fast pub/sub and reliable messaging with a C core.")
-    parser.add_argument("--version", action="version", version=_version_text(),
-                        help="print the version and exit")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_broker_parser(sub)
     _add_stats_parser(sub)

@@ -11,6 +11,15 @@ elsewhere (``fastbus monitor --broker EP``), and :class:`CompositeSource`
 several of them behind one server.
 """
 
-from .http import CompositeSource, MonitorServer, Snapshots, Source, parse_address, process_rss
+from typing import TYPE_CHECKING
 
 __all__ = ["CompositeSource", "MonitorServer", "Snapshots", "Source", "parse_address", "process_rss"]
+
+# The names above, imported on first use (fastbus._lazy says why): the
+# command-line parser imports fastbus.monitor.cli, not the HTTP server.
+if TYPE_CHECKING:
+    from fastbus.monitor.http import CompositeSource, MonitorServer, Snapshots, Source, parse_address, process_rss
+else:
+    from fastbus._lazy import attach
+
+    __getattr__ = attach(__name__, __file__, globals())

@@ -253,7 +253,7 @@ def _seconds(text: str) -> float:
 
 def add_parser(sub) -> None:
     """Add ``monitor`` to the ``fastbus`` command's subparsers."""
-    from fastbus.queue.common import DEFAULT_PREFIX
+    from fastbus.queue.names import DEFAULT_PREFIX
     m = sub.add_parser("monitor", help="watch the Redis queues (and a broker): table, JSON, or HTTP /metrics",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     m.add_argument("--redis", metavar="URL", help=f"the Redis server (default ${ENV_URL}, else {DEFAULT_URL})")

@@ -45,7 +45,8 @@ from typing import Any
 
 import redis
 
-from fastbus.queue.common import DEFAULT_PREFIX, Call, Many, check_prefix, namespace
+from fastbus.queue.common import Call, Many
+from fastbus.queue.names import DEFAULT_PREFIX, check_prefix, namespace
 from fastbus.queue.driver import sync_driver
 from fastbus.queue.registry import read_names
 

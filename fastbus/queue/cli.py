@@ -23,15 +23,17 @@ import json
 import sys
 import time
 from datetime import UTC, datetime
-from typing import TextIO
-
-import redis
+from typing import TYPE_CHECKING, TextIO
 
 from fastbus.cliargs import DEFAULT_URL, positive, redis_url
 from fastbus.errors import QueueError
-from fastbus.queue.common import DEFAULT_PREFIX, check_name
+from fastbus.queue.names import DEFAULT_PREFIX, check_name
 from fastbus.redis.server import ENV_URL
-from fastbus.queue.workqueue import QueueStats, WorkQueue
+
+# redis-py and the queue classes are imported by the commands that use
+# them, not when the parser is built (fastbus._lazy says why).
+if TYPE_CHECKING:
+    from fastbus.queue.workqueue import QueueStats, WorkQueue
 
 
 
@@ -95,6 +97,7 @@ def _never_used(st: QueueStats) -> bool:
 
 def _known_queues(url: str, prefix: str, limit: int = 20) -> list[str]:
     """Names of queues on the server that have had messages (a bounded scan)."""
+    import redis
     r = redis.Redis.from_url(url, socket_timeout=5)
     try:
         names = set()
@@ -165,6 +168,7 @@ def _clean(q: WorkQueue, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_queue(args: argparse.Namespace) -> int:
+    from fastbus.queue.workqueue import WorkQueue
     args.handle_func = args.queue_func
     return _run_handle(lambda url: WorkQueue(args.name, url, prefix=args.prefix, max_deliveries=args.max_deliveries),
                        args, "queue")
@@ -172,6 +176,8 @@ def cmd_queue(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     """fastbus queue list: the registered names (fastbus.queue.registry)."""
+    import redis
+
     from fastbus.queue.registry import list_queues, prune_queues
     url = redis_url(args.url, "--url")
     out = args.out
@@ -418,6 +424,7 @@ def _run_handle(make, args: argparse.Namespace, what: str) -> int:
     """Open the queue, topic or inbox ``make(url)`` gives, run the action
     (``args.handle_func``) on it, close it: exit 2 for bad arguments, 1 for
     a server that cannot be reached or refuses."""
+    import redis
     url = redis_url(args.url, "--url")
     args.resolved_url = url
     try:

@@ -1,5 +1,6 @@
-"""What the queue primitives share: names and key namespaces, the message
-record, the size checks, and the requests an operation yields.
+"""What the queue primitives share: the message record, the size checks,
+and the requests an operation yields (their names and key namespaces are
+in :mod:`fastbus.queue.names`).
 
 An operation is written once, as a generator that yields requests
 (:class:`Call` of a script, :class:`Cmd` of a plain command, :class:`Many`
@@ -12,7 +13,6 @@ Redis client.  So the blocking loop of a ``get`` or the chunking of a
 from __future__ import annotations
 
 import math
-import re
 import secrets
 import struct
 import time
@@ -27,39 +27,9 @@ from fastbus.errors import PartialBatchError
 from fastbus.queue import _lua
 from fastbus.redis.errors import CONFIG_GET_LIMIT, DEFAULT_MAX_BULK_LEN, MIN_MAX_BULK_LEN, parse_limit, too_large
 
-DEFAULT_PREFIX = "fastbus"
 MAX_CALL_MESSAGES = 1000        # messages per script call (Lua's unpack limit is ~8000)
 MAX_CALL_BYTES = 8 << 20        # payload bytes per script call (one message may exceed it alone)
 _ID = struct.Struct(">Q")
-_NAME = re.compile(r"[^\s{}:]{1,200}\Z")
-
-
-def check_name(what: str, value: Any) -> str:
-    """A queue, topic, inbox, consumer or tag name: 1-200 characters, no
-    whitespace, no ``{ } :`` (they delimit the keys' hash tag and fields)."""
-    if isinstance(value, bytes):
-        try:
-            value = value.decode()
-        except UnicodeDecodeError:
-            raise ValueError(f"{what} must be text, not {value!r}") from None
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a str, not {type(value).__name__}")
-    if not _NAME.match(value):
-        raise ValueError(f"{what} must be 1-200 characters without whitespace, '{{', '}}' or ':', not {value!r}")
-    return value
-
-
-def check_prefix(prefix: Any) -> str:
-    if not isinstance(prefix, str) or not prefix or any(c in prefix for c in "{} \t\r\n"):
-        raise ValueError(f"prefix must be a non-empty str without braces or whitespace, not {prefix!r}")
-    return prefix
-
-
-def namespace(kind: str, prefix: str, name: str) -> str:
-    """``prefix:kind:{name}:``, the start of every key of one queue ("q"),
-    topic ("t"), inbox ("i") or staged writer's channel ("c"): the braces
-    make them one Redis Cluster hash slot.  ``name`` is checked by the caller."""
-    return f"{check_prefix(prefix)}:{kind}:{{{name}}}:"
 
 
 def payload_list(payloads: Any, what: str = "payloads") -> list[bytes]:

@@ -44,17 +44,15 @@ from fastbus.queue.common import (
     as_bytes,
     batch_ids,
     batch_marks,
-    check_name,
-    check_prefix,
     chunks,
     decode_items,
     id_key,
-    namespace,
     pairs,
     payload_list,
     positive_int,
     positive_seconds,
 )
+from fastbus.queue.names import check_name, check_prefix, namespace
 from fastbus.errors import PastLastId
 from fastbus.redis.errors import MIN_MAX_BULK_LEN
 from fastbus.queue._lua import INBOX_HEADER

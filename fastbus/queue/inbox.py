@@ -70,7 +70,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from fastbus._twins import twin_of
-from fastbus.queue.common import DEFAULT_PREFIX, Op
+from fastbus.queue.common import Op
+from fastbus.queue.names import DEFAULT_PREFIX
 from fastbus.queue.driver import AsyncHandle, SyncHandle, async_driver, sync_driver
 from fastbus.queue.engine import InboxMessage, InboxOps, all_pending, fetch_count
 

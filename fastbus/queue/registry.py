@@ -41,7 +41,8 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
-from fastbus.queue.common import DEFAULT_PREFIX, Cmd, Many, Op, Register, check_name, check_prefix, namespace
+from fastbus.queue.common import Cmd, Many, Op, Register
+from fastbus.queue.names import DEFAULT_PREFIX, check_name, check_prefix, namespace
 from fastbus.queue.driver import async_driver, sync_driver
 
 __all__ = ["QueueName", "async_list_queues", "async_prune_queues", "list_queues", "prune_queues",

@@ -35,19 +35,8 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
-from fastbus.queue.common import (
-    DEFAULT_PREFIX,
-    Call,
-    Cmd,
-    Many,
-    Op,
-    check_name,
-    chunks,
-    namespace,
-    payload_list,
-    positive_int,
-    positive_seconds,
-)
+from fastbus.queue.common import Call, Cmd, Many, Op, chunks, payload_list, positive_int, positive_seconds
+from fastbus.queue.names import DEFAULT_PREFIX, check_name, namespace
 from fastbus.queue.driver import SyncHandle
 from fastbus.queue.registry import Listing
 

@@ -45,7 +45,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from fastbus._twins import twin_of
-from fastbus.queue.common import DEFAULT_PREFIX, Message
+from fastbus.queue.common import Message
+from fastbus.queue.names import DEFAULT_PREFIX
 from fastbus.queue.driver import AsyncHandle, SyncHandle
 from fastbus.queue.engine import CleanResult, TopicOps, TopicStats
 from fastbus.queue.workqueue import (

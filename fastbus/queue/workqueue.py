@@ -31,7 +31,8 @@ from collections.abc import Generator, Iterable
 from typing import Any, Self
 
 from fastbus._twins import twin_of
-from fastbus.queue.common import DEFAULT_PREFIX, Message, MessageRef, check_name
+from fastbus.queue.common import Message, MessageRef
+from fastbus.queue.names import DEFAULT_PREFIX, check_name
 from fastbus.queue.driver import AsyncDriver, AsyncHandle, SyncDriver, SyncHandle
 from fastbus.queue.engine import (
     NETWORK_ERRORS,

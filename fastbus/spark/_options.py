@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fastbus.errors import OptionError
-from fastbus.queue.common import DEFAULT_PREFIX, check_name
+from fastbus.queue.names import DEFAULT_PREFIX, check_name
 from fastbus.redis.server import ENV_URL, check_url
 
 
