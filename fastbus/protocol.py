@@ -32,7 +32,7 @@ SUB = b"S"          # [S, seq u64, ops batch]
 PUB = b"P"          # [P, message batch]
 PING = b"p"         # [p, token(, LEASE_ASK)]   with LEASE_ASK: grant me a filter lease (peers that said "ack")
 STATS = b"Q"        # [Q]
-BYE = b"B"          # [B]
+BYE = b"B"          # [B]   both ways: a broker whose WELCOME has "bye" answers it, the peer forgotten
 ACK = b"A"          # [A, want seq u64]   WANT up to this seq applied (peers that said "ack" in HELLO)
 # broker -> client
 WELCOME = b"h"      # [h, json]

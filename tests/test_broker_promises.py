@@ -370,3 +370,40 @@ def test_a_client_closing_with_its_pubsubs_leaves_no_peer_lost(brokers):
     wait_for(lambda: b.stats()["peers"] == 0, what="every client gone")
     drops = b.stats()["drops"]
     assert not drops.get("unreachable") and not drops.get("unknown_peer"), drops
+
+
+def _next(s: zmq.Socket, cmd: bytes, timeout: float = 10.0) -> list:
+    """The next message ``cmd`` from the broker (others skipped)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if s.poll(100):
+            frames = s.recv_multipart()
+            if frames[0] == cmd:
+                return frames
+    raise AssertionError(f"no {cmd!r} from the broker within {timeout} s")
+
+
+def test_bye_is_answered_once_the_broker_has_forgotten_the_session(brokers):
+    """A session's BYE is answered (its WELCOME says "bye") once the broker
+    has forgotten it, and the client closes its connection only then
+    (docs/PROTOCOL.md, Sessions, step 6): nothing the broker sends for
+    others can meet a connection already closed, whatever order the
+    broker reads a client's two connections in."""
+    b = brokers()
+    s = raw_dealer(b.endpoint)
+    s.send_multipart([P.HELLO, P.dump_json({"v": P.VERSION, "role": "client", "pub": True, "name": "raw"})])
+    assert P.load_json(_next(s, P.WELCOME)[1])["bye"] is True
+    s.send_multipart([P.BYE])
+    _next(s, P.BYE)
+    assert b.stats()["peers"] == 0                   # forgotten before the answer went
+    s.close()
+    # The client: when close() returns, the broker has forgotten both of its
+    # connections (no waiting here).
+    for i in range(10):
+        c = fastbus.Client(endpoint=b.endpoint)
+        p = c.pubsub()
+        p.subscribe(f"room.{i}")
+        c.close()
+        assert b.stats()["peers"] == 0, i
+    drops = b.stats()["drops"]
+    assert not drops.get("unreachable") and not drops.get("unknown_peer"), drops

@@ -130,6 +130,14 @@ class Sessions:
             if rest and _wants_clients(rest[0]):
                 st["connz"] = peer_dicts(b.peer_rows())
             self._reply(ident, [P.STATS_REPLY, P.dump_json(st)])
+        elif cmd == P.BYE:
+            # Forgotten before the answer goes: the peer closes its socket
+            # only once it has it (WELCOME's "bye"), so nothing sent on
+            # behalf of the others finds it gone.  A peer we do not know
+            # gets its answer too (it is leaving anyway).
+            if link is not None:
+                b.remove_link(link, "bye")
+            self._reply(ident, [P.BYE])
         elif link is None:
             # Unknown session (e.g. the broker restarted): ask it to say hello.
             b.drops["unknown_peer"] += 1
@@ -165,8 +173,6 @@ class Sessions:
             if len(rest) != 1:
                 raise P.ProtocolError("ACK takes a sequence number")
             b.settler.acked(link, P.unpack_u64(rest[0]))
-        elif cmd == P.BYE:
-            b.remove_link(link, "bye")
         else:
             raise P.ProtocolError(f"unknown command {cmd!r}")
 
@@ -206,6 +212,7 @@ class Sessions:
         cfg = b.config
         welcome = {"v": P.VERSION, "instance": b.instance.decode(), "name": cfg.name,
                    "globs": True,                # SUB may hold glob ops (flags bit 2)
+                   "bye": True,                  # BYE is answered with BYE once the peer is forgotten
                    "limits": {"max_topic": cfg.max_topic, "max_payload": cfg.max_payload,
                               "max_message_bytes": cfg.max_message_bytes,
                               "max_subscriptions": cfg.max_subscriptions,

@@ -97,6 +97,7 @@ if _engine.available():
 
 READ_BUDGET = 64          # frames read at a time before the holder looks at other work
 SEND_BURST = 32           # batches sent before the broker is read again (a FLOW pause then takes effect)
+BYE_WAIT = 0.5            # seconds close() waits for the broker to answer BYE (brokers whose WELCOME says "bye")
 
 
 class Session:
@@ -188,10 +189,33 @@ class Session:
             self.monitor.close(linger=0)
             self.monitor = None
         if self.sock is not None:
-            self.send([P.BYE])
+            if self.send([P.BYE]) and self.welcome.get("bye") is True:
+                self._await_bye(BYE_WAIT)
             self.sock.close(linger=1000)
             self.sock = None
         self.fd = -1
+
+    def _await_bye(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) for the broker's answer to our BYE,
+        which it sends once it has forgotten this session: the socket
+        closes only then, so nothing the broker does next finds it gone (a
+        WANT for the subscriptions that a PubSub of the same client drops
+        right after counted this connection lost).  What else arrives
+        meanwhile is dropped: the session is closing."""
+        sock = self.sock
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if not sock.poll(max(1, math.ceil(left * 1000))):
+                return
+            try:
+                while True:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                    if frames and frames[0] == P.BYE:
+                        return
+            except zmq.Again:
+                continue
+            except zmq.ZMQError:
+                return
 
     def handshake_failure(self) -> str | None:
         """Why the CURVE handshake with the broker failed, if it did and has
