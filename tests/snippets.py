@@ -1,6 +1,7 @@
 """The Python snippets of README.md and docs/, in one place for the tests
 that read them: tests/test_types.py type-checks the README's (mypy
---strict) and tests/test_snippets.py runs every one.
+--strict), tests/test_snippets.py runs every one but the Spark ones, and
+tests/test_spark.py runs those in its Spark session.
 
 A snippet may read names it does not define, as a reader's code would (a
 channel, a Spark session): GIVEN declares them, with the types a reader
@@ -10,6 +11,7 @@ would have and values that run.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +31,7 @@ import fastbus
 """
 #: Names the snippets read without binding them, declared before each
 #: snippet that reads one.  (The Spark names are None here: the type check
-#: cannot see pyspark; tests/test_snippets.py gives real ones.)
+#: cannot see pyspark; tests/test_spark.py gives real ones.)
 GIVEN = {
     "channel": 'channel: str = "news"',
     "message": 'message: bytes = b"hello"',
@@ -88,3 +90,20 @@ def python_snippets(path: Path = README, with_skipped: bool = False) -> list[tup
 def readme_snippets() -> list[tuple[int, str]]:
     """The README's snippets the type check reads."""
     return python_snippets(README)
+
+
+def all_snippets() -> list[tuple[str, str]]:
+    """``(where, code)`` of every snippet of README.md and docs/, ``where``
+    as ``README.md:87``."""
+    return [(f"{doc.name}:{line}", code) for doc in DOCS for line, code in python_snippets(doc, with_skipped=True)]
+
+
+def is_spark(code: str) -> bool:
+    """The snippet reads a Spark name it does not bind (a session, a DataFrame)."""
+    return bool(reads(code) & set(SPARK_NAMES))
+
+
+def for_this_machine(code: str, redis_url: str, scratch: Path) -> str:
+    """The snippet pointed at this machine's Redis and scratch directory."""
+    code = re.sub(r"redis://[\w.\-]+:\d+(?:/\d+)?", redis_url, code)
+    return code.replace('"/data/', f'"{scratch}/data/')

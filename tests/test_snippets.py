@@ -9,9 +9,9 @@ faked: a broker on the README's default endpoint (127.0.0.1:6464) for the
 snippets that use ``fastbus.Client()`` without one, key files made by
 ``fastbus keygen`` for the CURVE snippet, a real Redis-compatible server
 (every ``redis://host:port`` URL in a snippet is pointed at it, as a
-reader points the docs' URL at their own), a real local Spark for the
-Spark snippets (one session, each snippet in a namespace of its own), and
-a scratch directory for ``/data/...`` paths.  A snippet passes when it
+reader points the docs' URL at their own), and a scratch directory for
+``/data/...`` paths.  The Spark snippets run in tests/test_spark.py's Spark
+session (a JVM of their own cost 20-40 s of the run).  A snippet passes when it
 exits 0 (a snippet that runs for ever, the README's first, passes when it
 has printed what it says it prints).
 """
@@ -19,16 +19,12 @@ has printed what it says it prints).
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import socket
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
-from snippets import DOCS, SPARK_NAMES, prelude, python_snippets, reads
+from snippets import all_snippets, for_this_machine, is_spark, prelude
 
 #: Snippets (by a line of them) with their own needs: ``broker`` (a broker
 #: on 127.0.0.1:6464), ``until`` (it runs for ever: what it must print),
@@ -46,23 +42,9 @@ DEFAULT_PORT = 6464
 # module uses that port.
 
 
-def _snippets() -> list[tuple[str, str]]:
-    out = []
-    for doc in DOCS:
-        for line, code in python_snippets(doc, with_skipped=True):
-            out.append((f"{doc.name}:{line}", code))
-    return out
-
-
-SNIPPETS = _snippets()
-PLAIN = [(where, code) for where, code in SNIPPETS if not reads(code) & set(SPARK_NAMES)]
-SPARK = [(where, code) for where, code in SNIPPETS if reads(code) & set(SPARK_NAMES)]
-
-
-def for_this_machine(code: str, redis_url: str, scratch: Path) -> str:
-    """The snippet pointed at this machine's Redis and scratch directory."""
-    code = re.sub(r"redis://[\w.\-]+:\d+(?:/\d+)?", redis_url, code)
-    return code.replace('"/data/', f'"{scratch}/data/')
+SNIPPETS = all_snippets()
+PLAIN = [(where, code) for where, code in SNIPPETS if not is_spark(code)]
+SPARK = [(where, code) for where, code in SNIPPETS if is_spark(code)]
 
 
 def _needs(code: str) -> dict:
@@ -124,49 +106,3 @@ def test_snippet_runs(where, code, brokers, redis_url, tmp_path):
             proc.communicate()
     if broker is not None:
         assert broker.proc.poll() is None
-
-
-SPARK_RUNNER = r'''
-import json, os, sys, traceback
-from pyspark.sql import SparkSession
-import fastbus.spark
-os.environ["PYSPARK_PYTHON"] = sys.executable
-spark = (SparkSession.builder.master("local[2]").appName("fastbus-snippets")
-         .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-         .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-         .getOrCreate())
-spark.sparkContext.setLogLevel("ERROR")
-fastbus.spark.register(spark)                 # $FASTBUS_REDIS_URL: the test's server
-rate = spark.readStream.format("rate").option("rowsPerSecond", 5).load()
-given = {"spark": spark, "df": spark.createDataFrame([("a", 1)], "k string, n long"),
-         "totals": rate.selectExpr("value AS total"), "counts": rate.selectExpr("value AS count")}
-failed = {}
-for where, code in json.load(open(sys.argv[1])):
-    ns = dict(given)
-    try:
-        exec(compile(code, where, "exec"), ns)
-    except Exception:
-        failed[where] = traceback.format_exc()
-    for q in spark.streams.active:
-        q.stop()
-print("RESULT " + json.dumps(failed))
-spark.stop()
-'''
-
-
-def test_spark_snippets_run(redis_url, tmp_path):
-    pytest.importorskip("pyspark", reason="pyspark is not installed (pip install '.[test,spark]')")
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("Spark needs Java 17+ (java is not on PATH and JAVA_HOME is unset; .ci/run installs it)")
-    import json
-    snippets = [(where, for_this_machine(prelude(code, leave_out=SPARK_NAMES) + code, redis_url, tmp_path))
-                for where, code in SPARK]
-    (tmp_path / "snippets.json").write_text(json.dumps(snippets))
-    (tmp_path / "run.py").write_text(textwrap.dedent(SPARK_RUNNER))
-    env = {**os.environ, "FASTBUS_REDIS_URL": redis_url, "PYTHONSAFEPATH": "1"}
-    r = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "snippets.json")],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    result = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
-    assert result, f"the Spark runner failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    failed = json.loads(result[-1][len("RESULT "):])
-    assert not failed, "\n\n".join(f"{w}:\n{tb}" for w, tb in failed.items())

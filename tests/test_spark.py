@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from pyspark.sql import SparkSession
 
 import fastbus.spark
 from fastbus.queue import Topic, WorkQueue
+from snippets import SPARK_NAMES, all_snippets, for_this_machine, is_spark, prelude
 
 pytestmark = pytest.mark.slow
 
@@ -336,3 +338,27 @@ def test_register_without_url_uses_the_embedded_server(spark, redis_server):
         if saved is not None:
             os.environ["FASTBUS_REDIS_URL"] = saved
         fastbus.spark.register(spark, redis_server.url)
+
+
+def test_the_docs_spark_snippets_run(spark, redis_url, tmp_path):
+    """Every Spark snippet of README.md and docs/ (tests/snippets.py) runs
+    in this module's session, each in a namespace of its own, with the
+    names a reader has given real values (the session, a DataFrame, two
+    streaming DataFrames) and its Redis URLs pointed at the test's server;
+    the queries a snippet starts are stopped after it."""
+    snippets = [(where, code) for where, code in all_snippets() if is_spark(code)]
+    assert len(snippets) >= 5, [where for where, _code in snippets]
+    rate = spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+    given = {"spark": spark, "df": spark.createDataFrame([("a", 1)], "k string, n long"),
+             "totals": rate.selectExpr("value AS total"), "counts": rate.selectExpr("value AS count")}
+    failed = {}
+    for where, code in snippets:
+        source = for_this_machine(prelude(code, leave_out=SPARK_NAMES) + code, redis_url, tmp_path)
+        try:
+            exec(compile(source, where, "exec"), dict(given))
+        except Exception:
+            failed[where] = traceback.format_exc()
+        finally:
+            for query in spark.streams.active:
+                query.stop()
+    assert not failed, "\n\n".join(f"{where}:\n{tb}" for where, tb in failed.items())
