@@ -60,12 +60,19 @@ LONGEST_FIRST = ("test_readme", "test_spark", "test_redis_py_suite", "test_subsc
                  "test_broker_memory", "test_redis_publisher", "test_forwarder", "test_queue_cli",
                  "test_monitor_remote")
 #: What `.ci/run` runs again against Debian's redis-server (``-m
-#: redis_server``): the Redis and queue modules (their tests start servers
-#: of their own too, with $FASTBUS_TEST_REDIS_SERVER), and any other test
-#: that uses these fixtures.  The two foreign suites use no server.
-SERVER_MODULES = ("test_redis_", "test_queue_")
-SERVER_FIXTURES = {"redis_server", "redis_url", "redis_cluster"}
-NO_SERVER = ("test_redis_py_suite",)
+#: redis_server``): the modules whose subject is what a server does, so
+#: that a difference between Valkey and Redis 7 shows -- its management
+#: (start, limits, errors), pub/sub and glob matching, the queues' Lua
+#: scripts and their faults, cluster routing, the figures read from INFO --
+#: and any test marked ``@pytest.mark.redis_server`` elsewhere.  Tests that
+#: use a server only as a backdrop to something of fastbus's own (the CLI
+#: over the same queue calls, the async twins of the same commands, the
+#: docs' snippets, close deadlines, the monitoring page) run once, against
+#: the default server.
+SERVER_MODULES = {"test_redis_server", "test_redis_publisher", "test_redis_subscriber", "test_redis_errors",
+                  "test_redis_cluster", "test_glob", "test_queue", "test_queue_reliability", "test_queue_faults",
+                  "test_queue_topic", "test_queue_inbox", "test_queue_staged", "test_queue_driver",
+                  "test_queue_cluster", "test_monitor_queues"}
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -85,7 +92,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "redis_server: talks to a Redis-compatible server binary "
+    config.addinivalue_line("markers", "redis_server: tests what a Redis-compatible server does "
                                        "(.ci/run runs these again against Debian's redis-server)")
     config.addinivalue_line("markers", "serial: asserts wall-clock bounds; runs while no other "
                                        "test does (under pytest-xdist too)")
@@ -134,13 +141,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests that talk to a Redis server, and order the modules for
+    """Mark the tests of what a Redis server does (SERVER_MODULES), and order the modules for
     pytest-xdist (``-n``, in pyproject's addopts): LONGEST_FIRST first, in
     that order; then the rest, as collected."""
     for item in items:
         module = item.path.stem
-        if (module.startswith(SERVER_MODULES) and module not in NO_SERVER
-                or SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))):
+        if module in SERVER_MODULES:
             item.add_marker(pytest.mark.redis_server)
     rank = {m: i for i, m in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
