@@ -184,6 +184,104 @@ def test_a_send_the_socket_refuses_comes_back(setup):
     assert relay.batches_out == 0
 
 
+def _answer(sock, relay, timeout: float = 5.0):
+    """Let the relay read until ``sock`` (a peer) has an answer: (what Python
+    was handed meanwhile, the answer)."""
+    handed: list = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        frames, _meta, _n = relay.receive(64)
+        if frames is not None:
+            handed.append(frames)
+        if sock.poll(1):
+            return handed, sock.recv_multipart()
+    return handed, None
+
+
+def test_a_lease_ping_is_answered_in_c_where_nothing_waits_ahead_of_it(setup):
+    """A session that acknowledges asks for a filter lease about 20 times a
+    second: the relay answers [PONG, token, instance, lease µs] and records
+    the grant (lease_end) without handing Python the PING.  Python keeps it
+    where the PONG must wait behind Python's queue for the link (held),
+    for a peer that does not acknowledge, for a plain PING, and while no
+    lease was said (a broker under an upstream)."""
+    r, trie, router, relay, peer = setup
+    acking, plain = peer(b"acking"), peer(b"plain")
+    router.add_link(1)
+    router.add_link(2)
+    relay.add_session(1, b"acking", acks=True)
+    relay.add_session(2, b"plain")
+    lease_ping = [P.PING, b"tok", P.LEASE_ASK]
+
+    acking.send_multipart(lease_ping)                     # no lease said yet: Python's
+    handed, answer = _answer(acking, relay, timeout=0.3)
+    assert handed == [[b"acking", *lease_ping]] and answer is None
+
+    relay.answer_leases(b"instance-1", 0.25)
+    t0 = time.monotonic()
+    acking.send_multipart(lease_ping)
+    handed, answer = _answer(acking, relay)
+    assert handed == [] and answer == [P.PONG, b"tok", b"instance-1", P.pack_u64(250_000)]
+    assert t0 + 0.25 <= relay.lease_end(1) <= time.monotonic() + 0.25
+    assert relay.lease_end(2) == float("-inf") and relay.leases_granted == 1
+
+    for who, frames in ((plain, lease_ping), (acking, [P.PING, b"t2"])):
+        who.send_multipart(frames)                        # no "ack" in its HELLO; a plain PING
+        handed, answer = _answer(who, relay, timeout=0.3)
+        assert handed == [[who.identity, *frames]] and answer is None
+    router.hold(1)                                        # Python queues for it: the PONG goes behind
+    acking.send_multipart(lease_ping)
+    handed, answer = _answer(acking, relay, timeout=0.3)
+    assert handed == [[b"acking", *lease_ping]] and answer is None
+    router.hold(1, False)
+    relay.answer_leases(b"instance-1", 0)                 # Python answers them again
+    acking.send_multipart(lease_ping)
+    handed, answer = _answer(acking, relay, timeout=0.3)
+    assert handed == [[b"acking", *lease_ping]] and answer is None
+    assert relay.leases_granted == 1
+    with pytest.raises(ValueError):
+        relay.answer_leases(b"x" * 65, 0.1)
+
+
+def test_a_brokers_publishers_lease_pings_are_answered_by_its_data_plane():
+    """End to end, in an embedded broker: a filtering publisher's lease
+    pings (about 20 a second) are answered in C, its filter stays in effect
+    (what nobody wants is not sent).  Under an upstream, whose lease bounds ours, Python
+    answers them (lease_grant_us)."""
+    from fastbus.broker import Broker, BrokerConfig
+    top = Broker(BrokerConfig(bind=["tcp://127.0.0.1:0"])).start()
+    below = Broker(BrokerConfig(bind=["tcp://127.0.0.1:0"], upstream=top.endpoint)).start()
+    try:
+        for broker, in_c in ((top, True), (below, False)):
+            with fastbus.Client(endpoint=broker.endpoint) as sub_client, \
+                    fastbus.Client(endpoint=broker.endpoint) as pub_client:
+                p = sub_client.pubsub(ignore_subscribe_messages=True)
+                p.subscribe("wanted")
+                deadline = time.monotonic() + 10
+                while not (pub_client.stats()["filter_active"] and pub_client.is_wanted("wanted")):
+                    assert time.monotonic() < deadline, "the publisher never filtered"
+                    time.sleep(0.01)
+                granted = broker.relay.leases_granted
+                for _ in range(50):
+                    pub_client.publish("wanted", b"w")
+                    pub_client.publish("unwanted", b"u")
+                    time.sleep(0.01)
+                st = pub_client.stats()
+                assert st["filter_active"] and st["filtered"] == 50, st
+                granted = broker.relay.leases_granted - granted
+                if in_c:
+                    assert granted >= 5, f"{granted} lease pings answered in C in 0.5 s"
+                else:
+                    assert granted == 0
+                got = 0
+                while got < 50 and p.get_message(timeout=5) is not None:
+                    got += 1
+                assert got == 50
+    finally:
+        below.stop()
+        top.stop()
+
+
 def test_routing_ids_survive_churn(setup):
     """Sessions come and go (their ids are reused): every lookup stays
     right, and the table does not grow with the churn."""

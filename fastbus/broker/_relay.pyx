@@ -14,8 +14,13 @@ What the broker does with a batch from a known session is always the same:
 receive it, route it (fb_router), send every link its outbox as
 ``[routing id, DATA, seq, batch]``.  In Python that costs about 30 µs a
 turn at a low rate (most of a message's time in the broker); here a few.
-Everything else (HELLO, SUB, PING, a PUB from an unknown peer, a batch the
-decoder refuses) is handed back to Python as a list of frames, and so is
+A session's lease ping (``[PING, token, LEASE_ASK]``: each filtering
+publisher sends about 20 a second) it answers too, once Python has said
+the lease (``answer_leases``), and records the grant (``lease_end``), as
+Python would: a hundred publishers no longer cost the broker's thread two
+thousand turns of Python a second.
+Everything else (HELLO, SUB, a plain PING, a PUB from an unknown peer, a
+batch the decoder refuses) is handed back to Python as a list of frames, and so is
 every batch the relay does not send itself: to a link that is not a
 session on this socket (the upstream broker, the XPUB socket), to one the router holds
 (Python queues for it: its socket was full, or it owes it a loss notice),
@@ -54,6 +59,7 @@ cdef enum:
     LINKS_PER_CALL = 4096
     COPY_MAX = 8192              # batches up to this size are copied; larger ones handed to libzmq
     IDENT_MAX = 255              # ZeroMQ routing ids are 1..255 bytes
+    INSTANCE_MAX = 64            # the broker instance id a PONG carries (protocol.new_instance_id: 16)
     POLLIN = 1                   # ZMQ_POLLIN
     MAX_WAITED = 64              # sockets and descriptors wait() watches besides the ROUTER
     # What wait() found (bits of _run's result).
@@ -83,12 +89,14 @@ cdef inline void _lock(fb_lock *l) noexcept nogil:
 cdef struct slot:
     uint8_t session               # a session on this socket: the relay sends its batches
     uint8_t deferred              # a send to it failed this turn: the rest waits for Python too
+    uint8_t acks                  # it said "ack" in HELLO: it filters under our lease, asked for by lease pings
     uint8_t idlen
     uint8_t ident[IDENT_MAX]
     uint8_t seq[8]                # the DATA frame's seq, little-endian
     # What the relay itself did for this link (per batch, never per
     # message): PUB batches routed from it, DATA batches sent to it.
     uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out
+    uint64_t lease_end_ns         # the end of the last lease the relay granted it (fb_now_ns's clock)
 
 
 cdef struct pend:
@@ -137,6 +145,11 @@ cdef class Relay:
     cdef int _errno               # of a failed zmq_poll
     cdef uint32_t _links[LINKS_PER_CALL]
     cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out, dropped
+    #: Lease pings the relay answered itself (control messages Python did not see).
+    cdef public uint64_t leases_granted
+    cdef uint64_t _lease_ns       # the lease a PONG grants (0: Python answers lease pings)
+    cdef uint8_t _instance[INSTANCE_MAX]
+    cdef size_t _instlen
     #: Reading stops once the batches left for Python hold this many bytes
     #: (see receive).
     cdef public size_t leftover_limit
@@ -245,8 +258,9 @@ cdef class Relay:
                 return
             i = (i + 1) & mask
 
-    def add_session(self, uint32_t link, bytes ident not None, uint64_t seq=0) -> None:
-        """A session on this socket: its batches go as [ident, DATA, seq, batch]."""
+    def add_session(self, uint32_t link, bytes ident not None, uint64_t seq=0, bint acks=False) -> None:
+        """A session on this socket: its batches go as [ident, DATA, seq, batch].
+        ``acks``: it said "ack" in HELLO (its lease pings are answered here)."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(ident)
         cdef uint32_t other
         if n < 1 or n > IDENT_MAX:
@@ -265,6 +279,7 @@ cdef class Relay:
         cdef slot *s = &self.slots[link]
         memset(s, 0, sizeof(slot))
         s.session = 1
+        s.acks = acks
         s.idlen = <uint8_t>n
         memcpy(s.ident, PyBytes_AS_STRING(ident), n)
         cdef uint32_t mask = self.tcap - 1
@@ -275,6 +290,27 @@ cdef class Relay:
             self.tused += 1
         self.table[i] = link + 1
         self.confirm(link, seq)
+
+    def answer_leases(self, bytes instance not None, double lease_s) -> None:
+        """Answer sessions' lease pings here from now on: PONG ``[token,
+        instance, lease µs]``, granting ``lease_s`` seconds (0: leave them to
+        Python, as a broker with an upstream does, whose lease depends on
+        its own from upstream)."""
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(instance)
+        if n > INSTANCE_MAX:
+            raise ValueError(f"an instance id has at most {INSTANCE_MAX} bytes")
+        if lease_s < 0 or lease_s > 3600:
+            raise ValueError("a lease is 0 to 3600 seconds")
+        memcpy(self._instance, PyBytes_AS_STRING(instance), n)
+        self._instlen = n
+        self._lease_ns = <uint64_t>(lease_s * 1e9)
+
+    def lease_end(self, uint32_t link) -> float:
+        """When the last lease the relay granted the link ends, in
+        time.monotonic() seconds (-inf: none)."""
+        if link < self.nslots and self.slots[link].session and self.slots[link].lease_end_ns:
+            return self.slots[link].lease_end_ns / 1e9
+        return float("-inf")
 
     def remove_session(self, uint32_t link) -> None:
         """The link left (or is no session of this socket)."""
@@ -414,6 +450,8 @@ cdef class Relay:
         cdef fb_router_stats st
         self._rc = 0
         self._over = 0
+        if n == 4 and self._lease_ns and Z.msg_size(&parts[1]) == 1 and (<uint8_t *>Z.msg_data(&parts[1]))[0] == b'p':
+            return self._lease_ping(parts)
         if n != 3 or Z.msg_size(&parts[1]) != 1:
             return False
         cmd = <uint8_t *>Z.msg_data(&parts[1])
@@ -451,6 +489,44 @@ cdef class Relay:
             self._rc = rc
             self._over = over
             return False
+        return True
+
+    cdef bint _lease_ping(self, fbz_msg *parts) noexcept nogil:
+        """[ident, PING, token, LEASE_ASK] from a session that acknowledges:
+        answer [PONG, token, instance, lease µs] and record the grant, as
+        Python would (fastbus.broker.sessions), and return True.  False
+        (Python answers) where the PONG must wait behind what Python
+        queues for the link (it is held, or a send to it failed this turn),
+        for any other peer, and when the socket refuses the PONG."""
+        cdef uint32_t link
+        cdef int held
+        cdef uint64_t now
+        cdef uint8_t lease[8]
+        cdef uint64_t us = self._lease_ns // 1000u
+        cdef int i
+        if Z.msg_size(&parts[3]) != 5 or memcmp(Z.msg_data(&parts[3]), b"lease", 5) != 0:
+            return False
+        link = self._find(<const uint8_t *>Z.msg_data(&parts[0]), Z.msg_size(&parts[0]))
+        if link == UINT32_MAX or not self.slots[link].acks or self.slots[link].deferred:
+            return False
+        _lock(&self.router._lock)
+        held = fb_router_held(self.router._r, link)
+        fb_lock_release(&self.router._lock)
+        if held:
+            return False
+        for i in range(8):
+            lease[i] = <uint8_t>(us >> (8 * i))
+        # The lease counts from before the PONG leaves (the client counts
+        # from before its PING left: both ends err short).
+        now = fb_now_ns()
+        if Z.send(self.sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
+            return False                       # a full pipe, a peer gone: Python's
+        Z.send(self.sock, b"q", 1, DONTWAIT | SNDMORE)
+        Z.send(self.sock, Z.msg_data(&parts[2]), Z.msg_size(&parts[2]), DONTWAIT | SNDMORE)
+        Z.send(self.sock, self._instance, self._instlen, DONTWAIT | SNDMORE)
+        Z.send(self.sock, lease, 8, DONTWAIT)
+        self.slots[link].lease_end_ns = now + self._lease_ns
+        self.leases_granted += 1
         return True
 
     cdef tuple _take_parts(self):

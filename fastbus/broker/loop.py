@@ -210,7 +210,7 @@ class Broker:
                                  self.drops)
         self.sender.want_reset = self.interest.want_reset
         self.settler = Settler(self.links, self.sender.send, cfg.filter_lease, cfg.upstream_confirm_timeout,
-                               self.counters)
+                               self.counters, self.lease_end)
         self.handlers: dict = {}                   # socket -> what to call when it is readable
         self._started = time.monotonic()
         self._next_stats_log = self._started + (cfg.stats_interval or 0)
@@ -234,6 +234,10 @@ class Broker:
         self.upstream = Upstream(self) if cfg.upstream else None
         if self.upstream is not None:
             self.handlers[self.upstream.sock] = self.upstream.on_readable
+        # Sessions' lease pings answered in C, with the configured lease;
+        # under an upstream the lease is bounded by ours from it, which
+        # only Python knows (lease_grant_us), so Python answers them.
+        self.relay.answer_leases(self.instance, cfg.filter_lease if self.upstream is None else 0.0)
         self.compat = Compat(self)
         if cfg.http:
             try:
@@ -341,7 +345,7 @@ class Broker:
         self.links.add(link)
         self.router.add_link(link.link)
         if isinstance(link, Session) and link.sock is self._sock:
-            self.relay.add_session(link.link, link.ident, link.acked_seq)
+            self.relay.add_session(link.link, link.ident, link.acked_seq, link.acks)
         self.interest.attach(link)
         self.counters["peers_joined"] += 1
 
@@ -517,6 +521,12 @@ class Broker:
             lease = min(lease, self.upstream.lease_left())
         return max(0, int(lease * 1e6))
 
+    def lease_end(self, link: Link) -> float:
+        """When the last filter lease granted to a session ends
+        (time.monotonic()): by Python (WELCOME, a PONG it answered) or by
+        the data plane (a lease ping it answered)."""
+        return max(link.lease_end, self.relay.lease_end(link.link))
+
     def _maintenance(self, now: float) -> None:
         # The upstream link stopped reading even its control messages: start
         # its session over (the queue goes, HELLO and our want set are sent).
@@ -557,6 +567,7 @@ class Broker:
         for link in self.links.by_id.values():
             roles[link.role] = roles.get(link.role, 0) + 1
         counters = dict(self.counters)
+        counters["control_in"] += self.relay.leases_granted      # lease pings the data plane answered
         counters.update(batches_in=rs["batches"], messages_in=rs["records"], bytes_in=rs["bytes"])
         relay = self.relay                         # what the C data plane sent itself
         counters["batches_out"] += relay.batches_out

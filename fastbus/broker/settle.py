@@ -43,6 +43,7 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 
 from .links import Link, LinkTable
 
@@ -79,11 +80,15 @@ class Settler:
     """The replies waiting for acknowledgements, per source link, and when
     the next one times out (``next_deadline``, time.monotonic(); inf:
     none).  ``send(link, frames)`` is how a reply leaves
-    (fastbus.broker.sending.Sender.send)."""
+    (fastbus.broker.sending.Sender.send); ``lease_end(link)`` is when the
+    last lease granted to a session ends (the broker's: Python and the data
+    plane both grant them)."""
 
-    def __init__(self, links: LinkTable, send, lease: float, upstream_timeout: float, counters: dict) -> None:
+    def __init__(self, links: LinkTable, send, lease: float, upstream_timeout: float, counters: dict,
+                 lease_end: Callable[[Link], float] = lambda link: link.lease_end) -> None:
         self.links = links
         self._send = send
+        self.lease_end = lease_end
         self.lease = lease
         self.upstream_timeout = upstream_timeout
         self._counters = counters
@@ -136,9 +141,10 @@ class Settler:
                 del unacked[link_id]
             elif link is not source:
                 if link.holds_lease:
-                    if now >= link.lease_end:
+                    lease_end = self.lease_end(link)
+                    if now >= lease_end:
                         continue              # no lease of ours may run: it does not filter
-                    waits.append([link, link.change_seq, min(link.change_at + self.lease, link.lease_end)])
+                    waits.append([link, link.change_seq, min(link.change_at + self.lease, lease_end)])
                 else:
                     waits.append([link, link.change_seq, link.change_at + self.upstream_timeout])
         return waits
