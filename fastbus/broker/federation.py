@@ -119,6 +119,11 @@ class Upstream:
     def connected(self) -> bool:
         return bool(self.link.instance)
 
+    @property
+    def _hello_in_flight(self) -> bool:
+        """Our HELLO has not been answered yet (WELCOME sets the instance)."""
+        return not self.link.instance and bool(self._hellos)
+
     def lease_left(self) -> float:
         """Seconds our lease on upstream's wants has left (inf while not
         connected: there is no view to keep current, fastbus.broker.loop
@@ -220,7 +225,12 @@ class Upstream:
                     # our acknowledgements either: our view counts as it is.)
                 elif cmd == P.PONG and len(frames) in (3, 4):
                     self._last_heard = time.monotonic()
-                    if frames[2] != link.instance:
+                    if self._hello_in_flight:
+                        # The answer to a ping sent before our HELLO (pings
+                        # queued while upstream was down): the HELLO is on
+                        # its way, and its WELCOME says the instance.
+                        pass
+                    elif frames[2] != link.instance:
                         if self._may_retry():
                             log.info("upstream restarted or reconnected: resending subscriptions")
                             self.hello()
@@ -239,6 +249,14 @@ class Upstream:
                         self._refused = reason
                         self._retry_in = min(self._retry_in * 2, 30.0) if self._retry_in else 1.0
                         self._retry_at = time.monotonic() + self._retry_in
+                    elif self._hello_in_flight:
+                        # A KICK for what we sent before our HELLO (a
+                        # restarted upstream asks for one, as its PONG
+                        # said): that HELLO is on its way.  A second one
+                        # would make upstream drop the session the first
+                        # made, and its publishers see our subscriptions
+                        # go and come back.  One event, one resync.
+                        pass
                     elif self._may_retry():
                         log.info("upstream asked for a resync: %s", frames[1][:200])
                         self.hello()
