@@ -92,11 +92,20 @@ def main(argv: list[str] | None = None) -> int:
     # 3. the subscriber: prints each result as it arrives
     received = [0, 0]
     with totals.consumer("printer", clean_interval=None) as sub:
-        # Give up only when nothing has come for a while: Spark's first
-        # batches take tens of seconds on a busy machine.
+        # Give up only when nothing has happened for a while (no result, and
+        # no batch of the query completed): Spark's first batches take tens
+        # of seconds on a busy machine.  Never later than give_up, even while
+        # batches go on (the ticks below keep them coming).
         patience = 4 * args.window + 60
-        deadline = time.monotonic() + args.seconds + patience
-        while time.monotonic() < deadline:
+        started = time.monotonic()
+        deadline = started + args.seconds + patience
+        give_up = started + args.seconds + 3 * patience
+        last_batch = -1
+        while time.monotonic() < min(deadline, give_up):
+            progress = query.lastProgress
+            if progress is not None and progress["batchId"] != last_batch:
+                last_batch = progress["batchId"]
+                deadline = max(deadline, time.monotonic() + patience)
             for m in sub.get_many(100, timeout=0.5):
                 deadline = max(deadline, time.monotonic() + patience)
                 r = json.loads(m.payload)
