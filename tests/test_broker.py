@@ -271,6 +271,50 @@ def test_an_upstream_restart_is_one_resync_of_the_downstream(brokers, client_fac
     assert (st["peers_joined"], st["peers_left"], st["subscribe_ops"], st["unsubscribe_ops"]) == (1, 0, 1, 0), st
 
 
+def test_a_hello_lost_in_an_upstream_crash_is_said_again(brokers, client_factory):
+    """The upstream takes our HELLO and dies before answering it (here: a
+    bare ROUTER socket that reads it and closes).  The HELLO is gone, and
+    no WELCOME will ever come; the downstream's probes, sent after that
+    HELLO, are answered by the next upstream on the port without one, and
+    that says the HELLO was lost: it is said again, subscriptions with it."""
+    port = free_port()
+    fake = zmq.Context.instance().socket(zmq.ROUTER)
+    fake.linger = 0
+    fake.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        b = brokers("--upstream", f"tcp://127.0.0.1:{port}")
+        p = client_factory(b.endpoint).pubsub(ignore_subscribe_messages=True)
+        p.subscribe("fed")
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while P.SUB not in seen and time.monotonic() < deadline:
+            if fake.poll(200):
+                seen.append(fake.recv_multipart()[1])
+        assert P.HELLO in seen and P.SUB in seen, seen
+    finally:
+        fake.close()                                  # the crash: what it read is lost
+    a = brokers("--allow-broker", "127.0.0.1", port=port)
+    wait_for(lambda: a.stats()["keys"] == 1, timeout=15, what="the downstream to say HELLO again")
+    top = client_factory(a.endpoint)
+    wait_wanted(top, "fed")
+    top.publish("fed", b"found")
+    top.flush()
+    assert [m["data"] for m in collect(p, 1)] == [b"found"]
+
+
+def test_a_refused_downstream_broker_tries_again_and_gets_in(brokers):
+    """Refused (the upstream does not take brokers from this address), the
+    downstream keeps asking, backing off; once an upstream that allows it
+    runs on that address, it gets in."""
+    port = free_port()
+    up = brokers(port=port)
+    down = brokers("--upstream", up.endpoint, "--log-level", "INFO")
+    wait_for(lambda: "refused this broker" in down.log(), what="the refusal")
+    up.kill()
+    up = brokers("--allow-broker", "127.0.0.1", port=port)
+    wait_for(lambda: up.stats()["links"].get("broker", 0) == 1, timeout=20, what="the downstream broker to get in")
+
+
 def test_malformed_input_is_counted_and_the_sender_dropped(brokers, client_factory):
     b = brokers("--max-payload", "1000")
     hello = [P.HELLO, P.dump_json({"v": 1, "role": "client", "pub": True, "name": "evil"})]

@@ -8,7 +8,9 @@ becomes the upstream link's subscriptions, so messages published below go
 up exactly when someone above wants them.  DATA from upstream is routed
 like any received batch, never back up (split horizon).  After a reconnect
 or an upstream restart (a PONG or KICK tells us) we start over: HELLO and
-our whole want set again.  FLOW from upstream is ignored: flow control is
+our whole want set again, once: until its WELCOME, only an answer to a
+ping sent after that HELLO (our probes, every ``probe_interval``) says it
+again, as one that upstream refused or lost in a crash.  FLOW from upstream is ignored: flow control is
 between a broker and its own clients.
 
 Confirmed means in effect everywhere (fastbus.broker.settle): we
@@ -173,12 +175,13 @@ class Upstream:
         send = b.sender.send
         self._hellos.append(time.monotonic_ns())
         del self._hellos[1:-1]                   # the oldest counts (see WELCOME); bounded
+        link.hello_gen += 1
         send(link, [P.HELLO, P.dump_json(hello)])
         # What we want from upstream: what every other link wants, in SUB
         # frames of at most the operations upstream takes in one.
         for frames in b.interest.upstream_snapshot(link):
             send(link, frames)
-        send(link, [P.PING, b"hello"])
+        send(link, [P.PING, link.ping_token(b"hello")])
 
     def _may_retry(self) -> bool:
         """Say HELLO again now?  Not while a refusal's back-off runs."""
@@ -226,10 +229,21 @@ class Upstream:
                 elif cmd == P.PONG and len(frames) in (3, 4):
                     self._last_heard = time.monotonic()
                     if self._hello_in_flight:
-                        # The answer to a ping sent before our HELLO (pings
-                        # queued while upstream was down): the HELLO is on
-                        # its way, and its WELCOME says the instance.
-                        pass
+                        if link.follows_last_hello(frames[1]):
+                            # Upstream answers what we sent after our HELLO
+                            # without having answered the HELLO (it would
+                            # have, first: one pipe, handled in order).  It
+                            # refused us, or never had it: it died as the
+                            # HELLO arrived, and whoever answers now did
+                            # not read it.  Say it again (once a refusal's
+                            # back-off has run).
+                            if self._may_retry():
+                                log.info("upstream did not answer our HELLO: saying it again")
+                                self.hello()
+                        # Otherwise, the answer to a ping sent before our
+                        # HELLO (pings queued while upstream was down): the
+                        # HELLO is on its way, and its WELCOME says the
+                        # instance.
                     elif frames[2] != link.instance:
                         if self._may_retry():
                             log.info("upstream restarted or reconnected: resending subscriptions")

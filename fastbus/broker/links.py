@@ -226,13 +226,14 @@ class UpstreamLink(Link):
 
     role = "upstream"
     is_broker = True
-    __slots__ = ("instance", "sub_ops")
+    __slots__ = ("instance", "sub_ops", "hello_gen")
 
     def __init__(self, link: int, sock: zmq.Socket) -> None:
         super().__init__(link, "upstream", sock, publisher=True)
         self.acks = True                  # every broker confirms a SUB
         self.instance = b""               # upstream's WELCOME instance: empty until welcomed
         self.sub_ops = P.MIN_SUB_OPS      # operations per SUB frame (upstream's WELCOME says its limit)
+        self.hello_gen = 0                # how many HELLOs we said: pings carry it (fastbus.broker.federation)
 
     def send(self, frames: list) -> None:
         self.sock.send_multipart(frames, _NOBLOCK, copy=False)
@@ -248,7 +249,17 @@ class UpstreamLink(Link):
         return [P.SUB, P.pack_u64(self._changed()), ops]
 
     def probe(self, now: float, interval: float) -> list | None:
-        return [P.PING, b"probe"]         # its PONG tells us whether upstream restarted
+        # Its PONG tells us whether upstream restarted, or lost our HELLO.
+        return [P.PING, self.ping_token(b"probe")]
+
+    def ping_token(self, what: bytes) -> bytes:
+        """A ping's token that says which of our HELLOs it follows."""
+        return what + P.pack_u64(self.hello_gen)
+
+    def follows_last_hello(self, token: bytes) -> bool:
+        """Was the ping this PONG answers sent after our latest HELLO?"""
+        return len(token) > 8 and token[-8:] == P.pack_u64(self.hello_gen) and \
+            token[:-8] in (b"probe", b"hello")
 
 
 class XPubLink(Link):
