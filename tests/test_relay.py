@@ -241,6 +241,18 @@ def test_a_lease_ping_is_answered_in_c_where_nothing_waits_ahead_of_it(setup):
     assert relay.leases_granted == 1
     with pytest.raises(ValueError):
         relay.answer_leases(b"x" * 65, 0.1)
+    # Python's own grants (WELCOME, the PONGs it answers) have the same
+    # home: the latest end counts, as at the peer; no session, no lease.
+    t0 = time.monotonic()
+    relay.grant(1, 5_000_000)
+    assert t0 + 5 <= relay.lease_end(1) <= time.monotonic() + 5
+    end = relay.lease_end(1)
+    relay.grant(1, 10)                                    # a grant that ends sooner shortens nothing
+    assert relay.lease_end(1) == end
+    relay.grant(3, 5_000_000)
+    assert relay.lease_end(3) == float("-inf")
+    relay.remove_session(1)
+    assert relay.lease_end(1) == float("-inf")
 
 
 def test_a_brokers_publishers_lease_pings_are_answered_by_its_data_plane():

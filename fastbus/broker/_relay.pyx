@@ -96,7 +96,7 @@ cdef struct slot:
     # What the relay itself did for this link (per batch, never per
     # message): PUB batches routed from it, DATA batches sent to it.
     uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out
-    uint64_t lease_end_ns         # the end of the last lease the relay granted it (fb_now_ns's clock)
+    uint64_t lease_end_ns         # the latest end of a lease granted it, here or by grant() (fb_now_ns's clock)
 
 
 cdef struct pend:
@@ -305,9 +305,21 @@ cdef class Relay:
         self._instlen = n
         self._lease_ns = <uint64_t>(lease_s * 1e9)
 
+    def grant(self, uint32_t link, uint64_t lease_us) -> None:
+        """Python granted the session a lease of ``lease_us`` from now
+        (WELCOME, or a PONG it answered): recorded beside the relay's own
+        grants, so that the session's lease has one home (``lease_end``).
+        The peer keeps the latest end it was granted, so this never
+        shortens it."""
+        cdef uint64_t end
+        if link < self.nslots and self.slots[link].session:
+            end = fb_now_ns() + lease_us * 1000u
+            if end > self.slots[link].lease_end_ns:
+                self.slots[link].lease_end_ns = end
+
     def lease_end(self, uint32_t link) -> float:
-        """When the last lease the relay granted the link ends, in
-        time.monotonic() seconds (-inf: none)."""
+        """When the last lease granted to the session ends (by the relay
+        or through ``grant``), in time.monotonic() seconds (-inf: none)."""
         if link < self.nslots and self.slots[link].session and self.slots[link].lease_end_ns:
             return self.slots[link].lease_end_ns / 1e9
         return float("-inf")
@@ -525,7 +537,8 @@ cdef class Relay:
         Z.send(self.sock, Z.msg_data(&parts[2]), Z.msg_size(&parts[2]), DONTWAIT | SNDMORE)
         Z.send(self.sock, self._instance, self._instlen, DONTWAIT | SNDMORE)
         Z.send(self.sock, lease, 8, DONTWAIT)
-        self.slots[link].lease_end_ns = now + self._lease_ns
+        if now + self._lease_ns > self.slots[link].lease_end_ns:
+            self.slots[link].lease_end_ns = now + self._lease_ns
         self.leases_granted += 1
         return True
 

@@ -27,7 +27,8 @@ publisher or a downstream broker, SUB to the upstream broker), are numbered
 per link (``change_seq``, sent at ``change_at``); ``change_acked`` is the
 latest the link said it has applied (ACK, or the upstream's CONFIRM).  A
 confirmation waits for them (fastbus.broker.settle), from a session only
-while a lease we granted it may still be running (``lease_end``):
+while a lease we granted it may still be running (the broker's
+``lease_end``, kept by the data plane: fastbus.broker._relay):
 without one it does not filter.  ``acks``: the peer
 acknowledges (it said so in HELLO; our upstream link always does);
 ``holds_lease``: it filters only under a lease from us, so it is waited for
@@ -36,7 +37,6 @@ at most the lease (a session), not the upstream's confirmation timeout.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 
@@ -63,7 +63,7 @@ class Link:
 
     __slots__ = ("link", "name", "sock", "publisher", "subs", "sub_bytes", "globs", "forwarder", "queue",
                  "queued_bytes", "lost", "last_sent", "flow_exempt", "address", "since", "traffic",
-                 "acks", "change_seq", "change_at", "change_acked", "lease_end")
+                 "acks", "change_seq", "change_at", "change_acked")
 
     def __init__(self, link: int, name: str, sock: zmq.Socket, publisher: bool = False) -> None:
         self.link = link
@@ -89,7 +89,6 @@ class Link:
         self.change_seq = 0               # the latest change sent to it (WANT, or SUB upstream)
         self.change_at = 0.0              # when (time.monotonic())
         self.change_acked = 0             # the latest it acknowledged
-        self.lease_end = -math.inf        # a lease we granted it runs until then at most (time.monotonic())
 
     def _changed(self) -> int:
         """Number a change about to be sent to this link."""

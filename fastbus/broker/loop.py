@@ -524,8 +524,9 @@ class Broker:
     def lease_end(self, link: Link) -> float:
         """When the last filter lease granted to a session ends
         (time.monotonic()): by Python (WELCOME, a PONG it answered) or by
-        the data plane (a lease ping it answered)."""
-        return max(link.lease_end, self.relay.lease_end(link.link))
+        the data plane (a lease ping it answered), both recorded in the
+        data plane's slot for the session (Relay.grant)."""
+        return self.relay.lease_end(link.link)
 
     def _maintenance(self, now: float) -> None:
         # The upstream link stopped reading even its control messages: start

@@ -11,7 +11,6 @@ logged, answered with KICK, and the session dropped.
 from __future__ import annotations
 
 import logging
-import time
 
 import zmq
 
@@ -119,7 +118,7 @@ class Sessions:
                 # Behind everything queued for it, WANT included: a lease
                 # on the view those gave it (fastbus.broker.settle).
                 lease = b.lease_grant_us()
-                link.lease_end = time.monotonic() + lease / 1e6
+                b.relay.grant(link.link, lease)
                 b.sender.send(link, [P.PONG, token, b.instance, P.pack_u64(lease)])
             else:
                 b.sender.send(link, [P.PONG, token, b.instance])
@@ -220,7 +219,7 @@ class Sessions:
                               "max_sub_ops": cfg.max_sub_ops}}
         if link.acks:
             welcome["lease_us"] = b.lease_grant_us()     # the answer to its HELLO, as a PONG is to a PING
-            link.lease_end = time.monotonic() + welcome["lease_us"] / 1e6
+            b.relay.grant(link.link, welcome["lease_us"])
         send(link, [P.WELCOME, P.dump_json(welcome)])
         if link.is_broker or link.filters:
             send(link, b.interest.want_reset(link))

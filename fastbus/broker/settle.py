@@ -85,7 +85,7 @@ class Settler:
     plane both grant them)."""
 
     def __init__(self, links: LinkTable, send, lease: float, upstream_timeout: float, counters: dict,
-                 lease_end: Callable[[Link], float] = lambda link: link.lease_end) -> None:
+                 lease_end: Callable[[Link], float]) -> None:
         self.links = links
         self._send = send
         self.lease_end = lease_end
