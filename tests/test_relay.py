@@ -112,6 +112,16 @@ def test_a_sessions_pub_is_routed_and_sent_in_c(setup):
     _wait_routed(relay, 2)
     relay.flush()
     assert sub.poll(5000) and P.unpack_u64(sub.recv_multipart()[1]) == 9
+    # What Python routes and sends (the upstream link 5, a queued batch
+    # for 2) goes into the same books: one set of counters per link.
+    relay.count_in(5, 3, 100)
+    relay.count_out(2, 4, 50)
+    books = relay.link_counters()
+    assert books[5] == (1, 3, 100, 0, 0, 0)
+    assert books[2][3:] == (3, 2 + 2 + 4, 2 * len(data) + 50)
+    assert (relay.batches_in, relay.messages_in, relay.batches_out, relay.messages_out) == (3, 9, 3, 8)
+    relay.remove_link(5)                                  # its id, given to the next link, starts at zero
+    assert 5 not in relay.link_counters()
 
 
 def test_what_is_not_a_known_sessions_pub_comes_back(setup):
@@ -251,7 +261,7 @@ def test_a_lease_ping_is_answered_in_c_where_nothing_waits_ahead_of_it(setup):
     assert relay.lease_end(1) == end
     relay.grant(3, 5_000_000)
     assert relay.lease_end(3) == float("-inf")
-    relay.remove_session(1)
+    relay.remove_link(1)
     assert relay.lease_end(1) == float("-inf")
 
 
@@ -302,14 +312,14 @@ def test_routing_ids_survive_churn(setup):
     for i in range(5000):
         link = 2 + i % 7
         relay.add_session(link, b"peer-%d" % i)
-        relay.remove_session(link)
+        relay.remove_link(link)
     relay.add_session(2, b"peer-x")
     relay.add_session(3, b"pub")                          # the same routing id again: the new link has it
     router.add_link(3)
     pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"t", b"x")]))])
     _wait_routed(relay, 1)
     assert router.stats()["batches"] == 1
-    relay.remove_session(3)
+    relay.remove_link(3)
     pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"t", b"x")]))])
     got = _read_all(relay, 1)
     assert got[0][:2] == [b"pub", P.PUB]                   # no longer known: Python's

@@ -93,8 +93,9 @@ cdef struct slot:
     uint8_t idlen
     uint8_t ident[IDENT_MAX]
     uint8_t seq[8]                # the DATA frame's seq, little-endian
-    # What the relay itself did for this link (per batch, never per
-    # message): PUB batches routed from it, DATA batches sent to it.
+    # The link's traffic, per batch (never per message): batches routed
+    # from it and sent to it, by the relay itself or by Python (count_in,
+    # count_out), for any kind of link: the broker's one set of books.
     uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out
     uint64_t lease_end_ns         # the latest end of a lease granted it, here or by grant() (fb_now_ns's clock)
 
@@ -123,10 +124,11 @@ cdef class Relay:
     ``receive(budget)`` reads, routes and sends until a message is not a
     known session's PUB, and returns that one; ``flush()`` sends every due
     batch and returns ``(link, batch, records)`` for those Python must
-    send.  Counters of what the relay itself did:
-    ``batches_in``, ``messages_in``, ``bytes_in`` (routed), ``batches_out``,
-    ``messages_out``, ``bytes_out`` (sent), ``dropped`` (records of batches
-    lost for want of memory to keep them)."""
+    send.  Counters of the broker's traffic, the relay's and what Python
+    reports (``count_in``, ``count_out``): ``batches_in``, ``messages_in``,
+    ``bytes_in`` (routed from a link), ``batches_out``, ``messages_out``,
+    ``bytes_out`` (sent), per link in ``link_counters()``; ``dropped``
+    (records of batches lost for want of memory to keep them)."""
 
     cdef Router router
     cdef object pysock            # keeps the socket (and its handle) alive
@@ -324,11 +326,39 @@ cdef class Relay:
             return self.slots[link].lease_end_ns / 1e9
         return float("-inf")
 
-    def remove_session(self, uint32_t link) -> None:
-        """The link left (or is no session of this socket)."""
-        if link < self.nslots and self.slots[link].session:
-            self._unlink(link)
+    def remove_link(self, uint32_t link) -> None:
+        """The link left: its slot (session, lease, traffic) is cleared for
+        the next link given its id."""
+        if link < self.nslots:
+            if self.slots[link].session:
+                self._unlink(link)
             memset(&self.slots[link], 0, sizeof(slot))
+
+    def count_in(self, uint32_t link, uint64_t records, uint64_t nbytes) -> None:
+        """Python routed a batch from the link (the upstream's DATA, a
+        plain PUB socket's message): counted with the relay's."""
+        if link >= UINT32_MAX - 1:
+            raise ValueError("link id out of range")
+        self._grow_slots(link)
+        self.batches_in += 1
+        self.messages_in += records
+        self.bytes_in += nbytes
+        self.slots[link].batches_in += 1
+        self.slots[link].messages_in += records
+        self.slots[link].bytes_in += nbytes
+
+    def count_out(self, uint32_t link, uint64_t records, uint64_t nbytes) -> None:
+        """Python sent the link a data batch (one it queued, or to a link
+        the relay does not send to): counted with the relay's."""
+        if link >= UINT32_MAX - 1:
+            raise ValueError("link id out of range")
+        self._grow_slots(link)
+        self.batches_out += 1
+        self.messages_out += records
+        self.bytes_out += nbytes
+        self.slots[link].batches_out += 1
+        self.slots[link].messages_out += records
+        self.slots[link].bytes_out += nbytes
 
     def confirm(self, uint32_t link, uint64_t seq) -> None:
         """The seq that the link's DATA frames carry from now on."""
@@ -736,21 +766,16 @@ cdef class Relay:
         return 0
 
     def link_counters(self) -> dict:
-        """What the relay routed from and sent to each session, since it was
-        added: ``{link: (batches_in, messages_in, bytes_in, batches_out,
-        messages_out, bytes_out)}`` (one walk of the slots; the broker
-        calls it when it builds a monitoring snapshot, about once a second).
-        Python's own sends and receives on the same links are counted
-        on the links (fastbus.broker.links)."""
+        """Each link's traffic since it was added (the relay's and what
+        Python counted in): ``{link: (batches_in, messages_in, bytes_in,
+        batches_out, messages_out, bytes_out)}``, for sessions and links
+        with traffic (one walk of the slots; the broker calls it when it
+        builds a monitoring snapshot, about once a second)."""
         cdef uint32_t i
         cdef slot *s
         out = {}
         for i in range(self.nslots):
             s = &self.slots[i]
-            if s.session:
+            if s.session or s.batches_in or s.batches_out:
                 out[i] = (s.batches_in, s.messages_in, s.bytes_in, s.batches_out, s.messages_out, s.bytes_out)
         return out
-
-    def counters(self) -> dict:
-        return {"batches_in": self.batches_in, "messages_in": self.messages_in, "bytes_in": self.bytes_in,
-                "batches_out": self.batches_out, "messages_out": self.messages_out, "bytes_out": self.bytes_out}

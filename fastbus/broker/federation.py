@@ -200,7 +200,7 @@ class Upstream:
             try:
                 if cmd == P.DATA and len(frames) == 3:
                     full = receive(frames[2], source)
-                    count_in(link, frames[2])
+                    count_in(b.relay, link, frames[2])
                     if full:
                         flush_full(full)
                 elif cmd == P.WANT and len(frames) in (3, 4):

@@ -62,7 +62,7 @@ class Link:
     holds_lease = False
 
     __slots__ = ("link", "name", "sock", "publisher", "subs", "sub_bytes", "globs", "forwarder", "queue",
-                 "queued_bytes", "lost", "last_sent", "flow_exempt", "address", "since", "traffic",
+                 "queued_bytes", "lost", "last_sent", "flow_exempt", "address", "since",
                  "acks", "change_seq", "change_at", "change_acked")
 
     def __init__(self, link: int, name: str, sock: zmq.Socket, publisher: bool = False) -> None:
@@ -81,10 +81,6 @@ class Link:
         self.flow_exempt = False          # held publishers back too long: no longer does
         self.address: str | None = None   # the peer's address (ZeroMQ Peer-Address), where known
         self.since = time.time()          # connected since (wall clock, for monitoring)
-        #: What Python routed from it and sent to it, counted per batch:
-        #: [batches_in, messages_in, bytes_in, batches_out, messages_out,
-        #: bytes_out] (the C data plane counts its own: Relay.link_counters).
-        self.traffic = [0, 0, 0, 0, 0, 0]
         self.acks = False                 # it acknowledges the changes we send it
         self.change_seq = 0               # the latest change sent to it (WANT, or SUB upstream)
         self.change_at = 0.0              # when (time.monotonic())
@@ -286,16 +282,14 @@ class XPubLink(Link):
         return [batch]
 
 
-def count_in(link: Link, batch) -> None:
-    """A batch received from a link and routed by Python: count it on the
-    link (one C call for its record count, per batch)."""
-    t = link.traffic
-    t[0] += 1
+def count_in(relay, link: Link, batch) -> None:
+    """A batch received from a link and routed by Python: counted in the
+    data plane's books (fastbus.broker._relay Relay.count_in)."""
     try:
-        t[1] += batch_count(batch)
+        records = batch_count(batch)
     except ValueError:                    # refused by the router already (counted there)
-        pass
-    t[2] += len(batch)
+        records = 0
+    relay.count_in(link.link, records, len(batch))
 
 
 #: The fields of Broker.peer_rows(), in order (and of /connz's entries).

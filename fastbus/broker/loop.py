@@ -355,7 +355,7 @@ class Broker:
         if not self.links.is_current(link):
             return
         log.info("peer %s (%s, link %d) left: %s", link.name, link.role, link.link, reason)
-        self.relay.remove_session(link.link)
+        self.relay.remove_link(link.link)
         self.links.remove(link)
         self.settler.forget(link)
         self.interest.detach(link)
@@ -371,7 +371,7 @@ class Broker:
         if source is not None:
             link = self.links.by_id.get(source)
             if link is not None:
-                count_in(link, batch)
+                count_in(self.relay, link, batch)
         if full:
             self.sender.flush_full(full)
 
@@ -570,10 +570,8 @@ class Broker:
         counters = dict(self.counters)
         counters["control_in"] += self.relay.leases_granted      # lease pings the data plane answered
         counters.update(batches_in=rs["batches"], messages_in=rs["records"], bytes_in=rs["bytes"])
-        relay = self.relay                         # what the C data plane sent itself
-        counters["batches_out"] += relay.batches_out
-        counters["messages_out"] += relay.messages_out
-        counters["bytes_out"] += relay.bytes_out
+        relay = self.relay                         # the books of what went out (Relay.count_out)
+        counters.update(batches_out=relay.batches_out, messages_out=relay.messages_out, bytes_out=relay.bytes_out)
         drops = dict(self.drops)
         drops["internal"] += relay.dropped
         drops["unrouted"] = rs["unrouted"]
@@ -601,20 +599,17 @@ class Broker:
 
     def peer_rows(self) -> list[tuple]:
         """One tuple per link (links.PEER_FIELDS), cheap to build in the
-        loop; links.peer_dicts() makes them JSON.  Traffic adds what Python and the C
-        data plane each counted for the link."""
+        loop; links.peer_dicts() makes them JSON.  Traffic is the data
+        plane's books (Relay.link_counters)."""
         rc = self.relay.link_counters()
         blocked = self.sender.blocked
         holding = self.sender._holding
         none = (0, 0, 0, 0, 0, 0)
         rows = []
         for link in self.links.by_id.values():
-            t = link.traffic
-            r = rc.get(link.link, none)
             rows.append((link.link, link.name, link.role, link.address, link.publisher, link.subs,
                          link.queued_bytes, link.link in blocked, link.link in holding, link.flow_exempt,
-                         link.lost, link.since, t[0] + r[0], t[1] + r[1], t[2] + r[2], t[3] + r[3],
-                         t[4] + r[4], t[5] + r[5]))
+                         link.lost, link.since, *rc.get(link.link, none)))
         return rows
 
     def _teardown(self) -> None:

@@ -107,17 +107,10 @@ class Sender:
 
     def _count_out(self, link: Link, records: int, frames: list) -> None:
         """A data batch (its last frame) went to a link's socket: counted
-        as sent only now, so a queued batch that the slow-consumer policy
-        drops is counted once, as a drop."""
-        c = self.counters
-        size = len(frames[-1])
-        c["batches_out"] += 1
-        c["messages_out"] += records
-        c["bytes_out"] += size
-        t = link.traffic
-        t[3] += 1
-        t[4] += records
-        t[5] += size
+        (in the data plane's books, Relay.count_out) as sent only now, so
+        a queued batch that the slow-consumer policy drops is counted once,
+        as a drop."""
+        self.relay.count_out(link.link, records, len(frames[-1]))
 
     def _try(self, link: Link, frames: list) -> bool:
         """True if the frames went (or the link is gone), False on EAGAIN."""
