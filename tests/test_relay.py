@@ -208,6 +208,49 @@ def _answer(sock, relay, timeout: float = 5.0):
     return handed, None
 
 
+def test_the_upstream_brokers_batches_go_out_in_c(setup):
+    """A downstream broker's publishers' batches wanted upstream leave on
+    its DEALER socket as [PUB, batch] from the relay, counted in the same
+    books; held by Python (a queue), or once the link is gone, they are
+    Python's again."""
+    r, trie, router, relay, peer = setup
+    ctx = r.context
+    above = ctx.socket(zmq.ROUTER)                        # the upstream broker's socket
+    dealer = ctx.socket(zmq.DEALER)
+    try:
+        port = above.bind_to_random_port("tcp://127.0.0.1")
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        pub = peer(b"pub")
+        router.add_link(1)
+        router.add_link(3)
+        relay.add_session(1, b"pub")
+        relay.set_upstream(3, dealer)
+        trie.add(b"up", 3)
+        batch = bytes(fastbus.encode([(b"up", b"a"), (b"other", b"b")]))
+        pub.send_multipart([P.PUB, batch])
+        _wait_routed(relay, 1)
+        assert relay.flush() == []                        # sent in C
+        assert above.poll(5000)
+        _ident, cmd, data = above.recv_multipart()
+        assert cmd == P.PUB and fastbus.decode(data) == [(b"up", b"a")]
+        assert relay.link_counters()[3][3:] == (1, 1, len(data))
+        router.hold(3)                                    # Python queues for it: its batch waits for Python
+        pub.send_multipart([P.PUB, batch])
+        _wait_routed(relay, 2)
+        assert relay.flush() == [] and not above.poll(200)
+        held = router.take(3)
+        assert held is not None and held.count == 1
+        router.hold(3, False)
+        relay.remove_link(3)                              # gone: not the relay's to send any more
+        router.add_link(3)
+        pub.send_multipart([P.PUB, batch])
+        _wait_routed(relay, 3)
+        assert [link for link, _b, _n in relay.flush()] == [3] and not above.poll(200)
+    finally:
+        dealer.close(linger=0)
+        above.close(linger=0)
+
+
 def test_a_lease_ping_is_answered_in_c_where_nothing_waits_ahead_of_it(setup):
     """A session that acknowledges asks for a filter lease about 20 times a
     second: the relay answers [PONG, token, instance, lease µs] and records

@@ -21,8 +21,9 @@ Python would: a hundred publishers no longer cost the broker's thread two
 thousand turns of Python a second.
 Everything else (HELLO, SUB, a plain PING, a PUB from an unknown peer, a
 batch the decoder refuses) is handed back to Python as a list of frames, and so is
-every batch the relay does not send itself: to a link that is not a
-session on this socket (the upstream broker, the XPUB socket), to one the router holds
+every batch the relay does not send itself: to a link that is neither a
+session on this socket nor the upstream broker (whose DEALER socket,
+``set_upstream``, takes ``[PUB, batch]``), such as the XPUB socket's; to one the router holds
 (Python queues for it: its socket was full, or it owes it a loss notice),
 and any send that fails (EAGAIN, EHOSTUNREACH).  So the Python
 broker keeps every policy (queues, slow consumers, flow control, errors);
@@ -146,6 +147,9 @@ cdef class Relay:
     cdef object _slow             # that message as (frames, meta), for receive()
     cdef int _errno               # of a failed zmq_poll
     cdef uint32_t _links[LINKS_PER_CALL]
+    cdef uint32_t _uplink         # the upstream broker's link (UINT32_MAX: none)
+    cdef void *_upsock            # ... and its DEALER socket
+    cdef object _uppysock         # (kept alive)
     cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out, dropped
     #: Lease pings the relay answered itself (control messages Python did not see).
     cdef public uint64_t leases_granted
@@ -170,6 +174,7 @@ cdef class Relay:
             raise MemoryError()
         self.leftover_limit = 4 << 20
         self.budget = 256
+        self._uplink = UINT32_MAX
 
     def __dealloc__(self):
         cdef size_t k
@@ -326,9 +331,25 @@ cdef class Relay:
             return self.slots[link].lease_end_ns / 1e9
         return float("-inf")
 
+    def set_upstream(self, uint32_t link, sock not None) -> None:
+        """The upstream broker's link and its DEALER socket (of this
+        broker's context): the relay sends it its batches as ``[PUB,
+        batch]``, as it does sessions theirs, while the router does not
+        hold it (Python queues for it) and its sends succeed."""
+        if link >= UINT32_MAX - 1:
+            raise ValueError("link id out of range")
+        self._grow_slots(link)
+        self._uplink = link
+        self._uppysock = sock
+        self._upsock = <void *><uintptr_t>sock.underlying
+
     def remove_link(self, uint32_t link) -> None:
         """The link left: its slot (session, lease, traffic) is cleared for
         the next link given its id."""
+        if link == self._uplink:
+            self._uplink = UINT32_MAX
+            self._upsock = NULL
+            self._uppysock = None
         if link < self.nslots:
             if self.slots[link].session:
                 self._unlink(link)
@@ -704,8 +725,12 @@ cdef class Relay:
                 continue                      # FB_ENOMEM: the batch stays for the next turn
             count = 0
             fb_batch_header(buf, len, &count, NULL)
-            if link < self.nslots and self.slots[link].session and not held and not self.slots[link].deferred:
-                rc = self._send_data(&self.slots[link], buf, len)
+            if link < self.nslots and (self.slots[link].session or link == self._uplink) and not held \
+                    and not self.slots[link].deferred:
+                if link == self._uplink:
+                    rc = self._send_pub(self._upsock, buf, len)
+                else:
+                    rc = self._send_data(&self.slots[link], buf, len)
                 if rc == 0:
                     self.batches_out += 1
                     self.messages_out += count
@@ -762,6 +787,25 @@ cdef class Relay:
         else:
             Z.msg_init_data(&m, buf, len, _free_batch, NULL)
             if Z.msg_send(&m, self.sock, DONTWAIT) < 0:
+                Z.msg_close(&m)               # frees the batch
+        return 0
+
+    cdef int _send_pub(self, void *sock, unsigned char *buf, size_t len) noexcept nogil:
+        """[PUB, batch] on a DEALER socket (the upstream broker's), as
+        _send_data: 0 when sent, else the errno (the batch still ours).
+        Only the first frame can fail (EAGAIN: its pipe is full); the
+        batch follows it."""
+        cdef fbz_msg m
+        cdef int err
+        if Z.send(sock, b"P", 1, DONTWAIT | SNDMORE) < 0:
+            err = Z.last_error()
+            return err if err != 0 else EAGAIN
+        if len <= COPY_MAX:
+            Z.send(sock, buf, len, DONTWAIT)
+            fb_free(buf)
+        else:
+            Z.msg_init_data(&m, buf, len, _free_batch, NULL)
+            if Z.msg_send(&m, sock, DONTWAIT) < 0:
                 Z.msg_close(&m)               # frees the batch
         return 0
 

@@ -91,6 +91,7 @@ class Upstream:
         #: When tick() should run next (the loop's poll wakes for it).
         self.next_tick = math.inf
         broker.add_link(self.link)
+        broker.relay.set_upstream(self.link.link, s)   # its batches go out in C, as sessions' do
         self.hello()
 
     def check(self, now: float) -> None:
