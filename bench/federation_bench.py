@@ -1,8 +1,10 @@
 """What crossing a federation link costs the downstream broker: messages
 published at a downstream broker B for a subscriber at its upstream broker
-A, and B's CPU per message (from /proc) while they go up.
+A (``--direction up``), or at A for a subscriber at B (``down``), and B's
+CPU per message (from /proc) while they cross.
 
-    publisher --PUB--> B --[PUB, batch] over its DEALER--> A --DATA--> subscriber
+    up:    publisher --PUB--> B --[PUB, batch] on its DEALER--> A --DATA--> subscriber
+    down:  publisher --PUB--> A --[DATA, seq, batch]--> B's DEALER; B --DATA--> subscriber
 
 The publisher sends ``--messages`` 20-byte messages on 50 channels (each
 on a random one of them), flat out or at ``--rate`` messages/s (each when
@@ -16,6 +18,7 @@ alternating (the machine's noise hits each alike):
 
     python bench/federation_bench.py --messages 500000 --runs 3
     python bench/federation_bench.py --messages 5000 --rate 1000 --runs 3
+    python bench/federation_bench.py --direction down --messages 60000 --rate 20000 --runs 3
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ def publisher(endpoint: str, n: int, rate: float, go, done) -> None:
         done.set()
 
 
-def one_run(n: int, seconds: float, rate: float) -> tuple[float, float, int, list[int]]:
+def one_run(n: int, seconds: float, rate: float, down: bool = False) -> tuple[float, float, int, list[int]]:
     """(messages/s delivered, B's CPU µs per message, messages received,
     latencies in ns where paced)."""
     import fastbus
@@ -93,13 +96,14 @@ def one_run(n: int, seconds: float, rate: float) -> tuple[float, float, int, lis
     a = broker(pa, "--allow-broker", "127.0.0.1")
     b = broker(pb, "--upstream", f"tcp://127.0.0.1:{pa}")
     try:
-        with fastbus.Client(endpoint=f"tcp://127.0.0.1:{pa}") as sub_client, \
-                fastbus.Client(endpoint=f"tcp://127.0.0.1:{pb}") as probe:
+        sub_at, pub_at = (f"tcp://127.0.0.1:{pb}", f"tcp://127.0.0.1:{pa}") if down else \
+            (f"tcp://127.0.0.1:{pa}", f"tcp://127.0.0.1:{pb}")
+        with fastbus.Client(endpoint=sub_at) as sub_client, fastbus.Client(endpoint=pub_at) as probe:
             p = sub_client.pubsub(ignore_subscribe_messages=True)
             p.subscribe(*CHANNELS)
             deadline = time.monotonic() + 20
             while not (probe.stats()["filter_active"] and all(probe.is_wanted(ch) for ch in CHANNELS)):
-                # (until the subscriptions reached B's publishers)
+                # (until the subscriptions reached the publishers' broker's publishers)
                 if time.monotonic() > deadline:
                     raise SystemExit("the subscriptions did not reach the downstream broker")
                 probe.publish(CHANNELS[0], b"warm-up")
@@ -107,7 +111,7 @@ def one_run(n: int, seconds: float, rate: float) -> tuple[float, float, int, lis
             while p.get_batch(timeout=0.2):                          # warm-up messages
                 pass
             go, done = mp.Event(), mp.Event()
-            proc = mp.Process(target=publisher, args=(f"tcp://127.0.0.1:{pb}", n, rate, go, done))
+            proc = mp.Process(target=publisher, args=(pub_at, n, rate, go, done))
             proc.start()
             time.sleep(1.0)                                          # its client connected and filtering
             c0, t0 = cpu_seconds(b.pid), time.monotonic()
@@ -141,13 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30.0, help="at most this long per run (default %(default)s)")
     ap.add_argument("--runs", type=int, default=3, help="runs (default %(default)s)")
     ap.add_argument("--rate", type=float, default=0, help="messages/s, paced (default: flat out)")
+    ap.add_argument("--direction", choices=("up", "down"), default="up",
+                    help="up: published at the downstream broker; down: at the upstream (default %(default)s)")
     args = ap.parse_args(argv)
     if not 1000 <= args.messages <= 10_000_000 or not 1 <= args.seconds <= 300 or not 1 <= args.runs <= 20 \
             or not 0 <= args.rate <= 1_000_000:
         ap.error("--messages 1000..10000000, --seconds 1..300, --runs 1..20, --rate 0..1000000")
     rates, costs = [], []
     for _ in range(args.runs):
-        rate, cost, got, lat = one_run(args.messages, args.seconds, args.rate)
+        rate, cost, got, lat = one_run(args.messages, args.seconds, args.rate, args.direction == "down")
         rates.append(rate)
         costs.append(cost)
         line = f"{got:,} of {args.messages:,} delivered: {rate:,.0f} msg/s; downstream broker {cost:.2f} CPU-µs per message"

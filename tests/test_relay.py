@@ -208,11 +208,11 @@ def _answer(sock, relay, timeout: float = 5.0):
     return handed, None
 
 
-def test_the_upstream_brokers_batches_go_out_in_c(setup):
+def test_the_upstream_brokers_batches_go_both_ways_in_c(setup):
     """A downstream broker's publishers' batches wanted upstream leave on
-    its DEALER socket as [PUB, batch] from the relay, counted in the same
-    books; held by Python (a queue), or once the link is gone, they are
-    Python's again."""
+    its DEALER socket as [PUB, batch] from the relay, and upstream's DATA
+    is routed by it, counted in the same books; held by Python (a
+    queue), or once the link is gone, they are Python's again."""
     r, trie, router, relay, peer = setup
     ctx = r.context
     above = ctx.socket(zmq.ROUTER)                        # the upstream broker's socket
@@ -231,12 +231,36 @@ def test_the_upstream_brokers_batches_go_out_in_c(setup):
         _wait_routed(relay, 1)
         assert relay.flush() == []                        # sent in C
         assert above.poll(5000)
-        _ident, cmd, data = above.recv_multipart()
+        ident, cmd, data = above.recv_multipart()
         assert cmd == P.PUB and fastbus.decode(data) == [(b"up", b"a")]
         assert relay.link_counters()[3][3:] == (1, 1, len(data))
+        # And down: upstream's DATA is routed in the poll, to a session
+        # here; only other messages wake Python, in order, and a DATA the
+        # router refuses comes to Python with the router's status.
+        sub = peer(b"sub")
+        router.add_link(2)
+        relay.add_session(2, b"sub", seq=4)
+        trie.add(b"down", 2)
+        down = bytes(fastbus.encode([(b"down", b"d"), (b"nobody", b"n")]))
+        above.send_multipart([ident, P.DATA, P.pack_u64(0), down])
+        deadline = time.monotonic() + 5
+        while not sub.poll(10) and time.monotonic() < deadline:
+            assert relay.wait([dealer], 10) == []         # nothing for Python
+        assert sub.recv_multipart() == [P.DATA, P.pack_u64(4), bytes(fastbus.encode([(b"down", b"d")]))]
+        assert relay.link_counters()[3][:3] == (1, 2, len(down))
+        above.send_multipart([ident, P.PONG, b"t", b"up-1"])
+        above.send_multipart([ident, P.DATA, P.pack_u64(0), b"garbage"])
+        above.send_multipart([ident, P.DATA, P.pack_u64(0), down])
+        assert relay.wait([dealer], 5000) == [0]
+        assert relay.take_upstream() == [P.PONG, b"t", b"up-1"] and relay.take_upstream() is None
+        assert relay.wait([dealer], 5000) == [0]
+        refused = relay.take_upstream()
+        assert refused[:2] == [P.DATA, P.pack_u64(0)] and refused[2] < 0
+        assert relay.wait([dealer], 10) == []             # the next DATA: routed again
+        assert sub.poll(5000) and sub.recv_multipart()[0] == P.DATA
         router.hold(3)                                    # Python queues for it: its batch waits for Python
         pub.send_multipart([P.PUB, batch])
-        _wait_routed(relay, 2)
+        _wait_routed(relay, 4)
         assert relay.flush() == [] and not above.poll(200)
         held = router.take(3)
         assert held is not None and held.count == 1
@@ -244,7 +268,7 @@ def test_the_upstream_brokers_batches_go_out_in_c(setup):
         relay.remove_link(3)                              # gone: not the relay's to send any more
         router.add_link(3)
         pub.send_multipart([P.PUB, batch])
-        _wait_routed(relay, 3)
+        _wait_routed(relay, 5)
         assert [link for link, _b, _n in relay.flush()] == [3] and not above.poll(200)
     finally:
         dealer.close(linger=0)

@@ -150,6 +150,10 @@ cdef class Relay:
     cdef uint32_t _uplink         # the upstream broker's link (UINT32_MAX: none)
     cdef void *_upsock            # ... and its DEALER socket
     cdef object _uppysock         # (kept alive)
+    cdef int _upidx               # that socket's item in wait()'s poll (0: not watched)
+    cdef fbz_msg _up[MAX_PARTS]   # a message from upstream read for Python, until taken
+    cdef int _nup
+    cdef int _uprc                # of that message, if a DATA: the router's status
     cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out, dropped
     #: Lease pings the relay answered itself (control messages Python did not see).
     cdef public uint64_t leases_granted
@@ -183,6 +187,8 @@ cdef class Relay:
             fb_free(self._pend[k].buf)
         for i in range(self._nparts):
             Z.msg_close(&self._parts[i])
+        for i in range(self._nup):
+            Z.msg_close(&self._up[i])
         free(self._pend)
         free(self.slots)
         free(self.table)
@@ -335,7 +341,11 @@ cdef class Relay:
         """The upstream broker's link and its DEALER socket (of this
         broker's context): the relay sends it its batches as ``[PUB,
         batch]``, as it does sessions theirs, while the router does not
-        hold it (Python queues for it) and its sends succeed."""
+        hold it (Python queues for it) and its sends succeed.  While
+        wait() watches that socket (among ``others``), it also reads it:
+        ``[DATA, seq, batch]`` is routed here, and the first other message
+        is kept for Python, which takes it with ``take_upstream()`` before
+        reading the socket itself."""
         if link >= UINT32_MAX - 1:
             raise ValueError("link id out of range")
         self._grow_slots(link)
@@ -346,7 +356,11 @@ cdef class Relay:
     def remove_link(self, uint32_t link) -> None:
         """The link left: its slot (session, lease, traffic) is cleared for
         the next link given its id."""
+        cdef int i
         if link == self._uplink:
+            for i in range(self._nup):
+                Z.msg_close(&self._up[i])
+            self._nup = 0
             self._uplink = UINT32_MAX
             self._upsock = NULL
             self._uppysock = None
@@ -412,6 +426,7 @@ cdef class Relay:
             raise ValueError(f"wait() watches at most {MAX_WAITED} sockets and descriptors besides the ROUTER")
         if self._slow is not None:
             return [-1]
+        self._upidx = 0
         items[0].socket = self.sock
         items[0].fd = 0
         items[0].events = POLLIN
@@ -424,8 +439,12 @@ cdef class Relay:
             else:
                 items[i + 1].socket = <void *><uintptr_t>o.underlying
                 items[i + 1].fd = 0
+                if items[i + 1].socket == self._upsock and self._upsock is not NULL:
+                    self._upidx = i + 1
             items[i + 1].events = POLLIN
             items[i + 1].revents = 0
+        if self._nup and self._upidx:
+            return [self._upidx - 1]               # upstream's message still waits for Python
         deadline = fb_now_ns() + <uint64_t>(timeout_ms if timeout_ms > 0 else 0) * 1000000u
         with nogil:
             found = self._run(items, n + 1, deadline, once)
@@ -441,7 +460,7 @@ cdef class Relay:
             ready.append(-1)
         if found & FOUND_OTHERS:
             for i in range(n):
-                if items[i + 1].revents & POLLIN:
+                if items[i + 1].revents & POLLIN and (i + 1 != self._upidx or self._nup):
                     ready.append(i)
         return ready
 
@@ -466,7 +485,14 @@ cdef class Relay:
             found = 0
             for i in range(1, n):
                 if items[i].revents & POLLIN:
-                    found = FOUND_OTHERS
+                    if i == self._upidx:
+                        # Upstream's DATA is routed here; Python is woken
+                        # only for a message of its own.
+                        self._read_up(self.budget)
+                        if self._nup:
+                            found = FOUND_OTHERS
+                    else:
+                        found = FOUND_OTHERS
             got = 0
             if items[0].revents & POLLIN:
                 got = self._read(self.budget, &found)
@@ -508,9 +534,7 @@ cdef class Relay:
         cdef uint8_t *cmd
         cdef uint32_t link
         cdef int rc
-        cdef size_t nfull = 0, len
         cdef uint64_t over
-        cdef fb_router_stats st
         self._rc = 0
         self._over = 0
         if n == 4 and self._lease_ns and Z.msg_size(&parts[1]) == 1 and (<uint8_t *>Z.msg_data(&parts[1]))[0] == b'p':
@@ -523,13 +547,31 @@ cdef class Relay:
         link = self._find(<const uint8_t *>Z.msg_data(&parts[0]), Z.msg_size(&parts[0]))
         if link == UINT32_MAX:
             return False
-        len = Z.msg_size(&parts[2])
+        rc = self._route_batch(link, Z.msg_data(&parts[2]), Z.msg_size(&parts[2]), &over)
+        if rc < 0 or over:
+            # The router refused the batch (Python drops the sender with
+            # the reason), or dropped records over the limits (Python
+            # tells the sender); it counted either.
+            self._rc = rc
+            self._over = over
+            return False
+        return True
+
+    cdef int _route_batch(self, uint32_t link, void *data, size_t len, uint64_t *over_out) noexcept nogil:
+        """Route a batch received from ``link``, count it, and send the
+        outboxes it filled: the router's status (records routed, or < 0
+        if it refused the batch); ``over_out``: records it dropped over
+        the size limits."""
+        cdef int rc
+        cdef size_t nfull = 0
+        cdef uint64_t over
+        cdef fb_router_stats st
         _lock(&self.router._lock)
         _lock(&self.router._trie._lock)
         fb_router_get_stats(self.router._r, &st)
         over = st.oversize
-        rc = fb_router_route(self.router._r, self.router._trie._t, Z.msg_data(&parts[2]), len, &self.router._lim, link,
-                             fb_now_ns())
+        rc = fb_router_route(self.router._r, self.router._trie._t, <const void *>data, len, &self.router._lim,
+                             link, fb_now_ns())
         if rc >= 0:
             nfull = fb_router_full(self.router._r, self._links, LINKS_PER_CALL)
             fb_router_get_stats(self.router._r, &st)
@@ -545,14 +587,48 @@ cdef class Relay:
             self.slots[link].bytes_in += len
         if nfull:
             self._send_links(self._links, nfull, fb_now_ns())
-        if rc < 0 or over:
-            # The router refused the batch (Python drops the sender with
-            # the reason), or dropped records over the limits (Python
-            # tells the sender); it counted either.
-            self._rc = rc
-            self._over = over
-            return False
-        return True
+        over_out[0] = over if rc >= 0 else 0
+        return rc
+
+    cdef int _read_up(self, int budget) noexcept nogil:
+        """Read the upstream's socket: route each [DATA, seq, batch] here,
+        keep the first other message (or a DATA the router refused) for
+        Python (self._up), and stop there; the number read."""
+        cdef int got = 0, n, rc, i
+        cdef uint64_t over
+        while got < budget and not self._nup and self._pend_bytes < self.leftover_limit:
+            n = self._recv_on(self._upsock, self._up)
+            if n == 0:
+                break
+            got += 1
+            if n == 3 and Z.msg_size(&self._up[0]) == 1 and (<uint8_t *>Z.msg_data(&self._up[0]))[0] == b'D':
+                rc = self._route_batch(self._uplink, Z.msg_data(&self._up[2]), Z.msg_size(&self._up[2]), &over)
+                if rc >= 0:
+                    for i in range(n):
+                        Z.msg_close(&self._up[i])
+                    continue
+                self._uprc = rc
+            else:
+                self._uprc = 0
+            self._nup = n
+        return got
+
+    def take_upstream(self) -> list | None:
+        """The message from upstream that wait() kept for Python (its
+        frames, bytes), or None.  A DATA the router refused comes as
+        ``[b"D", seq, status]``, the status < 0 (a core status code)."""
+        cdef int i, n = self._nup
+        if not n:
+            return None
+        frames = [PyBytes_FromStringAndSize(<char *>Z.msg_data(&self._up[i]), Z.msg_size(&self._up[i]))
+                  for i in range(n)]
+        if self._uprc < 0:
+            frames[2] = self._uprc
+        for i in range(n):
+            Z.msg_close(&self._up[i])
+        self._nup = 0
+        self._uprc = 0
+        return frames
 
     cdef bint _lease_ping(self, fbz_msg *parts) noexcept nogil:
         """[ident, PING, token, LEASE_ASK] from a session that acknowledges:
@@ -647,12 +723,16 @@ cdef class Relay:
         return None, None, got
 
     cdef int _recv(self, fbz_msg *parts) noexcept nogil:
+        """Read one message from the ROUTER socket (see _recv_on)."""
+        return self._recv_on(self.sock, parts)
+
+    cdef int _recv_on(self, void *sock, fbz_msg *parts) noexcept nogil:
         """Read one message: its frame count (at most MAX_PARTS kept; the
         rest read and dropped), 0 if none is waiting."""
         cdef int n = 0
         cdef fbz_msg extra
         Z.msg_init(&parts[0])
-        if Z.msg_recv(&parts[0], self.sock, DONTWAIT) < 0:
+        if Z.msg_recv(&parts[0], sock, DONTWAIT) < 0:
             Z.msg_close(&parts[0])
             return 0
         n = 1
@@ -661,13 +741,13 @@ cdef class Relay:
                 # Too many frames: keep what we have (Python refuses the
                 # message) and drop the rest, so the next read starts clean.
                 Z.msg_init(&extra)
-                while Z.msg_recv(&extra, self.sock, DONTWAIT) >= 0 and Z.msg_more(&extra):
+                while Z.msg_recv(&extra, sock, DONTWAIT) >= 0 and Z.msg_more(&extra):
                     Z.msg_close(&extra)
                     Z.msg_init(&extra)
                 Z.msg_close(&extra)
                 return n
             Z.msg_init(&parts[n])
-            if Z.msg_recv(&parts[n], self.sock, DONTWAIT) < 0:
+            if Z.msg_recv(&parts[n], sock, DONTWAIT) < 0:
                 Z.msg_close(&parts[n])
                 return n
             n += 1

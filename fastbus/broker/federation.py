@@ -32,7 +32,7 @@ import time
 import zmq
 
 from fastbus import protocol as P
-from fastbus._core import SUBSCRIBE
+from fastbus._core import SUBSCRIBE, error_for
 from fastbus.errors import BatchError, InvalidEndpoint
 
 from .config import RECV_BUDGET
@@ -189,113 +189,123 @@ class Upstream:
         return not self._refused or time.monotonic() >= self._retry_at
 
     def on_readable(self) -> None:
-        b, link, sock = self.b, self.link, self.sock
-        receive, flush_full = b.router.receive, b.sender.flush_full
-        source = link.link
+        """What upstream sent: first the message the data plane kept for
+        us (it routes DATA itself: fastbus.broker._relay
+        Relay.take_upstream), then what the socket holds, in order."""
+        frames = self.b.relay.take_upstream()
+        if frames is not None:
+            self._message(frames)
         for _ in range(RECV_BUDGET):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            cmd = frames[0]
-            try:
-                if cmd == P.DATA and len(frames) == 3:
-                    full = receive(frames[2], source)
-                    count_in(b.relay, link, frames[2])
-                    if full:
-                        flush_full(full)
-                elif cmd == P.WANT and len(frames) in (3, 4):
-                    self._on_want(frames[1], frames[2], frames[3] if len(frames) == 4 else None)
-                elif cmd == P.WELCOME:
-                    info = P.load_json(frames[1])
-                    link.instance = str(info.get("instance", "")).encode()
-                    limits = info.get("limits") or {}
-                    if isinstance(limits.get("max_sub_ops"), int) and limits["max_sub_ops"] > 0:
-                        link.sub_ops = limits["max_sub_ops"]
-                    self._refused = ""
-                    self._retry_in = self._retry_at = 0.0
-                    self._last_heard = time.monotonic()
-                    # The answer to our oldest HELLO in flight, or to a
-                    # later one: its lease counts from the oldest (never
-                    # longer than granted).
-                    sent = self._hellos[0] if self._hellos else 0
-                    self._hellos.clear()
-                    lease = info.get("lease_us")
-                    if isinstance(lease, int) and not isinstance(lease, bool) and lease >= 0:
-                        if sent:
-                            self._granted(sent, lease)
-                        self.next_tick = 0.0          # and keep it renewed
-                    # (An upstream that grants no lease does not wait for
-                    # our acknowledgements either: our view counts as it is.)
-                elif cmd == P.PONG and len(frames) in (3, 4):
-                    self._last_heard = time.monotonic()
-                    if self._hello_in_flight:
-                        if link.follows_last_hello(frames[1]):
-                            # Upstream answers what we sent after our HELLO
-                            # without having answered the HELLO (it would
-                            # have, first: one pipe, handled in order).  It
-                            # refused us, or never had it: it died as the
-                            # HELLO arrived, and whoever answers now did
-                            # not read it.  Say it again (once a refusal's
-                            # back-off has run).
-                            if self._may_retry():
-                                log.info("upstream did not answer our HELLO: saying it again")
-                                self.hello()
-                        # Otherwise, the answer to a ping sent before our
-                        # HELLO (pings queued while upstream was down): the
-                        # HELLO is on its way, and its WELCOME says the
-                        # instance.
-                    elif frames[2] != link.instance:
+            self._message(frames)
+
+    def _message(self, frames: list) -> None:
+        """One message from upstream."""
+        b, link = self.b, self.link
+        cmd = frames[0]
+        try:
+            if cmd == P.DATA and len(frames) == 3:
+                if isinstance(frames[2], int):         # the data plane's router refused it
+                    raise error_for(frames[2], "batch from upstream")
+                full = b.router.receive(frames[2], link.link)
+                count_in(b.relay, link, frames[2])
+                if full:
+                    b.sender.flush_full(full)
+            elif cmd == P.WANT and len(frames) in (3, 4):
+                self._on_want(frames[1], frames[2], frames[3] if len(frames) == 4 else None)
+            elif cmd == P.WELCOME:
+                info = P.load_json(frames[1])
+                link.instance = str(info.get("instance", "")).encode()
+                limits = info.get("limits") or {}
+                if isinstance(limits.get("max_sub_ops"), int) and limits["max_sub_ops"] > 0:
+                    link.sub_ops = limits["max_sub_ops"]
+                self._refused = ""
+                self._retry_in = self._retry_at = 0.0
+                self._last_heard = time.monotonic()
+                # The answer to our oldest HELLO in flight, or to a
+                # later one: its lease counts from the oldest (never
+                # longer than granted).
+                sent = self._hellos[0] if self._hellos else 0
+                self._hellos.clear()
+                lease = info.get("lease_us")
+                if isinstance(lease, int) and not isinstance(lease, bool) and lease >= 0:
+                    if sent:
+                        self._granted(sent, lease)
+                    self.next_tick = 0.0          # and keep it renewed
+                # (An upstream that grants no lease does not wait for
+                # our acknowledgements either: our view counts as it is.)
+            elif cmd == P.PONG and len(frames) in (3, 4):
+                self._last_heard = time.monotonic()
+                if self._hello_in_flight:
+                    if link.follows_last_hello(frames[1]):
+                        # Upstream answers what we sent after our HELLO
+                        # without having answered the HELLO (it would
+                        # have, first: one pipe, handled in order).  It
+                        # refused us, or never had it: it died as the
+                        # HELLO arrived, and whoever answers now did
+                        # not read it.  Say it again (once a refusal's
+                        # back-off has run).
                         if self._may_retry():
-                            log.info("upstream restarted or reconnected: resending subscriptions")
+                            log.info("upstream did not answer our HELLO: saying it again")
                             self.hello()
-                    elif len(frames) == 4 and frames[1].startswith(P.LEASE_TOKEN) and \
-                            len(frames[1]) == len(P.LEASE_TOKEN) + 8:
-                        self._lease_ping_at = 0.0
-                        self._granted(P.unpack_u64(frames[1][len(P.LEASE_TOKEN):]), P.unpack_u64(frames[3]))
-                elif cmd == P.KICK:
-                    info = P.load_json(frames[1])
-                    if info.get("refused"):
-                        # Not allowed to federate there: say so (once per
-                        # reason), and try again later, backing off.
-                        reason = str(info.get("reason", ""))[:300]
-                        if reason != self._refused:
-                            log.error("the upstream broker %s refused this broker: %s", b.config.upstream, reason)
-                        self._refused = reason
-                        self._retry_in = min(self._retry_in * 2, 30.0) if self._retry_in else 1.0
-                        self._retry_at = time.monotonic() + self._retry_in
-                    elif self._hello_in_flight:
-                        # A KICK for what we sent before our HELLO (a
-                        # restarted upstream asks for one, as its PONG
-                        # said): that HELLO is on its way.  A second one
-                        # would make upstream drop the session the first
-                        # made, and its publishers see our subscriptions
-                        # go and come back.  One event, one resync.
-                        pass
-                    elif self._may_retry():
-                        log.info("upstream asked for a resync: %s", frames[1][:200])
+                    # Otherwise, the answer to a ping sent before our
+                    # HELLO (pings queued while upstream was down): the
+                    # HELLO is on its way, and its WELCOME says the
+                    # instance.
+                elif frames[2] != link.instance:
+                    if self._may_retry():
+                        log.info("upstream restarted or reconnected: resending subscriptions")
                         self.hello()
-                elif cmd == P.REFUSED and len(frames) == 4:
-                    why = str(P.load_json(frames[3]).get("reason", ""))[:300]
-                    n = len(P.decode_ops(frames[2], max_key=b.config.max_topic))
-                    b.drops["too_many_subscriptions"] += n
-                    log.error("the upstream broker refused %d of our subscriptions (messages for them will not "
-                              "come down): %s", n, why)
-                elif cmd == P.NOTICE:
-                    log.warning("the upstream broker: %s",
-                                str(P.load_json(frames[1]).get("reason", ""))[:300])
-                elif cmd == P.CONFIRM and len(frames) == 2:
-                    b.settler.acked(link, P.unpack_u64(frames[1]))
-                elif cmd in (P.GAP, P.STATS_REPLY, P.PING, P.FLOW):
-                    # FLOW: upstream's flow control is for its clients; a
-                    # broker keeps forwarding (its own limits apply).
-                    if cmd == P.GAP:
-                        b.drops["slow_consumer"] += P.unpack_u64(frames[1])
-                else:
-                    raise P.ProtocolError(f"unexpected {cmd!r} from upstream")
-            except (P.ProtocolError, BatchError, ValueError) as exc:
-                b.drops["protocol"] += 1
-                log.warning("bad message from upstream: %s", exc)
+                elif len(frames) == 4 and frames[1].startswith(P.LEASE_TOKEN) and \
+                        len(frames[1]) == len(P.LEASE_TOKEN) + 8:
+                    self._lease_ping_at = 0.0
+                    self._granted(P.unpack_u64(frames[1][len(P.LEASE_TOKEN):]), P.unpack_u64(frames[3]))
+            elif cmd == P.KICK:
+                info = P.load_json(frames[1])
+                if info.get("refused"):
+                    # Not allowed to federate there: say so (once per
+                    # reason), and try again later, backing off.
+                    reason = str(info.get("reason", ""))[:300]
+                    if reason != self._refused:
+                        log.error("the upstream broker %s refused this broker: %s", b.config.upstream, reason)
+                    self._refused = reason
+                    self._retry_in = min(self._retry_in * 2, 30.0) if self._retry_in else 1.0
+                    self._retry_at = time.monotonic() + self._retry_in
+                elif self._hello_in_flight:
+                    # A KICK for what we sent before our HELLO (a
+                    # restarted upstream asks for one, as its PONG
+                    # said): that HELLO is on its way.  A second one
+                    # would make upstream drop the session the first
+                    # made, and its publishers see our subscriptions
+                    # go and come back.  One event, one resync.
+                    pass
+                elif self._may_retry():
+                    log.info("upstream asked for a resync: %s", frames[1][:200])
+                    self.hello()
+            elif cmd == P.REFUSED and len(frames) == 4:
+                why = str(P.load_json(frames[3]).get("reason", ""))[:300]
+                n = len(P.decode_ops(frames[2], max_key=b.config.max_topic))
+                b.drops["too_many_subscriptions"] += n
+                log.error("the upstream broker refused %d of our subscriptions (messages for them will not "
+                          "come down): %s", n, why)
+            elif cmd == P.NOTICE:
+                log.warning("the upstream broker: %s",
+                            str(P.load_json(frames[1]).get("reason", ""))[:300])
+            elif cmd == P.CONFIRM and len(frames) == 2:
+                b.settler.acked(link, P.unpack_u64(frames[1]))
+            elif cmd in (P.GAP, P.STATS_REPLY, P.PING, P.FLOW):
+                # FLOW: upstream's flow control is for its clients; a
+                # broker keeps forwarding (its own limits apply).
+                if cmd == P.GAP:
+                    b.drops["slow_consumer"] += P.unpack_u64(frames[1])
+            else:
+                raise P.ProtocolError(f"unexpected {cmd!r} from upstream")
+        except (P.ProtocolError, BatchError, ValueError) as exc:
+            b.drops["protocol"] += 1
+            log.warning("bad message from upstream: %s", exc)
 
     def _on_want(self, flags: bytes, frame, seq: bytes | None) -> None:
         ops = P.decode_ops(frame, max_key=self.b.config.max_topic)
