@@ -483,19 +483,19 @@ cdef class Relay:
                 self._errno = Z.last_error()
                 return FOUND_ERROR
             found = 0
+            got = 0
             for i in range(1, n):
                 if items[i].revents & POLLIN:
                     if i == self._upidx:
                         # Upstream's DATA is routed here; Python is woken
                         # only for a message of its own.
-                        self._read_up(self.budget)
+                        got += self._read_up(self.budget)
                         if self._nup:
                             found = FOUND_OTHERS
                     else:
                         found = FOUND_OTHERS
-            got = 0
             if items[0].revents & POLLIN:
-                got = self._read(self.budget, &found)
+                got += self._read(self.budget, &found)
             self._send_due(fb_now_ns())
             if self._npend:
                 found |= FOUND_LEFTOVERS
