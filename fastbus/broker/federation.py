@@ -6,12 +6,15 @@ diffs from that link's forwarder (fastbus.broker.interest); upstream sends
 us WANT (reset, then diffs) with what its side wants from us, and that
 becomes the upstream link's subscriptions, so messages published below go
 up exactly when someone above wants them.  DATA from upstream is routed
-like any received batch, never back up (split horizon).  After a reconnect
-or an upstream restart (a PONG or KICK tells us) we start over: HELLO and
-our whole want set again, once: until its WELCOME, only an answer to a
-ping sent after that HELLO (our probes, every ``probe_interval``) says it
-again, as one that upstream refused or lost in a crash.  FLOW from upstream is ignored: flow control is
-between a broker and its own clients.
+like any received batch, never back up (split horizon).  The data plane
+(fastbus.broker._relay) moves the batches both ways: it sends ours up and
+routes upstream's DATA in its poll; the rest of what upstream sends comes
+here (``on_readable``).  After a reconnect or an upstream restart (a PONG
+or KICK tells us) we start over: HELLO and our whole want set again,
+once: until its WELCOME, only an answer to a ping sent after that HELLO
+(our probes, every ``probe_interval``) says it again, as one that
+upstream refused or lost in a crash.  FLOW from upstream is ignored: flow
+control is between a broker and its own clients.
 
 Confirmed means in effect everywhere (fastbus.broker.settle): we
 acknowledge upstream's WANT once our own publishers and downstream brokers
