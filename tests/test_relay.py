@@ -29,7 +29,7 @@ def test_libzmq_functions_are_found_where_pyzmq_bundles_them():
     assert set(addresses) == set(relay_mod.FUNCTIONS) and all(addresses.values())
 
 
-def _relay_on_a_router() -> tuple:
+def _relay_on_a_router(**router_options) -> tuple:
     """A fresh context, a ROUTER socket bound to a loopback port, and a
     Relay over it: ``(ctx, sock, port, trie, router, relay)``."""
     addresses = _libzmq.functions(relay_mod.FUNCTIONS)
@@ -42,13 +42,13 @@ def _relay_on_a_router() -> tuple:
     r.sndhwm = 16
     port = r.bind_to_random_port("tcp://127.0.0.1")
     trie = Trie()
-    router = Router(trie, max_messages=100, max_bytes=1 << 16, max_payload=1000)
+    router = Router(trie, **{"max_messages": 100, "max_bytes": 1 << 16, "max_payload": 1000, **router_options})
     return ctx, r, port, trie, router, relay_mod.Relay(router, r)
 
 
-@pytest.fixture
-def setup():
-    ctx, r, port, trie, router, relay = _relay_on_a_router()
+@pytest.fixture(params=[0.0])
+def setup(request):
+    ctx, r, port, trie, router, relay = _relay_on_a_router(max_delay=request.param)
     peers = []
 
     def peer(name: bytes):
@@ -275,24 +275,27 @@ def test_the_upstream_brokers_batches_go_both_ways_in_c(setup):
         above.close(linger=0)
 
 
-def test_a_lease_ping_is_answered_in_c_where_nothing_waits_ahead_of_it(setup):
-    """A session that acknowledges asks for a filter lease about 20 times a
-    second: the relay answers [PONG, token, instance, lease µs] and records
-    the grant (lease_end) without handing Python the PING.  Python keeps it
+def test_a_ping_is_answered_in_c_where_nothing_waits_ahead_of_it(setup):
+    """Every client pings each ping_interval, and a session that
+    acknowledges asks for a filter lease about 20 times a second: the
+    relay answers [PONG, token, instance] (and the lease's µs to a lease
+    ping, recording the grant: lease_end) without handing Python the PING,
+    behind the DATA routed to the session before it.  Python keeps it
     where the PONG must wait behind Python's queue for the link (held),
-    for a peer that does not acknowledge, for a plain PING, and while no
-    lease was said (a broker under an upstream)."""
+    for an unknown peer, a lease ping from a peer that does not
+    acknowledge, and while no lease was said (a broker under an upstream)."""
     r, trie, router, relay, peer = setup
-    acking, plain = peer(b"acking"), peer(b"plain")
+    acking, plain, stranger = peer(b"acking"), peer(b"plain"), peer(b"stranger")
     router.add_link(1)
     router.add_link(2)
     relay.add_session(1, b"acking", acks=True)
     relay.add_session(2, b"plain")
     lease_ping = [P.PING, b"tok", P.LEASE_ASK]
 
-    acking.send_multipart(lease_ping)                     # no lease said yet: Python's
-    handed, answer = _answer(acking, relay, timeout=0.3)
-    assert handed == [[b"acking", *lease_ping]] and answer is None
+    for frames in (lease_ping, [P.PING, b"t0"]):          # no instance said yet: Python's
+        acking.send_multipart(frames)
+        handed, answer = _answer(acking, relay, timeout=0.3)
+        assert handed == [[b"acking", *frames]] and answer is None
 
     relay.answer_leases(b"instance-1", 0.25)
     t0 = time.monotonic()
@@ -301,21 +304,30 @@ def test_a_lease_ping_is_answered_in_c_where_nothing_waits_ahead_of_it(setup):
     assert handed == [] and answer == [P.PONG, b"tok", b"instance-1", P.pack_u64(250_000)]
     assert t0 + 0.25 <= relay.lease_end(1) <= time.monotonic() + 0.25
     assert relay.lease_end(2) == float("-inf") and relay.leases_granted == 1
+    for who in (acking, plain):                           # a liveness PING, from any session
+        who.send_multipart([P.PING, b"t2"])
+        handed, answer = _answer(who, relay)
+        assert handed == [] and answer == [P.PONG, b"t2", b"instance-1"]
+    assert relay.pings_answered == 3 and relay.leases_granted == 1
 
-    for who, frames in ((plain, lease_ping), (acking, [P.PING, b"t2"])):
-        who.send_multipart(frames)                        # no "ack" in its HELLO; a plain PING
+    for who, frames in ((plain, lease_ping), (stranger, [P.PING, b"t3"])):
+        who.send_multipart(frames)                        # no "ack" in its HELLO; not a session
         handed, answer = _answer(who, relay, timeout=0.3)
         assert handed == [[who.identity, *frames]] and answer is None
     router.hold(1)                                        # Python queues for it: the PONG goes behind
-    acking.send_multipart(lease_ping)
-    handed, answer = _answer(acking, relay, timeout=0.3)
-    assert handed == [[b"acking", *lease_ping]] and answer is None
+    for frames in (lease_ping, [P.PING, b"t4"]):
+        acking.send_multipart(frames)
+        handed, answer = _answer(acking, relay, timeout=0.3)
+        assert handed == [[b"acking", *frames]] and answer is None
     router.hold(1, False)
-    relay.answer_leases(b"instance-1", 0)                 # Python answers them again
+    relay.answer_leases(b"instance-1", 0)                 # Python answers lease pings again
     acking.send_multipart(lease_ping)
     handed, answer = _answer(acking, relay, timeout=0.3)
     assert handed == [[b"acking", *lease_ping]] and answer is None
-    assert relay.leases_granted == 1
+    acking.send_multipart([P.PING, b"t5"])               # (liveness pings need no lease)
+    handed, answer = _answer(acking, relay)
+    assert handed == [] and answer == [P.PONG, b"t5", b"instance-1"]
+    assert relay.leases_granted == 1 and relay.pings_answered == 4
     with pytest.raises(ValueError):
         relay.answer_leases(b"x" * 65, 0.1)
     # Python's own grants (WELCOME, the PONGs it answers) have the same
@@ -330,6 +342,36 @@ def test_a_lease_ping_is_answered_in_c_where_nothing_waits_ahead_of_it(setup):
     assert relay.lease_end(3) == float("-inf")
     relay.remove_link(1)
     assert relay.lease_end(1) == float("-inf")
+
+
+@pytest.mark.parametrize("setup", [2.0], indirect=True)
+def test_a_pong_comes_behind_the_data_routed_to_the_session_before_its_ping(setup):
+    """A client's flush (or any ping) is answered behind what the broker
+    routed to it before: with a 2 s linger, a batch right after another
+    waits in the session's outbox, and the PING sends it ahead of the
+    PONG."""
+    r, trie, router, relay, peer = setup
+    pub, sub = peer(b"pub"), peer(b"sub")
+    for link, name in ((1, b"pub"), (2, b"sub")):
+        router.add_link(link)
+        relay.add_session(link, name)
+    relay.answer_leases(b"instance-1", 0.25)
+    trie.add(b"news", 2)
+    pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"news", b"first")]))])
+    _wait_routed(relay, 1)
+    assert sub.poll(5000) and sub.recv_multipart()[0] == P.DATA     # an idle link's batch goes at once
+    pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"news", b"second")]))])
+    _wait_routed(relay, 2)
+    assert not sub.poll(100)                              # the next lingers in its outbox
+    sub.send_multipart([P.PING, b"sync"])
+    got = []
+    deadline = time.monotonic() + 1.5                     # before the linger sends it
+    while len(got) < 2 and time.monotonic() < deadline:
+        assert relay.wait([], 10) == []
+        while sub.poll(0):
+            got.append(sub.recv_multipart())
+    assert [f[0] for f in got] == [P.DATA, P.PONG] and got[1] == [P.PONG, b"sync", b"instance-1"]
+    assert fastbus.decode(got[0][2]) == [(b"news", b"second")]
 
 
 def test_a_brokers_publishers_lease_pings_are_answered_by_its_data_plane():

@@ -20,6 +20,7 @@ class Relay:
     messages_out: int
     bytes_out: int
     dropped: int
+    pings_answered: int
     leases_granted: int
     leftover_limit: int
     budget: int

@@ -14,12 +14,14 @@ What the broker does with a batch from a known session is always the same:
 receive it, route it (fb_router), send every link its outbox as
 ``[routing id, DATA, seq, batch]``.  In Python that costs about 30 µs a
 turn at a low rate (most of a message's time in the broker); here a few.
-A session's lease ping (``[PING, token, LEASE_ASK]``: each filtering
-publisher sends about 20 a second) it answers too, once Python has said
-the lease (``answer_leases``), and records the grant (``lease_end``), as
+A session's PING it answers too: the liveness ping every client sends
+each ``ping_interval``, and a lease ping (``[PING, token, LEASE_ASK]``:
+each filtering publisher sends about 20 a second), once Python has said
+the lease (``answer_leases``), recording the grant (``lease_end``), as
 Python would: a hundred publishers no longer cost the broker's thread two
-thousand turns of Python a second.
-Everything else (HELLO, SUB, a plain PING, a PUB from an unknown peer, a
+thousand turns of Python a second, nor ten thousand idle clients ten
+thousand.
+Everything else (HELLO, SUB, an ACK, a PUB from an unknown peer, a
 batch the decoder refuses) is handed back to Python as a list of frames, and so is
 every batch the relay does not send itself: to a link that is neither a
 session on this socket nor the upstream broker (whose DEALER socket,
@@ -155,8 +157,9 @@ cdef class Relay:
     cdef int _nup
     cdef int _uprc                # of that message, if a DATA: the router's status
     cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out, dropped
-    #: Lease pings the relay answered itself (control messages Python did not see).
-    cdef public uint64_t leases_granted
+    #: PINGs the relay answered itself (control messages Python did not
+    #: see), and how many of them were lease pings it granted a lease.
+    cdef public uint64_t pings_answered, leases_granted
     cdef uint64_t _lease_ns       # the lease a PONG grants (0: Python answers lease pings)
     cdef uint8_t _instance[INSTANCE_MAX]
     cdef size_t _instlen
@@ -305,8 +308,9 @@ cdef class Relay:
         self.confirm(link, seq)
 
     def answer_leases(self, bytes instance not None, double lease_s) -> None:
-        """Answer sessions' lease pings here from now on: PONG ``[token,
-        instance, lease µs]``, granting ``lease_s`` seconds (0: leave them to
+        """Answer sessions' PINGs here from now on, as broker ``instance``:
+        PONG ``[token, instance]``, and to a lease ping ``[token, instance,
+        lease µs]``, granting ``lease_s`` seconds (0: leave lease pings to
         Python, as a broker with an upstream does, whose lease depends on
         its own from upstream)."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(instance)
@@ -537,8 +541,8 @@ cdef class Relay:
         cdef uint64_t over
         self._rc = 0
         self._over = 0
-        if n == 4 and self._lease_ns and Z.msg_size(&parts[1]) == 1 and (<uint8_t *>Z.msg_data(&parts[1]))[0] == b'p':
-            return self._lease_ping(parts)
+        if (n == 3 or n == 4) and Z.msg_size(&parts[1]) == 1 and (<uint8_t *>Z.msg_data(&parts[1]))[0] == b'p':
+            return self._ping(parts, n)
         if n != 3 or Z.msg_size(&parts[1]) != 1:
             return False
         cmd = <uint8_t *>Z.msg_data(&parts[1])
@@ -630,31 +634,44 @@ cdef class Relay:
         self._uprc = 0
         return frames
 
-    cdef bint _lease_ping(self, fbz_msg *parts) noexcept nogil:
-        """[ident, PING, token, LEASE_ASK] from a session that acknowledges:
-        answer [PONG, token, instance, lease µs] and record the grant, as
-        Python would (fastbus.broker.sessions), and return True.  False
-        (Python answers) where the PONG must wait behind what Python
-        queues for the link (it is held, or a send to it failed this turn),
-        for any other peer, and when the socket refuses the PONG."""
+    cdef bint _ping(self, fbz_msg *parts, int n) noexcept nogil:
+        """A known session's PING: ``[ident, PING, token]`` (liveness, or a
+        flush's marker: every client sends one a ``ping_interval``) or,
+        from a session that acknowledges, a lease ping ``[ident, PING,
+        token, LEASE_ASK]`` (each filtering publisher, ten to twenty a
+        second).  Answer ``[PONG, token, instance]`` here, with the lease's
+        µs for a lease ping (the grant recorded, as Python would:
+        fastbus.broker.sessions), and return True.  The PONG goes behind
+        the DATA routed to the session before the PING (its outbox is sent
+        first), as Python's would.  False (Python answers) where it must
+        wait behind what Python queues for the link (it is held, or a
+        send to it failed this turn), for an unknown peer, a lease ping
+        from a peer without "ack" or before Python said the lease, and
+        when the socket refuses the PONG."""
         cdef uint32_t link
         cdef int held
         cdef uint64_t now
         cdef uint8_t lease[8]
         cdef uint64_t us = self._lease_ns // 1000u
         cdef int i
-        if Z.msg_size(&parts[3]) != 5 or memcmp(Z.msg_data(&parts[3]), b"lease", 5) != 0:
+        cdef bint lease_ping = n == 4
+        if not self._instlen:
+            return False                       # Python has not said the instance yet
+        if lease_ping and (not self._lease_ns or Z.msg_size(&parts[3]) != 5 or
+                           memcmp(Z.msg_data(&parts[3]), b"lease", 5) != 0):
             return False
         link = self._find(<const uint8_t *>Z.msg_data(&parts[0]), Z.msg_size(&parts[0]))
-        if link == UINT32_MAX or not self.slots[link].acks or self.slots[link].deferred:
+        if link == UINT32_MAX or (lease_ping and not self.slots[link].acks) or self.slots[link].deferred:
             return False
         _lock(&self.router._lock)
         held = fb_router_held(self.router._r, link)
         fb_lock_release(&self.router._lock)
         if held:
             return False
-        for i in range(8):
-            lease[i] = <uint8_t>(us >> (8 * i))
+        # What was routed to it before this PING goes first.
+        self._send_links(&link, 1, fb_now_ns())
+        if self.slots[link].deferred:
+            return False                       # that batch is Python's now: so is the PONG behind it
         # The lease counts from before the PONG leaves (the client counts
         # from before its PING left: both ends err short).
         now = fb_now_ns()
@@ -662,6 +679,12 @@ cdef class Relay:
             return False                       # a full pipe, a peer gone: Python's
         Z.send(self.sock, b"q", 1, DONTWAIT | SNDMORE)
         Z.send(self.sock, Z.msg_data(&parts[2]), Z.msg_size(&parts[2]), DONTWAIT | SNDMORE)
+        self.pings_answered += 1
+        if not lease_ping:
+            Z.send(self.sock, self._instance, self._instlen, DONTWAIT)
+            return True
+        for i in range(8):
+            lease[i] = <uint8_t>(us >> (8 * i))
         Z.send(self.sock, self._instance, self._instlen, DONTWAIT | SNDMORE)
         Z.send(self.sock, lease, 8, DONTWAIT)
         if now + self._lease_ns > self.slots[link].lease_end_ns:

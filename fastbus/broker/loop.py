@@ -568,7 +568,7 @@ class Broker:
         for link in self.links.by_id.values():
             roles[link.role] = roles.get(link.role, 0) + 1
         counters = dict(self.counters)
-        counters["control_in"] += self.relay.leases_granted      # lease pings the data plane answered
+        counters["control_in"] += self.relay.pings_answered      # PINGs the data plane answered
         counters.update(batches_in=rs["batches"], messages_in=rs["records"], bytes_in=rs["bytes"])
         relay = self.relay                         # the books of what went out (Relay.count_out)
         counters.update(batches_out=relay.batches_out, messages_out=relay.messages_out, bytes_out=relay.bytes_out)
