@@ -34,16 +34,10 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import free_port  # noqa: E402
+from servers import cpu_seconds, free_port  # noqa: E402
 
 CHANNELS = [f"fed.{i}" for i in range(50)]
 PAYLOAD = b"x" * 20
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def broker(port: int, *args: str) -> subprocess.Popen:

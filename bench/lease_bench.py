@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import Server  # noqa: E402
+from servers import Server, cpu_seconds  # noqa: E402
 
 PROCS = 4                      # publisher processes (the clients are spread over them)
 INTERVAL = 0.02                # seconds between two messages of one publisher
@@ -52,12 +52,6 @@ def publishers(endpoint: str, n: int, seconds: float, ready, first: int = 0, idl
         time.sleep(INTERVAL)
     for c in clients:
         c.close()
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one_run(n: int, seconds: float, idle: bool = False, ping_interval: float = 1.0) -> tuple[float, dict]:

@@ -47,6 +47,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user + system, from /proc), seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _which(name: str) -> str | None:
     """A program on PATH or next to this Python (a virtual environment's bin)."""
     here = os.path.join(os.path.dirname(sys.executable), name)

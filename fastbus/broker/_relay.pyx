@@ -374,30 +374,36 @@ cdef class Relay:
             memset(&self.slots[link], 0, sizeof(slot))
 
     def count_in(self, uint32_t link, uint64_t records, uint64_t nbytes) -> None:
-        """Python routed a batch from the link (the upstream's DATA, a
-        plain PUB socket's message): counted with the relay's."""
-        if link >= UINT32_MAX - 1:
-            raise ValueError("link id out of range")
-        self._grow_slots(link)
-        self.batches_in += 1
-        self.messages_in += records
-        self.bytes_in += nbytes
-        self.slots[link].batches_in += 1
-        self.slots[link].messages_in += records
-        self.slots[link].bytes_in += nbytes
+        """Python routed a batch from the link (a batch from upstream it
+        read itself, a plain PUB socket's message): counted with the
+        relay's."""
+        self._count(link, False, records, nbytes)
 
     def count_out(self, uint32_t link, uint64_t records, uint64_t nbytes) -> None:
         """Python sent the link a data batch (one it queued, or to a link
         the relay does not send to): counted with the relay's."""
+        self._count(link, True, records, nbytes)
+
+    cdef int _count(self, uint32_t link, bint out, uint64_t records, uint64_t nbytes) except -1:
         if link >= UINT32_MAX - 1:
             raise ValueError("link id out of range")
         self._grow_slots(link)
-        self.batches_out += 1
-        self.messages_out += records
-        self.bytes_out += nbytes
-        self.slots[link].batches_out += 1
-        self.slots[link].messages_out += records
-        self.slots[link].bytes_out += nbytes
+        cdef slot *s = &self.slots[link]
+        if out:
+            self.batches_out += 1
+            self.messages_out += records
+            self.bytes_out += nbytes
+            s.batches_out += 1
+            s.messages_out += records
+            s.bytes_out += nbytes
+        else:
+            self.batches_in += 1
+            self.messages_in += records
+            self.bytes_in += nbytes
+            s.batches_in += 1
+            s.messages_in += records
+            s.bytes_in += nbytes
+        return 0
 
     def confirm(self, uint32_t link, uint64_t seq) -> None:
         """The seq that the link's DATA frames carry from now on."""
