@@ -92,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     # 3. the subscriber: prints each result as it arrives
     received = [0, 0]
     with totals.consumer("printer", clean_interval=None) as sub:
-        # Give up only when nothing has happened for a while (no result, and
-        # no batch of the query completed): Spark's first batches take tens
-        # of seconds on a busy machine.  Never later than give_up, even while
-        # batches go on (the ticks below keep them coming).
+        # Give up only when nothing has happened for a while (no result, no
+        # batch of the query completed, none running): Spark's batches take
+        # tens of seconds each on a busy machine.  Never later than give_up,
+        # even while batches go on (the ticks below keep them coming).
         patience = 4 * args.window + 60
         started = time.monotonic()
         deadline = started + args.seconds + patience
@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             if progress is not None and progress["batchId"] != last_batch:
                 last_batch = progress["batchId"]
                 deadline = max(deadline, time.monotonic() + patience)
+            elif query.status.get("isTriggerActive"):
+                deadline = max(deadline, time.monotonic() + patience)    # a batch is running
             for m in sub.get_many(100, timeout=0.5):
                 deadline = max(deadline, time.monotonic() + patience)
                 r = json.loads(m.payload)
@@ -127,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                 events.publish(json.dumps({"user": "tick", "amount": 0}).encode())
         query.processAllAvailable()            # idle before stopping: no batch cut short
         query.stop()
-    ticks = "" if received[0] >= published[0] else " (the last windows had not closed)"
+    ticks = "" if received[0] >= published[0] else \
+        f" (the last windows had not closed after {time.monotonic() - started:.0f} s and {last_batch + 1} batches)"
     print(f"published {published[0]} events (amount {published[1]}); the job reported "
           f"{received[0]} events (amount {received[1]}){ticks}")
     events.unregister("windowed-totals")
