@@ -310,9 +310,13 @@ def test_a_refused_downstream_broker_tries_again_and_gets_in(brokers):
     up = brokers(port=port)
     down = brokers("--upstream", up.endpoint, "--log-level", "INFO")
     wait_for(lambda: "refused this broker" in down.log(), what="the refusal")
+    assert up.stats()["links"].get("broker", 0) == 0
     up.kill()
     up = brokers("--allow-broker", "127.0.0.1", port=port)
     wait_for(lambda: up.stats()["links"].get("broker", 0) == 1, timeout=20, what="the downstream broker to get in")
+    st = up.stats()
+    assert st["links"] == {"broker": 1} and st["drops"]["not_a_broker"] == 0, st
+    assert wait_for(lambda: down.stats()["upstream"]["connected"], what="the WELCOME downstream") is True
 
 
 def test_malformed_input_is_counted_and_the_sender_dropped(brokers, client_factory):
