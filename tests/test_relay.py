@@ -1,8 +1,10 @@
 """The broker's C data plane (fastbus.broker._relay) on real ZeroMQ sockets.
 
-The relay routes a known session's PUB and sends each link's batch in C;
-everything else it hands back to the Python broker.  These tests drive it
-directly with a ROUTER socket and DEALER peers on loopback.
+The relay routes a known session's PUB and sends each link's batch in C,
+queueing what a full pipe will not take under the slow-consumer policy;
+every other message it hands back to the Python broker, and what Python
+must act on it reports as events.  These tests drive it directly with a
+ROUTER socket and DEALER peers on loopback.
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ def test_a_sessions_pub_is_routed_and_sent_in_c(setup):
     batch = bytes(fastbus.encode([(b"news", b"a"), (b"other", b"b"), (b"news", b"c")]))
     pub.send_multipart([P.PUB, batch])
     _wait_routed(relay, 1)
-    assert relay.flush() == []                            # everything went out in C
+    relay.flush()
+    assert relay.blocked == 0 and relay.events() == []    # everything went out at once
     assert sub.poll(5000)
     cmd, seq, data = sub.recv_multipart()
     assert cmd == P.DATA and P.unpack_u64(seq) == 7
@@ -112,14 +115,13 @@ def test_a_sessions_pub_is_routed_and_sent_in_c(setup):
     _wait_routed(relay, 2)
     relay.flush()
     assert sub.poll(5000) and P.unpack_u64(sub.recv_multipart()[1]) == 9
-    # What Python routes and sends (the upstream link 5, a queued batch
-    # for 2) goes into the same books: one set of counters per link.
+    # What Python routes (the upstream link 5's batches it read itself)
+    # goes into the same books: one set of counters per link.
     relay.count_in(5, 3, 100)
-    relay.count_out(2, 4, 50)
     books = relay.link_counters()
     assert books[5] == (1, 3, 100, 0, 0, 0)
-    assert books[2][3:] == (3, 2 + 2 + 4, 2 * len(data) + 50)
-    assert (relay.batches_in, relay.messages_in, relay.batches_out, relay.messages_out) == (3, 9, 3, 8)
+    assert books[2][3:] == (2, 2 + 2, 2 * len(data))
+    assert (relay.batches_in, relay.messages_in, relay.batches_out, relay.messages_out) == (3, 9, 2, 4)
     relay.remove_link(5)                                  # its id, given to the next link, starts at zero
     assert 5 not in relay.link_counters()
 
@@ -150,36 +152,148 @@ def test_what_is_not_a_known_sessions_pub_comes_back(setup):
     assert st["rejected"] == 1 and st["oversize"] == 1 and relay.batches_in == 1
 
 
-def test_held_links_and_other_kinds_are_left_to_python(setup):
+def _fill(relay, pub, sub_sock, batch: bytes, until, limit: int = 5000) -> list:
+    """Publish ``batch`` until ``until(events)`` (the subscriber reads
+    nothing; the relay reads on only once its events are taken): the
+    events."""
+    n = relay.batches_in
+    events: list = []
+    for _ in range(limit):
+        pub.send_multipart([P.PUB, batch])
+        _wait_routed(relay, n + 1)
+        n += 1
+        relay.flush()
+        events += relay.events()
+        if until(events):
+            return events
+    raise AssertionError(f"not reached after {limit} batches: {relay.queue_state(2)}")
+
+
+@pytest.fixture
+def slow(setup):
+    """A publisher (link 1) and a subscriber (link 2, "news") whose pipe
+    fills fast: small kernel buffers, a receive high-water mark of one."""
     r, trie, router, relay, peer = setup
-    pub, sub = peer(b"pub"), peer(b"sub")
-    for link in (1, 2, 3):
+    r.sndbuf = 4096
+    pub = peer(b"pub")
+    r.sndhwm = 2
+    sub = r.context.socket(zmq.DEALER)
+    sub.identity = b"sub"
+    sub.rcvhwm = 1
+    sub.rcvbuf = 4096
+    sub.connect(r.last_endpoint.decode())
+    sub.send(b"hi")
+    assert r.poll(5000) and r.recv_multipart() == [b"sub", b"hi"]
+    for link, name in ((1, b"pub"), (2, b"sub")):
         router.add_link(link)
-    relay.add_session(1, b"pub")
-    relay.add_session(2, b"sub")                          # link 3: no session here (an upstream, say)
-    trie.add(b"t", 2)
-    trie.add(b"t", 3)
-    router.hold(2)                                        # Python queues for it
-    pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"t", b"1")]))])
-    _wait_routed(relay, 1)
-    left = relay.flush()
-    assert [link for link, _b, _n in left] == [3]          # held link 2: due only when full
-    router.hold(2, False)
-    left = relay.flush()
-    assert [(link, n, fastbus.decode(b)) for link, b, n in left] == []      # link 2's batch went in C
-    assert sub.poll(5000) and fastbus.decode(sub.recv_multipart()[2]) == [(b"t", b"1")]
-    router.hold(2)
-    for i in range(100):                                  # a held link's batch that fills comes back whole
-        pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"t", b"%d" % i)]))])
-    _wait_routed(relay, 101)
-    left = relay.flush()
-    full = [(link, n) for link, _b, n in left if link == 2]
-    assert full == [(2, 100)]
+        relay.add_session(link, name)
+    trie.add(b"news", 2)
+    yield relay, pub, sub
+    sub.close(linger=0)
 
 
-def test_a_send_the_socket_refuses_comes_back(setup):
-    """EHOSTUNREACH (the peer left) and EAGAIN (its pipe is full) hand the
-    batch to Python, which queues it or drops the link."""
+def _drain(relay, sub, events: list | None = None, timeout: float = 10.0) -> list:
+    """Read everything the subscriber is sent while the relay retries its
+    queue, until the queue is empty and nothing more comes for 100 ms;
+    the relay's events are added to ``events``."""
+    got: list = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert relay.wait([], 5) == []
+        if events is not None:
+            events += relay.events()
+        if sub.poll(0):
+            while sub.poll(0):
+                got.append(sub.recv_multipart())
+        elif relay.blocked == 0 and not sub.poll(100):
+            break
+    return got
+
+
+def test_a_full_pipe_queues_in_c_and_drains_in_order(slow):
+    """What the subscriber's pipe will not take waits in its queue in the
+    relay (held in the router meanwhile, so later batches grow), and goes
+    out in order as it reads, control messages in their place."""
+    relay, pub, sub = slow
+    batch = bytes(fastbus.encode([(b"news", b"x" * 500)] * 10))
+    _fill(relay, pub, sub, batch, lambda _e: relay.queue_state(2)[0] > 50_000)
+    queued, blocked, holding, exempt, lost, _last = relay.queue_state(2)
+    assert blocked and relay.blocked == 1 and not holding and lost == 0
+    assert relay.queued_bytes == queued
+    assert relay.send(2, [P.CONFIRM, P.pack_u64(5)]) == relay_mod.QUEUED     # behind the data
+    sub.send_multipart([P.PING, b"sync"])                 # answered in C, behind the queue too
+    relay.answer_leases(b"inst", 0.25)
+    got = _drain(relay, sub)
+    cmds = [m[0] for m in got]
+    assert cmds[-2:] == [P.CONFIRM, P.PONG] and set(cmds[:-2]) == {P.DATA}, cmds[-5:]
+    assert sum(len(fastbus.decode(m[2])) for m in got[:-2]) == 10 * relay.batches_in
+    assert relay.queue_state(2)[:2] == (0, False) and relay.events() == []
+    assert relay.messages_out == 10 * relay.batches_in        # the books count what went
+
+
+def test_the_slow_consumer_policy_applies_in_c(slow):
+    """Past max_queue_bytes the oldest data goes, counted, and GAP tells the
+    subscriber before the data after the loss; past flow_bytes the queue
+    holds publishers back (EVENT_FLOW), until it drains to a quarter;
+    WANT and FLOW collapse into one mark each; under "disconnect" the
+    session is kicked and reported (EVENT_SLOW)."""
+    relay, pub, sub = slow
+    relay.set_policy(200_000, 60_000, False)
+    batch = bytes(fastbus.encode([(b"news", b"y" * 500)] * 10))
+    events = _fill(relay, pub, sub, batch, lambda _e: relay.dropped_slow > 0)
+    assert (relay_mod.EVENT_FLOW, 0, 0) in events and relay.holding == 1
+    assert relay.queue_state(2)[0] <= 200_000 and relay.queue_state(2)[4] == relay.dropped_slow
+    relay.paused = True                                   # (Python's set_flow)
+    for flow in (P.FLOW_PAUSE, P.FLOW_RESUME, P.FLOW_PAUSE):     # one mark, sent as the state then
+        assert relay.send(2, [P.FLOW, flow]) in (relay_mod.QUEUED, relay_mod.COLLAPSED)
+    assert relay.control_collapsed >= 2
+    events = []
+    got = _drain(relay, sub, events)
+    gaps = [i for i, m in enumerate(got) if m[0] == P.GAP]
+    assert len(gaps) == 1 and P.unpack_u64(got[gaps[0]][1]) == relay.dropped_slow, [m[0] for m in got]
+    assert [m for m in got if m[0] == P.FLOW] == [[P.FLOW, P.FLOW_PAUSE]]
+    delivered = sum(len(fastbus.decode(m[2])) for m in got if m[0] == P.DATA)
+    assert delivered + relay.dropped_slow == 10 * relay.batches_in and relay.gap_notices == 1
+    assert relay.holding == 0 and (relay_mod.EVENT_FLOW, 0, 0) in events     # resume them
+    relay.paused = False
+    # Disconnect: the queue goes, a KICK says why, Python hears it.
+    relay.set_policy(100_000, 0, True)
+    events = _fill(relay, pub, sub, batch, lambda e: (relay_mod.EVENT_SLOW, 2, 0) in e)
+    assert events == [(relay_mod.EVENT_SLOW, 2, 0)] and relay.queue_state(2)[0] == 0
+    assert relay.send(2, [P.PONG, b"t", b"i"]) == relay_mod.DROPPED       # gone: nothing more goes
+    got = _drain(relay, sub)                              # what its pipe held; the KICK if it had room
+    kick = [P.KICK, P.dump_json({"reason": relay_mod.SLOW_REASONS[0]})]
+    assert {m[0] for m in got} <= {P.DATA, P.KICK} and (kick not in got or got[-1] == kick)
+
+
+def test_a_want_mark_at_the_head_asks_python_for_the_reset(slow):
+    """WANT diffs that cannot go collapse into one mark; when it reaches
+    the head of the queue the relay asks Python (EVENT_WANT), and the
+    reset Python builds then takes its place."""
+    relay, pub, sub = slow
+    batch = bytes(fastbus.encode([(b"news", b"z" * 500)] * 10))
+    _fill(relay, pub, sub, batch, lambda _e: relay.queue_state(2)[0] > 30_000)
+    for i in range(5):
+        relay.send(2, [P.WANT, b"\x00", b"diff-%d" % i])
+    assert relay.control_collapsed == 5                   # all five stand in one mark
+    got: list = []
+    deadline = time.monotonic() + 10
+    asked = []
+    while not asked and time.monotonic() < deadline:
+        relay.wait([], 5)
+        asked = [e for e in relay.events() if e[0] == relay_mod.EVENT_WANT]
+        while sub.poll(0):
+            got.append(sub.recv_multipart())
+    assert asked == [(relay_mod.EVENT_WANT, 2, 0)]
+    relay.fill_want(2, [P.WANT, bytes([P.WANT_RESET]), b"whole"])
+    got += _drain(relay, sub)
+    wants = [m for m in got if m[0] == P.WANT]
+    assert wants == [[P.WANT, bytes([P.WANT_RESET]), b"whole"]] and got[-1] == wants[0]
+
+
+def test_a_send_the_socket_refuses_for_good_is_reported(setup):
+    """EHOSTUNREACH (the peer left): the batch goes, Python hears of it
+    (EVENT_GONE) and nothing more is sent to the link."""
     r, trie, router, relay, peer = setup
     pub = peer(b"pub")
     for link in (1, 2):
@@ -189,9 +303,12 @@ def test_a_send_the_socket_refuses_comes_back(setup):
     trie.add(b"t", 2)
     pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"t", b"x")]))])
     _wait_routed(relay, 1)
-    left = relay.flush()
-    assert [(link, n) for link, _b, n in left] == [(2, 1)]
-    assert relay.batches_out == 0
+    relay.flush()
+    assert relay.events() == [(relay_mod.EVENT_GONE, 2, 0)]
+    assert relay.batches_out == 0 and relay.blocked == 0
+    assert relay.send(2, [P.PONG, b"t", b"i"]) == relay_mod.DROPPED
+    relay.add_session(3, b"gone-too")
+    assert relay.send(3, [P.PONG, b"t", b"i"]) == relay_mod.GONE
 
 
 def _answer(sock, relay, timeout: float = 5.0):
@@ -211,8 +328,8 @@ def _answer(sock, relay, timeout: float = 5.0):
 def test_the_upstream_brokers_batches_go_both_ways_in_c(setup):
     """A downstream broker's publishers' batches wanted upstream leave on
     its DEALER socket as [PUB, batch] from the relay, and upstream's DATA
-    is routed by it, counted in the same books; held by Python (a
-    queue), or once the link is gone, they are Python's again."""
+    is routed by it, counted in the same books; Python's control
+    messages go up through it; once the link is gone nothing is sent."""
     r, trie, router, relay, peer = setup
     ctx = r.context
     above = ctx.socket(zmq.ROUTER)                        # the upstream broker's socket
@@ -229,7 +346,7 @@ def test_the_upstream_brokers_batches_go_both_ways_in_c(setup):
         batch = bytes(fastbus.encode([(b"up", b"a"), (b"other", b"b")]))
         pub.send_multipart([P.PUB, batch])
         _wait_routed(relay, 1)
-        assert relay.flush() == []                        # sent in C
+        relay.flush()                                     # sent in C
         assert above.poll(5000)
         ident, cmd, data = above.recv_multipart()
         assert cmd == P.PUB and fastbus.decode(data) == [(b"up", b"a")]
@@ -258,18 +375,14 @@ def test_the_upstream_brokers_batches_go_both_ways_in_c(setup):
         assert refused[:2] == [P.DATA, P.pack_u64(0)] and refused[2] < 0
         assert relay.wait([dealer], 10) == []             # the next DATA: routed again
         assert sub.poll(5000) and sub.recv_multipart()[0] == P.DATA
-        router.hold(3)                                    # Python queues for it: its batch waits for Python
-        pub.send_multipart([P.PUB, batch])
-        _wait_routed(relay, 4)
-        assert relay.flush() == [] and not above.poll(200)
-        held = router.take(3)
-        assert held is not None and held.count == 1
-        router.hold(3, False)
+        assert relay.send(3, [P.PING, b"up"]) == relay_mod.SENT   # Python's control messages go up too
+        assert above.poll(5000) and above.recv_multipart() == [ident, P.PING, b"up"]
         relay.remove_link(3)                              # gone: not the relay's to send any more
         router.add_link(3)
         pub.send_multipart([P.PUB, batch])
-        _wait_routed(relay, 5)
-        assert [link for link, _b, _n in relay.flush()] == [3] and not above.poll(200)
+        _wait_routed(relay, 4)
+        relay.flush()
+        assert not above.poll(200) and relay.send(3, [P.PING, b"x"]) == relay_mod.DROPPED
     finally:
         dealer.close(linger=0)
         above.close(linger=0)
@@ -280,8 +393,8 @@ def test_a_ping_is_answered_in_c_where_nothing_waits_ahead_of_it(setup):
     acknowledges asks for a filter lease about 20 times a second: the
     relay answers [PONG, token, instance] (and the lease's µs to a lease
     ping, recording the grant: lease_end) without handing Python the PING,
-    behind the DATA routed to the session before it.  Python keeps it
-    where the PONG must wait behind Python's queue for the link (held),
+    behind the DATA routed to the session before it (and behind its queue:
+    test_a_full_pipe_queues_in_c_and_drains_in_order).  Python keeps it
     for an unknown peer, a lease ping from a peer that does not
     acknowledge, and while no lease was said (a broker under an upstream)."""
     r, trie, router, relay, peer = setup
@@ -314,12 +427,6 @@ def test_a_ping_is_answered_in_c_where_nothing_waits_ahead_of_it(setup):
         who.send_multipart(frames)                        # no "ack" in its HELLO; not a session
         handed, answer = _answer(who, relay, timeout=0.3)
         assert handed == [[who.identity, *frames]] and answer is None
-    router.hold(1)                                        # Python queues for it: the PONG goes behind
-    for frames in (lease_ping, [P.PING, b"t4"]):
-        acking.send_multipart(frames)
-        handed, answer = _answer(acking, relay, timeout=0.3)
-        assert handed == [[b"acking", *frames]] and answer is None
-    router.hold(1, False)
     relay.answer_leases(b"instance-1", 0)                 # Python answers lease pings again
     acking.send_multipart(lease_ping)
     handed, answer = _answer(acking, relay, timeout=0.3)
@@ -442,7 +549,7 @@ def test_wait_routes_in_c_and_returns_only_for_python(setup):
     """wait() is the broker's poll: it routes and sends known sessions'
     PUBs itself, and returns when a message is Python's (receive() gives
     it first), when another socket or descriptor is readable, when
-    batches wait for Python, or at its timeout."""
+    events wait for Python, or at its timeout."""
     r, trie, router, relay, peer = setup
     pub, sub = peer(b"pub"), peer(b"sub")
     for link in (1, 2, 3):
@@ -482,15 +589,13 @@ def test_wait_routes_in_c_and_returns_only_for_python(setup):
         os.close(rfd)
         os.close(wfd)
 
-    # A batch for a link with no session here: wait() returns, flush() has it.
+    # A batch for a link the relay cannot send to (leaving): dropped, nothing for Python.
     trie.add(b"up", 3)
     pub.send_multipart([P.PUB, bytes(fastbus.encode([(b"up", b"y")]))])
-    got, t0 = None, time.monotonic()
-    while got != [] or not relay.batches_in == 201:
-        got = relay.wait([], 5000)
+    t0 = time.monotonic()
+    while relay.batches_in < 201:
+        assert relay.wait([], 5000, True) == []
         assert time.monotonic() - t0 < 5
-    (link, b, count), = relay.flush()
-    assert (link, count) == (3, 1) and fastbus.decode(bytes(b)) == [(b"up", b"y")]
 
     # once=True: back after the first turn that routed anything.
     pub.send_multipart([P.PUB, batch])

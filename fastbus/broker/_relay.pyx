@@ -21,15 +21,21 @@ the lease (``answer_leases``), recording the grant (``lease_end``), as
 Python would: a hundred publishers no longer cost the broker's thread two
 thousand turns of Python a second, nor ten thousand idle clients ten
 thousand.
-Everything else (HELLO, SUB, an ACK, a PUB from an unknown peer, a
-batch the decoder refuses) is handed back to Python as a list of frames, and so is
-every batch the relay does not send itself: to a link that is neither a
-session on this socket nor the upstream broker (whose DEALER socket,
-``set_upstream``, takes ``[PUB, batch]``), such as the XPUB socket's; to one the router holds
-(Python queues for it: its socket was full, or it owes it a loss notice),
-and any send that fails (EAGAIN, EHOSTUNREACH).  So the Python
-broker keeps every policy (queues, slow consumers, flow control, errors);
-the relay only takes the common path.
+
+Every message the broker sends goes out here: each link's batches, as its
+kind carries them (``[routing id, DATA, seq, batch]`` to a session,
+``[PUB, batch]`` on the upstream broker's DEALER socket, ``set_upstream``,
+one ``[channel, payload]`` per record on the XPUB socket, ``set_xpub``),
+and the control messages Python builds (``send``).  What a full pipe will
+not take waits in the link's queue here (_linkq.pxi), retried as the
+socket reports room, under the slow-consumer policy (``set_policy``): a
+queue past ``max_queue_bytes`` loses its oldest data, reported with GAP,
+or its session is disconnected; past ``flow_bytes`` it holds publishers
+back.  Python decides only what needs it, told by ``events()``: removing a
+disconnected or vanished peer, pausing and resuming publishers (FLOW),
+building the WANT reset that a queue's mark stands for.  Every other
+message read (HELLO, SUB, an ACK, a PUB from an unknown peer, a batch the
+decoder refuses) is handed back to Python as a list of frames.
 
 It calls libzmq directly, through the functions of the libzmq that pyzmq
 loaded (``fastbus.broker._libzmq`` finds them; a socket handle is only
@@ -40,15 +46,16 @@ thread uses a Relay, as it does the socket.
 
 from libc.errno cimport EAGAIN, EHOSTUNREACH, EINTR
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t, UINT32_MAX
-from libc.stdlib cimport calloc, free, realloc
-from libc.string cimport memcmp, memcpy, memset
+from libc.stdlib cimport calloc, free, malloc, realloc
+from libc.string cimport memcmp, memcpy, memset, strlen
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 
-from fastbus._core cimport Batch, Router
-from fastbus.includes.fb_batch cimport fb_batch_header
+from fastbus._core cimport Router
+from fastbus.includes.fb_batch cimport fb_batch_decode, fb_batch_header, fb_record
 from fastbus.includes.fb_common cimport fb_free, fb_now_ns
 from fastbus.includes.fb_lock cimport fb_lock, fb_lock_try, fb_lock_release, fb_lock_wait
-from fastbus.includes.fb_router cimport (fb_router_deadline, fb_router_due, fb_router_full, fb_router_get_stats, fb_router_held,
+from fastbus.includes.fb_router cimport (fb_router_deadline, fb_router_due, fb_router_full, fb_router_get_stats, fb_router_hold,
+                                         fb_router_pending,
                                          fb_router_route, fb_router_stats, fb_router_take)
 
 import zmq
@@ -58,20 +65,48 @@ include "_zmq_calls.pxi"
 cdef enum:
     DONTWAIT = 1                 # ZMQ_DONTWAIT
     SNDMORE = 2                  # ZMQ_SNDMORE
+    ZMQ_FD = 14                  # getsockopt: the descriptor that signals a socket's pending commands
+    ZMQ_EVENTS = 15              # getsockopt: takes those commands in (a full pipe's "room again")
     MAX_PARTS = 8                # frames read of one message; more is a protocol error (Python's)
+    MAX_SEND_FRAMES = 8          # frames of a control message Python sends (send())
     LINKS_PER_CALL = 4096
     COPY_MAX = 8192              # batches up to this size are copied; larger ones handed to libzmq
     IDENT_MAX = 255              # ZeroMQ routing ids are 1..255 bytes
     INSTANCE_MAX = 64            # the broker instance id a PONG carries (protocol.new_instance_id: 16)
     POLLIN = 1                   # ZMQ_POLLIN
     MAX_WAITED = 64              # sockets and descriptors wait() watches besides the ROUTER
+    BLOCKED_SOCKETS = 3          # ... and the descriptors of the sockets that links wait on (ROUTER, upstream, XPUB)
+    BACKSTOP_MS = 1              # while links wait, queues are retried at least this often
     # What wait() found (bits of _run's result).
     FOUND_MESSAGE = 1            # a message for Python (receive() returns it first)
-    FOUND_LEFTOVERS = 2          # batches for Python to send (flush())
+    FOUND_EVENTS = 2             # events for Python (events())
     FOUND_OTHERS = 4             # another socket or descriptor is readable
     FOUND_ACTIVITY = 8           # a message was routed (wait(once=True) returns)
     FOUND_ERROR = 16             # zmq_poll failed (EINTR: a signal for Python; else wait() raises)
 
+# What the data plane tells Python (events()): (kind, link, value).
+cpdef enum:
+    EVENT_WANT = 1               # a WANT reset mark reached the head of the link's queue: fill_want()
+    EVENT_FLOW = 2               # links holding publishers back came or went: pause or resume (link: 0)
+    EVENT_SLOW = 3               # a slow consumer, disconnected (value: 0 too slow, 1 not reading control)
+    EVENT_GONE = 4               # a send found the peer gone (EHOSTUNREACH): remove it
+    EVENT_OVERFLOW = 5           # a link without a session reads not even its control messages
+
+# What send() did with a message.
+cpdef enum:
+    SENT = 0                     # handed to the socket
+    QUEUED = 1                   # queued behind what waits for the link (or for its socket's room)
+    COLLAPSED = 2                # a WANT or FLOW the queue's mark stands for
+    DROPPED = 3                  # a link the relay cannot send to (gone, unknown)
+    GONE = 4                     # the peer is gone (EHOSTUNREACH): remove it
+    DISCONNECTED = 5             # a slow consumer, disconnected: remove it (an EVENT_SLOW says why)
+
+#: Why a slow consumer was disconnected (EVENT_SLOW's value), as the KICK says.
+SLOW_REASONS = ("slow consumer", "slow consumer (not reading its control messages)")
+cdef const char *_KICK_SLOW = b'{"reason":"slow consumer"}'
+cdef const char *_KICK_CONTROL = b'{"reason":"slow consumer (not reading its control messages)"}'
+
+include "_linkq.pxi"
 
 cdef void _free_batch(void *data, void *hint) noexcept nogil:
     # Called by libzmq (its I/O thread) when it is done with a batch.
@@ -91,24 +126,35 @@ cdef inline void _lock(fb_lock *l) noexcept nogil:
 
 cdef struct slot:
     uint8_t session               # a session on this socket: the relay sends its batches
-    uint8_t deferred              # a send to it failed this turn: the rest waits for Python too
     uint8_t acks                  # it said "ack" in HELLO: it filters under our lease, asked for by lease pings
+    uint8_t gone                  # disconnected or unreachable: nothing more goes to it (Python removes it)
+    uint8_t blocked               # in the relay's list of links with a queue or an unreported loss
+    uint8_t holding               # its queue is over flow_bytes: publishers are asked to pause for it
+    uint8_t exempt                # held publishers back too long (Python's check): no longer does
+    uint8_t asked                 # Python was asked for the WANT reset its queue's mark stands for
+    uint8_t overflowed            # reported: not even its control messages are read (not a session)
     uint8_t idlen
     uint8_t ident[IDENT_MAX]
     uint8_t seq[8]                # the DATA frame's seq, little-endian
     # The link's traffic, per batch (never per message): batches routed
-    # from it and sent to it, by the relay itself or by Python (count_in,
-    # count_out), for any kind of link: the broker's one set of books.
+    # from it (by the relay, or by Python: count_in) and sent to it, for
+    # any kind of link: the broker's one set of books.
     uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out
     uint64_t lease_end_ns         # the latest end of a lease granted it, here or by grant() (fb_now_ns's clock)
+    uint64_t last_sent_ns         # when a message last went to its socket
+    linkq q                       # what waits for its socket (_linkq.pxi)
 
 
-cdef struct pend:
-    # A batch the relay leaves for Python to send (flush()).
+cdef struct event:
+    uint32_t kind
     uint32_t link
-    uint32_t count
-    unsigned char *buf
-    size_t len
+    uint32_t value
+
+
+cdef inline void _put_u64(uint8_t *p, uint64_t v) noexcept nogil:
+    cdef int i
+    for i in range(8):
+        p[i] = <uint8_t>(v >> (8 * i))
 
 
 cdef inline uint32_t _hash(const uint8_t *p, size_t n) noexcept nogil:
@@ -126,12 +172,16 @@ cdef class Relay:
     known sessions' PUBs in C until something is Python's.
     ``receive(budget)`` reads, routes and sends until a message is not a
     known session's PUB, and returns that one; ``flush()`` sends every due
-    batch and returns ``(link, batch, records)`` for those Python must
-    send.  Counters of the broker's traffic, the relay's and what Python
-    reports (``count_in``, ``count_out``): ``batches_in``, ``messages_in``,
-    ``bytes_in`` (routed from a link), ``batches_out``, ``messages_out``,
-    ``bytes_out`` (sent), per link in ``link_counters()``; ``dropped``
-    (records of batches lost for want of memory to keep them)."""
+    batch.  ``send(link, frames)`` sends Python's control messages, behind
+    what waits for the link.  What a socket will not take waits in the
+    link's queue here, under the slow-consumer policy (``set_policy``);
+    what Python must act on comes from ``events()``.  Counters of the
+    broker's traffic, the relay's and what Python routed itself
+    (``count_in``): ``batches_in``, ``messages_in``, ``bytes_in`` (routed
+    from a link), ``batches_out``, ``messages_out``, ``bytes_out`` (sent),
+    per link in ``link_counters()``; ``dropped`` (records lost for want of
+    memory), ``dropped_slow`` (records dropped from slow consumers'
+    queues), ``gap_notices``, ``control_collapsed``."""
 
     cdef Router router
     cdef object pysock            # keeps the socket (and its handle) alive
@@ -140,8 +190,6 @@ cdef class Relay:
     cdef uint32_t nslots
     cdef uint32_t *table          # open addressing: link + 1, 0 empty, UINT32_MAX a tombstone
     cdef uint32_t tcap, tused
-    cdef pend *_pend              # batches left for Python (flush())
-    cdef size_t _npend, _pcap, _pend_bytes
     cdef fbz_msg _parts[MAX_PARTS]  # a message read for Python, until taken
     cdef int _nparts
     cdef int _rc                  # of that message, if a PUB: the router's status
@@ -156,16 +204,28 @@ cdef class Relay:
     cdef fbz_msg _up[MAX_PARTS]   # a message from upstream read for Python, until taken
     cdef int _nup
     cdef int _uprc                # of that message, if a DATA: the router's status
+    cdef uint32_t _xplink         # the plain-ZeroMQ XPUB link (UINT32_MAX: none)
+    cdef void *_xpsock            # ... and its XPUB socket (XPUB_NODROP: a message per record)
+    cdef object _xppysock
+    cdef int _fds[BLOCKED_SOCKETS]  # ZMQ_FD of the ROUTER, upstream and XPUB sockets (-1: none)
+    cdef uint32_t *_blocked       # links with a queue or an unreported loss (slot.blocked), nslots room
+    cdef uint32_t _nblocked
+    cdef event *_events           # for Python (events()); room for 3 a link and one more
+    cdef uint32_t _nevents
+    cdef bint _flow_asked         # an EVENT_FLOW waits in _events
+    cdef uint32_t _nholding       # links over flow_bytes, not exempt
+    cdef size_t _max_queue, _flow_bytes
+    cdef bint _disconnect         # the slow-consumer policy: disconnect (else drop the oldest data)
     cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out, dropped
+    cdef public uint64_t dropped_slow, gap_notices, control_collapsed
     #: PINGs the relay answered itself (control messages Python did not
     #: see), and how many of them were lease pings it granted a lease.
     cdef public uint64_t pings_answered, leases_granted
+    #: Publishers are asked to pause (Python's set_flow): a FLOW mark sends this state.
+    cdef public bint paused
     cdef uint64_t _lease_ns       # the lease a PONG grants (0: Python answers lease pings)
     cdef uint8_t _instance[INSTANCE_MAX]
     cdef size_t _instlen
-    #: Reading stops once the batches left for Python hold this many bytes
-    #: (see receive).
-    cdef public size_t leftover_limit
     #: wait() reads at most this many messages before polling again.
     cdef public int budget
 
@@ -179,33 +239,51 @@ cdef class Relay:
         self.table = <uint32_t *>calloc(self.tcap, sizeof(uint32_t))
         if self.table is NULL:
             raise MemoryError()
-        self.leftover_limit = 4 << 20
         self.budget = 256
         self._uplink = UINT32_MAX
+        self._xplink = UINT32_MAX
+        self._fds[0] = sock.getsockopt(zmq.FD)
+        self._fds[1] = -1
+        self._fds[2] = -1
+        self._max_queue = 64 << 20
+        self._grow_slots(0)
 
     def __dealloc__(self):
-        cdef size_t k
+        cdef uint32_t k
         cdef int i
-        for k in range(self._npend):
-            fb_free(self._pend[k].buf)
         for i in range(self._nparts):
             Z.msg_close(&self._parts[i])
         for i in range(self._nup):
             Z.msg_close(&self._up[i])
-        free(self._pend)
+        for k in range(self.nslots):
+            _q_clear(&self.slots[k].q)
         free(self.slots)
         free(self.table)
+        free(self._blocked)
+        free(self._events)
 
     # -- sessions ----------------------------------------------------------------
 
     cdef int _grow_slots(self, uint32_t link) except -1:
+        """Slots up to ``link``, and room for the blocked list and the
+        events of that many links (so adding to them never fails)."""
         cdef uint32_t n
         cdef slot *p
+        cdef uint32_t *b
+        cdef event *e
         if link < self.nslots:
             return 0
         n = self.nslots * 2 if self.nslots else 64
         while n <= link:
             n *= 2
+        b = <uint32_t *>realloc(self._blocked, n * sizeof(uint32_t))
+        if b is NULL:
+            raise MemoryError()
+        self._blocked = b
+        e = <event *>realloc(self._events, (3 * n + 1) * sizeof(event))
+        if e is NULL:
+            raise MemoryError()
+        self._events = e
         p = <slot *>realloc(self.slots, n * sizeof(slot))
         if p is NULL:
             raise MemoryError()
@@ -292,6 +370,7 @@ cdef class Relay:
             self.slots[other].session = 0
         if (self.tused + 1) * 2 > self.tcap:
             self._rehash()
+        self._reset_queue(link)
         cdef slot *s = &self.slots[link]
         memset(s, 0, sizeof(slot))
         s.session = 1
@@ -356,10 +435,36 @@ cdef class Relay:
         self._uplink = link
         self._uppysock = sock
         self._upsock = <void *><uintptr_t>sock.underlying
+        self._fds[1] = sock.getsockopt(zmq.FD)
+
+    def set_xpub(self, uint32_t link, sock not None) -> None:
+        """The plain-ZeroMQ XPUB link and its socket (XPUB_NODROP): the
+        relay sends it one ``[channel, payload]`` message per record (XPUB
+        filters per subscriber), queueing the rest of a batch its socket
+        refuses."""
+        if link >= UINT32_MAX - 1:
+            raise ValueError("link id out of range")
+        self._grow_slots(link)
+        self._xplink = link
+        self._xppysock = sock
+        self._xpsock = <void *><uintptr_t>sock.underlying
+        self._fds[2] = sock.getsockopt(zmq.FD)
+
+    def set_policy(self, size_t max_queue_bytes, size_t flow_bytes, bint disconnect) -> None:
+        """The slow-consumer policy (fastbus/broker/sending.py): a link's
+        queue holds at most ``max_queue_bytes`` (past it: drop its oldest
+        data batches, reported with GAP, or with ``disconnect`` end a
+        session); past ``flow_bytes`` (0: never) it holds publishers back
+        (EVENT_FLOW) until it is down to a quarter of that."""
+        if max_queue_bytes < 1:
+            raise ValueError("max_queue_bytes must be positive")
+        self._max_queue = max_queue_bytes
+        self._flow_bytes = flow_bytes
+        self._disconnect = disconnect
 
     def remove_link(self, uint32_t link) -> None:
-        """The link left: its slot (session, lease, traffic) is cleared for
-        the next link given its id."""
+        """The link left: its slot (session, lease, traffic, queue) is
+        cleared for the next link given its id."""
         cdef int i
         if link == self._uplink:
             for i in range(self._nup):
@@ -368,42 +473,61 @@ cdef class Relay:
             self._uplink = UINT32_MAX
             self._upsock = NULL
             self._uppysock = None
+            self._fds[1] = -1
+        if link == self._xplink:
+            self._xplink = UINT32_MAX
+            self._xpsock = NULL
+            self._xppysock = None
+            self._fds[2] = -1
         if link < self.nslots:
+            self._reset_queue(link)
             if self.slots[link].session:
                 self._unlink(link)
             memset(&self.slots[link], 0, sizeof(slot))
+
+    def discard_queue(self, uint32_t link) -> None:
+        """Forget what waits for a link, its unreported loss included (a
+        session that starts over)."""
+        if link < self.nslots:
+            self._reset_queue(link)
+
+    cdef void _reset_queue(self, uint32_t link) noexcept nogil:
+        """Empty a link's queue and forget its events, its flow hold and
+        its place among the blocked (the router no longer holds it)."""
+        cdef slot *s
+        cdef uint32_t i, k = 0
+        if link >= self.nslots:
+            return
+        s = &self.slots[link]
+        _q_clear(&s.q)
+        if s.holding:
+            s.holding = 0
+            self._nholding -= 1
+            self._ask_flow()
+        s.exempt = 0
+        s.asked = 0
+        s.overflowed = 0
+        self._unblock(link)
+        for i in range(self._nevents):
+            if self._events[i].kind == EVENT_FLOW or self._events[i].link != link:
+                self._events[k] = self._events[i]
+                k += 1
+        self._nevents = k
 
     def count_in(self, uint32_t link, uint64_t records, uint64_t nbytes) -> None:
         """Python routed a batch from the link (a batch from upstream it
         read itself, a plain PUB socket's message): counted with the
         relay's."""
-        self._count(link, False, records, nbytes)
-
-    def count_out(self, uint32_t link, uint64_t records, uint64_t nbytes) -> None:
-        """Python sent the link a data batch (one it queued, or to a link
-        the relay does not send to): counted with the relay's."""
-        self._count(link, True, records, nbytes)
-
-    cdef int _count(self, uint32_t link, bint out, uint64_t records, uint64_t nbytes) except -1:
         if link >= UINT32_MAX - 1:
             raise ValueError("link id out of range")
         self._grow_slots(link)
         cdef slot *s = &self.slots[link]
-        if out:
-            self.batches_out += 1
-            self.messages_out += records
-            self.bytes_out += nbytes
-            s.batches_out += 1
-            s.messages_out += records
-            s.bytes_out += nbytes
-        else:
-            self.batches_in += 1
-            self.messages_in += records
-            self.bytes_in += nbytes
-            s.batches_in += 1
-            s.messages_in += records
-            s.bytes_in += nbytes
-        return 0
+        self.batches_in += 1
+        self.messages_in += records
+        self.bytes_in += nbytes
+        s.batches_in += 1
+        s.messages_in += records
+        s.bytes_in += nbytes
 
     def confirm(self, uint32_t link, uint64_t seq) -> None:
         """The seq that the link's DATA frames carry from now on."""
@@ -411,6 +535,472 @@ cdef class Relay:
         if link < self.nslots:
             for i in range(8):
                 self.slots[link].seq[i] = <uint8_t>(seq >> (8 * i))
+
+    # -- queues: what a link's socket would not take yet -----------------------
+
+    def send(self, uint32_t link, list frames not None) -> int:
+        """Send Python's control message (``frames``: bytes, at most
+        MAX_SEND_FRAMES) to a link: at once if nothing waits for it and
+        its socket takes it, else behind what waits, in its queue (a WANT
+        to a session or a FLOW collapses into the queue's mark for its
+        kind).  Returns SENT, QUEUED, COLLAPSED, DROPPED (a link the relay
+        cannot send to: gone, unknown, the XPUB link), GONE (the peer
+        vanished: remove it) or DISCONNECTED (queueing it made the link a
+        slow consumer: remove it; an EVENT_SLOW says why)."""
+        cdef int n = len(frames), i, rc
+        cdef slot *s
+        cdef qentry *e
+        cdef uint8_t cmd
+        cdef bytes f
+        if n < 1 or n > MAX_SEND_FRAMES:
+            raise ValueError(f"a control message has 1 to {MAX_SEND_FRAMES} frames, not {n}")
+        frames = [x if type(x) is bytes else bytes(x) for x in frames]
+        if link >= self.nslots or link == self._xplink or self.slots[link].gone or \
+                not (self.slots[link].session or link == self._uplink):
+            return DROPPED
+        s = &self.slots[link]
+        f = frames[0]
+        cmd = <uint8_t>f[0] if len(f) else 0
+        if s.q.head is NULL and not s.q.lost:
+            rc = self._send_frames(link, frames)
+            if rc == 0:
+                s.last_sent_ns = fb_now_ns()
+                return SENT
+            if rc != EAGAIN:
+                self._lose(link, EVENT_GONE, 0)
+                return GONE
+        if len(f) == 1 and ((cmd == b'W' and s.session) or cmd == b'F'):
+            if _q_collapse(&s.q, cmd, MARK_WANT if cmd == b'W' else MARK_FLOW,
+                           Q_WANT_MARK if cmd == b'W' else Q_FLOW_MARK):
+                self.control_collapsed += 1
+                return self._queued(link, COLLAPSED)
+        e = _qentry_new(n)
+        if e is NULL:
+            raise MemoryError()
+        e.cmd = cmd
+        for i in range(n):
+            f = frames[i]
+            if _qentry_frame(e, i, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f)) < 0:
+                _qentry_free(e)
+                raise MemoryError()
+        _q_push(&s.q, e)
+        return self._queued(link, QUEUED)
+
+    cdef int _send_frames(self, uint32_t link, list frames) except -1:
+        """Send bytes frames to a session or the upstream link: 0, or the
+        errno of the first frame (EAGAIN: the socket's pipe is full; the
+        rest cannot fail once the first went)."""
+        cdef void *sock = self._upsock if link == self._uplink else self.sock
+        cdef int i, n = len(frames), err
+        cdef bytes f
+        if link != self._uplink:
+            if Z.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
+                err = Z.last_error()
+                return err if err != 0 else EAGAIN
+        for i in range(n):
+            f = frames[i]
+            if Z.send(sock, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f),
+                      DONTWAIT | (SNDMORE if i < n - 1 else 0)) < 0 and i == 0 and link == self._uplink:
+                err = Z.last_error()
+                return err if err != 0 else EAGAIN
+        return 0
+
+    cdef int _queued(self, uint32_t link, int status) noexcept nogil:
+        """A link's queue just grew: it is blocked, and over the limit the
+        policy applies.  ``status``, or DISCONNECTED."""
+        self._block(link)
+        if self._enforce(link):
+            return DISCONNECTED
+        return status
+
+    cdef void _enqueue(self, uint32_t link, qentry *e) noexcept nogil:
+        """Queue a data entry (the policy applies)."""
+        cdef slot *s = &self.slots[link]
+        _q_push(&s.q, e)
+        if self._flow_bytes and s.q.bytes > self._flow_bytes and not s.exempt and not s.holding:
+            s.holding = 1
+            self._nholding += 1
+            if not self.paused:
+                self._ask_flow()
+        self._queued(link, QUEUED)
+
+    cdef bint _enforce(self, uint32_t link) noexcept nogil:
+        """The slow-consumer policy, on a queue that just grew: over
+        max_queue_bytes, drop its oldest data (counted; GAP tells the
+        peer) or disconnect it (a session, under "disconnect"); if its
+        control messages alone are over, it reads nothing at all: a
+        session is disconnected whatever the policy, another link
+        reported (EVENT_OVERFLOW: the upstream link is resynced).  True
+        if it was disconnected."""
+        cdef slot *s = &self.slots[link]
+        if s.q.bytes <= self._max_queue:
+            return False
+        if self._disconnect and s.session:
+            self._kick(link, 0)
+            return True
+        self.dropped_slow += _q_drop_data(&s.q, self._max_queue)
+        if s.q.bytes <= self._max_queue:
+            return False
+        if s.session:
+            self._kick(link, 1)
+            return True
+        if not s.overflowed:
+            s.overflowed = 1
+            self._event(EVENT_OVERFLOW, link, 0)
+        return False
+
+    cdef void _kick(self, uint32_t link, uint32_t why) noexcept nogil:
+        """Disconnect a slow consumer: its queue goes, the peer is told
+        (KICK, if its socket takes it) and Python removes it."""
+        cdef slot *s = &self.slots[link]
+        cdef const char *reason = _KICK_SLOW if why == 0 else _KICK_CONTROL
+        self._lose(link, EVENT_SLOW, why)
+        if Z.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) >= 0:
+            Z.send(self.sock, b"X", 1, DONTWAIT | SNDMORE)
+            Z.send(self.sock, reason, strlen(reason), DONTWAIT)
+
+    cdef void _lose(self, uint32_t link, uint32_t kind, uint32_t value) noexcept nogil:
+        """A link the relay sends nothing more to (gone, or disconnected):
+        its queue goes, and Python hears of it (``kind``) to remove it."""
+        if self.slots[link].gone:
+            return
+        self._reset_queue(link)
+        self.slots[link].gone = 1
+        self._event(kind, link, value)
+
+    cdef void _event(self, uint32_t kind, uint32_t link, uint32_t value) noexcept nogil:
+        # _grow_slots keeps room: at most one of each kind a link is pending
+        # (gone or slow once, overflow once, a WANT mark asked once) and one flow.
+        self._events[self._nevents].kind = kind
+        self._events[self._nevents].link = link
+        self._events[self._nevents].value = value
+        self._nevents += 1
+
+    cdef void _ask_flow(self) noexcept nogil:
+        if not self._flow_asked:
+            self._flow_asked = True
+            self._event(EVENT_FLOW, 0, 0)
+
+    cdef void _block(self, uint32_t link) noexcept nogil:
+        """The link has a queue (or a loss to report): the relay retries it
+        when its socket has room, and the router holds its outbox (sent
+        only when full, so what arrives meanwhile makes larger batches)."""
+        if self.slots[link].blocked:
+            return
+        self.slots[link].blocked = 1
+        self._blocked[self._nblocked] = link
+        self._nblocked += 1
+        _lock(&self.router._lock)
+        fb_router_hold(self.router._r, link, 1)
+        fb_lock_release(&self.router._lock)
+
+    cdef void _unblock(self, uint32_t link) noexcept nogil:
+        cdef uint32_t i
+        if not self.slots[link].blocked:
+            return
+        self.slots[link].blocked = 0
+        for i in range(self._nblocked):
+            if self._blocked[i] == link:
+                self._nblocked -= 1
+                self._blocked[i] = self._blocked[self._nblocked]
+                break
+        _lock(&self.router._lock)
+        fb_router_hold(self.router._r, link, 0)       # its next batch goes at the end of a turn
+        fb_lock_release(&self.router._lock)
+
+    cdef void _drain(self, uint64_t now) noexcept nogil:
+        """Retry every blocked link's queue (see _drain_link); once none
+        holds publishers back, Python hears it may resume them."""
+        cdef uint32_t i = 0, n
+        cdef int k
+        # Take in the sockets' commands first: "a full pipe has room again"
+        # arrives as one (libzmq's activate_write), and until it is taken
+        # in the socket still refuses.
+        cdef int events
+        cdef size_t sz
+        cdef void *socks[BLOCKED_SOCKETS]
+        socks[0] = self.sock
+        socks[1] = self._upsock
+        socks[2] = self._xpsock
+        for k in range(BLOCKED_SOCKETS):
+            if socks[k] is not NULL:
+                sz = sizeof(int)
+                Z.getsockopt(socks[k], ZMQ_EVENTS, &events, &sz)
+        while i < self._nblocked:
+            n = self._nblocked
+            self._drain_link(self._blocked[i], now)
+            if self._nblocked == n:
+                i += 1                           # still blocked (else the last took its place)
+        if self.paused and not self._nholding:
+            self._ask_flow()
+
+    cdef void _drain_link(self, uint32_t link, uint64_t now) noexcept nogil:
+        """Send what waits for a link, in order, each loss reported (GAP)
+        before the data that follows it, until its socket refuses; a WANT
+        mark at the head waits for Python to build it (EVENT_WANT)."""
+        cdef slot *s = &self.slots[link]
+        cdef qentry *e
+        cdef int rc
+        cdef uint8_t buf[8]
+        cdef size_t nb
+        cdef uint64_t records
+        while not s.gone:
+            if s.q.lost and (s.q.head is NULL or s.q.head.records):
+                if link == self._xplink:
+                    rc = 0                       # plain SUB sockets have no GAP: the loss is only counted
+                else:
+                    _put_u64(buf, s.q.lost)
+                    rc = self._send_small(link, b"G", buf, 8)
+                if rc == EAGAIN:
+                    break
+                if rc:
+                    self._lose(link, EVENT_GONE, 0)
+                    return
+                if link != self._xplink:
+                    self.gap_notices += 1
+                s.q.lost = 0
+            e = s.q.head
+            if e is NULL:
+                break
+            if e.kind == Q_WANT_MARK:
+                if not s.asked:
+                    s.asked = 1
+                    self._event(EVENT_WANT, link, 0)
+                break
+            if e.kind == Q_FLOW_MARK:
+                rc = self._send_small(link, b"F", b"\x00" if self.paused else b"\x01", 1)
+                if rc == 0:
+                    s.q.marks &= ~MARK_FLOW
+            else:
+                records = e.records
+                nb = Z.msg_size(&e.frames[e.nframes - 1])
+                rc = self._send_entry(link, e)
+                if rc == 0 and records:
+                    self._count_sent(s, records, nb)
+            if rc == EAGAIN:
+                break
+            if rc:
+                self._lose(link, EVENT_GONE, 0)
+                return
+            _q_pop(&s.q)
+            s.last_sent_ns = now
+        if s.gone:
+            return
+        if s.q.bytes <= self._flow_bytes // 4:
+            s.exempt = 0
+            if s.holding:
+                s.holding = 0
+                self._nholding -= 1
+        if s.q.head is NULL and not s.q.lost:
+            self._unblock(link)
+
+    cdef int _send_small(self, uint32_t link, const char *cmd, const void *arg, size_t n) noexcept nogil:
+        """[cmd, arg] to a session or the upstream link: 0 or the errno."""
+        cdef void *sock = self.sock
+        cdef int err
+        if link == self._uplink:
+            sock = self._upsock
+        elif Z.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
+            err = Z.last_error()
+            return err if err != 0 else EAGAIN
+        if Z.send(sock, cmd, 1, DONTWAIT | SNDMORE) < 0:
+            err = Z.last_error()
+            return err if err != 0 else EAGAIN
+        Z.send(sock, arg, n, DONTWAIT)
+        return 0
+
+    cdef int _send_entry(self, uint32_t link, qentry *e) noexcept nogil:
+        """Send a queued entry's frames (they become libzmq's): 0, EAGAIN
+        (nothing went, or for the XPUB link the records that went are
+        counted in e.done), or another errno (the peer is gone)."""
+        cdef void *sock = self.sock
+        cdef int i, err, flags
+        if link == self._xplink:
+            return self._send_records(e)
+        if link == self._uplink:
+            sock = self._upsock
+        elif Z.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
+            err = Z.last_error()
+            return err if err != 0 else EAGAIN
+        for i in range(e.nframes):
+            flags = DONTWAIT | (SNDMORE if i < e.nframes - 1 else 0)
+            if Z.msg_send(&e.frames[i], sock, flags) < 0 and i == 0 and link == self._uplink:
+                err = Z.last_error()
+                return err if err != 0 else EAGAIN
+        return 0
+
+    cdef int _send_records(self, qentry *e) noexcept nogil:
+        """A batch to the XPUB socket, one [channel, payload] message per
+        record from e.done on (XPUB filters per subscriber; XPUB_NODROP
+        refuses a message while a subscriber's pipe is full)."""
+        cdef void *data = Z.msg_data(&e.frames[0])
+        cdef size_t len = Z.msg_size(&e.frames[0])
+        cdef uint32_t count = 0
+        cdef size_t n = 0, i
+        cdef fb_record *recs
+        cdef int err
+        if fb_batch_header(data, len, &count, NULL) < 0 or count == 0:
+            return 0
+        recs = <fb_record *>malloc(count * sizeof(fb_record))
+        if recs is NULL:
+            return EAGAIN                          # tried again later
+        if fb_batch_decode(data, len, NULL, recs, count, &n) < 0:
+            free(recs)
+            return 0                               # never: the router made it
+        for i in range(e.done, n):
+            if Z.send(self._xpsock, recs[i].topic, recs[i].topic_len, DONTWAIT | SNDMORE) < 0:
+                err = Z.last_error()
+                e.done = <uint32_t>i
+                free(recs)
+                return EAGAIN if err == EAGAIN or err == 0 else err
+            Z.send(self._xpsock, recs[i].payload, recs[i].payload_len, DONTWAIT)
+        free(recs)
+        return 0
+
+    cdef qentry *_data_entry(self, uint32_t link, unsigned char *buf, size_t len, uint32_t count) noexcept nogil:
+        """A queue entry for a batch to a link, as its kind carries it:
+        [DATA, seq, batch] (a session), [PUB, batch] (upstream), [batch]
+        (the XPUB link); the batch becomes the entry's (NULL for want of
+        memory: then it is still the caller's)."""
+        cdef qentry *e
+        cdef int nhead = 2 if self.slots[link].session else (1 if link == self._uplink else 0)
+        e = _qentry_new(nhead + 1)
+        if e is NULL:
+            return NULL
+        if nhead == 2:
+            if _qentry_frame(e, 0, b"D", 1) < 0 or _qentry_frame(e, 1, self.slots[link].seq, 8) < 0:
+                _qentry_free(e)
+                return NULL
+        elif nhead == 1 and _qentry_frame(e, 0, b"P", 1) < 0:
+            _qentry_free(e)
+            return NULL
+        Z.msg_close(&e.frames[nhead])
+        Z.msg_init_data(&e.frames[nhead], buf, len, _free_batch, NULL)
+        e.size += len
+        e.records = count if count else 1
+        return e
+
+    def fill_want(self, uint32_t link, list frames not None) -> None:
+        """The WANT reset that the mark at the head of a link's queue
+        stands for (EVENT_WANT), built by Python now: it takes the mark's
+        place, and goes when the socket has room.  Ignored if the mark is
+        gone (the link left or started over)."""
+        cdef slot *s
+        cdef qentry *e
+        cdef qentry *m
+        cdef int i, n = len(frames)
+        cdef bytes f
+        if link >= self.nslots or n < 1 or n > MAX_SEND_FRAMES:
+            return
+        s = &self.slots[link]
+        m = s.q.head
+        if m is NULL or m.kind != Q_WANT_MARK:
+            return
+        frames = [x if type(x) is bytes else bytes(x) for x in frames]
+        e = _qentry_new(n)
+        if e is NULL:
+            raise MemoryError()
+        e.cmd = b'W'
+        for i in range(n):
+            f = frames[i]
+            if _qentry_frame(e, i, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f)) < 0:
+                _qentry_free(e)
+                raise MemoryError()
+        e.next = m.next
+        s.q.head = e
+        if s.q.tail is m:
+            s.q.tail = e
+        s.q.bytes += e.size - m.size
+        free(m)                                  # a mark has no frames
+        s.q.marks &= ~MARK_WANT
+        s.asked = 0
+        self._drain_link(link, fb_now_ns())
+        self._enforce(link)
+
+    def events(self) -> list:
+        """What Python must act on, oldest first: ``(kind, link, value)``
+        (EVENT_*: see the module's constants)."""
+        cdef uint32_t i
+        out = [(self._events[i].kind, self._events[i].link, self._events[i].value) for i in range(self._nevents)]
+        self._nevents = 0
+        self._flow_asked = False
+        return out
+
+    @property
+    def holding(self) -> int:
+        """How many links' queues hold publishers back (over flow_bytes)."""
+        return self._nholding
+
+    @property
+    def blocked(self) -> int:
+        """How many links have a queue or a loss to report."""
+        return self._nblocked
+
+    def held_back(self) -> list:
+        """The links holding publishers back: ``(link, last sent
+        (time.monotonic() s), queued bytes)``."""
+        cdef uint32_t i, link
+        out = []
+        for i in range(self._nblocked):
+            link = self._blocked[i]
+            if self.slots[link].holding:
+                out.append((link, self.slots[link].last_sent_ns / 1e9, self.slots[link].q.bytes))
+        return out
+
+    def exempt(self, uint32_t link) -> None:
+        """The link no longer holds publishers back (it took nothing for
+        too long while they waited), until its queue drains."""
+        if link < self.nslots and self.slots[link].holding:
+            self.slots[link].holding = 0
+            self.slots[link].exempt = 1
+            self._nholding -= 1
+
+    def queue_state(self, uint32_t link) -> tuple:
+        """``(queued bytes, blocked, holding publishers back, exempt, lost
+        and not yet reported, last sent (time.monotonic() s))``."""
+        cdef slot *s
+        if link >= self.nslots:
+            return (0, False, False, False, 0, 0.0)
+        s = &self.slots[link]
+        return (s.q.bytes, bool(s.blocked), bool(s.holding), bool(s.exempt), s.q.lost, s.last_sent_ns / 1e9)
+
+    @property
+    def queued_bytes(self) -> int:
+        """What every link's queue holds."""
+        cdef uint32_t i
+        cdef size_t total = 0
+        for i in range(self._nblocked):
+            total += self.slots[self._blocked[i]].q.bytes
+        return total
+
+    def flush_link(self, uint32_t link) -> None:
+        """Send (or queue) the batch a link's outbox holds, due or not."""
+        with nogil:
+            self._send_links(&link, 1, fb_now_ns())
+
+    def flush_links(self, list links not None) -> None:
+        """flush_link for each (outboxes a batch Python routed filled)."""
+        cdef uint32_t link
+        for x in links:
+            link = x
+            with nogil:
+                self._send_links(&link, 1, fb_now_ns())
+
+    def flush_all(self) -> None:
+        """On stop: every outbox's batch, due or not, and one more try of
+        the queues."""
+        cdef size_t n
+        cdef int rounds = 0
+        with nogil:
+            while rounds < 64:
+                _lock(&self.router._lock)
+                n = fb_router_pending(self.router._r, self._links, LINKS_PER_CALL)
+                fb_lock_release(&self.router._lock)
+                if not n:
+                    break
+                self._send_links(self._links, n, fb_now_ns())
+                rounds += 1
+            self._drain(fb_now_ns())
 
     # -- the data plane ---------------------------------------------------------
 
@@ -424,12 +1014,13 @@ cdef class Relay:
         (ints) the loop watches.  Returns their indices that are readable,
         and -1 first when the ROUTER socket holds a message for Python
         (``receive()`` returns it first).  It also returns, with an empty
-        list, once batches wait for Python to send (``flush()``), when
+        list, once events wait for Python (``events()``), when
         ``timeout_ms`` has passed, on a signal, and with ``once`` after
         the first turn that routed anything (for a loop that has per-turn
-        work: blocked links, a flow pause).  A terminated context raises
-        zmq.ContextTerminated, as pyzmq's poll does."""
-        cdef fbz_pollitem items[MAX_WAITED + 1]
+        work: a flow pause).  Meanwhile it retries the queues of links
+        whose sockets were full, as they take more.  A terminated context
+        raises zmq.ContextTerminated, as pyzmq's poll does."""
+        cdef fbz_pollitem items[MAX_WAITED + 1 + BLOCKED_SOCKETS]
         cdef int n = len(others), i, found
         cdef uint64_t deadline
         if n > MAX_WAITED:
@@ -476,11 +1067,18 @@ cdef class Relay:
 
     cdef int _run(self, fbz_pollitem *items, int n, uint64_t deadline, bint once) noexcept nogil:
         """wait()'s loop (see there): poll, read and route what the ROUTER
-        has, send what is due, until something is Python's."""
+        has, send what is due, retry blocked links' queues, until
+        something is Python's.  ``items`` has room for BLOCKED_SOCKETS
+        more: while links are blocked, the descriptors that signal their
+        sockets' commands (libzmq says "a full pipe has room" with one)."""
         cdef uint64_t now, due
         cdef long ms
-        cdef int rc, i, got, found
+        cdef int rc, i, got, found, nitems, k
         while True:
+            if self._nblocked:
+                self._drain(fb_now_ns())
+            if self._nevents:
+                return FOUND_EVENTS
             now = fb_now_ns()
             _lock(&self.router._lock)
             due = fb_router_deadline(self.router._r)          # a lingering batch (0: none)
@@ -488,7 +1086,18 @@ cdef class Relay:
             if due > deadline:
                 due = deadline
             ms = 0 if due <= now else <long>((due - now + 999999u) // 1000000u)
-            rc = Z.poll(items, n, ms)
+            nitems = n
+            if self._nblocked:
+                if ms > BACKSTOP_MS:
+                    ms = BACKSTOP_MS
+                for k in range(BLOCKED_SOCKETS):
+                    if self._fds[k] >= 0:
+                        items[nitems].socket = NULL
+                        items[nitems].fd = self._fds[k]
+                        items[nitems].events = POLLIN
+                        items[nitems].revents = 0
+                        nitems += 1
+            rc = Z.poll(items, nitems, ms)
             if rc < 0:
                 self._errno = Z.last_error()
                 return FOUND_ERROR
@@ -507,8 +1116,8 @@ cdef class Relay:
             if items[0].revents & POLLIN:
                 got += self._read(self.budget, &found)
             self._send_due(fb_now_ns())
-            if self._npend:
-                found |= FOUND_LEFTOVERS
+            if self._nevents:
+                found |= FOUND_EVENTS
             if found:
                 return found
             if once and got:
@@ -518,10 +1127,10 @@ cdef class Relay:
 
     cdef int _read(self, int budget, int *found) noexcept nogil:
         """Read and route up to ``budget`` messages until one is Python's
-        (kept in self._parts: FOUND_MESSAGE) or the batches left for
-        Python reach leftover_limit; the number read."""
+        (kept in self._parts: FOUND_MESSAGE) or events wait for Python (a
+        flow pause goes out before more is read); the number read."""
         cdef int got = 0, n, i
-        while got < budget and self._pend_bytes < self.leftover_limit:
+        while got < budget and not self._nevents:
             n = self._recv(self._parts)
             if n == 0:
                 break
@@ -606,7 +1215,7 @@ cdef class Relay:
         Python (self._up), and stop there; the number read."""
         cdef int got = 0, n, rc, i
         cdef uint64_t over
-        while got < budget and not self._nup and self._pend_bytes < self.leftover_limit:
+        while got < budget and not self._nup and not self._nevents:
             n = self._recv_on(self._upsock, self._up)
             if n == 0:
                 break
@@ -649,54 +1258,70 @@ cdef class Relay:
         µs for a lease ping (the grant recorded, as Python would:
         fastbus.broker.sessions), and return True.  The PONG goes behind
         the DATA routed to the session before the PING (its outbox is sent
-        first), as Python's would.  False (Python answers) where it must
-        wait behind what Python queues for the link (it is held, or a
-        send to it failed this turn), for an unknown peer, a lease ping
-        from a peer without "ack" or before Python said the lease, and
-        when the socket refuses the PONG."""
+        first) and behind what waits in its queue (WANT included: the
+        lease is on the view those give it).  False (Python answers) for
+        an unknown peer, a lease ping from a peer without "ack" or before
+        Python said the lease, and for want of memory."""
         cdef uint32_t link
-        cdef int held
         cdef uint64_t now
         cdef uint8_t lease[8]
-        cdef uint64_t us = self._lease_ns // 1000u
-        cdef int i
         cdef bint lease_ping = n == 4
+        cdef slot *s
+        cdef qentry *e
+        cdef int err
         if not self._instlen:
             return False                       # Python has not said the instance yet
         if lease_ping and (not self._lease_ns or Z.msg_size(&parts[3]) != 5 or
                            memcmp(Z.msg_data(&parts[3]), b"lease", 5) != 0):
             return False
         link = self._find(<const uint8_t *>Z.msg_data(&parts[0]), Z.msg_size(&parts[0]))
-        if link == UINT32_MAX or (lease_ping and not self.slots[link].acks) or self.slots[link].deferred:
+        if link == UINT32_MAX or (lease_ping and not self.slots[link].acks):
             return False
-        _lock(&self.router._lock)
-        held = fb_router_held(self.router._r, link)
-        fb_lock_release(&self.router._lock)
-        if held:
-            return False
+        s = &self.slots[link]
         # What was routed to it before this PING goes first.
         self._send_links(&link, 1, fb_now_ns())
-        if self.slots[link].deferred:
-            return False                       # that batch is Python's now: so is the PONG behind it
+        if s.gone:
+            return True                        # leaving: Python removes it this turn
         # The lease counts from before the PONG leaves (the client counts
         # from before its PING left: both ends err short).
         now = fb_now_ns()
-        if Z.send(self.sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
-            return False                       # a full pipe, a peer gone: Python's
-        Z.send(self.sock, b"q", 1, DONTWAIT | SNDMORE)
-        Z.send(self.sock, Z.msg_data(&parts[2]), Z.msg_size(&parts[2]), DONTWAIT | SNDMORE)
-        self.pings_answered += 1
-        if not lease_ping:
-            Z.send(self.sock, self._instance, self._instlen, DONTWAIT)
-            return True
-        for i in range(8):
-            lease[i] = <uint8_t>(us >> (8 * i))
-        Z.send(self.sock, self._instance, self._instlen, DONTWAIT | SNDMORE)
-        Z.send(self.sock, lease, 8, DONTWAIT)
-        if now + self._lease_ns > self.slots[link].lease_end_ns:
-            self.slots[link].lease_end_ns = now + self._lease_ns
-        self.leases_granted += 1
+        _put_u64(lease, self._lease_ns // 1000u)
+        if s.q.head is NULL and not s.q.lost:
+            if Z.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) >= 0:
+                Z.send(self.sock, b"q", 1, DONTWAIT | SNDMORE)
+                Z.send(self.sock, Z.msg_data(&parts[2]), Z.msg_size(&parts[2]), DONTWAIT | SNDMORE)
+                Z.send(self.sock, self._instance, self._instlen, DONTWAIT | (SNDMORE if lease_ping else 0))
+                if lease_ping:
+                    Z.send(self.sock, lease, 8, DONTWAIT)
+                s.last_sent_ns = now
+                self._answered(s, lease_ping, now)
+                return True
+            err = Z.last_error()
+            if err != EAGAIN and err != 0:
+                self._lose(link, EVENT_GONE, 0)
+                return True
+        # Behind what waits for it.
+        e = _qentry_new(4 if lease_ping else 3)
+        if e is NULL:
+            return False
+        e.cmd = b'q'
+        if _qentry_frame(e, 0, b"q", 1) < 0 or \
+                _qentry_frame(e, 1, Z.msg_data(&parts[2]), Z.msg_size(&parts[2])) < 0 or \
+                _qentry_frame(e, 2, self._instance, self._instlen) < 0 or \
+                (lease_ping and _qentry_frame(e, 3, lease, 8) < 0):
+            _qentry_free(e)
+            return False
+        _q_push(&s.q, e)
+        self._answered(s, lease_ping, now)
+        self._queued(link, QUEUED)
         return True
+
+    cdef void _answered(self, slot *s, bint lease_ping, uint64_t now) noexcept nogil:
+        self.pings_answered += 1
+        if lease_ping:
+            if now + self._lease_ns > s.lease_end_ns:
+                s.lease_end_ns = now + self._lease_ns
+            self.leases_granted += 1
 
     cdef tuple _take_parts(self):
         """The message _read kept for Python, as ``(frames, meta)``
@@ -731,13 +1356,9 @@ cdef class Relay:
         the connection's ``{"Peer-Address": ..., "User-Id": ...}``
         (ZeroMQ's message properties; None where unknown), else None.
 
-        Batches the relay cannot send (held links: slow subscribers) wait
-        for ``flush()`` at the end of the turn.  Each read batch can add one
-        per matching link, so a turn of RECV_BUDGET batches fanned out to
-        many slow subscribers would hold hundreds of MB before Python sees
-        them: reading stops at ``leftover_limit`` bytes (the socket stays
-        readable; the next turn goes on), and what the broker holds for
-        slow subscribers stays their queues' limit."""
+        Batches a link's socket will not take wait in its queue (the
+        slow-consumer policy bounds it); reading stops while events wait
+        for Python, so a flow pause goes out before more is read."""
         cdef int got, found = 0
         if self._slow is not None:
             frames, meta = self._slow
@@ -782,28 +1403,10 @@ cdef class Relay:
             n += 1
         return n
 
-    def flush(self) -> list:
-        """Send every batch that is due; return ``(link, batch, records)``
-        for those Python must send (and those that receive() or wait()
-        left), oldest first."""
-        cdef size_t k
-        cdef pend *p
-        cdef Batch b
+    def flush(self) -> None:
+        """Send (or queue) every batch that is due."""
         with nogil:
             self._send_due(fb_now_ns())
-        out = []
-        for k in range(self._npend):
-            p = &self._pend[k]
-            b = Batch.__new__(Batch)
-            b._buf = p.buf
-            b._len = p.len
-            p.buf = NULL
-            out.append((p.link, b, p.count))
-            if p.link < self.nslots:
-                self.slots[p.link].deferred = 0
-        self._npend = 0
-        self._pend_bytes = 0
-        return out
 
     cdef void _send_due(self, uint64_t now) noexcept nogil:
         cdef size_t n
@@ -817,66 +1420,69 @@ cdef class Relay:
                 return
 
     cdef void _send_links(self, uint32_t *links, size_t n, uint64_t now) noexcept nogil:
+        """Take each link's batch from the router and send it, or queue it
+        behind what waits for the link (the queue's policy applies)."""
         cdef size_t k
         cdef uint32_t link, count
         cdef unsigned char *buf
         cdef size_t len
-        cdef int rc, held
+        cdef int rc
+        cdef slot *s
+        cdef qentry *e
         for k in range(n):
             link = links[k]
             buf = NULL
             len = 0
             _lock(&self.router._lock)
-            held = fb_router_held(self.router._r, link)
             rc = fb_router_take(self.router._r, link, now, &buf, &len)
             fb_lock_release(&self.router._lock)
             if rc < 0 or buf is NULL:
                 continue                      # FB_ENOMEM: the batch stays for the next turn
             count = 0
             fb_batch_header(buf, len, &count, NULL)
-            if link < self.nslots and (self.slots[link].session or link == self._uplink) and not held \
-                    and not self.slots[link].deferred:
+            if link >= self.nslots or self.slots[link].gone or \
+                    not (self.slots[link].session or link == self._uplink or link == self._xplink):
+                fb_free(buf)                  # a link that is leaving (Python removes it this turn)
+                continue
+            s = &self.slots[link]
+            if s.q.head is NULL and not s.q.lost and link != self._xplink:
                 if link == self._uplink:
                     rc = self._send_pub(self._upsock, buf, len)
                 else:
-                    rc = self._send_data(&self.slots[link], buf, len)
+                    rc = self._send_data(s, buf, len)
                 if rc == 0:
-                    self.batches_out += 1
-                    self.messages_out += count
-                    self.bytes_out += len
-                    self.slots[link].batches_out += 1
-                    self.slots[link].messages_out += count
-                    self.slots[link].bytes_out += len
+                    self._count_sent(s, count, len)
+                    s.last_sent_ns = now
                     continue
-                # Python sends this one after the turn; a later batch to the
-                # link that the relay sent now (its pipe may have room by
-                # then) would overtake it.
-                self.slots[link].deferred = 1
-            # Python's: another kind of link, a blocked one, a failed send.
-            self._leave(link, buf, len, count)
-
-    cdef void _leave(self, uint32_t link, unsigned char *buf, size_t len, uint32_t count) noexcept nogil:
-        """Keep a batch for Python (flush())."""
-        cdef size_t cap
-        cdef pend *p
-        if self._npend == self._pcap:
-            cap = self._pcap * 2 if self._pcap else 64
-            p = <pend *>realloc(self._pend, cap * sizeof(pend))
-            if p is NULL:
-                # No memory even for the list: the batch is lost, counted
-                # as the router's drops are (unrouted would be wrong).
+                if rc != EAGAIN:
+                    fb_free(buf)
+                    self._lose(link, EVENT_GONE, 0)
+                    continue
+            e = self._data_entry(link, buf, len, count)
+            if e is NULL:
+                # No memory to keep it: lost, and reported as a slow
+                # consumer's loss is (GAP).
                 fb_free(buf)
                 self.dropped += count
-                return
-            self._pend = p
-            self._pcap = cap
-        p = &self._pend[self._npend]
-        p.link = link
-        p.buf = buf
-        p.len = len
-        p.count = count
-        self._npend += 1
-        self._pend_bytes += len
+                s.q.lost += count
+                self._block(link)
+                continue
+            if link == self._xplink and s.q.head is NULL and not s.q.lost:
+                rc = self._send_records(e)
+                if rc == 0:
+                    self._count_sent(s, count, len)
+                    s.last_sent_ns = now
+                    _qentry_free(e)
+                    continue
+            self._enqueue(link, e)
+
+    cdef void _count_sent(self, slot *s, uint64_t records, size_t len) noexcept nogil:
+        self.batches_out += 1
+        self.messages_out += records
+        self.bytes_out += len
+        s.batches_out += 1
+        s.messages_out += records
+        s.bytes_out += len
 
     cdef int _send_data(self, slot *s, unsigned char *buf, size_t len) noexcept nogil:
         """[ident, DATA, seq, batch]: 0 when sent (the batch is then libzmq's

@@ -20,6 +20,7 @@ cdef struct fbz_pollitem:
 
 ctypedef void (*free_fn)(void *data, void *hint) noexcept nogil
 ctypedef int (*f_msg_init)(fbz_msg *msg) noexcept nogil
+ctypedef int (*f_msg_init_size)(fbz_msg *msg, size_t size) noexcept nogil
 ctypedef int (*f_msg_init_data)(fbz_msg *msg, void *data, size_t size, free_fn ffn, void *hint) noexcept nogil
 ctypedef int (*f_msg_close)(fbz_msg *msg) noexcept nogil
 ctypedef int (*f_msg_recv)(fbz_msg *msg, void *s, int flags) noexcept nogil
@@ -31,9 +32,11 @@ ctypedef int (*f_send)(void *s, const void *buf, size_t len, int flags) noexcept
 ctypedef int (*f_errno)() noexcept nogil
 ctypedef const char *(*f_msg_gets)(const fbz_msg *msg, const char *prop) noexcept nogil
 ctypedef int (*f_poll)(fbz_pollitem *items, int nitems, long timeout) noexcept nogil
+ctypedef int (*f_getsockopt)(void *s, int option, void *optval, size_t *optvallen) noexcept nogil
 
 cdef struct zmq_api:
     f_msg_init msg_init
+    f_msg_init_size msg_init_size
     f_msg_init_data msg_init_data
     f_msg_close msg_close
     f_msg_recv msg_recv
@@ -45,11 +48,12 @@ cdef struct zmq_api:
     f_errno last_error
     f_msg_gets msg_gets
     f_poll poll
+    f_getsockopt getsockopt
 
 #: The libzmq functions the relay calls (``bind``'s keys).
-FUNCTIONS = ("zmq_msg_init", "zmq_msg_init_data", "zmq_msg_close", "zmq_msg_recv", "zmq_msg_send",
+FUNCTIONS = ("zmq_msg_init", "zmq_msg_init_size", "zmq_msg_init_data", "zmq_msg_close", "zmq_msg_recv", "zmq_msg_send",
              "zmq_msg_data", "zmq_msg_size", "zmq_msg_more", "zmq_send", "zmq_errno", "zmq_msg_gets",
-             "zmq_poll")
+             "zmq_poll", "zmq_getsockopt")
 
 cdef zmq_api Z
 cdef bint _bound = False
@@ -62,6 +66,7 @@ def bind(dict addresses) -> None:
         if not addresses.get(name):
             raise ValueError(f"no address for {name}")
     Z.msg_init = <f_msg_init><uintptr_t>addresses["zmq_msg_init"]
+    Z.msg_init_size = <f_msg_init_size><uintptr_t>addresses["zmq_msg_init_size"]
     Z.msg_init_data = <f_msg_init_data><uintptr_t>addresses["zmq_msg_init_data"]
     Z.msg_close = <f_msg_close><uintptr_t>addresses["zmq_msg_close"]
     Z.msg_recv = <f_msg_recv><uintptr_t>addresses["zmq_msg_recv"]
@@ -73,6 +78,7 @@ def bind(dict addresses) -> None:
     Z.last_error = <f_errno><uintptr_t>addresses["zmq_errno"]
     Z.msg_gets = <f_msg_gets><uintptr_t>addresses["zmq_msg_gets"]
     Z.poll = <f_poll><uintptr_t>addresses["zmq_poll"]
+    Z.getsockopt = <f_getsockopt><uintptr_t>addresses["zmq_getsockopt"]
     _bound = True
 
 

@@ -42,6 +42,7 @@ class Compat:
                 broker.bind(xs, ep)
             self.xpub = XPubLink(broker.links.new_id(), "zmq-pub", xs)
             broker.add_link(self.xpub)
+            broker.relay.set_xpub(self.xpub.link, xs)      # the data plane sends it a message per record
             broker.handlers[xs] = self.on_xpub
         self._batch = Outbox(max_messages=cfg.max_messages, max_bytes=cfg.max_bytes, max_delay=None)
         self._source = broker.links.new_id()     # the source of messages from plain publishers

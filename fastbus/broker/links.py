@@ -38,32 +38,24 @@ at most the lease (a session), not the upstream's confirmation timeout.
 from __future__ import annotations
 
 import time
-from collections import deque
 
 import zmq
 
 from fastbus import protocol as P
-from fastbus._core import batch_count, decode, encode
-
-_NOBLOCK = zmq.NOBLOCK
-_MORE = zmq.NOBLOCK | zmq.SNDMORE
-_DATA = P.DATA
-_PUB = P.PUB
+from fastbus._core import batch_count
 
 
 class Link:
-    """A neighbour, and the state of what is being sent to it: its queue
-    (batches and control messages its socket would not take yet, see
-    fastbus.broker.sending), messages lost from it and not yet reported."""
+    """A neighbour, and what the broker knows of it.  What is sent to it,
+    and what waits for its socket, is the data plane's (fastbus.broker.sending)."""
 
     role = ""
     limited = False
     is_broker = False
     holds_lease = False
 
-    __slots__ = ("link", "name", "sock", "publisher", "subs", "sub_bytes", "globs", "forwarder", "queue",
-                 "queued_bytes", "lost", "last_sent", "flow_exempt", "address", "since",
-                 "acks", "change_seq", "change_at", "change_acked")
+    __slots__ = ("link", "name", "sock", "publisher", "subs", "sub_bytes", "globs", "forwarder",
+                 "address", "since", "acks", "change_seq", "change_at", "change_acked")
 
     def __init__(self, link: int, name: str, sock: zmq.Socket, publisher: bool = False) -> None:
         self.link = link
@@ -74,11 +66,6 @@ class Link:
         self.sub_bytes = 0                # what they cost (key bytes + SUB_OVERHEAD each)
         self.globs: dict = {}             # glob -> [router's id for it, references, literal prefix]
         self.forwarder = None             # broker links: what we want from them
-        self.queue: deque = deque()       # (frames, records or 0 for control, bytes)
-        self.queued_bytes = 0
-        self.lost = 0                     # data records dropped, not yet reported
-        self.last_sent = 0.0
-        self.flow_exempt = False          # held publishers back too long: no longer does
         self.address: str | None = None   # the peer's address (ZeroMQ Peer-Address), where known
         self.since = time.time()          # connected since (wall clock, for monitoring)
         self.acks = False                 # it acknowledges the changes we send it
@@ -110,28 +97,11 @@ class Link:
         and FLOW pause/resume."""
         return False
 
-    def send(self, frames: list) -> None:
-        """Hand frames to the socket without blocking; raises zmq.Again if
-        it cannot take them now (then ``frames`` may have been changed to
-        what is left to send), other zmq.ZMQError as they come."""
-        raise NotImplementedError
-
-    def data_frames(self, batch) -> list:
-        """The message carrying a batch of records to this link."""
-        raise NotImplementedError
-
-    def probe(self, now: float, interval: float) -> list | None:
-        """What maintenance sends to check the link is alive, or None."""
+    def probe(self, idle: bool) -> list | None:
+        """What maintenance sends to check the link is alive, or None;
+        ``idle``: nothing went to it for a probe interval, nor waits."""
         return None
 
-    def kick_frames(self, reason: str) -> list | None:
-        """The message that ends the link's session, with a reason, if its
-        kind has sessions."""
-        return None
-
-    def describe(self) -> dict:
-        return {"link": self.link, "role": self.role, "name": self.name, "publisher": self.publisher,
-                "subscriptions": self.subs, "queued_bytes": self.queued_bytes}
 
 
 class Session(Link):
@@ -143,41 +113,20 @@ class Session(Link):
     limited = True
     holds_lease = True
 
-    __slots__ = ("ident", "acked_seq", "_seq_frame")
+    __slots__ = ("ident", "acked_seq")
 
     def __init__(self, link: int, ident: bytes, name: str, sock: zmq.Socket, publisher: bool) -> None:
         super().__init__(link, name, sock, publisher)
         self.ident = ident
         self.acked_seq = 0
-        self._seq_frame = P.pack_u64(0)
 
     def confirm(self, seq: int) -> None:
-        """The SUB with this seq is applied: data from now on carries it."""
+        """The SUB with this seq is applied: data from now on carries it
+        (the data plane's Relay.confirm stamps it)."""
         self.acked_seq = seq
-        self._seq_frame = P.pack_u64(seq)
 
-    def send(self, frames: list) -> None:
-        # Frame by frame (send_multipart would first copy the list and
-        # type-check every part).  Only the routing id can fail.  No frame
-        # is copied if large (pyzmq copies those under its copy_threshold):
-        # a batch, or a WANT's ops for many long keys, which every
-        # publishing session is sent from one buffer.
-        send = self.sock.send
-        send(self.ident, _MORE)
-        for f in frames[:-1]:
-            send(f, _MORE, copy=False)
-        send(frames[-1], _NOBLOCK, copy=False)
-
-    def data_frames(self, batch) -> list:
-        return [_DATA, self._seq_frame, batch]
-
-    def probe(self, now: float, interval: float) -> list | None:
-        if now - self.last_sent >= interval and not self.queue:
-            return [P.PING, b""]
-        return None
-
-    def kick_frames(self, reason: str) -> list | None:
-        return [P.KICK, P.dump_json({"reason": reason})]
+    def probe(self, idle: bool) -> list | None:
+        return [P.PING, b""] if idle else None
 
     def want_frames(self, ops) -> list:
         """WANT with a diff of what the peer may let through (a publishing
@@ -230,12 +179,6 @@ class UpstreamLink(Link):
         self.sub_ops = P.MIN_SUB_OPS      # operations per SUB frame (upstream's WELCOME says its limit)
         self.hello_gen = 0                # how many HELLOs we said: pings carry it (fastbus.broker.federation)
 
-    def send(self, frames: list) -> None:
-        self.sock.send_multipart(frames, _NOBLOCK, copy=False)
-
-    def data_frames(self, batch) -> list:
-        return [_PUB, batch]
-
     @property
     def answering(self) -> bool:
         return bool(self.instance)
@@ -243,7 +186,7 @@ class UpstreamLink(Link):
     def want_frames(self, ops) -> list:
         return [P.SUB, P.pack_u64(self._changed()), ops]
 
-    def probe(self, now: float, interval: float) -> list | None:
+    def probe(self, idle: bool) -> list | None:
         # Its PONG tells us whether upstream restarted, or lost our HELLO.
         return [P.PING, self.ping_token(b"probe")]
 
@@ -264,22 +207,6 @@ class XPubLink(Link):
     role = "zmq-pub"
     limited = True                        # a refusal is counted and logged: plain SUB sockets hear nothing
     __slots__ = ()
-
-    def send(self, frames: list) -> None:
-        """One [channel, payload] message per record (XPUB filters per
-        subscriber).  If the socket fills up, frames[0] becomes the unsent
-        rest, for later."""
-        xs = self.sock
-        records = decode(frames[0])
-        for i, (topic, payload) in enumerate(records):
-            try:
-                xs.send_multipart([topic, payload], _NOBLOCK)
-            except zmq.Again:
-                frames[0] = encode(records[i:])
-                raise
-
-    def data_frames(self, batch) -> list:
-        return [batch]
 
 
 def count_in(relay, link: Link, batch) -> None:

@@ -44,14 +44,6 @@ from .settle import Settler
 
 log = logging.getLogger("fastbus.broker")
 
-#: While a link is blocked the loop also wakes when its socket processes a
-#: command (ZMQ_FD), which is how libzmq reports that a full pipe has room
-#: again; this is only a backstop for a wake-up lost to a race (libzmq takes
-#: that command in during any other call on the socket, zmq_poll's first
-#: pass and the C data plane's sends included), and it runs only while some
-#: subscriber's pipe is full, never for a message to an idle one.
-BLOCKED_BACKSTOP = 0.001
-
 #: What the broker holds of what one peer sent and it has not read yet: at
 #: most RECV_HWM messages in ZeroMQ's pipe for that connection (ZeroMQ
 #: counts messages, not bytes; a publisher's batch is at most its
@@ -64,9 +56,6 @@ BLOCKED_BACKSTOP = 0.001
 #: refills the pipe as it empties (measured: throughput unchanged).
 RECV_HWM = 16
 RECV_BUF = 256 * 1024
-#: The C data plane stops reading for the turn once it has routed this
-#: many bytes it could not send (slow subscribers' batches).
-LEFTOVER_LIMIT = 1 << 20
 
 _COUNTERS = ("batches_in", "messages_in", "bytes_in", "batches_out", "messages_out", "bytes_out",
              "peers_joined", "peers_left", "subscribe_ops", "unsubscribe_ops", "control_in",
@@ -205,7 +194,7 @@ class Broker:
         self.router = Router(self.trie, max_messages=cfg.max_messages, max_bytes=cfg.max_bytes,
                              max_delay=cfg.max_delay, max_topic=cfg.max_topic, max_payload=cfg.max_payload)
         self.links = LinkTable()
-        self.sender = Sender(self.router, self.links, cfg, self.counters, self.drops, self.remove_link)
+        self.sender = Sender(self.links, cfg, self.counters, self.drops, self.remove_link)
         self.interest = Interest(self.trie, self.router, self.links, self.sender.send, cfg, self.counters,
                                  self.drops)
         self.sender.want_reset = self.interest.want_reset
@@ -221,14 +210,11 @@ class Broker:
         self._wake = self._ctx.socket(zmq.PAIR)
         self._wake.bind(self._wake_addr)
         self._sock = self._router_socket()
-        # The data plane, in C (_relay.pyx): it polls, routes and sends.
+        # The data plane, in C (_relay.pyx): it polls, routes, sends and
+        # queues for slow links, under the slow-consumer policy.
         self.relay = _relay(self.router, self._sock)
-        # What one turn may route for held (slow) subscribers before
-        # Python sees their queues and sends FLOW pause: part of what
-        # can arrive after the pause threshold (docs/PROTOCOL.md).
-        self.relay.leftover_limit = LEFTOVER_LIMIT
         self.relay.budget = RECV_BUDGET
-        self.sender.relay = self.relay
+        self.sender.attach(self.relay)
         self.sessions = Sessions(self, self._sock)
         self.handlers[self._sock] = self.sessions.on_readable
         self.upstream = Upstream(self) if cfg.upstream else None
@@ -389,8 +375,6 @@ class Broker:
         # sessions' PUBs the relay routes itself): each with its handler.
         self._waited = [self._wake, *(s for s in self.handlers if s is not self._sock)]
         self._on_ready = [self._on_wake, *(h for s, h in self.handlers.items() if s is not self._sock)]
-        self._fixed = len(self._waited)
-        self._watched: dict = {}                   # blocked sockets -> their ZMQ_FD, watched too
         self._ready.set()
         log.info("broker %s listening on %s", self.config.name, ", ".join(self.endpoints))
         on_sessions = self.handlers[self._sock]
@@ -407,19 +391,16 @@ class Broker:
         next_maint = time.monotonic() + probe_interval
         try:
             while not self._stop_requested:
-                # Waits, and routes and sends known sessions' PUBs, in C
-                # without the interpreter lock, until something is ours.
-                # With per-turn work (a blocked link, a flow pause) it
+                # Waits, and routes and sends known sessions' PUBs (and
+                # retries slow links' queues), in C without the interpreter
+                # lock, until something is ours.  During a flow pause it
                 # returns after each turn that routed anything.
-                once = bool(sender.blocked or self._watched or sender.paused)
-                for i in wait(self._waited, self._poll_timeout(next_maint), once):
+                for i in wait(self._waited, self._poll_timeout(next_maint), sender.paused):
                     guarded(on_sessions if i < 0 else self._on_ready[i])
                 # What this turn brought goes out now, one batch per link.
                 guarded(sender.flush_due)
                 if settler.dirty or settler.next_deadline <= time.monotonic():
                     guarded(settler.settle, time.monotonic())      # acknowledged, or waited long enough
-                if sender.blocked or self._watched:
-                    guarded(self._retry_blocked)
                 now = time.monotonic()
                 if upstream is not None and now >= upstream.next_tick:
                     guarded(upstream.tick, now)
@@ -429,7 +410,6 @@ class Broker:
                     guarded(self._maintenance, now)
                     next_maint = now + probe_interval
             self.sender.flush_everything()
-            self.sender.drain()
         finally:
             self._publish_stats()
             if self.monitor is not None:
@@ -448,10 +428,6 @@ class Broker:
         except zmq.Again:
             pass
 
-    def _on_watched(self) -> None:
-        """A blocked link's socket took commands in (its pipe may have room):
-        _retry_blocked runs at the end of the turn."""
-
     def _guarded(self, fn, *args) -> None:
         """Run one step of the loop; an unexpected error (a bug) is logged
         with its traceback and counted, and the broker serves on."""
@@ -463,36 +439,9 @@ class Broker:
             self.drops["internal"] += 1
             log.exception("internal error in %s; the broker continues", getattr(fn, "__name__", fn))
 
-    def _retry_blocked(self) -> None:
-        """Retry the queues of blocked links, and have the next wait return
-        when one of their sockets may take more.
-
-        libzmq tells a socket that a full pipe has room again with a command
-        (activate_write) that makes the socket's ZMQ_FD readable; ZMQ_EVENTS
-        takes the commands in.  So: take them in, retry, and watch that FD
-        until the link is unblocked.  (POLLOUT cannot say it: a ROUTER is
-        writable while any one peer is, an XPUB always.)"""
-        socks = {link.sock for link in self.sender.blocked.values()}
-        for s in socks:
-            s.getsockopt(zmq.EVENTS)
-        self.sender.drain()
-        socks = {link.sock for link in self.sender.blocked.values()}
-        watched = self._watched
-        changed = False
-        for s in [s for s in watched if s not in socks]:
-            del watched[s]
-            changed = True
-        for s in socks:
-            if s not in watched:
-                watched[s] = s.getsockopt(zmq.FD)
-                changed = True
-        if changed:
-            self._waited[self._fixed:] = watched.values()
-            self._on_ready[self._fixed:] = [self._on_watched] * len(watched)
-
     def _poll_timeout(self, next_maint: float) -> int:
-        """Milliseconds until maintenance, the next lingering batch or the
-        blocked-queue backstop; 0 if a batch is due.  None of these is what
+        """Milliseconds until maintenance or the next lingering batch; 0
+        if a batch is due (the relay retries blocked links itself).  None of these is what
         makes a message leave: a readable socket ends the poll, and the
         turn sends what it read.  Only a linger (opt-in) waits, rounded up
         to whole milliseconds (zmq_poll's resolution)."""
@@ -501,8 +450,6 @@ class Broker:
         d = self.router.deadline_ns()              # None unless an outbox waits (linger, held link)
         if d is not None:
             t = min(t, (d - now_ns) / 1e9)
-        if self.sender.blocked:
-            t = min(t, BLOCKED_BACKSTOP)
         # A confirmation that stops waiting for a peer that did not answer
         # (fastbus.broker.settle), and the upstream lease's next renewal.
         t = min(t, self.settler.next_deadline - now_ns / 1e9)
@@ -539,8 +486,10 @@ class Broker:
                     self.upstream.hello()
         # Probe idle peers: a dead one fails (EHOSTUNREACH) and is removed.
         interval = self.config.probe_interval
+        state = self.relay.queue_state
         for link in self.links.snapshot():
-            frames = link.probe(now, interval)
+            queued, _blocked, _holding, _exempt, _lost, last_sent = state(link.link)
+            frames = link.probe(not queued and now - last_sent >= interval)
             if frames is not None and self.links.is_current(link):
                 self.sender.send(link, frames)
         if self.upstream is not None:
@@ -569,11 +518,14 @@ class Broker:
             roles[link.role] = roles.get(link.role, 0) + 1
         counters = dict(self.counters)
         counters["control_in"] += self.relay.pings_answered      # PINGs the data plane answered
+        counters["gap_notices"] += self.relay.gap_notices        # what the data plane's queues did
+        counters["control_collapsed"] += self.relay.control_collapsed
         counters.update(batches_in=rs["batches"], messages_in=rs["records"], bytes_in=rs["bytes"])
-        relay = self.relay                         # the books of what went out (Relay.count_out)
+        relay = self.relay                         # the books of what went out: the data plane's
         counters.update(batches_out=relay.batches_out, messages_out=relay.messages_out, bytes_out=relay.bytes_out)
         drops = dict(self.drops)
         drops["internal"] += relay.dropped
+        drops["slow_consumer"] += relay.dropped_slow
         drops["unrouted"] = rs["unrouted"]
         drops["malformed"] = self.drops["malformed"] + rs["rejected"]
         up = self.upstream
@@ -586,7 +538,7 @@ class Broker:
             "subscriptions": ts["subscriptions"], "keys": ts["keys"],
             "upstream": {"endpoint": self.config.upstream, "connected": up.connected} if up is not None else None,
             **counters, "deliveries": rs["deliveries"], "drops": drops,
-            "queued_bytes": sum(link.queued_bytes for link in self.links.by_id.values()),
+            "queued_bytes": relay.queued_bytes,
             "flow_paused": self.sender.paused,
         }
 
@@ -602,14 +554,13 @@ class Broker:
         loop; links.peer_dicts() makes them JSON.  Traffic is the data
         plane's books (Relay.link_counters)."""
         rc = self.relay.link_counters()
-        blocked = self.sender.blocked
-        holding = self.sender._holding
+        state = self.relay.queue_state
         none = (0, 0, 0, 0, 0, 0)
         rows = []
         for link in self.links.by_id.values():
+            queued, blocked, holding, exempt, lost, _last = state(link.link)
             rows.append((link.link, link.name, link.role, link.address, link.publisher, link.subs,
-                         link.queued_bytes, link.link in blocked, link.link in holding, link.flow_exempt,
-                         link.lost, link.since, *rc.get(link.link, none)))
+                         queued, blocked, holding, exempt, lost, link.since, *rc.get(link.link, none)))
         return rows
 
     def _teardown(self) -> None:
