@@ -126,10 +126,12 @@ def main() -> None:
             ap.error(f"unknown mode {mode!r}")
         results = [one_round(mode, args.tail, args.spin) for _ in range(args.rounds)]
         ms = [r["ms"] for r in results]
-        ok = all(r["in_order"] and r["paused"] for r in results)
+        in_order = all(r["in_order"] for r in results)
+        ok = "yes" if in_order and all(r["paused"] for r in results) else \
+            "NO: a message lost or out of order" if not in_order else "NO: a publisher not paused when it printed"
         msgs = statistics.median(r["messages"] for r in results)
         print(f"| {mode} | {len(ms)} | {min(ms):,.1f} | {statistics.median(ms):,.1f} | {max(ms):,.1f} | "
-              f"{msgs:,.0f} | {'yes' if ok else 'NO'} |", flush=True)
+              f"{msgs:,.0f} | {ok} |", flush=True)
 
 
 if __name__ == "__main__":

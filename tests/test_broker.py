@@ -396,6 +396,40 @@ def test_plain_zeromq_sub_pub_and_push(brokers, client_factory):
         s.close()
 
 
+def test_a_plain_zeromq_sub_that_falls_behind_loses_the_oldest_and_the_rest_in_order(brokers, client_factory):
+    """The XPUB link's queue is the data plane's like any other: while plain
+    SUB sockets read nothing, a record per message waits for them up to
+    --max-queue-bytes, the oldest batches are dropped past it (counted:
+    plain ZeroMQ has no GAP), and what they read afterwards is every
+    message that was kept, in order, none twice."""
+    xpub = f"tcp://127.0.0.1:{free_port()}"
+    b = brokers("--zmq-pub", xpub, "--max-queue-bytes", "200000", "--flow-pause-bytes", "0")
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.linger = 0
+    sub.rcvhwm = 1
+    sub.rcvbuf = 4096
+    sub.connect(xpub)
+    sub.subscribe(b"flood")
+    c = client_factory(b.endpoint)
+    wait_wanted(c, "flood")
+    n = 20_000
+    for i in range(n):
+        c.publish("flood", b"%08d" % i + b"x" * 200)
+    c.flush()
+    wait_for(lambda: b.stats()["drops"]["slow_consumer"] > 0, what="a loss for the plain subscriber")
+    got = []
+    while sub.poll(1000):
+        channel, data = sub.recv_multipart()
+        assert channel == b"flood"
+        got.append(int(data[:8]))
+    sub.close()
+    st = b.stats()
+    assert got == sorted(set(got)), "out of order or twice"
+    assert len(got) + st["drops"]["slow_consumer"] == n, (len(got), st["drops"])
+    assert got[-1] == n - 1                                  # the newest kept, the oldest dropped
+
+
 def test_curve_accepts_allowed_keys_only(brokers, tmp_path, client_factory):
     import zmq.auth
     server_pub, server_sec = (k.decode() for k in zmq.auth.load_certificate(

@@ -309,6 +309,10 @@ def test_a_send_the_socket_refuses_for_good_is_reported(setup):
     assert relay.send(2, [P.PONG, b"t", b"i"]) == relay_mod.DROPPED
     relay.add_session(3, b"gone-too")
     assert relay.send(3, [P.PONG, b"t", b"i"]) == relay_mod.GONE
+    # A reply outside any session's queue (an unknown peer, a refused HELLO).
+    assert relay.reply(b"nobody", [P.KICK, b"{}"]) is False
+    assert relay.reply(b"pub", [P.KICK, b'{"reason":"hello required"}']) is True
+    assert pub.poll(5000) and pub.recv_multipart() == [P.KICK, b'{"reason":"hello required"}']
 
 
 def _answer(sock, relay, timeout: float = 5.0):

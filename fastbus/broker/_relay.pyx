@@ -76,7 +76,13 @@ cdef enum:
     POLLIN = 1                   # ZMQ_POLLIN
     MAX_WAITED = 64              # sockets and descriptors wait() watches besides the ROUTER
     BLOCKED_SOCKETS = 3          # ... and the descriptors of the sockets that links wait on (ROUTER, upstream, XPUB)
-    BACKSTOP_MS = 1              # while links wait, queues are retried at least this often
+    # While links wait, the poll also watches their sockets' ZMQ_FD: libzmq
+    # says a full pipe has room again with a command (activate_write) that
+    # makes it readable, and ZMQ_EVENTS takes it in.  A wake-up lost to a
+    # race (libzmq takes commands in during any call on the socket, the
+    # relay's own sends included) costs at most this long: queues are
+    # retried at least this often, only while some link waits.
+    BACKSTOP_MS = 1
     # What wait() found (bits of _run's result).
     FOUND_MESSAGE = 1            # a message for Python (receive() returns it first)
     FOUND_EVENTS = 2             # events for Python (events())
@@ -585,6 +591,24 @@ cdef class Relay:
                 raise MemoryError()
         _q_push(&s.q, e)
         return self._queued(link, QUEUED)
+
+    def reply(self, bytes ident not None, list frames not None) -> bool:
+        """Send ``[ident, *frames]`` (bytes) on the ROUTER socket to a peer
+        that has no session here (an answer to an unknown peer, a refused
+        HELLO, BYE once it is forgotten), or a one-off answer that need not
+        wait behind a session's queue (STATS): at once or not at all
+        (a full pipe, a peer gone).  True if it went."""
+        cdef int i, n = len(frames)
+        cdef bytes f
+        if n < 1 or n > MAX_SEND_FRAMES or not 1 <= len(ident) <= IDENT_MAX:
+            raise ValueError(f"a reply has 1 to {MAX_SEND_FRAMES} frames and a routing id of 1 to {IDENT_MAX} bytes")
+        frames = [x if type(x) is bytes else bytes(x) for x in frames]
+        if Z.send(self.sock, PyBytes_AS_STRING(ident), PyBytes_GET_SIZE(ident), DONTWAIT | SNDMORE) < 0:
+            return False
+        for i in range(n):
+            f = frames[i]
+            Z.send(self.sock, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f), DONTWAIT | (SNDMORE if i < n - 1 else 0))
+        return True
 
     cdef int _send_frames(self, uint32_t link, list frames) except -1:
         """Send bytes frames to a session or the upstream link: 0, or the

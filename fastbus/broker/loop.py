@@ -440,11 +440,11 @@ class Broker:
             log.exception("internal error in %s; the broker continues", getattr(fn, "__name__", fn))
 
     def _poll_timeout(self, next_maint: float) -> int:
-        """Milliseconds until maintenance or the next lingering batch; 0
-        if a batch is due (the relay retries blocked links itself).  None of these is what
-        makes a message leave: a readable socket ends the poll, and the
-        turn sends what it read.  Only a linger (opt-in) waits, rounded up
-        to whole milliseconds (zmq_poll's resolution)."""
+        """Milliseconds until maintenance or the next lingering batch; 0 if
+        a batch is due (the relay retries slow links' queues itself).  None
+        of these is what makes a message leave: a readable socket ends the
+        poll, and the turn sends what it read.  Only a linger (opt-in)
+        waits, rounded up to whole milliseconds (zmq_poll's resolution)."""
         now_ns = time.monotonic_ns()
         t = next_maint - now_ns / 1e9
         d = self.router.deadline_ns()              # None unless an outbox waits (linger, held link)

@@ -259,10 +259,9 @@ class Sessions:
                                                  else "hello required"})])
 
     def _reply(self, ident: bytes, frames: list) -> None:
-        try:
-            self.sock.send_multipart([ident, *frames], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
+        """An answer outside a session's queue, through the data plane (at
+        once, or not at all)."""
+        self.b.relay.reply(ident, frames)
 
     def _protocol_error(self, ident: bytes, exc: Exception) -> None:
         b = self.b
