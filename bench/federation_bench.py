@@ -82,6 +82,36 @@ def publisher(endpoint: str, n: int, rate: float, go, done) -> None:
         done.set()
 
 
+def take(p, n: int, rate: float, end: float) -> tuple[int, list[int]]:
+    """Take up to n messages with get_batch() until ``end`` (monotonic):
+    (how many, their latencies in ns where paced: each carries its send
+    time)."""
+    got = 0
+    lat: list[int] = []
+    while got < n and time.monotonic() < end:
+        batch = p.get_batch(max_messages=10000, timeout=0.2)
+        if rate:
+            t = time.monotonic_ns()
+            lat.extend(t - int.from_bytes(data[:8], "little") for _ch, data in batch)
+        got += len(batch)
+    return got, lat
+
+
+def latency_text(lat: list[int]) -> str:
+    """"; latency p50 / p99 / p99.9 ... µs", or "" when not paced."""
+    if not lat:
+        return ""
+    lat.sort()
+    pct = [lat[min(len(lat) - 1, int(q * len(lat)))] / 1000 for q in (0.5, 0.99, 0.999)]
+    return "; latency p50 / p99 / p99.9 {:,.0f} / {:,.0f} / {:,.0f} µs".format(*pct)
+
+
+def summary(rates: list[float], costs: list[float], whose: str) -> str:
+    return (f"{len(rates)} runs: msg/s min / median / max {min(rates):,.0f} / {statistics.median(rates):,.0f} / "
+            f"{max(rates):,.0f}; {whose} CPU-µs per message {min(costs):.2f} / {statistics.median(costs):.2f} / "
+            f"{max(costs):.2f}")
+
+
 def one_run(n: int, seconds: float, rate: float, down: bool = False) -> tuple[float, float, int, list[int]]:
     """(messages/s delivered, B's CPU µs per message, messages received,
     latencies in ns where paced)."""
@@ -110,15 +140,7 @@ def one_run(n: int, seconds: float, rate: float, down: bool = False) -> tuple[fl
             time.sleep(1.0)                                          # its client connected and filtering
             c0, t0 = cpu_seconds(b.pid), time.monotonic()
             go.set()
-            got = 0
-            lat: list[int] = []
-            end = t0 + seconds
-            while got < n and time.monotonic() < end:
-                batch = p.get_batch(max_messages=10000, timeout=0.2)
-                if rate:
-                    t = time.monotonic_ns()
-                    lat.extend(t - int.from_bytes(data[:8], "little") for _ch, data in batch)
-                got += len(batch)
+            got, lat = take(p, n, rate, t0 + seconds)
             t1, c1 = time.monotonic(), cpu_seconds(b.pid)
             proc.join(timeout=30)
             if proc.is_alive():
@@ -150,15 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         rate, cost, got, lat = one_run(args.messages, args.seconds, args.rate, args.direction == "down")
         rates.append(rate)
         costs.append(cost)
-        line = f"{got:,} of {args.messages:,} delivered: {rate:,.0f} msg/s; downstream broker {cost:.2f} CPU-µs per message"
-        if lat:
-            lat.sort()
-            pct = [lat[min(len(lat) - 1, int(q * len(lat)))] / 1000 for q in (0.5, 0.99, 0.999)]
-            line += "; latency p50 / p99 / p99.9 {:,.0f} / {:,.0f} / {:,.0f} µs".format(*pct)
-        print(line, flush=True)
-    print(f"{args.runs} runs: msg/s min / median / max {min(rates):,.0f} / {statistics.median(rates):,.0f} / "
-          f"{max(rates):,.0f}; downstream broker CPU-µs per message {min(costs):.2f} / "
-          f"{statistics.median(costs):.2f} / {max(costs):.2f}")
+        print(f"{got:,} of {args.messages:,} delivered: {rate:,.0f} msg/s; downstream broker {cost:.2f} CPU-µs "
+              f"per message{latency_text(lat)}", flush=True)
+    print(summary(rates, costs, "downstream broker"))
     return 0
 
 

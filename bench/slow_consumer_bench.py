@@ -23,14 +23,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import statistics
 import sys
 import time
 
 import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from federation_bench import CHANNELS, broker, publisher  # noqa: E402
+from federation_bench import CHANNELS, broker, latency_text, publisher, summary, take  # noqa: E402
 from servers import cpu_seconds, free_port  # noqa: E402
 
 
@@ -81,15 +80,7 @@ def one_run(n: int, seconds: float, rate: float, stuck: int, max_queue: int) -> 
             before = query_stats(endpoint)["drops"]["slow_consumer"]
             c0, t0 = cpu_seconds(b.pid), time.monotonic()
             go.set()
-            got = 0
-            lat: list[int] = []
-            end = t0 + seconds
-            while got < n and time.monotonic() < end:
-                batch = p.get_batch(max_messages=10000, timeout=0.2)
-                if rate:
-                    t = time.monotonic_ns()
-                    lat.extend(t - int.from_bytes(data[:8], "little") for _ch, data in batch)
-                got += len(batch)
+            got, lat = take(p, n, rate, t0 + seconds)
             t1, c1 = time.monotonic(), cpu_seconds(b.pid)
             lost = query_stats(endpoint)["drops"]["slow_consumer"] - before
             proc.join(timeout=30)
@@ -128,16 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                                              args.max_queue_bytes)
         rates.append(rate)
         costs.append(cost)
-        line = (f"{got:,} of {args.messages:,} delivered: {rate:,.0f} msg/s; broker {cost:.2f} CPU-µs per message; "
-                f"{args.stuck} stuck subscribers lost {lost:,}")
-        if lat:
-            lat.sort()
-            pct = [lat[min(len(lat) - 1, int(q * len(lat)))] / 1000 for q in (0.5, 0.99, 0.999)]
-            line += "; latency p50 / p99 / p99.9 {:,.0f} / {:,.0f} / {:,.0f} µs".format(*pct)
-        print(line, flush=True)
-    print(f"{args.runs} runs: msg/s min / median / max {min(rates):,.0f} / {statistics.median(rates):,.0f} / "
-          f"{max(rates):,.0f}; broker CPU-µs per message {min(costs):.2f} / "
-          f"{statistics.median(costs):.2f} / {max(costs):.2f}")
+        print(f"{got:,} of {args.messages:,} delivered: {rate:,.0f} msg/s; broker {cost:.2f} CPU-µs per message; "
+              f"{args.stuck} stuck subscribers lost {lost:,}{latency_text(lat)}", flush=True)
+    print(summary(rates, costs, "broker"))
     return 0
 
 

@@ -42,6 +42,14 @@ loaded (``fastbus.broker._libzmq`` finds them; a socket handle is only
 valid in the library instance that made it).  Where they cannot be found,
 the broker does not start: there is one data plane.  Only the broker's own
 thread uses a Relay, as it does the socket.
+
+(This file is over 700 lines because the data plane is one extension type
+whose parts share its slots without a call between them, and Cython does
+not split a class's methods across files.  What needs no Relay is in
+included files: _zmq_calls.pxi, the libzmq calls; _linkq.pxi, a queue and
+its entries.  The class reads in three sections: sessions and links
+(their sockets, leases, books, the policy), queues, and the data plane
+(the poll, reading, routing, sending).)
 """
 
 from libc.errno cimport EAGAIN, EHOSTUNREACH, EINTR
@@ -435,26 +443,27 @@ cdef class Relay:
         ``[DATA, seq, batch]`` is routed here, and the first other message
         is kept for Python, which takes it with ``take_upstream()`` before
         reading the socket itself."""
-        if link >= UINT32_MAX - 1:
-            raise ValueError("link id out of range")
-        self._grow_slots(link)
+        self._upsock = self._own_socket(link, sock, 1)
         self._uplink = link
         self._uppysock = sock
-        self._upsock = <void *><uintptr_t>sock.underlying
-        self._fds[1] = sock.getsockopt(zmq.FD)
 
     def set_xpub(self, uint32_t link, sock not None) -> None:
         """The plain-ZeroMQ XPUB link and its socket (XPUB_NODROP): the
         relay sends it one ``[channel, payload]`` message per record (XPUB
         filters per subscriber), queueing the rest of a batch its socket
         refuses."""
+        self._xpsock = self._own_socket(link, sock, 2)
+        self._xplink = link
+        self._xppysock = sock
+
+    cdef void *_own_socket(self, uint32_t link, sock, int k) except NULL:
+        """A link on a socket of its own (k: its place among the watched
+        descriptors): its slot, and the socket's libzmq handle."""
         if link >= UINT32_MAX - 1:
             raise ValueError("link id out of range")
         self._grow_slots(link)
-        self._xplink = link
-        self._xppysock = sock
-        self._xpsock = <void *><uintptr_t>sock.underlying
-        self._fds[2] = sock.getsockopt(zmq.FD)
+        self._fds[k] = sock.getsockopt(zmq.FD)
+        return <void *><uintptr_t>sock.underlying
 
     def set_policy(self, size_t max_queue_bytes, size_t flow_bytes, bint disconnect) -> None:
         """The slow-consumer policy (fastbus/broker/sending.py): a link's
