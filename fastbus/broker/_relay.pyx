@@ -536,13 +536,7 @@ cdef class Relay:
         if link >= UINT32_MAX - 1:
             raise ValueError("link id out of range")
         self._grow_slots(link)
-        cdef slot *s = &self.slots[link]
-        self.batches_in += 1
-        self.messages_in += records
-        self.bytes_in += nbytes
-        s.batches_in += 1
-        s.messages_in += records
-        s.bytes_in += nbytes
+        self._count_routed(&self.slots[link], records, nbytes)
 
     def confirm(self, uint32_t link, uint64_t seq) -> None:
         """The seq that the link's DATA frames carry from now on."""
@@ -1231,12 +1225,7 @@ cdef class Relay:
         fb_lock_release(&self.router._trie._lock)
         fb_lock_release(&self.router._lock)
         if rc >= 0:
-            self.batches_in += 1
-            self.messages_in += <uint64_t>rc
-            self.bytes_in += len
-            self.slots[link].batches_in += 1
-            self.slots[link].messages_in += <uint64_t>rc
-            self.slots[link].bytes_in += len
+            self._count_routed(&self.slots[link], <uint64_t>rc, len)
         if nfull:
             self._send_links(self._links, nfull, fb_now_ns())
         over_out[0] = over if rc >= 0 else 0
@@ -1508,6 +1497,16 @@ cdef class Relay:
                     _qentry_free(e)
                     continue
             self._enqueue(link, e)
+
+    # The books: the broker's totals and the link's, per batch.
+
+    cdef void _count_routed(self, slot *s, uint64_t records, size_t len) noexcept nogil:
+        self.batches_in += 1
+        self.messages_in += records
+        self.bytes_in += len
+        s.batches_in += 1
+        s.messages_in += records
+        s.bytes_in += len
 
     cdef void _count_sent(self, slot *s, uint64_t records, size_t len) noexcept nogil:
         self.batches_out += 1
