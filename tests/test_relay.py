@@ -284,8 +284,9 @@ def test_a_want_mark_at_the_head_asks_python_for_the_reset(slow):
         asked = [e for e in relay.events() if e[0] == relay_mod.EVENT_WANT]
         while sub.poll(0):
             got.append(sub.recv_multipart())
-    assert asked == [(relay_mod.EVENT_WANT, 2, 0)]
+    assert asked == [(relay_mod.EVENT_WANT, 2, 0)] and relay.wants_reset(2) and not relay.wants_reset(1)
     relay.fill_want(2, [P.WANT, bytes([P.WANT_RESET]), b"whole"])
+    assert not relay.wants_reset(2)
     got += _drain(relay, sub)
     wants = [m for m in got if m[0] == P.WANT]
     assert wants == [[P.WANT, bytes([P.WANT_RESET]), b"whole"]] and got[-1] == wants[0]

@@ -907,6 +907,14 @@ cdef class Relay:
         e.records = count if count else 1
         return e
 
+    def wants_reset(self, uint32_t link) -> bool:
+        """Does a WANT mark wait at the head of the link's queue (EVENT_WANT
+        said so, and the link has not left or started over since)?  Python
+        builds the reset only then: building one numbers a change the
+        peer will be waited for."""
+        return link < self.nslots and self.slots[link].q.head is not NULL and \
+            self.slots[link].q.head.kind == Q_WANT_MARK
+
     def fill_want(self, uint32_t link, list frames not None) -> None:
         """The WANT reset that the mark at the head of a link's queue
         stands for (EVENT_WANT), built by Python now: it takes the mark's

@@ -140,7 +140,8 @@ class Sender:
             if link is None:
                 continue
             if kind == R.EVENT_WANT:
-                self.relay.fill_want(link_id, self.want_reset(link))
+                if self.relay.wants_reset(link_id):      # (not if its queue went meanwhile)
+                    self.relay.fill_want(link_id, self.want_reset(link))
             elif kind == R.EVENT_GONE:
                 self._gone(link)
             elif kind == R.EVENT_SLOW:
