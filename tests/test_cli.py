@@ -136,11 +136,14 @@ def test_version_flag():
     assert r.returncode == 0 and r.stdout.startswith("fastbus ") and "batch format v1" in r.stdout
 
 
-def _one_line_error(r, code, *words):
+def _one_line_error(r, code, *words) -> str:
+    """Check a command failed with exit ``code`` and one line on stderr
+    holding every one of ``words``; that line."""
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     for w in words:
         assert w in r.stderr, r.stderr
+    return r.stderr.strip()
 
 
 def test_errors_are_one_line_with_one_exit_code_convention(tmp_path):
@@ -263,30 +266,38 @@ def test_psub_takes_redis_glob_patterns(brokers):
 def test_pub_and_sub_errors():
     from brokers import free_port
     port = str(free_port())
-    _one_line_error(run("sub", "--port", port, "x"), 1, f"no broker at tcp://127.0.0.1:{port}", "connection refused")
-    _one_line_error(run("pub", "--port", port, "x", "y"), 1, f"no broker at tcp://127.0.0.1:{port}")
-    _one_line_error(run("sub", "x?*"), 2, "'x?*' is a glob pattern", "--pattern", "--literal")
-    _one_line_error(run("sub"), 2, "nothing to subscribe to")
-    _one_line_error(run("pub", "--connect", "nowhere", "x", "y"), 2, "invalid endpoint 'nowhere'")
+    # Each error is one line that names the command it came from.
+    assert _one_line_error(run("sub", "--port", port, "x"), 1, f"no broker at tcp://127.0.0.1:{port}",
+                           "connection refused").startswith("fastbus sub: ")
+    assert _one_line_error(run("pub", "--port", port, "x", "y"), 1,
+                           f"no broker at tcp://127.0.0.1:{port}").startswith("fastbus pub: ")
+    assert _one_line_error(run("sub", "x?*"), 2, "'x?*' is a glob pattern", "--pattern",
+                           "--literal").startswith("fastbus sub: ")
+    assert _one_line_error(run("sub"), 2, "nothing to subscribe to").startswith("fastbus sub: ")
+    assert _one_line_error(run("pub", "--connect", "nowhere", "x", "y"), 2,
+                           "invalid endpoint 'nowhere'").startswith("fastbus pub: ")
 
 
 def test_a_malformed_broker_endpoint_is_a_usage_error_naming_its_option():
     """--upstream foo was "cannot listen: Invalid argument (addr='foo')", exit 1."""
-    _one_line_error(run("broker", "--upstream", "foo"), 2, "--upstream: invalid endpoint 'foo'", "tcp://HOST:PORT")
-    _one_line_error(run("broker", "--bind", "foo"), 2, "--bind: unsupported endpoint 'foo'")
-    _one_line_error(run("broker", "--zmq-pull", "tcp://127.0.0.1"), 2, "--zmq-pull: endpoint 'tcp://127.0.0.1' needs")
+    for args, words in ((("--upstream", "foo"), ("--upstream: invalid endpoint 'foo'", "tcp://HOST:PORT")),
+                        (("--bind", "foo"), ("--bind: unsupported endpoint 'foo'",)),
+                        (("--zmq-pull", "tcp://127.0.0.1"), ("--zmq-pull: endpoint 'tcp://127.0.0.1' needs",))):
+        assert _one_line_error(run("broker", *args), 2, *words).startswith("fastbus broker: ")
 
 
 def test_a_malformed_redis_url_or_broker_endpoint_is_a_usage_error_naming_its_source(monkeypatch):
     """fastbus monitor --broker foo exited 1; a malformed --url/--redis or
     $FASTBUS_REDIS_URL was taken as given and failed later (or as a runtime error)."""
-    _one_line_error(run("monitor", "--broker", "foo", "--once", "--redis", "redis://127.0.0.1:1"), 2,
-                    "--broker foo", "invalid endpoint 'foo'")
-    _one_line_error(run("monitor", "--redis", "localhost:6379", "--once"), 2,
-                    "--redis is not a Redis URL: 'localhost:6379'")
+    assert _one_line_error(run("monitor", "--broker", "foo", "--once", "--redis", "redis://127.0.0.1:1"), 2,
+                           "--broker foo", "invalid endpoint 'foo'").startswith("fastbus monitor: ")
+    assert _one_line_error(run("monitor", "--redis", "localhost:6379", "--once"), 2,
+                           "--redis is not a Redis URL: 'localhost:6379'").startswith("fastbus monitor: ")
     for cmd in (["queue", "stats", "jobs"], ["queue", "list"], ["topic", "stats", "events"],
                 ["inbox", "members", "chat"]):
-        _one_line_error(run(*cmd, "--url", "localhost:6379"), 2, "--url is not a Redis URL: 'localhost:6379'")
+        line = _one_line_error(run(*cmd, "--url", "localhost:6379"), 2, "--url is not a Redis URL: 'localhost:6379'")
+        assert line.startswith(f"fastbus {cmd[0]}"), line
     monkeypatch.setenv("FASTBUS_REDIS_URL", "127.0.0.1:6379")
     for cmd in (["queue", "stats", "jobs"], ["monitor", "--once"]):
-        _one_line_error(run(*cmd), 2, "$FASTBUS_REDIS_URL is not a Redis URL: '127.0.0.1:6379'")
+        line = _one_line_error(run(*cmd), 2, "$FASTBUS_REDIS_URL is not a Redis URL: '127.0.0.1:6379'")
+        assert line.startswith(f"fastbus {cmd[0]}"), line
