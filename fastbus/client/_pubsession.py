@@ -72,8 +72,9 @@ class PubSession(Session):
     between its batches (through the native reader), so a FLOW pause stops
     it after one batch, and the resume, read by whichever thread reads it
     first, starts it again.  What it does not send (a full socket, control
-    frames first) it hands back to the keeper.  An event loop's session has none (the loop sends), but has
-    the native reader, which wakes the loop."""
+    frames first) it hands back to the keeper, or to the event loop that
+    drives the session (an asyncio client publishes the same way: only its
+    waiting differs)."""
 
     kind = "pub"
     acks = True
@@ -96,24 +97,24 @@ class PubSession(Session):
         publisher.renew = self.renew_lease
 
     def open_native(self) -> None:
-        """The native sender (a client's own: an event loop sends for its
-        client) and reader.  The reader reads what the broker says while no
-        Python thread can: a WANT is applied to the publisher's view and
-        acknowledged at once, a FLOW pause stops the sender the moment it
-        arrives and a resume starts it again (the sender reads through it
-        between batches too); the rest, and the FLOWs too (the keeper
-        counts pauses), it hands to the keeper (or the loop) through their
-        descriptor."""
+        """The native sender and reader.  The sender sends what a burst
+        leaves, while the publishing thread (or the event loop's running
+        task) does something else.  The reader reads what the broker says
+        while no Python thread can: a WANT is applied to the publisher's
+        view and acknowledged at once, a FLOW pause stops the sender the
+        moment it arrives and a resume starts it again (the sender reads
+        through it between batches too); the rest, and the FLOWs too (the
+        keeper counts pauses), it hands to the keeper (or the loop) through
+        their descriptor."""
         owner_fd = self.native_owner_fd()
         if owner_fd is None:
-            return                        # (a loop's session: the keeper reads until the loop drives it)
-        if not self.conns.driven_by_loop:
-            if self.engine is None:
-                self.engine = _engine.Sender(self.publisher, self.lock, self.sock, owner_fd,
-                                             linger=self.linger_ns / 1e9, command=P.PUB,
-                                             lease_ping=(P.PING, P.LEASE_TOKEN, P.LEASE_ASK))
-                self.publisher.wake = self.engine.wake
-                self.publisher.renew = self.engine.wake     # it sends the lease ping asked for
+            return                        # (a loop's session: the keeper serves it until the loop drives it)
+        if self.engine is None:
+            self.engine = _engine.Sender(self.publisher, self.lock, self.sock, owner_fd,
+                                         linger=self.linger_ns / 1e9, command=P.PUB,
+                                         lease_ping=(P.PING, P.LEASE_TOKEN, P.LEASE_ASK))
+            self.publisher.wake = self.engine.wake
+            self.publisher.renew = self.engine.wake     # it sends the lease ping asked for
         if self.reader is None:
             self.reader = _engine.Reader(self.lock, self.sock, owner_fd, PUB_READER_BYTES, P.DATA,
                                          flow_to=self.engine, flow_command=P.FLOW, flow_pause=P.FLOW_PAUSE,
