@@ -3,6 +3,7 @@
 #include "fb_reader.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -203,6 +204,54 @@ static fb_reader_item *take_pong(fb_reader *r, fb_reader_item *it)
     return send_ack(r, ack);
 }
 
+/* A liveness PONG naming the broker we know (see fb_reader.h
+ * live_pong_command): taken, the lock held; returns as take_want. */
+static fb_reader_item *take_live_pong(fb_reader *r, fb_reader_item *it)
+{
+    if (!r->ping_interval_ns || !r->instance_len || it->nframes != 3 ||
+        !is_command(it, r->live_pong_command, r->live_pong_command_len))
+        return it;
+    size_t tlen, ilen;
+    item_frame(it, 1, &tlen);
+    const unsigned char *instance = item_frame(it, 2, &ilen);
+    if (tlen != 0 || ilen != r->instance_len || memcmp(instance, r->instance, ilen) != 0)
+        return it;                  /* a flush's, a lease's, or another broker: the owner's */
+    item_free(it);
+    __atomic_add_fetch(&r->pongs_taken, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+void fb_reader_set_instance(fb_reader *r, const void *instance, size_t len)
+{
+    if (len > sizeof r->instance) len = 0;
+    if (len) memcpy(r->instance, instance, len);
+    r->instance_len = len;
+}
+
+/* The liveness ping, if it is due at now (see fb_reader.h ping_interval_ns),
+ * the lock held.  One the socket does not take now (reconnecting, or its
+ * queue full) is not sent: the next is a ping_interval_ns later. */
+static void ping_if_due(fb_reader *r, uint64_t now)
+{
+    if (!r->ping_interval_ns || now < __atomic_load_n(&r->next_ping_ns, __ATOMIC_SEQ_CST)) return;
+    __atomic_store_n(&r->next_ping_ns, now + r->ping_interval_ns, __ATOMIC_SEQ_CST);
+    if (r->z.send(r->sock, r->ping_command, r->ping_command_len, Z_DONTWAIT | Z_SNDMORE) >= 0) {
+        r->z.send(r->sock, "", 0, Z_DONTWAIT);      /* (its first frame taken: the rest is) */
+        __atomic_add_fetch(&r->pings_sent, 1, __ATOMIC_SEQ_CST);
+    }
+}
+
+/* How long the thread may sleep before the liveness ping is due: ms, 0 for
+ * now, -1 for no ping. */
+static int ping_wait_ms(fb_reader *r)
+{
+    if (!r->ping_interval_ns) return -1;
+    uint64_t now = fb_now_ns(), due = __atomic_load_n(&r->next_ping_ns, __ATOMIC_SEQ_CST);
+    if (now >= due) return 0;
+    uint64_t ms = (due - now + 999999) / 1000000;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
 /* Read whole messages into the queue while it has room, the lock held.
  * Returns 1 if a message the owner must see (not data) was queued. */
 static int read_some(fb_reader *r)
@@ -244,7 +293,7 @@ static int read_some(fb_reader *r)
         }
         check_flow(r, it);
         __atomic_add_fetch(&r->read_messages, 1, __ATOMIC_SEQ_CST);
-        if (!(it = take_want(r, it)) || !(it = take_pong(r, it))) continue;
+        if (!(it = take_want(r, it)) || !(it = take_pong(r, it)) || !(it = take_live_pong(r, it))) continue;
         if (r->tail) r->tail->next = it;
         else r->head = it;
         r->tail = it;
@@ -302,8 +351,10 @@ static void *run(void *arg)
          * (unprocessed commands) until it acts, and would have us spin. */
         int parked = watch_socket && __atomic_load_n(&r->owner_recent, __ATOMIC_SEQ_CST);
         /* The lock was taken: a Python holder wakes us when it lets go
-         * (want_wake), the native sender does not: look again soon. */
-        int timeout = retry ? RETRY_MS : -1;
+         * (want_wake), the native sender does not: look again soon.  Else
+         * until input, a wake, or the liveness ping (a user thread that
+         * reads sends it while we are parked). */
+        int timeout = retry ? RETRY_MS : ping_wait_ms(r);
         retry = 0;
         if (parked) {
             if (!parked_since) parked_since = fb_now_ns();
@@ -341,6 +392,7 @@ static void *run(void *arg)
             continue;
         }
         __atomic_store_n(&r->want_wake, 0, __ATOMIC_SEQ_CST);
+        ping_if_due(r, fb_now_ns());
         int notify = read_some(r);
         /* Full: the owner's reads make room, and it wakes us when it lets go. */
         watch_socket = r->queued_bytes < r->max_bytes;
@@ -358,6 +410,8 @@ int fb_reader_start(fb_reader *r)
     r->stop = r->want_wake = r->handed = 0;
     r->owner_in = r->owner_recent = 0;
     r->owner_left_ns = r->parks = 0;
+    r->pings_sent = r->pongs_taken = 0;
+    if (r->ping_interval_ns && !r->next_ping_ns) r->next_ping_ns = fb_now_ns() + r->ping_interval_ns;
     r->head = r->tail = NULL;
     r->queued = r->queued_bytes = 0;
     rc = pthread_create(&r->thread, NULL, run, r);

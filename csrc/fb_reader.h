@@ -64,6 +64,10 @@ typedef struct fb_zmq_recv_calls {
 
 typedef struct fb_reader_item fb_reader_item;
 
+/* The longest broker instance a reader compares (a longer one is never
+ * taken as known: its PONGs all go to the owner). */
+#define FB_READER_INSTANCE_MAX 64
+
 typedef struct fb_reader {
     /* Set before fb_reader_start, then only read. */
     fb_zmq_recv_calls z;
@@ -116,6 +120,21 @@ typedef struct fb_reader {
     size_t pong_command_len;
     const void *lease_token;
     size_t lease_token_len;
+    /* Optional (ping_interval_ns 0: none): the connection's liveness
+     * pings, so that a client in its steady state wakes no Python thread.
+     * Whoever holds the lock when next_ping_ns has passed sends [ping_command,
+     * ""] and sets it a ping_interval_ns on: this thread, or a user thread
+     * that reads (it sends its own), which is how the connection is pinged
+     * while the thread leaves the socket to that thread.  A PONG [live_pong_command, "",
+     * instance] naming the instance the owner learnt from the broker
+     * (fb_reader_set_instance) says only that the broker is the same one:
+     * it is taken, not queued.  Any other PONG (a new instance: the broker
+     * restarted, and the owner says HELLO again) is queued for the owner. */
+    const void *ping_command;
+    size_t ping_command_len;
+    const void *live_pong_command;
+    size_t live_pong_command_len;
+    uint64_t ping_interval_ns;
 
     /* Shared with the owner (atomic). */
     int want_wake;               /* the lock was taken, or the queue full: whoever lets go of
@@ -127,10 +146,16 @@ typedef struct fb_reader {
                                     cleared by this thread STEP_IN after the last leave) */
     uint64_t owner_left_ns;      /* when the last one left (fb_now_ns) */
     uint64_t parks;              /* times this thread, woken by input, left it to a user thread */
+    uint64_t next_ping_ns;       /* the liveness ping's time (fb_now_ns): read by the thread to
+                                    time its sleep, changed only with the lock held */
+    uint64_t pings_sent;         /* liveness pings this thread sent */
+    uint64_t pongs_taken;        /* liveness PONGs of the known instance it took */
 
-    /* The queue: guarded by *slock. */
+    /* The queue, and the broker's instance: guarded by *slock. */
     fb_reader_item *head, *tail;
     size_t queued, queued_bytes;
+    unsigned char instance[FB_READER_INSTANCE_MAX];
+    size_t instance_len;         /* 0: not known yet (every PONG goes to the owner) */
 
     /* The thread's own. */
     fb_wake wake;
@@ -151,6 +176,9 @@ void fb_reader_owner_leave(fb_reader *r);
  * batches it sends (fb_sender.h `reader`): a FLOW pause then stops it
  * after one batch, and no input waits behind a long burst. */
 void fb_reader_read_now(fb_reader *r);
+/* The lock held: the broker's instance, as its WELCOME (or a PONG) said;
+ * an empty or overlong one makes every PONG the owner's. */
+void fb_reader_set_instance(fb_reader *r, const void *instance, size_t len);
 /* Stop the thread, wait for it, and free what is still queued.  Safe to
  * call more than once. */
 void fb_reader_stop(fb_reader *r);

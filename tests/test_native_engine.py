@@ -514,6 +514,61 @@ def test_a_subscriber_busy_in_python_does_not_hold_the_broker_back(script):
         b.stop()
 
 
+#: A client at rest (a publisher, and a PubSub subscribed and not read)
+#: pinging every 50 ms, in a process whose main thread spins in pure
+#: Python for SPIN seconds under a 1 s switch interval.
+RESTING_CLIENT = r"""
+import sys, time
+import fastbus
+endpoint, spin = sys.argv[1], float(sys.argv[2])
+with fastbus.Client(endpoint=endpoint, ping_interval=0.05) as c:
+    p = c.pubsub(ignore_subscribe_messages=True)
+    p.subscribe("rest")
+    c.flush()
+    sys.setswitchinterval(1.0)
+    print("spinning", flush=True)
+    end = time.monotonic() + spin
+    x = 0
+    while time.monotonic() < end:           # no other Python thread of ours runs meanwhile
+        x += 1
+    print("done", flush=True)
+    p.close()
+"""
+
+
+@serial
+def test_a_client_at_rest_pings_its_broker_while_its_process_holds_the_interpreter():
+    """A client's liveness pings (how it learns that its broker restarted)
+    need no Python thread: a client whose process spins in pure Python for
+    3 s under a 1 s switch interval, with a publishing connection and a
+    PubSub pinging every 50 ms, still pings about 40 times a second.
+    Before, the keeper thread sent them, when the interpreter let it run:
+    a few times in those 3 s, and each time it held a connection's lock
+    while it waited for the interpreter, in the way of the native threads."""
+    spin = 3.0
+    b = BrokerProcess()
+    proc = None
+    try:
+        proc = python_process(RESTING_CLIENT, b.endpoint, str(spin), stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "spinning"
+        t0 = time.monotonic()
+        before = b.stats()["control_in"]
+        time.sleep(spin - 0.8)
+        after = b.stats()["control_in"]
+        took = time.monotonic() - t0
+        assert proc.poll() is None                     # still spinning
+        assert proc.stdout.readline().strip() == "done"
+        # Two connections at 20 pings/s (the STATS requests: 1 each).
+        assert after - before - 1 >= 10 * took, f"{after - before - 1} pings in {took:.1f} s"
+        proc.wait(timeout=10)
+        assert proc.returncode == 0
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        b.stop()
+
+
 def test_a_send_sees_room_the_peer_made_at_once():
     """libzmq reads a socket's commands on a send only about once a
     millisecond, so a socket whose peer just took what it had sent still

@@ -115,6 +115,7 @@ typedef struct rig { fb_slock sl; int owner[2]; fb_reader r; } rig;
 static int *rig_flow_paused;        /* set before rig_start: the flow hook under test */
 static fb_wake *rig_flow_wake;
 static fb_view *rig_view;           /* and the WANT hook */
+static int rig_ping;                /* and liveness pings, every 20 ms */
 
 static void rig_start(rig *g, size_t max_bytes)
 {
@@ -154,6 +155,14 @@ static void rig_start(rig *g, size_t max_bytes)
         g->r.lease_token = "lease:";
         g->r.lease_token_len = 6;
         rig_view = NULL;
+    }
+    if (rig_ping) {
+        g->r.ping_command = "p";
+        g->r.ping_command_len = 1;
+        g->r.live_pong_command = "q";
+        g->r.live_pong_command_len = 1;
+        g->r.ping_interval_ns = 20000000;
+        rig_ping = 0;
     }
     g->r.data_command_len = 1;
     g->r.owner_fd = g->owner[1];
@@ -476,6 +485,56 @@ static void test_a_lease_pong_is_applied_at_once(void)
     fb_view_free(&view);
 }
 
+static uint64_t pings_sent(rig *g) { return __atomic_load_n(&g->r.pings_sent, __ATOMIC_SEQ_CST); }
+static uint64_t pongs_taken(rig *g) { return __atomic_load_n(&g->r.pongs_taken, __ATOMIC_SEQ_CST); }
+
+static void test_pings_when_due_and_takes_the_pongs_of_the_broker_it_knows(void)
+{
+    rig g;
+    rig_ping = 1;
+    rig_start(&g, 1 << 20);
+    sleep_ms(110);
+    uint64_t n = pings_sent(&g);
+    CHECK(n >= 2 && n <= 6);                        /* every 20 ms, on its own */
+    REQUIRE(fb_slock_wait(&g.sl, -1));              /* (the sends are made under the lock) */
+    CHECK(F.sent_len >= 3 && F.sent[0] == 1 && F.sent[1] == 'p' && F.sent[2] == 0);   /* [p, ""] */
+    fb_reader_set_instance(&g.r, "inst", 4);        /* the owner read the WELCOME */
+    fb_slock_release(&g.sl);
+
+    /* A PONG naming that broker is taken: nobody else hears of it. */
+    const char *pong[3] = {"q", "", "inst"};
+    size_t lens[3] = {1, 0, 4};
+    script_frames(3, pong, lens);
+    for (int i = 0; i < 2000 && !pongs_taken(&g); i++) sleep_ms(1);
+    CHECK_EQ(pongs_taken(&g), 1);
+    CHECK_EQ(queued(&g), 0);
+    CHECK_EQ(__atomic_load_n(&g.r.handed, __ATOMIC_SEQ_CST), 0);
+
+    /* Another instance (the broker restarted: HELLO again) and a flush's
+     * PONG are the owner's. */
+    const char *other[3] = {"q", "", "new!"};
+    script_frames(3, other, lens);
+    const char *flush[3] = {"q", "flush-1", "inst"};
+    size_t flush_lens[3] = {1, 7, 4};
+    script_frames(3, flush, flush_lens);
+    CHECK(wait_queued(&g, 2));
+    CHECK(owner_woken(&g));
+    CHECK_EQ(pongs_taken(&g), 1);
+
+    /* A user thread that reads the connection pings it (on next_ping_ns):
+     * meanwhile this thread does not. */
+    fb_reader_owner_enter(&g.r);
+    sleep_ms(30);                                   /* (a ping already due may still go) */
+    n = pings_sent(&g);
+    sleep_ms(100);
+    CHECK_EQ(pings_sent(&g), n);
+    fb_reader_owner_leave(&g.r);
+    if (__atomic_load_n(&g.r.want_wake, __ATOMIC_SEQ_CST)) fb_reader_wake(&g.r);   /* (its let_go) */
+    for (int i = 0; i < 2000 && pings_sent(&g) == n; i++) sleep_ms(1);
+    CHECK(pings_sent(&g) > n);                      /* its own again */
+    rig_stop(&g);
+}
+
 int main(void)
 {
     RUN(test_queues_messages_in_order);
@@ -486,5 +545,6 @@ int main(void)
     RUN(test_a_flow_pause_stops_the_sender_and_a_resume_starts_it);
     RUN(test_a_want_is_applied_and_acknowledged_at_once);
     RUN(test_a_lease_pong_is_applied_at_once);
+    RUN(test_pings_when_due_and_takes_the_pongs_of_the_broker_it_knows);
     CTEST_END();
 }

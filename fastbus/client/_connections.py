@@ -35,7 +35,7 @@ class Connections:
         #: native sender), and its sessions' native readers wake the loop
         #: (Session.drive_from).
         self.driven_by_loop = driven_by_loop
-        self.keeper = Keeper(options.name, options.ping_interval)
+        self.keeper = Keeper(options.name)
         self.members: list[Member] = []
         self.closed = False
 

@@ -38,9 +38,10 @@ import zmq
 
 from fastbus._core cimport Outbox
 from fastbus._publisher cimport Publisher
-from fastbus.includes.fb_reader cimport (fb_reader, fb_reader_item, fb_reader_pop, fb_reader_release,
-                                         fb_reader_start, fb_reader_stop, fb_reader_wake, fb_zmq_msg,
-                                         fb_reader_owner_enter, fb_reader_owner_leave)
+from fastbus.includes.fb_reader cimport (fb_reader, fb_reader_item, fb_reader_pop,
+                                         fb_reader_release, fb_reader_set_instance, fb_reader_start,
+                                         fb_reader_stop, fb_reader_wake, fb_zmq_msg, fb_reader_owner_enter,
+                                         fb_reader_owner_leave)
 from fastbus.includes.fb_sender cimport (FB_SENDER_TOKEN_MAX, fb_sender, fb_sender_start, fb_sender_stop,
                                          fb_sender_wake)
 from fastbus.includes.fb_slock cimport (fb_slock, fb_slock_destroy, fb_slock_held, fb_slock_init,
@@ -52,12 +53,14 @@ cdef extern from *:
     static inline void fbe_store_int(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
     static inline int fbe_exchange_int(int *p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
     static inline unsigned long long fbe_load_u64(uint64_t *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+    static inline void fbe_store_u64(uint64_t *p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
     static inline void fbe_store_ptr(void **p, void *v) { __atomic_store_n(p, v, __ATOMIC_SEQ_CST); }
     """
     int fbe_load_int(int *p) nogil
     void fbe_store_int(int *p, int v) nogil
     int fbe_exchange_int(int *p, int v) nogil
     unsigned long long fbe_load_u64(uint64_t *p) nogil
+    void fbe_store_u64(uint64_t *p, uint64_t v) nogil
     void fbe_store_ptr(void **p, void *v) nogil
 
 ctypedef int (*f_send)(void *s, const void *buf, size_t len, int flags) noexcept nogil
@@ -384,7 +387,10 @@ cdef class Reader:
     the sender reads through this reader between its batches; a WANT is applied to
     ``view_of``'s view (a Publisher) and acknowledged, never queued, and
     with ``lease_pong`` (pong command, lease token) so is the lease a PONG
-    to a lease ping grants.  See csrc/fb_reader.h."""
+    to a lease ping grants.  With ``ping`` (ping command, pong command,
+    interval in seconds) it pings the broker itself, and takes the PONGs
+    that name the broker ``instance`` says; a user thread that reads pings
+    on the same clock (``next_ping``).  See csrc/fb_reader.h."""
 
     cdef fb_reader _r
     cdef SessionLock _lock
@@ -397,11 +403,13 @@ cdef class Reader:
     cdef bytes _want_command
     cdef bytes _ack_command
     cdef tuple _lease_pong
+    cdef tuple _ping
+    cdef bytes _instance
 
     def __cinit__(self, SessionLock lock not None, sock, int owner_fd, Py_ssize_t max_bytes,
                   bytes data_command=b"D", Sender flow_to=None, bytes flow_command=b"F",
                   bytes flow_pause=b"\x00", bytes flow_reset_command=None, Publisher view_of=None, bytes want_command=b"W",
-                  bytes ack_command=b"A", tuple lease_pong=None, bint wake_on_data=False):
+                  bytes ack_command=b"A", tuple lease_pong=None, bint wake_on_data=False, tuple ping=None):
         if not available():
             raise RuntimeError("the client's engine needs pyzmq's libzmq, which was not found")
         if max_bytes <= 0:
@@ -462,6 +470,21 @@ cdef class Reader:
                 self._r.pong_command_len = PyBytes_GET_SIZE(pong)
                 self._r.lease_token = PyBytes_AS_STRING(token)
                 self._r.lease_token_len = PyBytes_GET_SIZE(token)
+        self._instance = b""
+        if ping is not None:
+            # (ping command, pong command, interval): liveness pings, and
+            # the PONGs of the known broker taken (fb_reader.h ping_interval_ns).
+            ping_command, pong_command, interval = ping
+            if not (isinstance(ping_command, bytes) and isinstance(pong_command, bytes)):
+                raise TypeError("ping must be (bytes, bytes, seconds)")
+            if not 0 < interval <= 3600:
+                raise ValueError(f"the ping interval must be between 0 and 3600 seconds, not {interval!r}")
+            self._ping = (ping_command, pong_command, interval)
+            self._r.ping_command = PyBytes_AS_STRING(ping_command)
+            self._r.ping_command_len = PyBytes_GET_SIZE(ping_command)
+            self._r.live_pong_command = PyBytes_AS_STRING(pong_command)
+            self._r.live_pong_command_len = PyBytes_GET_SIZE(pong_command)
+            self._r.ping_interval_ns = <uint64_t>(interval * 1e9)
         cdef int rc = fb_reader_start(&self._r)
         if rc:
             raise OSError(rc, strerror(rc).decode())
@@ -499,6 +522,44 @@ cdef class Reader:
     def owner_leave(self) -> None:
         """It stops; if none is back within STEP_IN, the thread reads on."""
         fb_reader_owner_leave(&self._r)
+
+    @property
+    def pings(self) -> bool:
+        """Does the thread ping the broker (``ping`` given)?"""
+        return self._r.ping_interval_ns != 0
+
+    @property
+    def next_ping(self) -> float:
+        """When the liveness ping is due (``time.monotonic()``'s clock):
+        whoever holds the connection's lock then sends it."""
+        return fbe_load_u64(&self._r.next_ping_ns) / 1e9
+
+    @next_ping.setter
+    def next_ping(self, double when):
+        """Set with the connection's lock held (after a ping was sent: the
+        thread, asleep until the old time, then sleeps on)."""
+        fbe_store_u64(&self._r.next_ping_ns, <uint64_t>(when * 1e9) if when > 0 else 0)
+
+    @property
+    def instance(self) -> bytes:
+        return self._instance
+
+    @instance.setter
+    def instance(self, bytes value not None):
+        """The broker's instance (its WELCOME's): a liveness PONG naming it
+        is taken; set with the connection's lock held."""
+        self._instance = value
+        fb_reader_set_instance(&self._r, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+
+    @property
+    def pings_sent(self) -> int:
+        """Liveness pings this thread sent."""
+        return fbe_load_u64(&self._r.pings_sent)
+
+    @property
+    def pongs_taken(self) -> int:
+        """Liveness PONGs of the known broker it took (nobody else saw them)."""
+        return fbe_load_u64(&self._r.pongs_taken)
 
     @property
     def parks(self) -> int:

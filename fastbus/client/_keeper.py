@@ -1,14 +1,16 @@
 """The keeper: a client's background thread, for the sessions nobody drives.
 
 It is not on the way of a message a user thread publishes or reads: those
-threads use the socket themselves (``_session``).  The keeper sends what a
-burst of publishing left in the outbox (woken by the publisher when the
-burst started), reads for a PubSub that nobody is reading at the moment
-(so the broker is not held back by a reader that is merely between two
-calls), answers the broker (WANT, FLOW), and pings it.  It sleeps in
-``poll()`` on the sessions' notification descriptors (ZMQ_FD) and its own
-wake pipe, never on a timer shorter than the next ping, except the linger a
-user asked for.
+threads use the socket themselves (``_session``), and while none does, the
+client's native threads (``_engine``) send what a burst left, read for a
+PubSub nobody is reading, answer the broker's WANTs, FLOWs and leases, and
+ping it.  The keeper does what those hand back: the broker's confirmations,
+notices and flow changes (which it counts), a new broker instance (HELLO
+again, and the subscriptions), control frames that waited for room.  A client at rest never wakes it.
+Without the native engine (pyzmq's libzmq not found) it does all of it:
+it then sleeps in ``poll()`` on the sessions' notification descriptors
+(ZMQ_FD) and its own wake pipe, never on a timer shorter than the next
+ping, except the linger a user asked for.
 """
 
 from __future__ import annotations
@@ -31,10 +33,9 @@ class Keeper(threading.Thread):
     """Serves the sessions of one client that no user thread (or event loop)
     drives at the moment."""
 
-    def __init__(self, name: str, ping_interval: float) -> None:
+    def __init__(self, name: str) -> None:
         super().__init__(name=f"fastbus-keeper-{name}", daemon=True)
         self.client_name = name
-        self.ping_interval = ping_interval
         self.sessions: tuple[Session, ...] = ()       # replaced, never changed in place
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
@@ -108,7 +109,7 @@ class Keeper(threading.Thread):
     def _serve_all(self, now: float) -> tuple[float | None, list[int]]:
         """Serve every session nobody drives; return how long to sleep at
         most and the descriptors to watch meanwhile."""
-        timeout: float | None = self.ping_interval
+        timeout: float | None = None      # (a session without a native reader pings on its due_in)
         watch = []
         for s in self.sessions:
             if s.closed or s.loop is not None:
@@ -134,7 +135,7 @@ class Keeper(threading.Thread):
                 continue
             due = s.due_in(time.monotonic())
             if due is not None:
-                timeout = min(timeout, due)
+                timeout = due if timeout is None else min(timeout, due)
             if s.reading() and s.fd >= 0 and s.reader is None:    # (a native reader watches its own)
                 watch.append(s.fd)
         return timeout, watch

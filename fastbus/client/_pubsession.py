@@ -103,9 +103,10 @@ class PubSession(Session):
         while no Python thread can: a WANT is applied to the publisher's
         view and acknowledged at once, a FLOW pause stops the sender the
         moment it arrives and a resume starts it again (the sender reads
-        through it between batches too); the rest, and the FLOWs too (the
-        keeper counts pauses), it hands to the keeper (or the loop) through
-        their descriptor."""
+        through it between batches too); it pings the broker
+        (Session.native_ping); the rest, and the FLOWs too (the keeper
+        counts pauses), it hands to the keeper (or the loop) through their
+        descriptor."""
         owner_fd = self.native_owner_fd()
         if owner_fd is None:
             return                        # (a loop's session: the keeper serves it until the loop drives it)
@@ -116,10 +117,10 @@ class PubSession(Session):
             self.publisher.wake = self.engine.wake
             self.publisher.renew = self.engine.wake     # it sends the lease ping asked for
         if self.reader is None:
-            self.reader = _engine.Reader(self.lock, self.sock, owner_fd, PUB_READER_BYTES, P.DATA,
-                                         flow_to=self.engine, flow_command=P.FLOW, flow_pause=P.FLOW_PAUSE,
-                                         flow_reset_command=P.WELCOME, view_of=self.publisher, want_command=P.WANT,
-                                         ack_command=P.ACK, lease_pong=(P.PONG, P.LEASE_TOKEN))
+            self.adopt_reader(_engine.Reader(
+                self.lock, self.sock, owner_fd, PUB_READER_BYTES, P.DATA, flow_to=self.engine, flow_command=P.FLOW,
+                flow_pause=P.FLOW_PAUSE, flow_reset_command=P.WELCOME, view_of=self.publisher, want_command=P.WANT,
+                ack_command=P.ACK, lease_pong=(P.PONG, P.LEASE_TOKEN), ping=self.native_ping()))
 
     def close(self) -> None:
         if self.reader is not None:

@@ -98,6 +98,7 @@ if _engine.available():
 READ_BUDGET = 64          # frames read at a time before the holder looks at other work
 SEND_BURST = 32           # batches sent before the broker is read again (a FLOW pause then takes effect)
 BYE_WAIT = 0.5            # seconds close() waits for the broker to answer BYE (brokers whose WELCOME says "bye")
+OUTQ_BACKSTOP = 0.05      # how soon the keeper looks again at control frames waiting for room
 
 
 class Session:
@@ -125,11 +126,11 @@ class Session:
         self.monitor: zmq.Socket | None = None   # CURVE handshake events (see handshake_failure())
         self._handshake_failure: str | None = None
         self.fd = -1
-        self.instance = b""               # the broker's, from WELCOME / PONG
+        self._instance = b""              # the broker's, from WELCOME / PONG (instance)
         self.welcome: dict = {}           # the broker's latest WELCOME
         self.limits: dict = {}            # what the broker's WELCOME said it accepts
         self.resyncing = False            # a new HELLO is on its way (until WELCOME)
-        self.next_ping = 0.0
+        self._next_ping = 0.0             # (next_ping)
         self.more = False                 # stopped reading before the socket was empty
         self.blocked = False              # a data batch met a full socket (EAGAIN)
         self.unread = False               # sent since input was last read to the end
@@ -289,6 +290,45 @@ class Session:
         """Start the session's native threads, if it has any, the lock held
         (at open, and when a loop starts driving it).  None here."""
 
+    def native_ping(self) -> tuple:
+        """The ``ping`` of this session's native reader: it pings the broker
+        itself, and takes the PONGs that say the broker is the same one."""
+        return (P.PING, P.PONG, self.options.ping_interval)
+
+    def adopt_reader(self, reader: _engine.Reader) -> None:
+        """The native reader just started for this session (the lock held):
+        it pings on the session's clock, and knows its broker."""
+        self.reader = reader
+        if reader.pings:
+            reader.next_ping = self._next_ping
+        reader.instance = self._instance
+
+    @property
+    def next_ping(self) -> float:
+        """When the liveness ping is due (``time.monotonic()``): whoever
+        holds the lock then sends it, the native reader (its clock, when it
+        pings) or a user thread that reads."""
+        r = self.reader
+        return r.next_ping if r is not None and r.pings else self._next_ping
+
+    @next_ping.setter
+    def next_ping(self, when: float) -> None:
+        self._next_ping = when
+        r = self.reader
+        if r is not None and r.pings:
+            r.next_ping = when
+
+    @property
+    def instance(self) -> bytes:
+        """The broker's instance, from its WELCOME (or a PONG)."""
+        return self._instance
+
+    @instance.setter
+    def instance(self, value: bytes) -> None:
+        self._instance = value
+        if self.reader is not None:
+            self.reader.instance = value  # (its PONGs taken by the reader: the lock is held)
+
     def native_owner_fd(self) -> int | None:
         """Where a native thread of this session wakes whoever serves it:
         the keeper, or the loop that drives it (None until one does, and
@@ -389,10 +429,9 @@ class Session:
         try:
             if (self.more or _get(sock, EVENTS) & POLLIN) and self.reading():
                 # (A loop's coroutine that sent, let go and now waits for
-                # the answer, a flush's PONG, would otherwise wait for the
-                # loop's next ping: read here, nobody else hears of it.)
-                if self.read() and self.loop_input is not None:
-                    self.loop_input()
+                # the answer, a flush's PONG: read here, nobody else hears
+                # of it; read() tells the loop.)
+                self.read()
             else:
                 self.unread = False
             if self.outq:
@@ -462,7 +501,19 @@ class Session:
         """Handle up to ``budget`` messages from the broker; ``more`` says
         whether the socket may still hold some.  (A reader that wants one
         message reads with budget 1 and leaves ``more`` set: its next wait
-        polls the socket, which says at once whether more is there.)"""
+        polls the socket, which says at once whether more is there.)
+
+        On a session an event loop drives, whatever was read is said to the
+        loop (``loop_input``): its coroutines share the session, and what
+        one reads (a CONFIRM, data) may be what another awaits, which
+        nobody else would wake (the native reader wakes the loop only for
+        what it reads itself)."""
+        n = self._read(budget)
+        if n and self.loop_input is not None:
+            self.loop_input()
+        return n
+
+    def _read(self, budget: int) -> int:
         sock = self.sock
         reader = self.reader
         n = 0
@@ -564,9 +615,15 @@ class Session:
 
     def due_in(self, now: float) -> float | None:
         """Seconds until this session needs serving again (0: now), if
-        nothing arrives meanwhile (input: the native reader's, if any)."""
+        nothing arrives meanwhile (input: the native reader's, if any);
+        None: only when something arrives or wakes the keeper (a native
+        reader that pings: no Python thread wakes for a client at rest)."""
         if self.posted or (self.reader is None and self.more and self.reading()):
             return 0.0
+        if self.reader is not None and self.reader.pings:
+            # Control frames that met a full socket go when it has room
+            # (a ZMQ_FD edge we may have missed: look again soon).
+            return OUTQ_BACKSTOP if self.outq else None
         return max(0.0, self.next_ping - now)
 
     def serve(self, now: float) -> None:

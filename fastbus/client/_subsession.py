@@ -55,12 +55,13 @@ class SubSession(Session):
         """The native reader: takes what arrives while nobody reads (up to
         max_inbox_bytes more), without the interpreter lock; see
         _engine.Reader.  An event loop's, once the loop drives us, wakes
-        the loop for every message (the loop reads only when woken)."""
+        the loop for every message (the loop reads only when woken).  It
+        pings the broker too (Session.native_ping)."""
         owner_fd = self.native_owner_fd()
         if self.reader is not None or owner_fd is None:
             return                        # (a loop's session: the keeper reads until the loop drives it)
-        self.reader = _engine.Reader(self.lock, self.sock, owner_fd, self.options.max_inbox_bytes, P.DATA,
-                                     wake_on_data=self.conns.driven_by_loop)
+        self.adopt_reader(_engine.Reader(self.lock, self.sock, owner_fd, self.options.max_inbox_bytes, P.DATA,
+                                         wake_on_data=self.conns.driven_by_loop, ping=self.native_ping()))
 
     def close(self) -> None:
         if self.reader is not None:

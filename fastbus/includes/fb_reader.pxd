@@ -48,6 +48,11 @@ cdef extern from "fb_reader.h" nogil:
         size_t pong_command_len
         const void *lease_token
         size_t lease_token_len
+        const void *ping_command
+        size_t ping_command_len
+        const void *live_pong_command
+        size_t live_pong_command_len
+        uint64_t ping_interval_ns
         int want_wake
         int handed
         uint64_t read_messages
@@ -55,14 +60,21 @@ cdef extern from "fb_reader.h" nogil:
         int owner_recent
         uint64_t owner_left_ns
         uint64_t parks
+        uint64_t next_ping_ns
+        uint64_t pings_sent
+        uint64_t pongs_taken
         size_t queued
         size_t queued_bytes
+        size_t instance_len
         int running
+
+    enum: FB_READER_INSTANCE_MAX
 
     int fb_reader_start(fb_reader *r)
     void fb_reader_wake(fb_reader *r)
     void fb_reader_owner_enter(fb_reader *r)
     void fb_reader_owner_leave(fb_reader *r)
+    void fb_reader_set_instance(fb_reader *r, const void *instance, size_t len)
     void fb_reader_stop(fb_reader *r)
     size_t fb_reader_pop(fb_reader *r, fb_reader_item **item, const unsigned char **frames, size_t *lens,
                          size_t max_frames)
