@@ -9,6 +9,8 @@ bench/latency_bench.py's.  Real brokers in subprocesses, on loopback.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 
@@ -188,6 +190,47 @@ def test_asyncio_lone_message_and_burst(brokers):
                 got += [d for _c, d in await p.get_batch(timeout=0.5)]
             assert got == [b"%d" % i for i in range(500)]
             await p.aclose()
+
+    asyncio.run(main())
+
+
+def test_asyncio_flush_while_the_broker_is_not_reading(brokers):
+    """An asyncio flush() of 5 MB published while the broker is stopped
+    (SIGSTOP): the pipe to it fills, and what is left the client's native
+    sender sends once the broker reads again, without telling the loop.
+    The flush still sees it go, and confirms; every message arrives, in
+    order.  (A flush that waited for the loop to be told waited out its
+    timeout.)"""
+    b = brokers()
+
+    async def main() -> None:
+        async with fastbus.aio.Client(endpoint=b.endpoint) as pub:
+            with fastbus.Client(endpoint=b.endpoint) as sub:
+                p = sub.pubsub(ignore_subscribe_messages=True)
+                p.subscribe("big")
+                deadline = time.monotonic() + 10
+                while not pub.is_wanted("big"):
+                    assert time.monotonic() < deadline, "the filter never wanted 'big'"
+                    await pub.publish("other", b"warm")
+                    await asyncio.sleep(0.01)
+                n = 5000
+                os.kill(b.proc.pid, signal.SIGSTOP)
+                try:
+                    for i in range(n):
+                        await pub.publish("big", b"%06d" % i + b"x" * 994)
+                    flush = asyncio.create_task(pub.flush(timeout=10))
+                    await asyncio.sleep(0.3)
+                    assert not flush.done()
+                finally:
+                    os.kill(b.proc.pid, signal.SIGCONT)
+                await flush
+                got = []
+                while len(got) < n:
+                    batch = p.get_batch(timeout=5)
+                    assert batch, f"{len(got)} of {n} arrived"
+                    got += [int(d[:6]) for _c, d in batch]
+                assert got == list(range(n))
+                p.close()
 
     asyncio.run(main())
 

@@ -146,8 +146,9 @@ class _LoopDriver:
 RETRY_TAKEN = 0.0005
 
 
-#: How often a publish() waiting for room looks again (the native sender
-#: frees room without telling the loop).
+#: How often a publish() waiting for room, or a flush() waiting for its
+#: batches to leave, looks again (the native sender sends without telling
+#: the loop).
 ROOM_LOOK = 0.01
 
 
@@ -252,7 +253,13 @@ class Client(_SyncClient):
                 # (the probe connects a socket: not in the event loop's thread)
                 await asyncio.get_running_loop().run_in_executor(None, probe.check, s, s.publisher.queued)
             until = deadline if probe is None else probe.wake_by(s, deadline)
-            if not await _wait(self._changed, until if held else _retry_by(until)) and (deadline is not None and time.monotonic() >= deadline):
+            if not held:
+                until = _retry_by(until)
+            elif f is not None and not f.pinged:
+                # Batches it covers are still going out (a full socket):
+                # the native sender sends them without telling the loop.
+                until = _look_again_by(ROOM_LOOK, until)
+            if not await _wait(self._changed, until) and (deadline is not None and time.monotonic() >= deadline):
                 queued = s.publisher.queued
                 raise FlushTimeout(f"the broker at {self.endpoint} did not confirm the flush within {timeout:g} s "
                                    f"({queued} message(s) stay queued for it)", queued)
