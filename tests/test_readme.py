@@ -76,6 +76,7 @@ NOT_RUN = {
     "python bench/federation_bench.py": "a benchmark: two brokers, a publisher and a subscriber process a run",
     "python bench/slow_consumer_bench.py": "a benchmark: a broker, a publisher process and subscribers a run",
     "python bench/flow_bench.py": "a benchmark: a minute, a broker and three processes a round",
+    "python bench/aio_roundtrip_bench.py": "a benchmark: a broker and a thousand asyncio round trips",
     "python bench/glob_bench.py": "a benchmark: minutes (Redis scanning 1,000 patterns for a million publishes)",
     "python bench/pubsub_bench.py": "a benchmark, minutes",
     'pip install "fastbus[spark]"': "an install from PyPI",
