@@ -4,11 +4,13 @@ A client has one session for publishing and one per PubSub.  There is no
 thread that owns the sockets: the thread that has work does it.  A thread
 publishing sends its message itself when the publisher is idle; a thread in
 ``get_message()`` reads the socket itself and gets the message in its own
-hand, as with a redis-py or pyzmq socket.  The client's keeper thread
-(``_keeper.Keeper``) serves a session only while no user thread does: it
-sends batches that formed during a burst, reads what arrives for a PubSub
-nobody is reading (up to ``max_inbox_bytes``), answers the broker and pings
-it.  An asyncio client drives its sessions from its event loop instead.
+hand, as with a redis-py or pyzmq socket.  While no user thread does, the
+session's native threads (``_engine``: a sender, a reader) send batches
+that formed during a burst, read what arrives for a PubSub nobody is
+reading (up to ``max_inbox_bytes``), answer the broker and ping it; the
+client's keeper thread (``_keeper.Keeper``) does what they hand back (and
+all of it where the native engine is missing).  An asyncio client's event
+loop takes the keeper's place.
 
 The rules every holder follows:
 
@@ -286,6 +288,28 @@ class Session:
         finally:
             self.release()
 
+    def close_within(self, timeout: float, close: Callable[[], None] | None = None) -> bool:
+        """Close the session (``close``: how, default close()) once its lock
+        is free, waiting up to ``timeout`` seconds for a holder (woken: it
+        sees its session closing); False if it was not."""
+        self.closing = True
+        self.wake()
+        if not self.hold(timeout):
+            return False
+        try:
+            (close or self.close)()
+        finally:
+            self.lock.release()           # nothing to read or run on a closed session
+        return True
+
+    def run_posted(self) -> None:
+        """Run the work other threads posted (the lock held)."""
+        posted = self.posted
+        while posted:
+            posted.popleft()()
+
+    # -- the native threads (csrc/fb_reader.h, fb_sender.h) -------------------
+
     def open_native(self) -> None:
         """Start the session's native threads, if it has any, the lock held
         (at open, and when a loop starts driving it).  None here."""
@@ -336,26 +360,6 @@ class Session:
         if not _engine.available():
             return None
         return self.loop_wake_fd if self.conns.driven_by_loop else self._keeper.wake_fd
-
-    def close_within(self, timeout: float, close: Callable[[], None] | None = None) -> bool:
-        """Close the session (``close``: how, default close()) once its lock
-        is free, waiting up to ``timeout`` seconds for a holder (woken: it
-        sees its session closing); False if it was not."""
-        self.closing = True
-        self.wake()
-        if not self.hold(timeout):
-            return False
-        try:
-            (close or self.close)()
-        finally:
-            self.lock.release()           # nothing to read or run on a closed session
-        return True
-
-    def run_posted(self) -> None:
-        """Run the work other threads posted (the lock held)."""
-        posted = self.posted
-        while posted:
-            posted.popleft()()
 
     # -- handing work over ------------------------------------------------------
 
