@@ -106,22 +106,27 @@ static int is_command(const fb_reader_item *it, const void *command, size_t comm
     return len == command_len && memcmp(c, command, len) == 0;
 }
 
-/* A FLOW read: tell the sender now (see fb_reader.h flow_paused). */
-static void check_flow(fb_reader *r, const fb_reader_item *it)
+/* A FLOW (or a WELCOME) read: tell the sender now (see fb_reader.h
+ * flow_paused).  Returns 1 for a FLOW, which is taken (counted, not
+ * queued). */
+static int check_flow(fb_reader *r, const fb_reader_item *it)
 {
-    if (!r->flow_paused || it->nframes == 0) return;
-    int pause;
+    if (!r->flow_paused || it->nframes == 0) return 0;
+    int pause, flow = 0;
     if (r->flow_reset_command && is_command(it, r->flow_reset_command, r->flow_reset_command_len)) {
         pause = 0;
     } else {
-        if (it->nframes != 2 || !is_command(it, r->flow_command, r->flow_command_len)) return;
+        if (it->nframes != 2 || !is_command(it, r->flow_command, r->flow_command_len)) return 0;
         size_t len;
         const unsigned char *b = item_frame(it, 1, &len);
-        if (len != 1) return;
+        if (len != 1) return 0;                 /* malformed: the owner's reading says what is wrong */
         pause = b[0] == r->flow_pause;
+        flow = 1;
     }
-    __atomic_store_n(r->flow_paused, pause, __ATOMIC_SEQ_CST);
+    int was = __atomic_exchange_n(r->flow_paused, pause, __ATOMIC_SEQ_CST);
+    if (flow && pause && !was) __atomic_add_fetch(&r->flow_pauses, 1, __ATOMIC_SEQ_CST);
     if (!pause && r->flow_wake) fb_wake_signal(r->flow_wake);    /* send what waited */
+    return flow;
 }
 
 static uint64_t get_u64(const unsigned char *b)
@@ -291,8 +296,12 @@ static int read_some(fb_reader *r)
             r->max_bytes = 0;
             break;
         }
-        check_flow(r, it);
+        int flow = check_flow(r, it);
         __atomic_add_fetch(&r->read_messages, 1, __ATOMIC_SEQ_CST);
+        if (flow) {
+            item_free(it);
+            continue;
+        }
         if (!(it = take_want(r, it)) || !(it = take_pong(r, it)) || !(it = take_live_pong(r, it))) continue;
         if (r->tail) r->tail->next = it;
         else r->head = it;
@@ -410,7 +419,7 @@ int fb_reader_start(fb_reader *r)
     r->stop = r->want_wake = r->handed = 0;
     r->owner_in = r->owner_recent = 0;
     r->owner_left_ns = r->parks = 0;
-    r->pings_sent = r->pongs_taken = 0;
+    r->pings_sent = r->pongs_taken = r->flow_pauses = 0;
     if (r->ping_interval_ns && !r->next_ping_ns) r->next_ping_ns = fb_now_ns() + r->ping_interval_ns;
     r->head = r->tail = NULL;
     r->queued = r->queued_bytes = 0;

@@ -87,8 +87,10 @@ typedef struct fb_reader {
      * and sends again at the resume without waiting for a Python thread.
      * A message whose first frame is flow_reset_command (a new session's
      * WELCOME: its broker says again if it is paused) sets it to 0 too.
-     * (Both are queued for the owner as well, who sets the flag only for
-     * what it reads off the socket itself.) */
+     * A FLOW is taken, not queued: the thread counts the pauses
+     * (flow_pauses), so flow control wakes no Python thread.  The WELCOME
+     * is queued for the owner as well, and the owner sets the flag only
+     * for what it reads off the socket itself. */
     const void *flow_command;
     size_t flow_command_len;
     unsigned char flow_pause;
@@ -150,6 +152,7 @@ typedef struct fb_reader {
                                     time its sleep, changed only with the lock held */
     uint64_t pings_sent;         /* liveness pings this thread sent */
     uint64_t pongs_taken;        /* liveness PONGs of the known instance it took */
+    uint64_t flow_pauses;        /* FLOW pauses it read while not paused (flow_paused) */
 
     /* The queue, and the broker's instance: guarded by *slock. */
     fb_reader_item *head, *tail;

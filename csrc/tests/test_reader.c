@@ -197,6 +197,16 @@ static int wait_queued(rig *g, int n)
     return 0;
 }
 
+/* Wait until the thread has read n messages (queued or taken). */
+static int wait_read(rig *g, uint64_t n)
+{
+    for (int i = 0; i < 5000; i++) {
+        if (__atomic_load_n(&g->r.read_messages, __ATOMIC_SEQ_CST) >= n) return 1;
+        sleep_ms(1);
+    }
+    return 0;
+}
+
 /* Pop one message under the lock: its body into out. */
 static int pop(rig *g, char *cmd, char *out)
 {
@@ -329,20 +339,26 @@ static void test_a_flow_pause_stops_the_sender_and_a_resume_starts_it(void)
     CHECK(wait_queued(&g, 1));
     CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 0);
     script("F", "p");                               /* a pause: the sender's flag, now */
-    CHECK(wait_queued(&g, 2));
+    CHECK(wait_read(&g, 2));
     CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 1);
     CHECK_EQ(__atomic_load_n(&sender_wake.signaled, __ATOMIC_SEQ_CST), 0);
-    CHECK(owner_woken(&g));                         /* and the owner hears of it too */
+    CHECK_EQ(__atomic_load_n(&g.r.flow_pauses, __ATOMIC_SEQ_CST), 1);
+    script("F", "p");                               /* (paused already: not counted) */
     script("F", "r");                               /* a resume: sending again, at once */
-    CHECK(wait_queued(&g, 3));
+    CHECK(wait_read(&g, 4));
     CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 0);
     CHECK_EQ(__atomic_load_n(&sender_wake.signaled, __ATOMIC_SEQ_CST), 1);
+    CHECK_EQ(__atomic_load_n(&g.r.flow_pauses, __ATOMIC_SEQ_CST), 1);
+    CHECK_EQ(queued(&g), 1);                        /* FLOWs are taken: only the data waits */
+    CHECK_EQ(__atomic_load_n(&g.r.handed, __ATOMIC_SEQ_CST), 0);   /* and the owner heard nothing */
     script("F", "p");
-    CHECK(wait_queued(&g, 4));
+    CHECK(wait_read(&g, 5));
     CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 1);
+    CHECK_EQ(__atomic_load_n(&g.r.flow_pauses, __ATOMIC_SEQ_CST), 2);
     script("h", "{}");                              /* a new session's WELCOME: not paused */
-    CHECK(wait_queued(&g, 5));
+    CHECK(wait_queued(&g, 2));                      /* (and the owner's) */
     CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 0);
+    CHECK(owner_woken(&g));
     rig_stop(&g);
     fb_wake_close(&sender_wake);
     close(sink[0]);

@@ -384,7 +384,8 @@ cdef class Reader:
     every message does (an event loop reads only when woken).  Optional hooks: a
     FLOW pause stops ``flow_to`` (a Sender) at once, a resume (or
     ``flow_reset_command``, a new session's WELCOME) starts it again, and
-    the sender reads through this reader between its batches; a WANT is applied to
+    the sender reads through this reader between its batches (a FLOW is
+    taken and its pauses counted, ``flow_pauses``, never queued); a WANT is applied to
     ``view_of``'s view (a Publisher) and acknowledged, never queued, and
     with ``lease_pong`` (pong command, lease token) so is the lease a PONG
     to a lease ping grants.  With ``ping`` (ping command, pong command,
@@ -560,6 +561,12 @@ cdef class Reader:
     def pongs_taken(self) -> int:
         """Liveness PONGs of the known broker it took (nobody else saw them)."""
         return fbe_load_u64(&self._r.pongs_taken)
+
+    @property
+    def flow_pauses(self) -> int:
+        """FLOW pauses the thread read while not paused (with ``flow_to``:
+        it takes FLOWs, the owner never sees them)."""
+        return fbe_load_u64(&self._r.flow_pauses)
 
     @property
     def parks(self) -> int:

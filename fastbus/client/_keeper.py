@@ -4,9 +4,10 @@ It is not on the way of a message a user thread publishes or reads: those
 threads use the socket themselves (``_session``), and while none does, the
 client's native threads (``_engine``) send what a burst left, read for a
 PubSub nobody is reading, answer the broker's WANTs, FLOWs and leases, and
-ping it.  The keeper does what those hand back: the broker's confirmations,
-notices and flow changes (which it counts), a new broker instance (HELLO
-again, and the subscriptions), control frames that waited for room.  A client at rest never wakes it.
+ping it.  The keeper does what those hand back: the broker's confirmations
+and notices, a new broker instance (HELLO again, and the subscriptions),
+control frames that waited for room.  A client at rest, or one the broker
+pauses and resumes, never wakes it.
 Without the native engine (pyzmq's libzmq not found) it does all of it:
 it then sleeps in ``poll()`` on the sessions' notification descriptors
 (ZMQ_FD) and its own wake pipe, never on a timer shorter than the next

@@ -87,7 +87,7 @@ class PubSession(Session):
         self.publisher = publisher
         self.linger_ns = int((self.options.max_delay or 0.0) * 1e9)
         self._flow_paused = False
-        self.flow_pauses = 0
+        self._flow_pauses = 0             # pauses read here (the native reader counts its own)
         self._sent = 0                    # messages sent to the broker from Python
         self.pongs: set[bytes] = set()    # flush tokens the broker answered
         self.stats_replies: list[dict] = []
@@ -103,10 +103,9 @@ class PubSession(Session):
         while no Python thread can: a WANT is applied to the publisher's
         view and acknowledged at once, a FLOW pause stops the sender the
         moment it arrives and a resume starts it again (the sender reads
-        through it between batches too); it pings the broker
-        (Session.native_ping); the rest, and the FLOWs too (the keeper
-        counts pauses), it hands to the keeper (or the loop) through their
-        descriptor."""
+        through it between batches too; it counts the pauses); it pings
+        the broker (Session.native_ping); the rest it hands to the keeper
+        (or the loop) through their descriptor."""
         owner_fd = self.native_owner_fd()
         if owner_fd is None:
             return                        # (a loop's session: the keeper serves it until the loop drives it)
@@ -126,6 +125,7 @@ class PubSession(Session):
         if self.reader is not None:
             self.reader.stop()            # before the sender it pauses, and the socket (the lock
                                           # we hold: the sender stops reading through it)
+            self._flow_pauses += self.reader.flow_pauses
             self.reader = None
         if self.engine is not None:
             # Before the socket closes; it leaves the lock we hold alone
@@ -146,8 +146,13 @@ class PubSession(Session):
         """Has the broker asked publishers to pause?  With the native
         sender, its flag: set by whoever read the broker's latest FLOW (or
         WELCOME) off the socket, the native reader the moment it reads one
-        (the keeper sees the message later, and counts pauses)."""
+        (it takes FLOWs: no Python thread hears of them)."""
         return self.engine.paused if self.engine is not None else self._flow_paused
+
+    @property
+    def flow_pauses(self) -> int:
+        """How many times the broker paused this publisher."""
+        return self._flow_pauses + (self.reader.flow_pauses if self.reader is not None else 0)
 
     def _set_flow(self, paused: bool) -> None:
         self._flow_paused = paused
@@ -319,12 +324,14 @@ class PubSession(Session):
             # could not send its ACK (the socket's queue was full).
             self._ack(P.unpack_u64(frames[1]))
         elif cmd == P.FLOW and len(frames) == 2:
+            # Read off the socket here (a native reader with the sender's
+            # flag takes FLOWs itself, and wakes the sender at a resume).
             paused = frames[1] == P.FLOW_PAUSE
-            if paused and not self._flow_paused:
-                self.flow_pauses += 1
+            if paused and not self.flow_paused:
+                self._flow_pauses += 1
             self._set_flow(paused)
-            if not paused and not (self.engine is not None and self.via_reader):
-                self.pump(force=self.linger_over())   # (else the reader woke the native sender)
+            if not paused:
+                self.pump(force=self.linger_over())
         elif cmd == P.STATS_REPLY and len(frames) == 2:
             self.stats_replies.append(P.load_json(frames[1], limit=16 << 20))
         elif cmd == P.NOTICE and len(frames) == 2:

@@ -63,6 +63,7 @@ cdef extern from "fb_reader.h" nogil:
         uint64_t next_ping_ns
         uint64_t pings_sent
         uint64_t pongs_taken
+        uint64_t flow_pauses
         size_t queued
         size_t queued_bytes
         size_t instance_len
