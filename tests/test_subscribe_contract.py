@@ -404,6 +404,44 @@ def test_asyncio_subscribe_returns_in_effect(brokers):
     asyncio.run(main())
 
 
+def test_asyncio_subscribe_returns_when_another_coroutine_reads_its_confirmation(brokers):
+    """The asyncio twin of the test above: a coroutine awaits subscribe()
+    while another coroutine of the same PubSub holds the connection and
+    reads its CONFIRM off the socket (the native reader could not take it
+    meanwhile).  The subscribe() returns at once.  Before, nothing woke it:
+    it waited for the loop's next ping timer, and once the native reader
+    pinged instead, for its whole subscribe_timeout.  (The broker is
+    stopped, SIGSTOP, until the waiting coroutine has read what there was.)"""
+    b = brokers()
+
+    async def main():
+        async with fastbus.aio.Client(endpoint=b.endpoint) as c:
+            p = c.pubsub(ignore_subscribe_messages=True)
+            await p.subscribe("first")
+            s = p.session
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            try:
+                seq = p.subscribe_nowait("second")
+                waiter = asyncio.create_task(p.wait_confirmed(seq))
+                await asyncio.sleep(0.1)           # it read what there was (nothing), and waits
+                assert not waiter.done()
+                assert s.hold(5)                   # another coroutine's turn at the connection...
+            finally:
+                os.kill(b.proc.pid, signal.SIGCONT)
+            try:
+                time.sleep(0.3)                    # ...while the CONFIRM arrives
+                s.read()                           # ...which it reads
+            finally:
+                s.release()
+            assert s.confirmed >= seq
+            t0 = time.monotonic()
+            await asyncio.wait_for(waiter, 10)
+            assert time.monotonic() - t0 < 0.5, f"subscribe() returned {time.monotonic() - t0:.2f} s later"
+            await p.aclose()
+
+    asyncio.run(main())
+
+
 def test_cli_sub_without_a_broker_says_so():
     endpoint = _absent_endpoint()
     r = subprocess.run([sys.executable, "-m", "fastbus", "sub", "news", "--connect", endpoint],
