@@ -429,8 +429,11 @@ def test_asyncio_subscribe_returns_when_another_coroutine_reads_its_confirmation
             finally:
                 os.kill(b.proc.pid, signal.SIGCONT)
             try:
-                time.sleep(0.3)                    # ...while the CONFIRM arrives
-                s.read()                           # ...which it reads
+                deadline = time.monotonic() + 10
+                while s.confirmed < seq and time.monotonic() < deadline:
+                    # (blocking the loop is the point: the CONFIRM arrives meanwhile)
+                    time.sleep(0.01)  # noqa: ASYNC251
+                    s.read()                       # ...and reads the CONFIRM
             finally:
                 s.release()
             assert s.confirmed >= seq
