@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fastbus.client")
 
+#: How soon the keeper looks again at a session whose lock it found taken
+#: (by a native thread, which may not wake it when it lets go).
+RETRY_TAKEN = 0.001
+
 
 class Keeper(threading.Thread):
     """Serves the sessions of one client that no user thread (or event loop)
@@ -132,7 +136,10 @@ class Keeper(threading.Thread):
             if not held:
                 # A user thread holds it for a moment (an inline send, a
                 # subscribe): it reads what arrived before it lets go, and
-                # wakes us when it does.
+                # wakes us when it does.  So does the native sender; the
+                # native reader (its read or ping, a moment too) does not:
+                # look again soon.
+                timeout = RETRY_TAKEN if timeout is None else min(timeout, RETRY_TAKEN)
                 continue
             due = s.due_in(time.monotonic())
             if due is not None:
