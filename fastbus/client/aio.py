@@ -9,9 +9,10 @@
 
 The asyncio twins change only how they wait: the sockets, batching, filters
 and reconnects are those of :class:`fastbus.Client`.  Their connections are
-driven by the event loop that first uses them (it reads a connection when
-its ZeroMQ descriptor says so, and pings on a timer), so a message reaches a
-coroutine without a thread hand-over, and nothing here blocks the loop.
+driven by the event loop that first uses them (it serves a connection when
+the connection's native reader hands it something: the reader also pings
+the broker), so a message reaches a coroutine without a thread hand-over,
+and nothing here blocks the loop.
 Publishing is :class:`fastbus.Client`'s: on an idle client a message leaves
 from the publishing coroutine at once; in a burst, batches form by
 themselves and the client's native sender sends them the moment the burst
@@ -57,12 +58,13 @@ log = logging.getLogger("fastbus.client")
 
 class _LoopDriver:
     """Drives a session from an asyncio loop instead of the keeper thread:
-    serves it when its native reader hands it something (a byte on the
-    driver's pipe), and at its next ping.  The reader reads while the loop
-    is busy: a PubSub's takes what arrives (up to max_inbox_bytes), so the
-    broker is not held back; the publishing connection's applies and
-    acknowledges the broker's WANTs itself.  Without the native engine,
-    the loop watches the socket's ZMQ_FD instead."""
+    serves it when its native reader (or sender) hands it something (a
+    byte on the driver's pipe), and when its due_in() says.  The reader
+    reads while the loop is busy: a PubSub's takes what arrives (up to
+    max_inbox_bytes), so the broker is not held back; the publishing
+    connection's applies and acknowledges the broker's WANTs itself; both
+    ping the broker.  Without the native engine, the loop watches the
+    socket's ZMQ_FD instead, and pings on a timer."""
 
     def __init__(self, session: Session, loop: asyncio.AbstractEventLoop, changed: asyncio.Event) -> None:
         self.session = session
@@ -141,8 +143,8 @@ class _LoopDriver:
 #: again.  The holder is a native thread for a moment (the reader reading a
 #: WANT or a lease PONG, which it handles itself without waking the loop;
 #: the sender sending a batch), or another thread closing: none tells the loop when it
-#: lets go, and waiting for the next event instead stalled a flush until
-#: the loop's next ping, a second later.
+#: lets go, and waiting for the next event instead stalled a flush for
+#: a second (then the loop's ping timer, now never).
 RETRY_TAKEN = 0.0005
 
 
