@@ -107,8 +107,9 @@ class Client:
     """
 
     #: Hook for a twin that an event loop drives (:mod:`fastbus.aio` sets it
-    #: True): the loop serves its connections instead of the keeper thread,
-    #: and their native threads wake the loop.  Publishing is the same.
+    #: True): the loop serves its connections instead of the keeper thread
+    #: (their native threads wake it), and every starting batch is handed to
+    #: the publisher's ``send_now`` (no bursts counted).
     driven_by_loop: bool = False
 
 
@@ -193,8 +194,12 @@ class Client:
                                  doc="How long subscribe() waits for the broker's confirmation.")
 
     def _burst_rule(self) -> tuple[float, int]:
-        """(burst_gap, burst_limit) of the publisher (see Publisher): with a
+        """(burst_gap, burst_limit) of the publisher (see Publisher): driven
+        by a loop, a starting batch is always handed to send_now (it leaves
+        when the running task yields: the loop's turn is the batch); with a
         linger, one batch per linger; else bursts as BURST_GAP/BURST_LIMIT."""
+        if self.driven_by_loop:
+            return 0.0, 1
         max_delay = self._options.max_delay
         return (max_delay, 1) if max_delay else (BURST_GAP, BURST_LIMIT)
 

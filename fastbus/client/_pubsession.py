@@ -73,8 +73,8 @@ class PubSession(Session):
     it after one batch, and the resume, read by whichever thread reads it
     first, starts it again.  What it does not send (a full socket, control
     frames first) it hands back to the keeper, or to the event loop that
-    drives the session (an asyncio client publishes the same way: only its
-    waiting differs)."""
+    drives the session.  (An asyncio client's loop sends each turn's batch;
+    its sender sends what a full socket refused, as room comes.)"""
 
     kind = "pub"
     acks = True
@@ -98,8 +98,8 @@ class PubSession(Session):
 
     def open_native(self) -> None:
         """The native sender and reader.  The sender sends what a burst
-        leaves, while the publishing thread (or the event loop's running
-        task) does something else.  The reader reads what the broker says
+        leaves while the publishing thread does something else (for an
+        event loop's session, what a full socket refused).  The reader reads what the broker says
         while no Python thread can: a WANT is applied to the publisher's
         view and acknowledged at once, a FLOW pause stops the sender the
         moment it arrives and a resume starts it again (the sender reads

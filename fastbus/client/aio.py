@@ -13,11 +13,10 @@ driven by the event loop that first uses them (it serves a connection when
 the connection's native reader hands it something: the reader also pings
 the broker), so a message reaches a coroutine without a thread hand-over,
 and nothing here blocks the loop.
-Publishing is :class:`fastbus.Client`'s: on an idle client a message leaves
-from the publishing coroutine at once; in a burst, batches form by
-themselves and the client's native sender sends them the moment the burst
-stops, even while the running task keeps the loop busy.  Use a twin from
-its loop's thread only.
+Batches form by themselves: what the running task publishes before it next
+yields to the loop leaves as one batch (a full batch leaves at once); what
+the socket does not take then, the client's native sender sends as room
+comes.  Use a twin from its loop's thread only.
 
 Each twin is a subclass of its sync class that changes only how it waits:
 it uses the sync class's public hooks (``session``, ``closed``,
@@ -108,10 +107,6 @@ class _LoopDriver:
         if due is not None:
             self._again(due)
 
-    def soon(self) -> None:
-        """Serve the session at the loop's next turn (the loop's thread)."""
-        self._again(0.0)
-
     def _again(self, delay: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -177,6 +172,7 @@ class Client(_SyncClient):
     _loop: asyncio.AbstractEventLoop | None = None
     _changed: asyncio.Event | None = None
     _driver: _LoopDriver | None = None
+    _send_scheduled = False
 
     def _bind(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
@@ -188,12 +184,42 @@ class Client(_SyncClient):
             raise ConnectionClosed("client is closed")
         self._loop = loop
         self._changed = asyncio.Event()
+        self.session.publisher.send_now = self._send_soon
         self._driver = _LoopDriver(self.session, loop, self._changed)
-        if self.session.engine is None:
-            # No native sender (pyzmq's libzmq not found): what a burst
-            # leaves is sent by the loop, at its next turn.
-            self.session.publisher.wake = self._driver.soon
         return loop
+
+    def _send_soon(self, full: bool) -> None:
+        """The publisher's call (in the loop's thread): a full batch leaves
+        now; a starting one when the running task yields (the task's turn
+        is the batch)."""
+        if full:
+            self._send_pending()
+        elif not self._send_scheduled:
+            self._send_scheduled = True
+            s = self.session
+            wait = 0.0
+            if s.linger_ns:
+                wait = max(0.0, (s.publisher.last_send_ns + s.linger_ns - time.monotonic_ns()) / 1e9)
+            if wait:
+                self._loop.call_later(wait, self._send_pending)
+            else:
+                self._loop.call_soon(self._send_pending)
+
+    def _send_pending(self) -> None:
+        self._send_scheduled = False
+        s = self.session
+        if s.closed:
+            return
+        with s.attempt() as held:
+            if not held:
+                self._send_scheduled = True
+                self._loop.call_later(RETRY_TAKEN, self._send_pending)
+                return
+            s.pump(force=s.linger_over())  # (what the socket refuses, the native sender sends as room comes)
+        if self._changed is not None:
+            self._changed.set()
+        if s.publisher.queued and not s.flow_paused and not s.blocked:
+            self._send_soon(False)        # more than one burst: the rest next turn
 
     async def publish(self, channel: ChannelT, message: EncodableT) -> int:
         """Waits (without blocking the loop) while the buffer is full, at
@@ -218,6 +244,7 @@ class Client(_SyncClient):
         deadline = pub.room_deadline
         while True:
             self._changed.clear()
+            self._send_pending()
             if pub.room_check(deadline):      # (raises as the sync wait does; else wakes the sender)
                 return
             # The sender frees room without telling the loop: look again
