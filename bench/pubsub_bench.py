@@ -45,6 +45,12 @@ published x subscribers - received - dropped: a backlog still queued when the
 drain time ran out, when publishers outran subscribers.  Everything runs on
 loopback; every loop is bounded in time.
 
+A second table gives what a message cost its publisher in CPU: its
+publishing thread's (what limits one publishing loop once every process
+has a core of its own, as on 16 cores) and its whole process's (the
+client library's own threads too: libzmq's I/O thread, fastbus's native
+sender, Zenoh's runtime).
+
     python bench/pubsub_bench.py --cases 1:2,1:1,2:2,4:4 --styles seed,bulk --seconds 5 --png bench/pubsub.png
 """
 
@@ -78,12 +84,30 @@ def channel_cycle(seed: int):
 
 # -- clients ---------------------------------------------------------------
 
+class _CPU:
+    """What publishing cost: the publishing thread's CPU time and the whole
+    process's (its clients' own threads too) from ``start()`` to ``stop()``,
+    into the shared values ``out`` (seconds; thread, process)."""
+
+    def __init__(self, out) -> None:
+        self.out = out
+        self.t0 = self.p0 = None
+
+    def start(self) -> None:
+        self.t0, self.p0 = time.thread_time(), time.process_time()
+
+    def stop(self) -> None:
+        if self.out is not None and self.t0 is not None:
+            self.out[0], self.out[1] = time.thread_time() - self.t0, time.process_time() - self.p0
+
+
 def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed: int,
-              window: int = 0, pub_counts=(), sub_counts=()) -> None:
+              window: int = 0, pub_counts=(), sub_counts=(), cpu_out=None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     chans = channel_cycle(seed)
     msg = b"x" * size
     n = 0
+    cpu = _CPU(cpu_out)
     ready_pub.wait()
     if window:
         # Paced: stay at most `window` messages ahead of the slowest
@@ -96,16 +120,19 @@ def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed
         while not c.stats()["filter_active"]:
             time.sleep(0.01)
         publish = c.publish
+        cpu.start()
         while not stop.is_set():
             for _ in range(1000):
                 publish(next(chans), msg)
             n += 1000
             count.value = n
+        cpu.stop()
         c.close(timeout=30)
     elif system == "redis":
         import redis
         r = redis.Redis(host="127.0.0.1", port=server["port"])
         pipe = r.pipeline(transaction=False)
+        cpu.start()
         while not stop.is_set():
             # BufferedRedis flushes every 1000 messages (its 200 ms timer
             # never fires at this volume).
@@ -114,6 +141,7 @@ def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed
             pipe.execute()
             n += 1000
             count.value = n
+        cpu.stop()
     elif system in ("zenoh", "zenoh-router"):
         import zenoh
         mode = "client" if system == "zenoh-router" else "peer"
@@ -121,11 +149,13 @@ def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed
         pubs = {ch.encode(): session.declare_publisher(ch, congestion_control=zenoh.CongestionControl.BLOCK)
                 for ch in CHANNELS}
         time.sleep(0.5)                           # connected to every subscriber
+        cpu.start()
         while not stop.is_set():
             for _ in range(1000):
                 pubs[next(chans)].put(msg)
             n += 1000
             count.value = n
+        cpu.stop()
         time.sleep(2.0)                           # what is in flight leaves before the session closes
         session.close()
     elif system == "nats":
@@ -135,12 +165,14 @@ def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed
             publish = nc.publish
             chans_s = (c.decode() for c in chans)
             k = 0
+            cpu.start()
             while not stop.is_set():
                 for _ in range(1000):
                     await publish(next(chans_s), msg)
                 k += 1000
                 count.value = k
                 await asyncio.sleep(0)            # let the client's flusher run, as an app's loop would
+            cpu.stop()
             await nc.flush(timeout=60)
             await nc.close()
             return k
@@ -152,11 +184,13 @@ def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed
         s.connect(f"tcp://127.0.0.1:{server['port']}")
         time.sleep(0.5)
         send = s.send
+        cpu.start()
         while not stop.is_set():
             for _ in range(1000):
                 send(b"%s %s" % (next(chans), msg))     # seed 000's ZMQPubSub.publish
             n += 1000
             count.value = n
+        cpu.stop()
         s.close(linger=-1)
     count.value = n
 
@@ -338,12 +372,13 @@ def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float,
     client = "fastbus" if system.startswith("fastbus") else system   # fastbus-http: fastbus's clients
     stop_pub, stop_all, ready_pub = ctx.Event(), ctx.Event(), ctx.Event()
     pubc = [ctx.Value("q", 0) for _ in range(npubs)]
+    pub_cpu = [ctx.Array("d", 2) for _ in range(npubs)]
     subc = [ctx.Value("q", 0) for _ in range(nclients)]
     readies = [ctx.Event() for _ in range(nclients)]
     subs = [ctx.Process(target=subscriber, args=(client, style, info, stop_all, readies[i], subc[i], drain, i))
             for i in range(nclients)]
     pubs = [ctx.Process(target=publisher, args=(client, info, size, stop_pub, ready_pub, pubc[i], i,
-                                                window, pubc, subc))
+                                                window, pubc, subc, pub_cpu[i]))
             for i in range(npubs)]
     try:
         for p in subs:
@@ -368,6 +403,11 @@ def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float,
         for p in subs:
             p.join(drain + 30)
         published = sum(c.value for c in pubc)
+        # What a message cost its publisher, in ns: the publishing thread's
+        # CPU (what limits one publishing loop once it has a core of its
+        # own), and its whole process's.
+        pub_thread_ns = 1e9 * sum(c[0] for c in pub_cpu) / published if published else 0.0
+        pub_process_ns = 1e9 * sum(c[1] for c in pub_cpu) / published if published else 0.0
         received = sum(c.value for c in subc)
         expected = published * nclients
         dropped = 0
@@ -383,6 +423,7 @@ def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float,
                 "delivered_per_s": (s1 - s0) / (t1 - t0),
                 "per_subscriber_per_s": [(b - a) / (t1 - t0) for a, b in zip(per0, per1)],
                 "published": published, "received": received, "dropped": dropped,
+                "pub_thread_ns": pub_thread_ns, "pub_process_ns": pub_process_ns,
                 "undelivered": expected - received - dropped, "lost": expected - received,
                 "loss_pct": 100.0 * dropped / expected if expected else 0.0,
                 "undelivered_pct": 100.0 * (expected - received - dropped) / expected if expected else 0.0}
@@ -453,7 +494,8 @@ def main() -> None:
                 results.append(r)
                 print(f"{style:5s} {system:8s} {case}: {r['delivered_per_s']:>12,.0f} delivered/s "
                   f"({', '.join(f'{x:,.0f}' for x in r['per_subscriber_per_s'])} per subscriber); "
-                      f"published {r['published']:,}, dropped {r['dropped']:,}, "
+                      f"published {r['published']:,} (publisher CPU per message: {r.get('pub_thread_ns', 0):,.0f} ns "
+                      f"its thread, {r.get('pub_process_ns', 0):,.0f} ns its process), dropped {r['dropped']:,}, "
                       f"undelivered after the drain {r['undelivered']:,} ({r['undelivered_pct']:.1f}%)", flush=True)
     systems = list(dict.fromkeys(r["system"] for r in results))
     peers = [x for x in systems if x != "fastbus"]
@@ -467,6 +509,15 @@ def main() -> None:
         fb = row.get("fastbus", {}).get("delivered_per_s")
         ratios = [f"{fb / row[s]['delivered_per_s']:.1f}x" if fb and s in row and row[s]["delivered_per_s"] else ""
                   for s in peers]
+        print(f"| {style} | {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    print("\nWhat a message cost its publisher, ns of CPU (its publishing thread / its whole process):\n")
+    print("| style | pub:sub | " + " | ".join(systems) + " | " + " | ".join(f"{x} / fastbus" for x in peers) + " |")
+    print("|---|---|" + "---|" * (len(systems) + len(peers)))
+    for style, case in dict.fromkeys((r["style"], r["case"]) for r in results):
+        row = {r["system"]: r for r in results if r["case"] == case and r["style"] == style}
+        cells = [f"{row[s]['pub_thread_ns']:,.0f} / {row[s]['pub_process_ns']:,.0f}" for s in systems if s in row]
+        fb = row.get("fastbus", {}).get("pub_thread_ns")
+        ratios = [f"{row[s]['pub_thread_ns'] / fb:.1f}x" if fb and s in row else "" for s in peers]
         print(f"| {style} | {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
     if args.png:
         plot(results, args.png)

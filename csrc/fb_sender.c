@@ -57,10 +57,16 @@ static int look(fb_sender *s, int *unread)
     return ev;
 }
 
-/* Send what is due, the connection's lock held.  Returns when to look
- * again: now (more is due after a full turn), when the outbox's batch is
- * due by the linger, or UINT64_MAX: when woken. */
-static uint64_t send_due(fb_sender *s)
+/* Send what is due, the connection's lock held: the sealed batches, then
+ * the outbox's, at most SEND_BURST.  `by_thread`: this thread's turn (a
+ * lingering batch waits for its time, and every batch sent marks the
+ * publisher busy); else the publishing thread's (fb_sender_send_now): the
+ * outbox's batch leaves now, and the publisher is marked busy only if
+ * `full` (as the owner's Publisher.sent).  Returns when to look again: now
+ * (more is due after a full turn), when the outbox's batch is due by the
+ * linger, a moment later (the socket was full), or UINT64_MAX: when woken;
+ * adds the batches sent to *batches. */
+static uint64_t send_due(fb_sender *s, int by_thread, int full, int *batches)
 {
     uint64_t next = UINT64_MAX;
     int hand = 0, sent = 0, unread = 0, n;
@@ -74,7 +80,15 @@ static uint64_t send_due(fb_sender *s)
             hand = 1;                       /* control frames go first, in order */
             break;
         }
-        fb_lock_wait(s->outbox_lock);
+        if (by_thread) {
+            fb_lock_wait(s->outbox_lock);
+        } else if (!fb_lock_try(s->outbox_lock)) {
+            /* Another publishing thread appends: it may be waiting for
+             * Python's interpreter lock, which our caller holds, so we
+             * must not wait for it.  This thread sends (woken). */
+            next = 0;
+            break;
+        }
         fb_outbox *o = s->outbox;
         unsigned char *buf = NULL;
         size_t len = 0;
@@ -87,7 +101,7 @@ static uint64_t send_due(fb_sender *s)
                 break;
             }
             uint64_t last = __atomic_load_n(s->last_send_ns, __ATOMIC_RELAXED);
-            if (s->linger_ns && !fb_outbox_full(o) && fb_now_ns() < last + s->linger_ns) {
+            if (by_thread && s->linger_ns && !fb_outbox_full(o) && fb_now_ns() < last + s->linger_ns) {
                 next = last + s->linger_ns;     /* a lingering batch gathers until then */
                 fb_lock_release(s->outbox_lock);
                 break;
@@ -129,13 +143,28 @@ static uint64_t send_due(fb_sender *s)
             hand = 1;                       /* the socket is closing: the owner sees why */
             break;
         }
-        sent = 1;
-        __atomic_add_fetch(&s->sent_messages, count, __ATOMIC_SEQ_CST);
-        __atomic_add_fetch(&s->sent_batches, 1, __ATOMIC_SEQ_CST);
-        /* The publisher is busy: what it publishes next gathers here. */
-        __atomic_store_n(s->last_send_ns, fb_now_ns(), __ATOMIC_RELAXED);
-        __atomic_store_n(s->streak, s->burst_limit, __ATOMIC_RELAXED);
+        sent++;
+        if (by_thread) {
+            __atomic_add_fetch(&s->sent_messages, count, __ATOMIC_SEQ_CST);
+            __atomic_add_fetch(&s->sent_batches, 1, __ATOMIC_SEQ_CST);
+            /* The publisher is busy: what it publishes next gathers here. */
+            __atomic_store_n(s->last_send_ns, fb_now_ns(), __ATOMIC_RELAXED);
+            __atomic_store_n(s->streak, s->burst_limit, __ATOMIC_RELAXED);
+        } else {
+            __atomic_add_fetch(&s->inline_messages, count, __ATOMIC_SEQ_CST);
+            __atomic_add_fetch(&s->inline_batches, 1, __ATOMIC_SEQ_CST);
+        }
     }
+    if (sent && !by_thread) {
+        /* As Publisher.sent(full): a full batch marks the publisher busy,
+         * else it counts towards the burst limit. */
+        __atomic_store_n(s->last_send_ns, fb_now_ns(), __ATOMIC_RELAXED);
+        int streak = __atomic_load_n(s->streak, __ATOMIC_RELAXED);
+        if (full) streak = s->burst_limit;
+        else if (streak < s->burst_limit) streak++;
+        __atomic_store_n(s->streak, streak, __ATOMIC_RELAXED);
+    }
+    *batches += sent;
     /* A send may have taken the edge of the socket's notification
      * descriptor the reader (or the owner) sleeps on: what the broker said
      * meanwhile (WANT, FLOW, PONG) is read now, or by the owner. */
@@ -195,7 +224,8 @@ static void *run(void *arg)
             if (__atomic_load_n(&s->stop, __ATOMIC_SEQ_CST)) break;
         if (!got) break;
         uint64_t ping_due = send_lease_ping(s);
-        due = send_due(s);                  /* (sends nothing while paused) */
+        int batches = 0;
+        due = send_due(s, 1, 0, &batches);  /* (sends nothing while paused) */
         if (ping_due < due) due = ping_due;
         fb_slock_release(s->slock);
         if (due == 0) sched_yield();        /* a waiter for the lock gets it first */
@@ -204,6 +234,27 @@ static void *run(void *arg)
         if (__atomic_exchange_n(&s->owner_skipped, 0, __ATOMIC_SEQ_CST)) fb_wake_owner(&s->wake);
     }
     return NULL;
+}
+
+int fb_sender_send_now(fb_sender *s, int full)
+{
+    if (__atomic_load_n(&s->paused, __ATOMIC_SEQ_CST))
+        return 0;                           /* the resume wakes the thread, which sends it */
+    if (!fb_slock_try(s->slock)) {
+        fb_sender_wake(s);                  /* it waits for the holder, then sends */
+        return -1;
+    }
+    int batches = 0;
+    uint64_t next = send_due(s, 0, full, &batches);
+    fb_slock_release(s->slock);
+    /* More than a turn's worth, or a full socket: the thread goes on. */
+    if (next != UINT64_MAX) fb_sender_wake(s);
+    /* Whoever found the connection taken meanwhile sleeps until its holder
+     * lets go: the owner (owner_skipped), the reader (want_wake). */
+    if (__atomic_exchange_n(&s->owner_skipped, 0, __ATOMIC_SEQ_CST)) fb_wake_owner(&s->wake);
+    fb_reader *r = __atomic_load_n(&s->reader, __ATOMIC_SEQ_CST);
+    if (r && __atomic_load_n(&r->want_wake, __ATOMIC_SEQ_CST)) fb_reader_wake(r);
+    return batches;
 }
 
 int fb_sender_start(fb_sender *s)

@@ -100,6 +100,8 @@ typedef struct fb_sender {
     uint64_t sent_messages;      /* records this thread sent */
     uint64_t sent_batches;
     uint64_t lease_pings;        /* lease renewals this thread asked for */
+    uint64_t inline_messages;    /* records the publishing thread sent (fb_sender_send_now) */
+    uint64_t inline_batches;
 
     /* The thread's own. */
     fb_wake wake;
@@ -115,6 +117,22 @@ int fb_sender_start(fb_sender *s);
 /* Have the thread look at the outbox now (any thread; cheap when a wake-up
  * is already pending). */
 void fb_sender_wake(fb_sender *s);
+
+/* The publishing thread's send, in C: a batch started on an idle
+ * publisher, or filled (`full`), leaves from that thread at once, a hop
+ * sooner than through this thread.  If the connection is free, it takes it
+ * and sends what is due as this thread would (sealed batches first; a
+ * lingering batch too; the publisher marked busy only if `full`), and
+ * lets go, waking whoever found the connection taken meanwhile.  It never
+ * waits for the outbox's lock either: its caller holds Python's
+ * interpreter lock, which another publishing thread that holds the outbox's
+ * may be waiting for.  What it does not do goes where this thread's would:
+ * to this thread (more than a turn, a full socket, the outbox taken:
+ * woken), to the owner (control frames first, input without a reader).  Paused by flow control: nothing (the resume wakes
+ * the thread).  Returns the batches sent, or -1 if the connection was
+ * taken (this thread is woken: it sends once it has it).  Never blocks;
+ * call it only while the thread runs (it uses the thread's socket). */
+int fb_sender_send_now(fb_sender *s, int full);
 
 /* Stop the thread and wait for it; it lets go of everything first.  Safe
  * to call more than once. */

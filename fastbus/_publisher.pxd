@@ -33,5 +33,10 @@ cdef class Publisher:
     cdef uint64_t _refused
     cdef uint64_t _lapsed
     cdef public object renew
+    cdef int _publish(self, object channel, object message) except -1
     cdef int _started(self) except -1
     cdef int _check_limits(self, bytes t, bytes p) except -1
+
+
+cdef class ClientBase:
+    cdef public Publisher _publisher

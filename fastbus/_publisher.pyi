@@ -5,6 +5,7 @@ from collections.abc import Callable, Iterable
 from typing_extensions import Buffer
 
 from fastbus._core import Batch, Outbox, _Message
+from fastbus._types import ChannelT, EncodableT
 
 class Publisher:
     """The publish path of a client as one call into C (see the class doc in
@@ -74,3 +75,15 @@ class Publisher:
     @property
     def queued(self) -> int: ...
     def has_sealed(self) -> bool: ...
+
+
+class ClientBase:
+    """The part of a client in C that every publish goes through (see the
+    class doc in fastbus/_publisher.pyx); fastbus.Client is its subclass."""
+    _publisher: Publisher | None
+    def publish(self, channel: ChannelT, message: EncodableT) -> int:
+        """Queue a message; returns 1, or 0 when no subscriber wants its
+        channel (the broker said so), in which case it is not sent."""
+    def publish_many(self, messages: Iterable[tuple[ChannelT, EncodableT]]) -> int:
+        """Queue many ``(channel, message)`` pairs; returns how many were
+        queued (the others nobody wanted)."""

@@ -31,8 +31,8 @@ def _doc_target(value: object) -> object | None:
         return value.__func__
     if isinstance(value, property):
         return value
-    if inspect.isfunction(value):
-        return value
+    if inspect.isfunction(value) or inspect.isroutine(value):
+        return value                      # (a Cython method of a compiled base class too)
     return None
 
 

@@ -341,6 +341,105 @@ static void test_linger_holds_a_partial_batch(void)
     rig_stop(&r);
 }
 
+/* fb_sender_send_now: the publishing thread sends in C, at once (a
+ * lingering batch too), and marks the publisher busy only for a full
+ * batch; what it cannot do goes to the thread or the owner. */
+static void test_the_publishing_thread_sends_now(void)
+{
+    rig r;
+    rig_start(&r, 0);
+    REQUIRE(fb_slock_try(&r.sl));               /* the thread reads these only holding it */
+    r.s.linger_ns = 10000000000ULL;             /* the thread would hold a partial batch 10 s */
+    r.last = fb_now_ns();
+    CHECK_EQ(fb_slock_release(&r.sl), 0);
+    for (uint32_t i = 0; i < 3; i++) append(&r, i);
+    uint64_t before = r.last;
+    CHECK_EQ(fb_sender_send_now(&r.s, 0), 1);
+    CHECK_EQ(F.records, 3);                     /* sent before the call returned */
+    CHECK_EQ(r.s.inline_messages, 3);
+    CHECK_EQ(r.s.inline_batches, 1);
+    CHECK_EQ(r.s.sent_messages, 0);             /* (the thread's count) */
+    CHECK_EQ(r.streak, 1);                      /* idle still: one more towards the burst limit */
+    CHECK(r.last >= before);
+    CHECK(!fb_slock_held(&r.sl));
+    append(&r, 3);
+    CHECK_EQ(fb_sender_send_now(&r.s, 1), 1);   /* a full batch: the publisher is busy */
+    CHECK_EQ(r.streak, 4);
+
+    /* Sealed batches first, in one call. */
+    fb_lock_wait(&r.ol);
+    for (uint32_t i = 4; i < 6; i++) REQUIRE(fb_outbox_append(&r.o, "t", 1, &i, sizeof i, 1) >= 0);
+    unsigned char *buf;
+    size_t len;
+    REQUIRE(fb_outbox_take(&r.o, &buf, &len) == FB_OK);
+    REQUIRE(fb_batchq_push(&r.q, buf, len, 2) == FB_OK);
+    fb_lock_release(&r.ol);
+    append(&r, 6);
+    CHECK_EQ(fb_sender_send_now(&r.s, 0), 2);
+    CHECK_EQ(F.records, 7);
+    CHECK_EQ(F.out_of_order, 0);
+
+    /* Paused: nothing (the resume wakes the thread). */
+    __atomic_store_n(&r.s.paused, 1, __ATOMIC_SEQ_CST);
+    append(&r, 7);
+    CHECK_EQ(fb_sender_send_now(&r.s, 0), 0);
+    CHECK_EQ(F.records, 7);
+    __atomic_store_n(&r.s.paused, 0, __ATOMIC_SEQ_CST);
+    CHECK_EQ(fb_sender_send_now(&r.s, 0), 1);
+
+    /* Control frames first: the owner's, woken. */
+    while (owner_woken(&r)) {
+    }
+    __atomic_store_n(&r.s.owner_first, 1, __ATOMIC_SEQ_CST);
+    append(&r, 8);
+    CHECK_EQ(fb_sender_send_now(&r.s, 0), 0);
+    CHECK(owner_woken(&r));
+    CHECK_EQ(fb_outbox_count(&r.o), 1);
+    __atomic_store_n(&r.s.owner_first, 0, __ATOMIC_SEQ_CST);
+    CHECK_EQ(fb_sender_send_now(&r.s, 0), 1);
+
+    /* No room (no reader): kept, and the owner told. */
+    F.room = 0;
+    append(&r, 9);
+    CHECK_EQ(fb_sender_send_now(&r.s, 0), 0);
+    CHECK(owner_woken(&r));
+    CHECK_EQ(fb_outbox_count(&r.o), 1);
+    F.room = 1;
+    CHECK_EQ(fb_sender_send_now(&r.s, 0), 1);
+
+    /* An owner that found the connection taken is woken when it is let go. */
+    __atomic_store_n(&r.s.owner_skipped, 1, __ATOMIC_SEQ_CST);
+    append(&r, 10);
+    CHECK_EQ(fb_sender_send_now(&r.s, 0), 1);
+    CHECK_EQ(r.s.owner_skipped, 0);
+    CHECK(owner_woken(&r));
+
+    /* The outbox taken (another publishing thread appends, and may wait
+     * for the interpreter lock our caller holds): no wait; the thread,
+     * woken, sends it. */
+    append(&r, 11);
+    REQUIRE(fb_slock_try(&r.sl));
+    r.s.linger_ns = 0;
+    CHECK_EQ(fb_slock_release(&r.sl), 0);
+    REQUIRE(fb_lock_try(&r.ol));
+    CHECK_EQ(fb_sender_send_now(&r.s, 0), 0);
+    CHECK_EQ(F.records, 11);
+    fb_lock_release(&r.ol);
+    CHECK(wait_until(&F.records, 12, 5000));
+
+    /* The connection taken: the thread is woken, and sends once it has it. */
+    REQUIRE(fb_slock_try(&r.sl));
+    append(&r, 12);
+    CHECK_EQ(fb_sender_send_now(&r.s, 0), -1);
+    CHECK_EQ(F.records, 12);
+    CHECK_EQ(fb_slock_release(&r.sl), 0);
+    CHECK(wait_until(&F.records, 13, 5000));
+    fb_sender_stop(&r.s);
+    CHECK_EQ(F.out_of_order, 0);
+    CHECK_EQ(r.s.inline_messages + r.s.sent_messages, 13);
+    rig_stop(&r);
+}
+
 /* With the connection's reader: what the broker says is read between
  * batches, so a FLOW pause stops the sender after the batch in flight, and
  * the resume (read by the reader's own thread) starts it again. */
@@ -518,6 +617,7 @@ int main(void)
     RUN(test_paused_and_owner_first_send_nothing);
     RUN(test_waits_for_the_connection_and_wakes_a_skipped_owner);
     RUN(test_linger_holds_a_partial_batch);
+    RUN(test_the_publishing_thread_sends_now);
     RUN(test_reads_between_batches_and_stops_at_a_pause);
     CTEST_END();
 }

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
 from typing import Any, TypedDict
 
 import zmq
 
 from fastbus import protocol as P
 from fastbus._core import Outbox
-from fastbus._publisher import Publisher
-from fastbus._types import ChannelT, EncodableT
+from fastbus._publisher import ClientBase, Publisher
+from fastbus._types import ChannelT
 from fastbus.client._connections import Connections
 from fastbus.client._endpoint import AbsenceProbe
 from fastbus.client._keys import to_key
@@ -50,7 +49,7 @@ BURST_GAP = 20e-6
 BURST_LIMIT = 4
 
 
-class Client:
+class Client(ClientBase):
     """A connection to a fastbus broker (``tcp://host:port``, or
     ``endpoint=`` for ipc:// and inproc://).
 
@@ -205,18 +204,8 @@ class Client:
 
     # -- publishing --------------------------------------------------------
 
-    def publish(self, channel: ChannelT, message: EncodableT) -> int:
-        """Queue a message; returns 1, or 0 when no subscriber wants its
-        channel (the broker said so), in which case it is not sent.  (One
-        call into C: the publisher's outbox, filter and buffer, and the send
-        when the client is idle.)"""
-        return self._publisher.publish(channel, message)
-
-    def publish_many(self, messages: Iterable[tuple[ChannelT, EncodableT]]) -> int:
-        """Queue many ``(channel, message)`` pairs; returns how many were
-        queued (the others nobody wanted).  Every pair is checked first: a
-        bad one raises (TypeError, ValueError) and none is queued."""
-        return self._publisher.publish_many(messages)
+    # publish() and publish_many() are ClientBase's (fastbus/_publisher.pyx):
+    # methods in C, so a message costs one call into C and no Python frame.
 
     def ping(self, timeout: float | None = 10.0) -> bool:
         """As redis-py's: True once the broker answered a round trip (the

@@ -43,7 +43,7 @@ from fastbus.includes.fb_reader cimport (fb_reader, fb_reader_item, fb_reader_po
                                          fb_reader_stop, fb_reader_wake, fb_zmq_msg, fb_reader_owner_enter,
                                          fb_reader_owner_leave)
 from fastbus.includes.fb_sender cimport (FB_SENDER_TOKEN_MAX, fb_sender, fb_sender_start, fb_sender_stop,
-                                         fb_sender_wake)
+                                         fb_sender_send_now, fb_sender_wake)
 from fastbus.includes.fb_slock cimport (fb_slock, fb_slock_destroy, fb_slock_held, fb_slock_init,
                                         fb_slock_release, fb_slock_try, fb_slock_wait)
 
@@ -305,6 +305,17 @@ cdef class Sender:
         in a burst, or fills)."""
         fb_sender_wake(&self._s)
 
+    def send_now(self, bint full) -> None:
+        """The publisher's ``send_now`` (see fastbus/_publisher.pyx), in C:
+        a batch started on an idle publisher, or filled (``full``), leaves
+        from the publishing thread now if the connection is free, else this
+        thread sends it (csrc/fb_sender.h fb_sender_send_now).  No Python
+        frame, and the interpreter lock kept (it never waits)."""
+        if self._s.running:
+            fb_sender_send_now(&self._s, full)
+        else:
+            self._pub.wake()                   # stopped (its session closing): the owner's wake
+
     def stop(self) -> None:
         """Stop the thread and wait for it (it lets go of the connection
         first).  Call it without holding the connection's lock."""
@@ -357,6 +368,15 @@ cdef class Sender:
     @property
     def sent_batches(self) -> int:
         return fbe_load_u64(&self._s.sent_batches)
+
+    @property
+    def inline_messages(self) -> int:
+        """Messages the publishing thread sent through ``send_now``."""
+        return fbe_load_u64(&self._s.inline_messages)
+
+    @property
+    def inline_batches(self) -> int:
+        return fbe_load_u64(&self._s.inline_batches)
 
     @property
     def lease_pings(self) -> int:

@@ -88,7 +88,7 @@ class PubSession(Session):
         self.linger_ns = int((self.options.max_delay or 0.0) * 1e9)
         self._flow_paused = False
         self._flow_pauses = 0             # pauses read here (the native reader counts its own)
-        self._sent = 0                    # messages sent to the broker from Python
+        self._sent = 0                    # messages sent to the broker: from Python, and by engines stopped
         self.pongs: set[bytes] = set()    # flush tokens the broker answered
         self.stats_replies: list[dict] = []
         self.rejected = 0                 # messages the broker said it dropped (NOTICE)
@@ -115,6 +115,10 @@ class PubSession(Session):
                                          lease_ping=(P.PING, P.LEASE_TOKEN, P.LEASE_ASK))
             self.publisher.wake = self.engine.wake
             self.publisher.renew = self.engine.wake     # it sends the lease ping asked for
+            if not self.conns.driven_by_loop:
+                # The publishing thread sends an idle publisher's batch in
+                # C (no Python frame per batch); a loop's is its turn's.
+                self.publisher.send_now = self.engine.send_now
         if self.reader is None:
             self.adopt_reader(_engine.Reader(
                 self.lock, self.sock, owner_fd, PUB_READER_BYTES, P.DATA, flow_to=self.engine, flow_command=P.FLOW,
@@ -131,15 +135,19 @@ class PubSession(Session):
             # Before the socket closes; it leaves the lock we hold alone
             # (it looks whether to stop while it waits for it).
             self.engine.stop()
+            self._sent += self.engine.sent_messages + self.engine.inline_messages
             self.engine = None
             self.publisher.wake = self._keeper.wake
             self.publisher.renew = self.renew_lease
+            if not self.conns.driven_by_loop:
+                self.publisher.send_now = self.send_now
         super().close()
 
     @property
     def sent(self) -> int:
         """Messages sent to the broker."""
-        return self._sent + (self.engine.sent_messages if self.engine is not None else 0)
+        eng = self.engine
+        return self._sent + (eng.sent_messages + eng.inline_messages if eng is not None else 0)
 
     @property
     def flow_paused(self) -> bool:

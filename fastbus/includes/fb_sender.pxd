@@ -47,9 +47,12 @@ cdef extern from "fb_sender.h" nogil:
         uint64_t sent_messages
         uint64_t sent_batches
         uint64_t lease_pings
+        uint64_t inline_messages
+        uint64_t inline_batches
         int running
         fb_wake wake
 
     int fb_sender_start(fb_sender *s)
     void fb_sender_wake(fb_sender *s)
+    int fb_sender_send_now(fb_sender *s, int full)
     void fb_sender_stop(fb_sender *s)
