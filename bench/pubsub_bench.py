@@ -45,11 +45,12 @@ published x subscribers - received - dropped: a backlog still queued when the
 drain time ran out, when publishers outran subscribers.  Everything runs on
 loopback; every loop is bounded in time.
 
-A second table gives what a message cost its publisher in CPU: its
-publishing thread's (what limits one publishing loop once every process
-has a core of its own, as on 16 cores) and its whole process's (the
-client library's own threads too: libzmq's I/O thread, fastbus's native
-sender, Zenoh's runtime).
+Two more tables give what a message cost in CPU, its publisher and a
+subscriber: the publishing (subscribing) thread's, what limits one loop
+once every process has a core of its own, as on 16 cores; and the whole
+process's, the client library's own threads too (libzmq's I/O thread,
+fastbus's native sender and reader, Zenoh's runtime, where Zenoh's and
+NATS's callbacks run: their subscribing thread only waits).
 
     python bench/pubsub_bench.py --cases 1:2,1:1,2:2,4:4 --styles seed,bulk --seconds 5 --png bench/pubsub.png
 """
@@ -233,8 +234,22 @@ def _count_messages(get, done, count, state: dict) -> int:
             state["last"] = time.monotonic()
 
 
-def subscriber(system: str, style: str, server: dict, stop_all, ready, count, drain: float, index: int = 0) -> None:
+class _ReadyStartsCPU:
+    """The subscriber's ready event: setting it starts the CPU count."""
+
+    def __init__(self, event, cpu: _CPU) -> None:
+        self.event, self.cpu = event, cpu
+
+    def set(self) -> None:
+        self.cpu.start()
+        self.event.set()
+
+
+def subscriber(system: str, style: str, server: dict, stop_all, ready_event, count, drain: float, index: int = 0,
+               cpu_out=None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cpu = _CPU(cpu_out)
+    ready = _ReadyStartsCPU(ready_event, cpu)
     n = 0
     idle_limit = 1.0
     state = {"last": time.monotonic()}
@@ -359,6 +374,7 @@ def subscriber(system: str, style: str, server: dict, stop_all, ready, count, dr
                     n += 1
                 count.value = n
                 state["last"] = time.monotonic()
+    cpu.stop()
     count.value = n
 
 
@@ -375,7 +391,9 @@ def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float,
     pub_cpu = [ctx.Array("d", 2) for _ in range(npubs)]
     subc = [ctx.Value("q", 0) for _ in range(nclients)]
     readies = [ctx.Event() for _ in range(nclients)]
-    subs = [ctx.Process(target=subscriber, args=(client, style, info, stop_all, readies[i], subc[i], drain, i))
+    sub_cpu = [ctx.Array("d", 2) for _ in range(nclients)]
+    subs = [ctx.Process(target=subscriber, args=(client, style, info, stop_all, readies[i], subc[i], drain, i,
+                                                 sub_cpu[i]))
             for i in range(nclients)]
     pubs = [ctx.Process(target=publisher, args=(client, info, size, stop_pub, ready_pub, pubc[i], i,
                                                 window, pubc, subc, pub_cpu[i]))
@@ -409,6 +427,9 @@ def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float,
         pub_thread_ns = 1e9 * sum(c[0] for c in pub_cpu) / published if published else 0.0
         pub_process_ns = 1e9 * sum(c[1] for c in pub_cpu) / published if published else 0.0
         received = sum(c.value for c in subc)
+        # ...and its subscribers, per message received.
+        sub_thread_ns = 1e9 * sum(c[0] for c in sub_cpu) / received if received else 0.0
+        sub_process_ns = 1e9 * sum(c[1] for c in sub_cpu) / received if received else 0.0
         expected = published * nclients
         dropped = 0
         if client == "fastbus":
@@ -424,6 +445,7 @@ def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float,
                 "per_subscriber_per_s": [(b - a) / (t1 - t0) for a, b in zip(per0, per1)],
                 "published": published, "received": received, "dropped": dropped,
                 "pub_thread_ns": pub_thread_ns, "pub_process_ns": pub_process_ns,
+                "sub_thread_ns": sub_thread_ns, "sub_process_ns": sub_process_ns,
                 "undelivered": expected - received - dropped, "lost": expected - received,
                 "loss_pct": 100.0 * dropped / expected if expected else 0.0,
                 "undelivered_pct": 100.0 * (expected - received - dropped) / expected if expected else 0.0}
@@ -510,15 +532,18 @@ def main() -> None:
         ratios = [f"{fb / row[s]['delivered_per_s']:.1f}x" if fb and s in row and row[s]["delivered_per_s"] else ""
                   for s in peers]
         print(f"| {style} | {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
-    print("\nWhat a message cost its publisher, ns of CPU (its publishing thread / its whole process):\n")
-    print("| style | pub:sub | " + " | ".join(systems) + " | " + " | ".join(f"{x} / fastbus" for x in peers) + " |")
-    print("|---|---|" + "---|" * (len(systems) + len(peers)))
-    for style, case in dict.fromkeys((r["style"], r["case"]) for r in results):
-        row = {r["system"]: r for r in results if r["case"] == case and r["style"] == style}
-        cells = [f"{row[s]['pub_thread_ns']:,.0f} / {row[s]['pub_process_ns']:,.0f}" for s in systems if s in row]
-        fb = row.get("fastbus", {}).get("pub_thread_ns")
-        ratios = [f"{row[s]['pub_thread_ns'] / fb:.1f}x" if fb and s in row else "" for s in peers]
-        print(f"| {style} | {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    for side, what in (("pub", "its publisher"), ("sub", "a subscriber")):
+        print(f"\nWhat a message cost {what}, ns of CPU (the {side}lishing thread / the whole process; "
+              f"ratio: the threads')\n".replace("sublishing", "subscribing"))
+        print("| style | pub:sub | " + " | ".join(systems) + " | " + " | ".join(f"{x} / fastbus" for x in peers) + " |")
+        print("|---|---|" + "---|" * (len(systems) + len(peers)))
+        for style, case in dict.fromkeys((r["style"], r["case"]) for r in results):
+            row = {r["system"]: r for r in results if r["case"] == case and r["style"] == style}
+            cells = [f"{row[s][side + '_thread_ns']:,.0f} / {row[s][side + '_process_ns']:,.0f}"
+                     for s in systems if s in row]
+            fb = row.get("fastbus", {}).get(side + "_thread_ns")
+            ratios = [f"{row[s][side + '_thread_ns'] / fb:.1f}x" if fb and s in row else "" for s in peers]
+            print(f"| {style} | {case} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
     if args.png:
         plot(results, args.png)
     if args.json:
