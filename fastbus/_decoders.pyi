@@ -12,3 +12,14 @@ def decode_matching(data: Buffer, classes: dict[bytes, tuple[str, Any] | None],
                     classify: Callable[[bytes], tuple[str, Any] | None]) -> list[tuple[bytes, bytes]]: ...
 def resp_pubsub_decode(data: Buffer, start: int = 0, end: int = -1, as_dicts: bool = True,
                        utf8: bool = False) -> tuple[int, list[Any], list[dict[str, Any]]]: ...
+
+class PubSubBase:
+    """The compiled base of fastbus's PubSub (see fastbus/_decoders.pyx)."""
+    _dicts: Any
+    _control: Any
+    _pending: Any
+    _handlers: int
+    def get_message(self, ignore_subscribe_messages: bool = False,
+                    timeout: float | None = 0.0) -> dict[str, Any] | None:
+        """The next message, or None if none arrives within ``timeout``
+        seconds (0: do not wait; None: wait for ever)."""

@@ -25,6 +25,7 @@ from typing import Any
 from fastbus import _messages as M
 from fastbus import protocol as P
 from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Trie
+from fastbus._decoders import PubSubBase
 from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, decode, decode_matching, decode_messages
 from fastbus._messages import glob_match, glob_prefix
 from fastbus._messages import to_bytes as to_key
@@ -64,7 +65,7 @@ def _subscriptions(names: tuple, handlers: dict) -> tuple[list, dict]:
     return plain, handlers
 
 
-class PubSub:
+class PubSub(PubSubBase):
     """Subscriptions and received messages, shaped like redis-py's PubSub.
 
     ``subscribe`` takes exact channels; ``psubscribe`` Redis's glob
@@ -569,13 +570,8 @@ class PubSub:
             self.handled.append(result)
         return True
 
-    def get_message(self, ignore_subscribe_messages: bool = False,
-                    timeout: float | None = 0.0) -> PubSubMessage | None:
-        """The next message, or None if none arrives within ``timeout``
-        seconds (0: do not wait; None: wait for ever)."""
-        if self._dicts and not self._control and not self._pending and not self._handlers:
-            return self._dicts.popleft()           # the common case
-        return self._next_message(ignore_subscribe_messages, timeout, False)
+    # get_message() is PubSubBase's (fastbus/_decoders.pyx): a ready message
+    # in one C call, else _next_message() below.
 
     def _next_message(self, ignore_subscribe_messages: bool, timeout: float | None,
                       while_subscribed: bool) -> PubSubMessage | None:
