@@ -385,6 +385,48 @@ def test_a_closed_client_stops_its_native_sender():
         b.stop()
 
 
+def test_an_idle_publisher_sends_from_its_own_thread_before_publish_returns():
+    """A message published on an idle client has left when publish()
+    returns: sent in the calling thread, in C (the native sender's code),
+    not handed to another thread; slow publishes alternating with bursts
+    lose nothing and keep their order, and the client counts every one."""
+    b = BrokerProcess()
+    try:
+        with fastbus.Client(endpoint=b.endpoint) as sub_client, fastbus.Client(endpoint=b.endpoint) as c:
+            p = sub_client.pubsub(ignore_subscribe_messages=True)
+            p.subscribe("t")
+            deadline = time.monotonic() + 10
+            while not c.is_wanted("t") and time.monotonic() < deadline:
+                time.sleep(0.01)
+            s = c.session
+            sent = inline = 0
+            for i in range(20):
+                c.flush()                            # the burst before has left...
+                time.sleep(0.005)                    # ...and the client is idle: past the burst gap
+                before = s.engine.inline_messages
+                assert c.publish("t", b"%d" % i) == 1
+                # (read at once: counted here only if publish() sent it)
+                inline += s.engine.inline_messages == before + 1
+                sent += 1
+                for j in range(200):                 # a burst between: batches, some by the sender thread
+                    c.publish("t", b"%d.%d" % (i, j))
+                sent += 200
+            # Not always all: a native thread may hold the connection a
+            # moment (the reader reading a PONG, its liveness ping), and
+            # then the sender thread sends the message.
+            assert inline >= 15, f"{inline} of 20 idle publishes left in publish()"
+            c.flush()
+            assert s.sent == sent
+            got = []
+            deadline = time.monotonic() + 20
+            while len(got) < sent and time.monotonic() < deadline:
+                got += [d for _c, d in p.get_batch(timeout=1.0)]
+            want = [x for i in range(20) for x in [b"%d" % i] + [b"%d.%d" % (i, j) for j in range(200)]]
+            assert got == want
+    finally:
+        b.stop()
+
+
 #: The subscribing process: subscribes, says "ready"; on "go" calls
 #: get_batch() once, spins in pure Python for SPIN seconds with the
 #: interpreter held, then reads everything and says what it got.

@@ -66,9 +66,13 @@ class PubSession(Session):
     native sender sends it and the native reader applies it, and a
     publisher busy in Python keeps its lease without any Python thread.
 
-    Batches a burst leaves in the outbox are sent by a native thread
-    (``engine``, a ``_engine.Sender``) the moment the burst stops, without
-    waiting for the interpreter lock.  It reads what the broker says
+    An idle publisher's batch (and a full one) leaves from the publishing
+    thread, in C: the publisher's ``send_now`` is the engine's, which sends
+    if the connection is free, else leaves it to the engine's thread (this
+    class's ``send_now`` and ``pump`` do it in Python without the engine,
+    and for what is handed back).  Batches a burst leaves in the outbox are
+    sent by a native thread (``engine``, a ``_engine.Sender``) the moment
+    the burst stops, without waiting for the interpreter lock.  It reads what the broker says
     between its batches (through the native reader), so a FLOW pause stops
     it after one batch, and the resume, read by whichever thread reads it
     first, starts it again.  What it does not send (a full socket, control
