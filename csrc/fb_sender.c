@@ -223,7 +223,9 @@ static void *run(void *arg)
         while (!(got = fb_slock_wait(s->slock, LOCK_POLL_NS)))
             if (__atomic_load_n(&s->stop, __ATOMIC_SEQ_CST)) break;
         if (!got) break;
-        uint64_t ping_due = send_lease_ping(s);
+        /* Control frames the owner holds go first, in order: a lease ping
+         * would overtake them (the owner wakes us once they are sent). */
+        uint64_t ping_due = __atomic_load_n(&s->owner_first, __ATOMIC_SEQ_CST) ? UINT64_MAX : send_lease_ping(s);
         int batches = 0;
         due = send_due(s, 1, 0, &batches);  /* (sends nothing while paused) */
         if (ping_due < due) due = ping_due;

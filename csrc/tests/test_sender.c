@@ -547,6 +547,17 @@ static void test_sends_the_lease_ping_the_publisher_asks_for_even_paused(void)
     CHECK_EQ(__atomic_load_n(&v.renew, __ATOMIC_SEQ_CST), FB_VIEW_RENEW_WANTED);
     F.room = 1;
     CHECK(wait_until((volatile uint32_t *)&pings, 2, 5000));
+    /* Control frames the owner holds go first: no ping overtakes them;
+     * the owner wakes the thread once they are sent. */
+    fb_view_lease(&v, fb_now_ns(), 100000);
+    __atomic_store_n(&r.s.owner_first, 1, __ATOMIC_SEQ_CST);
+    CHECK_EQ(fb_view_ask_renewal(&v, fb_now_ns(), 1), 1);
+    fb_sender_wake(&r.s);
+    sleep_ms(20);
+    CHECK_EQ(__atomic_load_n(&pings, __ATOMIC_SEQ_CST), 2);
+    __atomic_store_n(&r.s.owner_first, 0, __ATOMIC_SEQ_CST);
+    fb_sender_wake(&r.s);
+    CHECK(wait_until((volatile uint32_t *)&pings, 3, 5000));
     rig_stop(&r);
     fb_view_free(&v);
 }

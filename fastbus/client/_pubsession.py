@@ -191,8 +191,9 @@ class PubSession(Session):
 
     def flush_outq(self) -> None:
         super().flush_outq()
-        if self.engine is not None and not self.outq:
+        if self.engine is not None and not self.outq and self.engine.owner_first:
             self.engine.owner_first = False
+            self.engine.wake()            # what waited behind them: batches, a lease ping
 
     def configure(self, s: zmq.Socket) -> None:
         # What is already sent when the broker asks to pause still arrives:
