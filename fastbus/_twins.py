@@ -31,7 +31,7 @@ def _doc_target(value: object) -> object | None:
         return value.__func__
     if isinstance(value, property):
         return value
-    if inspect.isfunction(value) or inspect.isroutine(value):
+    if inspect.isroutine(value):
         return value                      # (a Cython method of a compiled base class too)
     return None
 
