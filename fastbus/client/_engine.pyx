@@ -30,7 +30,7 @@ is False and the keeper does the sending, as it always did.
 """
 
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
-from libc.string cimport strerror
+from libc.string cimport memset, strerror
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 
@@ -38,12 +38,16 @@ import zmq
 
 from fastbus._core cimport Outbox
 from fastbus._publisher cimport Publisher
-from fastbus.includes.fb_reader cimport (fb_reader, fb_reader_item, fb_reader_pop,
+from fastbus.includes.fb_reader cimport (fb_reader, fb_zmq_recv_calls, fb_reader_item, fb_reader_pop,
                                          fb_reader_release, fb_reader_set_instance, fb_reader_start,
                                          fb_reader_stop, fb_reader_wake, fb_zmq_msg, fb_reader_owner_enter,
                                          fb_reader_owner_leave)
 from fastbus.includes.fb_sender cimport (FB_SENDER_TOKEN_MAX, fb_sender, fb_sender_start, fb_sender_stop,
                                          fb_sender_send_now, fb_sender_wake)
+from fastbus.includes.fb_zmtp cimport (FB_ZMTP_FD, fb_zmtp, fb_zmtp_close, fb_zmtp_connected, fb_zmtp_get_stats,
+                                       fb_zmtp_getsockopt, fb_zmtp_msg_close, fb_zmtp_msg_data, fb_zmtp_msg_init,
+                                       fb_zmtp_msg_more, fb_zmtp_msg_recv, fb_zmtp_msg_size, fb_zmtp_open,
+                                       fb_zmtp_options, fb_zmtp_send, fb_zmtp_stats)
 from fastbus.includes.fb_slock cimport (fb_slock, fb_slock_destroy, fb_slock_held, fb_slock_init,
                                         fb_slock_release, fb_slock_try, fb_slock_wait)
 
@@ -65,7 +69,6 @@ cdef extern from *:
 
 ctypedef int (*f_send)(void *s, const void *buf, size_t len, int flags) noexcept nogil
 ctypedef int (*f_getsockopt)(void *s, int option, void *value, size_t *len) noexcept nogil
-
 ctypedef int (*f_msg_init)(fb_zmq_msg *msg) noexcept nogil
 ctypedef int (*f_msg_recv)(fb_zmq_msg *msg, void *s, int flags) noexcept nogil
 ctypedef void *(*f_msg_data)(fb_zmq_msg *msg) noexcept nogil
@@ -77,34 +80,40 @@ ctypedef int (*f_msg_close)(fb_zmq_msg *msg) noexcept nogil
 FUNCTIONS = ("zmq_send", "zmq_getsockopt", "zmq_msg_init", "zmq_msg_recv", "zmq_msg_data", "zmq_msg_size",
              "zmq_msg_more", "zmq_msg_close")
 
-cdef f_send _send = NULL
-cdef f_getsockopt _getsockopt = NULL
-cdef f_msg_init _msg_init = NULL
-cdef f_msg_recv _msg_recv = NULL
-cdef f_msg_data _msg_data = NULL
-cdef f_msg_size _msg_size = NULL
-cdef f_msg_more _msg_more = NULL
-cdef f_msg_close _msg_close = NULL
+# The calls of a connection, by kind: a pyzmq socket's (the libzmq that
+# pyzmq loaded, found by available()) or a Stream's (csrc/fb_zmtp.h, the
+# same signatures).  The native threads and send_frames/recv_frames use
+# whichever their socket's are (_calls_of).
+cdef fb_zmq_recv_calls _LIBZMQ
+cdef fb_zmq_recv_calls _ZMTP
+_ZMTP.msg_init = fb_zmtp_msg_init
+_ZMTP.msg_recv = fb_zmtp_msg_recv
+_ZMTP.msg_data = fb_zmtp_msg_data
+_ZMTP.msg_size = fb_zmtp_msg_size
+_ZMTP.msg_more = fb_zmtp_msg_more
+_ZMTP.msg_close = fb_zmtp_msg_close
+_ZMTP.getsockopt = fb_zmtp_getsockopt
+_ZMTP.send = fb_zmtp_send
 cdef object _found = None
 
 
 def available() -> bool:
     """Can a Sender run here (pyzmq's libzmq found, ``FASTBUS_CLIENT_ENGINE``
     not 0)?"""
-    global _found, _send, _getsockopt, _msg_init, _msg_recv, _msg_data, _msg_size, _msg_more, _msg_close
+    global _found
     if _found is None:
         import os
         from fastbus._libzmq import functions
         addresses = None if os.environ.get("FASTBUS_CLIENT_ENGINE", "1") == "0" else functions(FUNCTIONS)
         if addresses is not None:
-            _send = <f_send><uintptr_t>addresses["zmq_send"]
-            _getsockopt = <f_getsockopt><uintptr_t>addresses["zmq_getsockopt"]
-            _msg_init = <f_msg_init><uintptr_t>addresses["zmq_msg_init"]
-            _msg_recv = <f_msg_recv><uintptr_t>addresses["zmq_msg_recv"]
-            _msg_data = <f_msg_data><uintptr_t>addresses["zmq_msg_data"]
-            _msg_size = <f_msg_size><uintptr_t>addresses["zmq_msg_size"]
-            _msg_more = <f_msg_more><uintptr_t>addresses["zmq_msg_more"]
-            _msg_close = <f_msg_close><uintptr_t>addresses["zmq_msg_close"]
+            _LIBZMQ.send = <f_send><uintptr_t>addresses["zmq_send"]
+            _LIBZMQ.getsockopt = <f_getsockopt><uintptr_t>addresses["zmq_getsockopt"]
+            _LIBZMQ.msg_init = <f_msg_init><uintptr_t>addresses["zmq_msg_init"]
+            _LIBZMQ.msg_recv = <f_msg_recv><uintptr_t>addresses["zmq_msg_recv"]
+            _LIBZMQ.msg_data = <f_msg_data><uintptr_t>addresses["zmq_msg_data"]
+            _LIBZMQ.msg_size = <f_msg_size><uintptr_t>addresses["zmq_msg_size"]
+            _LIBZMQ.msg_more = <f_msg_more><uintptr_t>addresses["zmq_msg_more"]
+            _LIBZMQ.msg_close = <f_msg_close><uintptr_t>addresses["zmq_msg_close"]
         _found = addresses is not None
     return _found
 
@@ -121,10 +130,18 @@ cdef enum:
     Z_POLLOUT = 2
 
 
-cdef inline void *_handle(sock) except NULL:
+cdef inline const fb_zmq_recv_calls *_calls_of(sock, void **handle) except NULL:
+    """The calls of ``sock`` (a Stream or a pyzmq socket) and its handle;
+    ENOTSOCK once it is closed."""
+    if type(sock) is Stream:
+        handle[0] = (<Stream>sock)._z
+        if handle[0] == NULL:
+            raise zmq.ZMQError(zmq.ENOTSOCK)
+        return &_ZMTP
     if sock.closed:
         raise zmq.ZMQError(zmq.ENOTSOCK)
-    return <void *><uintptr_t>sock.underlying
+    handle[0] = <void *><uintptr_t>sock.underlying
+    return &_LIBZMQ
 
 
 def send_frames(sock, list frames) -> None:
@@ -132,7 +149,8 @@ def send_frames(sock, list frames) -> None:
     without blocking and without letting go of the interpreter lock;
     ``zmq.Again`` if the socket cannot take it now (then nothing was sent),
     ``zmq.ZMQError`` for any other failure.  Needs ``available()``."""
-    cdef void *h = _handle(sock)
+    cdef void *h
+    cdef const fb_zmq_recv_calls *z = _calls_of(sock, &h)
     cdef Py_ssize_t i, n = len(frames)
     cdef Py_buffer view
     cdef int rc, err, ev = 0
@@ -141,7 +159,7 @@ def send_frames(sock, list frames) -> None:
         raise ValueError("a message has at least one frame")
     for i in range(n):
         PyObject_GetBuffer(frames[i], &view, PyBUF_SIMPLE)
-        rc = _send(h, view.buf, <size_t>view.len, Z_DONTWAIT | (Z_SNDMORE if i < n - 1 else 0))
+        rc = z.send(h, view.buf, <size_t>view.len, Z_DONTWAIT | (Z_SNDMORE if i < n - 1 else 0))
         err = errno
         if rc < 0 and i == 0 and err == EAGAIN:
             # A send reads the socket's commands at most about once a
@@ -149,8 +167,8 @@ def send_frames(sock, list frames) -> None:
             # so far" notice) may not be known yet: a socket sending faster
             # than its high-water mark per millisecond would report full
             # with room to spare.  ZMQ_EVENTS reads them all; then once more.
-            if _getsockopt(h, Z_EVENTS, &ev, &size) == 0 and ev & Z_POLLOUT:
-                rc = _send(h, view.buf, <size_t>view.len, Z_DONTWAIT | (Z_SNDMORE if n > 1 else 0))
+            if z.getsockopt(h, Z_EVENTS, &ev, &size) == 0 and ev & Z_POLLOUT:
+                rc = z.send(h, view.buf, <size_t>view.len, Z_DONTWAIT | (Z_SNDMORE if n > 1 else 0))
                 err = errno
         PyBuffer_Release(&view)
         if rc < 0:
@@ -165,30 +183,228 @@ def recv_frames(sock, bint ready=False):
     None if none is waiting (``ready``: a poll just said one is: ZMQ_EVENTS
     is not asked first), without letting go of the interpreter lock.
     ``zmq.ZMQError`` for a failure.  Needs ``available()``."""
-    cdef void *h = _handle(sock)
+    cdef void *h
+    cdef const fb_zmq_recv_calls *z = _calls_of(sock, &h)
     cdef int ev = 0, rc, err
     cdef size_t size = sizeof(int)
     cdef fb_zmq_msg m
     cdef list parts = []
     cdef bint more = True
     if not ready:
-        if _getsockopt(h, Z_EVENTS, &ev, &size) != 0:
+        if z.getsockopt(h, Z_EVENTS, &ev, &size) != 0:
             raise zmq.ZMQError(errno)
         if not ev & Z_POLLIN:
             return None
     while more:
-        _msg_init(&m)
-        rc = _msg_recv(&m, h, Z_DONTWAIT)
+        z.msg_init(&m)
+        rc = z.msg_recv(&m, h, Z_DONTWAIT)
         if rc < 0:
             err = errno
-            _msg_close(&m)
+            z.msg_close(&m)
             if not parts and err == EAGAIN:
                 return None               # (ZeroMQ delivers a message whole)
             raise zmq.ZMQError(err)
-        parts.append(PyBytes_FromStringAndSize(<char *>_msg_data(&m), <Py_ssize_t>_msg_size(&m)))
-        more = _msg_more(&m)
-        _msg_close(&m)
+        parts.append(PyBytes_FromStringAndSize(<char *>z.msg_data(&m), <Py_ssize_t>z.msg_size(&m)))
+        more = z.msg_more(&m)
+        z.msg_close(&m)
     return parts
+
+
+def events(sock) -> int:
+    """ZMQ_EVENTS of a Stream or a pyzmq socket (POLLIN: a message can be
+    read now; POLLOUT: one can be sent)."""
+    cdef void *h
+    cdef const fb_zmq_recv_calls *z = _calls_of(sock, &h)
+    cdef int ev = 0
+    cdef size_t size = sizeof(int)
+    if z.getsockopt(h, Z_EVENTS, &ev, &size) != 0:
+        raise zmq.ZMQError(errno)
+    return ev
+
+
+cdef extern from "<poll.h>" nogil:
+    struct pollfd:
+        int fd
+        short events
+        short revents
+    int poll(pollfd *fds, unsigned long nfds, int timeout)
+    enum: POLLIN
+
+
+cdef class Stream:
+    """A DEALER connection to a broker that the calling thread writes and
+    reads itself (ZMTP over a plain TCP or Unix socket, csrc/fb_zmtp.h): no
+    libzmq I/O thread between a caller and the kernel, so a message crosses
+    no thread hand-over in this process.  The broker sees a ZeroMQ DEALER.
+
+    It has the part of a pyzmq socket's interface the client's sessions use:
+    options set before ``connect()`` (``sndhwm``, ``sndbuf``, ``rcvbuf``,
+    ``reconnect_ivl``, ``reconnect_ivl_max`` in ms, ``tcp_keepalive``,
+    ``maxmsgsize``, ``linger`` and ``sndtimeo`` in ms; ``rcvhwm`` is
+    accepted and means nothing: nothing is read ahead of the caller),
+    ``FD`` and ``fileno()`` (zmq.zmq_poll polls it as a descriptor: readable
+    when ``events()`` may have changed), ``poll()``, ``send_multipart()``,
+    ``recv_multipart()``, ``get(zmq.EVENTS)``, ``close()``, ``closed``;
+    send_frames/recv_frames and the native threads take it as they take a
+    pyzmq socket.  ``address``: the peer's struct sockaddr, as bytes
+    (fastbus.client._endpoint.sockaddr)."""
+
+    cdef fb_zmtp *_z
+    cdef bytes _address
+    cdef readonly str endpoint
+    cdef readonly int FD
+    cdef public int sndhwm, sndbuf, rcvbuf, rcvhwm, reconnect_ivl, reconnect_ivl_max, tcp_keepalive
+    cdef public int linger, sndtimeo
+    cdef public long long maxmsgsize
+    cdef bint _opened
+
+    def __cinit__(self, bytes address not None):
+        self._address = address
+        self.endpoint = ""
+        self.FD = -1
+        self.sndhwm = 1000
+        self.rcvhwm = 1000
+        self.reconnect_ivl = 100
+        self.reconnect_ivl_max = 0
+        self.tcp_keepalive = 0
+        self.linger = -1
+        self.sndtimeo = -1
+        self.maxmsgsize = 256 * 1024 * 1024
+
+    def connect(self, str endpoint) -> None:
+        """Start connecting (the address given at construction; ``endpoint``
+        is its name, for messages); sends queue until the handshake."""
+        if self._opened:
+            raise zmq.ZMQError(zmq.EINVAL, "a Stream connects once")
+        cdef fb_zmtp_options o
+        memset(&o, 0, sizeof(o))
+        o.sndhwm = max(1, self.sndhwm)
+        o.sndbuf = max(0, self.sndbuf)
+        o.rcvbuf = max(0, self.rcvbuf)
+        o.keepalive = self.tcp_keepalive > 0
+        o.max_msg_bytes = <uint64_t>self.maxmsgsize if self.maxmsgsize > 0 else (<uint64_t>1 << 62)
+        o.reconnect_ivl_ns = <uint64_t>max(1, self.reconnect_ivl) * 1000000
+        o.reconnect_ivl_max_ns = <uint64_t>max(self.reconnect_ivl, self.reconnect_ivl_max) * 1000000
+        cdef int err = 0, fd = -1
+        cdef size_t size = sizeof(int)
+        self._z = fb_zmtp_open(PyBytes_AS_STRING(self._address), <size_t>PyBytes_GET_SIZE(self._address), &o, &err)
+        if self._z == NULL:
+            raise zmq.ZMQError(err, f"cannot connect to {endpoint}: {strerror(err).decode()}")
+        self._opened = True
+        self.endpoint = endpoint
+        fb_zmtp_getsockopt(self._z, FB_ZMTP_FD, &fd, &size)
+        self.FD = fd
+
+    def __dealloc__(self):
+        if self._z != NULL:
+            fb_zmtp_close(self._z, 0)
+            self._z = NULL
+
+    @property
+    def closed(self) -> bool:
+        return self._z == NULL
+
+    @property
+    def connected(self) -> bool:
+        """Is the handshake with the broker done (messages flow)?"""
+        return self._z != NULL and fb_zmtp_connected(self._z)
+
+    @property
+    def stats(self) -> dict:
+        """Counters: handshakes done, connections lost, closed for bad
+        input, queued messages dropped with a lost connection, and the
+        send()/recv() calls made."""
+        cdef fb_zmtp_stats st
+        memset(&st, 0, sizeof(st))
+        if self._z != NULL:
+            fb_zmtp_get_stats(self._z, &st)
+        return {"connects": st.connects, "disconnects": st.disconnects, "protocol_errors": st.protocol_errors,
+                "dropped_messages": st.dropped_messages, "send_calls": st.syscalls_send,
+                "recv_calls": st.syscalls_recv}
+
+    def fileno(self) -> int:
+        if self._z == NULL:
+            raise zmq.ZMQError(zmq.ENOTSOCK)
+        return self.FD
+
+    def get(self, int option) -> int:
+        if option == Z_EVENTS:
+            return events(self)
+        if option == FB_ZMTP_FD:
+            return self.fileno()
+        raise zmq.ZMQError(zmq.EINVAL, f"a Stream has no option {option}")
+
+    def close(self, linger=None) -> None:
+        """Close; what is still queued gets up to ``linger`` ms to leave
+        (default: the ``linger`` option; -1, as libzmq's default, is taken
+        as 1 s here: a close never blocks for ever)."""
+        cdef fb_zmtp *z = self._z
+        if z == NULL:
+            return
+        cdef int ms = self.linger if linger is None else int(linger)
+        if ms < 0:
+            ms = 1000
+        self._z = NULL
+        with nogil:
+            fb_zmtp_close(z, ms)
+
+    def poll(self, timeout=None, int flags=Z_POLLIN) -> int:
+        """Wait up to ``timeout`` ms (None or -1: for ever) until ``flags``
+        (POLLIN, POLLOUT) can be done; the events that can, or 0."""
+        import time
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout / 1000.0
+        cdef pollfd p
+        cdef int ms, ev
+        while True:
+            ev = events(self) & flags
+            if ev:
+                return ev
+            if deadline is None:
+                ms = 1000
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return 0
+                ms = min(1000, max(1, int(left * 1000 + 0.999)))
+            p.fd = self.FD
+            p.events = POLLIN
+            p.revents = 0
+            with nogil:
+                poll(&p, 1, ms)
+
+    def send_multipart(self, msg_parts, int flags=0) -> None:
+        """Send a multipart message; without zmq.NOBLOCK, wait up to
+        ``sndtimeo`` ms for room (zmq.Again after)."""
+        frames = list(msg_parts)
+        if flags & Z_DONTWAIT:
+            send_frames(self, frames)
+            return
+        import time
+        deadline = None if self.sndtimeo < 0 else time.monotonic() + self.sndtimeo / 1000.0
+        while True:
+            try:
+                send_frames(self, frames)
+                return
+            except zmq.Again:
+                left = None if deadline is None else (deadline - time.monotonic()) * 1000
+                if left is not None and left <= 0:
+                    raise
+                self.poll(left, Z_POLLOUT)
+
+    def recv_multipart(self, int flags=0) -> list:
+        """The next message's frames (bytes); zmq.Again with zmq.NOBLOCK if
+        none is here, else wait for one."""
+        while True:
+            frames = recv_frames(self)
+            if frames is not None:
+                return frames
+            if flags & Z_DONTWAIT:
+                raise zmq.Again(EAGAIN)
+            self.poll(None, Z_POLLIN)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._z == NULL else ("connected" if fb_zmtp_connected(self._z) else "connecting")
+        return f"<fastbus Stream {self.endpoint or '(not connected)'} {state}>"
 
 
 cdef class SessionLock:
@@ -262,9 +478,11 @@ cdef class Sender:
         self._lock = lock
         self._sock = sock                      # kept open while the thread may use it
         self._command = command
-        self._s.z.send = _send
-        self._s.z.getsockopt = _getsockopt
-        self._s.sock = <void *><uintptr_t>sock.underlying
+        cdef void *h
+        cdef const fb_zmq_recv_calls *z = _calls_of(sock, &h)
+        self._s.z.send = z.send
+        self._s.z.getsockopt = z.getsockopt
+        self._s.sock = h
         self._s.slock = &lock._l
         self._s.outbox = &self._outbox._o
         self._s.outbox_lock = &self._outbox._lock
@@ -438,15 +656,9 @@ cdef class Reader:
         self._lock = lock
         self._sock = sock
         self._command = data_command
-        self._r.z.msg_init = _msg_init
-        self._r.z.msg_recv = _msg_recv
-        self._r.z.msg_data = _msg_data
-        self._r.z.msg_size = _msg_size
-        self._r.z.msg_more = _msg_more
-        self._r.z.msg_close = _msg_close
-        self._r.z.getsockopt = _getsockopt
-        self._r.z.send = _send
-        self._r.sock = <void *><uintptr_t>sock.underlying
+        cdef void *h
+        self._r.z = _calls_of(sock, &h)[0]
+        self._r.sock = h
         self._r.sock_fd = sock.FD
         self._r.slock = &lock._l
         self._r.max_bytes = max_bytes

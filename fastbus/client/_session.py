@@ -43,6 +43,7 @@ import zmq
 
 from fastbus import protocol as P
 from fastbus.client import _engine
+from fastbus.client._endpoint import sockaddr
 from fastbus.client._engine import SessionLock
 
 if TYPE_CHECKING:
@@ -95,6 +96,10 @@ if _engine.available():
     # while a native thread waits for the connection (issue 22).
     send_frames = _engine.send_frames     # noqa: F811
     recv_frames = _engine.recv_frames     # noqa: F811
+    _events = _engine.events
+else:
+    def _events(sock: zmq.Socket) -> int:
+        return _get(sock, EVENTS)
 
 
 READ_BUDGET = 64          # frames read at a time before the holder looks at other work
@@ -143,6 +148,7 @@ class Session:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        self._polled: object = None       # the socket as zmq_poll names it
         self._items: list = []            # what wait() polls: the socket and the wake pipe
         self._items_out: list = []        # the same, and room to send
 
@@ -150,7 +156,7 @@ class Session:
 
     def open(self) -> None:
         opts = self.options
-        s = self.conns.context.socket(zmq.DEALER)
+        s = self._stream() or self.conns.context.socket(zmq.DEALER)
         s.linger = 2000
         s.rcvhwm = 16                     # batches: back-pressure reaches the broker soon
         self.configure(s)
@@ -172,11 +178,26 @@ class Session:
         s.connect(opts.endpoint)
         self.sock = s
         self.fd = s.FD
-        self._items = [(s, POLLIN), (self._wake_r, POLLIN)]
-        self._items_out = [(s, POLLIN | POLLOUT), (self._wake_r, POLLIN)]
+        # zmq_poll gives back a pyzmq socket as itself, anything else as
+        # its descriptor (a Stream's FD: readable when its events changed).
+        self._polled = s if isinstance(s, zmq.Socket) else s.FD
+        self._items = [(self._polled, POLLIN), (self._wake_r, POLLIN)]
+        self._items_out = [(self._polled, POLLIN | POLLOUT), (self._wake_r, POLLIN)]
         self.next_ping = time.monotonic() + opts.ping_interval
         self.hello()
         self.open_native()
+
+    def _stream(self) -> _engine.Stream | None:
+        """The connection as a Stream (the calling thread writes and reads
+        it: no libzmq I/O thread on a message's way) where it can be one:
+        with the native engine, without CURVE, to a tcp:// or ipc://
+        endpoint; ``FASTBUS_CLIENT_TRANSPORT=libzmq`` asks for a pyzmq
+        socket instead."""
+        if (self.options.curve or not _engine.available()
+                or os.environ.get("FASTBUS_CLIENT_TRANSPORT", "stream") == "libzmq"):
+            return None
+        address = sockaddr(self.options.endpoint)
+        return _engine.Stream(address) if address is not None else None
 
     def configure(self, sock: zmq.Socket) -> None:
         """Socket options of this kind of session."""
@@ -431,7 +452,7 @@ class Session:
         if sock is None or not self.unread:
             return
         try:
-            if (self.more or _get(sock, EVENTS) & POLLIN) and self.reading():
+            if (self.more or _events(sock) & POLLIN) and self.reading():
                 # (A loop's coroutine that sent, let go and now waits for
                 # the answer, a flush's PONG: read here, nobody else hears
                 # of it; read() tells the loop.)
@@ -654,9 +675,16 @@ class Session:
             if ms < 0:
                 ms = 0
         out = self.outq or self.blocked
+        if ms and self._polled is not self.sock and _events(self.sock) & (POLLIN | POLLOUT if out else POLLIN):
+            # A Stream's descriptor says only that its events changed, and
+            # the native reader may have left it with messages still to
+            # read (its queue full): what a pyzmq socket's poll would
+            # report, asked first.
+            ms = 0
+            self.more = True
         ready = _zmq_poll(self._items_out if out else self._items, ms)
         for what, _ev in ready:
-            if what is self.sock:
+            if what == self._polled:          # (an fd comes back as a new int)
                 self.more = self.ready = True
             else:
                 try:
@@ -713,6 +741,11 @@ def wait_many(sessions: list[Session], deadline: float | None) -> None:
         ms = 0
     else:
         ms = max(0, math.ceil((until - now) * 1000))
+    for s in sessions:
+        # (A Stream's events asked first, as in wait().)
+        if ms and s.sock is not None and s._polled is not s.sock and _events(s.sock) & POLLIN:
+            ms = 0
+            s.more = True
     ready = dict(_zmq_poll(items, ms))
     for s in sessions:
         if s._wake_r in ready:
@@ -722,7 +755,7 @@ def wait_many(sessions: list[Session], deadline: float | None) -> None:
                 pass
         if s.outq or s.blocked:
             s.flush_outq()
-        if s.sock is not None and s.sock in ready:
+        if s.sock is not None and s._polled in ready:
             s.more = s.ready = True
         s.tick(time.monotonic())
 

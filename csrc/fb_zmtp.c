@@ -1,0 +1,805 @@
+/* fb_zmtp.c - see fb_zmtp.h.
+ *
+ * ZMTP 3.0 (rfc.zeromq.org/spec/23), as a client with the NULL mechanism:
+ *
+ *   greeting   0xFF, 8 bytes padding, 0x7F, version 3.0, "NULL" padded to
+ *              20 bytes, as-server 0, 31 bytes filler          (64 bytes)
+ *   command    flags 0x04 (0x06: 8-byte size), size, name-length, name, data
+ *   frame      flags 0x00 / 0x01 (more) / +0x02 (8-byte size), size, body
+ *
+ * After the greetings each side sends READY (its Socket-Type, as
+ * properties: name-length byte, name, 4-byte big-endian value length,
+ * value); then messages flow.  A PING command (ZMTP 3.1 heartbeats, which
+ * a libzmq peer may be configured to send) is answered with a PONG.
+ */
+#define _GNU_SOURCE
+#include "fb_zmtp.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef __linux__
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+#endif
+
+#include "fb_common.h"
+
+/* What a read asks of the kernel at least (the buffer grows past it only
+ * for a message larger than that). */
+#define READ_CHUNK 65536
+/* The longest command accepted before the handshake is done. */
+#define MAX_COMMAND 4096
+#define GREETING 64
+
+enum { DOWN, CONNECTING, HANDSHAKE, UP, CLOSED };
+
+typedef struct zbuf {
+    unsigned char *p;
+    size_t off, len, cap;        /* bytes [off, len) are live */
+} zbuf;
+
+/* fb_zmq_msg's 64 bytes, as this file uses them. */
+typedef struct zmsg {
+    unsigned char *heap;         /* the frame, if longer than `small` */
+    size_t size;
+    int more;
+    int pad;
+    unsigned char small[40];
+} zmsg;
+_Static_assert(sizeof(zmsg) <= sizeof(fb_zmq_msg), "zmsg must fit in fb_zmq_msg");
+
+struct fb_zmtp {
+    unsigned char addr[128];
+    size_t addrlen;
+    fb_zmtp_options o;
+    int efd, tfd, fd;
+    int state;
+    uint64_t ivl;                /* the next wait before connecting again */
+
+    zbuf hs;                     /* our greeting and READY (before `out`) */
+    zbuf out;                    /* messages, framed: [off, out_end) complete ones */
+    size_t out_end;
+    int out_msgs;                /* messages in `out` not yet wholly written */
+
+    zbuf in;
+    int got_greeting;
+    int readable;                /* the kernel may hold input (an edge not read to a short read) */
+    int frames_left;             /* of the message being handed out: frames still to give */
+    int rcvmore;
+    int stale;                   /* `in` holds whole messages of a lost connection: they go first */
+    fb_zmtp_stats st;
+};
+
+#ifdef __linux__
+
+/* -- buffers ----------------------------------------------------------------- */
+
+static int zbuf_reserve(zbuf *b, size_t more)
+{
+    if (b->off && b->off == b->len) b->off = b->len = 0;
+    if (b->cap - b->len >= more) return 0;
+    if (b->off) {                                /* slide the live bytes down first */
+        memmove(b->p, b->p + b->off, b->len - b->off);
+        b->len -= b->off;
+        b->off = 0;
+        if (b->cap - b->len >= more) return 0;
+    }
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap - b->len < more) {
+        if (cap > SIZE_MAX / 2) return -1;
+        cap *= 2;
+    }
+    unsigned char *p = realloc(b->p, cap);
+    if (!p) return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+/* zbuf_reserve for `out`, whose out_end moves with its bytes. */
+static int out_reserve(fb_zmtp *z, size_t more)
+{
+    size_t before = z->out.off;
+    if (zbuf_reserve(&z->out, more) < 0) return -1;
+    z->out_end -= before - z->out.off;
+    return 0;
+}
+
+static int zbuf_put(zbuf *b, const void *data, size_t n)
+{
+    if (zbuf_reserve(b, n) < 0) return -1;
+    if (n) memcpy(b->p + b->len, data, n);
+    b->len += n;
+    return 0;
+}
+
+static void zbuf_free(zbuf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
+
+static size_t frame_header(unsigned char *h, int flags, size_t len)
+{
+    if (len <= 255) {
+        h[0] = (unsigned char)flags;
+        h[1] = (unsigned char)len;
+        return 2;
+    }
+    h[0] = (unsigned char)(flags | 2);
+    for (int i = 0; i < 8; i++) h[1 + i] = (unsigned char)((uint64_t)len >> (56 - 8 * i));
+    return 9;
+}
+
+/* -- the connection ---------------------------------------------------------- */
+
+static int parse_header(const fb_zmtp *z, size_t pos, int *flags, size_t *body, uint64_t *size);
+
+/* Where the last whole message in the input ends (its frames all here,
+ * valid as message_ready checks them; commands between messages count as
+ * whole): what a lost connection leaves to be read. */
+static size_t whole_messages_end(const fb_zmtp *z)
+{
+    size_t pos = z->in.off, end = z->in.off, body;
+    uint64_t size, total = 0;
+    int flags, inside = z->frames_left > 0;
+    if (!z->got_greeting) return end;
+    while (parse_header(z, pos, &flags, &body, &size) == 1 && size <= z->in.len - body) {
+        if (flags & 4) {
+            if (inside) break;
+        } else if ((total += size) > z->o.max_msg_bytes) {
+            break;
+        }
+        pos = body + (size_t)size;
+        inside = flags & 1;
+        if (!inside) {
+            end = pos;
+            total = 0;
+        }
+    }
+    return end;
+}
+
+static void arm_timer(fb_zmtp *z, uint64_t ns)
+{
+    struct itimerspec t;
+    memset(&t, 0, sizeof t);
+    if (ns == 0) ns = 1;
+    t.it_value.tv_sec = (time_t)(ns / 1000000000u);
+    t.it_value.tv_nsec = (long)(ns % 1000000000u);
+    timerfd_settime(z->tfd, 0, &t, NULL);
+}
+
+/* The connection is gone (or never came): close it, drop what a new one
+ * must not get (a message half written, what the peer half sent), and
+ * connect again after the interval. */
+static void lost(fb_zmtp *z, int protocol_error)
+{
+    if (z->fd >= 0) {
+        epoll_ctl(z->efd, EPOLL_CTL_DEL, z->fd, NULL);
+        close(z->fd);
+        z->fd = -1;
+    }
+    z->st.disconnects++;
+    if (protocol_error) z->st.protocol_errors++;
+    if (z->state == UP && z->out_msgs) {
+        /* The messages we had queued were meant for this connection's
+         * session; a new connection is a new session at the broker. */
+        z->st.dropped_messages += (uint64_t)z->out_msgs;
+        size_t partial = z->out.len - z->out_end;   /* a message still being built stays */
+        memmove(z->out.p, z->out.p + z->out_end, partial);
+        z->out.off = 0;
+        z->out.len = z->out_end = partial;
+        z->out_msgs = 0;
+    }
+    z->hs.off = z->hs.len = 0;
+    /* Whole messages already read are still the caller's (as libzmq's
+     * are); the end of a message the peer did not finish is not. */
+    z->in.len = z->state == UP ? whole_messages_end(z) : z->in.off;
+    z->stale = z->in.off < z->in.len;
+    if (!z->stale) z->in.off = z->in.len = 0;
+    z->got_greeting = 0;
+    z->readable = 0;
+    z->state = DOWN;
+    arm_timer(z, z->ivl);
+    if (z->ivl < z->o.reconnect_ivl_max_ns) {
+        z->ivl *= 2;
+        if (z->ivl > z->o.reconnect_ivl_max_ns) z->ivl = z->o.reconnect_ivl_max_ns;
+    }
+}
+
+/* A TCP connect to a port of this host that nobody listens on can meet
+ * itself (the kernel may pick the same port as the local end: a
+ * "simultaneous open" with itself). */
+static int connected_to_itself(const fb_zmtp *z)
+{
+    struct sockaddr_storage a, b;
+    socklen_t al = sizeof a, bl = sizeof b;
+    if (((const struct sockaddr *)z->addr)->sa_family == AF_UNIX) return 0;
+    if (getsockname(z->fd, (struct sockaddr *)&a, &al) < 0 || getpeername(z->fd, (struct sockaddr *)&b, &bl) < 0)
+        return 0;
+    return al == bl && memcmp(&a, &b, al) == 0;
+}
+
+static void start_handshake(fb_zmtp *z)
+{
+    static const char type_name[] = "Socket-Type", type[] = "DEALER";
+    unsigned char g[GREETING], cmd[64];
+    if (connected_to_itself(z)) {
+        lost(z, 0);
+        return;
+    }
+    memset(g, 0, sizeof g);
+    g[0] = 0xFF;
+    g[9] = 0x7F;
+    g[10] = 3;
+    g[11] = 0;
+    memcpy(g + 12, "NULL", 4);
+    size_t n = 0;
+    cmd[n++] = 5;
+    memcpy(cmd + n, "READY", 5);
+    n += 5;
+    cmd[n++] = (unsigned char)(sizeof type_name - 1);
+    memcpy(cmd + n, type_name, sizeof type_name - 1);
+    n += sizeof type_name - 1;
+    cmd[n++] = 0; cmd[n++] = 0; cmd[n++] = 0;
+    cmd[n++] = (unsigned char)(sizeof type - 1);
+    memcpy(cmd + n, type, sizeof type - 1);
+    n += sizeof type - 1;
+    unsigned char h[9];
+    size_t hl = frame_header(h, 4, n);
+    z->hs.off = z->hs.len = 0;
+    if (zbuf_put(&z->hs, g, sizeof g) < 0 || zbuf_put(&z->hs, h, hl) < 0 || zbuf_put(&z->hs, cmd, n) < 0) {
+        lost(z, 0);
+        return;
+    }
+    z->state = HANDSHAKE;
+    z->readable = 1;
+}
+
+static void try_connect(fb_zmtp *z)
+{
+    const struct sockaddr *sa = (const struct sockaddr *)z->addr;
+    int fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        lost(z, 0);
+        return;
+    }
+    int one = 1;
+    if (sa->sa_family != AF_UNIX) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (z->o.keepalive) setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    if (z->o.sndbuf > 0) setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &z->o.sndbuf, sizeof z->o.sndbuf);
+    if (z->o.rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &z->o.rcvbuf, sizeof z->o.rcvbuf);
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    ev.data.fd = fd;
+    if (epoll_ctl(z->efd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+        close(fd);
+        lost(z, 0);
+        return;
+    }
+    z->fd = fd;
+    int rc;
+    do rc = connect(fd, sa, (socklen_t)z->addrlen);
+    while (rc < 0 && errno == EINTR);
+    if (rc == 0) start_handshake(z);
+    else if (errno == EINPROGRESS || errno == EAGAIN) z->state = CONNECTING;
+    else lost(z, 0);
+}
+
+/* Edges the epoll descriptor collected: the reconnect timer, and the
+ * socket's input (or its end) and room. */
+static void harvest(fb_zmtp *z)
+{
+    struct epoll_event evs[4];
+    int n = epoll_wait(z->efd, evs, 4, 0);
+    for (int i = 0; i < n; i++) {
+        if (evs[i].data.fd == z->tfd) {
+            uint64_t expirations;
+            if (read(z->tfd, &expirations, sizeof expirations) < 0) { /* not yet: fine */ }
+        } else if (evs[i].data.fd == z->fd) {
+            if (evs[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) z->readable = 1;
+        }
+    }
+}
+
+/* Write b's bytes up to `end`: 1 all written, 0 the kernel is full, -1
+ * the connection was lost. */
+static int write_some(fb_zmtp *z, zbuf *b, size_t end)
+{
+    while (b->off < end) {
+        ssize_t w = send(z->fd, b->p + b->off, end - b->off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        z->st.syscalls_send++;
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+            lost(z, 0);
+            return -1;
+        }
+        b->off += (size_t)w;
+    }
+    return 1;
+}
+
+/* Write what may go: the handshake, then (once it is done) whole messages.
+ * 0, or -1 if the connection was lost. */
+static int flush(fb_zmtp *z)
+{
+    if (z->fd < 0 || (z->state != HANDSHAKE && z->state != UP)) return 0;
+    int rc = write_some(z, &z->hs, z->hs.len);
+    if (rc <= 0 || z->state != UP) return rc < 0 ? -1 : 0;
+    rc = write_some(z, &z->out, z->out_end);
+    if (rc == 1) {
+        z->out_msgs = 0;
+        if (z->out_end == z->out.len) z->out.off = z->out.len = z->out_end = 0;
+    }
+    return rc < 0 ? -1 : 0;
+}
+
+/* Move a connect or a reconnect on. */
+static void progress(fb_zmtp *z)
+{
+    if (z->state == DOWN) {
+        struct itimerspec t;
+        if (timerfd_gettime(z->tfd, &t) == 0 && (t.it_value.tv_sec || t.it_value.tv_nsec)) return;
+        try_connect(z);
+    }
+    if (z->state == CONNECTING) {
+        struct pollfd p = {z->fd, POLLOUT, 0};
+        if (poll(&p, 1, 0) <= 0) return;
+        int err = 0;
+        socklen_t len = sizeof err;
+        if (getsockopt(z->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0 || err) {
+            lost(z, 0);
+            return;
+        }
+        start_handshake(z);
+    }
+    if (z->state == HANDSHAKE || z->state == UP) flush(z);
+}
+
+/* Read what the kernel has (at least `want` bytes of room).  1 if bytes
+ * came, 0 if none, -1 if the connection was lost.  Once the kernel is
+ * drained (a short read, or EAGAIN) the epoll descriptor's edges are taken
+ * (harvest), so it is quiet until new input: a poller does not spin on an
+ * edge already read. */
+static int fill(fb_zmtp *z, size_t want)
+{
+    if (want < READ_CHUNK) want = READ_CHUNK;
+    if (z->in.off == z->in.len && z->in.cap > 16 * READ_CHUNK && want <= READ_CHUNK) {
+        zbuf_free(&z->in);                       /* after a large message: give it back */
+    }
+    if (zbuf_reserve(&z->in, want) < 0) {
+        lost(z, 1);                              /* no memory for it: as if it were bad */
+        return -1;
+    }
+    for (int tries = 0; tries < 2; tries++) {
+        size_t room = z->in.cap - z->in.len;
+        ssize_t r;
+        do r = recv(z->fd, z->in.p + z->in.len, room, MSG_DONTWAIT);
+        while (r < 0 && errno == EINTR);
+        z->st.syscalls_recv++;
+        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            lost(z, 0);
+            return -1;
+        }
+        if (r == 0) {
+            lost(z, 0);
+            return -1;
+        }
+        if (r > 0) z->in.len += (size_t)r;
+        if (r > 0 && (size_t)r == room) return 1;   /* maybe more: `readable` stays */
+        z->readable = 0;
+        harvest(z);
+        if (r > 0) return 1;
+        if (!z->readable) return 0;
+        /* Input came between the recv and the harvest: read it. */
+    }
+    return 0;
+}
+
+/* A frame's header at in.p[pos]: its flags, body offset and size.  0: not
+ * all here yet; 1: parsed; -1: not ZMTP. */
+static int parse_header(const fb_zmtp *z, size_t pos, int *flags, size_t *body, uint64_t *size)
+{
+    size_t avail = z->in.len - pos;
+    if (avail < 1) return 0;
+    int f = z->in.p[pos];
+    if (f & ~7) return -1;
+    if (f & 2) {
+        if (avail < 9) return 0;
+        uint64_t s = 0;
+        for (int i = 0; i < 8; i++) s = (s << 8) | z->in.p[pos + 1 + i];
+        *size = s;
+        *body = pos + 9;
+    } else {
+        if (avail < 2) return 0;
+        *size = z->in.p[pos + 1];
+        *body = pos + 2;
+    }
+    if ((f & 4) && (f & 1)) return -1;           /* a command has no "more" */
+    *flags = f;
+    return 1;
+}
+
+static int is_command(const unsigned char *body, uint64_t size, const char *name)
+{
+    size_t n = strlen(name);
+    return size >= 1 + n && body[0] == n && memcmp(body + 1, name, n) == 0;
+}
+
+/* READY's Socket-Type is a ROUTER's (a broker's; a DEALER could also
+ * talk to a DEALER or a REP, but this one is for brokers only, and a
+ * connection that came back to itself would say DEALER). */
+static int ready_ok(const unsigned char *p, uint64_t size)
+{
+    size_t pos = 6;                              /* after "\x05READY" */
+    while (pos < size) {
+        size_t nl = p[pos++];
+        if (nl > size - pos || size - pos - nl < 4) return 0;
+        const unsigned char *name = p + pos;
+        pos += nl;
+        uint64_t vl = ((uint64_t)p[pos] << 24) | ((uint64_t)p[pos + 1] << 16) | ((uint64_t)p[pos + 2] << 8) | p[pos + 3];
+        pos += 4;
+        if (vl > size - pos) return 0;
+        if (nl == 11 && strncasecmp((const char *)name, "Socket-Type", 11) == 0) {
+            const char *v = (const char *)p + pos;
+            return vl == 6 && memcmp(v, "ROUTER", 6) == 0;
+        }
+        pos += (size_t)vl;
+    }
+    return 0;
+}
+
+/* A command from the peer (consumed by the caller).  0, or -1: the
+ * connection was closed for it. */
+static int on_command(fb_zmtp *z, const unsigned char *body, uint64_t size)
+{
+    if (z->state == HANDSHAKE) {
+        if (is_command(body, size, "READY") && ready_ok(body, size)) {
+            z->state = UP;
+            z->ivl = z->o.reconnect_ivl_ns;
+            z->st.connects++;
+            return flush(z);
+        }
+        lost(z, !is_command(body, size, "ERROR"));   /* ERROR: the peer refused us */
+        return -1;
+    }
+    if (is_command(body, size, "PING") && size >= 7) {
+        /* PONG with the PING's context (after its 2-byte TTL), inserted
+         * between whole messages: before one still being built. */
+        uint64_t ctx = size - 7 > 16 ? 16 : size - 7;
+        unsigned char f[2 + 5 + 16];
+        size_t n = frame_header(f, 4, 5 + (size_t)ctx);
+        memcpy(f + n, "\x04PONG", 5);
+        memcpy(f + n + 5, body + 7, (size_t)ctx);
+        n += 5 + (size_t)ctx;
+        if (out_reserve(z, n) < 0) return 0;
+        size_t tail = z->out.len - z->out_end;
+        memmove(z->out.p + z->out_end + n, z->out.p + z->out_end, tail);
+        memcpy(z->out.p + z->out_end, f, n);
+        z->out_end += n;
+        z->out.len += n;
+        z->out_msgs++;
+        flush(z);
+        return z->state == UP ? 0 : -1;
+    }
+    return 0;                                    /* PONG, and what later versions add: ignored */
+}
+
+/* Is a whole message at the front of the input (commands before it are
+ * handled and consumed)?  Reads from the kernel while one is not, if
+ * `read`.  1: yes; 0: not now. */
+static int message_ready(fb_zmtp *z, int read)
+{
+    if (z->stale) {
+        /* What a lost connection left: whole messages (checked when it
+         * was lost); its commands are of no more use. */
+        int flags;
+        size_t body;
+        uint64_t size;
+        while (z->in.off < z->in.len) {
+            parse_header(z, z->in.off, &flags, &body, &size);
+            if (!(flags & 4)) return 1;
+            z->in.off = body + (size_t)size;
+        }
+        z->stale = 0;
+        z->in.off = z->in.len = 0;
+    }
+    progress(z);
+    for (;;) {
+        if (z->state != HANDSHAKE && z->state != UP) return 0;
+        size_t need = 0;                         /* room to read the rest of a frame */
+        if (!z->got_greeting) {
+            if (z->in.len - z->in.off >= GREETING) {
+                const unsigned char *g = z->in.p + z->in.off;
+                if (g[0] != 0xFF || !(g[9] & 1) || g[10] < 3 || memcmp(g + 12, "NULL\0", 5) != 0) {
+                    lost(z, 1);
+                    return 0;
+                }
+                z->in.off += GREETING;
+                z->got_greeting = 1;
+                continue;
+            }
+        } else {
+            size_t pos = z->in.off, body = 0;
+            uint64_t total = 0, size = 0;
+            int flags = 0, rc;
+            while ((rc = parse_header(z, pos, &flags, &body, &size)) == 1) {
+                if (flags & 4) {
+                    if (pos != z->in.off || size > MAX_COMMAND) {    /* inside a message; too long */
+                        rc = -1;
+                        break;
+                    }
+                    if (z->in.len - body < size) {
+                        rc = 0;
+                        need = body + (size_t)size - z->in.len;
+                        break;
+                    }
+                    z->in.off = body + (size_t)size;
+                    if (on_command(z, z->in.p + body, size) < 0) return 0;
+                    pos = z->in.off;
+                    continue;
+                }
+                if (z->state != UP) {                /* data before READY */
+                    rc = -1;
+                    break;
+                }
+                total += size;
+                if (size > z->o.max_msg_bytes || total > z->o.max_msg_bytes) {
+                    rc = -1;
+                    break;
+                }
+                if (z->in.len - body < size) {
+                    rc = 0;
+                    need = body + (size_t)size - z->in.len;
+                    break;
+                }
+                pos = body + (size_t)size;
+                if (!(flags & 1)) return 1;
+            }
+            if (rc < 0) {
+                lost(z, 1);
+                return 0;
+            }
+        }
+        if (!read || fill(z, need) <= 0) return 0;
+    }
+}
+
+/* -- the calls ---------------------------------------------------------------- */
+
+fb_zmtp *fb_zmtp_open(const void *addr, size_t addrlen, const fb_zmtp_options *opts, int *err)
+{
+    if (!addr || addrlen < sizeof(sa_family_t) || addrlen > sizeof ((fb_zmtp *)0)->addr || !opts
+        || opts->sndhwm < 1 || opts->max_msg_bytes == 0) {
+        *err = EINVAL;
+        return NULL;
+    }
+    fb_zmtp *z = calloc(1, sizeof *z);
+    if (!z) {
+        *err = ENOMEM;
+        return NULL;
+    }
+    memcpy(z->addr, addr, addrlen);
+    z->addrlen = addrlen;
+    z->o = *opts;
+    if (z->o.reconnect_ivl_ns == 0) z->o.reconnect_ivl_ns = 100000000u;
+    if (z->o.reconnect_ivl_max_ns < z->o.reconnect_ivl_ns) z->o.reconnect_ivl_max_ns = z->o.reconnect_ivl_ns;
+    z->ivl = z->o.reconnect_ivl_ns;
+    z->fd = -1;
+    z->efd = epoll_create1(EPOLL_CLOEXEC);
+    z->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN | EPOLLET;
+    ev.data.fd = z->tfd;
+    if (z->efd < 0 || z->tfd < 0 || epoll_ctl(z->efd, EPOLL_CTL_ADD, z->tfd, &ev) < 0) {
+        *err = errno ? errno : EMFILE;
+        if (z->efd >= 0) close(z->efd);
+        if (z->tfd >= 0) close(z->tfd);
+        free(z);
+        return NULL;
+    }
+    z->state = DOWN;
+    try_connect(z);
+    if (z->state == DOWN) z->st.disconnects--;   /* the first try is not a lost connection */
+    return z;
+}
+
+void fb_zmtp_close(fb_zmtp *z, int linger_ms)
+{
+    if (!z) return;
+    if (linger_ms > 0 && z->state != CLOSED) {
+        uint64_t until = fb_now_ns() + (uint64_t)linger_ms * 1000000u;
+        for (;;) {
+            progress(z);
+            if (z->state == UP && z->out.off == z->out_end && z->hs.off == z->hs.len) break;
+            uint64_t now = fb_now_ns();
+            if (now >= until) break;
+            struct pollfd p = {z->efd, POLLIN, 0};
+            int ms = (int)((until - now) / 1000000u) + 1;
+            poll(&p, 1, ms > 10 ? 10 : ms);
+            harvest(z);
+        }
+    }
+    if (z->fd >= 0) close(z->fd);
+    close(z->efd);
+    close(z->tfd);
+    zbuf_free(&z->hs);
+    zbuf_free(&z->out);
+    zbuf_free(&z->in);
+    free(z);
+}
+
+int fb_zmtp_send(void *sock, const void *buf, size_t len, int flags)
+{
+    fb_zmtp *z = sock;
+    if (!z || z->state == CLOSED) {
+        errno = ENOTSOCK;
+        return -1;
+    }
+    int first = z->out.len == z->out_end;        /* no message being built */
+    if (first && z->out_msgs >= z->o.sndhwm) {
+        progress(z);                             /* room now? */
+        if (z->out_msgs >= z->o.sndhwm) {
+            errno = EAGAIN;
+            return -1;
+        }
+    }
+    unsigned char h[9];
+    size_t hl = frame_header(h, (flags & FB_ZMTP_SNDMORE) ? 1 : 0, len);
+    if (out_reserve(z, hl + len) < 0) {
+        errno = ENOMEM;
+        return -1;
+    }
+    zbuf_put(&z->out, h, hl);
+    zbuf_put(&z->out, buf, len);
+    if (!(flags & FB_ZMTP_SNDMORE)) {
+        z->out_end = z->out.len;
+        z->out_msgs++;
+        if (z->state == UP) flush(z);
+        else progress(z);
+    }
+    return len > INT32_MAX ? INT32_MAX : (int)len;
+}
+
+int fb_zmtp_getsockopt(void *sock, int option, void *value, size_t *len)
+{
+    fb_zmtp *z = sock;
+    if (!z || z->state == CLOSED || !value || !len || *len < sizeof(int)) {
+        errno = z && z->state != CLOSED ? EINVAL : ENOTSOCK;
+        return -1;
+    }
+    int v = 0;
+    if (option == FB_ZMTP_FD) {
+        v = z->efd;
+    } else if (option == FB_ZMTP_RCVMORE) {
+        v = z->rcvmore;
+    } else if (option == FB_ZMTP_EVENTS) {
+        if (!z->readable) harvest(z);
+        if (z->frames_left || message_ready(z, z->readable)) v |= FB_ZMTP_POLLIN;
+        if (z->out_msgs < z->o.sndhwm || z->out.len != z->out_end) v |= FB_ZMTP_POLLOUT;
+    } else {
+        errno = EINVAL;
+        return -1;
+    }
+    memcpy(value, &v, sizeof v);
+    *len = sizeof v;
+    return 0;
+}
+
+int fb_zmtp_msg_init(fb_zmq_msg *msg)
+{
+    memset(msg, 0, sizeof *msg);
+    return 0;
+}
+
+int fb_zmtp_msg_recv(fb_zmq_msg *msg, void *sock, int flags)
+{
+    (void)flags;
+    fb_zmtp *z = sock;
+    zmsg *m = (zmsg *)msg;
+    if (!z || z->state == CLOSED) {
+        errno = ENOTSOCK;
+        return -1;
+    }
+    if (!z->frames_left) {
+        if (!message_ready(z, 1)) {
+            errno = EAGAIN;
+            return -1;
+        }
+        z->frames_left = 1;
+    }
+    /* A whole message is here (message_ready checked every header). */
+    int f = 0;
+    size_t body = 0;
+    uint64_t size = 0;
+    parse_header(z, z->in.off, &f, &body, &size);
+    free(m->heap);
+    m->heap = NULL;
+    m->size = (size_t)size;
+    m->more = f & 1;
+    if (size > sizeof m->small) {
+        m->heap = malloc((size_t)size);
+        if (!m->heap) {
+            m->size = 0;
+            errno = ENOMEM;
+            return -1;
+        }
+        memcpy(m->heap, z->in.p + body, (size_t)size);
+    } else if (size) {
+        memcpy(m->small, z->in.p + body, (size_t)size);
+    }
+    z->in.off = body + (size_t)size;
+    z->rcvmore = m->more;
+    z->frames_left = m->more;
+    return size > INT32_MAX ? INT32_MAX : (int)size;
+}
+
+void *fb_zmtp_msg_data(fb_zmq_msg *msg)
+{
+    zmsg *m = (zmsg *)msg;
+    return m->heap ? m->heap : m->small;
+}
+
+size_t fb_zmtp_msg_size(const fb_zmq_msg *msg)
+{
+    return ((const zmsg *)msg)->size;
+}
+
+int fb_zmtp_msg_more(const fb_zmq_msg *msg)
+{
+    return ((const zmsg *)msg)->more;
+}
+
+int fb_zmtp_msg_close(fb_zmq_msg *msg)
+{
+    zmsg *m = (zmsg *)msg;
+    free(m->heap);
+    memset(m, 0, sizeof *m);
+    return 0;
+}
+
+int fb_zmtp_connected(const fb_zmtp *z)
+{
+    return z && z->state == UP;
+}
+
+void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out)
+{
+    *out = z->st;
+}
+
+#else /* not Linux: the client uses libzmq */
+
+fb_zmtp *fb_zmtp_open(const void *addr, size_t addrlen, const fb_zmtp_options *opts, int *err)
+{
+    (void)addr; (void)addrlen; (void)opts;
+    *err = ENOSYS;
+    return NULL;
+}
+void fb_zmtp_close(fb_zmtp *z, int linger_ms) { (void)z; (void)linger_ms; }
+int fb_zmtp_send(void *z, const void *buf, size_t len, int flags)
+{ (void)z; (void)buf; (void)len; (void)flags; errno = ENOTSOCK; return -1; }
+int fb_zmtp_getsockopt(void *z, int option, void *value, size_t *len)
+{ (void)z; (void)option; (void)value; (void)len; errno = ENOTSOCK; return -1; }
+int fb_zmtp_msg_init(fb_zmq_msg *msg) { memset(msg, 0, sizeof *msg); return 0; }
+int fb_zmtp_msg_recv(fb_zmq_msg *msg, void *z, int flags)
+{ (void)msg; (void)z; (void)flags; errno = ENOTSOCK; return -1; }
+void *fb_zmtp_msg_data(fb_zmq_msg *msg) { return msg; }
+size_t fb_zmtp_msg_size(const fb_zmq_msg *msg) { (void)msg; return 0; }
+int fb_zmtp_msg_more(const fb_zmq_msg *msg) { (void)msg; return 0; }
+int fb_zmtp_msg_close(fb_zmq_msg *msg) { (void)msg; return 0; }
+int fb_zmtp_connected(const fb_zmtp *z) { (void)z; return 0; }
+void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out) { (void)z; memset(out, 0, sizeof *out); }
+
+#endif

@@ -1,0 +1,114 @@
+/*
+ * fb_zmtp.h - a ZeroMQ DEALER connection (ZMTP 3, NULL mechanism) spoken
+ * over a plain stream socket by whichever thread calls it, with no I/O
+ * thread of its own.
+ *
+ * Why: through libzmq, a message crosses a thread in each process it
+ * passes (the caller hands it to libzmq's I/O thread, which writes it; on
+ * the other side the I/O thread reads it and hands it on).  Each hand-over
+ * is a wake-up, tens of microseconds on a loaded or virtual machine, and
+ * libzmq has no mode that writes in the caller's thread.  A client of the
+ * broker has one connection per session and needs none of libzmq's
+ * routing, so the client's engine (fb_sender.h, fb_reader.h) and its
+ * Python sessions can use this instead: the publishing thread writes the
+ * socket, the reading thread reads it.  The broker stays a libzmq ROUTER:
+ * it cannot tell the difference.
+ *
+ * The calls mirror the few of libzmq's that the engine makes (zmq.h's
+ * signatures and values, so fb_zmq_calls / fb_zmq_recv_calls can point at
+ * them), with libzmq's contract for a DEALER that connects:
+ *
+ *  - Messages sent before the connection exists, or while it is being
+ *    made again, are queued (up to sndhwm messages) and go once the
+ *    handshake is done.  A message leaves whole or not at all: a connection
+ *    lost in the middle of one drops what was queued (the broker sees a new
+ *    connection, which says HELLO first; anything else it refuses).
+ *  - A message is received whole: the first frame is given only once all
+ *    of its frames are here.
+ *  - The connection is made again when lost (reconnect_ivl, doubling up to
+ *    reconnect_ivl_max), by whoever calls next.
+ *  - ZMQ_FD is a descriptor that becomes readable when ZMQ_EVENTS may have
+ *    changed (input arrived, room to send what is queued, time to
+ *    reconnect); after it does, ZMQ_EVENTS says what is possible, and
+ *    reading stops only at EAGAIN.  It is an epoll descriptor, the same
+ *    for the connection's life (a reconnect changes the socket under it),
+ *    edge-triggered as libzmq's is: a socket left unread does not keep it
+ *    readable.
+ *
+ * Every length read from the network is checked: a frame or message above
+ * max_msg_bytes, or anything that is not ZMTP from a ROUTER, closes the
+ * connection (counted in protocol_errors) and it is made again.
+ *
+ * Not thread-safe, as a libzmq socket is not: one caller at a time (the
+ * client holds its session's lock, fb_slock.h).  Linux (epoll, timerfd);
+ * elsewhere fb_zmtp_open fails with ENOSYS and the client uses libzmq.
+ */
+#ifndef FB_ZMTP_H
+#define FB_ZMTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fb_reader.h"    /* fb_zmq_msg */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* zmq.h's values. */
+#define FB_ZMTP_DONTWAIT 1
+#define FB_ZMTP_SNDMORE 2
+#define FB_ZMTP_RCVMORE 13
+#define FB_ZMTP_FD 14
+#define FB_ZMTP_EVENTS 15
+#define FB_ZMTP_POLLIN 1
+#define FB_ZMTP_POLLOUT 2
+
+typedef struct fb_zmtp_options {
+    int sndhwm;                  /* messages queued beyond the kernel's buffer (>= 1) */
+    int sndbuf, rcvbuf;          /* SO_SNDBUF / SO_RCVBUF (0: the system's) */
+    int keepalive;               /* SO_KEEPALIVE */
+    uint64_t max_msg_bytes;      /* the largest message accepted from the peer (all frames) */
+    uint64_t reconnect_ivl_ns;   /* first wait before connecting again */
+    uint64_t reconnect_ivl_max_ns;
+} fb_zmtp_options;
+
+typedef struct fb_zmtp_stats {
+    uint64_t connects;           /* handshakes completed */
+    uint64_t disconnects;        /* connections lost (or refused) */
+    uint64_t protocol_errors;    /* connections closed for what the peer sent */
+    uint64_t dropped_messages;   /* queued messages dropped with a lost connection */
+    uint64_t syscalls_send, syscalls_recv;
+} fb_zmtp_stats;
+
+typedef struct fb_zmtp fb_zmtp;
+
+/* A connection to `addr` (a struct sockaddr of `addrlen` bytes: AF_INET,
+ * AF_INET6 or AF_UNIX), started at once.  NULL with *err set to an errno if
+ * it cannot be made at all (no memory, no descriptors, ENOSYS); a peer that
+ * is not there yet is not an error (it is tried again). */
+fb_zmtp *fb_zmtp_open(const void *addr, size_t addrlen, const fb_zmtp_options *opts, int *err);
+/* Close: what is still queued gets up to linger_ms to leave (0: dropped). */
+void fb_zmtp_close(fb_zmtp *z, int linger_ms);
+
+/* libzmq's calls (void *socket: an fb_zmtp).  send: -1 with errno EAGAIN
+ * when sndhwm messages wait (checked at a message's first frame; frames
+ * after it are always taken), ENOTSOCK once closed.  DONTWAIT is implied:
+ * nothing here blocks. */
+int fb_zmtp_send(void *z, const void *buf, size_t len, int flags);
+int fb_zmtp_getsockopt(void *z, int option, void *value, size_t *len);
+int fb_zmtp_msg_init(fb_zmq_msg *msg);
+int fb_zmtp_msg_recv(fb_zmq_msg *msg, void *z, int flags);
+void *fb_zmtp_msg_data(fb_zmq_msg *msg);
+size_t fb_zmtp_msg_size(const fb_zmq_msg *msg);
+int fb_zmtp_msg_more(const fb_zmq_msg *msg);
+int fb_zmtp_msg_close(fb_zmq_msg *msg);
+
+/* Is the handshake done (messages flow now)? */
+int fb_zmtp_connected(const fb_zmtp *z);
+void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FB_ZMTP_H */

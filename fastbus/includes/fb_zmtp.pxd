@@ -1,0 +1,47 @@
+# Mirrors csrc/fb_zmtp.h
+from libc.stdint cimport uint64_t
+
+from fastbus.includes.fb_reader cimport fb_zmq_msg
+
+cdef extern from "fb_zmtp.h" nogil:
+    enum:
+        FB_ZMTP_DONTWAIT
+        FB_ZMTP_SNDMORE
+        FB_ZMTP_RCVMORE
+        FB_ZMTP_FD
+        FB_ZMTP_EVENTS
+        FB_ZMTP_POLLIN
+        FB_ZMTP_POLLOUT
+
+    ctypedef struct fb_zmtp_options:
+        int sndhwm
+        int sndbuf
+        int rcvbuf
+        int keepalive
+        uint64_t max_msg_bytes
+        uint64_t reconnect_ivl_ns
+        uint64_t reconnect_ivl_max_ns
+
+    ctypedef struct fb_zmtp_stats:
+        uint64_t connects
+        uint64_t disconnects
+        uint64_t protocol_errors
+        uint64_t dropped_messages
+        uint64_t syscalls_send
+        uint64_t syscalls_recv
+
+    ctypedef struct fb_zmtp:
+        pass
+
+    fb_zmtp *fb_zmtp_open(const void *addr, size_t addrlen, const fb_zmtp_options *opts, int *err)
+    void fb_zmtp_close(fb_zmtp *z, int linger_ms)
+    int fb_zmtp_send(void *z, const void *buf, size_t len, int flags)
+    int fb_zmtp_getsockopt(void *z, int option, void *value, size_t *len)
+    int fb_zmtp_msg_init(fb_zmq_msg *msg)
+    int fb_zmtp_msg_recv(fb_zmq_msg *msg, void *z, int flags)
+    void *fb_zmtp_msg_data(fb_zmq_msg *msg)
+    size_t fb_zmtp_msg_size(const fb_zmq_msg *msg)
+    int fb_zmtp_msg_more(const fb_zmq_msg *msg)
+    int fb_zmtp_msg_close(fb_zmq_msg *msg)
+    int fb_zmtp_connected(const fb_zmtp *z)
+    void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out)

@@ -1,0 +1,224 @@
+"""The client's own ZMTP connection (fastbus.client._engine.Stream,
+csrc/fb_zmtp.h) against libzmq itself: a pyzmq ROUTER on loopback must see
+an ordinary DEALER, and a broker an ordinary client.  (csrc/tests/test_zmtp.c
+plays the peer byte by byte; this checks what libzmq really sends.)"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+import zmq
+
+import fastbus
+from fastbus.client import _engine
+from fastbus.client._endpoint import sockaddr
+
+from brokers import BrokerProcess
+
+pytestmark = pytest.mark.skipif(not _engine.available() or not os.uname().sysname == "Linux",
+                                reason="a Stream needs the native engine, on Linux")
+
+
+def stream(endpoint: str, **options) -> _engine.Stream:
+    s = _engine.Stream(sockaddr(endpoint))
+    for name, value in options.items():
+        setattr(s, name, value)
+    s.connect(endpoint)
+    return s
+
+
+def router_recv(r: zmq.Socket, s: _engine.Stream, timeout: float = 5.0) -> list:
+    """The router's next message, the Stream driven meanwhile (it moves,
+    its handshake too, only when called: in a client its native reader
+    thread, or the caller, does)."""
+    deadline = time.monotonic() + timeout
+    while not r.poll(0):
+        assert time.monotonic() < deadline, "nothing reached the router"
+        s.poll(5)
+    return r.recv_multipart()
+
+
+def recv(s: _engine.Stream, timeout: float = 5.0) -> list:
+    assert s.poll(int(timeout * 1000)), "nothing arrived"
+    return s.recv_multipart(zmq.NOBLOCK)
+
+
+@pytest.fixture
+def router():
+    ctx = zmq.Context()
+    r = ctx.socket(zmq.ROUTER)
+    r.linger = 0
+    port = r.bind_to_random_port("tcp://127.0.0.1")
+    yield r, f"tcp://127.0.0.1:{port}"
+    r.close()
+    ctx.term()
+
+
+def test_a_router_sees_a_dealer_and_messages_go_both_ways_whole(router):
+    r, endpoint = router
+    s = stream(endpoint)
+    try:
+        big = os.urandom(1 << 20)                  # 8-byte frame sizes, many reads
+        s.send_multipart([b"HELLO", b"{}"])
+        s.send_multipart([b"P", big])
+        ident, *frames = router_recv(r, s)
+        assert frames == [b"HELLO", b"{}"]
+        assert router_recv(r, s)[1:] == [b"P", big]
+        assert s.connected
+        for i in range(200):                     # more than one kernel read's worth
+            r.send_multipart([ident, b"D", b"%d" % i, big[:i * 500]])
+        for i in range(200):
+            assert recv(s) == [b"D", b"%d" % i, big[:i * 500]]
+        assert s.stats["protocol_errors"] == 0 and s.stats["connects"] == 1
+    finally:
+        s.close(0)
+    assert s.closed
+    with pytest.raises(zmq.ZMQError):
+        s.send_multipart([b"x"], zmq.NOBLOCK)
+
+
+def test_what_is_sent_before_the_broker_listens_goes_once_it_does(tmp_path):
+    endpoint = f"ipc://{tmp_path}/b.sock"
+    s = stream(endpoint, reconnect_ivl=10)
+    try:
+        s.send_multipart([b"HELLO", b"1"])
+        s.send_multipart([b"PING", b""])
+        assert not s.connected
+        time.sleep(0.1)
+        ctx = zmq.Context()
+        r = ctx.socket(zmq.ROUTER)
+        r.linger = 0
+        r.bind(endpoint)
+        assert router_recv(r, s)[1:] == [b"HELLO", b"1"]
+        assert router_recv(r, s)[1:] == [b"PING", b""]
+        r.close()
+        ctx.term()
+    finally:
+        s.close(0)
+
+
+def test_a_router_that_goes_and_comes_back(tmp_path):
+    ctx = zmq.Context.instance()
+    endpoint = f"ipc://{tmp_path}/b.sock"         # (a TCP port may be taken meanwhile)
+    r = ctx.socket(zmq.ROUTER)
+    r.linger = 0
+    r.bind(endpoint)
+    s = stream(endpoint, reconnect_ivl=10)
+    try:
+        s.send_multipart([b"HELLO"])
+        ident = router_recv(r, s)[0]
+        r.send_multipart([ident, b"D", b"before"])
+        time.sleep(0.1)
+        r.close()
+        # What arrived whole before the broker went is still read.
+        assert recv(s) == [b"D", b"before"]
+        r2 = ctx.socket(zmq.ROUTER)
+        r2.linger = 0
+        r2.bind(endpoint)
+        try:
+            # (A message written before the end of the old connection is
+            # read would be lost with it, as with libzmq: wait for that.)
+            deadline = time.monotonic() + 5
+            while not (s.connected and s.stats["disconnects"]) and time.monotonic() < deadline:
+                s.poll(10)
+            assert s.connected
+            s.send_multipart([b"HELLO", b"again"])
+            assert router_recv(r2, s)[1:] == [b"HELLO", b"again"]
+            assert s.stats["connects"] == 2 and s.stats["disconnects"] == 1
+        finally:
+            r2.close()
+    finally:
+        s.close(0)
+
+
+def test_its_descriptor_wakes_a_poller_for_input_and_is_quiet_once_read(router):
+    r, endpoint = router
+    s = stream(endpoint)
+    try:
+        s.send_multipart([b"HELLO"])
+        ident = router_recv(r, s)[0]
+        while _engine.recv_frames(s) is not None:
+            pass
+        assert zmq.zmq_poll([(s.FD, zmq.POLLIN)], 50) == []
+        r.send_multipart([ident, b"D", b"x"])
+        ready = zmq.zmq_poll([(s.FD, zmq.POLLIN)], 2000)
+        assert ready == [(s.FD, zmq.POLLIN)]
+        assert _engine.events(s) & zmq.POLLIN
+        assert _engine.recv_frames(s) == [b"D", b"x"]
+        assert _engine.recv_frames(s) is None
+        assert zmq.zmq_poll([(s.FD, zmq.POLLIN)], 50) == []
+    finally:
+        s.close(0)
+
+
+def test_a_peer_that_is_not_a_zmtp_router_is_dropped_not_believed():
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(4)
+    endpoint = f"tcp://127.0.0.1:{lsock.getsockname()[1]}"
+    s = stream(endpoint, reconnect_ivl=10, maxmsgsize=1000)
+    conns = []
+
+    def serve():
+        for reply in (b"HTTP/1.1 400 Bad Request\r\n\r\n" + b"." * 64,
+                      # a ROUTER's greeting and READY, then a frame over maxmsgsize
+                      bytes([0xFF] + [0] * 7 + [1, 0x7F, 3, 0]) + b"NULL".ljust(20, b"\0") + bytes(32)
+                      + b"\x04\x1c\x05READY\x0bSocket-Type\x00\x00\x00\x06ROUTER"
+                      + b"\x02" + (10**6).to_bytes(8, "big") + b"x" * 1000):
+            c, _ = lsock.accept()
+            conns.append(c)
+            c.recv(4096)
+            c.sendall(reply)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 5
+        while s.stats["protocol_errors"] < 2 and time.monotonic() < deadline:
+            assert not s.poll(10)                  # nothing of it is a message
+        assert s.stats["protocol_errors"] == 2
+        assert s.stats["connects"] == 1            # (the second one's handshake was fine)
+    finally:
+        s.close(0)
+        t.join(5)
+        for c in conns:
+            c.close()
+        lsock.close()
+
+
+def test_sessions_use_it_and_libzmq_where_asked(monkeypatch):
+    broker = BrokerProcess()
+    try:
+        with fastbus.Client(endpoint=broker.endpoint) as c:
+            p = c.pubsub(ignore_subscribe_messages=True)
+            p.subscribe("a")
+            assert isinstance(p._session.sock, _engine.Stream)
+            deadline = time.monotonic() + 10
+            while not c.is_wanted("a") and time.monotonic() < deadline:
+                c.publish("x", b"")
+                time.sleep(0.01)
+            c.publish("a", b"1")
+            m = p.get_message(timeout=5)
+            assert m is not None and m["data"] == b"1"
+            p.close()
+        monkeypatch.setenv("FASTBUS_CLIENT_TRANSPORT", "libzmq")
+        with fastbus.Client(endpoint=broker.endpoint) as c:
+            p = c.pubsub(ignore_subscribe_messages=True)
+            p.subscribe("a")
+            assert isinstance(p._session.sock, zmq.Socket)
+            p.close()
+    finally:
+        broker.stop()
+
+
+def test_sockaddr_of_the_endpoints_a_stream_takes():
+    assert sockaddr("tcp://127.0.0.1:5555")[2:8] == b"\x15\xb3\x7f\x00\x00\x01"
+    assert sockaddr("tcp://[::1]:5555")[2:4] == b"\x15\xb3"
+    assert sockaddr("ipc:///tmp/x.sock")[2:] == b"/tmp/x.sock\0"
+    assert sockaddr("ipc://@name")[2:] == b"\0name"
+    for other in ("inproc://x", "tcp://*:5555", "tcp://eth0;127.0.0.1:5555", "ipc://" + "x" * 200):
+        assert sockaddr(other) is None
