@@ -70,7 +70,8 @@ struct fb_zmtp {
 
     zbuf in;
     int got_greeting;
-    int readable;                /* the kernel may hold input (an edge not read to a short read) */
+    int watch_out;               /* EPOLLOUT is asked (connecting, or bytes wait for room) */
+    int timer_armed;
     int frames_left;             /* of the message being handed out: frames still to give */
     int rcvmore;
     int stale;                   /* `in` holds whole messages of a lost connection: they go first */
@@ -174,7 +175,7 @@ static void arm_timer(fb_zmtp *z, uint64_t ns)
     if (ns == 0) ns = 1;
     t.it_value.tv_sec = (time_t)(ns / 1000000000u);
     t.it_value.tv_nsec = (long)(ns % 1000000000u);
-    timerfd_settime(z->tfd, 0, &t, NULL);
+    z->timer_armed = timerfd_settime(z->tfd, 0, &t, NULL) == 0;
 }
 
 /* The connection is gone (or never came): close it, drop what a new one
@@ -206,7 +207,7 @@ static void lost(fb_zmtp *z, int protocol_error)
     z->stale = z->in.off < z->in.len;
     if (!z->stale) z->in.off = z->in.len = 0;
     z->got_greeting = 0;
-    z->readable = 0;
+    z->watch_out = 0;
     z->state = DOWN;
     arm_timer(z, z->ivl);
     if (z->ivl < z->o.reconnect_ivl_max_ns) {
@@ -261,7 +262,6 @@ static void start_handshake(fb_zmtp *z)
         return;
     }
     z->state = HANDSHAKE;
-    z->readable = 1;
 }
 
 static void try_connect(fb_zmtp *z)
@@ -279,7 +279,7 @@ static void try_connect(fb_zmtp *z)
     if (z->o.rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &z->o.rcvbuf, sizeof z->o.rcvbuf);
     struct epoll_event ev;
     memset(&ev, 0, sizeof ev);
-    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+    ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP;   /* room: until connected */
     ev.data.fd = fd;
     if (epoll_ctl(z->efd, EPOLL_CTL_ADD, fd, &ev) < 0) {
         close(fd);
@@ -287,6 +287,7 @@ static void try_connect(fb_zmtp *z)
         return;
     }
     z->fd = fd;
+    z->watch_out = 1;
     int rc;
     do rc = connect(fd, sa, (socklen_t)z->addrlen);
     while (rc < 0 && errno == EINTR);
@@ -295,20 +296,16 @@ static void try_connect(fb_zmtp *z)
     else lost(z, 0);
 }
 
-/* Edges the epoll descriptor collected: the reconnect timer, and the
- * socket's input (or its end) and room. */
-static void harvest(fb_zmtp *z)
+/* Ask for room (EPOLLOUT) only while bytes wait for it: the descriptor
+ * is level-triggered, and a socket with room would keep it readable. */
+static void watch_out(fb_zmtp *z, int on)
 {
-    struct epoll_event evs[4];
-    int n = epoll_wait(z->efd, evs, 4, 0);
-    for (int i = 0; i < n; i++) {
-        if (evs[i].data.fd == z->tfd) {
-            uint64_t expirations;
-            if (read(z->tfd, &expirations, sizeof expirations) < 0) { /* not yet: fine */ }
-        } else if (evs[i].data.fd == z->fd) {
-            if (evs[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) z->readable = 1;
-        }
-    }
+    if (z->fd < 0 || z->watch_out == on) return;
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0);
+    ev.data.fd = z->fd;
+    if (epoll_ctl(z->efd, EPOLL_CTL_MOD, z->fd, &ev) == 0) z->watch_out = on;
 }
 
 /* Write b's bytes up to `end`: 1 all written, 0 the kernel is full, -1
@@ -335,21 +332,25 @@ static int flush(fb_zmtp *z)
 {
     if (z->fd < 0 || (z->state != HANDSHAKE && z->state != UP)) return 0;
     int rc = write_some(z, &z->hs, z->hs.len);
-    if (rc <= 0 || z->state != UP) return rc < 0 ? -1 : 0;
-    rc = write_some(z, &z->out, z->out_end);
-    if (rc == 1) {
-        z->out_msgs = 0;
-        if (z->out_end == z->out.len) z->out.off = z->out.len = z->out_end = 0;
+    if (rc == 1 && z->state == UP) {
+        rc = write_some(z, &z->out, z->out_end);
+        if (rc == 1) {
+            z->out_msgs = 0;
+            if (z->out_end == z->out.len) z->out.off = z->out.len = z->out_end = 0;
+        }
     }
-    return rc < 0 ? -1 : 0;
+    if (rc < 0) return -1;
+    watch_out(z, rc == 0);                       /* the kernel was full: wake a poller when it has room */
+    return 0;
 }
 
 /* Move a connect or a reconnect on. */
 static void progress(fb_zmtp *z)
 {
     if (z->state == DOWN) {
-        struct itimerspec t;
-        if (timerfd_gettime(z->tfd, &t) == 0 && (t.it_value.tv_sec || t.it_value.tv_nsec)) return;
+        uint64_t expirations;
+        if (z->timer_armed && read(z->tfd, &expirations, sizeof expirations) != sizeof expirations) return;
+        z->timer_armed = 0;
         try_connect(z);
     }
     if (z->state == CONNECTING) {
@@ -367,10 +368,7 @@ static void progress(fb_zmtp *z)
 }
 
 /* Read what the kernel has (at least `want` bytes of room).  1 if bytes
- * came, 0 if none, -1 if the connection was lost.  Once the kernel is
- * drained (a short read, or EAGAIN) the epoll descriptor's edges are taken
- * (harvest), so it is quiet until new input: a poller does not spin on an
- * edge already read. */
+ * came, 0 if none, -1 if the connection was lost. */
 static int fill(fb_zmtp *z, size_t want)
 {
     if (want < READ_CHUNK) want = READ_CHUNK;
@@ -381,29 +379,21 @@ static int fill(fb_zmtp *z, size_t want)
         lost(z, 1);                              /* no memory for it: as if it were bad */
         return -1;
     }
-    for (int tries = 0; tries < 2; tries++) {
-        size_t room = z->in.cap - z->in.len;
-        ssize_t r;
-        do r = recv(z->fd, z->in.p + z->in.len, room, MSG_DONTWAIT);
-        while (r < 0 && errno == EINTR);
-        z->st.syscalls_recv++;
-        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-            lost(z, 0);
-            return -1;
-        }
-        if (r == 0) {
-            lost(z, 0);
-            return -1;
-        }
-        if (r > 0) z->in.len += (size_t)r;
-        if (r > 0 && (size_t)r == room) return 1;   /* maybe more: `readable` stays */
-        z->readable = 0;
-        harvest(z);
-        if (r > 0) return 1;
-        if (!z->readable) return 0;
-        /* Input came between the recv and the harvest: read it. */
+    ssize_t r;
+    do r = recv(z->fd, z->in.p + z->in.len, z->in.cap - z->in.len, MSG_DONTWAIT);
+    while (r < 0 && errno == EINTR);
+    z->st.syscalls_recv++;
+    if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        lost(z, 0);
+        return -1;
     }
-    return 0;
+    if (r == 0) {
+        lost(z, 0);
+        return -1;
+    }
+    z->in.len += (size_t)r;
+    return 1;
 }
 
 /* A frame's header at in.p[pos]: its flags, body offset and size.  0: not
@@ -600,7 +590,7 @@ fb_zmtp *fb_zmtp_open(const void *addr, size_t addrlen, const fb_zmtp_options *o
     z->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     struct epoll_event ev;
     memset(&ev, 0, sizeof ev);
-    ev.events = EPOLLIN | EPOLLET;
+    ev.events = EPOLLIN;
     ev.data.fd = z->tfd;
     if (z->efd < 0 || z->tfd < 0 || epoll_ctl(z->efd, EPOLL_CTL_ADD, z->tfd, &ev) < 0) {
         *err = errno ? errno : EMFILE;
@@ -628,7 +618,6 @@ void fb_zmtp_close(fb_zmtp *z, int linger_ms)
             struct pollfd p = {z->efd, POLLIN, 0};
             int ms = (int)((until - now) / 1000000u) + 1;
             poll(&p, 1, ms > 10 ? 10 : ms);
-            harvest(z);
         }
     }
     if (z->fd >= 0) close(z->fd);
@@ -685,8 +674,7 @@ int fb_zmtp_getsockopt(void *sock, int option, void *value, size_t *len)
     } else if (option == FB_ZMTP_RCVMORE) {
         v = z->rcvmore;
     } else if (option == FB_ZMTP_EVENTS) {
-        if (!z->readable) harvest(z);
-        if (z->frames_left || message_ready(z, z->readable)) v |= FB_ZMTP_POLLIN;
+        if (z->frames_left || message_ready(z, 1)) v |= FB_ZMTP_POLLIN;
         if (z->out_msgs < z->o.sndhwm || z->out.len != z->out_end) v |= FB_ZMTP_POLLOUT;
     } else {
         errno = EINVAL;
@@ -769,6 +757,12 @@ int fb_zmtp_msg_close(fb_zmq_msg *msg)
     return 0;
 }
 
+int fb_zmtp_buffered(fb_zmtp *z)
+{
+    if (!z || z->state == CLOSED) return 0;
+    return z->frames_left || message_ready(z, 0);
+}
+
 int fb_zmtp_connected(const fb_zmtp *z)
 {
     return z && z->state == UP;
@@ -799,6 +793,7 @@ void *fb_zmtp_msg_data(fb_zmq_msg *msg) { return msg; }
 size_t fb_zmtp_msg_size(const fb_zmq_msg *msg) { (void)msg; return 0; }
 int fb_zmtp_msg_more(const fb_zmq_msg *msg) { (void)msg; return 0; }
 int fb_zmtp_msg_close(fb_zmq_msg *msg) { (void)msg; return 0; }
+int fb_zmtp_buffered(fb_zmtp *z) { (void)z; return 0; }
 int fb_zmtp_connected(const fb_zmtp *z) { (void)z; return 0; }
 void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out) { (void)z; memset(out, 0, sizeof *out); }
 

@@ -27,13 +27,16 @@
  *    of its frames are here.
  *  - The connection is made again when lost (reconnect_ivl, doubling up to
  *    reconnect_ivl_max), by whoever calls next.
- *  - ZMQ_FD is a descriptor that becomes readable when ZMQ_EVENTS may have
- *    changed (input arrived, room to send what is queued, time to
- *    reconnect); after it does, ZMQ_EVENTS says what is possible, and
- *    reading stops only at EAGAIN.  It is an epoll descriptor, the same
- *    for the connection's life (a reconnect changes the socket under it),
- *    edge-triggered as libzmq's is: a socket left unread does not keep it
- *    readable.
+ *  - ZMQ_FD is a descriptor that is readable while ZMQ_EVENTS may say
+ *    more than it did (the kernel holds input, what is queued has room
+ *    to go, the reconnect is due); ZMQ_EVENTS says what is possible.  It
+ *    is an epoll descriptor, the same for the connection's life (a
+ *    reconnect changes the socket under it), level-triggered (no call to
+ *    take an edge: the read path's only syscall is recv), so whoever
+ *    polls it reads what it reports, as a poller of a pyzmq socket does.
+ *    Whole messages already taken into the connection's buffer do not
+ *    show on it: fb_zmtp_buffered says whether there are any (a reader
+ *    that stopped before EAGAIN may have left some).
  *
  * Every length read from the network is checked: a frame or message above
  * max_msg_bytes, or anything that is not ZMTP from a ROUTER, closes the
@@ -104,6 +107,9 @@ size_t fb_zmtp_msg_size(const fb_zmq_msg *msg);
 int fb_zmtp_msg_more(const fb_zmq_msg *msg);
 int fb_zmtp_msg_close(fb_zmq_msg *msg);
 
+/* Is a whole message (or the rest of one) here to be received without
+ * reading the kernel's socket?  No syscall. */
+int fb_zmtp_buffered(fb_zmtp *z);
 /* Is the handshake done (messages flow now)? */
 int fb_zmtp_connected(const fb_zmtp *z);
 void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out);

@@ -225,6 +225,10 @@ static void test_a_message_is_given_whole(void)
     len = sizeof ev;
     fb_zmtp_getsockopt(z, FB_ZMTP_EVENTS, &ev, &len);
     CHECK(ev & FB_ZMTP_POLLIN);
+    /* Read into the connection: the descriptor no longer shows it (the
+     * kernel's socket is empty), fb_zmtp_buffered does. */
+    CHECK_EQ(poll(&pl, 1, 0), 0);
+    CHECK(fb_zmtp_buffered(z));
     unsigned char frames[4][512];
     size_t lens[4];
     CHECK_EQ(recv_message(z, frames, lens, 4, 2000), 2);
@@ -233,6 +237,7 @@ static void test_a_message_is_given_whole(void)
     len = sizeof ev;
     fb_zmtp_getsockopt(z, FB_ZMTP_EVENTS, &ev, &len);
     CHECK(!(ev & FB_ZMTP_POLLIN));
+    CHECK(!fb_zmtp_buffered(z));
     CHECK_EQ(poll(&pl, 1, 0), 0);
     fb_zmtp_msg_close(&m);
     fb_zmtp_close(z, 0);
@@ -288,6 +293,13 @@ static void test_sndhwm_and_a_full_kernel_buffer(void)
     len = sizeof ev;
     fb_zmtp_getsockopt(z, FB_ZMTP_EVENTS, &ev, &len);
     CHECK(ev & FB_ZMTP_POLLOUT);
+    /* All sent: the descriptor is quiet (room is asked for only while
+     * bytes wait for it: it is level-triggered). */
+    int fd = 0;
+    len = sizeof fd;
+    fb_zmtp_getsockopt(z, FB_ZMTP_FD, &fd, &len);
+    struct pollfd pl = {fd, POLLIN, 0};
+    CHECK_EQ(poll(&pl, 1, 0), 0);
     fb_zmtp_close(z, 0);
     peer_close(&p);
     close(p.listener);

@@ -44,7 +44,7 @@ from fastbus.includes.fb_reader cimport (fb_reader, fb_zmq_recv_calls, fb_reader
                                          fb_reader_owner_leave)
 from fastbus.includes.fb_sender cimport (FB_SENDER_TOKEN_MAX, fb_sender, fb_sender_start, fb_sender_stop,
                                          fb_sender_send_now, fb_sender_wake)
-from fastbus.includes.fb_zmtp cimport (FB_ZMTP_FD, fb_zmtp, fb_zmtp_close, fb_zmtp_connected, fb_zmtp_get_stats,
+from fastbus.includes.fb_zmtp cimport (FB_ZMTP_FD, fb_zmtp, fb_zmtp_buffered, fb_zmtp_close, fb_zmtp_connected, fb_zmtp_get_stats,
                                        fb_zmtp_getsockopt, fb_zmtp_msg_close, fb_zmtp_msg_data, fb_zmtp_msg_init,
                                        fb_zmtp_msg_more, fb_zmtp_msg_recv, fb_zmtp_msg_size, fb_zmtp_open,
                                        fb_zmtp_options, fb_zmtp_send, fb_zmtp_stats)
@@ -243,7 +243,8 @@ cdef class Stream:
     ``maxmsgsize``, ``linger`` and ``sndtimeo`` in ms; ``rcvhwm`` is
     accepted and means nothing: nothing is read ahead of the caller),
     ``FD`` and ``fileno()`` (zmq.zmq_poll polls it as a descriptor: readable
-    when ``events()`` may have changed), ``poll()``, ``send_multipart()``,
+    while the kernel holds input for it; ``buffered()`` says whether whole
+    messages were read into it already), ``poll()``, ``send_multipart()``,
     ``recv_multipart()``, ``get(zmq.EVENTS)``, ``close()``, ``closed``;
     send_frames/recv_frames and the native threads take it as they take a
     pyzmq socket.  ``address``: the peer's struct sockaddr, as bytes
@@ -303,6 +304,11 @@ cdef class Stream:
     @property
     def closed(self) -> bool:
         return self._z == NULL
+
+    def buffered(self) -> bool:
+        """Is a whole message here that its descriptor does not show (read
+        into the connection, not yet received)?  No syscall."""
+        return self._z != NULL and fb_zmtp_buffered(self._z)
 
     @property
     def connected(self) -> bool:

@@ -675,11 +675,10 @@ class Session:
             if ms < 0:
                 ms = 0
         out = self.outq or self.blocked
-        if ms and self._polled is not self.sock and _events(self.sock) & (POLLIN | POLLOUT if out else POLLIN):
-            # A Stream's descriptor says only that its events changed, and
-            # the native reader may have left it with messages still to
-            # read (its queue full): what a pyzmq socket's poll would
-            # report, asked first.
+        if ms and self._polled is not self.sock and self.sock.buffered():
+            # A Stream's descriptor shows the kernel's input, not whole
+            # messages already read into it (the native reader stops at a
+            # full queue): what a pyzmq socket's poll would report too.
             ms = 0
             self.more = True
         ready = _zmq_poll(self._items_out if out else self._items, ms)
@@ -743,7 +742,7 @@ def wait_many(sessions: list[Session], deadline: float | None) -> None:
         ms = max(0, math.ceil((until - now) * 1000))
     for s in sessions:
         # (A Stream's events asked first, as in wait().)
-        if ms and s.sock is not None and s._polled is not s.sock and _events(s.sock) & POLLIN:
+        if ms and s.sock is not None and s._polled is not s.sock and s.sock.buffered():
             ms = 0
             s.more = True
     ready = dict(_zmq_poll(items, ms))
