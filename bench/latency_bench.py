@@ -395,9 +395,30 @@ def percentiles(lat_ns: array) -> dict:
     return out
 
 
+#: fastbus's clients on a pyzmq socket (libzmq's I/O thread in each client
+#: process), as before they wrote and read their own connection: the same
+#: broker, FASTBUS_CLIENT_TRANSPORT=libzmq in the clients' processes.
+VARIANTS = {"fastbus-libzmq": ("fastbus", {"FASTBUS_CLIENT_TRANSPORT": "libzmq"})}
+
+
 def run_case(system: str, rate: float, fanout: int, seconds: float, warmup: float, max_messages: int,
              style: str, channels: int) -> dict:
-    srv = Server(system, lossless=False)
+    server_system, env = VARIANTS.get(system, (system, {}))
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)                  # (the spawned clients inherit it)
+    try:
+        return _run_case(system, server_system, rate, fanout, seconds, warmup, max_messages, style, channels)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _run_case(system: str, server_system: str, rate: float, fanout: int, seconds: float, warmup: float,
+              max_messages: int, style: str, channels: int) -> dict:
+    srv = Server(server_system, lossless=False)
     if system == "zenoh":
         srv.zenoh_ports = [free_port() for _ in range(fanout)]     # each subscriber listens on one
     ctx = mp.get_context("spawn")
@@ -429,7 +450,7 @@ def run_case(system: str, rate: float, fanout: int, seconds: float, warmup: floa
             p.join(limit + 10)
         server_cpu = (_cpu_seconds(srv.proc.pid) - server_cpu0) if srv.proc is not None else 0.0
         broker = {}
-        if system == "fastbus":
+        if server_system == "fastbus":
             from fastbus.client import query_stats
             st = query_stats(srv.endpoint)
             broker = {k: st[k] for k in ("batches_in", "messages_in", "batches_out", "messages_out",
@@ -482,7 +503,8 @@ def table(results: list[dict]) -> str:
         got = min(r["received"]) if r["received"] else 0
         recv = f"{got:,}/{r['sent']:,}" if got != r["sent"] else "all"
         cells = [f"{r[k]:,.0f}" if k in r else "-" for k in ("p50", "p90", "p99", "p99.9", "max")]
-        name = r["system"] + (f" ({r['style']})" if r["system"] == "fastbus" and r["style"] != "message" else "")
+        name = r["system"] + (f" ({r['style']})" if r["system"].startswith("fastbus") and r["style"] != "message"
+                              else "")
         cpu = r.get("cpu", {}).get("us_per_message")
         lines.append(f"| 1 -> {r['fanout']} | {_rate_label(r['rate'])} | {name} | " + " | ".join(cells) +
                      f" | {r['achieved_per_s']:,.0f} | {recv} | {'-' if cpu is None else f'{cpu:.1f}'} | "
@@ -520,7 +542,8 @@ def plot(results: list[dict], path: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default=",".join(LATENCY_SYSTEMS),
-                    help="comma-separated, of: " + ", ".join(LATENCY_SYSTEMS + ("zenoh-router",)))
+                    help="comma-separated, of: " + ", ".join(LATENCY_SYSTEMS + ("zenoh-router",) + tuple(VARIANTS))
+                    + " (fastbus-libzmq: fastbus's clients on pyzmq sockets, with libzmq's I/O thread)")
     ap.add_argument("--rates", default="1000,10000,100000,0",
                     help="offered messages per second, comma-separated; 0 is flat out (default: %(default)s)")
     ap.add_argument("--fanouts", default="1,8", help="subscriber processes per case (default: %(default)s)")
@@ -562,7 +585,7 @@ def main() -> None:
     for fanout in fanouts:
         for rate in rates:
             for system in systems:
-                for style in (styles if system == "fastbus" else ["message"]):
+                for style in (styles if system.startswith("fastbus") else ["message"]):
                     r = run_case(system, rate, fanout, args.seconds, args.warmup, args.max_messages, style,
                                  args.channels)
                     results.append(r)
