@@ -18,7 +18,10 @@ way its documentation shows:
 
   fastbus  `fastbus broker`; fastbus.Client.publish; PubSub.get_message()
            (``--fastbus-style batch``: PubSub.get_batch(); ``aio``: an asyncio
-           subscriber, fastbus.aio's PubSub.get_message())
+           subscriber, fastbus.aio's PubSub.get_message()).  Its clients
+           write and read their connections themselves (a Stream, csrc/fb_zmtp.h);
+           ``fastbus-libzmq``: the same on pyzmq sockets, with libzmq's I/O
+           thread in each client process (FASTBUS_CLIENT_TRANSPORT=libzmq)
   zmq      libzmq XSUB/XPUB proxy (zmq.proxy, default high-water marks); a
            PUB socket's send(); a SUB socket's recv(); one frame
            "channel payload" as seed 000's ZMQPubSub

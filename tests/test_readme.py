@@ -80,6 +80,7 @@ NOT_RUN = {
     "python bench/glob_bench.py": "a benchmark: minutes (Redis scanning 1,000 patterns for a million publishes)",
     "python bench/pubsub_bench.py": "a benchmark, minutes",
     "python bench/percall_bench.py": "a benchmark: minutes, a server and a peer process a round",
+    "python bench/threads_bench.py": "a benchmark: a broker (or a proxy) and two client processes a round",
     'pip install "fastbus[spark]"': "an install from PyPI",
 }
 
