@@ -524,37 +524,26 @@ static int message_ready(fb_zmtp *z, int read)
             uint64_t total = 0, size = 0;
             int flags = 0, rc;
             while ((rc = parse_header(z, pos, &flags, &body, &size)) == 1) {
-                if (flags & 4) {
-                    if (pos != z->in.off || size > MAX_COMMAND) {    /* inside a message; too long */
-                        rc = -1;
-                        break;
-                    }
-                    if (z->in.len - body < size) {
-                        rc = 0;
-                        need = body + (size_t)size - z->in.len;
-                        break;
-                    }
-                    z->in.off = body + (size_t)size;
-                    if (on_command(z, z->in.p + body, size) < 0) return 0;
-                    pos = z->in.off;
-                    continue;
-                }
-                if (z->state != UP) {                /* data before READY */
+                int command = flags & 4;
+                if (command ? pos != z->in.off || size > MAX_COMMAND     /* inside a message; too long */
+                            : z->state != UP                          /* data before READY */
+                              || size > z->o.max_msg_bytes || (total += size) > z->o.max_msg_bytes) {
                     rc = -1;
                     break;
                 }
-                total += size;
-                if (size > z->o.max_msg_bytes || total > z->o.max_msg_bytes) {
-                    rc = -1;
-                    break;
-                }
-                if (z->in.len - body < size) {
+                if (z->in.len - body < size) {           /* not all here */
                     rc = 0;
                     need = body + (size_t)size - z->in.len;
                     break;
                 }
                 pos = body + (size_t)size;
-                if (!(flags & 1)) return 1;
+                if (command) {
+                    z->in.off = pos;
+                    if (on_command(z, z->in.p + body, size) < 0) return 0;
+                    pos = z->in.off;
+                } else if (!(flags & 1)) {
+                    return 1;
+                }
             }
             if (rc < 0) {
                 lost(z, 1);

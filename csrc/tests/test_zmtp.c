@@ -100,6 +100,14 @@ static void peer_close(peer *p)
     p->fd = -1;
 }
 
+/* The end of a test: the connection, the peer's end, its listener. */
+static void finish(fb_zmtp *z, peer *p)
+{
+    fb_zmtp_close(z, 0);
+    peer_close(p);
+    close(p->listener);
+}
+
 static fb_zmtp *open_to(peer *p, int sndhwm, uint64_t max_msg)
 {
     fb_zmtp_options o = {0};
@@ -191,9 +199,7 @@ static void test_handshake_and_messages_both_ways(void)
     fb_zmtp_get_stats(z, &st);
     CHECK_EQ(st.connects, 1);
     CHECK_EQ(st.disconnects, 0);
-    fb_zmtp_close(z, 0);
-    peer_close(&p);
-    close(p.listener);
+    finish(z, &p);
 }
 
 static void test_a_message_is_given_whole(void)
@@ -240,9 +246,7 @@ static void test_a_message_is_given_whole(void)
     CHECK(!fb_zmtp_buffered(z));
     CHECK_EQ(poll(&pl, 1, 0), 0);
     fb_zmtp_msg_close(&m);
-    fb_zmtp_close(z, 0);
-    peer_close(&p);
-    close(p.listener);
+    finish(z, &p);
 }
 
 static void test_sndhwm_and_a_full_kernel_buffer(void)
@@ -300,9 +304,7 @@ static void test_sndhwm_and_a_full_kernel_buffer(void)
     fb_zmtp_getsockopt(z, FB_ZMTP_FD, &fd, &len);
     struct pollfd pl = {fd, POLLIN, 0};
     CHECK_EQ(poll(&pl, 1, 0), 0);
-    fb_zmtp_close(z, 0);
-    peer_close(&p);
-    close(p.listener);
+    finish(z, &p);
 }
 
 static void test_a_lost_connection_keeps_whole_messages_and_comes_back(void)
@@ -348,9 +350,7 @@ static void test_a_lost_connection_keeps_whole_messages_and_comes_back(void)
     CHECK_EQ(st.connects, 2);
     CHECK_EQ(st.disconnects, 1);
     CHECK_EQ(st.protocol_errors, 0);
-    fb_zmtp_close(z, 0);
-    peer_close(&p);
-    close(p.listener);
+    finish(z, &p);
 }
 
 static void test_bad_input_closes_the_connection(void)
@@ -381,9 +381,7 @@ static void test_bad_input_closes_the_connection(void)
         peer_write(&p, "\x00\x02ok", 4);
         CHECK_EQ(recv_message(z, frames, lens, 4, 2000), 1);
         CHECK(lens[0] == 2 && memcmp(frames[0], "ok", 2) == 0);
-        fb_zmtp_close(z, 0);
-        peer_close(&p);
-        close(p.listener);
+        finish(z, &p);
     }
     /* A peer that is not ZMTP, or not a ROUTER. */
     for (int i = 0; i < 2; i++) {
@@ -406,9 +404,7 @@ static void test_bad_input_closes_the_connection(void)
         fb_zmtp_get_stats(z, &st);
         CHECK_EQ(st.protocol_errors, 1);
         CHECK_EQ(st.connects, 0);
-        fb_zmtp_close(z, 0);
-        peer_close(&p);
-        close(p.listener);
+        finish(z, &p);
     }
 }
 
@@ -429,9 +425,7 @@ static void test_ping_is_answered_between_messages(void)
     unsigned char got[9 + 6];
     REQUIRE(peer_read(&p, z, got, sizeof got));
     CHECK(memcmp(got, "\x04\x07\x04PONGab\x01\x01" "A\x00\x01" "B", sizeof got) == 0);
-    fb_zmtp_close(z, 0);
-    peer_close(&p);
-    close(p.listener);
+    finish(z, &p);
 }
 
 static void test_nobody_listening_is_tried_again(void)
@@ -463,9 +457,7 @@ static void test_nobody_listening_is_tried_again(void)
     unsigned char got[7];
     REQUIRE(peer_read(&p, z, got, sizeof got));
     CHECK(memcmp(got, "\x00\x05HELLO", 7) == 0);
-    fb_zmtp_close(z, 0);
-    peer_close(&p);
-    close(p.listener);
+    finish(z, &p);
 }
 
 int main(void)

@@ -34,6 +34,8 @@ from libc.string cimport memset, strerror
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 
+import time
+
 import zmq
 
 from fastbus._core cimport Outbox
@@ -357,7 +359,6 @@ cdef class Stream:
     def poll(self, timeout=None, int flags=Z_POLLIN) -> int:
         """Wait up to ``timeout`` ms (None or -1: for ever) until ``flags``
         (POLLIN, POLLOUT) can be done; the events that can, or 0."""
-        import time
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout / 1000.0
         cdef pollfd p
         cdef int ms, ev
@@ -385,7 +386,6 @@ cdef class Stream:
         if flags & Z_DONTWAIT:
             send_frames(self, frames)
             return
-        import time
         deadline = None if self.sndtimeo < 0 else time.monotonic() + self.sndtimeo / 1000.0
         while True:
             try:
