@@ -222,3 +222,32 @@ def test_sockaddr_of_the_endpoints_a_stream_takes():
     assert sockaddr("ipc://@name")[2:] == b"\0name"
     for other in ("inproc://x", "tcp://*:5555", "tcp://eth0;127.0.0.1:5555", "ipc://" + "x" * 200):
         assert sockaddr(other) is None
+
+
+@pytest.mark.parametrize("kind", ["path", "abstract", "ipv6"])
+def test_ipc_paths_abstract_names_and_ipv6_reach_libzmq(tmp_path, kind):
+    ctx = zmq.Context.instance()
+    r = ctx.socket(zmq.ROUTER)
+    r.linger = 0
+    try:
+        if kind == "ipv6":
+            r.ipv6 = True
+            try:
+                port = r.bind_to_random_port("tcp://[::1]")
+            except zmq.ZMQError:
+                pytest.skip("no IPv6 loopback here")
+            endpoint = f"tcp://[::1]:{port}"
+        else:
+            endpoint = f"ipc://{tmp_path}/r.sock" if kind == "path" else f"ipc://@fastbus-test-{os.getpid()}"
+            r.bind(endpoint)
+        s = stream(endpoint)
+        try:
+            s.send_multipart([b"HELLO", kind.encode()])
+            ident, *frames = router_recv(r, s)
+            assert frames == [b"HELLO", kind.encode()]
+            r.send_multipart([ident, b"D", b"back"])
+            assert recv(s) == [b"D", b"back"]
+        finally:
+            s.close(0)
+    finally:
+        r.close()
