@@ -45,13 +45,12 @@ typedef struct zbuf {
     size_t off, len, cap;        /* bytes [off, len) are live */
 } zbuf;
 
-/* fb_zmq_msg's 64 bytes, as this file uses them. */
+/* fb_zmq_msg's 64 bytes, as this file uses them: a view of the frame in
+ * the connection's input buffer (fb_zmtp.h: valid until the next call). */
 typedef struct zmsg {
-    unsigned char *heap;         /* the frame, if longer than `small` */
+    unsigned char *data;
     size_t size;
     int more;
-    int pad;
-    unsigned char small[40];
 } zmsg;
 _Static_assert(sizeof(zmsg) <= sizeof(fb_zmq_msg), "zmsg must fit in fb_zmq_msg");
 
@@ -701,21 +700,9 @@ int fb_zmtp_msg_recv(fb_zmq_msg *msg, void *sock, int flags)
     size_t body = 0;
     uint64_t size = 0;
     parse_header(z, z->in.off, &f, &body, &size);
-    free(m->heap);
-    m->heap = NULL;
+    m->data = z->in.p + body;
     m->size = (size_t)size;
     m->more = f & 1;
-    if (size > sizeof m->small) {
-        m->heap = malloc((size_t)size);
-        if (!m->heap) {
-            m->size = 0;
-            errno = ENOMEM;
-            return -1;
-        }
-        memcpy(m->heap, z->in.p + body, (size_t)size);
-    } else if (size) {
-        memcpy(m->small, z->in.p + body, (size_t)size);
-    }
     z->in.off = body + (size_t)size;
     z->rcvmore = m->more;
     z->frames_left = m->more;
@@ -724,8 +711,7 @@ int fb_zmtp_msg_recv(fb_zmq_msg *msg, void *sock, int flags)
 
 void *fb_zmtp_msg_data(fb_zmq_msg *msg)
 {
-    zmsg *m = (zmsg *)msg;
-    return m->heap ? m->heap : m->small;
+    return ((zmsg *)msg)->data;
 }
 
 size_t fb_zmtp_msg_size(const fb_zmq_msg *msg)
@@ -740,9 +726,7 @@ int fb_zmtp_msg_more(const fb_zmq_msg *msg)
 
 int fb_zmtp_msg_close(fb_zmq_msg *msg)
 {
-    zmsg *m = (zmsg *)msg;
-    free(m->heap);
-    memset(m, 0, sizeof *m);
+    memset(msg, 0, sizeof(zmsg));
     return 0;
 }
 

@@ -24,7 +24,11 @@
  *    lost in the middle of one drops what was queued (the broker sees a new
  *    connection, which says HELLO first; anything else it refuses).
  *  - A message is received whole: the first frame is given only once all
- *    of its frames are here.
+ *    of its frames are here.  Unlike libzmq's, a received frame is a view
+ *    of the connection's input buffer, valid until the next call on the
+ *    connection (fb_zmtp_msg_close or not): its users (fb_reader.c,
+ *    _engine.pyx's recv_frames) copy it at once, and no frame is copied
+ *    twice.
  *  - The connection is made again when lost (reconnect_ivl, doubling up to
  *    reconnect_ivl_max), by whoever calls next.
  *  - ZMQ_FD is a descriptor that is readable while ZMQ_EVENTS may say
