@@ -600,7 +600,7 @@ void fb_zmtp_close(fb_zmtp *z, int linger_ms)
         uint64_t until = fb_now_ns() + (uint64_t)linger_ms * 1000000u;
         for (;;) {
             progress(z);
-            if (z->state == UP && z->out.off == z->out_end && z->hs.off == z->hs.len) break;
+            if (z->out.off == z->out_end) break;       /* every whole message written (or none queued) */
             uint64_t now = fb_now_ns();
             if (now >= until) break;
             struct pollfd p = {z->efd, POLLIN, 0};

@@ -460,6 +460,22 @@ static void test_nobody_listening_is_tried_again(void)
     finish(z, &p);
 }
 
+static void test_close_lingers_only_for_what_is_queued(void)
+{
+    peer p;
+    peer_listen(&p);
+    close(p.listener);                           /* nobody there */
+    fb_zmtp *z = open_to(&p, 16, 1 << 20);
+    uint64_t t0 = fb_now_ns();
+    fb_zmtp_close(z, 2000);                      /* nothing queued: at once */
+    CHECK(fb_now_ns() - t0 < 500000000u);
+    z = open_to(&p, 16, 1 << 20);
+    CHECK_EQ(fb_zmtp_send(z, "HELLO", 5, 0), 5);
+    t0 = fb_now_ns();
+    fb_zmtp_close(z, 200);                       /* a message that cannot go: the linger */
+    CHECK(fb_now_ns() - t0 >= 150000000u);
+}
+
 int main(void)
 {
     RUN(test_handshake_and_messages_both_ways);
@@ -469,5 +485,6 @@ int main(void)
     RUN(test_bad_input_closes_the_connection);
     RUN(test_ping_is_answered_between_messages);
     RUN(test_nobody_listening_is_tried_again);
+    RUN(test_close_lingers_only_for_what_is_queued);
     CTEST_END();
 }
