@@ -239,7 +239,7 @@ static void test_a_message_is_given_whole(void)
     size_t lens[4];
     CHECK_EQ(recv_message(z, frames, lens, 4, 2000), 2);
     CHECK(lens[1] == 2 && memcmp(frames[1], "hi", 2) == 0);
-    /* Read to EAGAIN, the FD is quiet again (edge-triggered, as libzmq's). */
+    /* Read to EAGAIN, the FD is quiet again (the kernel holds nothing for it). */
     len = sizeof ev;
     fb_zmtp_getsockopt(z, FB_ZMTP_EVENTS, &ev, &len);
     CHECK(!(ev & FB_ZMTP_POLLIN));
