@@ -187,6 +187,13 @@ class Session:
         self.hello()
         self.open_native()
 
+    def buffered(self) -> bool:
+        """Are whole messages waiting in the connection that a poll of its
+        descriptor would not show (a Stream's, read into it but not yet
+        received: the native reader stops at a full queue)?  A pyzmq
+        socket's poll shows them: False.  No syscall."""
+        return self._polled is not self.sock and self.sock is not None and self.sock.buffered()
+
     def _stream(self) -> _engine.Stream | None:
         """The connection as a Stream (the calling thread writes and reads
         it: no libzmq I/O thread on a message's way) where it can be one:
@@ -675,10 +682,7 @@ class Session:
             if ms < 0:
                 ms = 0
         out = self.outq or self.blocked
-        if ms and self._polled is not self.sock and self.sock.buffered():
-            # A Stream's descriptor shows the kernel's input, not whole
-            # messages already read into it (the native reader stops at a
-            # full queue): what a pyzmq socket's poll would report too.
+        if ms and self.buffered():
             ms = 0
             self.more = True
         ready = _zmq_poll(self._items_out if out else self._items, ms)
@@ -741,8 +745,7 @@ def wait_many(sessions: list[Session], deadline: float | None) -> None:
     else:
         ms = max(0, math.ceil((until - now) * 1000))
     for s in sessions:
-        # (A Stream's events asked first, as in wait().)
-        if ms and s.sock is not None and s._polled is not s.sock and s.sock.buffered():
+        if ms and s.buffered():
             ms = 0
             s.more = True
     ready = dict(_zmq_poll(items, ms))
