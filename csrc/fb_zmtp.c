@@ -1,16 +1,8 @@
 /* fb_zmtp.c - see fb_zmtp.h.
  *
- * ZMTP 3.0 (rfc.zeromq.org/spec/23), as a client with the NULL mechanism:
- *
- *   greeting   0xFF, 8 bytes padding, 0x7F, version 3.0, "NULL" padded to
- *              20 bytes, as-server 0, 31 bytes filler          (64 bytes)
- *   command    flags 0x04 (0x06: 8-byte size), size, name-length, name, data
- *   frame      flags 0x00 / 0x01 (more) / +0x02 (8-byte size), size, body
- *
- * After the greetings each side sends READY (its Socket-Type, as
- * properties: name-length byte, name, 4-byte big-endian value length,
- * value); then messages flow.  A PING command (ZMTP 3.1 heartbeats, which
- * a libzmq peer may be configured to send) is answered with a PONG.
+ * ZMTP 3.0 as a client with the NULL mechanism (the wire format:
+ * fb_zmtp_wire.h).  A PING command (ZMTP 3.1 heartbeats, which a libzmq
+ * peer may be configured to send) is answered with a PONG.
  */
 #define _GNU_SOURCE
 #include "fb_zmtp.h"
@@ -30,29 +22,14 @@
 #endif
 
 #include "fb_common.h"
+#include "fb_zmtp_wire.h"
 
 /* What a read asks of the kernel at least (the buffer grows past it only
  * for a message larger than that). */
 #define READ_CHUNK 65536
-/* The longest command accepted before the handshake is done. */
-#define MAX_COMMAND 4096
-#define GREETING 64
 
 enum { DOWN, CONNECTING, HANDSHAKE, UP, CLOSED };
 
-typedef struct zbuf {
-    unsigned char *p;
-    size_t off, len, cap;        /* bytes [off, len) are live */
-} zbuf;
-
-/* fb_zmq_msg's 64 bytes, as this file uses them: a view of the frame in
- * the connection's input buffer (fb_zmtp.h: valid until the next call). */
-typedef struct zmsg {
-    unsigned char *data;
-    size_t size;
-    int more;
-} zmsg;
-_Static_assert(sizeof(zmsg) <= sizeof(fb_zmq_msg), "zmsg must fit in fb_zmq_msg");
 
 struct fb_zmtp {
     unsigned char addr[128];
@@ -62,12 +39,12 @@ struct fb_zmtp {
     int state;
     uint64_t ivl;                /* the next wait before connecting again */
 
-    zbuf hs;                     /* our greeting and READY (before `out`) */
-    zbuf out;                    /* messages, framed: [off, out_end) complete ones */
+    fb_zbuf hs;                     /* our greeting and READY (before `out`) */
+    fb_zbuf out;                    /* messages, framed: [off, out_end) complete ones */
     size_t out_end;
     int out_msgs;                /* messages in `out` not yet wholly written */
 
-    zbuf in;
+    fb_zbuf in;
     int got_greeting;
     int watch_out;               /* EPOLLOUT is asked (connecting, or bytes wait for room) */
     int timer_armed;
@@ -81,61 +58,13 @@ struct fb_zmtp {
 
 /* -- buffers ----------------------------------------------------------------- */
 
-static int zbuf_reserve(zbuf *b, size_t more)
-{
-    if (b->off && b->off == b->len) b->off = b->len = 0;
-    if (b->cap - b->len >= more) return 0;
-    if (b->off) {                                /* slide the live bytes down first */
-        memmove(b->p, b->p + b->off, b->len - b->off);
-        b->len -= b->off;
-        b->off = 0;
-        if (b->cap - b->len >= more) return 0;
-    }
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap - b->len < more) {
-        if (cap > SIZE_MAX / 2) return -1;
-        cap *= 2;
-    }
-    unsigned char *p = realloc(b->p, cap);
-    if (!p) return -1;
-    b->p = p;
-    b->cap = cap;
-    return 0;
-}
-
-/* zbuf_reserve for `out`, whose out_end moves with its bytes. */
+/* fb_zbuf_reserve for `out`, whose out_end moves with its bytes. */
 static int out_reserve(fb_zmtp *z, size_t more)
 {
     size_t before = z->out.off;
-    if (zbuf_reserve(&z->out, more) < 0) return -1;
+    if (fb_zbuf_reserve(&z->out, more) < 0) return -1;
     z->out_end -= before - z->out.off;
     return 0;
-}
-
-static int zbuf_put(zbuf *b, const void *data, size_t n)
-{
-    if (zbuf_reserve(b, n) < 0) return -1;
-    if (n) memcpy(b->p + b->len, data, n);
-    b->len += n;
-    return 0;
-}
-
-static void zbuf_free(zbuf *b)
-{
-    free(b->p);
-    memset(b, 0, sizeof *b);
-}
-
-static size_t frame_header(unsigned char *h, int flags, size_t len)
-{
-    if (len <= 255) {
-        h[0] = (unsigned char)flags;
-        h[1] = (unsigned char)len;
-        return 2;
-    }
-    h[0] = (unsigned char)(flags | 2);
-    for (int i = 0; i < 8; i++) h[1 + i] = (unsigned char)((uint64_t)len >> (56 - 8 * i));
-    return 9;
 }
 
 /* -- the connection ---------------------------------------------------------- */
@@ -230,33 +159,14 @@ static int connected_to_itself(const fb_zmtp *z)
 
 static void start_handshake(fb_zmtp *z)
 {
-    static const char type_name[] = "Socket-Type", type[] = "DEALER";
-    unsigned char g[GREETING], cmd[64];
+    unsigned char g[FB_ZMTP_GREETING];
     if (connected_to_itself(z)) {
         lost(z, 0);
         return;
     }
-    memset(g, 0, sizeof g);
-    g[0] = 0xFF;
-    g[9] = 0x7F;
-    g[10] = 3;
-    g[11] = 0;
-    memcpy(g + 12, "NULL", 4);
-    size_t n = 0;
-    cmd[n++] = 5;
-    memcpy(cmd + n, "READY", 5);
-    n += 5;
-    cmd[n++] = (unsigned char)(sizeof type_name - 1);
-    memcpy(cmd + n, type_name, sizeof type_name - 1);
-    n += sizeof type_name - 1;
-    cmd[n++] = 0; cmd[n++] = 0; cmd[n++] = 0;
-    cmd[n++] = (unsigned char)(sizeof type - 1);
-    memcpy(cmd + n, type, sizeof type - 1);
-    n += sizeof type - 1;
-    unsigned char h[9];
-    size_t hl = frame_header(h, 4, n);
+    fb_zmtp_greeting(g, 0);
     z->hs.off = z->hs.len = 0;
-    if (zbuf_put(&z->hs, g, sizeof g) < 0 || zbuf_put(&z->hs, h, hl) < 0 || zbuf_put(&z->hs, cmd, n) < 0) {
+    if (fb_zbuf_put(&z->hs, g, sizeof g) < 0 || fb_zmtp_put_ready(&z->hs, "DEALER") < 0) {
         lost(z, 0);
         return;
     }
@@ -309,7 +219,7 @@ static void watch_out(fb_zmtp *z, int on)
 
 /* Write b's bytes up to `end`: 1 all written, 0 the kernel is full, -1
  * the connection was lost. */
-static int write_some(fb_zmtp *z, zbuf *b, size_t end)
+static int write_some(fb_zmtp *z, fb_zbuf *b, size_t end)
 {
     while (b->off < end) {
         ssize_t w = send(z->fd, b->p + b->off, end - b->off, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -372,9 +282,9 @@ static int fill(fb_zmtp *z, size_t want)
 {
     if (want < READ_CHUNK) want = READ_CHUNK;
     if (z->in.off == z->in.len && z->in.cap > 16 * READ_CHUNK && want <= READ_CHUNK) {
-        zbuf_free(&z->in);                       /* after a large message: give it back */
+        fb_zbuf_free(&z->in);                       /* after a large message: give it back */
     }
-    if (zbuf_reserve(&z->in, want) < 0) {
+    if (fb_zbuf_reserve(&z->in, want) < 0) {
         lost(z, 1);                              /* no memory for it: as if it were bad */
         return -1;
     }
@@ -399,30 +309,10 @@ static int fill(fb_zmtp *z, size_t want)
  * all here yet; 1: parsed; -1: not ZMTP. */
 static int parse_header(const fb_zmtp *z, size_t pos, int *flags, size_t *body, uint64_t *size)
 {
-    size_t avail = z->in.len - pos;
-    if (avail < 1) return 0;
-    int f = z->in.p[pos];
-    if (f & ~7) return -1;
-    if (f & 2) {
-        if (avail < 9) return 0;
-        uint64_t s = 0;
-        for (int i = 0; i < 8; i++) s = (s << 8) | z->in.p[pos + 1 + i];
-        *size = s;
-        *body = pos + 9;
-    } else {
-        if (avail < 2) return 0;
-        *size = z->in.p[pos + 1];
-        *body = pos + 2;
-    }
-    if ((f & 4) && (f & 1)) return -1;           /* a command has no "more" */
-    *flags = f;
-    return 1;
-}
-
-static int is_command(const unsigned char *body, uint64_t size, const char *name)
-{
-    size_t n = strlen(name);
-    return size >= 1 + n && body[0] == n && memcmp(body + 1, name, n) == 0;
+    size_t hl = 0;
+    int rc = fb_zmtp_parse_header(z->in.p + pos, z->in.len - pos, flags, &hl, size);
+    *body = pos + hl;
+    return rc;
 }
 
 /* READY's Socket-Type is a ROUTER's (a broker's; a DEALER could also
@@ -430,22 +320,9 @@ static int is_command(const unsigned char *body, uint64_t size, const char *name
  * connection that came back to itself would say DEALER). */
 static int ready_ok(const unsigned char *p, uint64_t size)
 {
-    size_t pos = 6;                              /* after "\x05READY" */
-    while (pos < size) {
-        size_t nl = p[pos++];
-        if (nl > size - pos || size - pos - nl < 4) return 0;
-        const unsigned char *name = p + pos;
-        pos += nl;
-        uint64_t vl = ((uint64_t)p[pos] << 24) | ((uint64_t)p[pos + 1] << 16) | ((uint64_t)p[pos + 2] << 8) | p[pos + 3];
-        pos += 4;
-        if (vl > size - pos) return 0;
-        if (nl == 11 && strncasecmp((const char *)name, "Socket-Type", 11) == 0) {
-            const char *v = (const char *)p + pos;
-            return vl == 6 && memcmp(v, "ROUTER", 6) == 0;
-        }
-        pos += (size_t)vl;
-    }
-    return 0;
+    const unsigned char *type;
+    size_t len;
+    return fb_zmtp_ready_type(p, size, &type, &len) && len == 6 && memcmp(type, "ROUTER", 6) == 0;
 }
 
 /* A command from the peer (consumed by the caller).  0, or -1: the
@@ -453,24 +330,19 @@ static int ready_ok(const unsigned char *p, uint64_t size)
 static int on_command(fb_zmtp *z, const unsigned char *body, uint64_t size)
 {
     if (z->state == HANDSHAKE) {
-        if (is_command(body, size, "READY") && ready_ok(body, size)) {
+        if (fb_zmtp_is_command(body, size, "READY") && ready_ok(body, size)) {
             z->state = UP;
             z->ivl = z->o.reconnect_ivl_ns;
             z->st.connects++;
             return flush(z);
         }
-        lost(z, !is_command(body, size, "ERROR"));   /* ERROR: the peer refused us */
+        lost(z, !fb_zmtp_is_command(body, size, "ERROR"));   /* ERROR: the peer refused us */
         return -1;
     }
-    if (is_command(body, size, "PING") && size >= 7) {
-        /* PONG with the PING's context (after its 2-byte TTL), inserted
-         * between whole messages: before one still being built. */
-        uint64_t ctx = size - 7 > 16 ? 16 : size - 7;
-        unsigned char f[2 + 5 + 16];
-        size_t n = frame_header(f, 4, 5 + (size_t)ctx);
-        memcpy(f + n, "\x04PONG", 5);
-        memcpy(f + n + 5, body + 7, (size_t)ctx);
-        n += 5 + (size_t)ctx;
+    unsigned char f[32];
+    size_t n = fb_zmtp_pong(f, body, size);
+    if (n) {
+        /* The PONG goes between whole messages: before one still being built. */
         if (out_reserve(z, n) < 0) return 0;
         size_t tail = z->out.len - z->out_end;
         memmove(z->out.p + z->out_end + n, z->out.p + z->out_end, tail);
@@ -508,13 +380,12 @@ static int message_ready(fb_zmtp *z, int read)
         if (z->state != HANDSHAKE && z->state != UP) return 0;
         size_t need = 0;                         /* room to read the rest of a frame */
         if (!z->got_greeting) {
-            if (z->in.len - z->in.off >= GREETING) {
-                const unsigned char *g = z->in.p + z->in.off;
-                if (g[0] != 0xFF || !(g[9] & 1) || g[10] < 3 || memcmp(g + 12, "NULL\0", 5) != 0) {
+            if (z->in.len - z->in.off >= FB_ZMTP_GREETING) {
+                if (!fb_zmtp_greeting_ok(z->in.p + z->in.off)) {
                     lost(z, 1);
                     return 0;
                 }
-                z->in.off += GREETING;
+                z->in.off += FB_ZMTP_GREETING;
                 z->got_greeting = 1;
                 continue;
             }
@@ -524,7 +395,7 @@ static int message_ready(fb_zmtp *z, int read)
             int flags = 0, rc;
             while ((rc = parse_header(z, pos, &flags, &body, &size)) == 1) {
                 int command = flags & 4;
-                if (command ? pos != z->in.off || size > MAX_COMMAND     /* inside a message; too long */
+                if (command ? pos != z->in.off || size > FB_ZMTP_MAX_COMMAND     /* inside a message; too long */
                             : z->state != UP                          /* data before READY */
                               || size > z->o.max_msg_bytes || (total += size) > z->o.max_msg_bytes) {
                     rc = -1;
@@ -611,9 +482,9 @@ void fb_zmtp_close(fb_zmtp *z, int linger_ms)
     if (z->fd >= 0) close(z->fd);
     close(z->efd);
     close(z->tfd);
-    zbuf_free(&z->hs);
-    zbuf_free(&z->out);
-    zbuf_free(&z->in);
+    fb_zbuf_free(&z->hs);
+    fb_zbuf_free(&z->out);
+    fb_zbuf_free(&z->in);
     free(z);
 }
 
@@ -633,13 +504,13 @@ int fb_zmtp_send(void *sock, const void *buf, size_t len, int flags)
         }
     }
     unsigned char h[9];
-    size_t hl = frame_header(h, (flags & FB_ZMTP_SNDMORE) ? 1 : 0, len);
+    size_t hl = fb_zmtp_frame_header(h, (flags & FB_ZMTP_SNDMORE) ? 1 : 0, len);
     if (out_reserve(z, hl + len) < 0) {
         errno = ENOMEM;
         return -1;
     }
-    zbuf_put(&z->out, h, hl);
-    zbuf_put(&z->out, buf, len);
+    fb_zbuf_put(&z->out, h, hl);
+    fb_zbuf_put(&z->out, buf, len);
     if (!(flags & FB_ZMTP_SNDMORE)) {
         z->out_end = z->out.len;
         z->out_msgs++;
@@ -683,7 +554,7 @@ int fb_zmtp_msg_recv(fb_zmq_msg *msg, void *sock, int flags)
 {
     (void)flags;
     fb_zmtp *z = sock;
-    zmsg *m = (zmsg *)msg;
+    fb_zmtp_view *m = (fb_zmtp_view *)msg;
     if (!z || z->state == CLOSED) {
         errno = ENOTSOCK;
         return -1;
@@ -711,22 +582,22 @@ int fb_zmtp_msg_recv(fb_zmq_msg *msg, void *sock, int flags)
 
 void *fb_zmtp_msg_data(fb_zmq_msg *msg)
 {
-    return ((zmsg *)msg)->data;
+    return ((fb_zmtp_view *)msg)->data;
 }
 
 size_t fb_zmtp_msg_size(const fb_zmq_msg *msg)
 {
-    return ((const zmsg *)msg)->size;
+    return ((const fb_zmtp_view *)msg)->size;
 }
 
 int fb_zmtp_msg_more(const fb_zmq_msg *msg)
 {
-    return ((const zmsg *)msg)->more;
+    return ((const fb_zmtp_view *)msg)->more;
 }
 
 int fb_zmtp_msg_close(fb_zmq_msg *msg)
 {
-    memset(msg, 0, sizeof(zmsg));
+    memset(msg, 0, sizeof(fb_zmtp_view));
     return 0;
 }
 
