@@ -19,9 +19,12 @@ way its documentation shows:
   fastbus  `fastbus broker`; fastbus.Client.publish; PubSub.get_message()
            (``--fastbus-style batch``: PubSub.get_batch(); ``aio``: an asyncio
            subscriber, fastbus.aio's PubSub.get_message()).  Its clients
-           write and read their connections themselves (a Stream, csrc/fb_zmtp.h);
-           ``fastbus-libzmq``: the same on pyzmq sockets, with libzmq's I/O
-           thread in each client process (FASTBUS_CLIENT_TRANSPORT=libzmq)
+           and its broker write and read their connections themselves (a
+           Stream, csrc/fb_zmtp.h; a Listener, csrc/fb_zmtp_server.h);
+           ``fastbus-router``: the broker on libzmq's ROUTER, with its I/O
+           thread (FASTBUS_BROKER_TRANSPORT=libzmq); ``fastbus-libzmq``:
+           libzmq everywhere, the clients too on pyzmq sockets
+           (FASTBUS_CLIENT_TRANSPORT=libzmq as well)
   zmq      libzmq XSUB/XPUB proxy (zmq.proxy, default high-water marks); a
            PUB socket's send(); a SUB socket's recv(); one frame
            "channel payload" as seed 000's ZMQPubSub
@@ -398,10 +401,12 @@ def percentiles(lat_ns: array) -> dict:
     return out
 
 
-#: fastbus's clients on a pyzmq socket (libzmq's I/O thread in each client
-#: process), as before they wrote and read their own connection: the same
-#: broker, FASTBUS_CLIENT_TRANSPORT=libzmq in the clients' processes.
-VARIANTS = {"fastbus-libzmq": ("fastbus", {"FASTBUS_CLIENT_TRANSPORT": "libzmq"})}
+#: fastbus as before its processes wrote and read their own connections:
+#: the broker on libzmq's ROUTER (its I/O thread), and with it the clients
+#: on pyzmq sockets (libzmq's I/O thread in each client process).
+VARIANTS = {"fastbus-router": ("fastbus", {"FASTBUS_BROKER_TRANSPORT": "libzmq"}),
+            "fastbus-libzmq": ("fastbus", {"FASTBUS_BROKER_TRANSPORT": "libzmq",
+                                           "FASTBUS_CLIENT_TRANSPORT": "libzmq"})}
 
 
 def run_case(system: str, rate: float, fanout: int, seconds: float, warmup: float, max_messages: int,
@@ -546,7 +551,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default=",".join(LATENCY_SYSTEMS),
                     help="comma-separated, of: " + ", ".join(LATENCY_SYSTEMS + ("zenoh-router",) + tuple(VARIANTS))
-                    + " (fastbus-libzmq: fastbus's clients on pyzmq sockets, with libzmq's I/O thread)")
+                    + " (fastbus-router: the broker on libzmq's ROUTER; fastbus-libzmq: the clients too "
+                      "on pyzmq sockets)")
     ap.add_argument("--rates", default="1000,10000,100000,0",
                     help="offered messages per second, comma-separated; 0 is flat out (default: %(default)s)")
     ap.add_argument("--fanouts", default="1,8", help="subscriber processes per case (default: %(default)s)")

@@ -8,10 +8,13 @@ process and per thread, what each message cost in CPU (from each thread's
 to the latency the subscriber saw (p50, p99, p99.9).  The cases, alternated
 ``--rounds`` times in one run:
 
-  fastbus         fastbus's clients as they are (a Stream: the calling thread
-                  writes and reads its connection, csrc/fb_zmtp.h)
-  fastbus-libzmq  the same clients on pyzmq sockets, with libzmq's I/O thread
-                  in each client process (FASTBUS_CLIENT_TRANSPORT=libzmq)
+  fastbus         fastbus as it is: no I/O thread anywhere (a client's Stream,
+                  csrc/fb_zmtp.h, and the broker's Listener, fb_zmtp_server.h:
+                  the calling thread writes and reads the kernel's socket)
+  fastbus-router  the same, the broker on libzmq's ROUTER, with its I/O
+                  thread (FASTBUS_BROKER_TRANSPORT=libzmq)
+  fastbus-libzmq  libzmq everywhere: also the clients on pyzmq sockets, with
+                  libzmq's I/O thread in each (FASTBUS_CLIENT_TRANSPORT=libzmq)
   zmq             the peer: pyzmq PUB and SUB through a libzmq XSUB/XPUB
                   proxy (zmq.proxy), each message a dict as seed 000 builds
 
@@ -146,6 +149,7 @@ def run_case(case: str, rate: float, n: int) -> dict:
     env.pop("FASTBUS_CLIENT_TRANSPORT", None)
     if case == "fastbus-libzmq":
         env["FASTBUS_CLIENT_TRANSPORT"] = "libzmq"
+    broker_transport = "fastbus" if case == "fastbus" else "libzmq"
     server = broker = None
     procs = []
     try:
@@ -156,7 +160,15 @@ def run_case(case: str, rate: float, n: int) -> dict:
             sub_argv, pub_argv = [py, "-c", ZMQ_SUB, back, str(n)], [py, "-c", ZMQ_PUB, front, str(rate), str(n)]
             server_pid = server.pid
         else:
-            broker = BrokerProcess()
+            before_env = os.environ.get("FASTBUS_BROKER_TRANSPORT")
+            os.environ["FASTBUS_BROKER_TRANSPORT"] = broker_transport     # (the broker's process inherits it)
+            try:
+                broker = BrokerProcess()
+            finally:
+                if before_env is None:
+                    del os.environ["FASTBUS_BROKER_TRANSPORT"]
+                else:
+                    os.environ["FASTBUS_BROKER_TRANSPORT"] = before_env
             sub_argv = [py, "-c", FASTBUS_SUB, broker.endpoint, str(n)]
             pub_argv = [py, "-c", FASTBUS_PUB, broker.endpoint, str(rate), str(n)]
             server_pid = broker.proc.pid
@@ -209,15 +221,16 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=1000.0, help="messages per second (default: %(default)s)")
     ap.add_argument("--seconds", type=float, default=3.0, help="seconds of messages per case (default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=3, help="times each case runs, alternated (default: %(default)s)")
-    ap.add_argument("--cases", default="fastbus,fastbus-libzmq,zmq", help="comma-separated (default: %(default)s)")
+    ap.add_argument("--cases", default="fastbus,fastbus-router,fastbus-libzmq,zmq",
+                    help="comma-separated (default: %(default)s)")
     args = ap.parse_args()
     if not sys.platform.startswith("linux"):
         raise SystemExit("threads_bench reads /proc/<pid>/task/*/schedstat: Linux only")
     if not 0 < args.rate <= 200_000 or not 0 < args.seconds <= 60 or not 1 <= args.rounds <= 20:
         raise SystemExit("--rate in (0, 200000], --seconds in (0, 60], --rounds in [1, 20]")
     cases = [c for c in args.cases.split(",") if c]
-    if any(c not in ("fastbus", "fastbus-libzmq", "zmq") for c in cases):
-        raise SystemExit("--cases: fastbus, fastbus-libzmq, zmq")
+    if any(c not in ("fastbus", "fastbus-router", "fastbus-libzmq", "zmq") for c in cases):
+        raise SystemExit("--cases: fastbus, fastbus-router, fastbus-libzmq, zmq")
     n = int(args.rate * args.seconds)
     rows = []
     for r in range(args.rounds):

@@ -77,6 +77,7 @@ struct fb_zmtp_server {
 
     uint32_t *ring;              /* slots to look at for input (room for every slot) */
     uint32_t ring_head, ring_count;
+    uint32_t round_left;         /* pops until the descriptor is looked at again */
 
     /* The message being received: its connection, frames still to give. */
     uint32_t cur;
@@ -493,19 +494,25 @@ static void service(fb_zmtp_server *s)
 }
 
 /* The slot of a connection with a whole message at the front of its
- * input, or UINT32_MAX: connections taken in turn from the ring (filled
- * from the descriptor once, if it is empty); lost ones whose messages
- * were all received are freed on the way. */
+ * input, or UINT32_MAX: connections taken in turn from the ring; lost
+ * ones whose messages were all received are freed on the way.  The
+ * descriptor is looked at (service) when the ring is empty and once every
+ * round of it: a peer that always has more to send must not keep the
+ * others' input, their room to write and new connections waiting. */
 static uint32_t next_message(fb_zmtp_server *s)
 {
     int serviced = 0;
     for (;;) {
-        if (!s->ring_count) {
-            if (serviced) return UINT32_MAX;
-            service(s);
-            serviced = 1;
+        if (!s->ring_count || !s->round_left) {
+            if (serviced && !s->ring_count) return UINT32_MAX;
+            if (!serviced) {
+                service(s);
+                serviced = 1;
+            }
+            s->round_left = s->ring_count;
             continue;
         }
+        s->round_left--;
         uint32_t k = ring_pop(s);
         if (message_ready(s, k)) return k;
         /* (A connection lost just now is back in the ring: freed when
@@ -591,7 +598,7 @@ int fb_zmtp_server_listen(fb_zmtp_server *s, const void *addr, size_t addrlen, v
 
 void fb_zmtp_server_close(fb_zmtp_server *s, int linger_ms)
 {
-    if (!s) return;
+    if (!s || s->closed) return;
     for (int i = 0; i < s->nlisteners; i++) close(s->lfd[i]);
     s->nlisteners = 0;
     if (linger_ms > 0) {
@@ -618,9 +625,22 @@ void fb_zmtp_server_close(fb_zmtp_server *s, int linger_ms)
         free(c);
     }
     close(s->efd);
+    s->efd = -1;
     free(s->slots);
     free(s->free_slots);
     free(s->ring);
+    s->slots = NULL;
+    s->free_slots = s->ring = NULL;
+    s->nslots = s->cap = s->nfree = s->ring_count = 0;
+    s->sending = NULL;
+    s->frames_left = 0;
+    s->closed = 1;
+}
+
+void fb_zmtp_server_free(fb_zmtp_server *s)
+{
+    if (!s) return;
+    fb_zmtp_server_close(s, 0);
     free(s);
 }
 
@@ -782,6 +802,7 @@ fb_zmtp_server *fb_zmtp_server_new(const fb_zmtp_server_options *opts, int *err)
 int fb_zmtp_server_listen(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen)
 { (void)s; (void)addr; (void)addrlen; (void)bound; (void)boundlen; return ENOSYS; }
 void fb_zmtp_server_close(fb_zmtp_server *s, int linger_ms) { (void)s; (void)linger_ms; }
+void fb_zmtp_server_free(fb_zmtp_server *s) { (void)s; }
 int fb_zmtp_server_send(void *s, const void *buf, size_t len, int flags)
 { (void)s; (void)buf; (void)len; (void)flags; errno = ENOTSOCK; return -1; }
 int fb_zmtp_server_getsockopt(void *s, int option, void *value, size_t *len)

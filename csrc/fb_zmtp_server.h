@@ -86,8 +86,11 @@ fb_zmtp_server *fb_zmtp_server_new(const fb_zmtp_server_options *opts, int *err)
  * accepts on is replaced).  `bound` (room for *boundlen bytes) gets the
  * address as bound, *boundlen its length. */
 int fb_zmtp_server_listen(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen);
-/* Close: whole messages still queued get up to linger_ms to leave. */
+/* Close every connection and listener: whole messages still queued get up
+ * to linger_ms to leave.  The calls then fail with ENOTSOCK (whoever still
+ * holds the server, a relay, finds it closed), until it is freed. */
 void fb_zmtp_server_close(fb_zmtp_server *s, int linger_ms);
+void fb_zmtp_server_free(fb_zmtp_server *s);
 
 /* libzmq's calls (void *socket: an fb_zmtp_server). */
 int fb_zmtp_server_send(void *s, const void *buf, size_t len, int flags);

@@ -5,11 +5,17 @@ monitor), ``check_listen`` the rule for one to listen on (a broker: port 0
 picks a free one, and TCP stays on loopback unless allowed).  Both run
 before ZeroMQ sees the endpoint, whose own error is a bare "Invalid
 argument"; both raise :class:`~fastbus.errors.InvalidEndpoint`.
+``sockaddr`` and ``endpoint_of`` translate an endpoint to and from the
+struct sockaddr that fastbus's own transport (csrc/fb_zmtp*.h) takes.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
+import socket
+import struct
+import sys
 from urllib.parse import urlsplit
 
 from fastbus.errors import InvalidEndpoint
@@ -84,3 +90,67 @@ def check_listen(endpoint: object, allow_remote: bool, setting: str = "bind") ->
         pass
     raise invalid(f"{endpoint!r} is not a loopback address; pass allow_remote=True "
                   f"(--allow-remote) to listen beyond this machine")
+
+
+def sockaddr(endpoint: str, listen: bool = False) -> bytes | None:
+    """``endpoint`` (tcp://host:port, ipc://path, ipc://@abstract-name) as
+    the struct sockaddr fastbus's own transport connects to (a client's
+    Stream) or, with ``listen``, listens on (the broker's Listener: host
+    ``*`` is every IPv4 interface, port 0 or ``*`` one the system picks).
+    None where it cannot go (another transport or system, a name that does
+    not resolve now): libzmq then tries, and says why."""
+    if not sys.platform.startswith("linux"):
+        return None
+    scheme, _, rest = endpoint.partition("://")
+    try:
+        if scheme == "tcp":
+            if ";" in rest:
+                return None                       # (libzmq's "source;address" form: libzmq's)
+            host, _, port_text = rest.rpartition(":")
+            host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+            if listen and port_text == "*":
+                port_text = "0"
+            port = int(port_text)
+            if not host or not 0 <= port <= 65535 or (port == 0 and not listen):
+                return None
+            if host == "*":
+                if not listen:
+                    return None
+                host = "0.0.0.0"
+            family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            if family == socket.AF_INET:
+                return (struct.pack("=H", socket.AF_INET) + struct.pack("!H", port)
+                        + socket.inet_pton(socket.AF_INET, addr[0]) + bytes(8))
+            if family == socket.AF_INET6:
+                return (struct.pack("=H", socket.AF_INET6) + struct.pack("!HI", port, addr[2])
+                        + socket.inet_pton(socket.AF_INET6, addr[0]) + struct.pack("=I", addr[3]))
+            return None
+        if scheme == "ipc" and rest:
+            path = os.fsencode(rest)
+            if path.startswith(b"@"):
+                path = b"\0" + path[1:]            # an abstract name
+            if len(path) > 107:
+                return None
+            return struct.pack("=H", socket.AF_UNIX) + path + bytes(1 if path[:1] != b"\0" else 0)
+    except (OSError, ValueError, UnicodeError):
+        return None
+    return None
+
+
+def endpoint_of(address: bytes) -> str:
+    """The endpoint a struct sockaddr (as ``sockaddr`` makes them, or as
+    the kernel gives a bound one) names: tcp://IP:PORT, tcp://[IP6]:PORT,
+    ipc://PATH or ipc://@NAME."""
+    family = struct.unpack_from("=H", address)[0]
+    if family == socket.AF_INET:
+        port = struct.unpack_from("!H", address, 2)[0]
+        return f"tcp://{socket.inet_ntop(socket.AF_INET, address[4:8])}:{port}"
+    if family == socket.AF_INET6:
+        port = struct.unpack_from("!H", address, 2)[0]
+        return f"tcp://[{socket.inet_ntop(socket.AF_INET6, address[8:24])}]:{port}"
+    if family == socket.AF_UNIX:
+        path = address[2:]
+        if path[:1] == b"\0":
+            return "ipc://@" + os.fsdecode(path[1:])
+        return "ipc://" + os.fsdecode(path.split(b"\0", 1)[0])
+    raise ValueError(f"not an address fastbus's transport takes (family {family})")

@@ -15,7 +15,7 @@ import zmq
 
 import fastbus
 from fastbus.client import _engine
-from fastbus.client._endpoint import sockaddr
+from fastbus.endpoints import sockaddr
 
 from brokers import BrokerProcess
 

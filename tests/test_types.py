@@ -90,7 +90,7 @@ fastbus\\._core\\.\\w+\\.__init__
 fastbus\\._core\\.__pyx_capi__
 fastbus\\._publisher\\.\\w+\\.__init__
 fastbus\\.queue\\._layout\\.\\w+\\.__init__
-fastbus\\.broker\\._relay\\.Relay\\.__init__
+fastbus\\.broker\\._relay\\.(Relay|Listener)\\.__init__
 fastbus\\._core\\.Batch\\.__buffer__
 fastbus\\._core\\.Batch\\.__release_buffer__
 """

@@ -17,8 +17,25 @@ from fastbus.errors import DataPlaneUnavailable
 _bound = False
 
 
+def listener():
+    """The broker's own ROUTER end (``fastbus.broker._relay.Listener``: its
+    class, to be made with its options), or None where the extension is not
+    built or the system has no Listener (not Linux): the broker then uses
+    libzmq's ROUTER."""
+    try:
+        from fastbus.broker._relay import Listener
+    except ImportError:
+        return None
+    try:
+        Listener().close()
+    except zmq.ZMQError:                    # ENOSYS: not Linux
+        return None
+    return Listener
+
+
 def relay(router, sock):
-    """The Relay for this router and ROUTER socket (see the module doc)."""
+    """The Relay for this router and ROUTER socket (a libzmq ROUTER or a
+    Listener; see the module doc)."""
     global _bound
     try:
         from fastbus.broker import _relay

@@ -121,15 +121,16 @@ cdef const char *_KICK_SLOW = b'{"reason":"slow consumer"}'
 cdef const char *_KICK_CONTROL = b'{"reason":"slow consumer (not reading its control messages)"}'
 
 include "_linkq.pxi"
+include "_listener.pxi"
 
 cdef void _free_batch(void *data, void *hint) noexcept nogil:
     # Called by libzmq (its I/O thread) when it is done with a batch.
     fb_free(data)
 
 
-cdef object _prop(fbz_msg *msg, const char *name):
+cdef object _prop(zmq_api *api, fbz_msg *msg, const char *name):
     """A message property (ZeroMQ metadata of its connection), or None."""
-    cdef const char *v = Z.msg_gets(msg, name)
+    cdef const char *v = api.msg_gets(msg, name)
     return None if v is NULL else v.decode("utf-8", "replace")
 
 
@@ -200,6 +201,8 @@ cdef class Relay:
     cdef Router router
     cdef object pysock            # keeps the socket (and its handle) alive
     cdef void *sock
+    cdef zmq_api R                # the calls of that socket: libzmq's (Z), or a Listener's (_NATIVE)
+    cdef fb_zmtp_server *_srv     # ... the Listener's server (NULL: a libzmq ROUTER)
     cdef slot *slots
     cdef uint32_t nslots
     cdef uint32_t *table          # open addressing: link + 1, 0 empty, UINT32_MAX a tombstone
@@ -248,7 +251,15 @@ cdef class Relay:
             raise RuntimeError("fastbus.broker._relay: the libzmq functions are not bound")
         self.router = router
         self.pysock = sock
-        self.sock = <void *><uintptr_t>sock.underlying
+        if isinstance(sock, Listener):
+            self._srv = (<Listener>sock)._s
+            self.sock = <void *>self._srv
+            self.R = _NATIVE
+            self._fds[0] = (<Listener>sock).FD
+        else:
+            self.sock = <void *><uintptr_t>sock.underlying
+            self.R = Z
+            self._fds[0] = sock.getsockopt(zmq.FD)
         self.tcap = 64
         self.table = <uint32_t *>calloc(self.tcap, sizeof(uint32_t))
         if self.table is NULL:
@@ -256,7 +267,6 @@ cdef class Relay:
         self.budget = 256
         self._uplink = UINT32_MAX
         self._xplink = UINT32_MAX
-        self._fds[0] = sock.getsockopt(zmq.FD)
         self._fds[1] = -1
         self._fds[2] = -1
         self._max_queue = 64 << 20
@@ -266,7 +276,7 @@ cdef class Relay:
         cdef uint32_t k
         cdef int i
         for i in range(self._nparts):
-            Z.msg_close(&self._parts[i])
+            self.R.msg_close(&self._parts[i])
         for i in range(self._nup):
             Z.msg_close(&self._up[i])
         for k in range(self.nslots):
@@ -606,11 +616,11 @@ cdef class Relay:
         if n < 1 or n > MAX_SEND_FRAMES or not 1 <= len(ident) <= IDENT_MAX:
             raise ValueError(f"a reply has 1 to {MAX_SEND_FRAMES} frames and a routing id of 1 to {IDENT_MAX} bytes")
         frames = [x if type(x) is bytes else bytes(x) for x in frames]
-        if Z.send(self.sock, PyBytes_AS_STRING(ident), PyBytes_GET_SIZE(ident), DONTWAIT | SNDMORE) < 0:
+        if self.R.send(self.sock, PyBytes_AS_STRING(ident), PyBytes_GET_SIZE(ident), DONTWAIT | SNDMORE) < 0:
             return False
         for i in range(n):
             f = frames[i]
-            Z.send(self.sock, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f), DONTWAIT | (SNDMORE if i < n - 1 else 0))
+            self.R.send(self.sock, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f), DONTWAIT | (SNDMORE if i < n - 1 else 0))
         return True
 
     cdef int _send_frames(self, uint32_t link, list frames) except -1:
@@ -618,19 +628,25 @@ cdef class Relay:
         errno of the first frame (EAGAIN: the socket's pipe is full; the
         rest cannot fail once the first went)."""
         cdef void *sock = self._upsock if link == self._uplink else self.sock
+        cdef zmq_api *api = self._api(link)
         cdef int i, n = len(frames), err
         cdef bytes f
         if link != self._uplink:
-            if Z.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
-                err = Z.last_error()
+            if api.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
+                err = api.last_error()
                 return err if err != 0 else EAGAIN
         for i in range(n):
             f = frames[i]
-            if Z.send(sock, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f),
-                      DONTWAIT | (SNDMORE if i < n - 1 else 0)) < 0 and i == 0 and link == self._uplink:
-                err = Z.last_error()
+            if api.send(sock, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f),
+                        DONTWAIT | (SNDMORE if i < n - 1 else 0)) < 0 and i == 0 and link == self._uplink:
+                err = api.last_error()
                 return err if err != 0 else EAGAIN
         return 0
+
+    cdef inline zmq_api *_api(self, uint32_t link) noexcept nogil:
+        """The calls of a link's socket: the upstream DEALER's and the XPUB's
+        are libzmq's, the sessions' ROUTER's self.R."""
+        return &Z if link == self._uplink or link == self._xplink else &self.R
 
     cdef int _queued(self, uint32_t link, int status) noexcept nogil:
         """A link's queue just grew: it is blocked, and over the limit the
@@ -682,9 +698,9 @@ cdef class Relay:
         cdef slot *s = &self.slots[link]
         cdef const char *reason = _KICK_SLOW if why == 0 else _KICK_CONTROL
         self._lose(link, EVENT_SLOW, why)
-        if Z.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) >= 0:
-            Z.send(self.sock, b"X", 1, DONTWAIT | SNDMORE)
-            Z.send(self.sock, reason, strlen(reason), DONTWAIT)
+        if self.R.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) >= 0:
+            self.R.send(self.sock, b"X", 1, DONTWAIT | SNDMORE)
+            self.R.send(self.sock, reason, strlen(reason), DONTWAIT)
 
     cdef void _lose(self, uint32_t link, uint32_t kind, uint32_t value) noexcept nogil:
         """A link the relay sends nothing more to (gone, or disconnected):
@@ -752,7 +768,10 @@ cdef class Relay:
         for k in range(BLOCKED_SOCKETS):
             if socks[k] is not NULL:
                 sz = sizeof(int)
-                Z.getsockopt(socks[k], ZMQ_EVENTS, &events, &sz)
+                if k == 0:
+                    self.R.getsockopt(socks[k], ZMQ_EVENTS, &events, &sz)
+                else:
+                    Z.getsockopt(socks[k], ZMQ_EVENTS, &events, &sz)
         while i < self._nblocked:
             n = self._nblocked
             self._drain_link(self._blocked[i], now)
@@ -824,34 +843,38 @@ cdef class Relay:
     cdef int _send_small(self, uint32_t link, const char *cmd, const void *arg, size_t n) noexcept nogil:
         """[cmd, arg] to a session or the upstream link: 0 or the errno."""
         cdef void *sock = self.sock
+        cdef zmq_api *api = self._api(link)
         cdef int err
         if link == self._uplink:
             sock = self._upsock
-        elif Z.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
-            err = Z.last_error()
+        elif api.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
+            err = api.last_error()
             return err if err != 0 else EAGAIN
-        if Z.send(sock, cmd, 1, DONTWAIT | SNDMORE) < 0:
-            err = Z.last_error()
+        if api.send(sock, cmd, 1, DONTWAIT | SNDMORE) < 0:
+            err = api.last_error()
             return err if err != 0 else EAGAIN
-        Z.send(sock, arg, n, DONTWAIT)
+        api.send(sock, arg, n, DONTWAIT)
         return 0
 
     cdef int _send_entry(self, uint32_t link, qentry *e) noexcept nogil:
-        """Send a queued entry's frames (they become libzmq's): 0, EAGAIN
-        (nothing went, or for the XPUB link the records that went are
-        counted in e.done), or another errno (the peer is gone)."""
+        """Send a queued entry's frames (they become libzmq's, or a
+        Listener's copy): 0, EAGAIN (nothing went, or for the XPUB link the
+        records that went are counted in e.done), or another errno (the
+        peer is gone)."""
         cdef void *sock = self.sock
         cdef int i, err, flags
         if link == self._xplink:
             return self._send_records(e)
         if link == self._uplink:
             sock = self._upsock
-        elif Z.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
-            err = Z.last_error()
+        elif self.R.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
+            err = self.R.last_error()
             return err if err != 0 else EAGAIN
         for i in range(e.nframes):
             flags = DONTWAIT | (SNDMORE if i < e.nframes - 1 else 0)
-            if Z.msg_send(&e.frames[i], sock, flags) < 0 and i == 0 and link == self._uplink:
+            if self._srv is not NULL and link != self._uplink:
+                self.R.send(sock, Z.msg_data(&e.frames[i]), Z.msg_size(&e.frames[i]), flags)
+            elif Z.msg_send(&e.frames[i], sock, flags) < 0 and i == 0 and link == self._uplink:
                 err = Z.last_error()
                 return err if err != 0 else EAGAIN
         return 0
@@ -1063,8 +1086,12 @@ cdef class Relay:
         if self._slow is not None:
             return [-1]
         self._upidx = 0
-        items[0].socket = self.sock
-        items[0].fd = 0
+        if self._srv is not NULL:
+            items[0].socket = NULL             # a Listener: its descriptor
+            items[0].fd = self._fds[0]
+        else:
+            items[0].socket = self.sock
+            items[0].fd = 0
         items[0].events = POLLIN
         items[0].revents = 0
         for i in range(n):
@@ -1121,6 +1148,8 @@ cdef class Relay:
             if due > deadline:
                 due = deadline
             ms = 0 if due <= now else <long>((due - now + 999999u) // 1000000u)
+            if self._srv is not NULL and fb_zmtp_server_buffered(self._srv):
+                ms = 0                         # input a Listener already read (its descriptor does not show it)
             nitems = n
             if self._nblocked:
                 if ms > BACKSTOP_MS:
@@ -1148,7 +1177,7 @@ cdef class Relay:
                             found = FOUND_OTHERS
                     else:
                         found = FOUND_OTHERS
-            if items[0].revents & POLLIN:
+            if items[0].revents & POLLIN or (self._srv is not NULL and fb_zmtp_server_buffered(self._srv)):
                 got += self._read(self.budget, &found)
             self._send_due(fb_now_ns())
             if self._nevents:
@@ -1172,7 +1201,7 @@ cdef class Relay:
             got += 1
             if self._route(self._parts, n):
                 for i in range(n):
-                    Z.msg_close(&self._parts[i])
+                    self.R.msg_close(&self._parts[i])
                 continue
             self._nparts = n
             found[0] |= FOUND_MESSAGE
@@ -1191,17 +1220,18 @@ cdef class Relay:
         cdef uint64_t over
         self._rc = 0
         self._over = 0
-        if (n == 3 or n == 4) and Z.msg_size(&parts[1]) == 1 and (<uint8_t *>Z.msg_data(&parts[1]))[0] == b'p':
+        cdef zmq_api *R = &self.R
+        if (n == 3 or n == 4) and R.msg_size(&parts[1]) == 1 and (<uint8_t *>R.msg_data(&parts[1]))[0] == b'p':
             return self._ping(parts, n)
-        if n != 3 or Z.msg_size(&parts[1]) != 1:
+        if n != 3 or R.msg_size(&parts[1]) != 1:
             return False
-        cmd = <uint8_t *>Z.msg_data(&parts[1])
+        cmd = <uint8_t *>R.msg_data(&parts[1])
         if cmd[0] != b'P':
             return False
-        link = self._find(<const uint8_t *>Z.msg_data(&parts[0]), Z.msg_size(&parts[0]))
+        link = self._find(<const uint8_t *>R.msg_data(&parts[0]), R.msg_size(&parts[0]))
         if link == UINT32_MAX:
             return False
-        rc = self._route_batch(link, Z.msg_data(&parts[2]), Z.msg_size(&parts[2]), &over)
+        rc = self._route_batch(link, R.msg_data(&parts[2]), R.msg_size(&parts[2]), &over)
         if rc < 0 or over:
             # The router refused the batch (Python drops the sender with
             # the reason), or dropped records over the limits (Python
@@ -1246,7 +1276,7 @@ cdef class Relay:
         cdef int got = 0, n, rc, i
         cdef uint64_t over
         while got < budget and not self._nup and not self._nevents:
-            n = self._recv_on(self._upsock, self._up)
+            n = self._recv_on(&Z, self._upsock, self._up)
             if n == 0:
                 break
             got += 1
@@ -1299,12 +1329,13 @@ cdef class Relay:
         cdef slot *s
         cdef qentry *e
         cdef int err
+        cdef zmq_api *R = &self.R
         if not self._instlen:
             return False                       # Python has not said the instance yet
-        if lease_ping and (not self._lease_ns or Z.msg_size(&parts[3]) != 5 or
-                           memcmp(Z.msg_data(&parts[3]), b"lease", 5) != 0):
+        if lease_ping and (not self._lease_ns or R.msg_size(&parts[3]) != 5 or
+                           memcmp(R.msg_data(&parts[3]), b"lease", 5) != 0):
             return False
-        link = self._find(<const uint8_t *>Z.msg_data(&parts[0]), Z.msg_size(&parts[0]))
+        link = self._find(<const uint8_t *>R.msg_data(&parts[0]), R.msg_size(&parts[0]))
         if link == UINT32_MAX or (lease_ping and not self.slots[link].acks):
             return False
         s = &self.slots[link]
@@ -1317,16 +1348,16 @@ cdef class Relay:
         now = fb_now_ns()
         _put_u64(lease, self._lease_ns // 1000u)
         if s.q.head is NULL and not s.q.lost:
-            if Z.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) >= 0:
-                Z.send(self.sock, b"q", 1, DONTWAIT | SNDMORE)
-                Z.send(self.sock, Z.msg_data(&parts[2]), Z.msg_size(&parts[2]), DONTWAIT | SNDMORE)
-                Z.send(self.sock, self._instance, self._instlen, DONTWAIT | (SNDMORE if lease_ping else 0))
+            if R.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) >= 0:
+                R.send(self.sock, b"q", 1, DONTWAIT | SNDMORE)
+                R.send(self.sock, R.msg_data(&parts[2]), R.msg_size(&parts[2]), DONTWAIT | SNDMORE)
+                R.send(self.sock, self._instance, self._instlen, DONTWAIT | (SNDMORE if lease_ping else 0))
                 if lease_ping:
-                    Z.send(self.sock, lease, 8, DONTWAIT)
+                    R.send(self.sock, lease, 8, DONTWAIT)
                 s.last_sent_ns = now
                 self._answered(s, lease_ping, now)
                 return True
-            err = Z.last_error()
+            err = R.last_error()
             if err != EAGAIN and err != 0:
                 self._lose(link, EVENT_GONE, 0)
                 return True
@@ -1336,7 +1367,7 @@ cdef class Relay:
             return False
         e.cmd = b'q'
         if _qentry_frame(e, 0, b"q", 1) < 0 or \
-                _qentry_frame(e, 1, Z.msg_data(&parts[2]), Z.msg_size(&parts[2])) < 0 or \
+                _qentry_frame(e, 1, R.msg_data(&parts[2]), R.msg_size(&parts[2])) < 0 or \
                 _qentry_frame(e, 2, self._instance, self._instlen) < 0 or \
                 (lease_ping and _qentry_frame(e, 3, lease, 8) < 0):
             _qentry_free(e)
@@ -1359,16 +1390,16 @@ cdef class Relay:
         cdef int i, n = self._nparts
         meta = None
         if self._rc < 0 or self._over:
-            frames = [PyBytes_FromStringAndSize(<char *>Z.msg_data(&self._parts[0]), Z.msg_size(&self._parts[0])),
+            frames = [PyBytes_FromStringAndSize(<char *>self.R.msg_data(&self._parts[0]), self.R.msg_size(&self._parts[0])),
                       b"P", self._rc if self._rc < 0 else <long>self._over]
         else:
-            frames = [PyBytes_FromStringAndSize(<char *>Z.msg_data(&self._parts[i]), Z.msg_size(&self._parts[i]))
+            frames = [PyBytes_FromStringAndSize(<char *>self.R.msg_data(&self._parts[i]), self.R.msg_size(&self._parts[i]))
                       for i in range(n)]
             if n >= 2 and frames[1] == b"H":
-                meta = {"Peer-Address": _prop(&self._parts[1], b"Peer-Address"),
-                        "User-Id": _prop(&self._parts[1], b"User-Id")}
+                meta = {"Peer-Address": _prop(&self.R, &self._parts[1], b"Peer-Address"),
+                        "User-Id": _prop(&self.R, &self._parts[1], b"User-Id")}
         for i in range(n):
-            Z.msg_close(&self._parts[i])
+            self.R.msg_close(&self._parts[i])
         self._nparts = 0
         return frames, meta
 
@@ -1404,31 +1435,32 @@ cdef class Relay:
 
     cdef int _recv(self, fbz_msg *parts) noexcept nogil:
         """Read one message from the ROUTER socket (see _recv_on)."""
-        return self._recv_on(self.sock, parts)
+        return self._recv_on(&self.R, self.sock, parts)
 
-    cdef int _recv_on(self, void *sock, fbz_msg *parts) noexcept nogil:
-        """Read one message: its frame count (at most MAX_PARTS kept; the
-        rest read and dropped), 0 if none is waiting."""
+    cdef int _recv_on(self, zmq_api *api, void *sock, fbz_msg *parts) noexcept nogil:
+        """Read one message (``api``: the socket's calls): its frame count
+        (at most MAX_PARTS kept; the rest read and dropped), 0 if none is
+        waiting."""
         cdef int n = 0
         cdef fbz_msg extra
-        Z.msg_init(&parts[0])
-        if Z.msg_recv(&parts[0], sock, DONTWAIT) < 0:
-            Z.msg_close(&parts[0])
+        api.msg_init(&parts[0])
+        if api.msg_recv(&parts[0], sock, DONTWAIT) < 0:
+            api.msg_close(&parts[0])
             return 0
         n = 1
-        while Z.msg_more(&parts[n - 1]):
+        while api.msg_more(&parts[n - 1]):
             if n == MAX_PARTS:
                 # Too many frames: keep what we have (Python refuses the
                 # message) and drop the rest, so the next read starts clean.
-                Z.msg_init(&extra)
-                while Z.msg_recv(&extra, sock, DONTWAIT) >= 0 and Z.msg_more(&extra):
-                    Z.msg_close(&extra)
-                    Z.msg_init(&extra)
-                Z.msg_close(&extra)
+                api.msg_init(&extra)
+                while api.msg_recv(&extra, sock, DONTWAIT) >= 0 and api.msg_more(&extra):
+                    api.msg_close(&extra)
+                    api.msg_init(&extra)
+                api.msg_close(&extra)
                 return n
-            Z.msg_init(&parts[n])
-            if Z.msg_recv(&parts[n], sock, DONTWAIT) < 0:
-                Z.msg_close(&parts[n])
+            api.msg_init(&parts[n])
+            if api.msg_recv(&parts[n], sock, DONTWAIT) < 0:
+                api.msg_close(&parts[n])
                 return n
             n += 1
         return n
@@ -1528,16 +1560,18 @@ cdef class Relay:
         """[ident, DATA, seq, batch]: 0 when sent (the batch is then libzmq's
         or freed), else the errno (the batch is still ours).  Only the
         routing id can fail (ROUTER_MANDATORY: EAGAIN for a full pipe,
-        EHOSTUNREACH for a peer that left); the other frames follow it."""
+        EHOSTUNREACH for a peer that left); the other frames follow it.  A
+        Listener copies the batch into the connection's output (written at
+        once, as far as the kernel takes it)."""
         cdef fbz_msg m
         cdef int err
-        if Z.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) < 0:
-            err = Z.last_error()
+        if self.R.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) < 0:
+            err = self.R.last_error()
             return err if err != 0 else EAGAIN
-        Z.send(self.sock, b"D", 1, DONTWAIT | SNDMORE)
-        Z.send(self.sock, s.seq, 8, DONTWAIT | SNDMORE)
-        if len <= COPY_MAX:
-            Z.send(self.sock, buf, len, DONTWAIT)
+        self.R.send(self.sock, b"D", 1, DONTWAIT | SNDMORE)
+        self.R.send(self.sock, s.seq, 8, DONTWAIT | SNDMORE)
+        if len <= COPY_MAX or self._srv is not NULL:
+            self.R.send(self.sock, buf, len, DONTWAIT)
             fb_free(buf)
         else:
             Z.msg_init_data(&m, buf, len, _free_batch, NULL)

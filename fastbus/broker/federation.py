@@ -62,6 +62,7 @@ class Upstream:
         self.b = broker
         s = broker._ctx.socket(zmq.DEALER)
         s.linger = 0
+        s.ipv6 = True
         s.sndhwm = 1000
         s.tcp_keepalive = 1
         s.reconnect_ivl = 100

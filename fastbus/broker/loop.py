@@ -31,7 +31,7 @@ from fastbus._core import Router, Trie
 from fastbus._types import Buffer
 from fastbus.errors import AddressInUse, BrokerTimeout, ListenError
 
-from ._libzmq import relay as _relay
+from ._libzmq import listener as _listener, relay as _relay
 from .compat import Compat
 from .config import RECV_BUDGET, BrokerConfig
 from .federation import Upstream
@@ -100,6 +100,8 @@ class Broker:
         self._stats_lock = threading.Lock()
         self._stats_snapshot: dict = {}
         self.endpoints: list[str] = []    # the bound endpoints, ports resolved
+        #: Who reads the client endpoints: "fastbus" (the broker's own Listener) or "libzmq".
+        self.transport = "libzmq"
         #: The monitoring HTTP server (config.http) and what it serves.
         self.monitor = None
         self.http_url: str | None = None
@@ -245,10 +247,42 @@ class Broker:
         self.http_url = server.url
         log.info("monitoring on %s (/metrics, /varz, /connz, /subsz, /healthz)", server.url)
 
-    def _router_socket(self) -> zmq.Socket:
-        """The ROUTER socket for sessions, bound to every client endpoint."""
+    def _router_socket(self):
+        """The ROUTER socket for sessions, bound to every client endpoint:
+        the broker's own (a Listener, fastbus/broker/_listener.pxi: the
+        relay's thread reads and writes the connections, so a message
+        crosses no thread here) where it can be, else libzmq's (CURVE, an
+        inproc:// endpoint, or FASTBUS_BROKER_TRANSPORT=libzmq)."""
+        cfg = self.config
+        listener = _listener()
+        if (listener is not None and not cfg.curve_secret_key
+                and os.environ.get("FASTBUS_BROKER_TRANSPORT", "fastbus") != "libzmq"
+                and all(listener.supports(ep) for ep in cfg.bind)):
+            # libzmq's ROUTER below, in the same terms: sndhwm whole
+            # messages per peer beyond the kernel's buffers, TCP keepalive
+            # for half-open connections, the message size limit.  Nothing
+            # is read ahead of the relay (libzmq's rcvhwm has no twin).
+            r = listener(sndhwm=16, rcvbuf=RECV_BUF, maxmsgsize=cfg.max_message_bytes,
+                         tcp_keepalive_idle=int(cfg.heartbeat_timeout),
+                         tcp_keepalive_intvl=max(1, int(cfg.probe_interval)), tcp_keepalive_cnt=3)
+            self.transport = "fastbus"
+        else:
+            r = self._libzmq_router()
+            self.transport = "libzmq"
+        try:
+            for ep in cfg.bind:
+                self.bind(r, ep)
+                self.endpoints.append(r.last_endpoint.decode())
+        except BaseException:
+            r.close(linger=0)
+            raise
+        return r
+
+    def _libzmq_router(self) -> zmq.Socket:
+        """libzmq's ROUTER socket for sessions (unbound)."""
         cfg = self.config
         r = self._ctx.socket(zmq.ROUTER)
+        r.ipv6 = True                      # tcp://[::1]:PORT too (IPv4 endpoints as before)
         r.router_mandatory = 1
         r.linger = 1000
         # Batches held by libzmq per peer.  Small, so that a stalled subscriber
@@ -284,13 +318,6 @@ class Broker:
                 # The provider is looked up by the socket's exact ZAP domain.
                 self._auth.configure_curve_callback("fastbus", credentials_provider=_AllowedKeys(allowed))
                 r.zap_domain = b"fastbus"
-        try:
-            for ep in cfg.bind:
-                self.bind(r, ep)
-                self.endpoints.append(r.last_endpoint.decode())
-        except BaseException:
-            r.close(linger=0)
-            raise
         return r
 
     def bind(self, sock: zmq.Socket, endpoint: str) -> None:
@@ -540,6 +567,10 @@ class Broker:
             **counters, "deliveries": rs["deliveries"], "drops": drops,
             "queued_bytes": relay.queued_bytes,
             "flow_paused": self.sender.paused,
+            # Who reads the client endpoints: the broker itself, with its
+            # connections' counters, or libzmq (None: libzmq keeps them).
+            "transport": self.transport,
+            "connections": self._sock.stats() if self.transport == "fastbus" else None,
         }
 
     def _publish_stats(self) -> None:

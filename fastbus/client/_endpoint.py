@@ -5,10 +5,7 @@ is: fastbus.endpoints."""
 from __future__ import annotations
 
 import math
-import os
 import socket
-import struct
-import sys
 import time
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -17,40 +14,6 @@ from fastbus.errors import BrokerUnavailable, KeyRefused
 
 if TYPE_CHECKING:
     from fastbus.client._session import Session
-
-
-def sockaddr(endpoint: str) -> bytes | None:
-    """``endpoint`` (tcp://host:port, ipc://path) as the struct sockaddr a
-    Stream (fastbus.client._engine) connects to, on Linux; None where a
-    Stream cannot go (another transport or system, a name that does not
-    resolve now: libzmq then tries, and says why)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    scheme, _, rest = endpoint.partition("://")
-    try:
-        if scheme == "tcp":
-            parts = urlsplit(endpoint)
-            host, port = parts.hostname, parts.port
-            if not host or host == "*" or port is None or ";" in rest:
-                return None                       # (libzmq's "source;address" form: libzmq's)
-            family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-            if family == socket.AF_INET:
-                return (struct.pack("=H", socket.AF_INET) + struct.pack("!H", port)
-                        + socket.inet_pton(socket.AF_INET, addr[0]) + bytes(8))
-            if family == socket.AF_INET6:
-                return (struct.pack("=H", socket.AF_INET6) + struct.pack("!HI", port, addr[2])
-                        + socket.inet_pton(socket.AF_INET6, addr[0]) + struct.pack("=I", addr[3]))
-            return None
-        if scheme == "ipc" and rest:
-            path = os.fsencode(rest)
-            if path.startswith(b"@"):
-                path = b"\0" + path[1:]            # an abstract name
-            if len(path) > 107:
-                return None
-            return struct.pack("=H", socket.AF_UNIX) + path + bytes(1 if path[:1] != b"\0" else 0)
-    except (OSError, ValueError, UnicodeError):
-        return None
-    return None
 
 
 def refused(endpoint: str, timeout: float = 1.0) -> bool:

@@ -250,7 +250,7 @@ cdef class Stream:
     ``recv_multipart()``, ``get(zmq.EVENTS)``, ``close()``, ``closed``;
     send_frames/recv_frames and the native threads take it as they take a
     pyzmq socket.  ``address``: the peer's struct sockaddr, as bytes
-    (fastbus.client._endpoint.sockaddr)."""
+    (fastbus.endpoints.sockaddr)."""
 
     cdef fb_zmtp *_z
     cdef bytes _address

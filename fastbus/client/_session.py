@@ -43,7 +43,7 @@ import zmq
 
 from fastbus import protocol as P
 from fastbus.client import _engine
-from fastbus.client._endpoint import sockaddr
+from fastbus.endpoints import sockaddr
 from fastbus.client._engine import SessionLock
 
 if TYPE_CHECKING:
@@ -156,7 +156,10 @@ class Session:
 
     def open(self) -> None:
         opts = self.options
-        s = self._stream() or self.conns.context.socket(zmq.DEALER)
+        s = self._stream()
+        if s is None:
+            s = self.conns.context.socket(zmq.DEALER)
+            s.ipv6 = True                 # (a broker may listen on tcp://[::1]:PORT; IPv4 still works)
         s.linger = 2000
         s.rcvhwm = 16                     # batches: back-pressure reaches the broker soon
         self.configure(s)

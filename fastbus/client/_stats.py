@@ -29,6 +29,7 @@ def query_stats(endpoint: str, timeout: float = 5.0, curve: tuple[str, str, str]
     ctx = zmq.Context.instance()
     s = ctx.socket(zmq.DEALER)
     s.linger = 0
+    s.ipv6 = True
     try:
         if curve:
             for name, key in zip(("curve_serverkey", "curve_publickey", "curve_secretkey"), curve):

@@ -223,6 +223,13 @@ class BrokerSource:
                                                     "yet (slow subscribers).", value=stats["queued_bytes"])
         yield GaugeMetricFamily(p + "flow_paused", "1 while publishers are asked to pause (flow control).",
                                 value=1 if stats.get("flow_paused") else 0)
+        conns = stats.get("connections")
+        if conns:                                   # the broker's own transport (None: libzmq's)
+            yield CounterMetricFamily(p + "connections_accepted", "Client connections accepted.",
+                                      value=conns["accepted"])
+            yield CounterMetricFamily(p + "connections_refused_input", "Client connections closed for what "
+                                      "they sent (not ZMTP, a message over max_message_bytes).",
+                                      value=conns["protocol_errors"])
         yield GaugeMetricFamily(p + "uptime_seconds", "Seconds since the broker started.",
                                 value=stats["uptime_s"])
         yield GaugeMetricFamily(p + "snapshot_age_seconds", "Age of the snapshot these figures come from "
