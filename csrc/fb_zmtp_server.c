@@ -60,6 +60,7 @@ typedef struct conn {
     int watch_out;               /* EPOLLOUT is asked (bytes wait for room) */
     int in_ring;
     int more_in_kernel;          /* the last read filled all its room: more may wait */
+    uint64_t since_ns;           /* accepted at (fb_now_ns) */
     char peer[INET6_ADDRSTRLEN]; /* "" for a Unix socket */
 } conn;
 
@@ -466,6 +467,7 @@ static void accept_all(fb_zmtp_server *s, int lfd)
         }
         c->fd = fd;
         c->state = C_HANDSHAKE;
+        c->since_ns = fb_now_ns();
         c->out_end = c->out.len;
         s->st.accepted++;
         s->st.connections++;
@@ -781,6 +783,26 @@ const char *fb_zmtp_server_msg_gets(const fb_zmq_msg *msg, const char *property)
     return NULL;
 }
 
+int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns)
+{
+    if (!s || s->closed) return 0;
+    uint64_t now = fb_now_ns();
+    int n = 0;
+    for (uint32_t k = 0; k < s->nslots; k++) {
+        conn *c = s->slots[k];
+        if (c->state != C_HANDSHAKE || now - c->since_ns < handshake_ns) continue;
+        /* What it sent may be waiting unread (no receive since): take it
+         * in first; a message that is then whole waits in the ring. */
+        if (message_ready(s, k)) ring_push(s, k);
+        if (c->state == C_HANDSHAKE) {
+            lost(s, k, 0);
+            s->st.handshake_timeouts++;
+            n++;
+        }
+    }
+    return n;
+}
+
 int fb_zmtp_server_buffered(const fb_zmtp_server *s)
 {
     return s && !s->closed && (s->frames_left || s->ring_count);
@@ -811,6 +833,7 @@ int fb_zmtp_server_msg_recv(fb_zmq_msg *msg, void *s, int flags)
 { (void)msg; (void)s; (void)flags; errno = ENOTSOCK; return -1; }
 const char *fb_zmtp_server_msg_gets(const fb_zmq_msg *msg, const char *property)
 { (void)msg; (void)property; errno = EINVAL; return NULL; }
+int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns) { (void)s; (void)handshake_ns; return 0; }
 int fb_zmtp_server_buffered(const fb_zmtp_server *s) { (void)s; return 0; }
 void fb_zmtp_server_get_stats(const fb_zmtp_server *s, fb_zmtp_server_stats *out)
 { (void)s; memset(out, 0, sizeof *out); }

@@ -72,6 +72,7 @@ typedef struct fb_zmtp_server_stats {
     uint64_t disconnects;        /* connections lost */
     uint64_t protocol_errors;    /* connections closed for what the peer sent */
     uint64_t dropped_messages;   /* whole messages to a peer that left before they were written */
+    uint64_t handshake_timeouts; /* connections closed for not finishing the handshake in time */
     uint64_t syscalls_send, syscalls_recv, syscalls_poll;
 } fb_zmtp_server_stats;
 
@@ -98,6 +99,13 @@ int fb_zmtp_server_getsockopt(void *s, int option, void *value, size_t *len);
 int fb_zmtp_server_msg_recv(fb_zmq_msg *msg, void *s, int flags);
 const char *fb_zmtp_server_msg_gets(const fb_zmq_msg *msg, const char *property);
 
+/* Close the connections that have not finished their handshake within
+ * handshake_ns of being accepted (libzmq's ZMQ_HANDSHAKE_IVL: a peer that
+ * connects and says nothing holds a descriptor, not forever); what such a
+ * connection sent is read first.  Whoever drives the server calls it now
+ * and then, between receives (it may read: the last received frames'
+ * views end).  The number closed. */
+int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns);
 /* Is input already read into a connection's buffer (a receive may find a
  * message without the descriptor showing it)?  No syscall. */
 int fb_zmtp_server_buffered(const fb_zmtp_server *s);

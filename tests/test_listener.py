@@ -166,3 +166,27 @@ def test_a_raw_libzmq_dealer_gets_routing_ids_it_never_sees(monkeypatch):
             assert frames[0] == P.WELCOME
         d2.close()
         d.close()
+
+
+def test_a_connection_that_never_finishes_its_handshake_is_closed(monkeypatch):
+    """As libzmq's ROUTER does after ZMQ_HANDSHAKE_IVL (30 s; here 0.3 s):
+    a peer that connects and says nothing does not hold a descriptor for
+    good, and a client that did finish its handshake stays."""
+    from fastbus.broker import loop
+    monkeypatch.setattr(loop, "HANDSHAKE_TIMEOUT", 0.3)
+    with fastbus.Broker(bind=["tcp://127.0.0.1:0"], probe_interval=0.1) as b:
+        ep = b.endpoints[0]
+        with fastbus.Client(ep) as c:
+            p = c.pubsub()
+            p.subscribe("ch")
+            confirm(p, 1)
+            silent = _raw(ep, b"")
+            half = _raw(ep, GREETING[:20])
+            assert _closed(silent) and _closed(half)
+            silent.close()
+            half.close()
+            wait_for(lambda: b.stats()["connections"]["handshake_timeouts"] == 2, what="2 handshake timeouts")
+            c.publish("ch", "still here")
+            c.flush(timeout=10)
+            assert [m["data"] for m in collect(p, 1)] == [b"still here"]
+            p.close()

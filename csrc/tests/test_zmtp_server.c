@@ -477,6 +477,39 @@ static void test_bad_input_closes_that_connection(void)
     rig_close(&r);
 }
 
+static void test_a_silent_connection_is_closed_after_the_handshake_time(void)
+{
+    rig r;
+    rig_open(&r, 16, 1 << 20, 1);
+    connect_all(&r);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(connect(fd, (struct sockaddr *)&r.addr, sizeof r.addr) == 0);
+    int half = raw_peer(&r.addr, "\xff\0\0\0", 4);      /* a greeting begun, never finished */
+    fb_zmtp_server_stats st;
+    for (int i = 0; i < 200; i++) {
+        pump(&r, 5);
+        fb_zmtp_server_get_stats(r.s, &st);
+        if (st.accepted == 3) break;
+    }
+    REQUIRE(st.accepted == 3);
+    CHECK_EQ(fb_zmtp_server_expire(r.s, 10000000000ull), 0);   /* not yet */
+    usleep(20000);
+    CHECK_EQ(fb_zmtp_server_expire(r.s, 10000000u), 2);          /* 10 ms: both */
+    CHECK(closed_by_server(&r, fd));
+    CHECK(closed_by_server(&r, half));
+    fb_zmtp_server_get_stats(r.s, &st);
+    CHECK_EQ(st.handshake_timeouts, 2);
+    CHECK_EQ(st.protocol_errors, 0);
+    /* The peer that finished its handshake stays. */
+    csend(r.c[0], "still", "here");
+    unsigned char f[8][512];
+    size_t l[8];
+    CHECK_EQ(srecv(&r, f, l, 8, 2000), 3);
+    close(fd);
+    close(half);
+    rig_close(&r);
+}
+
 static void test_unix_socket_listen(void)
 {
     char path[64];
@@ -573,6 +606,7 @@ int main(void)
     RUN(test_a_peer_that_leaves);
     RUN(test_sndhwm_then_room_again);
     RUN(test_bad_input_closes_that_connection);
+    RUN(test_a_silent_connection_is_closed_after_the_handshake_time);
     RUN(test_unix_socket_listen);
     RUN(test_a_hundred_peers);
     CTEST_END();

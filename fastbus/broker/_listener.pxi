@@ -13,7 +13,8 @@ from fastbus.includes.fb_zmtp_server cimport (fb_zmtp_server, fb_zmtp_server_opt
                                               fb_zmtp_server_free,
                                               fb_zmtp_server_send, fb_zmtp_server_getsockopt,
                                               fb_zmtp_server_msg_recv, fb_zmtp_server_msg_gets,
-                                              fb_zmtp_server_buffered, fb_zmtp_server_get_stats)
+                                              fb_zmtp_server_buffered, fb_zmtp_server_expire,
+                                              fb_zmtp_server_get_stats)
 
 from fastbus.endpoints import endpoint_of as _endpoint_of, sockaddr as _sockaddr
 
@@ -56,7 +57,8 @@ cdef class Listener:
     options given at construction (``sndhwm``: whole messages queued per
     peer beyond the kernel's buffer; ``rcvbuf``/``sndbuf``; TCP keepalive;
     ``maxmsgsize``).  ``FD``: its descriptor (readable while it has work),
-    ``stats()``: its counters."""
+    ``stats()``: its counters; ``expire()`` closes connections that never
+    finished their handshake (the broker calls it at each maintenance)."""
 
     cdef fb_zmtp_server *_s           # (freed with the Listener: a Relay holding it finds it closed)
     cdef bint _closed
@@ -129,6 +131,14 @@ cdef class Listener:
         with nogil:
             fb_zmtp_server_close(self._s, ms)
 
+    def expire(self, double handshake_s) -> int:
+        """Close the connections that have not finished their ZMTP
+        handshake within ``handshake_s`` seconds of being accepted (as
+        libzmq's ROUTER does after 30 s): the number closed."""
+        if self._closed:
+            return 0
+        return fb_zmtp_server_expire(self._s, <uint64_t>(handshake_s * 1e9) if handshake_s > 0 else 0)
+
     def stats(self) -> dict:
         """Its counters: connections accepted and open, lost, closed for
         bad input, whole messages lost with a peer, and syscalls made."""
@@ -136,5 +146,6 @@ cdef class Listener:
         fb_zmtp_server_get_stats(self._s, &st)
         return {"accepted": st.accepted, "connections": st.connections, "disconnects": st.disconnects,
                 "protocol_errors": st.protocol_errors, "dropped_messages": st.dropped_messages,
+                "handshake_timeouts": st.handshake_timeouts,
                 "syscalls_send": st.syscalls_send, "syscalls_recv": st.syscalls_recv,
                 "syscalls_poll": st.syscalls_poll}

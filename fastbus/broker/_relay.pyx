@@ -37,7 +37,13 @@ building the WANT reset that a queue's mark stands for.  Every other
 message read (HELLO, SUB, an ACK, a PUB from an unknown peer, a batch the
 decoder refuses) is handed back to Python as a list of frames.
 
-It calls libzmq directly, through the functions of the libzmq that pyzmq
+Its ROUTER is, by default, a Listener (_listener.pxi, csrc/fb_zmtp_server.h):
+the ROUTER's end of ZMTP, which this thread reads and writes itself inside
+the poll, so no libzmq I/O thread stands between a client's connection and
+the relay either.  It calls it through ``self.R``, a table of libzmq's
+signatures; a libzmq ROUTER (CURVE, inproc://) goes through the same
+table.  Other sockets (the upstream broker's DEALER, the XPUB) are libzmq's:
+it calls libzmq directly, through the functions of the libzmq that pyzmq
 loaded (``fastbus.broker._libzmq`` finds them; a socket handle is only
 valid in the library instance that made it).  Where they cannot be found,
 the broker does not start: there is one data plane.  Only the broker's own
@@ -47,9 +53,9 @@ thread uses a Relay, as it does the socket.
 whose parts share its slots without a call between them, and Cython does
 not split a class's methods across files.  What needs no Relay is in
 included files: _zmq_calls.pxi, the libzmq calls; _linkq.pxi, a queue and
-its entries.  The class reads in three sections: sessions and links
-(their sockets, leases, books, the policy), queues, and the data plane
-(the poll, reading, routing, sending).)
+its entries; _listener.pxi, the Listener.  The class reads in three
+sections: sessions and links (their sockets, leases, books, the policy),
+queues, and the data plane (the poll, reading, routing, sending).)
 """
 
 from libc.errno cimport EAGAIN, EHOSTUNREACH, EINTR
@@ -1218,9 +1224,9 @@ cdef class Relay:
         cdef uint32_t link
         cdef int rc
         cdef uint64_t over
+        cdef zmq_api *R = &self.R
         self._rc = 0
         self._over = 0
-        cdef zmq_api *R = &self.R
         if (n == 3 or n == 4) and R.msg_size(&parts[1]) == 1 and (<uint8_t *>R.msg_data(&parts[1]))[0] == b'p':
             return self._ping(parts, n)
         if n != 3 or R.msg_size(&parts[1]) != 1:

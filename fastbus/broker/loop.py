@@ -55,6 +55,9 @@ log = logging.getLogger("fastbus.broker")
 #: RECV_BUDGET messages a turn from the socket anyway, and the I/O thread
 #: refills the pipe as it empties (measured: throughput unchanged).
 RECV_HWM = 16
+#: Seconds a client connection has to finish its ZMTP handshake (libzmq's
+#: ZMQ_HANDSHAKE_IVL default, which the broker's own Listener keeps).
+HANDSHAKE_TIMEOUT = 30.0
 RECV_BUF = 256 * 1024
 
 _COUNTERS = ("batches_in", "messages_in", "bytes_in", "batches_out", "messages_out", "bytes_out",
@@ -521,6 +524,10 @@ class Broker:
                 self.sender.send(link, frames)
         if self.upstream is not None:
             self.upstream.check(now)
+        if self.transport == "fastbus":
+            # A connection that never finished its handshake goes (libzmq's
+            # ROUTER does the same): idle connections hold no descriptor for good.
+            self._sock.expire(HANDSHAKE_TIMEOUT)
         self._publish_stats()
         st = self._stats_snapshot
         i = self.interest

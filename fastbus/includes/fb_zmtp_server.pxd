@@ -19,6 +19,7 @@ cdef extern from "fb_zmtp_server.h" nogil:
         uint64_t disconnects
         uint64_t protocol_errors
         uint64_t dropped_messages
+        uint64_t handshake_timeouts
         uint64_t syscalls_send
         uint64_t syscalls_recv
         uint64_t syscalls_poll
@@ -34,5 +35,6 @@ cdef extern from "fb_zmtp_server.h" nogil:
     int fb_zmtp_server_getsockopt(void *s, int option, void *value, size_t *len)
     int fb_zmtp_server_msg_recv(fb_zmq_msg *msg, void *s, int flags)
     const char *fb_zmtp_server_msg_gets(const fb_zmq_msg *msg, const char *property)
+    int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns)
     int fb_zmtp_server_buffered(const fb_zmtp_server *s)
     void fb_zmtp_server_get_stats(const fb_zmtp_server *s, fb_zmtp_server_stats *out)
