@@ -69,31 +69,13 @@ static int out_reserve(fb_zmtp *z, size_t more)
 
 /* -- the connection ---------------------------------------------------------- */
 
-static int parse_header(const fb_zmtp *z, size_t pos, int *flags, size_t *body, uint64_t *size);
-
-/* Where the last whole message in the input ends (its frames all here,
- * valid as message_ready checks them; commands between messages count as
- * whole): what a lost connection leaves to be read. */
+/* Where the last whole message in the input ends: what a lost connection
+ * leaves to be read. */
 static size_t whole_messages_end(const fb_zmtp *z)
 {
-    size_t pos = z->in.off, end = z->in.off, body;
-    uint64_t size, total = 0;
-    int flags, inside = z->frames_left > 0;
-    if (!z->got_greeting) return end;
-    while (parse_header(z, pos, &flags, &body, &size) == 1 && size <= z->in.len - body) {
-        if (flags & 4) {
-            if (inside) break;
-        } else if ((total += size) > z->o.max_msg_bytes) {
-            break;
-        }
-        pos = body + (size_t)size;
-        inside = flags & 1;
-        if (!inside) {
-            end = pos;
-            total = 0;
-        }
-    }
-    return end;
+    if (!z->got_greeting) return z->in.off;
+    return z->in.off + fb_zmtp_whole_end(z->in.p + z->in.off, z->in.len - z->in.off, z->frames_left > 0,
+                                         z->o.max_msg_bytes);
 }
 
 static void arm_timer(fb_zmtp *z, uint64_t ns)
@@ -305,16 +287,6 @@ static int fill(fb_zmtp *z, size_t want)
     return 1;
 }
 
-/* A frame's header at in.p[pos]: its flags, body offset and size.  0: not
- * all here yet; 1: parsed; -1: not ZMTP. */
-static int parse_header(const fb_zmtp *z, size_t pos, int *flags, size_t *body, uint64_t *size)
-{
-    size_t hl = 0;
-    int rc = fb_zmtp_parse_header(z->in.p + pos, z->in.len - pos, flags, &hl, size);
-    *body = pos + hl;
-    return rc;
-}
-
 /* READY's Socket-Type is a ROUTER's (a broker's; a DEALER could also
  * talk to a DEALER or a REP, but this one is for brokers only, and a
  * connection that came back to itself would say DEALER). */
@@ -343,12 +315,7 @@ static int on_command(fb_zmtp *z, const unsigned char *body, uint64_t size)
     size_t n = fb_zmtp_pong(f, body, size);
     if (n) {
         /* The PONG goes between whole messages: before one still being built. */
-        if (out_reserve(z, n) < 0) return 0;
-        size_t tail = z->out.len - z->out_end;
-        memmove(z->out.p + z->out_end + n, z->out.p + z->out_end, tail);
-        memcpy(z->out.p + z->out_end, f, n);
-        z->out_end += n;
-        z->out.len += n;
+        if (fb_zbuf_insert(&z->out, &z->out_end, f, n) < 0) return 0;
         z->out_msgs++;
         flush(z);
         return z->state == UP ? 0 : -1;
@@ -364,21 +331,16 @@ static int message_ready(fb_zmtp *z, int read)
     if (z->stale) {
         /* What a lost connection left: whole messages (checked when it
          * was lost); its commands are of no more use. */
-        int flags;
-        size_t body;
-        uint64_t size;
-        while (z->in.off < z->in.len) {
-            parse_header(z, z->in.off, &flags, &body, &size);
-            if (!(flags & 4)) return 1;
-            z->in.off = body + (size_t)size;
-        }
+        z->in.off += fb_zmtp_skip_commands(z->in.p + z->in.off, z->in.len - z->in.off);
+        if (z->in.off < z->in.len) return 1;
         z->stale = 0;
         z->in.off = z->in.len = 0;
     }
     progress(z);
     for (;;) {
         if (z->state != HANDSHAKE && z->state != UP) return 0;
-        size_t need = 0;                         /* room to read the rest of a frame */
+        size_t need = 0, body = 0;               /* need: room to read the rest of a frame */
+        uint64_t size = 0;
         if (!z->got_greeting) {
             if (z->in.len - z->in.off >= FB_ZMTP_GREETING) {
                 if (!fb_zmtp_greeting_ok(z->in.p + z->in.off)) {
@@ -390,32 +352,15 @@ static int message_ready(fb_zmtp *z, int read)
                 continue;
             }
         } else {
-            size_t pos = z->in.off, body = 0;
-            uint64_t total = 0, size = 0;
-            int flags = 0, rc;
-            while ((rc = parse_header(z, pos, &flags, &body, &size)) == 1) {
-                int command = flags & 4;
-                if (command ? pos != z->in.off || size > FB_ZMTP_MAX_COMMAND     /* inside a message; too long */
-                            : z->state != UP                          /* data before READY */
-                              || size > z->o.max_msg_bytes || (total += size) > z->o.max_msg_bytes) {
-                    rc = -1;
-                    break;
-                }
-                if (z->in.len - body < size) {           /* not all here */
-                    rc = 0;
-                    need = body + (size_t)size - z->in.len;
-                    break;
-                }
-                pos = body + (size_t)size;
-                if (command) {
-                    z->in.off = pos;
-                    if (on_command(z, z->in.p + body, size) < 0) return 0;
-                    pos = z->in.off;
-                } else if (!(flags & 1)) {
-                    return 1;
-                }
-            }
-            if (rc < 0) {
+            const unsigned char *p = z->in.p + z->in.off;
+            switch (fb_zmtp_next(p, z->in.len - z->in.off, z->state == UP, z->o.max_msg_bytes, &body, &size, &need)) {
+            case FB_ZMTP_MESSAGE:
+                return 1;
+            case FB_ZMTP_COMMAND:
+                z->in.off += body + (size_t)size;
+                if (on_command(z, p + body, size) < 0) return 0;
+                continue;
+            case FB_ZMTP_BAD:
                 lost(z, 1);
                 return 0;
             }
@@ -568,13 +513,13 @@ int fb_zmtp_msg_recv(fb_zmq_msg *msg, void *sock, int flags)
     }
     /* A whole message is here (message_ready checked every header). */
     int f = 0;
-    size_t body = 0;
+    size_t hl = 0;
     uint64_t size = 0;
-    parse_header(z, z->in.off, &f, &body, &size);
-    m->data = z->in.p + body;
+    fb_zmtp_parse_header(z->in.p + z->in.off, z->in.len - z->in.off, &f, &hl, &size);
+    m->data = z->in.p + z->in.off + hl;
     m->size = (size_t)size;
     m->more = f & 1;
-    z->in.off = body + (size_t)size;
+    z->in.off += hl + (size_t)size;
     z->rcvmore = m->more;
     z->frames_left = m->more;
     return size > INT32_MAX ? INT32_MAX : (int)size;

@@ -189,29 +189,12 @@ static void make_id(unsigned char *id, uint32_t k, uint32_t gen)
 
 /* -- a connection ------------------------------------------------------------------ */
 
-/* Where the last whole message in c's input ends (what a lost connection
- * leaves to be received; commands between messages count as whole). */
+/* Where the last whole message in c's input ends: what a lost connection
+ * leaves to be received. */
 static size_t whole_messages_end(const fb_zmtp_server *s, const conn *c)
 {
-    size_t pos = c->in.off, end = c->in.off, hl;
-    uint64_t size, total = 0;
-    int flags, inside = 0;
-    if (!c->got_greeting) return end;
-    while (fb_zmtp_parse_header(c->in.p + pos, c->in.len - pos, &flags, &hl, &size) == 1
-           && size <= c->in.len - pos - hl) {
-        if (flags & 4) {
-            if (inside) break;
-        } else if ((total += size) > s->o.max_msg_bytes) {
-            break;
-        }
-        pos += hl + (size_t)size;
-        inside = flags & 1;
-        if (!inside) {
-            end = pos;
-            total = 0;
-        }
-    }
-    return end;
+    if (!c->got_greeting) return c->in.off;
+    return c->in.off + fb_zmtp_whole_end(c->in.p + c->in.off, c->in.len - c->in.off, 0, s->o.max_msg_bytes);
 }
 
 /* The connection is gone: close it; what it read whole stays to be
@@ -332,13 +315,7 @@ static int on_command(fb_zmtp_server *s, uint32_t k, const unsigned char *body, 
     if (n) {
         /* Between whole messages: before one still being sent (none is,
          * while a receive runs, but the order costs nothing to keep). */
-        size_t before = c->out.off;
-        if (fb_zbuf_reserve(&c->out, n) < 0) return 0;
-        c->out_end -= before - c->out.off;
-        memmove(c->out.p + c->out_end + n, c->out.p + c->out_end, c->out.len - c->out_end);
-        memcpy(c->out.p + c->out_end, f, n);
-        c->out_end += n;
-        c->out.len += n;
+        if (fb_zbuf_insert(&c->out, &c->out_end, f, n) < 0) return 0;
         return flush(s, k);
     }
     return 0;                                    /* PONG, and what later versions add: ignored */
@@ -351,19 +328,13 @@ static int message_ready(fb_zmtp_server *s, uint32_t k)
 {
     conn *c = s->slots[k];
     for (;;) {
-        size_t need = 0;
+        size_t need = 0, body = 0;
+        uint64_t size = 0;
         if (c->state == C_LOST) {
             /* Whole messages (checked when it was lost); commands are of
              * no more use. */
-            size_t hl;
-            uint64_t size;
-            int flags;
-            while (c->in.off < c->in.len) {
-                fb_zmtp_parse_header(c->in.p + c->in.off, c->in.len - c->in.off, &flags, &hl, &size);
-                if (!(flags & 4)) return 1;
-                c->in.off += hl + (size_t)size;
-            }
-            return 0;
+            c->in.off += fb_zmtp_skip_commands(c->in.p + c->in.off, c->in.len - c->in.off);
+            return c->in.off < c->in.len;
         }
         if (!c->got_greeting) {
             if (c->in.len - c->in.off >= FB_ZMTP_GREETING) {
@@ -376,37 +347,18 @@ static int message_ready(fb_zmtp_server *s, uint32_t k)
                 continue;
             }
         } else {
-            size_t pos = c->in.off, hl = 0;
-            uint64_t total = 0, size = 0;
-            int flags = 0, rc;
-            while ((rc = fb_zmtp_parse_header(c->in.p + pos, c->in.len - pos, &flags, &hl, &size)) == 1) {
-                int command = flags & 4;
-                if (command ? pos != c->in.off || size > FB_ZMTP_MAX_COMMAND   /* inside a message; too long */
-                            : c->state != C_UP                               /* data before READY */
-                              || size > s->o.max_msg_bytes || (total += size) > s->o.max_msg_bytes) {
-                    rc = -1;
-                    break;
-                }
-                size_t body = pos + hl;
-                if (c->in.len - body < size) {           /* not all here */
-                    rc = 0;
-                    need = body + (size_t)size - c->in.len;
-                    break;
-                }
-                pos = body + (size_t)size;
-                if (command) {
-                    c->in.off = pos;
-                    if (on_command(s, k, c->in.p + body, size) < 0) break;
-                    pos = c->in.off;
-                } else if (!(flags & 1)) {
-                    return 1;
-                }
-            }
-            if (rc < 0) {
+            const unsigned char *p = c->in.p + c->in.off;
+            switch (fb_zmtp_next(p, c->in.len - c->in.off, c->state == C_UP, s->o.max_msg_bytes, &body, &size, &need)) {
+            case FB_ZMTP_MESSAGE:
+                return 1;
+            case FB_ZMTP_COMMAND:
+                c->in.off += body + (size_t)size;
+                on_command(s, k, p + body, size);      /* (a connection it closes: the next turn says so) */
+                continue;
+            case FB_ZMTP_BAD:
                 lost(s, k, 1);
                 continue;
             }
-            if (c->state == C_LOST) continue;
         }
         if (fill(s, k, need) <= 0) {
             if (c->state == C_LOST) continue;

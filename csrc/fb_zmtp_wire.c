@@ -36,6 +36,18 @@ int fb_zbuf_put(fb_zbuf *b, const void *data, size_t n)
     return 0;
 }
 
+int fb_zbuf_insert(fb_zbuf *b, size_t *at, const void *data, size_t n)
+{
+    size_t before = b->off;
+    if (fb_zbuf_reserve(b, n) < 0) return -1;
+    *at -= before - b->off;                      /* (the live bytes may have slid down) */
+    memmove(b->p + *at + n, b->p + *at, b->len - *at);
+    memcpy(b->p + *at, data, n);
+    *at += n;
+    b->len += n;
+    return 0;
+}
+
 void fb_zbuf_free(fb_zbuf *b)
 {
     free(b->p);
@@ -73,6 +85,66 @@ int fb_zmtp_parse_header(const unsigned char *p, size_t avail, int *flags, size_
     }
     *flags = f;
     return 1;
+}
+
+int fb_zmtp_next(const unsigned char *p, size_t len, int ready, uint64_t max_msg,
+                 size_t *body, uint64_t *size, size_t *need)
+{
+    size_t pos = 0, hl;
+    uint64_t total = 0, sz;
+    int flags, rc;
+    *need = 0;
+    while ((rc = fb_zmtp_parse_header(p + pos, len - pos, &flags, &hl, &sz)) == 1) {
+        int command = flags & 4;
+        if (command ? pos != 0 || sz > FB_ZMTP_MAX_COMMAND         /* inside a message; too long */
+                    : !ready || sz > max_msg || (total += sz) > max_msg) {
+            return FB_ZMTP_BAD;
+        }
+        if (len - pos - hl < sz) {                   /* not all here */
+            *need = (size_t)(sz - (len - pos - hl));
+            return FB_ZMTP_PARTIAL;
+        }
+        if (command) {
+            *body = hl;
+            *size = sz;
+            return FB_ZMTP_COMMAND;
+        }
+        pos += hl + (size_t)sz;
+        if (!(flags & 1)) return FB_ZMTP_MESSAGE;
+    }
+    return rc < 0 ? FB_ZMTP_BAD : FB_ZMTP_PARTIAL;
+}
+
+size_t fb_zmtp_whole_end(const unsigned char *p, size_t len, int inside, uint64_t max_msg)
+{
+    size_t pos = 0, end = 0, hl;
+    uint64_t size, total = 0;
+    int flags;
+    while (fb_zmtp_parse_header(p + pos, len - pos, &flags, &hl, &size) == 1 && size <= len - pos - hl) {
+        if (flags & 4) {
+            if (inside) break;
+        } else if ((total += size) > max_msg) {
+            break;
+        }
+        pos += hl + (size_t)size;
+        inside = flags & 1;
+        if (!inside) {
+            end = pos;
+            total = 0;
+        }
+    }
+    return end;
+}
+
+size_t fb_zmtp_skip_commands(const unsigned char *p, size_t len)
+{
+    size_t pos = 0, hl;
+    uint64_t size;
+    int flags;
+    while (pos < len && fb_zmtp_parse_header(p + pos, len - pos, &flags, &hl, &size) == 1 && (flags & 4)
+           && size <= len - pos - hl)
+        pos += hl + (size_t)size;
+    return pos;
 }
 
 void fb_zmtp_greeting(unsigned char g[FB_ZMTP_GREETING], int as_server)

@@ -41,6 +41,9 @@ typedef struct fb_zbuf {
  * offsets into the buffer move by the old `off`).  0, or -1 (no memory). */
 int fb_zbuf_reserve(fb_zbuf *b, size_t more);
 int fb_zbuf_put(fb_zbuf *b, const void *data, size_t n);
+/* Insert n bytes at offset *at (in [off, len]), what follows moved up;
+ * *at then points past them (in the buffer as it now is).  0, or -1. */
+int fb_zbuf_insert(fb_zbuf *b, size_t *at, const void *data, size_t n);
 void fb_zbuf_free(fb_zbuf *b);
 
 /* A frame's header for a body of `len` bytes (flags: 1 more, 4 command):
@@ -51,6 +54,29 @@ size_t fb_zmtp_frame_header(unsigned char *h, int flags, size_t len);
  * body size.  0: not all here yet; 1: parsed; -1: not ZMTP (reserved
  * flag bits, a command with "more"). */
 int fb_zmtp_parse_header(const unsigned char *p, size_t avail, int *flags, size_t *hlen, uint64_t *size);
+
+/* What comes next in a peer's input p[0, len) (after the greetings):
+ *   FB_ZMTP_MESSAGE  a whole message starts at p (all its frames are here);
+ *   FB_ZMTP_COMMAND  a whole command: its body at p + *body, *size bytes
+ *                    (the caller consumes it, up to *body + *size);
+ *   FB_ZMTP_PARTIAL  not all here: *need more bytes at least (0: a header);
+ *   FB_ZMTP_BAD      not what a peer may send: reserved flags, a command
+ *                    inside a message or over FB_ZMTP_MAX_COMMAND, data
+ *                    before the handshake (!ready), a message over max_msg.
+ * Every length is checked against len and max_msg before it is used. */
+enum { FB_ZMTP_BAD = -1, FB_ZMTP_PARTIAL = 0, FB_ZMTP_MESSAGE = 1, FB_ZMTP_COMMAND = 2 };
+int fb_zmtp_next(const unsigned char *p, size_t len, int ready, uint64_t max_msg,
+                 size_t *body, uint64_t *size, size_t *need);
+
+/* Where the last whole message in p[0, len) ends (commands between
+ * messages count as whole; `inside`: p starts inside a message, whose
+ * rest does not): what a lost connection leaves to be received. */
+size_t fb_zmtp_whole_end(const unsigned char *p, size_t len, int inside, uint64_t max_msg);
+
+/* Past the commands at the front of p[0, len) (of input whose messages
+ * fb_zmtp_whole_end found whole): the offset of the first data frame, or
+ * len. */
+size_t fb_zmtp_skip_commands(const unsigned char *p, size_t len);
 
 /* Our greeting (as_server: the flag; NULL ignores it, libzmq sends 0). */
 void fb_zmtp_greeting(unsigned char g[FB_ZMTP_GREETING], int as_server);

@@ -47,20 +47,25 @@ static fb_zmtp_server *server(int sndhwm, uint64_t max_msg, struct sockaddr_in *
     return s;
 }
 
-static void rig_open(rig *r, int sndhwm, uint64_t max_msg, int clients)
+/* A client (fb_zmtp) of the server at addr. */
+static fb_zmtp *client_to(const void *addr, size_t len)
 {
-    memset(r, 0, sizeof *r);
-    r->s = server(sndhwm, max_msg, &r->addr);
     fb_zmtp_options o;
     memset(&o, 0, sizeof o);
     o.sndhwm = 1000;
     o.max_msg_bytes = 1 << 20;
     o.reconnect_ivl_ns = 10000000u;
-    for (int i = 0; i < clients; i++) {
-        int err = 0;
-        r->c[i] = fb_zmtp_open(&r->addr, sizeof r->addr, &o, &err);
-        REQUIRE(r->c[i] != NULL);
-    }
+    int err = 0;
+    fb_zmtp *c = fb_zmtp_open(addr, len, &o, &err);
+    REQUIRE(c != NULL);
+    return c;
+}
+
+static void rig_open(rig *r, int sndhwm, uint64_t max_msg, int clients)
+{
+    memset(r, 0, sizeof *r);
+    r->s = server(sndhwm, max_msg, &r->addr);
+    for (int i = 0; i < clients; i++) r->c[i] = client_to(&r->addr, sizeof r->addr);
     r->nc = clients;
 }
 
@@ -302,12 +307,7 @@ static void test_a_busy_peer_does_not_shut_out_the_others(void)
     unsigned char f[8][512];
     size_t l[8];
     REQUIRE(srecv(&r, f, l, 8, 5000) == 3);      /* the flood has begun */
-    fb_zmtp_options o;
-    memset(&o, 0, sizeof o);
-    o.sndhwm = 10;
-    o.max_msg_bytes = 1 << 20;
-    int err;
-    r.c[0] = fb_zmtp_open(&r.addr, sizeof r.addr, &o, &err);
+    r.c[0] = client_to(&r.addr, sizeof r.addr);
     r.nc = 1;
     csend(r.c[0], "B", "hello");
     int from_a = 1, b_after = -1;
@@ -352,12 +352,7 @@ static void test_a_peer_that_leaves(void)
     CHECK_EQ(srecv(&r, f, l, 8, 200), 0);
     /* Its id names nothing now, even once its slot serves another peer. */
     CHECK_EQ(ssend(&r, id, 9, "x", "y"), EHOSTUNREACH);
-    fb_zmtp_options o;
-    memset(&o, 0, sizeof o);
-    o.sndhwm = 10;
-    o.max_msg_bytes = 1 << 20;
-    int err;
-    r.c[0] = fb_zmtp_open(&r.addr, sizeof r.addr, &o, &err);
+    r.c[0] = client_to(&r.addr, sizeof r.addr);
     connect_all(&r);
     csend(r.c[0], "new", "4");
     CHECK_EQ(srecv(&r, f, l, 8, 2000), 3);
@@ -537,12 +532,7 @@ static void test_unix_socket_listen(void)
     rig r;
     memset(&r, 0, sizeof r);
     r.s = s;
-    fb_zmtp_options co;
-    memset(&co, 0, sizeof co);
-    co.sndhwm = 10;
-    co.max_msg_bytes = 1 << 20;
-    r.c[0] = fb_zmtp_open(&a, sizeof a, &co, &err);
-    REQUIRE(r.c[0] != NULL);
+    r.c[0] = client_to(&a, sizeof a);
     r.nc = 1;
     csend(r.c[0], "over", "ipc");
     unsigned char f[8][512];
