@@ -51,6 +51,7 @@ struct fb_zmtp {
     int frames_left;             /* of the message being handed out: frames still to give */
     int rcvmore;
     int stale;                   /* `in` holds whole messages of a lost connection: they go first */
+    int more_in_kernel;          /* the last read filled all its room: the kernel may hold more */
     fb_zmtp_stats st;
 };
 
@@ -270,10 +271,12 @@ static int fill(fb_zmtp *z, size_t want)
         lost(z, 1);                              /* no memory for it: as if it were bad */
         return -1;
     }
+    size_t room = z->in.cap - z->in.len;
     ssize_t r;
-    do r = recv(z->fd, z->in.p + z->in.len, z->in.cap - z->in.len, MSG_DONTWAIT);
+    do r = recv(z->fd, z->in.p + z->in.len, room, MSG_DONTWAIT);
     while (r < 0 && errno == EINTR);
     z->st.syscalls_recv++;
+    z->more_in_kernel = r > 0 && (size_t)r == room;
     if (r < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
         lost(z, 0);
@@ -552,6 +555,12 @@ int fb_zmtp_buffered(fb_zmtp *z)
     return z->frames_left || message_ready(z, 0);
 }
 
+int fb_zmtp_pending(fb_zmtp *z)
+{
+    if (!z || z->state == CLOSED) return 0;
+    return z->frames_left || z->more_in_kernel || message_ready(z, 0);
+}
+
 int fb_zmtp_connected(const fb_zmtp *z)
 {
     return z && z->state == UP;
@@ -583,6 +592,7 @@ size_t fb_zmtp_msg_size(const fb_zmq_msg *msg) { (void)msg; return 0; }
 int fb_zmtp_msg_more(const fb_zmq_msg *msg) { (void)msg; return 0; }
 int fb_zmtp_msg_close(fb_zmq_msg *msg) { (void)msg; return 0; }
 int fb_zmtp_buffered(fb_zmtp *z) { (void)z; return 0; }
+int fb_zmtp_pending(fb_zmtp *z) { (void)z; return 0; }
 int fb_zmtp_connected(const fb_zmtp *z) { (void)z; return 0; }
 void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out) { (void)z; memset(out, 0, sizeof *out); }
 

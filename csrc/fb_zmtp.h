@@ -114,6 +114,12 @@ int fb_zmtp_msg_close(fb_zmq_msg *msg);
 /* Is a whole message (or the rest of one) here to be received without
  * reading the kernel's socket?  No syscall. */
 int fb_zmtp_buffered(fb_zmtp *z);
+/* May a receive find a message without waiting: one is buffered, or the
+ * last read filled all the room it had (the kernel may hold more)?  0
+ * means the kernel was drained at the last read: a poll of the descriptor
+ * says when more comes (a reader can wait there at once instead of trying
+ * a receive that would find nothing).  No syscall. */
+int fb_zmtp_pending(fb_zmtp *z);
 /* Is the handshake done (messages flow now)? */
 int fb_zmtp_connected(const fb_zmtp *z);
 void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out);

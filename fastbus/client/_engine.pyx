@@ -49,7 +49,7 @@ from fastbus.includes.fb_sender cimport (FB_SENDER_TOKEN_MAX, fb_sender, fb_send
 from fastbus.includes.fb_zmtp cimport (FB_ZMTP_FD, fb_zmtp, fb_zmtp_buffered, fb_zmtp_close, fb_zmtp_connected, fb_zmtp_get_stats,
                                        fb_zmtp_getsockopt, fb_zmtp_msg_close, fb_zmtp_msg_data, fb_zmtp_msg_init,
                                        fb_zmtp_msg_more, fb_zmtp_msg_recv, fb_zmtp_msg_size, fb_zmtp_open,
-                                       fb_zmtp_options, fb_zmtp_send, fb_zmtp_stats)
+                                       fb_zmtp_options, fb_zmtp_pending, fb_zmtp_send, fb_zmtp_stats)
 from fastbus.includes.fb_slock cimport (fb_slock, fb_slock_destroy, fb_slock_held, fb_slock_init,
                                         fb_slock_release, fb_slock_try, fb_slock_wait)
 
@@ -311,6 +311,13 @@ cdef class Stream:
         """Is a whole message here that its descriptor does not show (read
         into the connection, not yet received)?  No syscall."""
         return self._z != NULL and fb_zmtp_buffered(self._z)
+
+    def pending(self) -> bool:
+        """May a receive find a message without waiting (one is buffered,
+        or the last read filled its buffer: the kernel may hold more)?
+        False: the kernel was drained at the last read, and the descriptor
+        says when more comes.  No syscall."""
+        return self._z != NULL and fb_zmtp_pending(self._z)
 
     @property
     def connected(self) -> bool:

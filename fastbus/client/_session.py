@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import select
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -151,6 +152,10 @@ class Session:
         self._polled: object = None       # the socket as zmq_poll names it
         self._items: list = []            # what wait() polls: the socket and the wake pipe
         self._items_out: list = []        # the same, and room to send
+        # For a Stream (every item a descriptor): the same two as the
+        # kernel's poll, which wait() uses instead: one syscall a wait
+        # (libzmq's zmq_poll makes a first pass that does not wait).
+        self._pollers: tuple | None = None
 
     # -- opening and closing (the lock held) ----------------------------------
 
@@ -186,6 +191,12 @@ class Session:
         self._polled = s if isinstance(s, zmq.Socket) else s.FD
         self._items = [(self._polled, POLLIN), (self._wake_r, POLLIN)]
         self._items_out = [(self._polled, POLLIN | POLLOUT), (self._wake_r, POLLIN)]
+        self._pollers = None
+        if not isinstance(s, zmq.Socket):
+            self._pollers = (select.poll(), select.poll())
+            for poller, events in zip(self._pollers, (select.POLLIN, select.POLLIN | select.POLLOUT)):
+                poller.register(s.FD, events)
+                poller.register(self._wake_r, select.POLLIN)
         self.next_ping = time.monotonic() + opts.ping_interval
         self.hello()
         self.open_native()
@@ -227,6 +238,7 @@ class Session:
                 self._await_bye(BYE_WAIT)
             self.sock.close(linger=1000)
             self.sock = None
+            self._pollers = None
         self.fd = -1
 
     def _await_bye(self, timeout: float) -> None:
@@ -688,7 +700,10 @@ class Session:
         if ms and self.buffered():
             ms = 0
             self.more = True
-        ready = _zmq_poll(self._items_out if out else self._items, ms)
+        if self._pollers is not None:
+            ready = self._pollers[1 if out else 0].poll(ms)
+        else:
+            ready = _zmq_poll(self._items_out if out else self._items, ms)
         for what, _ev in ready:
             if what == self._polled:          # (an fd comes back as a new int)
                 self.more = self.ready = True

@@ -149,7 +149,12 @@ class SubSession(Session):
         self.ready = False
         if frames is None:
             self.more = self.unread = False
-        elif frames[0] == _DATA and len(frames) == 3 and len(frames[1]) == 8:
+            return
+        if self._pollers is not None and not self.sock.pending():
+            # A Stream that read all the kernel had: the next wait's poll
+            # says when more comes (no receive that would find nothing).
+            self.more = False
+        if frames[0] == _DATA and len(frames) == 3 and len(frames[1]) == 8:
             self.deliver(("data", _unpack_u64(frames[1])[0], frames[2]))
         else:
             self.handle(frames)

@@ -44,5 +44,6 @@ cdef extern from "fb_zmtp.h" nogil:
     int fb_zmtp_msg_more(const fb_zmq_msg *msg)
     int fb_zmtp_msg_close(fb_zmq_msg *msg)
     int fb_zmtp_buffered(fb_zmtp *z)
+    int fb_zmtp_pending(fb_zmtp *z)
     int fb_zmtp_connected(const fb_zmtp *z)
     void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out)
