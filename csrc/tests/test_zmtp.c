@@ -235,10 +235,13 @@ static void test_a_message_is_given_whole(void)
      * kernel's socket is empty), fb_zmtp_buffered does. */
     CHECK_EQ(poll(&pl, 1, 0), 0);
     CHECK(fb_zmtp_buffered(z));
+    CHECK(fb_zmtp_pending(z));
     unsigned char frames[4][512];
     size_t lens[4];
     CHECK_EQ(recv_message(z, frames, lens, 4, 2000), 2);
     CHECK(lens[1] == 2 && memcmp(frames[1], "hi", 2) == 0);
+    /* All the kernel had was read: a reader can go to the poll at once. */
+    CHECK(!fb_zmtp_pending(z));
     /* Read to EAGAIN, the FD is quiet again (the kernel holds nothing for it). */
     len = sizeof ev;
     fb_zmtp_getsockopt(z, FB_ZMTP_EVENTS, &ev, &len);

@@ -179,6 +179,16 @@ static void csend(fb_zmtp *c, const char *a, const char *b)
     CHECK(fb_zmtp_send(c, b, strlen(b), 0) >= 0);
 }
 
+/* Client i says something: its routing id, as the server sees it. */
+static void id_of(rig *r, int i, unsigned char id[9])
+{
+    unsigned char f[8][512];
+    size_t l[8];
+    csend(r->c[i], "hello", "");
+    REQUIRE(srecv(r, f, l, 8, 2000) == 3);
+    memcpy(id, f[0], 9);
+}
+
 /* -- tests --------------------------------------------------------------------- */
 
 static void test_messages_both_ways_behind_a_routing_id(void)
@@ -334,11 +344,9 @@ static void test_a_peer_that_leaves(void)
     rig r;
     rig_open(&r, 16, 1 << 20, 2);
     connect_all(&r);
-    csend(r.c[0], "first", "1");
     unsigned char f[8][512], id[9];
     size_t l[8];
-    REQUIRE(srecv(&r, f, l, 8, 2000) == 3);
-    memcpy(id, f[0], 9);
+    id_of(&r, 0, id);
     /* Its last messages, then it closes: they are still received. */
     csend(r.c[0], "last", "2");
     csend(r.c[0], "last", "3");
@@ -372,11 +380,9 @@ static void test_sndhwm_then_room_again(void)
     rig r;
     rig_open(&r, 4, 1 << 20, 1);
     connect_all(&r);
-    csend(r.c[0], "hi", "");
     unsigned char f[8][512], id[9];
     size_t l[8];
-    REQUIRE(srecv(&r, f, l, 8, 2000) == 3);
-    memcpy(id, f[0], 9);
+    id_of(&r, 0, id);
     /* The client does not read: the kernel's buffers fill, then sndhwm. */
     static char chunk[60000];
     memset(chunk, 'c', sizeof chunk - 1);
