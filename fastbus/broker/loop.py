@@ -53,12 +53,15 @@ log = logging.getLogger("fastbus.broker")
 #: the broker after a FLOW pause (docs/PROTOCOL.md, flow control) and what
 #: a flood of large SUB frames makes it hold; the loop reads up to
 #: RECV_BUDGET messages a turn from the socket anyway, and the I/O thread
-#: refills the pipe as it empties (measured: throughput unchanged).
+#: refills the pipe as it empties (measured: throughput unchanged).  With
+#: the broker's own Listener nothing is read ahead of the relay: it holds
+#: what one read brings (64 KiB, or one message up to max_message_bytes)
+#: beside the RECV_BUF of kernel buffer.
 RECV_HWM = 16
+RECV_BUF = 256 * 1024
 #: Seconds a client connection has to finish its ZMTP handshake (libzmq's
 #: ZMQ_HANDSHAKE_IVL default, which the broker's own Listener keeps).
 HANDSHAKE_TIMEOUT = 30.0
-RECV_BUF = 256 * 1024
 
 _COUNTERS = ("batches_in", "messages_in", "bytes_in", "batches_out", "messages_out", "bytes_out",
              "peers_joined", "peers_left", "subscribe_ops", "unsubscribe_ops", "control_in",
