@@ -54,6 +54,22 @@ print(" ".join(map(str, lat)), flush=True)
 sys.stdin.readline()
 """
 
+# Both publishers' loop, once: wait for the go, send each message when due
+# (sleeping only while early: one that falls behind sends back to back),
+# each carrying time.monotonic_ns().  ``send(stamp)`` is the system's.
+PACED = r"""
+def paced(rate, n, send):
+    print("ready", flush=True)
+    sys.stdin.readline()
+    nxt, step = time.monotonic(), 1.0 / rate
+    for _ in range(n):
+        d = nxt - time.monotonic()
+        if d > 0:
+            time.sleep(d)
+        send(b"%d" % time.monotonic_ns())
+        nxt += step
+"""
+
 FASTBUS_PUB = r"""
 import sys, time, fastbus
 c = fastbus.Client(endpoint=sys.argv[1])
@@ -62,15 +78,8 @@ deadline = time.monotonic() + 20
 while not c.is_wanted("a") and time.monotonic() < deadline:
     c.publish("warm", b"w")
     time.sleep(0.01)
-print("ready", flush=True)
-sys.stdin.readline()
-nxt, step = time.monotonic(), 1.0 / rate
-for _ in range(n):
-    d = nxt - time.monotonic()
-    if d > 0:
-        time.sleep(d)
-    c.publish("a", b"%d" % time.monotonic_ns())
-    nxt += step
+""" + PACED + r"""
+paced(rate, n, lambda stamp: c.publish("a", stamp))
 c.flush()
 print("done", flush=True)
 sys.stdin.readline()
@@ -107,15 +116,8 @@ s = zmq.Context().socket(zmq.PUB)
 s.connect(sys.argv[1])
 rate, n = float(sys.argv[2]), int(sys.argv[3])
 time.sleep(1.0)                        # (the SUB's subscription reaches the proxy)
-print("ready", flush=True)
-sys.stdin.readline()
-nxt, step = time.monotonic(), 1.0 / rate
-for _ in range(n):
-    d = nxt - time.monotonic()
-    if d > 0:
-        time.sleep(d)
-    s.send(b"a %d" % time.monotonic_ns())
-    nxt += step
+""" + PACED + r"""
+paced(rate, n, lambda stamp: s.send(b"a " + stamp))
 print("done", flush=True)
 sys.stdin.readline()
 """
@@ -160,15 +162,7 @@ def run_case(case: str, rate: float, n: int) -> dict:
             sub_argv, pub_argv = [py, "-c", ZMQ_SUB, back, str(n)], [py, "-c", ZMQ_PUB, front, str(rate), str(n)]
             server_pid = server.pid
         else:
-            before_env = os.environ.get("FASTBUS_BROKER_TRANSPORT")
-            os.environ["FASTBUS_BROKER_TRANSPORT"] = broker_transport     # (the broker's process inherits it)
-            try:
-                broker = BrokerProcess()
-            finally:
-                if before_env is None:
-                    del os.environ["FASTBUS_BROKER_TRANSPORT"]
-                else:
-                    os.environ["FASTBUS_BROKER_TRANSPORT"] = before_env
+            broker = BrokerProcess(env={**os.environ, "FASTBUS_BROKER_TRANSPORT": broker_transport})
             sub_argv = [py, "-c", FASTBUS_SUB, broker.endpoint, str(n)]
             pub_argv = [py, "-c", FASTBUS_PUB, broker.endpoint, str(rate), str(n)]
             server_pid = broker.proc.pid

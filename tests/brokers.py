@@ -34,8 +34,10 @@ def free_port() -> int:
 class BrokerProcess:
     """`fastbus broker` in a subprocess; stop() or kill() it by its own pid."""
 
-    def __init__(self, *args: str, port: int | None = None, curve: tuple | None = None) -> None:
+    def __init__(self, *args: str, port: int | None = None, curve: tuple | None = None,
+                 env: dict | None = None) -> None:
         self.curve = curve          # (broker public, client public, client secret) for stats
+        self.env = env              # the broker process's environment (None: this one's)
         self.port = port or free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         self.args = ["--bind", self.endpoint, "--log-level", "WARNING", "--stats-interval", "0", *args]
@@ -46,7 +48,7 @@ class BrokerProcess:
         self._cwd = tempfile.TemporaryDirectory()
         self._log = open(os.path.join(self._cwd.name, "broker.log"), "w+")
         self.proc = subprocess.Popen([sys.executable, "-m", "fastbus", "broker", *self.args],
-                                     cwd=self._cwd.name, stdout=self._log, stderr=subprocess.STDOUT)
+                                     cwd=self._cwd.name, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -23,17 +23,29 @@ cdef int _last_errno() noexcept nogil:
     return errno
 
 
+cdef int _send_zmq_msg(fbz_msg *m, void *s, int flags) noexcept nogil:
+    """zmq_msg_send for a Listener.  What the relay sends as a message (a
+    queued entry's frames, a large batch) is a libzmq message: its bytes go
+    by copy, and the message is consumed, as libzmq's zmq_msg_send consumes
+    it (closed, and left empty for a later close)."""
+    cdef int rc = fb_zmtp_server_send(s, Z.msg_data(m), Z.msg_size(m), flags)
+    if rc >= 0:
+        Z.msg_close(m)
+        Z.msg_init(m)
+    return rc
+
+
 # The Listener's calls, in the table the relay calls a ROUTER through (its
-# received frames are views: fb_zmtp's msg calls read them).  What the relay
-# never does on its ROUTER (msg_send, msg_init_data, msg_init_size: a queued
-# entry's frames stay libzmq messages and are sent by copy) is NULL.
+# received frames are views: fb_zmtp's msg calls read them; the messages it
+# sends are libzmq's, _send_zmq_msg).  What the relay never does on its
+# ROUTER (msg_init_data, msg_init_size: those make libzmq messages) is NULL.
 cdef zmq_api _NATIVE
 _NATIVE.msg_init = <f_msg_init>fb_zmtp_msg_init
 _NATIVE.msg_init_size = NULL
 _NATIVE.msg_init_data = NULL
 _NATIVE.msg_close = <f_msg_close>fb_zmtp_msg_close
 _NATIVE.msg_recv = <f_msg_recv>fb_zmtp_server_msg_recv
-_NATIVE.msg_send = NULL
+_NATIVE.msg_send = _send_zmq_msg
 _NATIVE.msg_data = <f_msg_data>fb_zmtp_msg_data
 _NATIVE.msg_size = <f_msg_size>fb_zmtp_msg_size
 _NATIVE.msg_more = <f_msg_more>fb_zmtp_msg_more

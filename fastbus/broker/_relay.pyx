@@ -863,25 +863,23 @@ cdef class Relay:
         return 0
 
     cdef int _send_entry(self, uint32_t link, qentry *e) noexcept nogil:
-        """Send a queued entry's frames (they become libzmq's, or a
-        Listener's copy): 0, EAGAIN (nothing went, or for the XPUB link the
-        records that went are counted in e.done), or another errno (the
-        peer is gone)."""
+        """Send a queued entry's frames (the socket consumes them): 0, EAGAIN
+        (nothing went, or for the XPUB link the records that went are
+        counted in e.done), or another errno (the peer is gone)."""
         cdef void *sock = self.sock
+        cdef zmq_api *api = self._api(link)
         cdef int i, err, flags
         if link == self._xplink:
             return self._send_records(e)
         if link == self._uplink:
             sock = self._upsock
-        elif self.R.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
-            err = self.R.last_error()
+        elif api.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
+            err = api.last_error()
             return err if err != 0 else EAGAIN
         for i in range(e.nframes):
             flags = DONTWAIT | (SNDMORE if i < e.nframes - 1 else 0)
-            if self._srv is not NULL and link != self._uplink:
-                self.R.send(sock, Z.msg_data(&e.frames[i]), Z.msg_size(&e.frames[i]), flags)
-            elif Z.msg_send(&e.frames[i], sock, flags) < 0 and i == 0 and link == self._uplink:
-                err = Z.last_error()
+            if api.msg_send(&e.frames[i], sock, flags) < 0 and i == 0 and link == self._uplink:
+                err = api.last_error()
                 return err if err != 0 else EAGAIN
         return 0
 
@@ -1566,9 +1564,7 @@ cdef class Relay:
         """[ident, DATA, seq, batch]: 0 when sent (the batch is then libzmq's
         or freed), else the errno (the batch is still ours).  Only the
         routing id can fail (ROUTER_MANDATORY: EAGAIN for a full pipe,
-        EHOSTUNREACH for a peer that left); the other frames follow it.  A
-        Listener copies the batch into the connection's output (written at
-        once, as far as the kernel takes it)."""
+        EHOSTUNREACH for a peer that left); the other frames follow it."""
         cdef fbz_msg m
         cdef int err
         if self.R.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) < 0:
@@ -1576,12 +1572,12 @@ cdef class Relay:
             return err if err != 0 else EAGAIN
         self.R.send(self.sock, b"D", 1, DONTWAIT | SNDMORE)
         self.R.send(self.sock, s.seq, 8, DONTWAIT | SNDMORE)
-        if len <= COPY_MAX or self._srv is not NULL:
+        if len <= COPY_MAX:
             self.R.send(self.sock, buf, len, DONTWAIT)
             fb_free(buf)
         else:
             Z.msg_init_data(&m, buf, len, _free_batch, NULL)
-            if Z.msg_send(&m, self.sock, DONTWAIT) < 0:
+            if self.R.msg_send(&m, self.sock, DONTWAIT) < 0:
                 Z.msg_close(&m)               # frees the batch
         return 0
 
