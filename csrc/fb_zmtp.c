@@ -40,6 +40,7 @@ struct fb_zmtp {
     uint64_t ivl;                /* the next wait before connecting again */
 
     fb_zbuf hs;                     /* our greeting and READY (before `out`) */
+    fb_zbuf again;                  /* framed: sent first on every connection after the first */
     fb_zbuf out;                    /* messages, framed: [off, out_end) complete ones */
     size_t out_end;
     int out_msgs;                /* messages in `out` not yet wholly written */
@@ -309,6 +310,16 @@ static int on_command(fb_zmtp *z, const unsigned char *body, uint64_t size)
             z->state = UP;
             z->ivl = z->o.reconnect_ivl_ns;
             z->st.connects++;
+            if (z->st.connects > 1 && z->again.len > z->again.off) {
+                /* Ahead of what waits: nothing of `out` went on this connection yet. */
+                size_t n = z->again.len - z->again.off, at;
+                if (out_reserve(z, n) == 0) {
+                    at = z->out.off;
+                    fb_zbuf_insert(&z->out, &at, z->again.p + z->again.off, n);
+                    z->out_end += n;
+                    z->out_msgs++;
+                }
+            }
             return flush(z);
         }
         lost(z, !fb_zmtp_is_command(body, size, "ERROR"));   /* ERROR: the peer refused us */
@@ -431,6 +442,7 @@ void fb_zmtp_close(fb_zmtp *z, int linger_ms)
     close(z->efd);
     close(z->tfd);
     fb_zbuf_free(&z->hs);
+    fb_zbuf_free(&z->again);
     fb_zbuf_free(&z->out);
     fb_zbuf_free(&z->in);
     free(z);
@@ -466,6 +478,25 @@ int fb_zmtp_send(void *sock, const void *buf, size_t len, int flags)
         else progress(z);
     }
     return len > INT32_MAX ? INT32_MAX : (int)len;
+}
+
+int fb_zmtp_set_reconnect_message(fb_zmtp *z, const void *const *frames, const size_t *lens, int n)
+{
+    unsigned char h[9];
+    if (!z || n < 0 || (n > 0 && (!frames || !lens))) {
+        errno = EINVAL;
+        return -1;
+    }
+    z->again.off = z->again.len = 0;
+    for (int i = 0; i < n; i++) {
+        size_t hl = fb_zmtp_frame_header(h, i < n - 1 ? 1 : 0, lens[i]);
+        if (fb_zbuf_put(&z->again, h, hl) < 0 || fb_zbuf_put(&z->again, frames[i], lens[i]) < 0) {
+            z->again.off = z->again.len = 0;
+            errno = ENOMEM;
+            return -1;
+        }
+    }
+    return 0;
 }
 
 int fb_zmtp_getsockopt(void *sock, int option, void *value, size_t *len)
@@ -580,6 +611,8 @@ fb_zmtp *fb_zmtp_open(const void *addr, size_t addrlen, const fb_zmtp_options *o
     return NULL;
 }
 void fb_zmtp_close(fb_zmtp *z, int linger_ms) { (void)z; (void)linger_ms; }
+int fb_zmtp_set_reconnect_message(fb_zmtp *z, const void *const *frames, const size_t *lens, int n)
+{ (void)z; (void)frames; (void)lens; (void)n; errno = ENOTSOCK; return -1; }
 int fb_zmtp_send(void *z, const void *buf, size_t len, int flags)
 { (void)z; (void)buf; (void)len; (void)flags; errno = ENOTSOCK; return -1; }
 int fb_zmtp_getsockopt(void *z, int option, void *value, size_t *len)

@@ -120,6 +120,12 @@ int fb_zmtp_buffered(fb_zmtp *z);
  * says when more comes (a reader can wait there at once instead of trying
  * a receive that would find nothing).  No syscall. */
 int fb_zmtp_pending(fb_zmtp *z);
+/* A message (n frames) the connection sends first each time it is made
+ * again after a loss, ahead of what waits (libzmq's ZMQ_HELLO_MSG, on
+ * reconnects only): so the peer hears at once that this is the same
+ * client on a new connection, instead of at its next message.  A copy is
+ * kept; n = 0 clears it.  0, or -1 with errno (ENOMEM, EINVAL). */
+int fb_zmtp_set_reconnect_message(fb_zmtp *z, const void *const *frames, const size_t *lens, int n);
 /* Is the handshake done (messages flow now)? */
 int fb_zmtp_connected(const fb_zmtp *z);
 void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out);

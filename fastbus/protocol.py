@@ -34,6 +34,7 @@ PING = b"p"         # [p, token(, LEASE_ASK)]   with LEASE_ASK: grant me a filte
 STATS = b"Q"        # [Q]
 BYE = b"B"          # [B]   both ways: a broker whose WELCOME has "bye" answers it, the peer forgotten
 ACK = b"A"          # [A, want seq u64]   WANT up to this seq applied (peers that said "ack" in HELLO)
+TAKEN = b"T"        # [T, taken u64]   a resumable session took its stream this far: the broker may forget it
 # broker -> client
 WELCOME = b"h"      # [h, json]
 CONFIRM = b"c"      # [c, seq u64]
@@ -65,6 +66,20 @@ FLOW_PAUSE = b"\x00"
 FLOW_RESUME = b"\x01"
 
 WANT_RESET = 1
+
+#: A resumable session's id, in HELLO's "session": hex, 32 characters
+#: (128 random bits, drawn once per PubSub: new_session_id()).
+SESSION_ID_CHARS = 32
+
+
+def new_session_id() -> str:
+    """A random id for a session that may resume on another connection."""
+    return os.urandom(SESSION_ID_CHARS // 2).hex()
+
+
+def valid_session_id(value: object) -> bool:
+    return isinstance(value, str) and len(value) == SESSION_ID_CHARS and \
+        all(c in "0123456789abcdef" for c in value)
 
 # ops batch flags byte
 OP_SUBSCRIBE = 0x01

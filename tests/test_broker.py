@@ -181,8 +181,11 @@ SUBSCRIBER = textwrap.dedent("""
 
 
 def test_killed_subscriber_subscriptions_vanish_upstream(brokers):
+    """Once its session's linger runs out (a cut connection would have had
+    it to come back in), a killed subscriber's subscriptions go, here and
+    upstream."""
     a = brokers("--allow-broker", "local")
-    b = brokers("--upstream", a.endpoint, "--max-delay", "0.001")
+    b = brokers("--upstream", a.endpoint, "--max-delay", "0.001", "--session-linger", "1")
     proc = python_process(SUBSCRIBER, b.endpoint, "gone", stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
@@ -190,6 +193,7 @@ def test_killed_subscriber_subscriptions_vanish_upstream(brokers):
         proc.kill()                             # kill -9: no goodbye
         proc.wait(10)
         wait_for(lambda: b.stats()["subscriptions"] == 0, timeout=20, what="B to drop the dead subscriber")
+        assert b.stats()["sessions_expired"] == 1
         wait_for(lambda: a.stats()["keys"] == 0, timeout=10, what="the unsubscription upstream")
     finally:
         if proc.poll() is None:

@@ -111,6 +111,7 @@ cpdef enum:
     EVENT_SLOW = 3               # a slow consumer, disconnected (value: 0 too slow, 1 not reading control)
     EVENT_GONE = 4               # a send found the peer gone (EHOSTUNREACH): remove it
     EVENT_OVERFLOW = 5           # a link without a session reads not even its control messages
+    EVENT_DETACHED = 6           # a resumable session's connection is gone: it lingers (data waits for it)
 
 # What send() did with a message.
 cpdef enum:
@@ -127,6 +128,7 @@ cdef const char *_KICK_SLOW = b'{"reason":"slow consumer"}'
 cdef const char *_KICK_CONTROL = b'{"reason":"slow consumer (not reading its control messages)"}'
 
 include "_linkq.pxi"
+include "_ring.pxi"
 include "_listener.pxi"
 
 cdef void _free_batch(void *data, void *hint) noexcept nogil:
@@ -154,6 +156,8 @@ cdef struct slot:
     uint8_t exempt                # held publishers back too long (Python's check): no longer does
     uint8_t asked                 # Python was asked for the WANT reset its queue's mark stands for
     uint8_t overflowed            # reported: not even its control messages are read (not a session)
+    uint8_t resumable             # its HELLO named a session to resume: a lost connection detaches it
+    uint8_t detached              # ... and it was lost: what is routed to it waits in its queue
     uint8_t idlen
     uint8_t ident[IDENT_MAX]
     uint8_t seq[8]                # the DATA frame's seq, little-endian
@@ -164,6 +168,11 @@ cdef struct slot:
     uint64_t lease_end_ns         # the latest end of a lease granted it, here or by grant() (fb_now_ns's clock)
     uint64_t last_sent_ns         # when a message last went to its socket
     linkq q                       # what waits for its socket (_linkq.pxi)
+    # A resumable session's stream: records sent to it as DATA or
+    # announced lost by GAP, counted as its client counts what it takes
+    # ("taken" in a resuming HELLO), and what was sent, kept (_ring.pxi).
+    uint64_t taken
+    rring ring
 
 
 cdef struct event:
@@ -238,12 +247,14 @@ cdef class Relay:
     cdef bint _flow_asked         # an EVENT_FLOW waits in _events
     cdef uint32_t _nholding       # links over flow_bytes, not exempt
     cdef size_t _max_queue, _flow_bytes
+    cdef size_t _retain           # what a resumable session's ring keeps (bytes)
     cdef bint _disconnect         # the slow-consumer policy: disconnect (else drop the oldest data)
     cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out, dropped
     cdef public uint64_t dropped_slow, gap_notices, control_collapsed
     #: PINGs the relay answered itself (control messages Python did not
     #: see), and how many of them were lease pings it granted a lease.
     cdef public uint64_t pings_answered, leases_granted
+    cdef public uint64_t messages_replayed
     #: Publishers are asked to pause (Python's set_flow): a FLOW mark sends this state.
     cdef public bint paused
     cdef uint64_t _lease_ns       # the lease a PONG grants (0: Python answers lease pings)
@@ -276,6 +287,7 @@ cdef class Relay:
         self._fds[1] = -1
         self._fds[2] = -1
         self._max_queue = 64 << 20
+        self._retain = 16 << 20
         self._grow_slots(0)
 
     def __dealloc__(self):
@@ -287,6 +299,7 @@ cdef class Relay:
             Z.msg_close(&self._up[i])
         for k in range(self.nslots):
             _q_clear(&self.slots[k].q)
+            _ring_clear(&self.slots[k].ring)
         free(self.slots)
         free(self.table)
         free(self._blocked)
@@ -382,11 +395,14 @@ cdef class Relay:
                 return
             i = (i + 1) & mask
 
-    def add_session(self, uint32_t link, bytes ident not None, uint64_t seq=0, bint acks=False) -> None:
+    def add_session(self, uint32_t link, bytes ident not None, uint64_t seq=0, bint acks=False,
+                    bint resumable=False) -> None:
         """A session on this socket: its batches go as [ident, DATA, seq, batch].
-        ``acks``: it said "ack" in HELLO (its lease pings are answered here)."""
+        ``acks``: it said "ack" in HELLO (its lease pings are answered here);
+        ``resumable``: it named a session to resume, so what it is sent is
+        kept (the ring) and a lost connection detaches it (EVENT_DETACHED)
+        instead of removing it, until ``resume`` or ``remove_link``."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(ident)
-        cdef uint32_t other
         if n < 1 or n > IDENT_MAX:
             raise ValueError(f"a routing id has 1 to {IDENT_MAX} bytes, not {n}")
         if link >= UINT32_MAX - 1:
@@ -394,17 +410,27 @@ cdef class Relay:
         self._grow_slots(link)
         if self.slots[link].session:
             self._unlink(link)
-        other = self._find(<const uint8_t *>PyBytes_AS_STRING(ident), n)
-        if other != UINT32_MAX:
-            self._unlink(other)
-            self.slots[other].session = 0
-        if (self.tused + 1) * 2 > self.tcap:
-            self._rehash()
         self._reset_queue(link)
         cdef slot *s = &self.slots[link]
         memset(s, 0, sizeof(slot))
         s.session = 1
         s.acks = acks
+        s.resumable = resumable
+        self._link_ident(link, ident)
+        self.confirm(link, seq)
+
+    cdef int _link_ident(self, uint32_t link, bytes ident) except -1:
+        """Make ``ident`` (1..IDENT_MAX bytes, checked) the routing id of
+        session ``link``, whose slot is not in the table: a session that
+        held it before loses it (its peer is gone: ids are not reused)."""
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(ident)
+        cdef uint32_t other = self._find(<const uint8_t *>PyBytes_AS_STRING(ident), n)
+        cdef slot *s = &self.slots[link]
+        if other != UINT32_MAX:
+            self._unlink(other)
+            self.slots[other].session = 0
+        if (self.tused + 1) * 2 > self.tcap:
+            self._rehash()
         s.idlen = <uint8_t>n
         memcpy(s.ident, PyBytes_AS_STRING(ident), n)
         cdef uint32_t mask = self.tcap - 1
@@ -414,7 +440,7 @@ cdef class Relay:
         if self.table[i] == 0:
             self.tused += 1
         self.table[i] = link + 1
-        self.confirm(link, seq)
+        return 0
 
     def answer_leases(self, bytes instance not None, double lease_s) -> None:
         """Answer sessions' PINGs here from now on, as broker ``instance``:
@@ -492,6 +518,150 @@ cdef class Relay:
         self._max_queue = max_queue_bytes
         self._flow_bytes = flow_bytes
         self._disconnect = disconnect
+        # What a resumable session keeps of what it was sent: enough for
+        # what a cut connection's buffers held, and a quarter of the queue
+        # bound, so that a lingering session (its ring and what waits for
+        # it) stays within 1.25 times it.
+        self._retain = max_queue_bytes // 4
+
+    # -- resumable sessions: detached, resumed (docs/PROTOCOL.md) ---------------
+
+    cdef void _detach(self, uint32_t link) noexcept nogil:
+        """A resumable session's connection is gone: nothing more is sent
+        until it resumes; what is routed to it waits in its queue (the
+        slow-consumer policy bounds it, and it holds no publisher back)."""
+        cdef slot *s = &self.slots[link]
+        cdef uint32_t i
+        if s.detached:
+            return
+        self._unblock(link)                      # (out of the list the poll retries)
+        s.detached = 1
+        if s.holding:
+            s.holding = 0
+            self._nholding -= 1
+            self._ask_flow()
+        self._block(link)                        # the router holds its outbox
+        for i in range(self._nevents):
+            if self._events[i].kind == EVENT_DETACHED and self._events[i].link == link:
+                return                           # (one pending: the event array's room is counted so)
+        self._event(EVENT_DETACHED, link, 0)
+
+    def resume(self, uint32_t link, bytes ident not None, uint64_t taken, list first not None) -> tuple:
+        """The client of resumable session ``link`` is back on connection
+        ``ident``, having taken ``taken`` of its stream: ``first`` (a
+        control message: WELCOME) goes first, then a GAP of whatever the
+        ring no longer holds (exact), then what the ring holds past
+        ``taken``, again, then what waited while it was away, then the live
+        stream.  Returns ``(records replayed, records announced lost)``."""
+        cdef slot *s
+        cdef rentry *r
+        cdef qentry *e
+        cdef qentry *head = NULL
+        cdef qentry *tail = NULL
+        cdef uint64_t lost = 0, replayed = 0
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(ident)
+        cdef int i, nf = len(first)
+        cdef bytes f
+        if link >= self.nslots or not self.slots[link].session or not self.slots[link].resumable or \
+                self.slots[link].gone:
+            raise ValueError(f"link {link} is not a resumable session")
+        if n < 1 or n > IDENT_MAX or nf < 1 or nf > MAX_SEND_FRAMES:
+            raise ValueError("a routing id of 1 to 255 bytes and a control message of 1 to 8 frames")
+        s = &self.slots[link]
+        if taken > s.taken:
+            raise ValueError(f"taken {taken} is past what the session was sent ({s.taken})")
+        self._unlink(link)
+        self._link_ident(link, ident)
+        if taken < s.ring.trimmed:
+            lost = s.ring.trimmed - taken
+        # The ring's entries past ``taken`` become queue entries, in order,
+        # ahead of what waits (zero copy: the batches move).
+        while s.ring.head is not NULL:
+            r = s.ring.head
+            s.ring.head = r.next
+            if r.end > taken:
+                if r.buf is NULL:
+                    lost += r.records
+                else:
+                    e = _qentry_new(3)
+                    if e is NULL or _qentry_frame(e, 0, b"D", 1) < 0 or _qentry_frame(e, 1, r.seq, 8) < 0:
+                        if e is not NULL:
+                            _qentry_free(e)
+                        lost += r.records           # (no memory: announced, as any loss)
+                    else:
+                        Z.msg_close(&e.frames[2])
+                        Z.msg_init_data(&e.frames[2], r.buf, r.len, _free_batch, NULL)
+                        r.buf = NULL
+                        e.size += r.len
+                        e.records = r.records
+                        replayed += r.records
+                        if tail is NULL:
+                            head = e
+                        else:
+                            tail.next = e
+                        tail = e
+                        s.q.bytes += e.size
+            _rentry_free(r)
+        s.ring.tail = NULL
+        s.ring.bytes = 0
+        s.ring.trimmed = taken
+        s.taken = taken                         # the stream counts on from what the client has
+        if head is not NULL:
+            tail.next = s.q.head
+            if s.q.head is NULL:
+                s.q.tail = tail
+            s.q.head = head
+        # ``first`` ahead of everything.
+        e = _qentry_new(nf)
+        if e is NULL:
+            raise MemoryError()
+        for i in range(nf):
+            f = first[i] if type(first[i]) is bytes else bytes(first[i])
+            if _qentry_frame(e, i, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f)) < 0:
+                _qentry_free(e)
+                raise MemoryError()
+        e.next = s.q.head
+        if s.q.head is NULL:
+            s.q.tail = e
+        s.q.head = e
+        s.q.bytes += e.size
+        s.q.lost += lost
+        self._unblock(link)
+        s.detached = 0
+        self.messages_replayed += replayed
+        self._block(link)
+        with nogil:
+            self._drain_link(link, fb_now_ns())
+        return replayed, lost
+
+    def trim(self, uint32_t link, uint64_t taken) -> None:
+        """The client of a resumable session says it took its stream up to
+        ``taken`` (TAKEN): what that covers is no longer kept."""
+        if link < self.nslots and self.slots[link].resumable:
+            _ring_trim(&self.slots[link].ring, taken)
+
+    def resume_state(self, uint32_t link) -> tuple:
+        """``(detached, stream count, bytes kept for a resume, records
+        waiting in its queue or lost there and not yet announced)``."""
+        cdef slot *s
+        cdef qentry *e
+        cdef uint64_t waiting = 0
+        if link >= self.nslots:
+            return (False, 0, 0, 0)
+        s = &self.slots[link]
+        e = s.q.head
+        while e is not NULL:
+            waiting += e.records - e.done
+            e = e.next
+        return (bool(s.detached), s.taken, s.ring.bytes, waiting + s.q.lost)
+
+    cdef void _retain_sent(self, slot *s, unsigned char *buf, size_t len, uint64_t records,
+                           const uint8_t *seq) noexcept nogil:
+        """A batch (``buf``, now the ring's; NULL: a GAP of ``records``)
+        went to a resumable session with DATA seq ``seq``: counted in its
+        stream and kept."""
+        s.taken += records
+        _ring_keep(&s.ring, buf, len, records, s.taken, seq, self._retain)
 
     def remove_link(self, uint32_t link) -> None:
         """The link left: its slot (session, lease, traffic, queue) is
@@ -531,6 +701,8 @@ cdef class Relay:
             return
         s = &self.slots[link]
         _q_clear(&s.q)
+        _ring_clear(&s.ring)
+        s.detached = 0
         if s.holding:
             s.holding = 0
             self._nholding -= 1
@@ -586,14 +758,15 @@ cdef class Relay:
         s = &self.slots[link]
         f = frames[0]
         cmd = <uint8_t>f[0] if len(f) else 0
-        if s.q.head is NULL and not s.q.lost:
+        if s.q.head is NULL and not s.q.lost and not s.detached:
             rc = self._send_frames(link, frames)
             if rc == 0:
                 s.last_sent_ns = fb_now_ns()
                 return SENT
             if rc != EAGAIN:
                 self._lose(link, EVENT_GONE, 0)
-                return GONE
+                if s.gone:
+                    return GONE                  # (a resumable session lingers: queued below)
         if len(f) == 1 and ((cmd == b'W' and s.session) or cmd == b'F'):
             if _q_collapse(&s.q, cmd, MARK_WANT if cmd == b'W' else MARK_FLOW,
                            Q_WANT_MARK if cmd == b'W' else Q_FLOW_MARK):
@@ -666,7 +839,8 @@ cdef class Relay:
         """Queue a data entry (the policy applies)."""
         cdef slot *s = &self.slots[link]
         _q_push(&s.q, e)
-        if self._flow_bytes and s.q.bytes > self._flow_bytes and not s.exempt and not s.holding:
+        if self._flow_bytes and s.q.bytes > self._flow_bytes and not s.exempt and not s.holding and \
+                not s.detached:
             s.holding = 1
             self._nholding += 1
             if not self.paused:
@@ -682,13 +856,14 @@ cdef class Relay:
         reported (EVENT_OVERFLOW: the upstream link is resynced).  True
         if it was disconnected."""
         cdef slot *s = &self.slots[link]
-        if s.q.bytes <= self._max_queue:
+        cdef size_t limit = self._max_queue
+        if s.q.bytes <= limit:
             return False
         if self._disconnect and s.session:
             self._kick(link, 0)
             return True
-        self.dropped_slow += _q_drop_data(&s.q, self._max_queue)
-        if s.q.bytes <= self._max_queue:
+        self.dropped_slow += _q_drop_data(&s.q, limit)
+        if s.q.bytes <= limit:
             return False
         if s.session:
             self._kick(link, 1)
@@ -712,6 +887,9 @@ cdef class Relay:
         """A link the relay sends nothing more to (gone, or disconnected):
         its queue goes, and Python hears of it (``kind``) to remove it."""
         if self.slots[link].gone:
+            return
+        if kind == EVENT_GONE and self.slots[link].resumable:
+            self._detach(link)                   # it may come back: it lingers
             return
         self._reset_queue(link)
         self.slots[link].gone = 1
@@ -737,8 +915,9 @@ cdef class Relay:
         if self.slots[link].blocked:
             return
         self.slots[link].blocked = 1
-        self._blocked[self._nblocked] = link
-        self._nblocked += 1
+        if not self.slots[link].detached:       # (a lingering session waits for its client, not for room)
+            self._blocked[self._nblocked] = link
+            self._nblocked += 1
         _lock(&self.router._lock)
         fb_router_hold(self.router._r, link, 1)
         fb_lock_release(&self.router._lock)
@@ -796,7 +975,8 @@ cdef class Relay:
         cdef uint8_t buf[8]
         cdef size_t nb
         cdef uint64_t records
-        while not s.gone:
+        cdef unsigned char *kept
+        while not s.gone and not s.detached:
             if s.q.lost and (s.q.head is NULL or s.q.head.records):
                 if link == self._xplink:
                     rc = 0                       # plain SUB sockets have no GAP: the loss is only counted
@@ -807,9 +987,13 @@ cdef class Relay:
                     break
                 if rc:
                     self._lose(link, EVENT_GONE, 0)
-                    return
+                    if s.gone:
+                        return
+                    continue                     # detached: the GAP stays to tell
                 if link != self._xplink:
                     self.gap_notices += 1
+                if s.resumable:
+                    self._retain_sent(s, NULL, 0, s.q.lost, s.seq)
                 s.q.lost = 0
             e = s.q.head
             if e is NULL:
@@ -826,17 +1010,38 @@ cdef class Relay:
             else:
                 records = e.records
                 nb = Z.msg_size(&e.frames[e.nframes - 1])
+                kept = NULL
+                if records and s.resumable and e.nframes == 3:
+                    # Kept for a resume: a copy, as the socket takes the frames.
+                    kept = <unsigned char *>malloc(nb if nb else 1)
+                    if kept is not NULL:
+                        memcpy(kept, Z.msg_data(&e.frames[2]), nb)
+                        memcpy(buf, Z.msg_data(&e.frames[1]), 8)
                 rc = self._send_entry(link, e)
                 if rc == 0 and records:
                     self._count_sent(s, records, nb)
+                    if s.resumable:
+                        if kept is NULL:
+                            # No memory for the copy: a resume from before
+                            # it is told the loss (the ring forgets it).
+                            s.taken += records
+                            _ring_clear(&s.ring)
+                            s.ring.trimmed = s.taken
+                        else:
+                            self._retain_sent(s, kept, nb, records, buf)
+                            kept = NULL
+                if kept is not NULL:
+                    free(kept)
             if rc == EAGAIN:
                 break
             if rc:
                 self._lose(link, EVENT_GONE, 0)
-                return
+                if s.gone:
+                    return
+                continue                         # detached: the entry waits for the resume
             _q_pop(&s.q)
             s.last_sent_ns = now
-        if s.gone:
+        if s.gone or s.detached:
             return
         if s.q.bytes <= self._flow_bytes // 4:
             s.exempt = 0
@@ -1511,19 +1716,21 @@ cdef class Relay:
                 fb_free(buf)                  # a link that is leaving (Python removes it this turn)
                 continue
             s = &self.slots[link]
-            if s.q.head is NULL and not s.q.lost and link != self._xplink:
+            if s.q.head is NULL and not s.q.lost and link != self._xplink and not s.detached:
                 if link == self._uplink:
                     rc = self._send_pub(self._upsock, buf, len)
                 else:
-                    rc = self._send_data(s, buf, len)
+                    rc = self._send_data(s, buf, len, count)
                 if rc == 0:
                     self._count_sent(s, count, len)
                     s.last_sent_ns = now
                     continue
                 if rc != EAGAIN:
-                    fb_free(buf)
                     self._lose(link, EVENT_GONE, 0)
-                    continue
+                    if s.gone:
+                        fb_free(buf)
+                        continue
+                    # detached: the batch waits for the resume (below)
             e = self._data_entry(link, buf, len, count)
             if e is NULL:
                 # No memory to keep it: lost, and reported as a slow
@@ -1560,11 +1767,12 @@ cdef class Relay:
         s.messages_out += records
         s.bytes_out += len
 
-    cdef int _send_data(self, slot *s, unsigned char *buf, size_t len) noexcept nogil:
+    cdef int _send_data(self, slot *s, unsigned char *buf, size_t len, uint32_t count) noexcept nogil:
         """[ident, DATA, seq, batch]: 0 when sent (the batch is then libzmq's
-        or freed), else the errno (the batch is still ours).  Only the
-        routing id can fail (ROUTER_MANDATORY: EAGAIN for a full pipe,
-        EHOSTUNREACH for a peer that left); the other frames follow it."""
+        or freed, or a resumable session's ring's), else the errno (the
+        batch is still ours).  Only the routing id can fail
+        (ROUTER_MANDATORY: EAGAIN for a full pipe, EHOSTUNREACH for a peer
+        that left); the other frames follow it."""
         cdef fbz_msg m
         cdef int err
         if self.R.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) < 0:
@@ -1572,7 +1780,11 @@ cdef class Relay:
             return err if err != 0 else EAGAIN
         self.R.send(self.sock, b"D", 1, DONTWAIT | SNDMORE)
         self.R.send(self.sock, s.seq, 8, DONTWAIT | SNDMORE)
-        if len <= COPY_MAX:
+        if s.resumable:
+            # Copied into the connection, and kept for a resume.
+            self.R.send(self.sock, buf, len, DONTWAIT)
+            self._retain_sent(s, buf, len, count if count else 1, s.seq)
+        elif len <= COPY_MAX:
             self.R.send(self.sock, buf, len, DONTWAIT)
             fb_free(buf)
         else:

@@ -77,6 +77,13 @@ class BrokerConfig:
     #: whichever is less.
     flow_pause_bytes: int | None = None
     flow_max_pause: float = 5.0
+    #: A client session whose connection is lost (a network cut, a
+    #: forwarder restarted) is kept this many seconds, its subscriptions
+    #: and what is routed to it with it (within max_queue_bytes, and a
+    #: quarter of that of what it was last sent): a client that comes back
+    #: within it resumes, missing nothing (docs/PROTOCOL.md, "Resuming a
+    #: session").  0: a lost connection ends the session at once.
+    session_linger: float = 30.0
     #: Limits on what a peer may send.
     max_topic: int = 65535
     max_payload: int = 16 * 1024 * 1024
@@ -169,6 +176,9 @@ class BrokerConfig:
             raise InvalidConfig("flow_pause_bytes must be 0 (no flow control) or less than max_queue_bytes")
         if not 0 < self.flow_max_pause <= 600:
             raise InvalidConfig("flow_max_pause must be between 0 and 600 seconds")
+        if not 0 <= self.session_linger <= 86400:
+            raise InvalidConfig("session_linger must be between 0 (sessions end with their connection) "
+                                "and 86400 seconds")
         for name in ("max_subscription_bytes", "max_total_subscription_bytes"):
             if getattr(self, name) <= 0:
                 raise InvalidConfig(f"{name} must be positive")

@@ -113,12 +113,22 @@ class Session(Link):
     limited = True
     holds_lease = True
 
-    __slots__ = ("ident", "acked_seq")
+    __slots__ = ("ident", "acked_seq", "session_id", "user_id", "detached_at", "confirmed")
 
     def __init__(self, link: int, ident: bytes, name: str, sock: zmq.Socket, publisher: bool) -> None:
         super().__init__(link, name, sock, publisher)
         self.ident = ident
         self.acked_seq = 0
+        #: Resumable (its HELLO named a session): the id, and the CURVE key
+        #: it was opened with (a resume must present the same one).
+        self.session_id: str | None = None
+        self.user_id: str | None = None
+        #: When its connection was found lost (time.monotonic()): it
+        #: lingers until resumed or session_linger runs out.  None: connected.
+        self.detached_at: float | None = None
+        #: The seq of the latest CONFIRM handed to the data plane for it: a
+        #: resumed WELCOME says it, for a CONFIRM that a cut connection lost.
+        self.confirmed = 0
 
     def confirm(self, seq: int) -> None:
         """The SUB with this seq is applied: data from now on carries it
@@ -237,6 +247,8 @@ class LinkTable:
     def __init__(self) -> None:
         self.by_id: dict[int, Link] = {}
         self.by_ident: dict[bytes, Session] = {}
+        #: Resumable sessions by the id their HELLO named.
+        self.by_session: dict[str, Session] = {}
         #: Links sent a change they may not have acknowledged yet (see
         #: Link.unacked; fastbus.broker.settle drops the others as it meets them).
         self.unacked: dict[int, Link] = {}
@@ -254,6 +266,15 @@ class LinkTable:
         self.by_id[link.link] = link
         if isinstance(link, Session):
             self.by_ident[link.ident] = link
+            if link.session_id is not None:
+                self.by_session[link.session_id] = link
+
+    def rebind(self, link: Session, ident: bytes) -> None:
+        """A resumed session's new connection (routing id)."""
+        if self.by_ident.get(link.ident) is link:
+            del self.by_ident[link.ident]
+        link.ident = ident
+        self.by_ident[ident] = link
 
     def is_current(self, link: Link) -> bool:
         return self.by_id.get(link.link) is link
@@ -262,8 +283,11 @@ class LinkTable:
         del self.by_id[link.link]
         if self.unacked.get(link.link) is link:
             del self.unacked[link.link]
-        if isinstance(link, Session) and self.by_ident.get(link.ident) is link:
-            del self.by_ident[link.ident]
+        if isinstance(link, Session):
+            if self.by_ident.get(link.ident) is link:
+                del self.by_ident[link.ident]
+            if link.session_id is not None and self.by_session.get(link.session_id) is link:
+                del self.by_session[link.session_id]
         self._free.append(link.link)
 
     def snapshot(self) -> list[Link]:

@@ -66,9 +66,11 @@ HANDSHAKE_TIMEOUT = 30.0
 _COUNTERS = ("batches_in", "messages_in", "bytes_in", "batches_out", "messages_out", "bytes_out",
              "peers_joined", "peers_left", "subscribe_ops", "unsubscribe_ops", "control_in",
              "flow_pauses", "flow_timeouts", "control_collapsed", "memory_trims", "gap_notices",
-             "ack_timeouts")
+             "ack_timeouts", "sessions_detached", "sessions_resumed", "sessions_expired", "messages_replayed",
+             "resume_lost")
 _DROPS = ("slow_consumer", "unrouted", "malformed", "oversize", "protocol", "unknown_peer", "not_subscribed",
-          "too_many_subscriptions", "not_a_broker", "disconnected_slow", "unreachable", "internal")
+          "too_many_subscriptions", "not_a_broker", "disconnected_slow", "unreachable", "internal",
+          "resume_refused", "session_expired")
 
 
 class Broker:
@@ -202,11 +204,11 @@ class Broker:
         self.router = Router(self.trie, max_messages=cfg.max_messages, max_bytes=cfg.max_bytes,
                              max_delay=cfg.max_delay, max_topic=cfg.max_topic, max_payload=cfg.max_payload)
         self.links = LinkTable()
-        self.sender = Sender(self.links, cfg, self.counters, self.drops, self.remove_link)
+        self.sender = Sender(self.links, cfg, self.counters, self.drops, self.remove_link, self.detach_link)
         self.interest = Interest(self.trie, self.router, self.links, self.sender.send, cfg, self.counters,
                                  self.drops)
         self.sender.want_reset = self.interest.want_reset
-        self.settler = Settler(self.links, self.sender.send, cfg.filter_lease, cfg.upstream_confirm_timeout,
+        self.settler = Settler(self.links, self._reply, cfg.filter_lease, cfg.upstream_confirm_timeout,
                                self.counters, self.lease_end)
         self.handlers: dict = {}                   # socket -> what to call when it is readable
         self._started = time.monotonic()
@@ -364,7 +366,7 @@ class Broker:
         self.links.add(link)
         self.router.add_link(link.link)
         if isinstance(link, Session) and link.sock is self._sock:
-            self.relay.add_session(link.link, link.ident, link.acked_seq, link.acks)
+            self.relay.add_session(link.link, link.ident, link.acked_seq, link.acks, link.session_id is not None)
         self.interest.attach(link)
         self.counters["peers_joined"] += 1
 
@@ -383,6 +385,37 @@ class Broker:
         self.counters["peers_left"] += 1
         if isinstance(link, Session):
             self.sessions.forget(link, reason)
+
+    def detach_link(self, link: Link) -> None:
+        """A resumable session's connection is gone: it lingers (the data
+        plane queues what is routed to it) until it resumes or
+        session_linger runs out (_maintenance)."""
+        if link.detached_at is None:
+            link.detached_at = time.monotonic()
+            self.counters["sessions_detached"] += 1
+            log.info("peer %s (link %d) lost its connection: its session is kept %g s", link.name, link.link,
+                     self.config.session_linger)
+
+    def _expire_sessions(self, now: float) -> None:
+        """Lingering sessions whose linger ran out end; what waited for
+        them is counted (and said, if their client comes back later)."""
+        linger = self.config.session_linger
+        for link in self.links.snapshot():
+            if getattr(link, "detached_at", None) is not None and now - link.detached_at >= linger:
+                self.relay.flush_link(link.link)     # (its outbox into its queue: counted with it)
+                lost = self.relay.resume_state(link.link)[3]
+                self.counters["sessions_expired"] += 1
+                self.drops["session_expired"] += lost
+                self.sessions.expired(link, lost)
+                self.remove_link(link, f"session expired after {linger:g} s without its client "
+                                       f"({lost} messages waiting for it dropped)")
+
+    def _reply(self, link: Link, frames: list) -> None:
+        """A settled reply (fastbus.broker.settle): a CONFIRM handed over is
+        remembered, for the WELCOME of a resume (a cut may lose it)."""
+        if frames[0] == P.CONFIRM and isinstance(link, Session):
+            link.confirmed = P.unpack_u64(frames[1])
+        self.sender.send(link, frames)
 
     def route(self, batch: Buffer, source: int | None) -> None:
         """Route a received batch; an outbox it filled goes out at once."""
@@ -521,12 +554,15 @@ class Broker:
         interval = self.config.probe_interval
         state = self.relay.queue_state
         for link in self.links.snapshot():
+            if getattr(link, "detached_at", None) is not None:
+                continue                     # lingering: nothing to probe
             queued, _blocked, _holding, _exempt, _lost, last_sent = state(link.link)
             frames = link.probe(not queued and now - last_sent >= interval)
             if frames is not None and self.links.is_current(link):
                 self.sender.send(link, frames)
         if self.upstream is not None:
             self.upstream.check(now)
+        self._expire_sessions(now)
         if self.transport == "fastbus":
             # A connection that never finished its handshake goes (libzmq's
             # ROUTER does the same): idle connections hold no descriptor for good.
@@ -576,6 +612,10 @@ class Broker:
             "upstream": {"endpoint": self.config.upstream, "connected": up.connected} if up is not None else None,
             **counters, "deliveries": rs["deliveries"], "drops": drops,
             "queued_bytes": relay.queued_bytes,
+            # Sessions whose connection is gone, kept for their client to
+            # resume (docs/PROTOCOL.md, "Resuming a session").
+            "sessions_lingering": sum(1 for link in self.links.by_id.values()
+                                      if getattr(link, "detached_at", None) is not None),
             "flow_paused": self.sender.paused,
             # Who reads the client endpoints: the broker itself, with its
             # connections' counters, or libzmq (None: libzmq keeps them).

@@ -60,14 +60,17 @@ _monotonic = time.monotonic
 class Sender:
     """Hands control messages to the data plane and acts on its events:
     ``remove(link, reason)`` takes a link out of the broker (a vanished
-    peer, a slow consumer the relay disconnected)."""
+    peer, a slow consumer the relay disconnected); ``detach(link)``: a
+    resumable session lost its connection (it lingers)."""
 
-    def __init__(self, links: LinkTable, config: BrokerConfig, counters: dict, drops: dict, remove) -> None:
+    def __init__(self, links: LinkTable, config: BrokerConfig, counters: dict, drops: dict, remove,
+                 detach) -> None:
         self.links = links
         self.config = config
         self.counters = counters
         self.drops = drops
         self._remove = remove
+        self._detach = detach
         self.relay = None                        # the data plane (fastbus.broker._relay), set by attach()
         self._R = None                           # ... and its module (its constants)
         self._pause_started = 0.0
@@ -144,6 +147,9 @@ class Sender:
                     self.relay.fill_want(link_id, self.want_reset(link))
             elif kind == R.EVENT_GONE:
                 self._gone(link)
+            elif kind == R.EVENT_DETACHED:
+                if self.links.is_current(link) and self.relay.resume_state(link_id)[0]:
+                    self._detach(link)
             elif kind == R.EVENT_SLOW:
                 self.drops["disconnected_slow"] += 1
                 self._remove(link, R.SLOW_REASONS[value])

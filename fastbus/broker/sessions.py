@@ -11,6 +11,7 @@ logged, answered with KICK, and the session dropped.
 from __future__ import annotations
 
 import logging
+import time
 
 import zmq
 
@@ -47,6 +48,7 @@ class Sessions:
         self.sock = sock
         self._kicked: set[bytes] = set()          # unknown peers already asked to say hello
         self._gone: dict[bytes, str] = {}          # removed sessions -> why, told when they reappear
+        self._expired: dict[str, int] = {}         # lingering sessions that ran out -> messages dropped with them
         self._ops_this_turn = 0                    # subscription operations applied in this turn
         cfg = broker.config
         self._broker_nets = [broker_network(e) for e in cfg.allow_brokers]
@@ -172,6 +174,10 @@ class Sessions:
             if len(rest) != 1:
                 raise P.ProtocolError("ACK takes a sequence number")
             b.settler.acked(link, P.unpack_u64(rest[0]))
+        elif cmd == P.TAKEN:
+            if len(rest) != 1:
+                raise P.ProtocolError("TAKEN takes a count")
+            b.relay.trim(link.link, P.unpack_u64(rest[0]))
         else:
             raise P.ProtocolError(f"unknown command {cmd!r}")
 
@@ -196,6 +202,15 @@ class Sessions:
                         str(hello.get("name", ""))[:100])
             self._reply(ident, [P.KICK, P.dump_json({"reason": reason, "refused": True})])
             return
+        session_id = self._session_id(hello, kind)
+        if session_id is not None and session_id in b.links.by_session:
+            owner = b.links.by_session[session_id]
+            if link is not None and link is not owner:
+                b.remove_link(link, "hello again")
+            if self._resume(owner, ident, hello, meta):
+                return
+            if b.links.is_current(owner):
+                session_id = None                # another key's session: this one is not resumable
         if link is not None:
             b.remove_link(link, "hello again")      # a resync starts from nothing
         self._kicked.discard(ident)
@@ -204,19 +219,20 @@ class Sessions:
         link = kind(b.links.new_id(), ident, name, self.sock, bool(hello.get("pub")))
         link.address = meta.get("Peer-Address") or None
         link.acks = hello.get("ack") is True       # it acknowledges WANT and filters under a lease
+        if session_id is not None and b.config.session_linger > 0:
+            link.session_id = session_id
+            link.user_id = meta.get("User-Id") or None
         b.add_link(link)
-        log.info("peer %s joined (%s, link %d%s)", name, link.role, link.link,
-                 ", publisher" if link.publisher else "")
+        log.info("peer %s joined (%s, link %d%s%s)", name, link.role, link.link,
+                 ", publisher" if link.publisher else "", ", resumable" if link.session_id else "")
         send = b.sender.send
         cfg = b.config
-        welcome = {"v": P.VERSION, "instance": b.instance.decode(), "name": cfg.name,
-                   "globs": True,                # SUB may hold glob ops (flags bit 2)
-                   "bye": True,                  # BYE is answered with BYE once the peer is forgotten
-                   "limits": {"max_topic": cfg.max_topic, "max_payload": cfg.max_payload,
-                              "max_message_bytes": cfg.max_message_bytes,
-                              "max_subscriptions": cfg.max_subscriptions,
-                              "max_subscription_bytes": cfg.max_subscription_bytes,
-                              "max_sub_ops": cfg.max_sub_ops}}
+        welcome = self._welcome(link)
+        if link.session_id is not None:
+            welcome["resumed"] = False           # (a new session: its client subscribes again)
+            lost = self._expired.pop(link.session_id, None)
+            if lost is not None:
+                welcome["expired"] = {"linger": cfg.session_linger, "lost": lost}
         if link.acks:
             welcome["lease_us"] = b.lease_grant_us()     # the answer to its HELLO, as a PONG is to a PING
             b.relay.grant(link.link, welcome["lease_us"])
@@ -225,6 +241,71 @@ class Sessions:
             send(link, b.interest.want_reset(link))
             if link.filters and b.sender.paused:
                 send(link, [P.FLOW, P.FLOW_PAUSE])
+
+    def _welcome(self, link: Session) -> dict:
+        """What a WELCOME says to a session (its limits, what this broker does)."""
+        cfg = self.b.config
+        return {"v": P.VERSION, "instance": self.b.instance.decode(), "name": cfg.name,
+                "globs": True,                # SUB may hold glob ops (flags bit 2)
+                "bye": True,                  # BYE is answered with BYE once the peer is forgotten
+                "linger": cfg.session_linger,  # a resumable session outlives its connection this long
+                "limits": {"max_topic": cfg.max_topic, "max_payload": cfg.max_payload,
+                           "max_message_bytes": cfg.max_message_bytes,
+                           "max_subscriptions": cfg.max_subscriptions,
+                           "max_subscription_bytes": cfg.max_subscription_bytes,
+                           "max_sub_ops": cfg.max_sub_ops}}
+
+    def _session_id(self, hello: dict, kind) -> str | None:
+        """The session a subscribing client's HELLO names (to open it, or to
+        resume it), or None: publishers, downstream brokers and clients
+        that name none start a session that ends with its connection."""
+        sid = hello.get("session")
+        if sid is None or kind is not ClientLink or hello.get("pub"):
+            return None
+        if not P.valid_session_id(sid):
+            raise P.ProtocolError(f"a session id is {P.SESSION_ID_CHARS} hex digits")
+        return sid
+
+    def _resume(self, link: Session, ident: bytes, hello: dict, meta: dict) -> bool:
+        """A client back for its session (on a new connection, or on the one
+        it has: it cannot tell that the broker never saw its old one go):
+        WELCOME says so, then what it missed, in order, once (a GAP first
+        of what the ring no longer held), then the live stream.  False
+        (a new session instead) if its key is not the session's or what it
+        says it took is not what it was sent."""
+        b = self.b
+        taken = hello.get("taken", 0)
+        if (meta.get("User-Id") or None) != link.user_id:
+            b.drops["resume_refused"] += 1
+            log.warning("peer %s: a resume of session %s... refused: opened with another key",
+                        str(hello.get("name", ""))[:100], link.session_id[:8])
+            return False
+        if not isinstance(taken, int) or isinstance(taken, bool) or taken < 0:
+            raise P.ProtocolError("HELLO's taken is a count (an integer >= 0)")
+        welcome = self._welcome(link)
+        welcome["resumed"] = True
+        welcome["confirmed"] = link.confirmed
+        was = link.ident
+        b.links.rebind(link, ident)
+        self._kicked.discard(ident)
+        self._gone.pop(ident, None)
+        try:
+            replayed, lost = b.relay.resume(link.link, ident, taken, [P.WELCOME, P.dump_json(welcome)])
+        except ValueError as exc:               # it says it took more than it was sent
+            b.links.rebind(link, was)
+            b.drops["resume_refused"] += 1
+            log.warning("%s: resume refused: %s", link.name, exc)
+            b.remove_link(link, f"resume refused: {exc}")
+            return False
+        away = 0.0 if link.detached_at is None else time.monotonic() - link.detached_at
+        link.detached_at = None
+        link.address = meta.get("Peer-Address") or link.address
+        b.counters["sessions_resumed"] += 1
+        b.counters["messages_replayed"] += replayed
+        b.counters["resume_lost"] += lost
+        log.info("peer %s resumed its session (link %d) after %.3f s: %d messages sent again%s", link.name,
+                 link.link, away, replayed, f", {lost} lost past the bound (GAP)" if lost else "")
+        return True
 
     def _may_be_broker(self, meta: dict) -> bool:
         """May this connection be a downstream broker?  With CURVE and a
@@ -272,6 +353,14 @@ class Sessions:
         self._reply(ident, [P.KICK, P.dump_json({"reason": f"protocol error: {exc}"})])
         if link is not None:
             b.remove_link(link, f"protocol error: {exc}")
+
+    def expired(self, link: Session, lost: int) -> None:
+        """A lingering session ran out (``lost``: the messages that waited
+        for it): said to its client if it comes back (WELCOME's "expired")."""
+        if link.session_id is not None:
+            if len(self._expired) > 10000:
+                self._expired.clear()
+            self._expired[link.session_id] = lost
 
     def forget(self, link: Session, reason: str) -> None:
         """A session that left: remember why, to tell it if it comes back."""

@@ -47,6 +47,7 @@ from fastbus.includes.fb_reader cimport (fb_reader, fb_zmq_recv_calls, fb_reader
 from fastbus.includes.fb_sender cimport (FB_SENDER_TOKEN_MAX, fb_sender, fb_sender_start, fb_sender_stop,
                                          fb_sender_send_now, fb_sender_wake)
 from fastbus.includes.fb_zmtp cimport (FB_ZMTP_FD, fb_zmtp, fb_zmtp_buffered, fb_zmtp_close, fb_zmtp_connected, fb_zmtp_get_stats,
+                                      fb_zmtp_set_reconnect_message,
                                        fb_zmtp_getsockopt, fb_zmtp_msg_close, fb_zmtp_msg_data, fb_zmtp_msg_init,
                                        fb_zmtp_msg_more, fb_zmtp_msg_recv, fb_zmtp_msg_size, fb_zmtp_open,
                                        fb_zmtp_options, fb_zmtp_pending, fb_zmtp_send, fb_zmtp_stats)
@@ -318,6 +319,23 @@ cdef class Stream:
         False: the kernel was drained at the last read, and the descriptor
         says when more comes.  No syscall."""
         return self._z != NULL and fb_zmtp_pending(self._z)
+
+    def set_reconnect_message(self, list frames not None) -> None:
+        """A message (bytes frames, at most 8) sent first on each connection
+        made after a lost one (fb_zmtp_set_reconnect_message): the broker
+        hears at once that this client is back."""
+        cdef const void *data[8]
+        cdef size_t lens[8]
+        cdef int i, n = len(frames)
+        if n > 8 or self._z == NULL:
+            raise ValueError("a reconnect message has at most 8 frames, on an open Stream")
+        for i in range(n):
+            if type(frames[i]) is not bytes:
+                raise TypeError("frames are bytes")
+            data[i] = PyBytes_AS_STRING(frames[i])
+            lens[i] = PyBytes_GET_SIZE(frames[i])
+        if fb_zmtp_set_reconnect_message(self._z, data, lens, n) < 0:
+            raise MemoryError()
 
     @property
     def connected(self) -> bool:

@@ -107,6 +107,7 @@ READ_BUDGET = 64          # frames read at a time before the holder looks at oth
 SEND_BURST = 32           # batches sent before the broker is read again (a FLOW pause then takes effect)
 BYE_WAIT = 0.5            # seconds close() waits for the broker to answer BYE (brokers whose WELCOME says "bye")
 OUTQ_BACKSTOP = 0.05      # how soon the keeper looks again at control frames waiting for room
+RECONNECT_TOKEN = b"again"   # the PING a Stream sends first on a connection made again after a loss
 
 
 class Session:
@@ -184,6 +185,11 @@ class Session:
                 zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                 | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
         s.connect(opts.endpoint)
+        if not isinstance(s, zmq.Socket):
+            # Back on a new connection, it says so at once (the broker
+            # answers an unknown connection's PING with KICK "hello
+            # required", and the session resumes): not at its next ping.
+            s.set_reconnect_message([P.PING, RECONNECT_TOKEN])
         self.sock = s
         self.fd = s.FD
         # zmq_poll gives back a pyzmq socket as itself, anything else as
@@ -642,7 +648,12 @@ class Session:
         hello = {"v": P.VERSION, "role": "client", "pub": self.kind == "pub", "name": self.options.name}
         if self.acks:
             hello["ack"] = True
+        hello.update(self.hello_fields())
         self.send([P.HELLO, P.dump_json(hello)])
+
+    def hello_fields(self) -> dict:
+        """What this kind of session adds to its HELLO."""
+        return {}
 
     def ping(self, token: bytes = b"", lease: bool = False) -> None:
         """Send a PING (its PONG comes back behind everything the broker

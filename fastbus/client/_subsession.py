@@ -13,7 +13,7 @@ from collections.abc import Callable
 import zmq
 
 from fastbus import protocol as P
-from fastbus._core import SUBSCRIBE
+from fastbus._core import SUBSCRIBE, batch_count
 from fastbus.client import _engine
 from fastbus.client._connections import Connections
 from fastbus.client._endpoint import AbsenceProbe
@@ -29,6 +29,20 @@ SUB_OPS_DEFAULT = P.MIN_SUB_OPS   # subscription changes per SUB frame until the
 #: How often a CURVE subscriber the broker has not welcomed yet looks for a
 #: refused handshake while it waits (see KeyRefused).
 HANDSHAKE_CHECK = 0.25
+#: A resumable session tells the broker what it took (TAKEN) each time it
+#: took this many more records: what the broker keeps for a resume
+#: (bounded there too) is freed that often.
+TAKEN_EVERY = 4096
+#: The KICK reason of a broker that does not know this connection (yet).
+HELLO_REQUIRED = "hello required"
+
+
+def _records(batch) -> int:
+    """The records a DATA batch holds (its header), as the broker counts them."""
+    try:
+        return batch_count(batch) or 1
+    except ValueError:
+        return 1
 
 
 class SubSession(Session):
@@ -50,6 +64,16 @@ class SubSession(Session):
         self.confirmed = 0                  # the latest CONFIRM read: SUBs up to it are in effect
         self.awaiting = 0                   # subscribe() calls waiting for a CONFIRM
         self.confirm_cv = threading.Condition()   # ...woken by it when another thread reads
+        # The session outlives its connection (docs/PROTOCOL.md, "Resuming
+        # a session"): its id, and how much of its stream it took off the
+        # connection (records of DATA, and of GAPs), which a resuming HELLO
+        # says; the broker sends what followed again.
+        self.session_id = P.new_session_id()
+        self.taken = 0
+        self.taken_told = 0                 # ... as far as the last TAKEN told the broker
+        self.resync_why: str | None = None  # a HELLO after a lost session: said (reconnect) unless resumed
+        self._hellos = 0
+        self._draining = False
 
     def open_native(self) -> None:
         """The native reader: takes what arrives while nobody reads (up to
@@ -82,11 +106,56 @@ class SubSession(Session):
         return not self.inbox_full(1) or (self.awaiting > 0 and not self.inbox_full(2))
 
     def hello(self) -> None:
+        # What the native reader took off the connection counts as taken:
+        # into the inbox with it first (in order), so "taken" is exact.
+        n = self._hellos
+        reader = self.reader
+        if reader is not None and not self._draining:
+            self._draining = True
+            try:
+                while reader.queued:
+                    self.handle(reader.pop())
+            finally:
+                self._draining = False
+            if self._hellos != n:
+                return                        # (what it held made a HELLO of its own)
+        self._hellos += 1
         super().hello()
-        # What we hold goes again once WELCOME answers (on_welcome).
+        # What we hold goes again once WELCOME answers (on_welcome), unless
+        # the broker resumes the session.
         self.resend = bool(self.subs)
 
+    def hello_fields(self) -> dict:
+        return {"session": self.session_id, "taken": self.taken}
+
+    def _took(self, records: int) -> None:
+        """``records`` more of the stream were taken off the connection."""
+        self.taken += records
+        if self.taken - self.taken_told >= TAKEN_EVERY and "linger" in self.welcome and not self.resyncing:
+            self.taken_told = self.taken
+            self.send([P.TAKEN, P.pack_u64(self.taken)])
+
     def on_welcome(self) -> None:
+        info = self.welcome
+        why, self.resync_why = self.resync_why, None
+        if info.get("resumed"):
+            # The broker kept the session: its subscriptions stand, and what
+            # we missed follows this WELCOME.  A CONFIRM a cut lost is said here.
+            self.resend = False
+            confirmed = info.get("confirmed")
+            if isinstance(confirmed, int) and confirmed > self.confirmed:
+                self.on_message(P.CONFIRM, [P.CONFIRM, P.pack_u64(confirmed)])
+            log.info("%s: resumed its session at %s", self.options.name, self.options.endpoint)
+            return
+        # A new session: its stream counts from nothing.
+        self.taken = self.taken_told = 0
+        if why is not None:
+            expired = info.get("expired")
+            if isinstance(expired, dict):
+                why = (f"the broker at {self.options.endpoint} ended this session after "
+                       f"{expired.get('linger')} s without a connection: {expired.get('lost')} messages "
+                       f"that waited for it were dropped, and what was published after was not kept")
+            self.deliver(("reconnect", why.encode()))
         # The broker knows us again (a reconnect, or a restarted broker):
         # resend what we hold, now that WELCOME said how many operations it
         # takes in one SUB frame (a larger frame is a protocol error: the
@@ -103,8 +172,17 @@ class SubSession(Session):
                 self.send([P.SUB, seq, P.encode_ops(ops[i:i + size])])
 
     def resync(self, why: str) -> None:
+        # One event, one notice.  A broker that asks only for a HELLO (a
+        # new connection) may still hold the session: said (a reconnect
+        # message) once WELCOME shows it was not resumed.  Anything else
+        # (a restarted broker, a slow consumer dropped) ended it: said now.
+        if why == HELLO_REQUIRED:
+            if not self.resyncing:
+                self.resync_why = why
+        elif not self.resyncing or self.resync_why is not None:
+            self.resync_why = None
+            self.deliver(("reconnect", why.encode()))
         super().resync(why)
-        self.deliver(("reconnect", why.encode()))
 
     def _refuse_globs(self, seq: int, ops: list) -> list:
         """``ops`` less the glob subscriptions a broker that said WELCOME
@@ -156,6 +234,7 @@ class SubSession(Session):
             self.more = False
         if frames[0] == _DATA and len(frames) == 3 and len(frames[1]) == 8:
             self.deliver(("data", _unpack_u64(frames[1])[0], frames[2]))
+            self._took(_records(frames[2]))
         else:
             self.handle(frames)
 
@@ -163,6 +242,7 @@ class SubSession(Session):
         deliver = self.deliver
         if cmd == P.DATA and len(frames) == 3:
             deliver(("data", P.unpack_u64(frames[1]), frames[2]))
+            self._took(_records(frames[2]))
         elif cmd == P.CONFIRM and len(frames) == 2:
             seq = P.unpack_u64(frames[1])
             deliver(("confirm", seq))
@@ -179,7 +259,9 @@ class SubSession(Session):
                         self.options.endpoint, len(refused), reason)
             deliver(("refused", P.unpack_u64(frames[1]), refused, reason))
         elif cmd == P.GAP and len(frames) == 2:
-            deliver(("gap", P.unpack_u64(frames[1])))
+            lost = P.unpack_u64(frames[1])
+            deliver(("gap", lost))
+            self._took(lost)
         else:
             super().on_message(cmd, frames)
 

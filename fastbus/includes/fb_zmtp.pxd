@@ -45,5 +45,6 @@ cdef extern from "fb_zmtp.h" nogil:
     int fb_zmtp_msg_close(fb_zmq_msg *msg)
     int fb_zmtp_buffered(fb_zmtp *z)
     int fb_zmtp_pending(fb_zmtp *z)
+    int fb_zmtp_set_reconnect_message(fb_zmtp *z, const void *const *frames, const size_t *lens, int n)
     int fb_zmtp_connected(const fb_zmtp *z)
     void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out)

@@ -29,7 +29,7 @@ from .http import Snapshots, process_rss
 #: Counters whose rates /varz gives and the page charts.
 RATE_KEYS = ("messages_in", "messages_out", "bytes_in", "bytes_out", "batches_in", "batches_out",
              "deliveries", "dropped", "control_in", "subscribe_ops", "unsubscribe_ops", "peers_joined",
-             "peers_left", "flow_pauses", "gap_notices")
+             "peers_left", "flow_pauses", "gap_notices", "sessions_resumed", "messages_replayed")
 #: /subsz ranks keys by subscribers only while the trie holds at most this
 #: many keys (the walk holds the trie's lock, and routing waits for it: about
 #: 10 ms per 100,000 keys on the 2-core dev machine) ...
@@ -56,6 +56,12 @@ _COUNTER_METRICS = (
     ("ack_timeouts", "Acknowledgements a confirmation stopped waiting for: a publisher or broker that did "
                      "not apply a subscription change within its lease (then it sends everything), or an "
                      "upstream broker that did not confirm within upstream_confirm_timeout."),
+    ("sessions_detached", "Resumable sessions whose connection was lost: each lingered for its client."),
+    ("sessions_resumed", "Lingering sessions their client resumed on a new connection."),
+    ("sessions_expired", "Lingering sessions that ran out of --session-linger (what waited for them is "
+                         "drops{reason=\"session_expired\"})."),
+    ("messages_replayed", "Messages sent again to a resumed session: what its lost connection had in flight."),
+    ("resume_lost", "Messages a resumed session was told (GAP) it lost: past what the broker kept for it."),
     ("peers_joined", "Peers that joined (HELLO; also the upstream and plain-ZeroMQ links)."),
     ("peers_left", "Peers that left (BYE, disconnected, dropped)."),
     ("subscribe_ops", "Subscribe operations applied."),
@@ -223,6 +229,8 @@ class BrokerSource:
                                                     "yet (slow subscribers).", value=stats["queued_bytes"])
         yield GaugeMetricFamily(p + "flow_paused", "1 while publishers are asked to pause (flow control).",
                                 value=1 if stats.get("flow_paused") else 0)
+        yield GaugeMetricFamily(p + "sessions_lingering", "Sessions whose connection is gone, kept for their "
+                                                          "client to resume.", value=stats.get("sessions_lingering", 0))
         conns = stats.get("connections")
         if conns:                                   # the broker's own transport (None: libzmq's)
             yield CounterMetricFamily(p + "connections_accepted", "Client connections accepted.",
@@ -254,6 +262,9 @@ class BrokerSource:
                       {"key": "drops.slow_consumer", "label": "slow-consumer drops"},
                       {"key": "flow_pauses", "label": "flow pauses"},
                       {"key": "gap_notices", "label": "gap notices"},
+                      {"key": "sessions_lingering", "label": "sessions lingering"},
+                      {"key": "sessions_resumed", "label": "sessions resumed"},
+                      {"key": "messages_replayed", "label": "messages sent again"},
                       {"key": "rss_bytes", "label": "memory (RSS)", "unit": "bytes"},
                       {"key": "uptime_s", "label": "uptime", "unit": "s"}],
             "charts": [{"title": "messages / s", "series": [{"key": "messages_in", "label": "in"},

@@ -1,0 +1,292 @@
+"""A session outlives its connection: a subscriber whose connection is cut
+(a forwarder process between it and the broker resets both sides) resumes
+on its next one and misses nothing, gets nothing twice, in order; what was
+in flight when the connection died is sent again; past the linger or the
+bound, the loss is said with its exact count.  Real brokers in subprocesses,
+real cuts (tests/forwarder.py), on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from brokers import raw_dealer, wait_for
+from forwarder import Forwarder
+
+import fastbus
+import fastbus.aio
+from fastbus import protocol as P
+from fastbus._core import SUBSCRIBE, decode
+
+
+def _publish_paced(pub, channel: str, first: int, n: int, rate: float, during=None) -> None:
+    """Publish seqs first..first+n-1 at ``rate`` a second; ``during(i)``
+    is called after each (a fault's trigger)."""
+    t0 = time.monotonic()
+    for i in range(first, first + n):
+        pub.publish(channel, str(i))
+        if during is not None:
+            during(i)
+        wait = t0 + (i - first + 1) / rate - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+    pub.flush()
+
+
+class _Collector:
+    """A thread reading a PubSub until it has seq ``last`` (or a deadline):
+    the seqs of every message, and every message that is not one."""
+
+    def __init__(self, p, last: int, timeout: float = 30.0) -> None:
+        self.p, self.last, self.deadline = p, last, time.monotonic() + timeout
+        self.seqs: list[int] = []
+        self.other: list[dict] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while time.monotonic() < self.deadline and not (self.seqs and self.seqs[-1] >= self.last):
+            m = self.p.get_message(timeout=0.2)
+            if m is None:
+                continue
+            if m["type"] == "message":
+                self.seqs.append(int(m["data"].split(b".")[0]))
+            elif m["type"] != "subscribe":
+                self.other.append(m)
+
+    def join(self) -> None:
+        self.thread.join(max(0.0, self.deadline - time.monotonic()) + 1)
+
+
+def _assert_exactly_once(seqs: list[int], n: int) -> None:
+    dups = len(seqs) - len(set(seqs))
+    missed = n - len(set(seqs))
+    assert (missed, dups) == (0, 0), f"{missed} missed, {dups} delivered twice"
+    assert seqs == sorted(seqs), "out of order"
+
+
+def test_a_cut_subscriber_connection_resumes_missing_nothing(brokers):
+    b = brokers()
+    n = 30_000
+    with Forwarder(b.port) as fw, fastbus.Client(b.endpoint) as pub, \
+            fastbus.Client(f"tcp://127.0.0.1:{fw.port}") as sub:
+        p = sub.pubsub()
+        p.subscribe("seq")
+        got = _Collector(p, n - 1)
+
+        def cut_once(i: int) -> None:
+            if i == n // 3:
+                threading.Thread(target=fw.cut, args=(0.5,), daemon=True).start()
+
+        _publish_paced(pub, "seq", 0, n, 20_000, cut_once)
+        got.join()
+        _assert_exactly_once(got.seqs, n)
+        # Resumed: no notice that anything may be lost, and the broker says so.
+        assert got.other == []
+        st = b.stats()
+        assert st["sessions_resumed"] >= 1 and st["sessions_detached"] >= 1
+        assert st["sessions_expired"] == 0 and st["resume_lost"] == 0
+        p.close()
+
+
+def test_what_was_in_flight_when_the_connection_died_is_sent_again(brokers):
+    """The forwarder is stopped while the broker writes to it, then killed:
+    what the kernel held for the subscriber is gone, and the broker sends
+    it again once the subscriber is back (on a new forwarder, same port)."""
+    b = brokers()
+    n = 5_000
+    fw = Forwarder(b.port)
+    port = fw.port
+    with fastbus.Client(b.endpoint) as pub, fastbus.Client(f"tcp://127.0.0.1:{port}") as sub:
+        p = sub.pubsub()
+        p.subscribe("seq")
+        got = _Collector(p, n - 1)
+        os.kill(fw.proc.pid, signal.SIGSTOP)
+        try:
+            for i in range(n):
+                pub.publish("seq", b"%d" % i + b"." * 200)     # more than a small buffer holds
+            pub.flush()
+            wait_for(lambda: b.stats()["messages_out"] >= n, what="the broker sent everything")
+        finally:
+            os.kill(fw.proc.pid, signal.SIGKILL)             # (a stopped process dies too)
+            fw.close()
+        with Forwarder(b.port, listen_port=port):
+            got.join()
+            _assert_exactly_once(got.seqs, n)
+            assert got.other == []
+            st = b.stats()
+            assert st["sessions_resumed"] >= 1
+            assert st["messages_replayed"] > 0, "nothing was in flight: the test proved nothing"
+            p.close()
+
+
+def test_a_lingering_session_over_its_bound_is_told_the_exact_gap(brokers):
+    """While a subscriber is away, what is routed to it waits within
+    --max-queue-bytes; past it the oldest goes, and the resumed stream
+    starts with one GAP of exactly what went.  Publishers are not held
+    back by a session that has no connection."""
+    b = brokers("--max-queue-bytes", "65536", "--flow-pause-bytes", "16384")
+    n = 4_000
+    with Forwarder(b.port) as fw, fastbus.Client(b.endpoint) as pub, \
+            fastbus.Client(f"tcp://127.0.0.1:{fw.port}") as sub:
+        p = sub.pubsub()
+        p.subscribe("seq")
+        assert p.get_message(timeout=5)["type"] == "subscribe"
+        fw.cut(3.0)
+        t0 = time.monotonic()
+        for i in range(n):
+            pub.publish("seq", b"%d" % i + b"." * 100)      # about 500 KB: far past the bound
+        pub.flush()
+        assert time.monotonic() - t0 < 2.5, "publishers were held back by a session without a connection"
+        got = _Collector(p, n - 1, timeout=20)
+        got.join()
+        gaps = [m["data"]["lost"] for m in got.other if m["type"] == "gap"]
+        assert [m for m in got.other if m["type"] != "gap"] == []
+        assert len(gaps) == 1
+        assert len(got.seqs) + gaps[0] == n, (len(got.seqs), gaps)
+        assert got.seqs == sorted(got.seqs) and len(set(got.seqs)) == len(got.seqs)
+        assert got.seqs[-1] == n - 1                         # the newest kept, the oldest dropped
+        p.close()
+
+
+def test_a_session_past_its_linger_ends_and_says_what_waited(brokers):
+    b = brokers("--session-linger", "1")
+    with Forwarder(b.port) as fw, fastbus.Client(b.endpoint) as pub, \
+            fastbus.Client(f"tcp://127.0.0.1:{fw.port}") as sub:
+        p = sub.pubsub()
+        p.subscribe("seq")
+        assert p.get_message(timeout=5)["type"] == "subscribe"
+        fw.cut(3.0)
+        for i in range(100):
+            pub.publish("seq", str(i))
+        pub.flush()
+        wait_for(lambda: b.stats()["sessions_expired"] == 1, timeout=15, what="the linger ran out")
+        assert b.stats()["drops"]["session_expired"] == 100
+        # Back: a new session, the subscription made again, and the loss said.
+        deadline = time.monotonic() + 15
+        notice = None
+        while notice is None and time.monotonic() < deadline:
+            m = p.get_message(timeout=0.2)
+            if m is not None and m["type"] == "reconnect":
+                notice = m
+        assert notice is not None
+        assert b"100 messages" in notice["data"] and b"ended this session" in notice["data"]
+        wait_for(lambda: _delivers(pub, p), timeout=15, what="the subscription made again")
+        p.close()
+
+
+def _delivers(pub, p) -> bool:
+    pub.publish("seq", "again")
+    m = p.get_message(timeout=0.3)
+    while m is not None and m["type"] != "message":
+        m = p.get_message(timeout=0.3)
+    return m is not None and m["data"] == b"again"
+
+
+def test_asyncio_subscriber_resumes_missing_nothing(brokers):
+    b = brokers()
+    n = 20_000
+
+    async def main():
+        async with fastbus.aio.Client(f"tcp://127.0.0.1:{fw.port}") as sub:
+            p = sub.pubsub()
+            await p.subscribe("seq")
+            seqs, other = [], []
+
+            def publish():
+                with fastbus.Client(b.endpoint) as pub:
+                    _publish_paced(pub, "seq", 0, n, 20_000,
+                                   lambda i: i == n // 3 and threading.Thread(target=fw.cut, args=(0.5,)).start())
+
+            task = asyncio.get_running_loop().run_in_executor(None, publish)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not (seqs and seqs[-1] == n - 1):
+                m = await p.get_message(timeout=0.2)
+                if m is None:
+                    continue
+                (seqs.append(int(m["data"])) if m["type"] == "message" else
+                 None if m["type"] == "subscribe" else other.append(m))
+            await task
+            await p.aclose()
+            return seqs, other
+
+    with Forwarder(b.port) as fw:
+        seqs, other = asyncio.run(main())
+    _assert_exactly_once(seqs, n)
+    assert other == []
+    assert b.stats()["sessions_resumed"] >= 1
+
+
+# -- the protocol, from a raw DEALER ------------------------------------------------
+
+def _hello(s, **fields) -> dict:
+    s.rcvtimeo = 10_000
+    s.send_multipart([P.HELLO, P.dump_json({"v": P.VERSION, "role": "client", **fields})])
+    while True:
+        frames = s.recv_multipart()
+        if frames[0] in (P.WELCOME, P.KICK):
+            return {"cmd": frames[0], **json.loads(frames[1])}
+
+
+def test_a_resume_says_resumed_and_the_subscriptions_stand(brokers):
+    b = brokers()
+    sid = P.new_session_id()
+    a = raw_dealer(b.endpoint)
+    w = _hello(a, session=sid)
+    assert w["cmd"] == P.WELCOME and w["resumed"] is False and w["linger"] == 30
+    a.send_multipart([P.SUB, P.pack_u64(1), P.encode_ops([(SUBSCRIBE, b"k", False)])])
+    while a.recv_multipart()[0] != P.CONFIRM:
+        pass
+    a.close(0)
+    # Another connection names the session: resumed, its subscription held.
+    c = raw_dealer(b.endpoint)
+    w = _hello(c, session=sid, taken=0)
+    assert w["cmd"] == P.WELCOME and w["resumed"] is True and w["confirmed"] == 1
+    with fastbus.Client(b.endpoint) as pub:
+        pub.publish("k", "v")
+        pub.flush()
+        frames = c.recv_multipart()
+        while frames[0] != P.DATA:
+            frames = c.recv_multipart()
+    assert decode(frames[2]) == [(b"k", b"v")]
+    # A count past what it was sent is not a resume: a new session.
+    d = raw_dealer(b.endpoint)
+    assert _hello(d, session=sid, taken=10**6)["resumed"] is False
+    assert b.stats()["drops"]["resume_refused"] == 1
+    for s in (c, d):
+        s.close(0)
+
+
+def test_a_bad_session_id_is_a_protocol_error(brokers):
+    b = brokers()
+    s = raw_dealer(b.endpoint)
+    w = _hello(s, session="not hex")
+    assert w["cmd"] == P.KICK and "session id" in w["reason"]
+    s.close(0)
+
+
+def test_a_publisher_or_a_linger_of_0_makes_no_resumable_session(brokers):
+    b = brokers("--session-linger", "0")
+    s = raw_dealer(b.endpoint)
+    w = _hello(s, session=P.new_session_id())
+    assert w["cmd"] == P.WELCOME and "resumed" not in w and w["linger"] == 0
+    s.close(0)
+    b2 = brokers()
+    s = raw_dealer(b2.endpoint)
+    w = _hello(s, session=P.new_session_id(), pub=True)
+    assert w["cmd"] == P.WELCOME and "resumed" not in w
+    s.close(0)
+
+
+@pytest.mark.parametrize("linger", ["-1", "90000", "x"])
+def test_session_linger_is_checked(linger, tmp_path):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "fastbus", "broker", "--session-linger", linger,
+                        "--bind", "tcp://127.0.0.1:0"], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "session" in r.stderr.lower()
