@@ -16,6 +16,9 @@ benchmark (bench/pubsub_bench.py, bench/latency_bench.py):
            /metrics, /varz, /connz?limit=200 and /subsz?limit=20 read once a
            second during the run (a Prometheus scrape and an open web page
            at once, and more often than either): the cost of monitoring
+  fastbus-noresume  (not in the default list) `fastbus broker --session-linger 0`:
+           sessions end with their connection, nothing kept for a resume,
+           no TOOK (the clients keep nothing either): what resuming costs
 
 ``lossless=True`` sets each one up not to drop (the throughput benchmark):
 fastbus with a slow-consumer queue the run cannot fill, Redis with an
@@ -38,7 +41,10 @@ import time
 
 SYSTEMS = ("fastbus", "redis", "zmq", "nats")
 #: Accepted by --systems, not run by default.
-EXTRA_SYSTEMS = ("fastbus-http", "zenoh", "zenoh-router")
+EXTRA_SYSTEMS = ("fastbus-http", "fastbus-noresume", "zenoh", "zenoh-router")
+#: fastbus with a broker option: the same clients (``info["system"]`` is
+#: "fastbus"), what the option costs or saves in the same run.
+FASTBUS_VARIANTS = {"fastbus-http": (), "fastbus-noresume": ("--session-linger", "0")}
 
 
 def free_port() -> int:
@@ -89,12 +95,13 @@ class Server:
         if system == "zenoh":
             self.proc = None                  # peer to peer: the sessions are the whole system
             return
-        if system in ("fastbus", "fastbus-http"):
+        if system == "fastbus" or system in FASTBUS_VARIANTS:
             self.endpoint = f"tcp://127.0.0.1:{self.port}"
             cmd = [sys.executable, "-m", "fastbus", "broker", "--bind", self.endpoint, "--log-level", "WARNING",
                    "--stats-interval", "0"]
             if lossless:
                 cmd += ["--max-queue-bytes", str(8 << 30)]
+            cmd += FASTBUS_VARIANTS.get(system, ())
             if system == "fastbus-http":
                 http_port = free_port()
                 self.http = f"http://127.0.0.1:{http_port}"
@@ -137,7 +144,8 @@ class Server:
 
     @property
     def info(self) -> dict:
-        return {"system": self.system, "endpoint": self.endpoint, "port": self.port, "port2": self.port2,
+        client = "fastbus" if self.system in FASTBUS_VARIANTS else self.system
+        return {"system": client, "endpoint": self.endpoint, "port": self.port, "port2": self.port2,
                 "http": self.http, "zenoh_ports": self.zenoh_ports}
 
     def stop(self) -> None:

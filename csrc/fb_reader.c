@@ -209,6 +209,19 @@ static fb_reader_item *take_pong(fb_reader *r, fb_reader_item *it)
     return send_ack(r, ack);
 }
 
+/* The broker's count of what it took (see fb_reader.h took): applied,
+ * the lock held; returns as take_want. */
+static fb_reader_item *take_took(fb_reader *r, fb_reader_item *it)
+{
+    size_t len;
+    if (!r->took || it->nframes != 2 || !is_command(it, r->took_command, r->took_command_len)) return it;
+    const unsigned char *b = item_frame(it, 1, &len);
+    if (len != 8) return it;                    /* malformed: the owner's reading says what is wrong */
+    r->took(r->sock, get_u64(b));
+    item_free(it);
+    return NULL;
+}
+
 /* A liveness PONG naming the broker we know (see fb_reader.h
  * live_pong_command): taken, the lock held; returns as take_want. */
 static fb_reader_item *take_live_pong(fb_reader *r, fb_reader_item *it)
@@ -302,7 +315,9 @@ static int read_some(fb_reader *r)
             item_free(it);
             continue;
         }
-        if (!(it = take_want(r, it)) || !(it = take_pong(r, it)) || !(it = take_live_pong(r, it))) continue;
+        if (!(it = take_want(r, it)) || !(it = take_pong(r, it)) || !(it = take_live_pong(r, it)) ||
+            !(it = take_took(r, it)))
+            continue;
         if (r->tail) r->tail->next = it;
         else r->head = it;
         r->tail = it;

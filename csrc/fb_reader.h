@@ -137,6 +137,13 @@ typedef struct fb_reader {
     const void *live_pong_command;
     size_t live_pong_command_len;
     uint64_t ping_interval_ns;
+    /* Optional (took NULL: none): a message [took_command, n u64 LE], the
+     * broker's count of what it took of this connection's resent messages
+     * (fb_zmtp.h resend), is given to took(sock, n) (fb_zmtp_acked) the
+     * moment it is read, and not queued: acknowledgements wake nobody. */
+    const void *took_command;
+    size_t took_command_len;
+    void (*took)(void *sock, uint64_t n);
 
     /* Shared with the owner (atomic). */
     int want_wake;               /* the lock was taken, or the queue full: whoever lets go of

@@ -30,6 +30,14 @@
 
 enum { DOWN, CONNECTING, HANDSHAKE, UP, CLOSED };
 
+/* A counted message kept until the peer acknowledges it (resend). */
+typedef struct fb_kept {
+    struct fb_kept *next;
+    uint64_t num;                /* its number among the counted messages */
+    size_t len;
+    unsigned char bytes[];       /* the message, framed */
+} fb_kept;
+
 
 struct fb_zmtp {
     unsigned char addr[128];
@@ -54,9 +62,24 @@ struct fb_zmtp {
     int stale;                   /* `in` holds whole messages of a lost connection: they go first */
     int more_in_kernel;          /* the last read filled all its room: the kernel may hold more */
     fb_zmtp_stats st;
+
+    /* Resend (fb_zmtp_set_resend): counted messages, numbered and kept
+     * until acknowledged; after a loss, held (kept only) until resumed. */
+    unsigned char counted[8];
+    size_t ncounted;
+    size_t kept_max, kept_bytes;
+    fb_kept *kept_head, *kept_tail;
+    uint64_t counted_n, acked_n;
+    int held;
+    uint64_t held_from;          /* counted_n at the loss: what followed was never written */
+    size_t msg_bytes;            /* of the message being built: bytes in `out` so far */
+    int msg_counted;             /* ... and whether it is counted */
 };
 
 #ifdef __linux__
+
+static int keep(fb_zmtp *z);
+static void kept_pop(fb_zmtp *z);
 
 /* -- buffers ----------------------------------------------------------------- */
 
@@ -102,6 +125,12 @@ static void lost(fb_zmtp *z, int protocol_error)
     }
     z->st.disconnects++;
     if (protocol_error) z->st.protocol_errors++;
+    if (z->state == UP && z->ncounted && !z->held) {
+        /* What was counted may not have arrived: kept, and held from now
+         * on, until the caller says what the peer has (fb_zmtp_resume). */
+        z->held = 1;
+        z->held_from = z->counted_n;
+    }
     if (z->state == UP && z->out_msgs) {
         /* The messages we had queued were meant for this connection's
          * session; a new connection is a new session at the broker. */
@@ -445,7 +474,111 @@ void fb_zmtp_close(fb_zmtp *z, int linger_ms)
     fb_zbuf_free(&z->again);
     fb_zbuf_free(&z->out);
     fb_zbuf_free(&z->in);
+    while (z->kept_head) kept_pop(z);
     free(z);
+}
+
+/* -- resend ------------------------------------------------------------------ */
+
+/* Keep the counted message just built (the last msg_bytes of `out`),
+ * numbered.  1 if kept; 0 for want of memory (then it goes unkept, as
+ * without resend, and is counted: st.unkept). */
+static int keep(fb_zmtp *z)
+{
+    fb_kept *k = malloc(sizeof *k + z->msg_bytes);
+    z->counted_n++;
+    if (!k) {
+        z->st.unkept++;
+        return 0;
+    }
+    k->next = NULL;
+    k->num = z->counted_n;
+    k->len = z->msg_bytes;
+    memcpy(k->bytes, z->out.p + z->out.len - z->msg_bytes, z->msg_bytes);
+    if (z->kept_tail) z->kept_tail->next = k;
+    else z->kept_head = k;
+    z->kept_tail = k;
+    z->kept_bytes += k->len;
+    return 1;
+}
+
+static void kept_pop(fb_zmtp *z)
+{
+    fb_kept *k = z->kept_head;
+    z->kept_head = k->next;
+    if (!z->kept_head) z->kept_tail = NULL;
+    z->kept_bytes -= k->len;
+    free(k);
+}
+
+int fb_zmtp_set_resend(fb_zmtp *z, const unsigned char *commands, size_t n, size_t max_bytes)
+{
+    if (!z || n > sizeof z->counted || (n && (!commands || z->counted_n))) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (n == 0) {                                 /* off: nothing kept, nothing held */
+        while (z->kept_head) kept_pop(z);
+        z->counted_n = z->acked_n = 0;
+        z->held = 0;
+    }
+    memcpy(z->counted, commands, n);
+    z->ncounted = n;
+    z->kept_max = max_bytes ? max_bytes : 1;
+    return 0;
+}
+
+void fb_zmtp_acked(fb_zmtp *z, uint64_t n)
+{
+    if (!z || n <= z->acked_n) return;
+    if (n > z->counted_n) n = z->counted_n;      /* (a peer's count past ours: what we sent, at most) */
+    z->acked_n = n;
+    while (z->kept_head && z->kept_head->num <= n) kept_pop(z);
+}
+
+uint64_t fb_zmtp_resume(fb_zmtp *z, uint64_t received, int how)
+{
+    uint64_t dropped = 0;
+    if (!z || z->state == CLOSED) return 0;
+    if (!z->held) {                               /* nothing was lost: only what it acknowledges */
+        fb_zmtp_acked(z, received);
+        return 0;
+    }
+    if (how == FB_ZMTP_RESUMED) {
+        fb_zmtp_acked(z, received);
+    } else {
+        /* A new session: what went on the old connection is not sent
+         * again (counted as dropped); what never went is, numbered anew
+         * (unless it is all to go: FB_ZMTP_FRESH_DROP). */
+        while (z->kept_head && (how == FB_ZMTP_FRESH_DROP || z->kept_head->num <= z->held_from)) {
+            kept_pop(z);
+            dropped++;
+        }
+        uint64_t num = 0;
+        for (fb_kept *k = z->kept_head; k; k = k->next) k->num = ++num;
+        z->counted_n = num;
+        z->acked_n = 0;
+    }
+    z->held = 0;
+    /* Ahead of a message still being built; behind the whole ones queued
+     * since (the HELLO that this resume answers). */
+    size_t partial = z->out.len - z->out_end;
+    for (fb_kept *k = z->kept_head; k; k = k->next) {
+        size_t at = z->out_end;
+        if (fb_zbuf_insert(&z->out, &at, k->bytes, k->len) < 0) break;   /* (no memory: the next resume) */
+        z->out_end = z->out.len - partial;
+        z->out_msgs++;
+    }
+    if (z->state == UP) flush(z);
+    return dropped;
+}
+
+void fb_zmtp_resend_state(const fb_zmtp *z, uint64_t *counted, uint64_t *acked, size_t *kept_bytes, int *held)
+{
+    *counted = z->counted_n;
+    *acked = z->acked_n;
+    *kept_bytes = z->kept_bytes;
+    *held = z->held;
 }
 
 int fb_zmtp_send(void *sock, const void *buf, size_t len, int flags)
@@ -463,6 +596,14 @@ int fb_zmtp_send(void *sock, const void *buf, size_t len, int flags)
             return -1;
         }
     }
+    if (first) {
+        z->msg_counted = z->ncounted && len && memchr(z->counted, ((const unsigned char *)buf)[0], z->ncounted);
+        z->msg_bytes = 0;
+        if (z->msg_counted && z->kept_bytes >= z->kept_max) {
+            errno = EAGAIN;                      /* until the peer acknowledges what is kept */
+            return -1;
+        }
+    }
     unsigned char h[9];
     size_t hl = fb_zmtp_frame_header(h, (flags & FB_ZMTP_SNDMORE) ? 1 : 0, len);
     if (out_reserve(z, hl + len) < 0) {
@@ -471,7 +612,12 @@ int fb_zmtp_send(void *sock, const void *buf, size_t len, int flags)
     }
     fb_zbuf_put(&z->out, h, hl);
     fb_zbuf_put(&z->out, buf, len);
+    z->msg_bytes += hl + len;
     if (!(flags & FB_ZMTP_SNDMORE)) {
+        if (z->msg_counted && keep(z) && z->held) {
+            z->out.len = z->out_end;             /* held: it goes at the resume */
+            return len > INT32_MAX ? INT32_MAX : (int)len;
+        }
         z->out_end = z->out.len;
         z->out_msgs++;
         if (z->state == UP) flush(z);
@@ -613,6 +759,12 @@ fb_zmtp *fb_zmtp_open(const void *addr, size_t addrlen, const fb_zmtp_options *o
 void fb_zmtp_close(fb_zmtp *z, int linger_ms) { (void)z; (void)linger_ms; }
 int fb_zmtp_set_reconnect_message(fb_zmtp *z, const void *const *frames, const size_t *lens, int n)
 { (void)z; (void)frames; (void)lens; (void)n; errno = ENOTSOCK; return -1; }
+int fb_zmtp_set_resend(fb_zmtp *z, const unsigned char *commands, size_t n, size_t max_bytes)
+{ (void)z; (void)commands; (void)n; (void)max_bytes; errno = ENOTSOCK; return -1; }
+void fb_zmtp_acked(fb_zmtp *z, uint64_t n) { (void)z; (void)n; }
+uint64_t fb_zmtp_resume(fb_zmtp *z, uint64_t received, int how) { (void)z; (void)received; (void)how; return 0; }
+void fb_zmtp_resend_state(const fb_zmtp *z, uint64_t *counted, uint64_t *acked, size_t *kept_bytes, int *held)
+{ (void)z; *counted = *acked = 0; *kept_bytes = 0; *held = 0; }
 int fb_zmtp_send(void *z, const void *buf, size_t len, int flags)
 { (void)z; (void)buf; (void)len; (void)flags; errno = ENOTSOCK; return -1; }
 int fb_zmtp_getsockopt(void *z, int option, void *value, size_t *len)

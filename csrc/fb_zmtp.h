@@ -86,6 +86,7 @@ typedef struct fb_zmtp_stats {
     uint64_t protocol_errors;    /* connections closed for what the peer sent */
     uint64_t dropped_messages;   /* queued messages dropped with a lost connection */
     uint64_t syscalls_send, syscalls_recv;
+    uint64_t unkept;             /* counted messages sent without a copy kept (no memory) */
 } fb_zmtp_stats;
 
 typedef struct fb_zmtp fb_zmtp;
@@ -126,6 +127,30 @@ int fb_zmtp_pending(fb_zmtp *z);
  * client on a new connection, instead of at its next message.  A copy is
  * kept; n = 0 clears it.  0, or -1 with errno (ENOMEM, EINVAL). */
 int fb_zmtp_set_reconnect_message(fb_zmtp *z, const void *const *frames, const size_t *lens, int n);
+/* Resend: messages whose first frame begins with one of `commands` (n
+ * bytes, at most 8) are counted, numbered 1, 2, ... in the order sent, and
+ * a copy of each is kept until the peer acknowledges it (fb_zmtp_acked,
+ * cumulative), at most max_bytes of them (past it a counted message's
+ * send is EAGAIN: the sender waits, as at sndhwm).  When a connection
+ * that was up is lost, counted messages are held from then on (kept, not
+ * written) until fb_zmtp_resume says what the peer has on the new one:
+ *   FB_ZMTP_RESUMED: the peer's session goes on and holds `received` of
+ *     them: what follows is written again, in order, then what was held;
+ *   FB_ZMTP_FRESH: a new session at the peer: what went on the lost
+ *     connection is dropped (returned: how many), what never went is
+ *     written, numbered from 1 again;
+ *   FB_ZMTP_FRESH_DROP: a new session, everything kept dropped (the
+ *     caller sends its state again its own way).
+ * Set before anything is counted; n = 0 turns it off at any time (what is
+ * kept and held goes).  So a connection cut costs nothing the
+ * peer's count does not cover: nothing lost, nothing twice. */
+#define FB_ZMTP_RESUMED 0
+#define FB_ZMTP_FRESH 1
+#define FB_ZMTP_FRESH_DROP 2
+int fb_zmtp_set_resend(fb_zmtp *z, const unsigned char *commands, size_t n, size_t max_bytes);
+void fb_zmtp_acked(fb_zmtp *z, uint64_t n);
+uint64_t fb_zmtp_resume(fb_zmtp *z, uint64_t received, int how);
+void fb_zmtp_resend_state(const fb_zmtp *z, uint64_t *counted, uint64_t *acked, size_t *kept_bytes, int *held);
 /* Is the handshake done (messages flow now)? */
 int fb_zmtp_connected(const fb_zmtp *z);
 void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out);

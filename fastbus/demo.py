@@ -38,7 +38,12 @@ def _publisher(endpoint: str, channels: int, size: int, stop, counts, index: int
     counts[index] = client.stats()["published"]
 
 
-def _subscriber(endpoint: str, channels: int, ready, stop, counts, index: int) -> None:
+#: How long a subscriber waits, after the publishers are done, for what they
+#: published (it stops as soon as it has it all).
+DRAIN_S = 20.0
+
+
+def _subscriber(endpoint: str, channels: int, ready, counts, index: int, published) -> None:
     import fastbus
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     client = fastbus.Client(endpoint=endpoint, name=f"demo-sub-{index}")
@@ -52,20 +57,19 @@ def _subscriber(endpoint: str, channels: int, ready, stop, counts, index: int) -
         confirmed += m["type"] == "subscribe"
     ready.set()
     n = 0
-    idle_since = None
+    deadline = None
     while True:
-        got = len(p.get_batch(timeout=0.2))
-        n += got
+        n += len(p.get_batch(timeout=0.2))
         counts[index] = n
-        if stop.is_set():
-            # drain what is still in flight, then stop
-            if got == 0:
-                if idle_since is None:
-                    idle_since = time.monotonic()
-                elif time.monotonic() - idle_since > 0.5:
-                    break
-            else:
-                idle_since = None
+        if published.value >= 0:
+            # The publishers are done (and said how many): drain what is
+            # still in flight, every message, or until DRAIN_S says it is lost.
+            if n >= published.value:
+                break
+            if deadline is None:
+                deadline = time.monotonic() + DRAIN_S
+            elif time.monotonic() > deadline:
+                break
     client.close()
 
 
@@ -86,11 +90,13 @@ def run_demo(seconds: float, publishers: int, subscribers: int, channels: int, s
         _wait_for_broker(endpoint, broker)
         sub_counts = ctx.Array("q", subscribers)
         pub_counts = ctx.Array("q", publishers)
+        published = ctx.Value("q", -1)        # all the publishers published, once they are done
         readies = []
         for i in range(subscribers):
             ready = ctx.Event()
             readies.append(ready)
-            procs.append(ctx.Process(target=_subscriber, args=(endpoint, channels, ready, stop, sub_counts, i)))
+            procs.append(ctx.Process(target=_subscriber,
+                                     args=(endpoint, channels, ready, sub_counts, i, published)))
         for p in procs:
             p.start()
         for r in readies:
@@ -115,8 +121,11 @@ def run_demo(seconds: float, publishers: int, subscribers: int, channels: int, s
                   f"   ({(sub - last_sub) / dt / max(1, subscribers):,.0f} per subscriber)", file=out, flush=True)
             last_pub, last_sub, t_last = pub, sub, now
         stop.set()
-        for p in procs:
+        for p in procs[subscribers:]:          # the publishers first: then how many they published
             p.join(30)
+        published.value = sum(pub_counts)
+        for p in procs[:subscribers]:
+            p.join(30 + DRAIN_S)
         pub, sub = sum(pub_counts), sum(sub_counts)
         expected = pub * subscribers
         print(f"total: published {pub:,}, delivered {sub:,} of {expected:,} expected"

@@ -42,6 +42,7 @@ DATA = b"D"         # [D, acked seq u64, message batch]
 WANT = b"W"         # [W, flags u8, ops batch(, seq u64)]   flags bit 0: reset (a full snapshot);
                     # the seq to peers that acknowledge (ACK)
 GAP = b"G"          # [G, lost u64]
+TOOK = b"a"         # [a, n u64]   a resumable session's PUB and SUB messages that came, so far (RESENT)
 PONG = b"q"         # [q, token, broker instance(, lease u64 µs)]   the lease to peers that acknowledge
 STATS_REPLY = b"R"  # [R, json]
 KICK = b"X"         # [X, json {"reason": ...}]
@@ -66,6 +67,11 @@ FLOW_PAUSE = b"\x00"
 FLOW_RESUME = b"\x01"
 
 WANT_RESET = 1
+
+#: What a resumable session's client keeps until the broker's TOOK covers
+#: it, and sends again after a lost connection: the messages whose first
+#: frame is one of these commands (the broker counts the same).
+RESENT = PUB + SUB
 
 #: A resumable session's id, in HELLO's "session": hex, 32 characters
 #: (128 random bits, drawn once per PubSub: new_session_id()).

@@ -193,7 +193,7 @@ def test_killed_subscriber_subscriptions_vanish_upstream(brokers):
         proc.kill()                             # kill -9: no goodbye
         proc.wait(10)
         wait_for(lambda: b.stats()["subscriptions"] == 0, timeout=20, what="B to drop the dead subscriber")
-        assert b.stats()["sessions_expired"] == 1
+        assert b.stats()["sessions_expired"] >= 1     # (its publishing connection's session too)
         wait_for(lambda: a.stats()["keys"] == 0, timeout=10, what="the unsubscription upstream")
     finally:
         if proc.poll() is None:
@@ -544,7 +544,9 @@ def test_slow_subscriber_disconnect_policy(brokers, client_factory):
     pub.flush()
     wait_for(lambda: b.stats()["drops"]["disconnected_slow"] >= 1, what="the disconnect")
     kinds = set()
-    while (m := p.get_message(timeout=1.0)) is not None:
+    # Told within a ping interval (1 s) of what it was sent before: a KICK
+    # its full socket did not take is said again in answer to its next ping.
+    while "reconnect" not in kinds and (m := p.get_message(timeout=2.5)) is not None:
         kinds.add(m["type"])
     assert "reconnect" in kinds                 # told, and resubscribed automatically
     wait_for(lambda: b.stats()["subscriptions"] == 1, what="the resubscription")

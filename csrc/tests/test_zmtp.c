@@ -479,6 +479,109 @@ static void test_close_lingers_only_for_what_is_queued(void)
     CHECK(fb_now_ns() - t0 >= 150000000u);
 }
 
+/* Read one single-frame message's bytes from the peer: "\x00" len body. */
+static int peer_expect(peer *p, fb_zmtp *z, const char *body)
+{
+    unsigned char got[258];
+    size_t n = strlen(body);
+    if (!peer_read(p, z, got, n + 2)) return 0;
+    return got[0] == 0 && got[1] == n && memcmp(got + 2, body, n) == 0;
+}
+
+static void test_a_reconnect_message_goes_first_on_every_new_connection(void)
+{
+    peer p;
+    peer_listen(&p);
+    fb_zmtp *z = open_to(&p, 16, 1 << 20);
+    const void *frames[1] = {"back"};
+    size_t lens[1] = {4};
+    REQUIRE(fb_zmtp_set_reconnect_message(z, frames, lens, 1) == 0);
+    peer_handshake(&p, z);
+    CHECK_EQ(fb_zmtp_send(z, "first", 5, 0), 5);
+    CHECK(peer_expect(&p, z, "first"));         /* not on the first connection */
+    peer_close(&p);
+    int ev = 0;
+    size_t len = sizeof ev;
+    for (int i = 0; i < 50 && fb_zmtp_connected(z); i++) {
+        fb_zmtp_getsockopt(z, FB_ZMTP_EVENTS, &ev, &len);   /* reads the end */
+        usleep(2000);
+    }
+    CHECK(!fb_zmtp_connected(z));
+    CHECK_EQ(fb_zmtp_send(z, "queued", 6, 0), 6);
+    peer_handshake(&p, z);
+    CHECK(peer_expect(&p, z, "back"));          /* ahead of what waited */
+    CHECK(peer_expect(&p, z, "queued"));
+    finish(z, &p);
+}
+
+static void test_resend_keeps_what_is_counted_until_acknowledged(void)
+{
+    peer p;
+    peer_listen(&p);
+    fb_zmtp *z = open_to(&p, 16, 1 << 20);
+    REQUIRE(fb_zmtp_set_resend(z, (const unsigned char *)"P", 1, 40) == 0);
+    peer_handshake(&p, z);
+    uint64_t counted, acked;
+    size_t kept;
+    int held;
+    CHECK_EQ(fb_zmtp_send(z, "Pone", 4, 0), 4);
+    CHECK_EQ(fb_zmtp_send(z, "ping", 4, 0), 4);  /* not counted */
+    CHECK_EQ(fb_zmtp_send(z, "Ptwo", 4, 0), 4);
+    CHECK(peer_expect(&p, z, "Pone") && peer_expect(&p, z, "ping") && peer_expect(&p, z, "Ptwo"));
+    fb_zmtp_resend_state(z, &counted, &acked, &kept, &held);
+    CHECK(counted == 2 && acked == 0 && kept == 12 && !held);
+    fb_zmtp_acked(z, 1);
+    fb_zmtp_resend_state(z, &counted, &acked, &kept, &held);
+    CHECK(acked == 1 && kept == 6);
+    /* The bound: counted messages wait (EAGAIN) past it; others do not. */
+    CHECK_EQ(fb_zmtp_send(z, "Pthree....", 10, 0), 10);
+    CHECK_EQ(fb_zmtp_send(z, "Pfour.....", 10, 0), 10);
+    CHECK_EQ(fb_zmtp_send(z, "Pfive.....", 10, 0), 10);
+    errno = 0;
+    CHECK_EQ(fb_zmtp_send(z, "Psix", 4, 0), -1);
+    CHECK_EQ(errno, EAGAIN);
+    CHECK_EQ(fb_zmtp_send(z, "ping", 4, 0), 4);
+    CHECK(peer_expect(&p, z, "Pthree....") && peer_expect(&p, z, "Pfour.....") && peer_expect(&p, z, "Pfive.....")
+          && peer_expect(&p, z, "ping"));
+    fb_zmtp_acked(z, 4);                        /* the peer took two, three and four */
+    /* The connection is lost: what is counted from now on is held. */
+    peer_close(&p);
+    int ev = 0;
+    size_t len = sizeof ev;
+    for (int i = 0; i < 50 && !held; i++) {
+        fb_zmtp_getsockopt(z, FB_ZMTP_EVENTS, &ev, &len);   /* reads the end */
+        fb_zmtp_resend_state(z, &counted, &acked, &kept, &held);
+        usleep(2000);
+    }
+    CHECK(held);
+    CHECK_EQ(fb_zmtp_send(z, "Pseven", 6, 0), 6);
+    CHECK_EQ(fb_zmtp_send(z, "hello", 5, 0), 5);
+    peer_handshake(&p, z);
+    CHECK(peer_expect(&p, z, "hello"));         /* the held message waits for the resume */
+    /* The peer's session goes on, holding 4: five again, then seven. */
+    CHECK_EQ(fb_zmtp_resume(z, 4, FB_ZMTP_RESUMED), 0);
+    CHECK(peer_expect(&p, z, "Pfive.....") && peer_expect(&p, z, "Pseven"));
+    fb_zmtp_resend_state(z, &counted, &acked, &kept, &held);
+    CHECK(counted == 6 && acked == 4 && !held);
+    /* Lost again, and the peer has a new session: what went on the old
+     * connection (five, seven) is dropped, what never went goes, numbered anew. */
+    peer_close(&p);
+    held = 0;
+    for (int i = 0; i < 50 && !held; i++) {
+        fb_zmtp_getsockopt(z, FB_ZMTP_EVENTS, &ev, &len);
+        fb_zmtp_resend_state(z, &counted, &acked, &kept, &held);
+        usleep(2000);
+    }
+    CHECK(held);
+    CHECK_EQ(fb_zmtp_send(z, "Peight", 6, 0), 6);
+    peer_handshake(&p, z);
+    CHECK_EQ(fb_zmtp_resume(z, 0, FB_ZMTP_FRESH), 2);
+    CHECK(peer_expect(&p, z, "Peight"));
+    fb_zmtp_resend_state(z, &counted, &acked, &kept, &held);
+    CHECK(counted == 1 && acked == 0 && kept == 8 && !held);
+    finish(z, &p);
+}
+
 int main(void)
 {
     RUN(test_handshake_and_messages_both_ways);
@@ -489,5 +592,7 @@ int main(void)
     RUN(test_ping_is_answered_between_messages);
     RUN(test_nobody_listening_is_tried_again);
     RUN(test_close_lingers_only_for_what_is_queued);
+    RUN(test_a_reconnect_message_goes_first_on_every_new_connection);
+    RUN(test_resend_keeps_what_is_counted_until_acknowledged);
     CTEST_END();
 }

@@ -85,6 +85,11 @@ cdef enum:
     MAX_SEND_FRAMES = 8          # frames of a control message Python sends (send())
     LINKS_PER_CALL = 4096
     COPY_MAX = 8192              # batches up to this size are copied; larger ones handed to libzmq
+    # A resumable session is told TOOK each time this many more PUBs, or
+    # bytes of them, came (and at its pings): what its client keeps for a
+    # resend stays far below the bound that makes it wait (max_buffer_bytes).
+    TOOK_EVERY = 64
+    TOOK_BYTES = 65536
     IDENT_MAX = 255              # ZeroMQ routing ids are 1..255 bytes
     INSTANCE_MAX = 64            # the broker instance id a PONG carries (protocol.new_instance_id: 16)
     POLLIN = 1                   # ZMQ_POLLIN
@@ -173,6 +178,10 @@ cdef struct slot:
     # ("taken" in a resuming HELLO), and what was sent, kept (_ring.pxi).
     uint64_t taken
     rring ring
+    # What it sent that the client counts and keeps until told (PUB, SUB;
+    # csrc/fb_zmtp.h resend): how many came, and how many TOOK last said.
+    uint64_t received, received_told
+    uint64_t received_bytes       # ... and their bytes since TOOK last said
 
 
 cdef struct event:
@@ -654,6 +663,50 @@ cdef class Relay:
             waiting += e.records - e.done
             e = e.next
         return (bool(s.detached), s.taken, s.ring.bytes, waiting + s.q.lost)
+
+    cdef void _tell_took(self, uint32_t link, bint queue) noexcept nogil:
+        """TOOK [a, received]: the client may forget what it kept of this
+        session's PUBs and SUBs up to it.  At once, or (``queue``) behind
+        what waits for the session; not at all while it is detached or a
+        queue waits (the next one says it)."""
+        cdef slot *s = &self.slots[link]
+        cdef uint8_t buf[8]
+        cdef qentry *e
+        if s.detached or s.gone:
+            return
+        _put_u64(buf, s.received)
+        if s.q.head is NULL and not s.q.lost:
+            if self._send_small(link, b"a", buf, 8) == 0:
+                s.received_told = s.received
+                s.received_bytes = 0
+            return
+        if not queue:
+            return
+        e = _qentry_new(2)
+        if e is NULL or _qentry_frame(e, 0, b"a", 1) < 0 or _qentry_frame(e, 1, buf, 8) < 0:
+            if e is not NULL:
+                _qentry_free(e)
+            return
+        e.cmd = b'a'
+        _q_push(&s.q, e)
+        s.received_told = s.received
+        s.received_bytes = 0
+        self._queued(link, QUEUED)
+
+    def count_received(self, uint32_t link) -> None:
+        """Python took a counted message (a SUB) from a session."""
+        if link < self.nslots:
+            self.slots[link].received += 1
+
+    def received(self, uint32_t link) -> int:
+        """The counted messages (PUB, SUB) the session sent that came."""
+        return self.slots[link].received if link < self.nslots else 0
+
+    def tell_took(self, uint32_t link) -> None:
+        """TOOK to a resumable session, before a PONG Python answers."""
+        if link < self.nslots and self.slots[link].resumable and \
+                self.slots[link].received != self.slots[link].received_told:
+            self._tell_took(link, True)
 
     cdef void _retain_sent(self, slot *s, unsigned char *buf, size_t len, uint64_t records,
                            const uint8_t *seq) noexcept nogil:
@@ -1440,6 +1493,12 @@ cdef class Relay:
         link = self._find(<const uint8_t *>R.msg_data(&parts[0]), R.msg_size(&parts[0]))
         if link == UINT32_MAX:
             return False
+        self.slots[link].received += 1
+        self.slots[link].received_bytes += R.msg_size(&parts[2])
+        if self.slots[link].resumable and \
+                (self.slots[link].received - self.slots[link].received_told >= TOOK_EVERY or
+                 self.slots[link].received_bytes >= TOOK_BYTES):
+            self._tell_took(link, False)
         rc = self._route_batch(link, R.msg_data(&parts[2]), R.msg_size(&parts[2]), &over)
         if rc < 0 or over:
             # The router refused the batch (Python drops the sender with
@@ -1552,6 +1611,8 @@ cdef class Relay:
         self._send_links(&link, 1, fb_now_ns())
         if s.gone:
             return True                        # leaving: Python removes it this turn
+        if s.resumable and s.received != s.received_told:
+            self._tell_took(link, True)           # (a flush's PONG finds what it covers acknowledged)
         # The lease counts from before the PONG leaves (the client counts
         # from before its PING left: both ends err short).
         now = fb_now_ns()

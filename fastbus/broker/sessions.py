@@ -112,6 +112,8 @@ class Sessions:
             self._on_hello(ident, link, rest, meta or {})
         elif cmd == P.PING:
             token = rest[0] if rest else b""
+            if link is not None:
+                b.relay.tell_took(link.link)       # (a flush's PONG finds what it covers acknowledged)
             if link is None:
                 self._reply(ident, [P.PONG, token, b.instance])
                 # A client we dropped (or never met) that is still alive.
@@ -144,6 +146,7 @@ class Sessions:
             b.drops["unknown_peer"] += 1
             self._hello_required(ident)
         elif cmd == P.SUB:
+            b.relay.count_received(link.link)     # (the client keeps it until TOOK says so)
             if len(rest) != 2:
                 raise P.ProtocolError("SUB takes a sequence number and an ops batch")
             seq = P.unpack_u64(rest[0])
@@ -260,7 +263,7 @@ class Sessions:
         resume it), or None: publishers, downstream brokers and clients
         that name none start a session that ends with its connection."""
         sid = hello.get("session")
-        if sid is None or kind is not ClientLink or hello.get("pub"):
+        if sid is None or kind is not ClientLink:
             return None
         if not P.valid_session_id(sid):
             raise P.ProtocolError(f"a session id is {P.SESSION_ID_CHARS} hex digits")
@@ -275,16 +278,22 @@ class Sessions:
         says it took is not what it was sent."""
         b = self.b
         taken = hello.get("taken", 0)
-        if (meta.get("User-Id") or None) != link.user_id:
+        why = ("opened with another key" if (meta.get("User-Id") or None) != link.user_id else
+               "not the same kind of session" if bool(hello.get("pub")) != link.publisher else None)
+        if why is not None:
             b.drops["resume_refused"] += 1
-            log.warning("peer %s: a resume of session %s... refused: opened with another key",
-                        str(hello.get("name", ""))[:100], link.session_id[:8])
+            log.warning("peer %s: a resume of session %s... refused: %s", str(hello.get("name", ""))[:100],
+                        link.session_id[:8], why)
             return False
         if not isinstance(taken, int) or isinstance(taken, bool) or taken < 0:
             raise P.ProtocolError("HELLO's taken is a count (an integer >= 0)")
         welcome = self._welcome(link)
         welcome["resumed"] = True
         welcome["confirmed"] = link.confirmed
+        welcome["received"] = b.relay.received(link.link)
+        if link.acks:
+            welcome["lease_us"] = b.lease_grant_us()
+            b.relay.grant(link.link, welcome["lease_us"])
         was = link.ident
         b.links.rebind(link, ident)
         self._kicked.discard(ident)
@@ -297,6 +306,11 @@ class Sessions:
             log.warning("%s: resume refused: %s", link.name, exc)
             b.remove_link(link, f"resume refused: {exc}")
             return False
+        if link.filters:
+            # What subscribers want now, whatever its view missed, and the flow state.
+            b.sender.send(link, b.interest.want_reset(link))
+            if b.sender.paused:
+                b.sender.send(link, [P.FLOW, P.FLOW_PAUSE])
         away = 0.0 if link.detached_at is None else time.monotonic() - link.detached_at
         link.detached_at = None
         link.address = meta.get("Peer-Address") or link.address
@@ -330,19 +344,24 @@ class Sessions:
     # -- replies outside sessions ------------------------------------------
 
     def _hello_required(self, ident: bytes) -> None:
+        """KICK a peer without a session, once: once it went (a peer whose
+        socket is full, a slow consumer just dropped, is told at its next
+        message, its ping at the latest, and never left believing it is
+        still subscribed)."""
         if ident in self._kicked:
             return
         if len(self._kicked) > 10000:
             self._kicked.clear()
-        self._kicked.add(ident)
-        reason = self._gone.pop(ident, None)
-        self._reply(ident, [P.KICK, P.dump_json({"reason": f"disconnected: {reason}" if reason
-                                                 else "hello required"})])
+        reason = self._gone.get(ident)
+        if self._reply(ident, [P.KICK, P.dump_json({"reason": f"disconnected: {reason}" if reason
+                                                    else "hello required"})]):
+            self._kicked.add(ident)
+            self._gone.pop(ident, None)
 
-    def _reply(self, ident: bytes, frames: list) -> None:
+    def _reply(self, ident: bytes, frames: list) -> bool:
         """An answer outside a session's queue, through the data plane (at
-        once, or not at all)."""
-        self.b.relay.reply(ident, frames)
+        once, or not at all: False)."""
+        return self.b.relay.reply(ident, frames)
 
     def _protocol_error(self, ident: bytes, exc: Exception) -> None:
         b = self.b

@@ -40,6 +40,7 @@ class ClientStats(TypedDict):
     flow_pauses: int        #: how many times it did
     rejected: int           #: messages the broker dropped (over its limits; flush() raises MessagesRejected)
     unfiltered: int         #: sent although the filter would have dropped them: its lease had run out
+    unacknowledged_lost: int  #: batches sent on a connection lost with a broker that did not keep the session (a restart)
 
 #: A publish() that starts a batch sends it at once from the publishing
 #: thread unless the publisher is in a burst: BURST_LIMIT batches already
@@ -276,7 +277,7 @@ class Client(ClientBase):
                 "queued": pub.queued, "queued_bytes": pub.buffered_bytes,
                 "filter_active": self._pub.filtering(), "flow_paused": self._pub.flow_paused,
                 "flow_pauses": self._pub.flow_pauses, "rejected": self._pub.rejected,
-                "unfiltered": pub.lapsed}
+                "unfiltered": pub.lapsed, "unacknowledged_lost": self._pub.unacknowledged_lost}
 
     def broker_stats(self, timeout: float = 5.0) -> dict[str, Any]:
         """The broker's counters (see ``fastbus stats``)."""

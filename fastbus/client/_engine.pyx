@@ -47,7 +47,8 @@ from fastbus.includes.fb_reader cimport (fb_reader, fb_zmq_recv_calls, fb_reader
 from fastbus.includes.fb_sender cimport (FB_SENDER_TOKEN_MAX, fb_sender, fb_sender_start, fb_sender_stop,
                                          fb_sender_send_now, fb_sender_wake)
 from fastbus.includes.fb_zmtp cimport (FB_ZMTP_FD, fb_zmtp, fb_zmtp_buffered, fb_zmtp_close, fb_zmtp_connected, fb_zmtp_get_stats,
-                                      fb_zmtp_set_reconnect_message,
+                                      fb_zmtp_set_reconnect_message, fb_zmtp_set_resend, fb_zmtp_acked, fb_zmtp_resume,
+                                      fb_zmtp_resend_state, FB_ZMTP_RESUMED, FB_ZMTP_FRESH, FB_ZMTP_FRESH_DROP,
                                        fb_zmtp_getsockopt, fb_zmtp_msg_close, fb_zmtp_msg_data, fb_zmtp_msg_init,
                                        fb_zmtp_msg_more, fb_zmtp_msg_recv, fb_zmtp_msg_size, fb_zmtp_open,
                                        fb_zmtp_options, fb_zmtp_pending, fb_zmtp_send, fb_zmtp_stats)
@@ -261,6 +262,7 @@ cdef class Stream:
     cdef public int linger, sndtimeo
     cdef public long long maxmsgsize
     cdef bint _opened
+    cdef bint _resend
 
     def __cinit__(self, bytes address not None):
         self._address = address
@@ -319,6 +321,44 @@ cdef class Stream:
         False: the kernel was drained at the last read, and the descriptor
         says when more comes.  No syscall."""
         return self._z != NULL and fb_zmtp_pending(self._z)
+
+    def set_resend(self, bytes commands not None, Py_ssize_t max_bytes) -> None:
+        """Keep each message whose first frame begins with one of
+        ``commands`` until the broker acknowledges it (TOOK), at most
+        ``max_bytes`` of them; after a lost connection, hold them until
+        ``resume()`` (csrc/fb_zmtp.h resend).  ``b""`` turns it off."""
+        if self._z == NULL:
+            raise ValueError("a closed Stream")
+        if fb_zmtp_set_resend(self._z, <const unsigned char *>PyBytes_AS_STRING(commands), PyBytes_GET_SIZE(commands),
+                              <size_t>max(max_bytes, 0)) < 0:
+            raise ValueError("set_resend: up to 8 commands, before anything was counted")
+        self._resend = PyBytes_GET_SIZE(commands) > 0
+
+    def acked(self, uint64_t n) -> None:
+        """The broker took this many of the counted messages."""
+        if self._z != NULL:
+            fb_zmtp_acked(self._z, n)
+
+    def resume(self, uint64_t received, str how) -> int:
+        """What the broker's WELCOME says: ``how`` "resumed" (it holds
+        ``received`` of them: the rest goes again), "fresh" (a new session:
+        what never went goes) or "fresh-drop" (nothing kept goes).  The
+        messages dropped as sent on a lost connection: may be lost."""
+        cdef int h = FB_ZMTP_RESUMED if how == "resumed" else FB_ZMTP_FRESH if how == "fresh" else FB_ZMTP_FRESH_DROP
+        if self._z == NULL:
+            return 0
+        return fb_zmtp_resume(self._z, received, h)
+
+    @property
+    def resend_state(self) -> tuple:
+        """``(counted, acknowledged, bytes kept, held)``; None without resend."""
+        cdef uint64_t counted = 0, acked = 0
+        cdef size_t kept = 0
+        cdef int held = 0
+        if self._z == NULL or not self._resend:
+            return None
+        fb_zmtp_resend_state(self._z, &counted, &acked, &kept, &held)
+        return (counted, acked, kept, bool(held))
 
     def set_reconnect_message(self, list frames not None) -> None:
         """A message (bytes frames, at most 8) sent first on each connection
@@ -644,6 +684,10 @@ cdef enum:
     MAX_FRAMES = 16              # frames of one message handed over; more is the owner's protocol error
 
 
+cdef void _stream_acked(void *sock, uint64_t n) noexcept nogil:
+    fb_zmtp_acked(<fb_zmtp *>sock, n)
+
+
 cdef class Reader:
     """A native thread that reads one subscribing connection (``sock``,
     guarded by ``lock``) while no user thread does, into a queue of at most
@@ -675,11 +719,13 @@ cdef class Reader:
     cdef tuple _lease_pong
     cdef tuple _ping
     cdef bytes _instance
+    cdef bytes _took_command
 
     def __cinit__(self, SessionLock lock not None, sock, int owner_fd, Py_ssize_t max_bytes,
                   bytes data_command=b"D", Sender flow_to=None, bytes flow_command=b"F",
                   bytes flow_pause=b"\x00", bytes flow_reset_command=None, Publisher view_of=None, bytes want_command=b"W",
-                  bytes ack_command=b"A", tuple lease_pong=None, bint wake_on_data=False, tuple ping=None):
+                  bytes ack_command=b"A", tuple lease_pong=None, bint wake_on_data=False, tuple ping=None,
+                  bytes took_command=b"a"):
         if not available():
             raise RuntimeError("the client's engine needs pyzmq's libzmq, which was not found")
         if max_bytes <= 0:
@@ -749,6 +795,13 @@ cdef class Reader:
             self._r.live_pong_command = PyBytes_AS_STRING(pong_command)
             self._r.live_pong_command_len = PyBytes_GET_SIZE(pong_command)
             self._r.ping_interval_ns = <uint64_t>(interval * 1e9)
+        if isinstance(sock, Stream):
+            # The broker's count of what it took of the connection's kept
+            # messages (TOOK) frees them at once (fb_reader.h took).
+            self._took_command = took_command
+            self._r.took_command = PyBytes_AS_STRING(took_command)
+            self._r.took_command_len = PyBytes_GET_SIZE(took_command)
+            self._r.took = _stream_acked
         cdef int rc = fb_reader_start(&self._r)
         if rc:
             raise OSError(rc, strerror(rc).decode())

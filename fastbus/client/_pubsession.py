@@ -30,12 +30,13 @@ BLOCKED_BACKSTOP = 0.001
 
 
 class _Flush:
-    __slots__ = ("target", "token", "pinged")
+    __slots__ = ("target", "token", "pinged", "counted")
 
     def __init__(self, target: int, token: bytes) -> None:
         self.target = target          # messages sent when everything queued at the call is sent
         self.token = token
         self.pinged = False
+        self.counted = 0              # what the connection counted when the ping went (resend)
 
 
 #: What the publishing session's native reader queues for the keeper at
@@ -96,6 +97,7 @@ class PubSession(Session):
         self.pongs: set[bytes] = set()    # flush tokens the broker answered
         self.stats_replies: list[dict] = []
         self.rejected = 0                 # messages the broker said it dropped (NOTICE)
+        self.unacknowledged_lost = 0      # batches sent to a broker that lost the session before taking them
         self.notice: MessagesRejected | None = None   # raised by the next flush()
         self._hellos: deque[int] = deque(maxlen=HELLOS_KEPT)    # HELLOs not yet welcomed: sent ns
         publisher.renew = self.renew_lease
@@ -307,12 +309,22 @@ class PubSession(Session):
             self.pump()
             if self.sent < f.target:
                 return False
+        resend = None if isinstance(self.sock, zmq.Socket) else self.sock.resend_state
         if not f.pinged:
+            if resend is not None and resend[3]:
+                return False          # held until the broker resumes the session: then they go
             # Behind the batches: its PONG comes back once the broker has them.
             self.ping(f.token)
             f.pinged = True
+            f.counted = resend[0] if resend is not None else 0
         if f.token in self.pongs:
             self.pongs.discard(f.token)
+            if resend is not None and resend[1] < f.counted:
+                # The PONG came, but not all it should follow (a cut lost
+                # them: they go again on the resume): ask again after them.
+                f.pinged = False
+                f.token = b"flush-%d" % next(self._tokens)
+                return False
             return True
         return False
 
@@ -378,6 +390,12 @@ class PubSession(Session):
         else:
             # A broker that grants no lease does not wait for us either.
             pub.set_lease(FOREVER)
+
+    def on_unacknowledged(self, n: int) -> None:
+        self.unacknowledged_lost += n
+        log.warning("%s: %d batches sent to %s before it lost this session (a restart) were not acknowledged: "
+                    "they may not have been routed (stats()['unacknowledged_lost'])", self.options.name, n,
+                    self.options.endpoint)
 
     def on_pong(self, token: bytes, lease_us: int | None) -> None:
         if token.startswith(b"flush-"):

@@ -139,6 +139,9 @@ class Session:
         self.welcome: dict = {}           # the broker's latest WELCOME
         self.limits: dict = {}            # what the broker's WELCOME said it accepts
         self.resyncing = False            # a new HELLO is on its way (until WELCOME)
+        # The session outlives its connection (docs/PROTOCOL.md, "Resuming
+        # a session"): its id, named in every HELLO.
+        self.session_id = P.new_session_id()
         self._next_ping = 0.0             # (next_ping)
         self.more = False                 # stopped reading before the socket was empty
         self.blocked = False              # a data batch met a full socket (EAGAIN)
@@ -190,6 +193,9 @@ class Session:
             # answers an unknown connection's PING with KICK "hello
             # required", and the session resumes): not at its next ping.
             s.set_reconnect_message([P.PING, RECONNECT_TOKEN])
+            # What the broker did not take yet is kept, and goes again on
+            # the next connection (what was in flight when one was cut).
+            s.set_resend(P.RESENT, opts.max_buffer_bytes)
         self.sock = s
         self.fd = s.FD
         # zmq_poll gives back a pyzmq socket as itself, anything else as
@@ -609,6 +615,7 @@ class Session:
             limits = info.get("limits")
             self.limits = limits if isinstance(limits, dict) else {}
             self.resyncing = False
+            self._resume_connection(info)
             self.on_welcome()
         elif cmd == P.PONG and len(frames) in (3, 4):
             token, instance = frames[1], frames[2]
@@ -625,6 +632,9 @@ class Session:
                 # HELLO is on its way; one event, one notice.
                 return
             self.resync(reason)
+        elif cmd == P.TOOK and len(frames) == 2:
+            if not isinstance(self.sock, zmq.Socket):
+                self.sock.acked(P.unpack_u64(frames[1]))   # (read here: the native reader takes its own)
         elif cmd == P.PING:
             pass                     # the broker's liveness probe: nothing to answer
         else:
@@ -637,6 +647,26 @@ class Session:
 
     def on_welcome(self) -> None:
         pass
+
+    def _resume_connection(self, info: dict) -> None:
+        """What the connection kept (csrc/fb_zmtp.h resend) after a WELCOME:
+        the broker's session went on (what it did not get goes again), or
+        is new (what went on the lost connection is not sent again; a
+        SubSession sends its whole state anew)."""
+        s = self.sock
+        if isinstance(s, zmq.Socket) or s is None:
+            return
+        if not info.get("linger"):
+            s.set_resend(b"", 0)          # a broker that keeps no session: nothing to send again
+            return
+        how = "resumed" if info.get("resumed") else "fresh-drop" if self.kind == "sub" else "fresh"
+        dropped = s.resume(info.get("received", 0), how)
+        if dropped:
+            self.on_unacknowledged(dropped)
+
+    def on_unacknowledged(self, n: int) -> None:
+        """``n`` messages went on a lost connection to a broker that does
+        not have this session any more: they may not have arrived."""
 
     def on_pong(self, token: bytes, lease_us: int | None) -> None:
         """A PONG for a ping of ours (``lease_us``: the lease it grants a
@@ -653,7 +683,7 @@ class Session:
 
     def hello_fields(self) -> dict:
         """What this kind of session adds to its HELLO."""
-        return {}
+        return {"session": self.session_id}
 
     def ping(self, token: bytes = b"", lease: bool = False) -> None:
         """Send a PING (its PONG comes back behind everything the broker

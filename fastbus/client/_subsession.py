@@ -64,11 +64,10 @@ class SubSession(Session):
         self.confirmed = 0                  # the latest CONFIRM read: SUBs up to it are in effect
         self.awaiting = 0                   # subscribe() calls waiting for a CONFIRM
         self.confirm_cv = threading.Condition()   # ...woken by it when another thread reads
-        # The session outlives its connection (docs/PROTOCOL.md, "Resuming
-        # a session"): its id, and how much of its stream it took off the
-        # connection (records of DATA, and of GAPs), which a resuming HELLO
-        # says; the broker sends what followed again.
-        self.session_id = P.new_session_id()
+        # How much of its stream the session took off its connections
+        # (records of DATA, and of GAPs), which a resuming HELLO says; the
+        # broker sends what followed again (docs/PROTOCOL.md, "Resuming a
+        # session").
         self.taken = 0
         self.taken_told = 0                 # ... as far as the last TAKEN told the broker
         self.resync_why: str | None = None  # a HELLO after a lost session: said (reconnect) unless resumed
@@ -126,7 +125,7 @@ class SubSession(Session):
         self.resend = bool(self.subs)
 
     def hello_fields(self) -> dict:
-        return {"session": self.session_id, "taken": self.taken}
+        return {**super().hello_fields(), "taken": self.taken}
 
     def _took(self, records: int) -> None:
         """``records`` more of the stream were taken off the connection."""

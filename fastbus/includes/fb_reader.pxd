@@ -53,6 +53,9 @@ cdef extern from "fb_reader.h" nogil:
         const void *live_pong_command
         size_t live_pong_command_len
         uint64_t ping_interval_ns
+        const void *took_command
+        size_t took_command_len
+        void (*took)(void *sock, uint64_t n)
         int want_wake
         int handed
         uint64_t read_messages

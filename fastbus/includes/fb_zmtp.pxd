@@ -12,6 +12,9 @@ cdef extern from "fb_zmtp.h" nogil:
         FB_ZMTP_EVENTS
         FB_ZMTP_POLLIN
         FB_ZMTP_POLLOUT
+        FB_ZMTP_RESUMED
+        FB_ZMTP_FRESH
+        FB_ZMTP_FRESH_DROP
 
     ctypedef struct fb_zmtp_options:
         int sndhwm
@@ -29,6 +32,7 @@ cdef extern from "fb_zmtp.h" nogil:
         uint64_t dropped_messages
         uint64_t syscalls_send
         uint64_t syscalls_recv
+        uint64_t unkept
 
     ctypedef struct fb_zmtp:
         pass
@@ -46,5 +50,9 @@ cdef extern from "fb_zmtp.h" nogil:
     int fb_zmtp_buffered(fb_zmtp *z)
     int fb_zmtp_pending(fb_zmtp *z)
     int fb_zmtp_set_reconnect_message(fb_zmtp *z, const void *const *frames, const size_t *lens, int n)
+    int fb_zmtp_set_resend(fb_zmtp *z, const unsigned char *commands, size_t n, size_t max_bytes)
+    void fb_zmtp_acked(fb_zmtp *z, uint64_t n)
+    uint64_t fb_zmtp_resume(fb_zmtp *z, uint64_t received, int how)
+    void fb_zmtp_resend_state(const fb_zmtp *z, uint64_t *counted, uint64_t *acked, size_t *kept_bytes, int *held)
     int fb_zmtp_connected(const fb_zmtp *z)
     void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out)
