@@ -88,7 +88,7 @@ cdef enum:
     # A resumable session is told TOOK each time this many more PUBs, or
     # bytes of them, came (and at its pings): what its client keeps for a
     # resend stays far below the bound that makes it wait (max_buffer_bytes).
-    TOOK_EVERY = 64
+    TOOK_EVERY = 1024
     TOOK_BYTES = 65536
     IDENT_MAX = 255              # ZeroMQ routing ids are 1..255 bytes
     INSTANCE_MAX = 64            # the broker instance id a PONG carries (protocol.new_instance_id: 16)
