@@ -110,6 +110,23 @@ def _note(notes: list, kind: str, lost=None) -> None:
     notes.append((time.monotonic_ns(), kind, lost))
 
 
+async def _nats_connect(port: int, notes: list):
+    """nats-py's connection, its callbacks noted (what its user is told)."""
+    import nats
+
+    async def disconnected() -> None:
+        _note(notes, "disconnected")
+
+    async def reconnected() -> None:
+        _note(notes, "reconnected")
+
+    async def error(exc: Exception) -> None:
+        _note(notes, "error:" + type(exc).__name__)
+
+    return await nats.connect(f"nats://127.0.0.1:{port}", disconnected_cb=disconnected,
+                              reconnected_cb=reconnected, error_cb=error)
+
+
 # -- the publisher ---------------------------------------------------------------
 
 def publisher(system: str, client: str, port: int, rate: float, seconds: float, ready, go, done,
@@ -200,19 +217,8 @@ def publisher(system: str, client: str, port: int, rate: float, seconds: float, 
         r.close()
     else:
         async def run() -> None:
-            import nats
 
-            async def disconnected() -> None:
-                _note(notes, "disconnected")
-
-            async def reconnected() -> None:
-                _note(notes, "reconnected")
-
-            async def error(exc: Exception) -> None:
-                _note(notes, "error:" + type(exc).__name__)
-
-            nc = await nats.connect(f"nats://127.0.0.1:{port}", disconnected_cb=disconnected,
-                                    reconnected_cb=reconnected, error_cb=error)
+            nc = await _nats_connect(port, notes)
             ready.set()
             if not await asyncio.to_thread(go.wait, 60):
                 return
@@ -323,23 +329,12 @@ def subscriber(system: str, client: str, port: int, ready, stop, path: str, limi
         r.close()
     else:
         async def run() -> None:
-            import nats
-
-            async def disconnected() -> None:
-                _note(notes, "disconnected")
-
-            async def reconnected() -> None:
-                _note(notes, "reconnected")
-
-            async def error(exc: Exception) -> None:
-                _note(notes, "error:" + type(exc).__name__)
 
             async def cb(msg) -> None:
                 seqs.append(unpack(msg.data)[1])
                 recv_ns.append(now_ns())
 
-            nc = await nats.connect(f"nats://127.0.0.1:{port}", disconnected_cb=disconnected,
-                                    reconnected_cb=reconnected, error_cb=error)
+            nc = await _nats_connect(port, notes)
             await nc.subscribe(CHANNEL, cb=cb)
             await nc.flush()
             ready.set()
