@@ -183,6 +183,23 @@ def test_a_client_refuses_an_oversized_message_or_reports_it(brokers):
         c.flush()
 
 
+def test_a_message_no_frame_can_carry_is_refused_before_welcome_and_the_broker_says_its_bound(brokers, tmp_path):
+    """Before any WELCOME a client refuses what no broker's frame carries
+    (it would close the connection: the message, and what followed it,
+    gone without a word); a broker does not start with a --max-payload its
+    frames cannot carry."""
+    import subprocess
+    import sys
+    with fastbus.Client(endpoint="tcp://127.0.0.1:1") as c:       # nobody there: no WELCOME ever
+        with pytest.raises(fastbus.MessageTooLarge, match="max_payload") as too_large:
+            c.publish("t", b"x" * (100 << 20))
+        assert too_large.value.limit == P.MAX_MESSAGE_BYTES - P.FRAME_MARGIN
+        assert c.stats()["published"] == 0
+    r = subprocess.run([sys.executable, "-m", "fastbus", "broker", "--max-payload", str(100 << 20),
+                        "--bind", "tcp://127.0.0.1:0"], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "max_message_bytes" in r.stderr and "at most" in r.stderr
+
+
 def test_a_truncated_batch_is_counted_once(brokers):
     b = brokers()
     s = raw_dealer(b.endpoint)

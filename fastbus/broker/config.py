@@ -87,7 +87,7 @@ class BrokerConfig:
     #: Limits on what a peer may send.
     max_topic: int = 65535
     max_payload: int = 16 * 1024 * 1024
-    max_message_bytes: int = 64 * 1024 * 1024
+    max_message_bytes: int = P.MAX_MESSAGE_BYTES
     max_subscriptions: int = 1_000_000
     #: What subscriptions may cost, for every session alike (clients and
     #: downstream brokers): the key bytes one session may hold (each
@@ -168,6 +168,11 @@ class BrokerConfig:
                      "max_message_bytes", "max_subscriptions"):
             if getattr(self, name) <= 0:
                 raise InvalidConfig(f"{name} must be positive")
+        if self.max_payload + self.max_topic + P.FRAME_MARGIN > self.max_message_bytes:
+            # A larger one could not arrive: its frame closes the connection.
+            raise InvalidConfig(f"max_payload {self.max_payload:,} (with max_topic {self.max_topic:,}) is more than a "
+                                f"message of max_message_bytes ({self.max_message_bytes:,} bytes) can carry: at most "
+                                f"{self.max_message_bytes - self.max_topic - P.FRAME_MARGIN:,}")
         if not 0 <= self.max_delay <= 10:
             raise InvalidConfig("max_delay (the linger) must be between 0 (none) and 10 seconds")
         if self.flow_pause_bytes is not None and (
