@@ -75,13 +75,15 @@ RESENT = PUB + SUB
 
 #: The largest message a broker takes in one frame unless it was built to
 #: take more (BrokerConfig.max_message_bytes; WELCOME's limits say it); a
-#: larger one closes the connection.  A client refuses a payload over it
-#: (less FRAME_MARGIN) until the broker's WELCOME says its own limits.
+#: larger one closes the connection.  A client refuses a payload over
+#: MAX_PAYLOAD_UNWELCOMED until the broker's WELCOME says its own limits.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-#: What a message's frames hold beyond its payload: its command, the batch
-#: header, the record's lengths, the channel (a broker's max_topic at most
-#: 65535).
-FRAME_MARGIN = 128 * 1024
+#: What a message's frames hold beyond its payload and channel: its
+#: command, the batch header, the record's lengths.
+FRAME_MARGIN = 1024
+#: The largest payload any broker's frame carries with any channel (its
+#: max_topic, 65535 at most by default).
+MAX_PAYLOAD_UNWELCOMED = MAX_MESSAGE_BYTES - 65535 - FRAME_MARGIN
 
 #: A resumable session's id, in HELLO's "session": hex, 32 characters
 #: (128 random bits, drawn once per PubSub: new_session_id()).

@@ -193,7 +193,7 @@ def test_a_message_no_frame_can_carry_is_refused_before_welcome_and_the_broker_s
     with fastbus.Client(endpoint="tcp://127.0.0.1:1") as c:       # nobody there: no WELCOME ever
         with pytest.raises(fastbus.MessageTooLarge, match="max_payload") as too_large:
             c.publish("t", b"x" * (100 << 20))
-        assert too_large.value.limit == P.MAX_MESSAGE_BYTES - P.FRAME_MARGIN
+        assert too_large.value.limit == P.MAX_PAYLOAD_UNWELCOMED
         assert c.stats()["published"] == 0
     r = subprocess.run([sys.executable, "-m", "fastbus", "broker", "--max-payload", str(100 << 20),
                         "--bind", "tcp://127.0.0.1:0"], cwd=tmp_path, capture_output=True, text=True, timeout=30)

@@ -144,7 +144,7 @@ READY = b"\x04\x1c\x05READY\x0bSocket-Type\x00\x00\x00\x06DEALER"
 
 
 def test_bad_input_closes_only_that_connection_and_is_counted():
-    with fastbus.Broker(bind=["tcp://127.0.0.1:0"], max_message_bytes=4096) as b:
+    with fastbus.Broker(bind=["tcp://127.0.0.1:0"], max_message_bytes=4096, max_payload=1024, max_topic=1024) as b:
         ep = b.endpoints[0]
         with _still_serving(ep):
             bad = [

@@ -103,7 +103,7 @@ class PubSession(Session):
         publisher.renew = self.renew_lease
         # Until the broker's WELCOME says its limits: what any broker's frame
         # can carry (a larger message would close the connection, silently).
-        publisher.max_payload = P.MAX_MESSAGE_BYTES - P.FRAME_MARGIN
+        publisher.max_payload = P.MAX_PAYLOAD_UNWELCOMED
 
     def open_native(self) -> None:
         """The native sender and reader.  The sender sends what a burst
@@ -379,7 +379,7 @@ class PubSession(Session):
         self._set_flow(False)             # a new session: the broker says again if not
         # What the broker accepts: publish() refuses a message over it at once.
         pub = self.publisher
-        pub.max_payload = self.limit("max_payload", P.MAX_MESSAGE_BYTES - P.FRAME_MARGIN)
+        pub.max_payload = self.limit("max_payload", P.MAX_PAYLOAD_UNWELCOMED)
         pub.max_topic = self.limit("max_topic")
         # The answer to our oldest HELLO in flight (or a later one): its
         # lease counts from the oldest, never longer than granted.
