@@ -110,6 +110,21 @@ def _note(notes: list, kind: str, lost=None) -> None:
     notes.append((time.monotonic_ns(), kind, lost))
 
 
+def _read(p, errors: type, running, take, notes: list) -> None:
+    """A redis-py-shaped PubSub read while ``running()``: each message to
+    ``take``; an error that escapes the client's own retries is noted and
+    the read tried again 50 ms later."""
+    while running():
+        try:
+            m = p.get_message(timeout=0.2)
+        except errors as exc:
+            _note(notes, "error:" + type(exc).__name__)
+            time.sleep(0.05)
+            continue
+        if m is not None:
+            take(m)
+
+
 async def _nats_connect(port: int, notes: list):
     """nats-py's connection, its callbacks noted (what its user is told)."""
     import nats
@@ -277,15 +292,7 @@ def subscriber(system: str, client: str, port: int, ready, stop, path: str, limi
         p = c.pubsub(ignore_subscribe_messages=True)
         p.subscribe(CHANNEL)                 # returns once in effect
         ready.set()
-        while running():
-            try:
-                m = p.get_message(timeout=0.2)
-            except fastbus.FastbusError as exc:
-                _note(notes, "error:" + type(exc).__name__)
-                time.sleep(0.05)
-                continue
-            if m is not None:
-                take(m)
+        _read(p, fastbus.FastbusError, running, take, notes)
         _write(path, out)
         c.close()
     elif system == "fastbus":
@@ -316,15 +323,7 @@ def subscriber(system: str, client: str, port: int, ready, stop, path: str, limi
         if (m := p.get_message(timeout=5.0)) is None or m["type"] != "subscribe":
             raise SystemExit(f"redis subscriber: no confirmation ({m!r})")
         ready.set()
-        while running():
-            try:
-                m = p.get_message(timeout=0.2)
-            except redis.RedisError as exc:
-                _note(notes, "error:" + type(exc).__name__)
-                time.sleep(0.05)
-                continue
-            if m is not None:
-                take(m)
+        _read(p, redis.RedisError, running, take, notes)
         _write(path, out)
         r.close()
     else:
