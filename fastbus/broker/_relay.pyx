@@ -909,14 +909,13 @@ cdef class Relay:
         reported (EVENT_OVERFLOW: the upstream link is resynced).  True
         if it was disconnected."""
         cdef slot *s = &self.slots[link]
-        cdef size_t limit = self._max_queue
-        if s.q.bytes <= limit:
+        if s.q.bytes <= self._max_queue:
             return False
         if self._disconnect and s.session:
             self._kick(link, 0)
             return True
-        self.dropped_slow += _q_drop_data(&s.q, limit)
-        if s.q.bytes <= limit:
+        self.dropped_slow += _q_drop_data(&s.q, self._max_queue)
+        if s.q.bytes <= self._max_queue:
             return False
         if s.session:
             self._kick(link, 1)
@@ -1078,8 +1077,7 @@ cdef class Relay:
                             # No memory for the copy: a resume from before
                             # it is told the loss (the ring forgets it).
                             s.taken += records
-                            _ring_clear(&s.ring)
-                            s.ring.trimmed = s.taken
+                            _ring_forget(&s.ring, s.taken)
                         else:
                             self._retain_sent(s, kept, nb, records, buf)
                             kept = NULL

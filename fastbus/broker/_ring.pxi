@@ -56,6 +56,13 @@ cdef void _ring_clear(rring *r) noexcept nogil:
     r.trimmed = 0
 
 
+cdef void _ring_forget(rring *r, uint64_t end) noexcept nogil:
+    """Everything through ``end`` is no longer kept (no memory to keep it):
+    a resume from before it is one GAP of the exact count."""
+    _ring_clear(r)
+    r.trimmed = end
+
+
 cdef void _ring_keep(rring *r, unsigned char *buf, size_t len, uint64_t records, uint64_t end,
                      const uint8_t *seq, size_t limit) noexcept nogil:
     """Keep a batch (``buf``, which becomes the ring's; NULL: a GAP of
@@ -68,8 +75,7 @@ cdef void _ring_keep(rring *r, unsigned char *buf, size_t len, uint64_t records,
     if e is NULL:
         if buf is not NULL:
             fb_free(buf)
-        _ring_clear(r)
-        r.trimmed = end
+        _ring_forget(r, end)
         return
     e.next = NULL
     e.buf = buf
