@@ -97,6 +97,11 @@ class Link:
         and FLOW pause/resume."""
         return False
 
+    @property
+    def lingering(self) -> bool:
+        """A session whose connection is gone, kept for its client to resume."""
+        return False
+
     def probe(self, idle: bool) -> list | None:
         """What maintenance sends to check the link is alive, or None;
         ``idle``: nothing went to it for a probe interval, nor waits."""
@@ -129,6 +134,10 @@ class Session(Link):
         #: The seq of the latest CONFIRM handed to the data plane for it: a
         #: resumed WELCOME says it, for a CONFIRM that a cut connection lost.
         self.confirmed = 0
+
+    @property
+    def lingering(self) -> bool:
+        return self.detached_at is not None
 
     def confirm(self, seq: int) -> None:
         """The SUB with this seq is applied: data from now on carries it

@@ -401,7 +401,7 @@ class Broker:
         them is counted (and said, if their client comes back later)."""
         linger = self.config.session_linger
         for link in self.links.snapshot():
-            if getattr(link, "detached_at", None) is not None and now - link.detached_at >= linger:
+            if link.lingering and now - link.detached_at >= linger:
                 self.relay.flush_link(link.link)     # (its outbox into its queue: counted with it)
                 lost = self.relay.resume_state(link.link)[3]
                 self.counters["sessions_expired"] += 1
@@ -554,8 +554,8 @@ class Broker:
         interval = self.config.probe_interval
         state = self.relay.queue_state
         for link in self.links.snapshot():
-            if getattr(link, "detached_at", None) is not None:
-                continue                     # lingering: nothing to probe
+            if link.lingering:
+                continue                     # nothing to probe
             queued, _blocked, _holding, _exempt, _lost, last_sent = state(link.link)
             frames = link.probe(not queued and now - last_sent >= interval)
             if frames is not None and self.links.is_current(link):
@@ -614,8 +614,7 @@ class Broker:
             "queued_bytes": relay.queued_bytes,
             # Sessions whose connection is gone, kept for their client to
             # resume (docs/PROTOCOL.md, "Resuming a session").
-            "sessions_lingering": sum(1 for link in self.links.by_id.values()
-                                      if getattr(link, "detached_at", None) is not None),
+            "sessions_lingering": sum(1 for link in self.links.by_id.values() if link.lingering),
             "flow_paused": self.sender.paused,
             # Who reads the client endpoints: the broker itself, with its
             # connections' counters, or libzmq (None: libzmq keeps them).
