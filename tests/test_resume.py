@@ -188,7 +188,9 @@ def test_a_lingering_session_over_its_bound_is_told_the_exact_gap(brokers):
     --max-queue-bytes; past it the oldest goes, and the resumed stream
     starts with one GAP of exactly what went.  Publishers are not held
     back by a session that has no connection."""
-    b = brokers("--max-queue-bytes", "65536", "--flow-pause-bytes", "16384")
+    # Batches of at most 16 KiB, so that the bound holds some whole (a
+    # slow machine makes larger batches: one over the bound goes whole).
+    b = brokers("--max-queue-bytes", "65536", "--flow-pause-bytes", "16384", "--max-bytes", "16384")
     n = 4_000
     with Forwarder(b.port) as fw, fastbus.Client(b.endpoint) as pub, \
             fastbus.Client(f"tcp://127.0.0.1:{fw.port}") as sub:
