@@ -71,7 +71,7 @@ except ImportError as _exc:
     raise _source_tree_error(_exc) from None
 
 from fastbus.errors import (AddressInUse, BatchError, BrokerTimeout, BrokerUnavailable, ConnectionClosed,
-                            FastbusError, FlushTimeout, ForwarderError, InvalidEndpoint, InvalidKey, KeyRefused,
+                            DurableNameInUse, FastbusError, FlushTimeout, ForwarderError, InvalidEndpoint, InvalidKey, KeyRefused,
                             ListenError,
                             MessagesRejected, MessageTooLarge, NotSubscribedError, PublishTimeout)
 from fastbus.protocol import DEFAULT_ENDPOINT, DEFAULT_PORT, ProtocolError
@@ -107,7 +107,7 @@ __all__ = [
     "Batch", "Forwarder", "Outbox", "Publisher", "Router", "Trie", "batch_count", "crc32c", "decode", "decode_messages", "encode",
     "BatchError", "FastbusError", "ForwarderError", "MessagesRejected", "MessageTooLarge", "NotSubscribedError", "ProtocolError",
     "PublishTimeout", "AddressInUse", "BrokerTimeout", "BrokerUnavailable", "FlushTimeout", "InvalidEndpoint",
-    "InvalidKey", "KeyRefused", "ListenError",
+    "InvalidKey", "KeyRefused", "DurableNameInUse", "ListenError",
     "ConnectionClosed", "Client", "ClientOptions", "PubSub", "PubSubMessage", "GapInfo", "Broker", "BrokerConfig",
     "DEFAULT_ENDPOINT", "DEFAULT_PORT",
     "ShardedClient", "ShardedPubSub", "aio",

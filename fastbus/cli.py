@@ -144,7 +144,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
         max_messages=args.max_messages, max_bytes=args.max_bytes, max_delay=args.max_delay,
         max_queue_bytes=args.max_queue_bytes, slow_policy=args.slow_policy, max_topic=args.max_topic,
         flow_pause_bytes=None if args.flow_pause_bytes is None else int(args.flow_pause_bytes),
-        flow_max_pause=args.flow_max_pause, session_linger=args.session_linger, filter_lease=args.filter_lease,
+        flow_max_pause=args.flow_max_pause, session_linger=args.session_linger,
+        durable_linger=args.durable_linger, filter_lease=args.filter_lease,
         upstream_confirm_timeout=args.upstream_confirm_timeout,
         max_payload=args.max_payload, max_subscriptions=args.max_subscriptions,
         max_subscription_bytes=args.max_subscription_bytes,
@@ -473,6 +474,10 @@ def _add_broker_parser(sub) -> None:
                    help="how long a client whose connection was lost keeps its session (subscriptions, and "
                         "what is routed to it, within --max-queue-bytes): back within it, it resumes and "
                         "misses nothing; 0: sessions end with their connection (default: %(default)s)")
+    g.add_argument("--durable-linger", type=nonnegative, default=3600.0, metavar="SECONDS",
+                   help="how long a durable subscriber's session (pubsub(durable=NAME)) is kept once its "
+                        "process is gone: a process presenting the name within it resumes where the last one "
+                        "stopped taking messages; 0: no durable sessions (default: %(default)s)")
     g.add_argument("--filter-lease", type=seconds, default=0.1, metavar="SECONDS",
                    help="a subscription is confirmed once every publisher's filter has it; a publisher "
                         "that does not acknowledge within this time (stopped, or starved) has stopped "

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "ConnectionClosed", "DataPlaneUnavailable",
            "FastbusError",
-           "FlushTimeout", "ForwarderError", "InvalidEndpoint", "InvalidKey", "KeyRefused", "ListenError",
+           "DurableNameInUse", "FlushTimeout", "ForwarderError", "InvalidEndpoint", "InvalidKey", "KeyRefused", "ListenError",
            "MessageTooLarge", "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
            "PublishTimeout", "RedisServerError", "ServerOutOfMemory", "ServerRefused", "ServerTimeout",
            "ServerUnavailable"]
@@ -178,6 +178,19 @@ class KeyRefused(FastbusError, PermissionError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "CURVE key refused"
+
+
+class DurableNameInUse(FastbusError, PermissionError):
+    """The broker refused a durable subscriber's name (``name``): another
+    live process holds it (one process at a time may), or the broker keeps
+    no durable sessions.  The PubSub does not try again: close it."""
+
+    def __init__(self, message: str, name: str = "") -> None:
+        super().__init__(message)
+        self.name = name
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "durable name refused"
 
 
 class BrokerTimeout(FastbusError, TimeoutError):

@@ -10,6 +10,7 @@ record per operation, the key as topic and one flags byte as payload).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -98,6 +99,22 @@ def new_session_id() -> str:
 def valid_session_id(value: object) -> bool:
     return isinstance(value, str) and len(value) == SESSION_ID_CHARS and \
         all(c in "0123456789abcdef" for c in value)
+
+
+#: A durable subscriber's name (HELLO's "durable"): what a process that
+#: takes its place presents; 1 to this many characters, no control ones.
+DURABLE_NAME_CHARS = 200
+
+
+def valid_durable_name(value: object) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= DURABLE_NAME_CHARS and value.isprintable()
+
+
+def durable_session_id(name: str) -> str:
+    """The session id of durable subscriber ``name``: the same in every
+    process that presents the name (the broker binds it to the CURVE key
+    too, where CURVE is on)."""
+    return hashlib.sha256(b"fastbus durable\x00" + name.encode()).hexdigest()[:SESSION_ID_CHARS]
 
 # ops batch flags byte
 OP_SUBSCRIBE = 0x01

@@ -643,11 +643,25 @@ cdef class Relay:
             self._drain_link(link, fb_now_ns())
         return replayed, lost
 
+    def detach(self, uint32_t link) -> None:
+        """A resumable session's client left saying it keeps the session (a
+        durable subscriber's BYE): it lingers as if its connection were
+        lost (EVENT_DETACHED follows)."""
+        if link < self.nslots and self.slots[link].session and self.slots[link].resumable and \
+                not self.slots[link].gone:
+            self._detach(link)
+
     def trim(self, uint32_t link, uint64_t taken) -> None:
         """The client of a resumable session says it took its stream up to
         ``taken`` (TAKEN): what that covers is no longer kept."""
         if link < self.nslots and self.slots[link].resumable:
             _ring_trim(&self.slots[link].ring, taken)
+
+    def ring_from(self, uint32_t link) -> int:
+        """Where what the ring keeps for session ``link`` starts: the stream
+        count through the last entry it let go (a resume from there or
+        later misses nothing)."""
+        return self.slots[link].ring.trimmed if link < self.nslots else 0
 
     def resume_state(self, uint32_t link) -> tuple:
         """``(detached, stream count, bytes kept for a resume, records

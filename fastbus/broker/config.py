@@ -84,6 +84,11 @@ class BrokerConfig:
     #: within it resumes, missing nothing (docs/PROTOCOL.md, "Resuming a
     #: session").  0: a lost connection ends the session at once.
     session_linger: float = 30.0
+    #: A durable subscriber's session (``client.pubsub(durable="name")``)
+    #: is kept this many seconds once its process is gone or closed it: a
+    #: process that presents the name within it resumes where the last one
+    #: stopped taking messages.  0: this broker keeps no durable sessions.
+    durable_linger: float = 3600.0
     #: Limits on what a peer may send.
     max_topic: int = 65535
     max_payload: int = 16 * 1024 * 1024
@@ -184,6 +189,8 @@ class BrokerConfig:
         if not 0 <= self.session_linger <= 86400:
             raise InvalidConfig("session_linger must be between 0 (sessions end with their connection) "
                                 "and 86400 seconds")
+        if not 0 <= self.durable_linger <= 30 * 86400:
+            raise InvalidConfig("durable_linger must be between 0 (no durable sessions) and 2592000 seconds (30 days)")
         for name in ("max_subscription_bytes", "max_total_subscription_bytes"):
             if getattr(self, name) <= 0:
                 raise InvalidConfig(f"{name} must be positive")

@@ -118,7 +118,8 @@ class Session(Link):
     limited = True
     holds_lease = True
 
-    __slots__ = ("ident", "acked_seq", "session_id", "user_id", "detached_at", "confirmed")
+    __slots__ = ("ident", "acked_seq", "session_id", "user_id", "detached_at", "confirmed", "linger", "durable",
+                 "claim", "consumed")
 
     def __init__(self, link: int, ident: bytes, name: str, sock: zmq.Socket, publisher: bool) -> None:
         super().__init__(link, name, sock, publisher)
@@ -128,8 +129,17 @@ class Session(Link):
         #: it was opened with (a resume must present the same one).
         self.session_id: str | None = None
         self.user_id: str | None = None
+        #: Seconds it lingers once its connection is gone.
+        self.linger = 0.0
+        #: A durable subscriber's name (its session outlives its process),
+        #: the claim of the process that holds it (drawn per PubSub: another
+        #: process's is another claim), and how much of its stream that
+        #: process's application took (its TAKEN): where the next one starts.
+        self.durable: str | None = None
+        self.claim: str | None = None
+        self.consumed = 0
         #: When its connection was found lost (time.monotonic()): it
-        #: lingers until resumed or session_linger runs out.  None: connected.
+        #: lingers until resumed or its linger runs out.  None: connected.
         self.detached_at: float | None = None
         #: The seq of the latest CONFIRM handed to the data plane for it: a
         #: resumed WELCOME says it, for a CONFIRM that a cut connection lost.

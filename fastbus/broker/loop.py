@@ -67,10 +67,10 @@ _COUNTERS = ("batches_in", "messages_in", "bytes_in", "batches_out", "messages_o
              "peers_joined", "peers_left", "subscribe_ops", "unsubscribe_ops", "control_in",
              "flow_pauses", "flow_timeouts", "control_collapsed", "memory_trims", "gap_notices",
              "ack_timeouts", "sessions_detached", "sessions_resumed", "sessions_expired", "messages_replayed",
-             "resume_lost")
+             "resume_lost", "durable_taken_over")
 _DROPS = ("slow_consumer", "unrouted", "malformed", "oversize", "protocol", "unknown_peer", "not_subscribed",
           "too_many_subscriptions", "not_a_broker", "disconnected_slow", "unreachable", "internal",
-          "resume_refused", "session_expired")
+          "resume_refused", "session_expired", "durable_in_use")
 
 
 class Broker:
@@ -389,19 +389,18 @@ class Broker:
     def detach_link(self, link: Link) -> None:
         """A resumable session's connection is gone: it lingers (the data
         plane queues what is routed to it) until it resumes or
-        session_linger runs out (_maintenance)."""
+        its linger runs out (_maintenance)."""
         if link.detached_at is None:
             link.detached_at = time.monotonic()
             self.counters["sessions_detached"] += 1
             log.info("peer %s (link %d) lost its connection: its session is kept %g s", link.name, link.link,
-                     self.config.session_linger)
+                     link.linger)
 
     def _expire_sessions(self, now: float) -> None:
         """Lingering sessions whose linger ran out end; what waited for
         them is counted (and said, if their client comes back later)."""
-        linger = self.config.session_linger
         for link in self.links.snapshot():
-            if link.lingering and now - link.detached_at >= linger:
+            if link.lingering and now - link.detached_at >= (linger := link.linger):
                 self.relay.flush_link(link.link)     # (its outbox into its queue: counted with it)
                 lost = self.relay.resume_state(link.link)[3]
                 self.counters["sessions_expired"] += 1

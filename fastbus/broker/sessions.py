@@ -26,6 +26,20 @@ from .links import ClientLink, DownstreamLink, Session, peer_dicts
 log = logging.getLogger("fastbus.broker")
 
 
+def _bye_keeps(rest: list) -> int | None:
+    """A durable subscriber's BYE that keeps its session: its options
+    frame (JSON) {"keep": true, "taken": n} (docs/PROTOCOL.md); the count
+    its process took, or None (a BYE that ends the session)."""
+    if not rest:
+        return None
+    try:
+        opts = P.load_json(rest[0])
+    except (P.ProtocolError, ValueError):
+        return None
+    taken = opts.get("taken") if isinstance(opts, dict) and opts.get("keep") is True else None
+    return taken if isinstance(taken, int) and not isinstance(taken, bool) and taken >= 0 else None
+
+
 def _wants_clients(frame: bytes) -> bool:
     """STATS's optional options frame (JSON): {"clients": true} asks for
     one entry per peer too (docs/PROTOCOL.md)."""
@@ -48,7 +62,7 @@ class Sessions:
         self.sock = sock
         self._kicked: set[bytes] = set()          # unknown peers already asked to say hello
         self._gone: dict[bytes, str] = {}          # removed sessions -> why, told when they reappear
-        self._expired: dict[str, int] = {}         # lingering sessions that ran out -> messages dropped with them
+        self._expired: dict[str, tuple] = {}       # lingering sessions that ran out -> (messages dropped, linger)
         self._ops_this_turn = 0                    # subscription operations applied in this turn
         cfg = broker.config
         self._broker_nets = [broker_network(e) for e in cfg.allow_brokers]
@@ -137,8 +151,15 @@ class Sessions:
             # Forgotten before the answer goes: the peer closes its socket
             # only once it has it (WELCOME's "bye"), so nothing sent on
             # behalf of the others finds it gone.  A peer we do not know
-            # gets its answer too (it is leaving anyway).
-            if link is not None:
+            # gets its answer too (it is leaving anyway).  A durable
+            # subscriber's process that closes keeps its session: it
+            # lingers, from what the process took (docs/PROTOCOL.md).
+            keep = _bye_keeps(rest)
+            if link is not None and link.durable is not None and keep is not None:
+                self._consumed(link, keep)
+                b.relay.detach(link.link)
+                b.detach_link(link)
+            elif link is not None:
                 b.remove_link(link, "bye")
             self._reply(ident, [P.BYE])
         elif link is None:
@@ -180,7 +201,11 @@ class Sessions:
         elif cmd == P.TAKEN:
             if len(rest) != 1:
                 raise P.ProtocolError("TAKEN takes a count")
-            b.relay.trim(link.link, P.unpack_u64(rest[0]))
+            taken = P.unpack_u64(rest[0])
+            if link.durable is not None:
+                self._consumed(link, taken)
+            else:
+                b.relay.trim(link.link, taken)
         else:
             raise P.ProtocolError(f"unknown command {cmd!r}")
 
@@ -206,11 +231,27 @@ class Sessions:
             self._reply(ident, [P.KICK, P.dump_json({"reason": reason, "refused": True})])
             return
         session_id = self._session_id(hello, kind)
+        durable = self._durable(hello, kind)
+        if durable is not None:
+            if b.config.durable_linger <= 0:
+                self._refuse_durable(ident, link, durable, "this broker keeps no durable sessions "
+                                                           "(its operator started it with --durable-linger 0)")
+                return
+            session_id = P.durable_session_id(durable)
         if session_id is not None and session_id in b.links.by_session:
             owner = b.links.by_session[session_id]
             if link is not None and link is not owner:
                 b.remove_link(link, "hello again")
-            if self._resume(owner, ident, hello, meta):
+            takeover = owner.durable is not None and hello.get("claim") != owner.claim
+            if takeover and not owner.lingering:
+                # Two live processes may not hold one durable name.
+                b.drops["durable_in_use"] += 1
+                self._refuse_durable(ident, None, durable or owner.durable,
+                                     f"durable subscriber {owner.durable!r} is held by a live process "
+                                     f"(connected from {owner.address or 'a local socket'}): one process "
+                                     f"at a time may hold a durable name", in_use=True)
+                return
+            if self._resume(owner, ident, hello, meta, takeover):
                 return
             if b.links.is_current(owner):
                 session_id = None                # another key's session: this one is not resumable
@@ -222,20 +263,26 @@ class Sessions:
         link = kind(b.links.new_id(), ident, name, self.sock, bool(hello.get("pub")))
         link.address = meta.get("Peer-Address") or None
         link.acks = hello.get("ack") is True       # it acknowledges WANT and filters under a lease
-        if session_id is not None and b.config.session_linger > 0:
+        linger = b.config.durable_linger if durable is not None else b.config.session_linger
+        if session_id is not None and linger > 0:
             link.session_id = session_id
             link.user_id = meta.get("User-Id") or None
+            link.linger = linger
+            if durable is not None:
+                link.durable = durable
+                link.claim = hello.get("claim")
         b.add_link(link)
         log.info("peer %s joined (%s, link %d%s%s)", name, link.role, link.link,
-                 ", publisher" if link.publisher else "", ", resumable" if link.session_id else "")
+                 ", publisher" if link.publisher else "",
+                 f", durable {durable!r}" if link.durable else ", resumable" if link.session_id else "")
         send = b.sender.send
         cfg = b.config
         welcome = self._welcome(link)
         if link.session_id is not None:
             welcome["resumed"] = False           # (a new session: its client subscribes again)
-            lost = self._expired.pop(link.session_id, None)
-            if lost is not None:
-                welcome["expired"] = {"linger": cfg.session_linger, "lost": lost}
+            expired = self._expired.pop(link.session_id, None)
+            if expired is not None:
+                welcome["expired"] = {"linger": expired[1], "lost": expired[0]}
         if link.acks:
             welcome["lease_us"] = b.lease_grant_us()     # the answer to its HELLO, as a PONG is to a PING
             b.relay.grant(link.link, welcome["lease_us"])
@@ -251,7 +298,8 @@ class Sessions:
         return {"v": P.VERSION, "instance": self.b.instance.decode(), "name": cfg.name,
                 "globs": True,                # SUB may hold glob ops (flags bit 2)
                 "bye": True,                  # BYE is answered with BYE once the peer is forgotten
-                "linger": cfg.session_linger,  # a resumable session outlives its connection this long
+                # A resumable session outlives its connection this long.
+                "linger": link.linger if link.session_id is not None else cfg.session_linger,
                 "limits": {"max_topic": cfg.max_topic, "max_payload": cfg.max_payload,
                            "max_message_bytes": cfg.max_message_bytes,
                            "max_subscriptions": cfg.max_subscriptions,
@@ -269,7 +317,39 @@ class Sessions:
             raise P.ProtocolError(f"a session id is {P.SESSION_ID_CHARS} hex digits")
         return sid
 
-    def _resume(self, link: Session, ident: bytes, hello: dict, meta: dict) -> bool:
+    def _durable(self, hello: dict, kind) -> str | None:
+        """The durable subscriber's name a HELLO presents, or None (checked:
+        a subscribing client's, with its process's claim)."""
+        name = hello.get("durable")
+        if name is None:
+            return None
+        if kind is not ClientLink or hello.get("pub"):
+            raise P.ProtocolError("only a subscriber's session may be durable")
+        if not P.valid_durable_name(name):
+            raise P.ProtocolError(f"a durable name is 1 to {P.DURABLE_NAME_CHARS} printable characters")
+        if not P.valid_session_id(hello.get("claim")):
+            raise P.ProtocolError(f"a durable subscriber's claim is {P.SESSION_ID_CHARS} hex digits")
+        return name
+
+    def _refuse_durable(self, ident: bytes, link: Session | None, name: str, reason: str,
+                        in_use: bool = False) -> None:
+        """KICK a HELLO that may not have the durable session it names: its
+        client raises (DurableNameInUse), and does not try again."""
+        log.warning("refused durable subscriber %r: %s", name, reason)
+        if link is not None:
+            self.b.remove_link(link, "hello again")
+        self._reply(ident, [P.KICK, P.dump_json({"reason": reason, "durable": name,
+                                                "durable_in_use": in_use, "refused": True})])
+
+    def _consumed(self, link: Session, taken: int) -> None:
+        """A durable subscriber's process took its stream up to ``taken``:
+        what that covers is no longer kept, and a process that takes the
+        name over starts there."""
+        if taken > link.consumed:
+            link.consumed = taken
+            self.b.relay.trim(link.link, taken)
+
+    def _resume(self, link: Session, ident: bytes, hello: dict, meta: dict, takeover: bool = False) -> bool:
         """A client back for its session (on a new connection, or on the one
         it has: it cannot tell that the broker never saw its old one go):
         WELCOME says so, then what it missed, in order, once (a GAP first
@@ -287,9 +367,23 @@ class Sessions:
             return False
         if not isinstance(taken, int) or isinstance(taken, bool) or taken < 0:
             raise P.ProtocolError("HELLO's taken is a count (an integer >= 0)")
+        if takeover:
+            # Another process presents a durable name: the stream goes on
+            # from what the last one took (its TAKEN; what it had read and
+            # not taken comes again), and it holds the name from now on.
+            consumed = min(link.consumed, b.relay.resume_state(link.link)[1])
+            # From the start of the batch it stopped in (the new process
+            # drops the ``skip`` records of it the last one took).
+            start = b.relay.ring_from(link.link)
+            taken = start if start <= consumed else consumed
+            link.claim = hello.get("claim")
+            b.counters["durable_taken_over"] += 1
         welcome = self._welcome(link)
         welcome["resumed"] = True
         welcome["confirmed"] = link.confirmed
+        if takeover:
+            welcome["taken"] = taken
+            welcome["skip"] = consumed - taken
         welcome["received"] = b.relay.received(link.link)
         if link.acks:
             welcome["lease_us"] = b.lease_grant_us()
@@ -379,7 +473,7 @@ class Sessions:
         if link.session_id is not None:
             if len(self._expired) > 10000:
                 self._expired.clear()
-            self._expired[link.session_id] = lost
+            self._expired[link.session_id] = (lost, link.linger)
 
     def forget(self, link: Session, reason: str) -> None:
         """A session that left: remember why, to tell it if it comes back."""

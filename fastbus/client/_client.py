@@ -260,11 +260,22 @@ class Client(ClientBase):
 
     # -- subscribing -------------------------------------------------------
 
-    def pubsub(self, ignore_subscribe_messages: bool = False) -> PubSub:
-        """A new subscriber with its own connection."""
+    def pubsub(self, ignore_subscribe_messages: bool = False, durable: str | None = None) -> PubSub:
+        """A new subscriber with its own connection.
+
+        ``durable="name"``: a durable subscriber, whose session outlives
+        this process.  A process that presents the same name later (killed
+        and restarted, or closed and started again; within the broker's
+        ``--durable-linger``, an hour by default) resumes where this one
+        stopped taking messages: its subscriptions are held, and what was
+        published meanwhile waits for it (within ``--max-queue-bytes``; past
+        it, a ``gap`` message with the exact count).  What this process had
+        read and not yet returned to the application comes again.  While a
+        process holds the name, another that presents it gets
+        :class:`~fastbus.DurableNameInUse` from its calls."""
         if self._closed:
             raise ConnectionClosed("client is closed")
-        return PubSub(self._conns, ignore_subscribe_messages=ignore_subscribe_messages)
+        return PubSub(self._conns, ignore_subscribe_messages=ignore_subscribe_messages, durable=durable)
 
     # -- information -------------------------------------------------------
 

@@ -24,13 +24,15 @@ from typing import Any
 
 from fastbus import _messages as M
 from fastbus import protocol as P
+from fastbus import _core
 from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Trie
 from fastbus._decoders import PubSubBase
 from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, decode, decode_matching, decode_messages
 from fastbus._messages import glob_match, glob_prefix
 from fastbus._messages import to_bytes as to_key
 from fastbus.client._connections import Connections
-from fastbus.client._subsession import HANDSHAKE_CHECK, SUB_OPS_DEFAULT, ConfirmWait, SubSession
+from fastbus.client._subsession import DURABLE_TAKEN_EVERY, HANDSHAKE_CHECK, SUB_OPS_DEFAULT, ConfirmWait, SubSession
+from fastbus.client._subsession import batch_records
 from fastbus.errors import ConnectionClosed
 
 BATCH_MESSAGES = 8192     # get_batch(): about this many messages per call by default
@@ -93,10 +95,16 @@ class PubSub(PubSubBase):
     subscribe and unsubscribe meanwhile.
     """
 
-    def __init__(self, conns: Connections, ignore_subscribe_messages: bool = False) -> None:
+    def __init__(self, conns: Connections, ignore_subscribe_messages: bool = False,
+                 durable: str | None = None) -> None:
+        if durable is not None and not P.valid_durable_name(durable):
+            raise ValueError(f"a durable name is 1 to {P.DURABLE_NAME_CHARS} printable characters, "
+                             f"not {durable!r}")
         self._conns = conns
         self._options = conns.options
         self.ignore_subscribe_messages = ignore_subscribe_messages
+        #: A durable subscriber's name (see Client.pubsub), or None.
+        self.durable = durable
         #: Channels and patterns held (str with decode_responses), each
         #: mapped to its handler or None.
         self.channels: dict = {}
@@ -116,7 +124,10 @@ class PubSub(PubSubBase):
         self._byid: dict[int, tuple] = {}         # id -> (name, is pattern, local key, is glob, broker key)
         self._under: dict[tuple, set[int]] = {}   # broker key -> ids held under it
         self._next_id = itertools.count(1)
-        self._seq = 0
+        # A durable subscriber's SUBs are numbered from the clock (µs): a
+        # process that takes the name over numbers past its predecessor's,
+        # whose numbers the data it is sent again still carries.
+        self._seq = time.time_ns() // 1000 if self.durable is not None else 0
         self._confirms: dict[int, list] = {}      # seq -> (key, prefix, refusals seen, confirmation dict)
         self._refused: dict[int, tuple] = {}      # seq -> (refused (key, prefix) set, reason), until its CONFIRM
         self._refusals_seen = 0
@@ -137,7 +148,8 @@ class PubSub(PubSubBase):
         self._dicts = self._buf.dicts
         self._closed = False
         self.handled: list = []                   # awaitables handlers returned, not yet awaited
-        self._session = SubSession(self._conns, self._deliver, self._inbox_full)
+        self._session = SubSession(self._conns, self._deliver, self._inbox_full, self.durable)
+        self._session.seq = self._seq
         self._conns.open(self._session)
         self._conns.join(self)
 
@@ -381,6 +393,8 @@ class PubSub(PubSubBase):
         once closed with nothing left.  (``driving()`` for one session,
         written out: this is the path of every message a reader waits for.)"""
         s = self._session
+        if self.durable is not None:
+            self._tell_taken()                    # (all it was given is taken)
         token = s.drive()
         try:
             if not s.hold(-1 if deadline is None else max(0.0, deadline - time.monotonic())):
@@ -392,6 +406,8 @@ class PubSub(PubSubBase):
                 while not inbox:
                     if self._closed:
                         raise ConnectionClosed("pubsub is closed")
+                    if s.refused is not None:
+                        raise s.refused
                     if s.posted:
                         s.run_posted()
                     elif reader is not None and reader.queued:
@@ -430,7 +446,18 @@ class PubSub(PubSubBase):
     def _take(self, as_dicts: bool = False, sink: list | None = None) -> None:
         """Move the oldest inbox item into ``sink`` or _pending (tuples),
         _dicts (message dicts) or _control (the inbox is not empty)."""
-        item = self._inbox.popleft()
+        if self.durable is None:
+            self._take_item(self._inbox.popleft(), as_dicts, sink)
+            return
+        # A durable subscriber counts what its application took (TAKEN).
+        s = self._session
+        item, n = self._skip_taken(self._inbox.popleft())
+        self._take_item(item, as_dicts, sink)
+        s.moved += n
+        if self._consumed() - s.consumed_told >= DURABLE_TAKEN_EVERY:
+            self._tell_taken()
+
+    def _take_item(self, item: tuple, as_dicts: bool, sink: list | None) -> None:
         kind = item[0]
         if kind == "data":
             _, acked, batch = item
@@ -447,9 +474,9 @@ class PubSub(PubSubBase):
                 self._dicts.extend(decode_messages(batch, self._classes, self._classify,
                                                    self._options.decode_responses))
                 return
-            if self._unsub_seqs:
-                # Routed before an unsubscribe took effect: keep only what
-                # still matches our subscriptions.
+            if self._unsub_seqs or self._session.adopted:
+                # Routed before an unsubscribe took effect (or under another
+                # process's subscriptions): keep only what still matches ours.
                 records = decode_matching(batch, self._classes, self._classify)
             else:
                 records = decode(batch)
@@ -465,6 +492,38 @@ class PubSub(PubSubBase):
             self._control.append(M.gap(lost=item[1]))
         elif kind == "reconnect":
             self._control.append(M.notice("reconnect", self._out(item[1])))
+
+    # -- a durable subscriber: what its application took --------------------
+
+    def _skip_taken(self, item: tuple) -> tuple[tuple, int]:
+        """A durable subscriber's inbox item, less what a process it took
+        the name over from had taken of it (the first batch of a takeover
+        may hold some), and the records it counts in the stream."""
+        s = self._session
+        if item[0] == "gap":
+            return item, item[1]
+        if item[0] != "data":
+            return item, 0
+        batch = item[2]
+        n = batch_records(batch)
+        if s.skip:
+            skip, s.skip = min(s.skip, n), max(0, s.skip - n)
+            item = ("data", item[1], _core.encode(_core.decode(batch)[skip:]))
+        return item, n
+
+    def _consumed(self) -> int:
+        """The records of its stream the application took: moved out of the
+        inbox and returned."""
+        return max(0, self._session.moved - len(self._pending) - len(self._dicts))
+
+    def _tell_taken(self) -> None:
+        """TAKEN with what the application took (a durable subscriber), by
+        whoever holds the session next."""
+        s = self._session
+        consumed = self._consumed()
+        s.consumed = consumed
+        if consumed > s.consumed_told:
+            s.post(lambda: s.tell_consumed(consumed))
 
     def _emit_confirms(self, upto: int) -> None:
         """The confirmations (or refusals, or pong) of every SUB up to seq
@@ -723,6 +782,10 @@ class PubSub(PubSubBase):
             return True
         if self._closed:
             raise ConnectionClosed("pubsub is closed")
+        if self._session.refused is not None:
+            raise self._session.refused
+        if self.durable is not None:
+            self._tell_taken()
         with self._session.attempt() as held:
             if held:
                 self._session.read()
@@ -740,6 +803,8 @@ class PubSub(PubSubBase):
         close() calls it for each of its PubSubs)."""
         if self._closed:
             return
+        if self.durable is not None:
+            self._session.consumed = self._consumed()   # (its BYE keeps the session from there)
         self._closed = True
         # As redis-py's reset(): nothing is held any more.
         self.channels.clear()

@@ -246,12 +246,16 @@ class Session:
             self.monitor.close(linger=0)
             self.monitor = None
         if self.sock is not None:
-            if self.send([P.BYE]) and self.welcome.get("bye") is True:
+            if self.send(self.bye_frames()) and self.welcome.get("bye") is True:
                 self._await_bye(BYE_WAIT)
             self.sock.close(linger=1000)
             self.sock = None
             self._pollers = None
         self.fd = -1
+
+    def bye_frames(self) -> list:
+        """The BYE that close() sends."""
+        return [P.BYE]
 
     def _await_bye(self, timeout: float) -> None:
         """Wait (up to ``timeout``) for the broker's answer to our BYE,
@@ -625,7 +629,11 @@ class Session:
                             "again was not delivered")
             self.on_pong(token, P.unpack_u64(frames[3]) if len(frames) == 4 else None)
         elif cmd == P.KICK:
-            reason = str(P.load_json(frames[1]).get("reason", ""))
+            info = P.load_json(frames[1])
+            reason = str(info.get("reason", ""))
+            if info.get("durable") and info.get("refused") is True:
+                self.refuse(info)
+                return
             if self.resyncing:
                 # A KICK in answer to what we sent before our new HELLO (a
                 # restarted broker asks for one, as the PONG said): that
@@ -647,6 +655,10 @@ class Session:
 
     def on_welcome(self) -> None:
         pass
+
+    def refuse(self, info: dict) -> None:
+        """The broker refused a durable session this session never asked for."""
+        raise P.ProtocolError(f"unexpected durable refusal: {info.get('reason', '')}")
 
     def _resume_connection(self, info: dict) -> None:
         """What the connection kept (csrc/fb_zmtp.h resend) after a WELCOME:

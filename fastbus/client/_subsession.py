@@ -18,7 +18,7 @@ from fastbus.client import _engine
 from fastbus.client._connections import Connections
 from fastbus.client._endpoint import AbsenceProbe
 from fastbus.client._session import Session, recv_frames
-from fastbus.errors import BrokerTimeout, BrokerUnavailable, ConnectionClosed
+from fastbus.errors import BrokerTimeout, BrokerUnavailable, ConnectionClosed, DurableNameInUse
 
 log = logging.getLogger("fastbus.client")
 
@@ -33,11 +33,15 @@ HANDSHAKE_CHECK = 0.25
 #: took this many more records: what the broker keeps for a resume
 #: (bounded there too) is freed that often.
 TAKEN_EVERY = 4096
+#: A durable subscriber tells what its application took (TAKEN) each time
+#: it took this many more records, and whenever it has taken all it was
+#: given: a process that takes the name over starts there.
+DURABLE_TAKEN_EVERY = 1024
 #: The KICK reason of a broker that does not know this connection (yet).
 HELLO_REQUIRED = "hello required"
 
 
-def _records(batch) -> int:
+def batch_records(batch) -> int:
     """The records a DATA batch holds (its header), as the broker counts them."""
     try:
         return batch_count(batch) or 1
@@ -52,8 +56,29 @@ class SubSession(Session):
     kind = "sub"
 
     def __init__(self, conns: Connections, deliver: Callable[[tuple], None],
-                 inbox_full: Callable[[int], bool]) -> None:
+                 inbox_full: Callable[[int], bool], durable: str | None = None) -> None:
         super().__init__(conns)
+        #: A durable subscriber's name: its session outlives this process
+        #: (any process presenting the name takes it over, where this one
+        #: stopped taking); ``claim``: this process's, drawn once.
+        self.durable = durable
+        if durable is not None:
+            self.session_id = P.durable_session_id(durable)
+            self.claim = P.new_session_id()
+        #: What its application took (records of DATA and GAPs; its PubSub
+        #: counts), and as far as the last TAKEN told the broker.
+        self.consumed = 0
+        self.consumed_told = 0
+        #: Records of its stream its PubSub moved out of the inbox (its
+        #: application took them, less what it has not returned yet).
+        self.moved = 0
+        #: A durable session taken over from another process: what its
+        #: subscriptions let through may not be this one's (filtered), and
+        #: how many records of the first batch that process had taken.
+        self.adopted = False
+        self.skip = 0
+        #: Why the broker refused this durable session (raised by every call).
+        self.refused: DurableNameInUse | None = None
         #: Its PubSub's inbox: ``deliver(item)`` what was read (the lock
         #: held); ``inbox_full(times)``: holds it over ``times`` x its bound?
         self.deliver = deliver
@@ -125,14 +150,33 @@ class SubSession(Session):
         self.resend = bool(self.subs)
 
     def hello_fields(self) -> dict:
-        return {**super().hello_fields(), "taken": self.taken}
+        fields = {**super().hello_fields(), "taken": self.taken}
+        if self.durable is not None:
+            fields["durable"] = self.durable
+            fields["claim"] = self.claim
+        return fields
 
     def _took(self, records: int) -> None:
         """``records`` more of the stream were taken off the connection."""
         self.taken += records
-        if self.taken - self.taken_told >= TAKEN_EVERY and "linger" in self.welcome and not self.resyncing:
+        if self.taken - self.taken_told >= TAKEN_EVERY and "linger" in self.welcome and not self.resyncing \
+                and self.durable is None:       # (a durable one tells what its application took)
             self.taken_told = self.taken
             self.send([P.TAKEN, P.pack_u64(self.taken)])
+
+    def tell_consumed(self, consumed: int) -> None:
+        """A durable subscriber's application took its stream up to
+        ``consumed``: TAKEN, now (the lock held)."""
+        if consumed > self.consumed_told and self.welcome.get("linger") and not self.resyncing:
+            self.consumed_told = consumed
+            self.send([P.TAKEN, P.pack_u64(consumed)])
+
+    def bye_frames(self) -> list:
+        # A durable subscriber that closes keeps its session, from what its
+        # application took.
+        if self.durable is not None and self.refused is None and self.welcome.get("linger"):
+            return [P.BYE, P.dump_json({"keep": True, "taken": self.consumed})]
+        return [P.BYE]
 
     def on_welcome(self) -> None:
         info = self.welcome
@@ -141,6 +185,17 @@ class SubSession(Session):
             # The broker kept the session: its subscriptions stand, and what
             # we missed follows this WELCOME.  A CONFIRM a cut lost is said here.
             self.resend = False
+            taken = info.get("taken")
+            if self.durable is not None and isinstance(taken, int) and not isinstance(taken, bool):
+                # Taken over from another process: the stream goes on from
+                # what it took (the first ``skip`` records again, dropped here).
+                self.taken = self.taken_told = self.consumed = self.consumed_told = self.moved = taken
+                skip = info.get("skip", 0)
+                self.skip = skip if isinstance(skip, int) and skip > 0 else 0
+                self.adopted = True
+                log.info("%s: took over durable subscriber %r at %s", self.options.name, self.durable,
+                         self.options.endpoint)
+                return
             confirmed = info.get("confirmed")
             if isinstance(confirmed, int) and confirmed > self.confirmed:
                 self.on_message(P.CONFIRM, [P.CONFIRM, P.pack_u64(confirmed)])
@@ -148,6 +203,9 @@ class SubSession(Session):
             return
         # A new session: its stream counts from nothing.
         self.taken = self.taken_told = 0
+        self.consumed = self.consumed_told = self.moved = 0
+        if why is None and self.durable is not None and isinstance(info.get("expired"), dict):
+            why = "expired"                   # (a durable name's last session ran out: said below)
         if why is not None:
             expired = info.get("expired")
             if isinstance(expired, dict):
@@ -170,7 +228,15 @@ class SubSession(Session):
             for i in range(0, len(ops), size):
                 self.send([P.SUB, seq, P.encode_ops(ops[i:i + size])])
 
+    def refuse(self, info: dict) -> None:
+        """The broker refused this durable session (KICK): every call of its
+        PubSub raises, and no HELLO is sent again."""
+        self.refused = DurableNameInUse(f"the broker at {self.options.endpoint} refused durable subscriber "
+                                        f"{self.durable!r}: {info.get('reason', '')}", str(self.durable))
+
     def resync(self, why: str) -> None:
+        if self.refused is not None:
+            return
         # One event, one notice.  A broker that asks only for a HELLO (a
         # new connection) may still hold the session: said (a reconnect
         # message) once WELCOME shows it was not resumed.  Anything else
@@ -233,7 +299,7 @@ class SubSession(Session):
             self.more = False
         if frames[0] == _DATA and len(frames) == 3 and len(frames[1]) == 8:
             self.deliver(("data", _unpack_u64(frames[1])[0], frames[2]))
-            self._took(_records(frames[2]))
+            self._took(batch_records(frames[2]))
         else:
             self.handle(frames)
 
@@ -241,7 +307,7 @@ class SubSession(Session):
         deliver = self.deliver
         if cmd == P.DATA and len(frames) == 3:
             deliver(("data", P.unpack_u64(frames[1]), frames[2]))
-            self._took(_records(frames[2]))
+            self._took(batch_records(frames[2]))
         elif cmd == P.CONFIRM and len(frames) == 2:
             seq = P.unpack_u64(frames[1])
             deliver(("confirm", seq))
@@ -296,6 +362,8 @@ class ConfirmWait:
         s = self.session
         if s.closing:
             raise ConnectionClosed("pubsub is closed")
+        if s.refused is not None:
+            raise s.refused
         if self.done():
             return
         opts = s.options

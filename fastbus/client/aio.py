@@ -316,11 +316,12 @@ class Client(_SyncClient):
                 raise BrokerTimeout(f"no answer from the broker at {self.endpoint} within {timeout:g} s",
                                     self.endpoint)
 
-    def pubsub(self, ignore_subscribe_messages: bool = False) -> PubSub:
-        """Call it in the loop that uses the PubSub."""
+    def pubsub(self, ignore_subscribe_messages: bool = False, durable: str | None = None) -> PubSub:
+        """Call it in the loop that uses the PubSub (``durable``: as the
+        sync Client's)."""
         if self.closed:
             raise ConnectionClosed("client is closed")
-        return PubSub(self.connections, ignore_subscribe_messages=ignore_subscribe_messages)
+        return PubSub(self.connections, ignore_subscribe_messages=ignore_subscribe_messages, durable=durable)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """The event loop stops driving the connections first."""
@@ -361,9 +362,10 @@ class PubSub(_SyncPubSub):
 
     awaits_handlers = True
 
-    def __init__(self, conns: Connections, ignore_subscribe_messages: bool = False) -> None:
+    def __init__(self, conns: Connections, ignore_subscribe_messages: bool = False,
+                 durable: str | None = None) -> None:
         loop = asyncio.get_running_loop()
-        super().__init__(conns, ignore_subscribe_messages)
+        super().__init__(conns, ignore_subscribe_messages, durable)
         self._changed = asyncio.Event()
         self._loop = loop
         self._driver = _LoopDriver(self.session, loop, self._changed)

@@ -81,8 +81,10 @@ class ShardedClient:
         for c in self.clients:
             c.flush(timeout)
 
-    def pubsub(self, ignore_subscribe_messages: bool = False) -> ShardedPubSub:
-        return ShardedPubSub(self, ignore_subscribe_messages)
+    def pubsub(self, ignore_subscribe_messages: bool = False, durable: str | None = None) -> ShardedPubSub:
+        """A subscriber over every shard (``durable``: one durable session
+        of that name on each shard's broker; see Client.pubsub)."""
+        return ShardedPubSub(self, ignore_subscribe_messages, durable)
 
     def close(self, timeout: float = 5.0) -> None:
         for c in self.clients:
@@ -102,10 +104,11 @@ class ShardedPubSub:
     of subscriptions held over all shards (a pattern is confirmed once, when
     every shard has confirmed it)."""
 
-    def __init__(self, client: ShardedClient, ignore_subscribe_messages: bool = False) -> None:
+    def __init__(self, client: ShardedClient, ignore_subscribe_messages: bool = False,
+                 durable: str | None = None) -> None:
         self._client = client
         self.ignore_subscribe_messages = ignore_subscribe_messages
-        self._subs: list[PubSub] = [c.pubsub() for c in client.clients]
+        self._subs: list[PubSub] = [c.pubsub(durable=durable) for c in client.clients]
         self._decode = bool(client.clients[0].decode_responses)
         self.channels: dict = {}
         self.patterns: dict = {}

@@ -58,10 +58,12 @@ _COUNTER_METRICS = (
                      "upstream broker that did not confirm within upstream_confirm_timeout."),
     ("sessions_detached", "Resumable sessions whose connection was lost: each lingered for its client."),
     ("sessions_resumed", "Lingering sessions their client resumed on a new connection."),
-    ("sessions_expired", "Lingering sessions that ran out of --session-linger (what waited for them is "
-                         "drops{reason=\"session_expired\"})."),
+    ("sessions_expired", "Lingering sessions that ran out of --session-linger or --durable-linger (what "
+                         "waited for them is drops{reason=\"session_expired\"})."),
     ("messages_replayed", "Messages sent again to a resumed session: what its lost connection had in flight."),
     ("resume_lost", "Messages a resumed session was told (GAP) it lost: past what the broker kept for it."),
+    ("durable_taken_over", "Durable subscribers' sessions a new process took over (it presented the name; "
+                           "the stream went on from where the last process stopped taking)."),
     ("peers_joined", "Peers that joined (HELLO; also the upstream and plain-ZeroMQ links)."),
     ("peers_left", "Peers that left (BYE, disconnected, dropped)."),
     ("subscribe_ops", "Subscribe operations applied."),
