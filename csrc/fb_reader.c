@@ -272,7 +272,33 @@ static int ping_wait_ms(fb_reader *r)
 
 /* Read whole messages into the queue while it has room, the lock held.
  * Returns 1 if a message the owner must see (not data) was queued. */
+/* The connection went (lost): [lost_command] for the owner, queued
+ * behind what was read before.  1 if queued. */
+static int queue_lost(fb_reader *r)
+{
+    if (!r->lost || !r->lost_command || !r->lost(r->sock)) return 0;
+    fb_reader_item *it = calloc(1, sizeof *it);
+    if (!it || item_add(it, r->lost_command, r->lost_command_len) < 0) {
+        item_free(it);
+        return 1;                /* (no memory: the owner's own read asks no more; woken anyway) */
+    }
+    if (r->tail) r->tail->next = it;
+    else r->head = it;
+    r->tail = it;
+    r->queued++;
+    r->queued_bytes += it->len;
+    return 1;
+}
+
+static int read_messages(fb_reader *r);
+
 static int read_some(fb_reader *r)
+{
+    int notify = read_messages(r);
+    return queue_lost(r) || notify;
+}
+
+static int read_messages(fb_reader *r)
 {
     int notify = 0;
     while (r->queued_bytes < r->max_bytes && has_input(r)) {

@@ -144,6 +144,13 @@ typedef struct fb_reader {
     const void *took_command;
     size_t took_command_len;
     void (*took)(void *sock, uint64_t n);
+    /* Optional (lost NULL: none): lost(sock) is 1 once for each connection
+     * that went (fb_zmtp_take_lost); the thread then queues a message of
+     * one frame, lost_command, and wakes the owner: a subscriber hears of
+     * a cut when it happens, not when the broker is back. */
+    const void *lost_command;
+    size_t lost_command_len;
+    int (*lost)(void *sock);
 
     /* Shared with the owner (atomic). */
     int want_wake;               /* the lock was taken, or the queue full: whoever lets go of

@@ -74,6 +74,7 @@ struct fb_zmtp {
     uint64_t held_from;          /* counted_n at the loss: what followed was never written */
     size_t msg_bytes;            /* of the message being built: bytes in `out` so far */
     int msg_counted;             /* ... and whether it is counted */
+    int lost_untold;             /* a connection that was up went: fb_zmtp_take_lost says it once */
 };
 
 #ifdef __linux__
@@ -125,6 +126,7 @@ static void lost(fb_zmtp *z, int protocol_error)
     }
     z->st.disconnects++;
     if (protocol_error) z->st.protocol_errors++;
+    if (z->state == UP) z->lost_untold = 1;
     if (z->state == UP && z->ncounted && !z->held) {
         /* What was counted may not have arrived: kept, and held from now
          * on, until the caller says what the peer has (fb_zmtp_resume). */
@@ -581,6 +583,42 @@ void fb_zmtp_resend_state(const fb_zmtp *z, uint64_t *counted, uint64_t *acked, 
     *held = z->held;
 }
 
+int fb_zmtp_take_lost(void *sock)
+{
+    fb_zmtp *z = sock;
+    if (!z || !z->lost_untold) return 0;
+    z->lost_untold = 0;
+    return 1;
+}
+
+size_t fb_zmtp_kept_each(const fb_zmtp *z, fb_zmtp_kept_fn fn, void *arg)
+{
+    size_t n = 0;
+    for (const fb_kept *k = z->kept_head; k; k = k->next) {
+        /* Our own framing (fb_zmtp_send): whole frames, each header parsed. */
+        const unsigned char *first = NULL, *last = NULL;
+        size_t first_len = 0, last_len = 0, at = 0;
+        while (at < k->len) {
+            int flags;
+            size_t hl;
+            uint64_t size;
+            if (fb_zmtp_parse_header(k->bytes + at, k->len - at, &flags, &hl, &size) != 1 ||
+                size > k->len - at - hl)
+                break;
+            last = k->bytes + at + hl;
+            last_len = (size_t)size;
+            if (!first) {
+                first = last;
+                first_len = last_len;
+            }
+            at += hl + (size_t)size;
+        }
+        n++;
+        if (fn && first && fn(arg, first, first_len, last, last_len)) break;
+    }
+    return n;
+}
+
 int fb_zmtp_send(void *sock, const void *buf, size_t len, int flags)
 {
     fb_zmtp *z = sock;
@@ -765,6 +803,9 @@ void fb_zmtp_acked(fb_zmtp *z, uint64_t n) { (void)z; (void)n; }
 uint64_t fb_zmtp_resume(fb_zmtp *z, uint64_t received, int how) { (void)z; (void)received; (void)how; return 0; }
 void fb_zmtp_resend_state(const fb_zmtp *z, uint64_t *counted, uint64_t *acked, size_t *kept_bytes, int *held)
 { (void)z; *counted = *acked = 0; *kept_bytes = 0; *held = 0; }
+size_t fb_zmtp_kept_each(const fb_zmtp *z, fb_zmtp_kept_fn fn, void *arg)
+{ (void)z; (void)fn; (void)arg; return 0; }
+int fb_zmtp_take_lost(void *sock) { (void)sock; return 0; }
 int fb_zmtp_send(void *z, const void *buf, size_t len, int flags)
 { (void)z; (void)buf; (void)len; (void)flags; errno = ENOTSOCK; return -1; }
 int fb_zmtp_getsockopt(void *z, int option, void *value, size_t *len)

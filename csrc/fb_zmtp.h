@@ -151,6 +151,20 @@ int fb_zmtp_set_resend(fb_zmtp *z, const unsigned char *commands, size_t n, size
 void fb_zmtp_acked(fb_zmtp *z, uint64_t n);
 uint64_t fb_zmtp_resume(fb_zmtp *z, uint64_t received, int how);
 void fb_zmtp_resend_state(const fb_zmtp *z, uint64_t *counted, uint64_t *acked, size_t *kept_bytes, int *held);
+
+/* Each message kept for resend, oldest first: fn(arg, its first frame's
+ * body, its size, its last frame's body, its size), until fn returns
+ * nonzero.  What a closing sender asks to say what the peer never
+ * acknowledged (the records in its batches).  The number of messages. */
+/* 1 once for each connection that was up and went (a cut, the peer
+ * gone), then 0 until the next: what a subscriber is told at once
+ * (fb_reader.h `lost`), whoever of its readers asks first; the lock of
+ * whoever reads the connection held. */
+int fb_zmtp_take_lost(void *sock);
+
+typedef int (*fb_zmtp_kept_fn)(void *arg, const unsigned char *first, size_t first_len,
+                               const unsigned char *last, size_t last_len);
+size_t fb_zmtp_kept_each(const fb_zmtp *z, fb_zmtp_kept_fn fn, void *arg);
 /* Is the handshake done (messages flow now)? */
 int fb_zmtp_connected(const fb_zmtp *z);
 void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out);

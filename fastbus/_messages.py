@@ -17,6 +17,8 @@ Messages are dicts shaped as redis-py's (:class:`PubSubMessage`):
   ``{"lost": int | None, "down_s": float | None}`` (a broker counts what it
   dropped: ``lost``; Redis keeps nothing for an absent subscriber, so its
   subscriber says how long it was away: ``down_s``);
+* ``disconnected``: the connection to the broker was lost, said at once
+  (``data`` what follows: the resumed stream, or a ``reconnect``);
 * ``reconnect``: the subscriptions were resent to a restarted broker
   (``data`` why);
 * ``refused``: the broker refused a subscription (``data`` its reason).
@@ -51,7 +53,7 @@ DATA_KINDS = frozenset(("message", "pmessage"))
 GLOB_SPECIALS = frozenset("*?[\\")
 
 Kind = Literal["message", "pmessage", "subscribe", "psubscribe", "unsubscribe", "punsubscribe",
-               "pong", "gap", "reconnect", "refused"]
+               "pong", "gap", "disconnected", "reconnect", "refused"]
 
 
 class GapInfo(TypedDict):
@@ -119,9 +121,9 @@ def gap(lost: int | None = None, down_s: float | None = None) -> PubSubMessage:
     return {"type": "gap", "pattern": None, "channel": None, "data": info}
 
 
-def notice(kind: Literal["reconnect", "refused"], data: bytes | str,
+def notice(kind: Literal["disconnected", "reconnect", "refused"], data: bytes | str,
            channel: bytes | str | None = None) -> PubSubMessage:
-    """A ``reconnect`` or ``refused`` notice."""
+    """A ``disconnected``, ``reconnect`` or ``refused`` notice."""
     return {"type": kind, "pattern": None, "channel": channel, "data": data}
 
 

@@ -76,7 +76,7 @@ from fastbus import protocol as P
 from fastbus.client.aio import Client, PubSub
 from fastbus.client.sharding import Ring
 from fastbus.endpoints import check_connect
-from fastbus.errors import ConnectionClosed
+from fastbus.errors import ConnectionClosed, FlushTimeout
 
 __all__ = ["ChannelFull", "ChannelLayer", "DEFAULT_ENDPOINT"]
 
@@ -626,9 +626,13 @@ class _LoopLayer:
         for p in self.pubsubs:
             if p is not None:
                 await p.aclose()
+        undelivered = []                        # (said once everything is closed)
         for c in self.clients:
             if c is not None:
-                await c.close()
+                try:
+                    await c.close()
+                except FlushTimeout as exc:
+                    undelivered.append(exc)
         self.readers = [None] * len(self.readers)
         self.pubsubs = [None] * len(self.pubsubs)
         self.clients = [None] * len(self.clients)
@@ -636,3 +640,5 @@ class _LoopLayer:
         self.groups.clear()
         self.member_of.clear()
         self.topics.clear()
+        if undelivered:
+            raise FlushTimeout("; ".join(str(e) for e in undelivered), sum(e.pending for e in undelivered))

@@ -50,6 +50,9 @@ KICK = b"X"         # [X, json {"reason": ...}]
 FLOW = b"F"         # [F, b"\x00" pause | b"\x01" resume]   to publishers
 REFUSED = b"N"      # [N, seq u64, ops batch, json {"reason": ...}]   before the CONFIRM of that seq
 NOTICE = b"E"       # [E, json {"dropped": n, "reason": ...}]   to a sender whose records were dropped
+#: Never on the wire: what a client's native reader queues when the
+#: connection went (csrc/fb_reader.h lost), in order with what it read.
+LOST_LOCAL = b"\x00lost"
 
 #: LEASE_USE (from csrc/fb_view.h, where the client applies leases): a peer
 #: that filters by the broker's WANT messages counts its view only for this

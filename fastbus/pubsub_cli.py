@@ -148,7 +148,7 @@ def cmd_sub(args: argparse.Namespace) -> int:
                     print(_json_line(m), file=out, flush=True)
                 else:
                     print(f"{_text(m['channel'])}: {_text(m['data'])}", file=out, flush=True)
-            elif m["type"] in ("gap", "reconnect", "refused"):
+            elif m["type"] in ("gap", "disconnected", "reconnect", "refused"):
                 print(f"fastbus sub: {m['type']}: {m['data']}", file=sys.stderr, flush=True)
     finally:
         client.shutdown(1.0)

@@ -220,6 +220,11 @@ def test_a_broker_restart_is_one_reconnect_notice(brokers):
         p.subscribe("r")
         confirm(p, 1)
         b.kill()
+        # Said at once, while the broker is down (the native reader saw the
+        # connection go), not when it is back.
+        m = p.get_message(timeout=2)
+        assert m is not None and m["type"] == "disconnected", m
+        assert b"was lost" in m["data"]
         b.start()
         notices = [m for m in _messages(p, 3, timeout=6) if m["type"] == "reconnect"]
         assert len(notices) == 1, notices

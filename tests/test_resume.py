@@ -70,6 +70,13 @@ def _assert_exactly_once(seqs: list[int], n: int) -> None:
     assert seqs == sorted(seqs), "out of order"
 
 
+def _told_disconnected_once(other: list[dict]) -> None:
+    """A cut is said at once, once (a ``disconnected`` message, from the
+    native reader), and nothing else: the stream resumed."""
+    assert [m["type"] for m in other] == ["disconnected"], other
+    assert b"was lost" in other[0]["data"] and b"nothing is missed" in other[0]["data"]
+
+
 def test_a_cut_subscriber_connection_resumes_missing_nothing(brokers):
     b = brokers()
     n = 30_000
@@ -87,7 +94,7 @@ def test_a_cut_subscriber_connection_resumes_missing_nothing(brokers):
         got.join()
         _assert_exactly_once(got.seqs, n)
         # Resumed: no notice that anything may be lost, and the broker says so.
-        assert got.other == []
+        _told_disconnected_once(got.other)
         st = b.stats()
         assert st["sessions_resumed"] >= 1 and st["sessions_detached"] >= 1
         assert st["sessions_expired"] == 0 and st["resume_lost"] == 0
@@ -118,7 +125,7 @@ def test_what_was_in_flight_when_the_connection_died_is_sent_again(brokers):
         with Forwarder(b.port, listen_port=port):
             got.join()
             _assert_exactly_once(got.seqs, n)
-            assert got.other == []
+            _told_disconnected_once(got.other)
             st = b.stats()
             assert st["sessions_resumed"] >= 1
             assert st["messages_replayed"] > 0, "nothing was in flight: the test proved nothing"
@@ -206,7 +213,7 @@ def test_a_lingering_session_over_its_bound_is_told_the_exact_gap(brokers):
         got = _Collector(p, n - 1, timeout=20)
         got.join()
         gaps = [m["data"]["lost"] for m in got.other if m["type"] == "gap"]
-        assert [m for m in got.other if m["type"] != "gap"] == []
+        _told_disconnected_once([m for m in got.other if m["type"] != "gap"])
         assert len(gaps) == 1
         assert len(got.seqs) + gaps[0] == n, (len(got.seqs), gaps)
         assert got.seqs == sorted(got.seqs) and len(set(got.seqs)) == len(got.seqs)
@@ -278,7 +285,7 @@ def test_asyncio_subscriber_resumes_missing_nothing(brokers):
     with Forwarder(b.port) as fw:
         seqs, other = asyncio.run(main())
     _assert_exactly_once(seqs, n)
-    assert other == []
+    _told_disconnected_once(other)
     assert b.stats()["sessions_resumed"] >= 1
 
 
@@ -345,3 +352,58 @@ def test_session_linger_is_checked(linger, tmp_path):
     r = subprocess.run([sys.executable, "-m", "fastbus", "broker", "--session-linger", linger,
                         "--bind", "tcp://127.0.0.1:0"], cwd=tmp_path, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "session" in r.stderr.lower()
+
+
+# -- No silent way out: what close() could not deliver is said --------------
+
+
+def test_leaving_with_client_without_a_broker_raises_naming_how_many():
+    """The block that published to a broker that is not there does not
+    exit as if all went: FlushTimeout names the message (the connections
+    are closed all the same)."""
+    with pytest.raises(fastbus.FlushTimeout, match=r"1 message\(s\) the broker .* did not take") as lost:
+        with fastbus.Client("tcp://127.0.0.1:1") as c:
+            c.publish("news", "hi")
+    assert lost.value.pending == 1
+    assert c.closed
+
+
+def test_close_with_a_timeout_lets_go_and_returns_the_count(brokers):
+    b = brokers()
+    c = fastbus.Client("tcp://127.0.0.1:1")
+    for i in range(3):
+        c.publish("news", str(i))
+    assert c.close(timeout=0.3) == 3
+    with fastbus.Client(b.endpoint) as ok:
+        ok.publish("news", "taken")
+        assert ok.close(timeout=5) == 0
+
+
+def test_close_counts_what_the_broker_never_acknowledged(brokers):
+    """Batches written to a broker that stopped answering (SIGSTOP: the
+    kernel still takes the bytes) are not delivered: close() counts their
+    messages, which it kept for a resend that never came."""
+    b = brokers()
+    c = fastbus.Client(b.endpoint)
+    p = c.pubsub()
+    p.subscribe("news")                            # (else the publisher's filter sends nothing)
+    c.publish("news", "first")
+    c.flush()
+    os.kill(b.proc.pid, signal.SIGSTOP)
+    try:
+        for i in range(100):
+            c.publish("news", str(i))
+        time.sleep(0.2)
+        assert c.stats()["queued"] == 0            # all of it went to the kernel
+        assert c.close(timeout=0.5) == 100
+    finally:
+        os.kill(b.proc.pid, signal.SIGCONT)
+
+
+def test_asyncio_close_raises_naming_how_many():
+    async def main() -> None:
+        async with fastbus.aio.Client("tcp://127.0.0.1:1") as c:
+            await c.publish("news", "hi")
+
+    with pytest.raises(fastbus.FlushTimeout, match=r"1 message\(s\)"):
+        asyncio.run(main())

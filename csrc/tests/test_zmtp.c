@@ -582,6 +582,50 @@ static void test_resend_keeps_what_is_counted_until_acknowledged(void)
     finish(z, &p);
 }
 
+static int count_kept(void *arg, const unsigned char *first, size_t first_len, const unsigned char *last,
+                      size_t last_len)
+{
+    size_t *sum = arg;
+    (void)first;
+    (void)last;
+    *sum += first_len * 1000 + last_len;        /* each message's two sizes, checkable at once */
+    return 0;
+}
+
+static void test_a_lost_connection_is_said_once_and_what_is_kept_is_walked(void)
+{
+    peer p;
+    peer_listen(&p);
+    fb_zmtp *z = open_to(&p, 16, 1 << 20);
+    REQUIRE(fb_zmtp_set_resend(z, (const unsigned char *)"P", 1, 1 << 20) == 0);
+    CHECK(!fb_zmtp_take_lost(z));               /* (never up yet) */
+    peer_handshake(&p, z);
+    CHECK_EQ(fb_zmtp_send(z, "P", 1, FB_ZMTP_SNDMORE), 1);
+    CHECK_EQ(fb_zmtp_send(z, "batch", 5, 0), 5);
+    CHECK_EQ(fb_zmtp_send(z, "Pone", 4, 0), 4);
+    size_t sum = 0;
+    CHECK_EQ(fb_zmtp_kept_each(z, count_kept, &sum), 2);
+    CHECK_EQ(sum, 1 * 1000 + 5 + 4 * 1000 + 4);
+    CHECK(!fb_zmtp_take_lost(z));
+    peer_close(&p);
+    int ev = 0, lost = 0;
+    size_t len = sizeof ev;
+    for (int i = 0; i < 50 && !lost; i++) {
+        fb_zmtp_getsockopt(z, FB_ZMTP_EVENTS, &ev, &len);   /* reads the end */
+        lost = fb_zmtp_take_lost(z);
+        usleep(2000);
+    }
+    CHECK(lost);
+    CHECK(!fb_zmtp_take_lost(z));               /* once */
+    fb_zmtp_acked(z, 1);
+    sum = 0;
+    CHECK_EQ(fb_zmtp_kept_each(z, count_kept, &sum), 1);
+    CHECK_EQ(sum, 4 * 1000 + 4);
+    peer_handshake(&p, z);
+    CHECK(!fb_zmtp_take_lost(z));
+    finish(z, &p);
+}
+
 int main(void)
 {
     RUN(test_handshake_and_messages_both_ways);
@@ -594,5 +638,6 @@ int main(void)
     RUN(test_close_lingers_only_for_what_is_queued);
     RUN(test_a_reconnect_message_goes_first_on_every_new_connection);
     RUN(test_resend_keeps_what_is_counted_until_acknowledged);
+    RUN(test_a_lost_connection_is_said_once_and_what_is_kept_is_walked);
     CTEST_END();
 }

@@ -46,6 +46,8 @@ class ClientStats(TypedDict):
 #: thread unless the publisher is in a burst: BURST_LIMIT batches already
 #: left that way, each within BURST_GAP seconds of the one before.  Then the
 #: keeper sends what gathered by the time it runs (see Publisher).
+#: How long close() waits for the broker to take everything, by default.
+CLOSE_TIMEOUT = 5.0
 BURST_GAP = 20e-6
 BURST_LIMIT = 4
 
@@ -330,16 +332,51 @@ class Client(ClientBase):
 
     # -- lifecycle ---------------------------------------------------------
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Flush (waiting up to ``timeout`` for the broker), then close every
-        connection of this client, its PubSubs included."""
+    def close(self, timeout: float | None = None) -> int:
+        """Flush, then close every connection of this client, its PubSubs
+        included.
+
+        Without ``timeout`` it waits up to CLOSE_TIMEOUT (5 s) for the
+        broker to take everything, and raises FlushTimeout naming how many
+        messages it could not deliver (its connections are closed all the
+        same).  With ``timeout`` the caller lets go what the broker has not
+        taken by then: close() returns how many messages that was (0: the
+        broker took them all)."""
         if self._closed:
-            return
+            return 0
+        wait = CLOSE_TIMEOUT if timeout is None else timeout
+        failure: Exception | None = None
         try:
-            self.flush(timeout)
+            self.flush(wait)
         except (TimeoutError, ConnectionClosed, KeyRefused) as exc:
-            log.warning("closing %s with messages the broker did not confirm: %s", self.name, exc)
-        self.shutdown(timeout)
+            failure = exc
+        undelivered = self._undelivered() if failure is not None else 0
+        self.shutdown(wait)
+        return self._closed_with(failure, undelivered, timeout is None)
+
+    def _undelivered(self) -> int:
+        """Messages the broker has not taken: queued here, or sent on the
+        connection and not acknowledged (its TOOK)."""
+        n = self._publisher.queued
+        s = self._pub
+        with s.attempt() as held:
+            if held and s.sock is not None and hasattr(s.sock, "unacknowledged_records"):
+                n += s.sock.unacknowledged_records(P.PUB)
+        return n
+
+    def _closed_with(self, failure: Exception | None, undelivered: int, raising: bool) -> int:
+        """What close() says once closed: the count, or FlushTimeout."""
+        if failure is None:
+            return 0
+        tracked = hasattr(self._pub.sock, "unacknowledged_records") or self._pub.sock is None
+        if undelivered == 0 and tracked:
+            return 0                              # (the broker took everything; its last answer was lost)
+        what = (f"{undelivered} message(s) the broker at {self.endpoint} did not take" if tracked else
+                f"messages the broker at {self.endpoint} did not confirm ({undelivered} still queued)")
+        if not raising:
+            log.warning("closed %s with %s: %s", self.name, what, failure)
+            return undelivered
+        raise FlushTimeout(f"closed {self.name} with {what}: {failure}", undelivered) from failure
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Close every connection of this client, its PubSubs included,
@@ -360,8 +397,14 @@ class Client(ClientBase):
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()                          # (the exception under way is the one to see)
+        except FlushTimeout as lost:
+            log.warning("%s", lost)
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):

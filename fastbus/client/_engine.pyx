@@ -29,7 +29,7 @@ loaded (``fastbus._libzmq``).  Where they cannot be found, ``available()``
 is False and the keeper does the sending, as it always did.
 """
 
-from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memset, strerror
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -39,6 +39,7 @@ import time
 import zmq
 
 from fastbus._core cimport Outbox
+from fastbus.includes.fb_batch cimport fb_batch_header
 from fastbus._publisher cimport Publisher
 from fastbus.includes.fb_reader cimport (fb_reader, fb_zmq_recv_calls, fb_reader_item, fb_reader_pop,
                                          fb_reader_release, fb_reader_set_instance, fb_reader_start,
@@ -48,7 +49,7 @@ from fastbus.includes.fb_sender cimport (FB_SENDER_TOKEN_MAX, fb_sender, fb_send
                                          fb_sender_send_now, fb_sender_wake)
 from fastbus.includes.fb_zmtp cimport (FB_ZMTP_FD, fb_zmtp, fb_zmtp_buffered, fb_zmtp_close, fb_zmtp_connected, fb_zmtp_get_stats,
                                       fb_zmtp_set_reconnect_message, fb_zmtp_set_resend, fb_zmtp_acked, fb_zmtp_resume,
-                                      fb_zmtp_resend_state, FB_ZMTP_RESUMED, FB_ZMTP_FRESH, FB_ZMTP_FRESH_DROP,
+                                      fb_zmtp_resend_state, fb_zmtp_kept_each, fb_zmtp_take_lost, FB_ZMTP_RESUMED, FB_ZMTP_FRESH, FB_ZMTP_FRESH_DROP,
                                        fb_zmtp_getsockopt, fb_zmtp_msg_close, fb_zmtp_msg_data, fb_zmtp_msg_init,
                                        fb_zmtp_msg_more, fb_zmtp_msg_recv, fb_zmtp_msg_size, fb_zmtp_open,
                                        fb_zmtp_options, fb_zmtp_pending, fb_zmtp_send, fb_zmtp_stats)
@@ -235,6 +236,21 @@ cdef extern from "<poll.h>" nogil:
     enum: POLLIN
 
 
+cdef struct _kept_count:
+    unsigned char command
+    uint64_t total
+
+
+cdef int _count_records(void *arg, const unsigned char *first, size_t first_len,
+                        const unsigned char *last, size_t last_len) noexcept nogil:
+    """fb_zmtp_kept_each: the records of a kept message of c.command."""
+    cdef _kept_count *c = <_kept_count *>arg
+    cdef uint32_t count = 0
+    if first_len == 1 and first[0] == c.command and fb_batch_header(last, last_len, &count, NULL) >= 0:
+        c.total += count
+    return 0
+
+
 cdef class Stream:
     """A DEALER connection to a broker that the calling thread writes and
     reads itself (ZMTP over a plain TCP or Unix socket, csrc/fb_zmtp.h): no
@@ -359,6 +375,23 @@ cdef class Stream:
             return None
         fb_zmtp_resend_state(self._z, &counted, &acked, &kept, &held)
         return (counted, acked, kept, bool(held))
+
+    def take_lost(self) -> bool:
+        """True once for each connection that was up and went (its reader
+        holding the lock): whoever reads the connection says it at once."""
+        return self._z != NULL and fb_zmtp_take_lost(self._z) == 1
+
+    def unacknowledged_records(self, bytes command not None) -> int:
+        """The records in the batches of ``command`` messages (PUB) kept
+        because the broker has not acknowledged them: what a closing
+        client could not deliver.  0 without resend."""
+        cdef _kept_count c
+        if self._z == NULL or not self._resend or PyBytes_GET_SIZE(command) != 1:
+            return 0
+        c.command = (<const unsigned char *>PyBytes_AS_STRING(command))[0]
+        c.total = 0
+        fb_zmtp_kept_each(self._z, _count_records, &c)
+        return c.total
 
     def set_reconnect_message(self, list frames not None) -> None:
         """A message (bytes frames, at most 8) sent first on each connection
@@ -720,12 +753,13 @@ cdef class Reader:
     cdef tuple _ping
     cdef bytes _instance
     cdef bytes _took_command
+    cdef bytes _lost_command
 
     def __cinit__(self, SessionLock lock not None, sock, int owner_fd, Py_ssize_t max_bytes,
                   bytes data_command=b"D", Sender flow_to=None, bytes flow_command=b"F",
                   bytes flow_pause=b"\x00", bytes flow_reset_command=None, Publisher view_of=None, bytes want_command=b"W",
                   bytes ack_command=b"A", tuple lease_pong=None, bint wake_on_data=False, tuple ping=None,
-                  bytes took_command=b"a"):
+                  bytes took_command=b"a", bytes lost_command=None):
         if not available():
             raise RuntimeError("the client's engine needs pyzmq's libzmq, which was not found")
         if max_bytes <= 0:
@@ -802,6 +836,13 @@ cdef class Reader:
             self._r.took_command = PyBytes_AS_STRING(took_command)
             self._r.took_command_len = PyBytes_GET_SIZE(took_command)
             self._r.took = _stream_acked
+            if lost_command is not None:
+                # A connection that goes is said at once: [lost_command]
+                # queued for the owner (fb_reader.h lost).
+                self._lost_command = lost_command
+                self._r.lost_command = PyBytes_AS_STRING(lost_command)
+                self._r.lost_command_len = PyBytes_GET_SIZE(lost_command)
+                self._r.lost = fb_zmtp_take_lost
         cdef int rc = fb_reader_start(&self._r)
         if rc:
             raise OSError(rc, strerror(rc).decode())

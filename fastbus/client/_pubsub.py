@@ -492,6 +492,8 @@ class PubSub(PubSubBase):
             self._control.append(M.gap(lost=item[1]))
         elif kind == "reconnect":
             self._control.append(M.notice("reconnect", self._out(item[1])))
+        elif kind == "disconnected":
+            self._control.append(M.notice("disconnected", self._out(item[1])))
 
     # -- a durable subscriber: what its application took --------------------
 

@@ -594,11 +594,22 @@ class Session:
                 ready = False
             if frames is None:
                 self.more = self.unread = False
+                self.check_lost()
                 return n
             n += 1
             self.handle(frames)
         self.more = True
         return n
+
+    def check_lost(self) -> None:
+        """Nothing more to read: did the connection go (a Stream says so
+        once, to whichever of its readers asks first)?"""
+        take = getattr(self.sock, "take_lost", None)
+        if take is not None and take():
+            self.on_lost()
+
+    def on_lost(self) -> None:
+        """The connection went; the Stream connects again by itself."""
 
     def handle(self, frames: list) -> None:
         """One message from the broker; a bad one is logged and dropped."""
@@ -645,6 +656,8 @@ class Session:
                 self.sock.acked(P.unpack_u64(frames[1]))   # (read here: the native reader takes its own)
         elif cmd == P.PING:
             pass                     # the broker's liveness probe: nothing to answer
+        elif cmd == P.LOST_LOCAL:
+            self.on_lost()           # (queued by the native reader: csrc/fb_reader.h lost)
         else:
             raise P.ProtocolError(f"unexpected {cmd!r} on a {self.kind} session")
 

@@ -109,7 +109,8 @@ class SubSession(Session):
         if self.reader is not None or owner_fd is None:
             return                        # (a loop's session: the keeper reads until the loop drives it)
         self.adopt_reader(_engine.Reader(self.lock, self.sock, owner_fd, self.options.max_inbox_bytes, P.DATA,
-                                         wake_on_data=self.conns.driven_by_loop, ping=self.native_ping()))
+                                         wake_on_data=self.conns.driven_by_loop, ping=self.native_ping(),
+                                         lost_command=P.LOST_LOCAL))
 
     def close(self) -> None:
         if self.reader is not None:
@@ -228,6 +229,16 @@ class SubSession(Session):
             for i in range(0, len(ops), size):
                 self.send([P.SUB, seq, P.encode_ops(ops[i:i + size])])
 
+    def on_lost(self) -> None:
+        # Said at once (a `disconnected` message), then the resumed stream
+        # or, if the session is not resumed, a `reconnect` message.
+        linger = self.welcome.get("linger")
+        then = (f"the broker keeps this session {linger:g} s: back within that, nothing is missed"
+                if isinstance(linger, (int, float)) and linger > 0 and not isinstance(linger, bool) else
+                "reconnecting: what is published until then is not delivered")
+        self.deliver(("disconnected", f"the connection to the broker at {self.options.endpoint} was lost; "
+                                      f"{then}".encode()))
+
     def refuse(self, info: dict) -> None:
         """The broker refused this durable session (KICK): every call of its
         PubSub raises, and no HELLO is sent again."""
@@ -292,6 +303,7 @@ class SubSession(Session):
         self.ready = False
         if frames is None:
             self.more = self.unread = False
+            self.check_lost()
             return
         if self._pollers is not None and not self.sock.pending():
             # A Stream that read all the kernel had: the next wait's poll

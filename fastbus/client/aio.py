@@ -41,6 +41,7 @@ from fastbus import protocol as P
 from fastbus._messages import PubSubMessage
 from fastbus._twins import event_setter, twin_of, wait_event as _wait
 from fastbus._types import ChannelT, EncodableT
+from fastbus.client._client import CLOSE_TIMEOUT
 from fastbus.client._client import Client as _SyncClient
 from fastbus.client._endpoint import AbsenceProbe
 from fastbus.client._connections import Connections
@@ -331,22 +332,32 @@ class Client(_SyncClient):
             self._driver.stop()
         super().shutdown(timeout)
 
-    async def close(self, timeout: float = 5.0) -> None:
+    async def close(self, timeout: float | None = None) -> int:
         if self.closed:
-            return
+            return 0
+        wait = CLOSE_TIMEOUT if timeout is None else timeout
+        failure: Exception | None = None
         try:
-            await self.flush(timeout)
+            await self.flush(wait)
         except (TimeoutError, ConnectionClosed, KeyRefused) as exc:
-            log.warning("closing %s with messages the broker did not confirm: %s", self.name, exc)
-        self.shutdown(timeout)
+            failure = exc
+        undelivered = self._undelivered() if failure is not None else 0
+        self.shutdown(wait)
+        return self._closed_with(failure, undelivered, timeout is None)
 
     aclose = close
 
     async def __aenter__(self) -> Client:
         return self
 
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
+    async def __aexit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            await self.close()
+            return
+        try:
+            await self.close()
+        except FlushTimeout as lost:
+            log.warning("%s", lost)
 
 
 @twin_of(_SyncPubSub)

@@ -18,6 +18,7 @@ channel, since a channel always uses one broker.
 from __future__ import annotations
 
 import bisect
+import logging
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -28,6 +29,9 @@ from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, to_by
 from fastbus._messages import to_bytes as _key
 from fastbus.client import Client, ConnectionClosed, PubSub
 from fastbus.client._session import driving, wait_many
+from fastbus.errors import FlushTimeout
+
+log = logging.getLogger("fastbus.client")
 
 __all__ = ["Ring", "ShardedClient", "ShardedPubSub"]
 
@@ -86,15 +90,33 @@ class ShardedClient:
         of that name on each shard's broker; see Client.pubsub)."""
         return ShardedPubSub(self, ignore_subscribe_messages, durable)
 
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float | None = None) -> int:
+        """Close every shard's client (as Client.close: without ``timeout``,
+        FlushTimeout names what could not be delivered, once all are
+        closed; with it, the count is returned)."""
+        lost = 0
+        failures = []
         for c in self.clients:
-            c.close(timeout)
+            try:
+                lost += c.close(timeout)
+            except FlushTimeout as exc:
+                lost += exc.pending
+                failures.append(exc)
+        if failures:
+            raise FlushTimeout("; ".join(str(f) for f in failures), lost) from failures[0]
+        return lost
 
     def __enter__(self) -> ShardedClient:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()                          # (the exception under way is the one to see)
+        except FlushTimeout as lost:
+            log.warning("%s", lost)
 
 
 class ShardedPubSub:

@@ -56,6 +56,9 @@ cdef extern from "fb_reader.h" nogil:
         const void *took_command
         size_t took_command_len
         void (*took)(void *sock, uint64_t n)
+        const void *lost_command
+        size_t lost_command_len
+        int (*lost)(void *sock)
         int want_wake
         int handed
         uint64_t read_messages

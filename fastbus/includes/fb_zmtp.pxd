@@ -54,5 +54,9 @@ cdef extern from "fb_zmtp.h" nogil:
     void fb_zmtp_acked(fb_zmtp *z, uint64_t n)
     uint64_t fb_zmtp_resume(fb_zmtp *z, uint64_t received, int how)
     void fb_zmtp_resend_state(const fb_zmtp *z, uint64_t *counted, uint64_t *acked, size_t *kept_bytes, int *held)
+    int fb_zmtp_take_lost(void *sock)
+    ctypedef int (*fb_zmtp_kept_fn)(void *arg, const unsigned char *first, size_t first_len,
+                                    const unsigned char *last, size_t last_len) noexcept nogil
+    size_t fb_zmtp_kept_each(const fb_zmtp *z, fb_zmtp_kept_fn fn, void *arg)
     int fb_zmtp_connected(const fb_zmtp *z)
     void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out)
