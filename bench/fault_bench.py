@@ -13,7 +13,9 @@ seconds one fault strikes:
   pub-cut   the same between the publisher and the server
   restart   the server is killed (SIGKILL) and started again on the same
             port ``--restart-delay`` seconds later (0.5); fastbus's broker
-            with ``--broker-args`` (e.g. "--journal DIR") each time
+            with ``--broker-args`` each time, and with ``--journal`` a
+            journal directory of its own for the case (kept across its
+            restart)
   none      (not in the default list) no fault: the baseline
 
 The subscriber records every sequence number it receives, and when; after
@@ -63,7 +65,7 @@ is counted and the call retried after 50 ms), nats-py (reconnects on its own,
     python bench/fault_bench.py --systems fastbus --faults sub-cut --json /tmp/faults.jsonl
     python bench/fault_bench.py --systems fastbus --client sync,aio,sharded --faults none,sub-cut
     python bench/fault_bench.py --systems fastbus --broker-args "--session-linger 0"   # no session resume
-    python bench/fault_bench.py --systems fastbus --broker-args "--journal /tmp/j"
+    python bench/fault_bench.py --systems fastbus --journal --faults restart      # the broker journals
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ import multiprocessing as mp
 import os
 import pickle
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -423,6 +426,8 @@ def analyse(pub: dict, sub: dict, t0: int, t1: int) -> dict:
 
 def run_case(system: str, client: str, fault: str, args) -> dict:
     label = system if system != "fastbus" or client == "sync" else f"fastbus ({client})"
+    if system == "fastbus" and args.journal:
+        label += f" --journal --fsync {args.fsync}"
     result = {"system": label, "fault": fault, "rate": args.rate, "seconds": args.seconds}
     srv = Server(system, lossless=False)
     fwds: list[Forwarder] = []
@@ -430,8 +435,11 @@ def run_case(system: str, client: str, fault: str, args) -> dict:
     tmp = tempfile.mkdtemp(prefix="faults-")
     paths = {k: os.path.join(tmp, k) for k in ("pub", "sub")}
     try:
-        if system == "fastbus" and args.broker_args:
-            relaunch(srv, kill(srv) + shlex.split(args.broker_args))
+        extra = shlex.split(args.broker_args)
+        if system == "fastbus" and args.journal:
+            extra += ["--journal", os.path.join(tmp, "journal"), "--fsync", args.fsync]
+        if system == "fastbus" and extra:
+            relaunch(srv, kill(srv) + extra)
         fwds = [Forwarder(srv.port), Forwarder(srv.port)]
         sub_fwd, pub_fwd = fwds
         ctx = mp.get_context("spawn")
@@ -488,7 +496,7 @@ def run_case(system: str, client: str, fault: str, args) -> dict:
         for path in paths.values():
             if os.path.exists(path):
                 os.unlink(path)
-        os.rmdir(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
     return result
 
 
@@ -532,7 +540,11 @@ def main() -> None:
                     help="seconds between the kill and the new start (default: %(default)s)")
     ap.add_argument("--drain", type=float, default=2.0,
                     help="seconds the subscriber keeps receiving after the publisher finished (default: %(default)s)")
-    ap.add_argument("--broker-args", default="", help='more `fastbus broker` arguments, e.g. "--journal DIR"')
+    ap.add_argument("--broker-args", default="", help='more `fastbus broker` arguments, e.g. "--session-linger 0"')
+    ap.add_argument("--journal", action="store_true",
+                    help="fastbus's broker journals (--journal, a directory of its own per case)")
+    ap.add_argument("--fsync", choices=("always", "everysec", "no"), default="everysec",
+                    help="with --journal: the broker's --fsync (default: %(default)s)")
     ap.add_argument("--json", help="append one JSON line per case to this file")
     args = ap.parse_args()
     systems = [s for s in args.systems.split(",") if s]

@@ -19,6 +19,10 @@ benchmark (bench/pubsub_bench.py, bench/latency_bench.py):
   fastbus-noresume  (not in the default list) `fastbus broker --session-linger 0`:
            sessions end with their connection, nothing kept for a resume,
            no TOOK (the clients keep nothing either): what resuming costs
+  fastbus-journal, fastbus-journal-always  (not in the default list)
+           `fastbus broker --journal DIR --fsync everysec` (or `always`),
+           DIR in the server's temporary directory (on this machine's disk):
+           what surviving a broker restart costs
 
 ``lossless=True`` sets each one up not to drop (the throughput benchmark):
 fastbus with a slow-consumer queue the run cannot fill, Redis with an
@@ -41,10 +45,12 @@ import time
 
 SYSTEMS = ("fastbus", "redis", "zmq", "nats")
 #: Accepted by --systems, not run by default.
-EXTRA_SYSTEMS = ("fastbus-http", "fastbus-noresume", "zenoh", "zenoh-router")
+EXTRA_SYSTEMS = ("fastbus-http", "fastbus-noresume", "fastbus-journal", "fastbus-journal-always", "zenoh",
+                 "zenoh-router")
 #: fastbus with a broker option: the same clients (``info["system"]`` is
 #: "fastbus"), what the option costs or saves in the same run.
-FASTBUS_VARIANTS = {"fastbus-http": (), "fastbus-noresume": ("--session-linger", "0")}
+FASTBUS_VARIANTS = {"fastbus-http": (), "fastbus-noresume": ("--session-linger", "0"),
+                    "fastbus-journal": ("--fsync", "everysec"), "fastbus-journal-always": ("--fsync", "always")}
 
 
 def free_port() -> int:
@@ -102,6 +108,8 @@ class Server:
             if lossless:
                 cmd += ["--max-queue-bytes", str(8 << 30)]
             cmd += FASTBUS_VARIANTS.get(system, ())
+            if system.startswith("fastbus-journal"):
+                cmd += ["--journal", os.path.join(self.dir, "journal")]
             if system == "fastbus-http":
                 http_port = free_port()
                 self.http = f"http://127.0.0.1:{http_port}"

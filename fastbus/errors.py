@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 __all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "ConnectionClosed", "DataPlaneUnavailable",
            "FastbusError",
-           "DurableNameInUse", "FlushTimeout", "ForwarderError", "InvalidEndpoint", "InvalidKey", "KeyRefused", "ListenError",
+           "DurableNameInUse", "FlushTimeout", "ForwarderError", "InvalidEndpoint", "InvalidKey", "JournalError", "KeyRefused", "ListenError",
            "MessageTooLarge", "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
            "PublishTimeout", "RedisServerError", "ServerOutOfMemory", "ServerRefused", "ServerTimeout",
            "ServerUnavailable"]
@@ -319,6 +319,19 @@ class ListenError(FastbusError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "cannot listen"
+
+
+class JournalError(FastbusError, OSError):
+    """The broker's journal (--journal DIR) cannot be read or written
+    (``errno`` says why): said at start, before anything is served."""
+
+    def __init__(self, message: str, path: str = "", errno: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.errno = errno
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "journal unusable"
 
 
 class AddressInUse(ListenError):

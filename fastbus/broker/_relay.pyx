@@ -58,15 +58,20 @@ sections: sessions and links (their sockets, leases, books, the policy),
 queues, and the data plane (the poll, reading, routing, sending).)
 """
 
-from libc.errno cimport EAGAIN, EHOSTUNREACH, EINTR
+from libc.errno cimport EAGAIN, EHOSTUNREACH, EINTR, errno
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t, UINT32_MAX
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcmp, memcpy, memset, strlen
+from libc.string cimport memcmp, memcpy, memset, strerror, strlen
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 
 from fastbus._core cimport Router
 from fastbus.includes.fb_batch cimport fb_batch_decode, fb_batch_header, fb_record
 from fastbus.includes.fb_common cimport fb_free, fb_now_ns
+from fastbus.includes.fb_journal cimport (fb_journal, fb_journal_append, fb_journal_append2, fb_journal_close,
+                                         fb_journal_commit, fb_journal_disk_bytes, fb_journal_drop_before,
+                                         fb_journal_get_stats, fb_journal_open, fb_journal_pending, fb_journal_read,
+                                         fb_journal_stats, FB_JOURNAL_FSYNC_ALWAYS, FB_JOURNAL_FSYNC_EVERYSEC,
+                                         FB_JOURNAL_FSYNC_NO, FB_JOURNAL_MAX_RECORD)
 from fastbus.includes.fb_lock cimport fb_lock, fb_lock_try, fb_lock_release, fb_lock_wait
 from fastbus.includes.fb_router cimport (fb_router_deadline, fb_router_due, fb_router_full, fb_router_get_stats, fb_router_hold,
                                          fb_router_pending,
@@ -182,6 +187,14 @@ cdef struct slot:
     # csrc/fb_zmtp.h resend): how many came, and how many TOOK last said.
     uint64_t received, received_told
     uint64_t received_bytes       # ... and their bytes since TOOK last said
+    # With a journal (_journal.pxi): the session's id there, its stream
+    # count through the last batch journaled for it, and how many of what
+    # it sent the last commit covers (TOOK says no more).
+    uint8_t jhas
+    uint8_t jdirty                # in the relay's list of links whose count the next commit writes
+    uint8_t jsid[16]
+    uint64_t jend
+    uint64_t received_committed
 
 
 cdef struct event:
@@ -257,6 +270,10 @@ cdef class Relay:
     cdef uint32_t _nholding       # links over flow_bytes, not exempt
     cdef size_t _max_queue, _flow_bytes
     cdef size_t _retain           # what a resumable session's ring keeps (bytes)
+    cdef fb_journal *_journal     # --journal (_journal.pxi), or NULL
+    cdef uint32_t *_jdirty        # links whose received count the next commit writes, nslots room
+    cdef uint32_t _njdirty
+    cdef public uint64_t journal_errors   # commits that failed (a full disk): retried
     cdef bint _disconnect         # the slow-consumer policy: disconnect (else drop the oldest data)
     cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out, dropped
     cdef public uint64_t dropped_slow, gap_notices, control_collapsed
@@ -312,6 +329,11 @@ cdef class Relay:
         free(self.slots)
         free(self.table)
         free(self._blocked)
+        free(self._jdirty)
+        if self._journal is not NULL:
+            fb_journal_commit(self._journal, 0)
+            fb_journal_close(self._journal)
+            self._journal = NULL
         free(self._events)
 
     # -- sessions ----------------------------------------------------------------
@@ -332,6 +354,10 @@ cdef class Relay:
         if b is NULL:
             raise MemoryError()
         self._blocked = b
+        b = <uint32_t *>realloc(self._jdirty, n * sizeof(uint32_t))
+        if b is NULL:
+            raise MemoryError()
+        self._jdirty = b
         e = <event *>realloc(self._events, (3 * n + 1) * sizeof(event))
         if e is NULL:
             raise MemoryError()
@@ -657,6 +683,111 @@ cdef class Relay:
         if link < self.nslots and self.slots[link].resumable:
             _ring_trim(&self.slots[link].ring, taken)
 
+    # -- the journal (_journal.pxi) ---------------------------------------
+
+    def journal_open(self, str path not None, str fsync not None, uint64_t segment_bytes=0) -> None:
+        """Journal from now on into the directory ``path`` (a new segment;
+        read what is there first: read_journal).  ``fsync``: "always",
+        "everysec" or "no".  OSError if it cannot be written."""
+        cdef int mode = {"no": FB_JOURNAL_FSYNC_NO, "everysec": FB_JOURNAL_FSYNC_EVERYSEC,
+                         "always": FB_JOURNAL_FSYNC_ALWAYS}[fsync]
+        if self._journal is not NULL:
+            raise ValueError("the journal is open")
+        self._journal = fb_journal_open(path.encode(), mode, segment_bytes, 0)
+        if self._journal is NULL:
+            err = errno
+            raise OSError(err, f"cannot write a journal in {path}: {strerror(err).decode()}")
+
+    def journal_session(self, uint32_t link, bytes sid not None) -> None:
+        """Resumable session ``link`` is journaled under ``sid`` (16 bytes):
+        what is routed to it from now on is appended, and goes out only once
+        committed."""
+        if link >= self.nslots or not self.slots[link].session or PyBytes_GET_SIZE(sid) != 16:
+            raise ValueError("a session and a 16-byte id")
+        memcpy(self.slots[link].jsid, PyBytes_AS_STRING(sid), 16)
+        self.slots[link].jhas = self._journal is not NULL
+
+    def journal_append(self, int kind, bytes payload not None) -> None:
+        """A record of Python's (what describes a session), in order with
+        the relay's; written by the next commit."""
+        if self._journal is NULL:
+            return
+        if fb_journal_append(self._journal, <uint8_t>kind, PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload)) < 0:
+            self.journal_errors += 1
+
+    def journal_commit(self, bint roll=False) -> bool:
+        """Commit now (``roll``: and start a new segment); False if the
+        write failed (counted in journal_errors; tried again)."""
+        if self._journal is NULL:
+            return True
+        if _j_commit(self) < 0:
+            return False
+        return not roll or fb_journal_commit(self._journal, 1) == 0
+
+    def journal_snapshot(self, size_t budget) -> int:
+        """Append everything the journaled sessions are owed (at most
+        ``budget`` bytes of batches; see _j_snapshot); the bytes appended."""
+        if self._journal is NULL:
+            return 0
+        _j_commit(self)
+        return _j_snapshot(self, budget)
+
+    def journal_drop_before(self, uint64_t segment) -> int:
+        """Delete the segments before ``segment``; how many."""
+        return fb_journal_drop_before(self._journal, segment) if self._journal is not NULL else 0
+
+    def journal_restore(self, uint32_t link, list batches not None, uint64_t stream_end, uint64_t taken,
+                        uint64_t received) -> int:
+        """A session read back from the journal (added, detached): its ring
+        holds ``batches`` [(end, records, seq, batch bytes)] past ``taken``
+        (what its client took, as it last said), its stream counts on from
+        ``stream_end``, and ``received`` of what it sent had come.  The
+        records kept."""
+        cdef slot *s
+        cdef unsigned char *buf
+        cdef bytes b, seq
+        cdef uint64_t kept = 0, end
+        cdef size_t n
+        if link >= self.nslots or not self.slots[link].session or not self.slots[link].resumable:
+            raise ValueError(f"link {link} is not a resumable session")
+        s = &self.slots[link]
+        _ring_clear(&s.ring)
+        s.ring.trimmed = taken
+        for end, records, seq, b in sorted(batches, key=lambda x: x[0]):
+            if end <= taken or PyBytes_GET_SIZE(seq) != 8:
+                continue
+            n = PyBytes_GET_SIZE(b)
+            buf = <unsigned char *>malloc(n if n else 1)
+            if buf is NULL:
+                _ring_forget(&s.ring, end)
+                continue
+            memcpy(buf, PyBytes_AS_STRING(b), n)
+            _ring_keep(&s.ring, buf, n, records, end, <const uint8_t *>PyBytes_AS_STRING(seq), self._retain)
+            kept += records
+        s.taken = s.jend = max(stream_end, taken)
+        s.received = s.received_told = s.received_committed = received
+        return kept
+
+    def journal_stats(self) -> dict | None:
+        """The journal's figures (None without one): bytes and segments on
+        disk, commits, syncs and their time, errors."""
+        cdef fb_journal_stats st
+        cdef uint64_t segments = 0
+        if self._journal is NULL:
+            return None
+        fb_journal_get_stats(self._journal, &st)
+        return {"bytes": fb_journal_disk_bytes(self._journal, &segments), "segments": segments,
+                "segment": st.segment, "commits": st.commits, "bytes_written": st.bytes_written,
+                "fsyncs": st.fsyncs, "fsync_seconds": st.fsync_ns / 1e9, "fsync_max_seconds": st.fsync_max_ns / 1e9,
+                "write_errors": self.journal_errors, "dropped_bytes": st.dropped_bytes}
+
+    def journal_close(self) -> None:
+        """Commit what is appended and close the journal."""
+        if self._journal is not NULL:
+            _j_commit(self)
+            fb_journal_close(self._journal)
+            self._journal = NULL
+
     def ring_from(self, uint32_t link) -> int:
         """Where what the ring keeps for session ``link`` starts: the stream
         count through the last entry it let go (a resume from there or
@@ -686,12 +817,13 @@ cdef class Relay:
         cdef slot *s = &self.slots[link]
         cdef uint8_t buf[8]
         cdef qentry *e
+        cdef uint64_t took = s.received_committed if self._journal is not NULL else s.received
         if s.detached or s.gone:
             return
-        _put_u64(buf, s.received)
+        _put_u64(buf, took)
         if s.q.head is NULL and not s.q.lost:
             if self._send_small(link, b"a", buf, 8) == 0:
-                s.received_told = s.received
+                s.received_told = took
                 s.received_bytes = 0
             return
         if not queue:
@@ -703,7 +835,7 @@ cdef class Relay:
             return
         e.cmd = b'a'
         _q_push(&s.q, e)
-        s.received_told = s.received
+        s.received_told = took
         s.received_bytes = 0
         self._queued(link, QUEUED)
 
@@ -711,13 +843,18 @@ cdef class Relay:
         """Python took a counted message (a SUB) from a session."""
         if link < self.nslots:
             self.slots[link].received += 1
+            if self._journal is not NULL:
+                _j_mark(self, link)
 
     def received(self, uint32_t link) -> int:
         """The counted messages (PUB, SUB) the session sent that came."""
         return self.slots[link].received if link < self.nslots else 0
 
     def tell_took(self, uint32_t link) -> None:
-        """TOOK to a resumable session, before a PONG Python answers."""
+        """TOOK to a resumable session, before a PONG Python answers (with
+        a journal, what it covers committed first)."""
+        if self._journal is not NULL:
+            _j_commit(self)
         if link < self.nslots and self.slots[link].resumable and \
                 self.slots[link].received != self.slots[link].received_told:
             self._tell_took(link, True)
@@ -1411,6 +1548,8 @@ cdef class Relay:
         cdef long ms
         cdef int rc, i, got, found, nitems, k
         while True:
+            if self._journal is not NULL:
+                _j_commit(self)                  # what this turn routed, journaled before it goes
             if self._nblocked:
                 self._drain(fb_now_ns())
             if self._nevents:
@@ -1507,7 +1646,9 @@ cdef class Relay:
             return False
         self.slots[link].received += 1
         self.slots[link].received_bytes += R.msg_size(&parts[2])
-        if self.slots[link].resumable and \
+        if self._journal is not NULL:
+            _j_mark(self, link)                  # (TOOK once a commit covers it: _j_commit)
+        elif self.slots[link].resumable and \
                 (self.slots[link].received - self.slots[link].received_told >= TOOK_EVERY or
                  self.slots[link].received_bytes >= TOOK_BYTES):
             self._tell_took(link, False)
@@ -1773,6 +1914,7 @@ cdef class Relay:
         cdef int rc
         cdef slot *s
         cdef qentry *e
+        cdef bint journaled
         for k in range(n):
             link = links[k]
             buf = NULL
@@ -1789,7 +1931,10 @@ cdef class Relay:
                 fb_free(buf)                  # a link that is leaving (Python removes it this turn)
                 continue
             s = &self.slots[link]
-            if s.q.head is NULL and not s.q.lost and link != self._xplink and not s.detached:
+            journaled = self._journal is not NULL and s.jhas and s.resumable
+            if journaled and _j_batch(self, s, buf, len, count) < 0:
+                self.journal_errors += 1         # (no memory: it goes unjournaled)
+            if s.q.head is NULL and not s.q.lost and link != self._xplink and not s.detached and not journaled:
                 if link == self._uplink:
                     rc = self._send_pub(self._upsock, buf, len)
                 else:
@@ -1899,3 +2044,6 @@ cdef class Relay:
             if s.session or s.batches_in or s.batches_out:
                 out[i] = (s.batches_in, s.messages_in, s.bytes_in, s.batches_out, s.messages_out, s.bytes_out)
         return out
+
+
+include "_journal.pxi"

@@ -89,6 +89,20 @@ class BrokerConfig:
     #: process that presents the name within it resumes where the last one
     #: stopped taking messages.  0: this broker keeps no durable sessions.
     durable_linger: float = 3600.0
+    #: A directory to journal into (docs/PROTOCOL.md, "The journal"): a
+    #: broker killed and started again with the same one loses nothing a
+    #: client was told it took; its sessions linger again, with what they
+    #: were owed.  None: no journal (a restart loses what was in flight).
+    journal: str | None = None
+    #: When the journal's writes reach the disk, as Redis's appendfsync:
+    #: "always" (before anything is acknowledged), "everysec" (within a
+    #: second: a kill -9 loses nothing, a power cut up to a second), "no"
+    #: (the kernel's choice).
+    fsync: str = "everysec"
+    #: The journal's disk bound: past half of it, what sessions are still
+    #: owed is rewritten and older segments deleted; what does not fit is
+    #: told, at a restart, as a GAP with its exact count.
+    journal_bytes: int = 1024 * 1024 * 1024
     #: Limits on what a peer may send.
     max_topic: int = 65535
     max_payload: int = 16 * 1024 * 1024
@@ -189,6 +203,13 @@ class BrokerConfig:
         if not 0 <= self.session_linger <= 86400:
             raise InvalidConfig("session_linger must be between 0 (sessions end with their connection) "
                                 "and 86400 seconds")
+        if self.fsync not in ("always", "everysec", "no"):
+            raise InvalidConfig(f"fsync must be always, everysec or no, not {self.fsync!r}")
+        if self.journal_bytes < 16 * 1024 * 1024:
+            raise InvalidConfig("journal_bytes must be at least 16 MiB")
+        if self.journal is not None and self.session_linger <= 0 and self.durable_linger <= 0:
+            raise InvalidConfig("a journal keeps what lingering sessions are owed: it needs session_linger "
+                                "or durable_linger above 0")
         if not 0 <= self.durable_linger <= 30 * 86400:
             raise InvalidConfig("durable_linger must be between 0 (no durable sessions) and 2592000 seconds (30 days)")
         for name in ("max_subscription_bytes", "max_total_subscription_bytes"):

@@ -29,13 +29,14 @@ import zmq
 from fastbus import protocol as P
 from fastbus._core import Router, Trie
 from fastbus._types import Buffer
-from fastbus.errors import AddressInUse, BrokerTimeout, ListenError
+from fastbus.errors import AddressInUse, BrokerTimeout, JournalError, ListenError
 
 from ._libzmq import listener as _listener, relay as _relay
 from .compat import Compat
 from .config import RECV_BUDGET, BrokerConfig
 from .federation import Upstream
 from .interest import Interest
+from .journal import Journal
 from .links import Link, LinkTable, Session, count_in
 from .memory import GiveBack, fix_mmap_threshold
 from .sending import Sender
@@ -230,6 +231,15 @@ class Broker:
         self.upstream = Upstream(self) if cfg.upstream else None
         if self.upstream is not None:
             self.handlers[self.upstream.sock] = self.upstream.on_readable
+        # What lingering sessions are owed survives a kill (--journal): the
+        # sessions it holds linger again before anything is served.
+        self.journal = Journal(self) if cfg.journal else None
+        if self.journal is not None:
+            try:
+                self.journal.start()
+            except OSError as exc:
+                raise JournalError(f"the journal at {cfg.journal} cannot be used: {exc.strerror or exc}",
+                                   cfg.journal, exc.errno) from exc
         # Sessions' lease pings answered in C, with the configured lease;
         # under an upstream the lease is bounded by ours from it, which
         # only Python knows (lease_grant_us), so Python answers them.
@@ -376,6 +386,8 @@ class Broker:
         if not self.links.is_current(link):
             return
         log.info("peer %s (%s, link %d) left: %s", link.name, link.role, link.link, reason)
+        if self.journal is not None and isinstance(link, Session):
+            self.journal.ended(link)
         self.relay.remove_link(link.link)
         self.links.remove(link)
         self.settler.forget(link)
@@ -414,6 +426,8 @@ class Broker:
         remembered, for the WELCOME of a resume (a cut may lose it)."""
         if frames[0] == P.CONFIRM and isinstance(link, Session):
             link.confirmed = P.unpack_u64(frames[1])
+            if self.journal is not None:
+                self.journal.confirmed(link, link.confirmed)
         self.sender.send(link, frames)
 
     def route(self, batch: Buffer, source: int | None) -> None:
@@ -475,6 +489,8 @@ class Broker:
                     guarded(self._maintenance, now)
                     next_maint = now + probe_interval
             self.sender.flush_everything()
+            if self.journal is not None:
+                self.journal.close()
         finally:
             self._publish_stats()
             if self.monitor is not None:
@@ -562,6 +578,8 @@ class Broker:
         if self.upstream is not None:
             self.upstream.check(now)
         self._expire_sessions(now)
+        if self.journal is not None:
+            self.journal.maintain()
         if self.transport == "fastbus":
             # A connection that never finished its handshake goes (libzmq's
             # ROUTER does the same): idle connections hold no descriptor for good.
@@ -619,6 +637,8 @@ class Broker:
             # connections' counters, or libzmq (None: libzmq keeps them).
             "transport": self.transport,
             "connections": self._sock.stats() if self.transport == "fastbus" else None,
+            # --journal: its disk, commits and syncs (None without one).
+            "journal": self.journal.stats() if self.journal is not None else None,
         }
 
     def _publish_stats(self) -> None:

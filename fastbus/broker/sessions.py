@@ -179,6 +179,8 @@ class Sessions:
             # data batch is stamped with the subscriptions it was routed with.
             b.sender.flush_link(link.link)
             refused = b.interest.apply(link, ops)
+            if b.journal is not None:
+                b.journal.subscribed(link, seq, ops, refused)
             # Data routed from now on carries this seq; the CONFIRM says
             # more, and may wait (below).
             link.confirm(seq)
@@ -206,6 +208,8 @@ class Sessions:
                 self._consumed(link, taken)
             else:
                 b.relay.trim(link.link, taken)
+                if b.journal is not None:
+                    b.journal.taken(link, taken)
         else:
             raise P.ProtocolError(f"unknown command {cmd!r}")
 
@@ -272,6 +276,8 @@ class Sessions:
                 link.durable = durable
                 link.claim = hello.get("claim")
         b.add_link(link)
+        if link.session_id is not None and b.journal is not None:
+            b.journal.opened(link)
         log.info("peer %s joined (%s, link %d%s%s)", name, link.role, link.link,
                  ", publisher" if link.publisher else "",
                  f", durable {durable!r}" if link.durable else ", resumable" if link.session_id else "")
@@ -348,6 +354,8 @@ class Sessions:
         if taken > link.consumed:
             link.consumed = taken
             self.b.relay.trim(link.link, taken)
+            if self.b.journal is not None:
+                self.b.journal.taken(link, taken)
 
     def _resume(self, link: Session, ident: bytes, hello: dict, meta: dict, takeover: bool = False) -> bool:
         """A client back for its session (on a new connection, or on the one
@@ -378,6 +386,8 @@ class Sessions:
             taken = start if start <= consumed else consumed
             link.claim = hello.get("claim")
             b.counters["durable_taken_over"] += 1
+            if b.journal is not None:
+                b.journal.opened(link)           # (its new claim)
         welcome = self._welcome(link)
         welcome["resumed"] = True
         welcome["confirmed"] = link.confirmed

@@ -105,6 +105,10 @@ else:
 
 READ_BUDGET = 64          # frames read at a time before the holder looks at other work
 SEND_BURST = 32           # batches sent before the broker is read again (a FLOW pause then takes effect)
+#: Why a session says HELLO again when its broker's instance changed (its
+#: PONG said so): a broker that journals may still hold the session.
+BROKER_RESTARTED = ("broker restarted: what was published to it before this client subscribed again was not "
+                    "delivered")
 BYE_WAIT = 0.5            # seconds close() waits for the broker to answer BYE (brokers whose WELCOME says "bye")
 OUTQ_BACKSTOP = 0.05      # how soon the keeper looks again at control frames waiting for room
 RECONNECT_TOKEN = b"again"   # the PING a Stream sends first on a connection made again after a loss
@@ -636,8 +640,7 @@ class Session:
             token, instance = frames[1], frames[2]
             if self.instance and instance != self.instance:
                 self.instance = instance
-                self.resync("broker restarted: what was published to it before this client subscribed "
-                            "again was not delivered")
+                self.resync(BROKER_RESTARTED)
             self.on_pong(token, P.unpack_u64(frames[3]) if len(frames) == 4 else None)
         elif cmd == P.KICK:
             info = P.load_json(frames[1])

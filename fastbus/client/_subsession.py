@@ -17,7 +17,7 @@ from fastbus._core import SUBSCRIBE, batch_count
 from fastbus.client import _engine
 from fastbus.client._connections import Connections
 from fastbus.client._endpoint import AbsenceProbe
-from fastbus.client._session import Session, recv_frames
+from fastbus.client._session import BROKER_RESTARTED, Session, recv_frames
 from fastbus.errors import BrokerTimeout, BrokerUnavailable, ConnectionClosed, DurableNameInUse
 
 log = logging.getLogger("fastbus.client")
@@ -249,11 +249,15 @@ class SubSession(Session):
         if self.refused is not None:
             return
         # One event, one notice.  A broker that asks only for a HELLO (a
-        # new connection) may still hold the session: said (a reconnect
-        # message) once WELCOME shows it was not resumed.  Anything else
-        # (a restarted broker, a slow consumer dropped) ended it: said now.
+        # new connection), or one that restarted (it may journal), may
+        # still hold the session: said (a reconnect message) once WELCOME
+        # shows it was not resumed; a restart says more than a HELLO asked
+        # for.  Anything else (a slow consumer dropped) ended it: said now.
         if why == HELLO_REQUIRED:
             if not self.resyncing:
+                self.resync_why = why
+        elif why == BROKER_RESTARTED:
+            if not self.resyncing or self.resync_why is not None:
                 self.resync_why = why
         elif not self.resyncing or self.resync_why is not None:
             self.resync_why = None

@@ -240,6 +240,21 @@ class BrokerSource:
             yield CounterMetricFamily(p + "connections_refused_input", "Client connections closed for what "
                                       "they sent (not ZMTP, a message over max_message_bytes).",
                                       value=conns["protocol_errors"])
+        journal = stats.get("journal")
+        if journal:                                 # --journal
+            yield GaugeMetricFamily(p + "journal_bytes", "Bytes of the journal's segments on disk (its bound: "
+                                    "--journal-bytes).", value=journal["bytes"])
+            yield GaugeMetricFamily(p + "journal_segments", "Segment files of the journal on disk.",
+                                    value=journal["segments"])
+            yield CounterMetricFamily(p + "journal_commits", "Group commits written (one write each).",
+                                      value=journal["commits"])
+            yield CounterMetricFamily(p + "journal_fsyncs", "Syncs of the journal to disk (--fsync).",
+                                      value=journal["fsyncs"])
+            yield CounterMetricFamily(p + "journal_fsync_seconds", "Time the journal's syncs took, in all.",
+                                      value=journal["fsync_seconds"])
+            yield CounterMetricFamily(p + "journal_write_errors", "Commits that could not be written (a full "
+                                      "disk): tried again, no acknowledgement meanwhile.",
+                                      value=journal["write_errors"])
         yield GaugeMetricFamily(p + "uptime_seconds", "Seconds since the broker started.",
                                 value=stats["uptime_s"])
         yield GaugeMetricFamily(p + "snapshot_age_seconds", "Age of the snapshot these figures come from "
@@ -267,6 +282,7 @@ class BrokerSource:
                       {"key": "sessions_lingering", "label": "sessions lingering"},
                       {"key": "sessions_resumed", "label": "sessions resumed"},
                       {"key": "messages_replayed", "label": "messages sent again"},
+                      {"key": "journal.bytes", "label": "journal", "unit": "bytes"},
                       {"key": "rss_bytes", "label": "memory (RSS)", "unit": "bytes"},
                       {"key": "uptime_s", "label": "uptime", "unit": "s"}],
             "charts": [{"title": "messages / s", "series": [{"key": "messages_in", "label": "in"},
