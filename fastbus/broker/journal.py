@@ -226,7 +226,8 @@ class Journal:
         oldest are not kept, and a restart tells its client the exact
         loss), then delete the segments before it."""
         relay = self.b.relay
-        relay.journal_commit(roll=True)
+        if not relay.journal_commit(roll=True):
+            return                                # (a full disk: nothing is deleted, the next turn tries again)
         first = relay.journal_stats()["segment"]
         for link in self.b.links.by_id.values():
             subs = self._subs.get(link.link)
@@ -240,7 +241,8 @@ class Journal:
             taken = link.consumed if link.durable else relay.ring_from(link.link)
             self._append(TAKEN, sid + _U64.pack(taken))
         self._snapshot_bytes = relay.journal_snapshot(self.max_bytes // 2)
-        relay.journal_commit()
+        if not relay.journal_commit():
+            return                                # (the older segments stay until a snapshot is written)
         dropped = relay.journal_drop_before(first)
         if dropped:
             log.info("journal %s: compacted (%d bytes owed to sessions rewritten), %d segments deleted",
