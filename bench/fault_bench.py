@@ -56,7 +56,11 @@ new user would: fastbus's sync ``Client`` (``--client aio``: fastbus.aio's;
 ``sharded``: a ShardedClient over the one broker), redis-py's PubSub
 (its default retries reconnect and resubscribe; an error that still escapes
 is counted and the call retried after 50 ms), nats-py (reconnects on its own,
-2 s apart after a failed attempt).  redis-py's publish() is a round trip
+2 s apart after a failed attempt); ``jetstream`` is NATS's durable product
+(``nats-server -js``, file storage, its store kept across the restart),
+used as a careful user would: each publish awaits its PubAck (256 in
+flight) and is tried again until acknowledged, under a ``Nats-Msg-Id`` the
+server deduplicates by; a durable pull consumer fetches and acks.  redis-py's publish() is a round trip
 (through the forwarder, twice a hop): where it cannot keep up with --rate,
 ``sent/s`` shows it.  Each case is bounded: its processes are killed
 ``--seconds`` + 15 s after the start.  Everything is on 127.0.0.1.
@@ -92,7 +96,7 @@ from forwarder import Forwarder  # noqa: E402
 from latency_bench import PAD, STAMP, _apaced, _paced  # noqa: E402
 from servers import Server  # noqa: E402
 
-SYSTEMS = ("fastbus", "redis", "nats")
+SYSTEMS = ("fastbus", "redis", "nats", "jetstream")
 FAULTS = ("sub-cut", "pub-cut", "restart")
 CLIENTS = ("sync", "aio", "sharded")
 CHANNEL = "faults"
@@ -101,6 +105,8 @@ MAX_MESSAGES = 10_000_000
 CATCH_UP = 8.0
 #: Seconds a publisher's last flush may take.
 FLUSH = 3.0
+#: JetStream publishes awaiting their PubAck at once.
+JS_WINDOW = 256
 
 
 def _write(path: str, record: dict) -> None:
@@ -143,6 +149,15 @@ async def _nats_connect(port: int, notes: list):
 
     return await nats.connect(f"nats://127.0.0.1:{port}", disconnected_cb=disconnected,
                               reconnected_cb=reconnected, error_cb=error)
+
+
+async def _jetstream_stream(port: int) -> None:
+    """The stream the JetStream cases publish into (file storage)."""
+    import nats
+    from nats.js.api import StorageType, StreamConfig
+    nc = await nats.connect(f"nats://127.0.0.1:{port}")
+    await nc.jetstream().add_stream(StreamConfig(name="FAULTS", subjects=[CHANNEL], storage=StorageType.FILE))
+    await nc.close()
 
 
 # -- the publisher ---------------------------------------------------------------
@@ -233,6 +248,46 @@ def publisher(system: str, client: str, port: int, rate: float, seconds: float, 
         _write(path, out)
         done.set()
         r.close()
+    elif system == "jetstream":
+        async def run() -> None:
+            nc = await _nats_connect(port, notes)
+            js = nc.jetstream()
+            ready.set()
+            if not await asyncio.to_thread(go.wait, 60):
+                return
+            stop_at = now_ns() + int((seconds + CATCH_UP) * 1e9)
+            inflight: set = set()
+
+            async def publish(i: int, data: bytes) -> None:
+                # As a careful JetStream user: each message acknowledged
+                # (PubAck), tried again until it is, under a message id the
+                # server deduplicates by (its duplicate window: 2 min).
+                until = time.monotonic() + seconds + CATCH_UP
+                while time.monotonic() < until:
+                    try:
+                        await js.publish(CHANNEL, data, timeout=1.0, headers={"Nats-Msg-Id": str(i)})
+                        return
+                    except Exception as exc:  # noqa: BLE001 - nats-py's errors have no common base
+                        _note(notes, "error:" + type(exc).__name__)
+                        await asyncio.sleep(0.05)
+                errors.append(i)
+
+            async for i in _apaced(rate, seconds, MAX_MESSAGES):
+                t = now_ns()
+                if t > stop_at:
+                    break
+                sent_ns.append(t)
+                task = asyncio.ensure_future(publish(i, STAMP.pack(t, i) + PAD))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+                if len(inflight) >= JS_WINDOW:
+                    await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+            if inflight:
+                await asyncio.wait(inflight, timeout=CATCH_UP)
+            _write(path, out)
+            done.set()
+            await nc.close()
+        asyncio.run(run())
     else:
         async def run() -> None:
 
@@ -329,6 +384,35 @@ def subscriber(system: str, client: str, port: int, ready, stop, path: str, limi
         _read(p, redis.RedisError, running, take, notes)
         _write(path, out)
         r.close()
+    elif system == "jetstream":
+        async def run() -> None:
+            from nats.js.api import AckPolicy, ConsumerConfig
+            nc = await _nats_connect(port, notes)
+            js = nc.jetstream()
+            # A durable pull consumer: what it did not ack stays on the
+            # server, through cuts and restarts (file storage).
+            psub = await js.pull_subscribe(CHANNEL, durable="faults", config=ConsumerConfig(ack_policy=AckPolicy.ALL))
+            ready.set()
+            while running():
+                try:
+                    msgs = await psub.fetch(batch=500, timeout=0.2)
+                except Exception as exc:  # noqa: BLE001 - a fetch timeout, or the connection down
+                    if type(exc).__name__ not in ("TimeoutError", "FetchTimeoutError"):
+                        _note(notes, "error:" + type(exc).__name__)
+                        await asyncio.sleep(0.05)
+                    continue
+                t = now_ns()
+                for m in msgs:
+                    seqs.append(unpack(m.data)[1])
+                    recv_ns.append(t)
+                if msgs:
+                    try:
+                        await msgs[-1].ack()        # (AckPolicy.ALL: everything up to it)
+                    except Exception as exc:  # noqa: BLE001
+                        _note(notes, "ack:" + type(exc).__name__)
+            _write(path, out)
+            await nc.close()
+        asyncio.run(run())
     else:
         async def run() -> None:
 
@@ -440,6 +524,8 @@ def run_case(system: str, client: str, fault: str, args) -> dict:
             extra += ["--journal", os.path.join(tmp, "journal"), "--fsync", args.fsync]
         if system == "fastbus" and extra:
             relaunch(srv, kill(srv) + extra)
+        if system == "jetstream":
+            asyncio.run(_jetstream_stream(srv.port))
         fwds = [Forwarder(srv.port), Forwarder(srv.port)]
         sub_fwd, pub_fwd = fwds
         ctx = mp.get_context("spawn")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, TypedDict
 
 import zmq
@@ -50,6 +51,20 @@ class ClientStats(TypedDict):
 CLOSE_TIMEOUT = 5.0
 BURST_GAP = 20e-6
 BURST_LIMIT = 4
+
+
+def close_leaving(close: Callable[[], object], failing: bool) -> None:
+    """What leaving a client's ``with`` block does: ``close()``, whose
+    FlushTimeout (messages it could not deliver) is raised, unless an
+    exception is already under way (``failing``): that is the one to see,
+    and the loss is logged."""
+    if not failing:
+        close()
+        return
+    try:
+        close()
+    except FlushTimeout as lost:
+        log.warning("%s", lost)
 
 
 class Client(ClientBase):
@@ -398,13 +413,7 @@ class Client(ClientBase):
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:
-            self.close()                          # (the exception under way is the one to see)
-        except FlushTimeout as lost:
-            log.warning("%s", lost)
+        close_leaving(self.close, exc_type is not None)
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):

@@ -18,7 +18,6 @@ channel, since a channel always uses one broker.
 from __future__ import annotations
 
 import bisect
-import logging
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -28,10 +27,9 @@ from fastbus._core import shard_hash
 from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, to_bytes, to_text
 from fastbus._messages import to_bytes as _key
 from fastbus.client import Client, ConnectionClosed, PubSub
+from fastbus.client._client import close_leaving
 from fastbus.client._session import driving, wait_many
 from fastbus.errors import FlushTimeout
-
-log = logging.getLogger("fastbus.client")
 
 __all__ = ["Ring", "ShardedClient", "ShardedPubSub"]
 
@@ -110,13 +108,7 @@ class ShardedClient:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:
-            self.close()                          # (the exception under way is the one to see)
-        except FlushTimeout as lost:
-            log.warning("%s", lost)
+        close_leaving(self.close, exc_type is not None)
 
 
 class ShardedPubSub:
