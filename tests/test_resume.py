@@ -329,6 +329,42 @@ def test_a_resume_says_resumed_and_the_subscriptions_stand(brokers):
         s.close(0)
 
 
+def test_a_session_presented_with_another_curve_key_is_not_resumed(brokers, tmp_path):
+    """Another client that learns a session's id gets nothing of it: its
+    HELLO from another CURVE key starts a session of its own (counted:
+    drops.resume_refused), and the session's own key still resumes it."""
+    import zmq
+    import zmq.auth
+
+    def keys(name: str) -> tuple[bytes, bytes]:
+        return zmq.auth.load_certificate(zmq.auth.create_certificates(str(tmp_path), name)[1])
+
+    server_pub, server_sec = keys("server")
+    a_pub, a_sec = keys("a")
+    b_pub, b_sec = keys("b")
+    broker = brokers("--curve-cert", str(tmp_path / "server.key_secret"), "--curve-allow", str(tmp_path),
+                     curve=(server_pub.decode(), a_pub.decode(), a_sec.decode()))
+
+    def dealer(public: bytes, secret: bytes) -> zmq.Socket:
+        s = zmq.Context.instance().socket(zmq.DEALER)
+        s.linger = 0
+        s.curve_serverkey, s.curve_publickey, s.curve_secretkey = server_pub, public, secret
+        s.connect(broker.endpoint)
+        return s
+
+    sid = P.new_session_id()
+    owner = dealer(a_pub, a_sec)
+    assert _hello(owner, session=sid, taken=0)["resumed"] is False
+    thief = dealer(b_pub, b_sec)
+    w = _hello(thief, session=sid, taken=0)
+    assert w["cmd"] == P.WELCOME and not w.get("resumed")        # a session of its own, not resumable
+    assert broker.stats()["drops"]["resume_refused"] == 1
+    again = dealer(a_pub, a_sec)
+    assert _hello(again, session=sid, taken=0)["resumed"] is True
+    for s in (owner, thief, again):
+        s.close()
+
+
 def test_a_bad_session_id_is_a_protocol_error(brokers):
     b = brokers()
     s = raw_dealer(b.endpoint)
