@@ -443,3 +443,27 @@ def test_asyncio_close_raises_naming_how_many():
 
     with pytest.raises(fastbus.FlushTimeout, match=r"1 message\(s\)"):
         asyncio.run(main())
+
+
+def test_a_restart_without_a_journal_says_how_many_messages_were_never_acknowledged(brokers):
+    """Published, sent, and the broker killed before it acknowledged them
+    (TOOK): the new broker has no session to resume; the publisher's next
+    flush() raises MessagesRejected with the exact count, and stats() has it."""
+    b = brokers()
+    with fastbus.Client(b.endpoint, ping_interval=30) as pub, fastbus.Client(b.endpoint) as sub:
+        p = sub.pubsub()
+        p.subscribe("seq")
+        assert p.get_message(timeout=5)["type"] == "subscribe"
+        pub.flush()
+        wait_for(lambda: pub.is_wanted("seq"), what="the publisher's filter to want seq")
+        for i in range(10):
+            pub.publish("seq", str(i))
+        wait_for(lambda: b.stats()["messages_in"] >= 10, what="the broker to have them")
+        b.kill()                                    # before any TOOK (fewer than 1,024, no flush)
+        b.start()
+        with pytest.raises(fastbus.MessagesRejected, match="10 messages .* never acknowledged") as lost:
+            pub.flush(timeout=10)
+        assert lost.value.count == 10 and pub.stats()["unacknowledged_lost"] == 10
+        pub.publish("seq", "after")
+        pub.flush(timeout=10)                       # (said once)
+        p.close()

@@ -25,7 +25,7 @@ from fastbus.client._options import ClientOptions
 from fastbus.client._pubsession import PubSession
 from fastbus.client._pubsub import PubSub
 from fastbus.client._session import driving
-from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused
+from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, MessagesRejected
 
 log = logging.getLogger("fastbus.client")
 
@@ -41,7 +41,7 @@ class ClientStats(TypedDict):
     flow_pauses: int        #: how many times it did
     rejected: int           #: messages the broker dropped (over its limits; flush() raises MessagesRejected)
     unfiltered: int         #: sent although the filter would have dropped them: its lease had run out
-    unacknowledged_lost: int  #: batches sent on a connection lost with a broker that did not keep the session (a restart)
+    unacknowledged_lost: int  #: messages sent on a connection lost with a broker that did not keep the session (a restart)
 
 #: A publish() that starts a batch sends it at once from the publishing
 #: thread unless the publisher is in a burst: BURST_LIMIT batches already
@@ -55,15 +55,15 @@ BURST_LIMIT = 4
 
 def close_leaving(close: Callable[[], object], failing: bool) -> None:
     """What leaving a client's ``with`` block does: ``close()``, whose
-    FlushTimeout (messages it could not deliver) is raised, unless an
-    exception is already under way (``failing``): that is the one to see,
-    and the loss is logged."""
+    FlushTimeout or MessagesRejected (messages it could not deliver) is
+    raised, unless an exception is already under way (``failing``): that
+    is the one to see, and the loss is logged."""
     if not failing:
         close()
         return
     try:
         close()
-    except FlushTimeout as lost:
+    except (FlushTimeout, MessagesRejected) as lost:
         log.warning("%s", lost)
 
 
@@ -363,7 +363,7 @@ class Client(ClientBase):
         failure: Exception | None = None
         try:
             self.flush(wait)
-        except (TimeoutError, ConnectionClosed, KeyRefused) as exc:
+        except (TimeoutError, ConnectionClosed, KeyRefused, MessagesRejected) as exc:
             failure = exc
         undelivered = self._undelivered() if failure is not None else 0
         self.shutdown(wait)
@@ -383,6 +383,13 @@ class Client(ClientBase):
         """What close() says once closed: the count, or FlushTimeout."""
         if failure is None:
             return 0
+        if isinstance(failure, MessagesRejected):
+            # Dropped by the broker, or never acknowledged by one that lost
+            # the session: gone already, said as the flush said it.
+            if not raising:
+                log.warning("closed %s: %s", self.name, failure)
+                return failure.count + undelivered
+            raise failure
         tracked = hasattr(self._pub.sock, "unacknowledged_records") or self._pub.sock is None
         if undelivered == 0 and tracked:
             return 0                              # (the broker took everything; its last answer was lost)

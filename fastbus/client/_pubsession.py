@@ -97,7 +97,7 @@ class PubSession(Session):
         self.pongs: set[bytes] = set()    # flush tokens the broker answered
         self.stats_replies: list[dict] = []
         self.rejected = 0                 # messages the broker said it dropped (NOTICE)
-        self.unacknowledged_lost = 0      # batches sent to a broker that lost the session before taking them
+        self.unacknowledged_lost = 0      # messages sent to a broker that lost the session before taking them
         self.notice: MessagesRejected | None = None   # raised by the next flush()
         self._hellos: deque[int] = deque(maxlen=HELLOS_KEPT)    # HELLOs not yet welcomed: sent ns
         publisher.renew = self.renew_lease
@@ -394,11 +394,15 @@ class PubSession(Session):
             # A broker that grants no lease does not wait for us either.
             pub.set_lease(FOREVER)
 
-    def on_unacknowledged(self, n: int) -> None:
-        self.unacknowledged_lost += n
-        log.warning("%s: %d batches sent to %s before it lost this session (a restart) were not acknowledged: "
-                    "they may not have been routed (stats()['unacknowledged_lost'])", self.options.name, n,
-                    self.options.endpoint)
+    def on_unacknowledged(self, n: int, records: int) -> None:
+        # Said by the next flush (MessagesRejected, with the count), and counted.
+        self.unacknowledged_lost += records
+        reason = (f"{records} messages sent to the broker at {self.options.endpoint} before it lost this session "
+                  f"(a restart without --journal) were never acknowledged: they may not have been delivered")
+        earlier = self.notice.count if self.notice is not None else 0
+        self.notice = MessagesRejected(reason if not earlier else f"{reason} (and {earlier} more dropped before)",
+                                       earlier + records)
+        log.warning("%s: %s (stats()['unacknowledged_lost'])", self.options.name, reason)
 
     def on_pong(self, token: bytes, lease_us: int | None) -> None:
         if token.startswith(b"flush-"):

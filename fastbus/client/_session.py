@@ -688,13 +688,17 @@ class Session:
             s.set_resend(b"", 0)          # a broker that keeps no session: nothing to send again
             return
         how = "resumed" if info.get("resumed") else "fresh-drop" if self.kind == "sub" else "fresh"
+        before = s.unacknowledged_records(P.PUB) if how == "fresh" else 0
         dropped = s.resume(info.get("received", 0), how)
         if dropped:
-            self.on_unacknowledged(dropped)
+            # The messages in the batches that went on the lost connection:
+            # the broker that took them is gone.
+            self.on_unacknowledged(dropped, before - s.unacknowledged_records(P.PUB))
 
-    def on_unacknowledged(self, n: int) -> None:
-        """``n`` messages went on a lost connection to a broker that does
-        not have this session any more: they may not have arrived."""
+    def on_unacknowledged(self, n: int, records: int) -> None:
+        """``n`` messages (``records`` records in PUB batches) went on a
+        lost connection to a broker that does not have this session any
+        more: they may not have arrived."""
 
     def on_pong(self, token: bytes, lease_us: int | None) -> None:
         """A PONG for a ping of ours (``lease_us``: the lease it grants a

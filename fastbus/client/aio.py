@@ -49,7 +49,7 @@ from fastbus.client._pubsub import Handler
 from fastbus.client._pubsub import PubSub as _SyncPubSub
 from fastbus.client._session import Session
 from fastbus.client._subsession import ConfirmWait
-from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused
+from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, MessagesRejected
 
 __all__ = ["Client", "PubSub"]
 
@@ -339,7 +339,7 @@ class Client(_SyncClient):
         failure: Exception | None = None
         try:
             await self.flush(wait)
-        except (TimeoutError, ConnectionClosed, KeyRefused) as exc:
+        except (TimeoutError, ConnectionClosed, KeyRefused, MessagesRejected) as exc:
             failure = exc
         undelivered = self._undelivered() if failure is not None else 0
         self.shutdown(wait)
@@ -356,7 +356,7 @@ class Client(_SyncClient):
             return
         try:
             await self.close()
-        except FlushTimeout as lost:
+        except (FlushTimeout, MessagesRejected) as lost:
             log.warning("%s", lost)
 
 

@@ -29,7 +29,7 @@ from fastbus._messages import to_bytes as _key
 from fastbus.client import Client, ConnectionClosed, PubSub
 from fastbus.client._client import close_leaving
 from fastbus.client._session import driving, wait_many
-from fastbus.errors import FlushTimeout
+from fastbus.errors import FlushTimeout, MessagesRejected
 
 __all__ = ["Ring", "ShardedClient", "ShardedPubSub"]
 
@@ -97,8 +97,8 @@ class ShardedClient:
         for c in self.clients:
             try:
                 lost += c.close(timeout)
-            except FlushTimeout as exc:
-                lost += exc.pending
+            except (FlushTimeout, MessagesRejected) as exc:
+                lost += exc.pending if isinstance(exc, FlushTimeout) else exc.count
                 failures.append(exc)
         if failures:
             raise FlushTimeout("; ".join(str(f) for f in failures), lost) from failures[0]
