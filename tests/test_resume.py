@@ -204,6 +204,7 @@ def test_a_lingering_session_over_its_bound_is_told_the_exact_gap(brokers):
         p = sub.pubsub()
         p.subscribe("seq")
         assert p.get_message(timeout=5)["type"] == "subscribe"
+        wait_for(lambda: pub.is_wanted("seq"), what="the publisher's filter to want seq")
         fw.cut(3.0)
         t0 = time.monotonic()
         for i in range(n):
@@ -228,7 +229,10 @@ def test_a_session_past_its_linger_ends_and_says_what_waited(brokers):
         p = sub.pubsub()
         p.subscribe("seq")
         assert p.get_message(timeout=5)["type"] == "subscribe"
-        fw.cut(3.0)
+        # (The publisher's filter has it: what follows is routed, and the
+        # broker finds the connection gone at its first send.)
+        wait_for(lambda: pub.is_wanted("seq"), what="the publisher's filter to want seq")
+        fw.cut(5.0)
         for i in range(100):
             pub.publish("seq", str(i))
         pub.flush()
@@ -423,6 +427,7 @@ def test_close_counts_what_the_broker_never_acknowledged(brokers):
     c = fastbus.Client(b.endpoint)
     p = c.pubsub()
     p.subscribe("news")                            # (else the publisher's filter sends nothing)
+    wait_for(lambda: c.is_wanted("news"), what="the publisher's filter to want news")
     c.publish("news", "first")
     c.flush()
     os.kill(b.proc.pid, signal.SIGSTOP)
