@@ -43,7 +43,7 @@
 #define READ_CHUNK 65536
 #define MAX_LISTENERS 16
 #define EVENTS_PER_WAIT 256
-#define ID_LEN 9
+#define ID_LEN FB_ZMTP_SERVER_ID_LEN
 /* epoll's data: a listener's index with this bit, else a slot's. */
 #define LISTENER_TAG (1ull << 32)
 
@@ -59,6 +59,7 @@ typedef struct conn {
     int got_greeting;
     int watch_out;               /* EPOLLOUT is asked (bytes wait for room) */
     int in_ring;
+    int was_up;                  /* finished its handshake: its loss is reported (fb_zmtp_server_take_gone) */
     int more_in_kernel;          /* the last read filled all its room: more may wait */
     uint64_t since_ns;           /* accepted at (fb_now_ns) */
     char peer[INET6_ADDRSTRLEN]; /* "" for a Unix socket */
@@ -91,7 +92,15 @@ struct fb_zmtp_server {
 
     int closed;
     fb_zmtp_server_stats st;
+    /* Routing ids (slot << 32 | generation) of handshaken connections
+     * lost and wholly received, oldest first, for fb_zmtp_server_take_gone:
+     * a ring of gone_cap; past GONE_MAX the oldest is forgotten (its peer
+     * is then found gone at the next send, as libzmq's would be). */
+    uint64_t *gone;
+    uint32_t gone_head, gone_count, gone_cap;
 };
+
+#define GONE_MAX 65536u
 
 /* -- slots and the ring --------------------------------------------------------- */
 
@@ -155,9 +164,31 @@ static void watch_listeners(fb_zmtp_server *s, int on)
 /* A lost connection whose messages were all received (and that the ring
  * does not hold): its slot is free, and its routing id names nothing any
  * more. */
+static void gone_push(fb_zmtp_server *s, uint32_t k, uint32_t gen)
+{
+    if (s->gone_count == s->gone_cap) {
+        if (s->gone_cap >= GONE_MAX) {                       /* forget the oldest */
+            s->gone_head = (s->gone_head + 1) % s->gone_cap;
+            s->gone_count--;
+        } else {
+            uint32_t cap = s->gone_cap ? s->gone_cap * 2 : 64;
+            uint64_t *g = malloc(cap * sizeof *g);
+            if (!g) return;                                  /* (found at the next send instead) */
+            for (uint32_t i = 0; i < s->gone_count; i++) g[i] = s->gone[(s->gone_head + i) % s->gone_cap];
+            free(s->gone);
+            s->gone = g;
+            s->gone_head = 0;
+            s->gone_cap = cap;
+        }
+    }
+    s->gone[(s->gone_head + s->gone_count) % s->gone_cap] = ((uint64_t)k << 32) | gen;
+    s->gone_count++;
+}
+
 static void slot_free(fb_zmtp_server *s, uint32_t k)
 {
     conn *c = s->slots[k];
+    if (c->was_up) gone_push(s, k, c->gen);
     fb_zbuf_free(&c->in);
     fb_zbuf_free(&c->out);
     uint32_t gen = c->gen + 1;
@@ -305,6 +336,7 @@ static int on_command(fb_zmtp_server *s, uint32_t k, const unsigned char *body, 
     if (c->state == C_HANDSHAKE) {
         if (fb_zmtp_is_command(body, size, "READY") && peer_type_ok(body, size)) {
             c->state = C_UP;
+            c->was_up = 1;
             return 0;
         }
         lost(s, k, !fb_zmtp_is_command(body, size, "ERROR"));
@@ -583,6 +615,9 @@ void fb_zmtp_server_close(fb_zmtp_server *s, int linger_ms)
     free(s->slots);
     free(s->free_slots);
     free(s->ring);
+    free(s->gone);
+    s->gone = NULL;
+    s->gone_head = s->gone_count = s->gone_cap = 0;
     s->slots = NULL;
     s->free_slots = s->ring = NULL;
     s->nslots = s->cap = s->nfree = s->ring_count = 0;
@@ -755,6 +790,16 @@ int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns)
     return n;
 }
 
+int fb_zmtp_server_take_gone(fb_zmtp_server *s, unsigned char *id)
+{
+    if (!s->gone_count) return 0;
+    uint64_t v = s->gone[s->gone_head];
+    s->gone_head = (s->gone_head + 1) % s->gone_cap;
+    s->gone_count--;
+    make_id(id, (uint32_t)(v >> 32), (uint32_t)v);
+    return FB_ZMTP_SERVER_ID_LEN;
+}
+
 int fb_zmtp_server_buffered(const fb_zmtp_server *s)
 {
     return s && !s->closed && (s->frames_left || s->ring_count);
@@ -787,6 +832,7 @@ const char *fb_zmtp_server_msg_gets(const fb_zmq_msg *msg, const char *property)
 { (void)msg; (void)property; errno = EINVAL; return NULL; }
 int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns) { (void)s; (void)handshake_ns; return 0; }
 int fb_zmtp_server_buffered(const fb_zmtp_server *s) { (void)s; return 0; }
+int fb_zmtp_server_take_gone(fb_zmtp_server *s, unsigned char *id) { (void)s; (void)id; return 0; }
 void fb_zmtp_server_get_stats(const fb_zmtp_server *s, fb_zmtp_server_stats *out)
 { (void)s; memset(out, 0, sizeof *out); }
 

@@ -78,6 +78,9 @@ typedef struct fb_zmtp_server_stats {
 
 typedef struct fb_zmtp_server fb_zmtp_server;
 
+/* The length of a routing id: a zero byte, the slot, the generation. */
+#define FB_ZMTP_SERVER_ID_LEN 9
+
 /* A server with no listener yet.  NULL with *err set to an errno (ENOMEM,
  * EMFILE, EINVAL for bad options, ENOSYS off Linux). */
 fb_zmtp_server *fb_zmtp_server_new(const fb_zmtp_server_options *opts, int *err);
@@ -109,6 +112,14 @@ int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns);
 /* Is input already read into a connection's buffer (a receive may find a
  * message without the descriptor showing it)?  No syscall. */
 int fb_zmtp_server_buffered(const fb_zmtp_server *s);
+/* The routing id (FB_ZMTP_SERVER_ID_LEN bytes into `id`) of a connection
+ * that finished its handshake and is gone, once every whole message it
+ * sent was received: returns FB_ZMTP_SERVER_ID_LEN, or 0 when none is left
+ * to say.  libzmq's ROUTER says a peer left only when a send to it fails;
+ * a driver that calls this after its receives learns it at once (a
+ * subscriber's session starts to linger at the cut, not at the next
+ * message or probe).  Oldest first; the last 65,536 are kept. */
+int fb_zmtp_server_take_gone(fb_zmtp_server *s, unsigned char *id);
 void fb_zmtp_server_get_stats(const fb_zmtp_server *s, fb_zmtp_server_stats *out);
 
 #ifdef __cplusplus

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -25,7 +26,30 @@ from fastbus.client import query_stats
 STEADY_FILTER = ("--filter-lease", "5")
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+            return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
+    """A loopback port free now, chosen below the kernel's ephemeral range:
+    a port the kernel handed out (bind to 0) can be handed out again to any
+    outgoing connection of a parallel test before the broker binds it, and a
+    broker restarted on the same port would meet the same race."""
+    low, _ = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, max(10001, low))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -38,11 +62,17 @@ class BrokerProcess:
                  env: dict | None = None) -> None:
         self.curve = curve          # (broker public, client public, client secret) for stats
         self.env = env              # the broker process's environment (None: this one's)
-        self.port = port or free_port()
-        self.endpoint = f"tcp://127.0.0.1:{self.port}"
-        self.args = ["--bind", self.endpoint, "--log-level", "WARNING", "--stats-interval", "0", *args]
         self.proc: subprocess.Popen | None = None
-        self.start()
+        for attempt in range(5):
+            self.port = port or free_port()
+            self.endpoint = f"tcp://127.0.0.1:{self.port}"
+            self.args = ["--bind", self.endpoint, "--log-level", "WARNING", "--stats-interval", "0", *args]
+            try:
+                self.start()
+                return
+            except RuntimeError as exc:   # another test took the port we chose: choose again
+                if port is not None or "address already in use" not in str(exc) or attempt == 4:
+                    raise
 
     def start(self, timeout: float = 20.0) -> None:
         self._cwd = tempfile.TemporaryDirectory()

@@ -353,11 +353,17 @@ static void test_a_peer_that_leaves(void)
     fb_zmtp_close(r.c[0], 1000);
     r.c[0] = NULL;
     usleep(20000);
+    unsigned char gone[FB_ZMTP_SERVER_ID_LEN];
+    CHECK_EQ(fb_zmtp_server_take_gone(r.s, gone), 0);      /* not before what it sent is read */
     CHECK_EQ(srecv(&r, f, l, 8, 2000), 3);
     CHECK(memcmp(f[0], id, 9) == 0 && f[2][0] == '2');
     CHECK_EQ(srecv(&r, f, l, 8, 2000), 3);
     CHECK(memcmp(f[0], id, 9) == 0 && f[2][0] == '3');
     CHECK_EQ(srecv(&r, f, l, 8, 200), 0);
+    /* Then its loss is said, once: its id. */
+    CHECK_EQ(fb_zmtp_server_take_gone(r.s, gone), FB_ZMTP_SERVER_ID_LEN);
+    CHECK(memcmp(gone, id, 9) == 0);
+    CHECK_EQ(fb_zmtp_server_take_gone(r.s, gone), 0);
     /* Its id names nothing now, even once its slot serves another peer. */
     CHECK_EQ(ssend(&r, id, 9, "x", "y"), EHOSTUNREACH);
     r.c[0] = client_to(&r.addr, sizeof r.addr);

@@ -1624,7 +1624,26 @@ cdef class Relay:
             self._nparts = n
             found[0] |= FOUND_MESSAGE
             break
+        if self._srv is not NULL:
+            self._take_gone()
         return got
+
+    cdef void _take_gone(self) noexcept nogil:
+        """Connections the Listener lost, once all they sent was read:
+        their links are lost now (a resumable session starts to linger),
+        not at the next send to them.  An id no link has (one that left
+        saying BYE, or whose session resumed on a new connection) is
+        nothing to do."""
+        cdef unsigned char id[FB_ZMTP_SERVER_ID_LEN]
+        cdef int n
+        cdef uint32_t link
+        while True:
+            n = fb_zmtp_server_take_gone(self._srv, id)
+            if n == 0:
+                return
+            link = self._find(id, <size_t>n)
+            if link != UINT32_MAX and link < self.nslots and self.slots[link].session:
+                self._lose(link, EVENT_GONE, 0)
 
     cdef bint _route(self, fbz_msg *parts, int n) noexcept nogil:
         """A known session's PUB: route it here (an outbox it fills goes

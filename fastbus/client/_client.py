@@ -374,9 +374,14 @@ class Client(ClientBase):
         connection and not acknowledged (its TOOK)."""
         n = self._publisher.queued
         s = self._pub
-        with s.attempt() as held:
-            if held and s.sock is not None and hasattr(s.sock, "unacknowledged_records"):
-                n += s.sock.unacknowledged_records(P.PUB)
+        # Waits for the lock (a background reader may hold it for a turn):
+        # a count taken without it would say 0 for what was in flight.
+        if s.hold(timeout=2.0):
+            try:
+                if s.sock is not None and hasattr(s.sock, "unacknowledged_records"):
+                    n += s.sock.unacknowledged_records(P.PUB)
+            finally:
+                s.release()
         return n
 
     def _closed_with(self, failure: Exception | None, undelivered: int, raising: bool) -> int:

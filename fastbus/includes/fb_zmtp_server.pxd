@@ -4,6 +4,7 @@ from libc.stdint cimport uint64_t
 from fastbus.includes.fb_reader cimport fb_zmq_msg
 
 cdef extern from "fb_zmtp_server.h" nogil:
+    enum: FB_ZMTP_SERVER_ID_LEN
     ctypedef struct fb_zmtp_server_options:
         int sndhwm
         int sndbuf
@@ -37,4 +38,5 @@ cdef extern from "fb_zmtp_server.h" nogil:
     const char *fb_zmtp_server_msg_gets(const fb_zmq_msg *msg, const char *property)
     int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns)
     int fb_zmtp_server_buffered(const fb_zmtp_server *s)
+    int fb_zmtp_server_take_gone(fb_zmtp_server *s, unsigned char *id)
     void fb_zmtp_server_get_stats(const fb_zmtp_server *s, fb_zmtp_server_stats *out)
