@@ -76,6 +76,10 @@ WANT_RESET = 1
 #: it, and sends again after a lost connection: the messages whose first
 #: frame is one of these commands (the broker counts the same).
 RESENT = PUB + SUB
+#: The token of the PING a Stream sends first on a connection made again
+#: after a loss (the broker answers an unknown connection's PING with KICK
+#: "hello required": the session resumes at once, not at the next ping).
+RECONNECT_TOKEN = b"again"
 
 #: The largest message a broker takes in one frame unless it was built to
 #: take more (BrokerConfig.max_message_bytes; WELCOME's limits say it); a

@@ -6,8 +6,9 @@ from libc.errno cimport errno
 from libc.string cimport strerror
 
 from fastbus.includes.fb_reader cimport fb_zmq_msg
-from fastbus.includes.fb_zmtp cimport (fb_zmtp_msg_init, fb_zmtp_msg_data, fb_zmtp_msg_size, fb_zmtp_msg_more,
-                                       fb_zmtp_msg_close)
+from fastbus.includes.fb_zmtp cimport (fb_zmtp, fb_zmtp_msg_init, fb_zmtp_msg_data, fb_zmtp_msg_size,
+                                       fb_zmtp_msg_more, fb_zmtp_msg_close, fb_zmtp_msg_recv, fb_zmtp_send,
+                                       fb_zmtp_getsockopt, fb_zmtp_buffered)
 from fastbus.includes.fb_zmtp_server cimport (fb_zmtp_server, fb_zmtp_server_options, fb_zmtp_server_stats,
                                               fb_zmtp_server_new, fb_zmtp_server_listen, fb_zmtp_server_close,
                                               fb_zmtp_server_free,
@@ -55,6 +56,38 @@ _NATIVE.last_error = _last_errno
 _NATIVE.msg_gets = <f_msg_gets>fb_zmtp_server_msg_gets
 _NATIVE.poll = NULL                   # (the relay polls through libzmq's zmq_poll: the Listener is a descriptor)
 _NATIVE.getsockopt = <f_getsockopt>fb_zmtp_server_getsockopt
+
+
+cdef int _send_zmq_msg_up(fbz_msg *m, void *z, int flags) noexcept nogil:
+    """zmq_msg_send for the upstream link's Stream (fb_zmtp.h), as
+    _send_zmq_msg for a Listener: by copy, the message consumed."""
+    cdef int rc = fb_zmtp_send(z, Z.msg_data(m), Z.msg_size(m), flags)
+    if rc >= 0:
+        Z.msg_close(m)
+        Z.msg_init(m)
+    return rc
+
+
+# The calls of the upstream link when it is a Stream (fastbus.client's
+# native DEALER connection, csrc/fb_zmtp.h: no libzmq I/O thread, and
+# what upstream did not take goes again after a cut), the table the relay
+# calls that link through.  Its received frames are views (the relay
+# copies a message it keeps for Python).
+cdef zmq_api _STREAM
+_STREAM.msg_init = <f_msg_init>fb_zmtp_msg_init
+_STREAM.msg_init_size = NULL
+_STREAM.msg_init_data = NULL
+_STREAM.msg_close = <f_msg_close>fb_zmtp_msg_close
+_STREAM.msg_recv = <f_msg_recv>fb_zmtp_msg_recv
+_STREAM.msg_send = _send_zmq_msg_up
+_STREAM.msg_data = <f_msg_data>fb_zmtp_msg_data
+_STREAM.msg_size = <f_msg_size>fb_zmtp_msg_size
+_STREAM.msg_more = <f_msg_more>fb_zmtp_msg_more
+_STREAM.send = <f_send>fb_zmtp_send
+_STREAM.last_error = _last_errno
+_STREAM.msg_gets = NULL
+_STREAM.poll = NULL
+_STREAM.getsockopt = <f_getsockopt>fb_zmtp_getsockopt
 
 
 cdef class Listener:

@@ -60,6 +60,8 @@ class Relay:
     pings_answered: int
     leases_granted: int
     messages_replayed: int
+    @property
+    def up_records(self) -> int: ...
     journal_errors: int
     paused: bool
     budget: int

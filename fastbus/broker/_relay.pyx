@@ -253,9 +253,13 @@ cdef class Relay:
     cdef uint32_t _links[LINKS_PER_CALL]
     cdef uint32_t _uplink         # the upstream broker's link (UINT32_MAX: none)
     cdef void *_upsock            # ... and its DEALER socket
+    cdef zmq_api U                # that socket's calls: libzmq's (Z), or a Stream's (_STREAM)
+    cdef bint _upnative           # ... a Stream (csrc/fb_zmtp.h: it resends what upstream did not take)
     cdef object _uppysock         # (kept alive)
     cdef int _upidx               # that socket's item in wait()'s poll (0: not watched)
-    cdef fbz_msg _up[MAX_PARTS]   # a message from upstream read for Python, until taken
+    cdef fbz_msg _upv[MAX_PARTS]  # a message from upstream as read (U's messages)
+    cdef fbz_msg _up[MAX_PARTS]   # a message from upstream read for Python, until taken (a copy: libzmq's)
+    cdef readonly uint64_t up_records  # records of upstream's DATA routed here (its session's stream)
     cdef int _nup
     cdef int _uprc                # of that message, if a DATA: the router's status
     cdef uint32_t _xplink         # the plain-ZeroMQ XPUB link (UINT32_MAX: none)
@@ -512,17 +516,22 @@ cdef class Relay:
         return float("-inf")
 
     def set_upstream(self, uint32_t link, sock not None) -> None:
-        """The upstream broker's link and its DEALER socket (of this
-        broker's context): the relay sends it its batches as ``[PUB,
-        batch]``, as it does sessions theirs, while the router does not
-        hold it (Python queues for it) and its sends succeed.  While
-        wait() watches that socket (among ``others``), it also reads it:
-        ``[DATA, seq, batch]`` is routed here, and the first other message
-        is kept for Python, which takes it with ``take_upstream()`` before
-        reading the socket itself."""
+        """The upstream broker's link and its DEALER socket: a pyzmq socket
+        of this broker's context, or a fastbus Stream (csrc/fb_zmtp.h,
+        read and written by this thread).  The relay sends it its
+        batches as ``[PUB, batch]``, as it does sessions theirs, while the
+        router does not hold it (Python queues for it) and its sends
+        succeed.  While wait() watches that socket (among ``others``), it
+        also reads it: ``[DATA, seq, batch]`` is routed here (its records
+        counted in ``up_records``), and the first other message is kept
+        for Python, which takes it with ``take_upstream()`` before reading
+        the socket itself."""
+        self._upnative = not isinstance(sock, zmq.Socket)
+        self.U = _STREAM if self._upnative else Z
         self._upsock = self._own_socket(link, sock, 1)
         self._uplink = link
         self._uppysock = sock
+        self.up_records = 0
 
     def set_xpub(self, uint32_t link, sock not None) -> None:
         """The plain-ZeroMQ XPUB link and its socket (XPUB_NODROP): the
@@ -539,7 +548,7 @@ cdef class Relay:
         if link >= UINT32_MAX - 1:
             raise ValueError("link id out of range")
         self._grow_slots(link)
-        self._fds[k] = sock.getsockopt(zmq.FD)
+        self._fds[k] = sock.getsockopt(zmq.FD) if isinstance(sock, zmq.Socket) else sock.FD
         return <void *><uintptr_t>sock.underlying
 
     def set_policy(self, size_t max_queue_bytes, size_t flow_bytes, bint disconnect) -> None:
@@ -1032,9 +1041,17 @@ cdef class Relay:
         return 0
 
     cdef inline zmq_api *_api(self, uint32_t link) noexcept nogil:
-        """The calls of a link's socket: the upstream DEALER's and the XPUB's
-        are libzmq's, the sessions' ROUTER's self.R."""
-        return &Z if link == self._uplink or link == self._xplink else &self.R
+        """The calls of a link's socket: the upstream DEALER's self.U, the
+        XPUB's libzmq's, the sessions' ROUTER's self.R."""
+        if link == self._uplink:
+            return &self.U
+        return &Z if link == self._xplink else &self.R
+
+    cdef inline bint _up_buffered(self) noexcept nogil:
+        """Whole messages the upstream Stream already read (its descriptor
+        does not show them)."""
+        return self._upnative and self._upsock is not NULL and self._upidx and \
+            fb_zmtp_buffered(<fb_zmtp *>self._upsock)
 
     cdef int _queued(self, uint32_t link, int status) noexcept nogil:
         """A link's queue just grew: it is blocked, and over the limit the
@@ -1163,6 +1180,8 @@ cdef class Relay:
                 sz = sizeof(int)
                 if k == 0:
                     self.R.getsockopt(socks[k], ZMQ_EVENTS, &events, &sz)
+                elif k == 1:
+                    self.U.getsockopt(socks[k], ZMQ_EVENTS, &events, &sz)
                 else:
                     Z.getsockopt(socks[k], ZMQ_EVENTS, &events, &sz)
         while i < self._nblocked:
@@ -1515,6 +1534,10 @@ cdef class Relay:
             if isinstance(o, int):
                 items[i + 1].socket = NULL
                 items[i + 1].fd = o
+            elif self._upnative and o is self._uppysock:
+                items[i + 1].socket = NULL         # a Stream: its descriptor
+                items[i + 1].fd = self._fds[1]
+                self._upidx = i + 1
             else:
                 items[i + 1].socket = <void *><uintptr_t>o.underlying
                 items[i + 1].fd = 0
@@ -1568,6 +1591,8 @@ cdef class Relay:
             ms = 0 if due <= now else <long>((due - now + 999999u) // 1000000u)
             if self._srv is not NULL and fb_zmtp_server_buffered(self._srv):
                 ms = 0                         # input a Listener already read (its descriptor does not show it)
+            if self._up_buffered():
+                ms = 0                         # ... or the upstream Stream
             nitems = n
             if self._nblocked:
                 if ms > BACKSTOP_MS:
@@ -1586,7 +1611,7 @@ cdef class Relay:
             found = 0
             got = 0
             for i in range(1, n):
-                if items[i].revents & POLLIN:
+                if items[i].revents & POLLIN or (i == self._upidx and self._up_buffered()):
                     if i == self._upidx:
                         # Upstream's DATA is routed here; Python is woken
                         # only for a message of its own.
@@ -1720,20 +1745,36 @@ cdef class Relay:
         Python (self._up), and stop there; the number read."""
         cdef int got = 0, n, rc, i
         cdef uint64_t over
+        cdef uint32_t count
+        cdef zmq_api *U = &self.U
+        cdef size_t size
         while got < budget and not self._nup and not self._nevents:
-            n = self._recv_on(&Z, self._upsock, self._up)
+            n = self._recv_on(U, self._upsock, self._upv)
             if n == 0:
                 break
             got += 1
-            if n == 3 and Z.msg_size(&self._up[0]) == 1 and (<uint8_t *>Z.msg_data(&self._up[0]))[0] == b'D':
-                rc = self._route_batch(self._uplink, Z.msg_data(&self._up[2]), Z.msg_size(&self._up[2]), &over)
+            if n == 3 and U.msg_size(&self._upv[0]) == 1 and (<uint8_t *>U.msg_data(&self._upv[0]))[0] == b'D':
+                rc = self._route_batch(self._uplink, U.msg_data(&self._upv[2]), U.msg_size(&self._upv[2]), &over)
                 if rc >= 0:
+                    count = 0
+                    fb_batch_header(<const unsigned char *>U.msg_data(&self._upv[2]), U.msg_size(&self._upv[2]),
+                                    &count, NULL)
+                    self.up_records += count
                     for i in range(n):
-                        Z.msg_close(&self._up[i])
+                        U.msg_close(&self._upv[i])
                     continue
                 self._uprc = rc
             else:
                 self._uprc = 0
+            # Kept for Python as a copy: a Stream's frames are views that
+            # the next call on it may end (a send included).
+            for i in range(n):
+                size = U.msg_size(&self._upv[i])
+                if Z.msg_init_size(&self._up[i], size) == 0:
+                    memcpy(Z.msg_data(&self._up[i]), U.msg_data(&self._upv[i]), size)
+                else:
+                    Z.msg_init(&self._up[i])      # (no memory: an empty frame, which Python refuses)
+                U.msg_close(&self._upv[i])
             self._nup = n
         return got
 
@@ -2042,11 +2083,11 @@ cdef class Relay:
         batch follows it."""
         cdef fbz_msg m
         cdef int err
-        if Z.send(sock, b"P", 1, DONTWAIT | SNDMORE) < 0:
-            err = Z.last_error()
+        if self.U.send(sock, b"P", 1, DONTWAIT | SNDMORE) < 0:
+            err = self.U.last_error()
             return err if err != 0 else EAGAIN
-        if len <= COPY_MAX:
-            Z.send(sock, buf, len, DONTWAIT)
+        if len <= COPY_MAX or self._upnative:
+            self.U.send(sock, buf, len, DONTWAIT)     # (a Stream copies what it sends)
             fb_free(buf)
         else:
             Z.msg_init_data(&m, buf, len, _free_batch, NULL)

@@ -35,7 +35,8 @@ import time
 import zmq
 
 from fastbus import protocol as P
-from fastbus._core import SUBSCRIBE, error_for
+from fastbus._core import SUBSCRIBE, batch_count, error_for
+from fastbus.client import native_stream
 from fastbus.errors import BatchError, InvalidEndpoint
 
 from .config import RECV_BUDGET
@@ -53,6 +54,10 @@ UPSTREAM_SILENT_WARN = 5.0
 UPSTREAM_SILENT_RESYNC = 5.0
 #: A lease ping unanswered this long is sent again.
 LEASE_PING_RETRY = 1.0
+#: What a Stream keeps of what it sent upstream until upstream's TOOK covers
+#: it (past it the relay's queue for the link holds the rest, under
+#: --max-queue-bytes).
+RESEND_BYTES = 64 * 1024 * 1024
 
 
 class Upstream:
@@ -60,14 +65,21 @@ class Upstream:
 
     def __init__(self, broker) -> None:
         self.b = broker
-        s = broker._ctx.socket(zmq.DEALER)
+        curve = broker.config.upstream_curve
+        # A Stream where it can be one (the relay's thread reads and writes
+        # it, and what upstream did not take goes again after a cut: the
+        # session resumes, docs/PROTOCOL.md "Federation"); with CURVE, a
+        # libzmq DEALER (the session resumes its stream, with no resend).
+        s = native_stream(broker.config.upstream) if curve is None else None
+        self.native = s is not None
+        if s is None:
+            s = broker._ctx.socket(zmq.DEALER)
+            s.ipv6 = True
         s.linger = 0
-        s.ipv6 = True
         s.sndhwm = 1000
         s.tcp_keepalive = 1
         s.reconnect_ivl = 100
         s.reconnect_ivl_max = 2000
-        curve = broker.config.upstream_curve
         if curve is not None:
             # We are a client there; upstream knows our key as a broker's
             # (its curve_allowed_brokers).
@@ -81,7 +93,20 @@ class Upstream:
             s.close(linger=0)
             raise InvalidEndpoint(f"upstream: cannot connect to {broker.config.upstream!r}: {exc.strerror}",
                                   broker.config.upstream, setting="upstream") from None
+        if self.native:
+            # Back on a new connection, it says so at once (upstream answers
+            # KICK "hello required", and we resume); what upstream did not
+            # take (its TOOK) is kept, and goes again once it says what it
+            # has (WELCOME "received").
+            s.set_reconnect_message([P.PING, P.RECONNECT_TOKEN])
+            s.set_resend(P.RESENT, RESEND_BYTES)
         self.sock = s
+        #: Our session there (it outlives a cut connection: what we missed
+        #: comes again, and what we sent it and it did not take goes again).
+        self.session_id = P.new_session_id()
+        self._gaps = 0                            # records upstream's GAPs said we missed (our stream's count)
+        self._read_records = 0                    # records of the DATA routed here (not by the data plane)
+        self._taken_told = 0                      # our last TAKEN
         self.link = UpstreamLink(broker.links.new_id(), s)
         self._refused = ""                        # the reason upstream last refused us, if it did
         self._retry_in = 0.0                      # then: seconds until we try again (doubling)...
@@ -102,6 +127,7 @@ class Upstream:
         """Maintenance: say when the upstream has not answered for a while
         (unreachable, or not a fastbus broker), then less often, and when
         it answers again.  ``now``: time.monotonic()."""
+        self.tell_taken()
         if self.connected:
             if now - self._last_heard >= UPSTREAM_SILENT_RESYNC and self._may_retry():
                 log.warning("the upstream broker %s answered no ping for %.0f s: starting over",
@@ -125,6 +151,22 @@ class Upstream:
     @property
     def connected(self) -> bool:
         return bool(self.link.instance)
+
+    def taken(self) -> int:
+        """What we took of our session's stream there: the records of its
+        DATA (the data plane routes most; what on_readable reads after
+        the message it kept for us is routed here) and the counts of its
+        GAPs."""
+        return self.b.relay.up_records + self._read_records + self._gaps
+
+    def tell_taken(self) -> None:
+        """TAKEN, if we took more since the last: upstream forgets what it
+        kept for a resume up to there (at each maintenance: a second of
+        traffic, within the ring a quarter of its --max-queue-bytes)."""
+        taken = self.taken()
+        if self.connected and taken > self._taken_told:
+            self._taken_told = taken
+            self.b.sender.send(self.link, [P.TAKEN, P.pack_u64(taken)])
 
     @property
     def _hello_in_flight(self) -> bool:
@@ -162,31 +204,69 @@ class Upstream:
         self.next_tick = now + LEASE_PING_RETRY
 
     def hello(self) -> None:
-        """(Re)introduce ourselves upstream and resend all we want there."""
+        """(Re)introduce ourselves upstream, naming our session and what we
+        took of it.  A libzmq connection (no resend) starts over at once;
+        a Stream's waits for the WELCOME to say whether the session went
+        on (_welcomed)."""
         b, link = self.b, self.link
         link.instance = b""
-        # Whatever upstream wanted from us belonged to the old session, and
-        # so do the acknowledgements we owed it; no lease until it answers.
-        b.interest.set_wants(link, set(), True)
-        b.settler.forget(link)
-        b.sender.discard_queue(link)
-        b.router.remove_link(link.link)          # and what was batched for it
-        b.router.add_link(link.link)
-        b.router.set_catchall(None)
-        self.lease_until_ns = 0
+        if not self.native:
+            self._start_over()
+        self.lease_until_ns = 0                  # no lease until it answers
         self._lease_ping_at = 0.0
         self._last_heard = time.monotonic()
-        hello = {"v": P.VERSION, "role": "broker", "pub": True, "name": b.config.name, "ack": True}
+        hello = {"v": P.VERSION, "role": "broker", "pub": True, "name": b.config.name, "ack": True,
+                 "session": self.session_id, "taken": self.taken()}
         send = b.sender.send
         self._hellos.append(time.monotonic_ns())
         del self._hellos[1:-1]                   # the oldest counts (see WELCOME); bounded
         link.hello_gen += 1
         send(link, [P.HELLO, P.dump_json(hello)])
-        # What we want from upstream: what every other link wants, in SUB
-        # frames of at most the operations upstream takes in one.
-        for frames in b.interest.upstream_snapshot(link):
-            send(link, frames)
+        if not self.native:
+            self._send_wants()
         send(link, [P.PING, link.ping_token(b"hello")])
+
+    def _start_over(self) -> None:
+        """A new session upstream: whatever it wanted from us belonged to
+        the old one, and so do the acknowledgements we owed it."""
+        b, link = self.b, self.link
+        b.interest.set_wants(link, set(), True)
+        b.settler.forget(link)
+        if not self.native:
+            # (A Stream sends what was queued and batched for upstream to the
+            # new session, in order, once it is welcomed.)
+            b.sender.discard_queue(link)
+            b.router.remove_link(link.link)
+            b.router.add_link(link.link)
+        b.router.set_catchall(None)
+
+    def _send_wants(self) -> None:
+        """What we want from upstream: what every other link wants, in SUB
+        frames of at most the operations upstream takes in one."""
+        for frames in self.b.interest.upstream_snapshot(self.link):
+            self.b.sender.send(self.link, frames)
+
+    def _welcomed(self, info: dict) -> None:
+        """A Stream's WELCOME: the session went on (what upstream did not
+        get goes again, and it sends what we missed), or is new (it
+        restarted, or the linger ran out): we start over, and what went
+        on the lost connection is not sent again."""
+        s = self.sock
+        resumed = info.get("resumed") is True
+        if not info.get("linger"):
+            s.set_resend(b"", 0)                 # an upstream that keeps no session
+        else:
+            dropped = s.resume(info.get("received", 0), "resumed" if resumed else "fresh")
+            if dropped:
+                log.warning("the upstream broker %s does not have our session any more (%s): %d messages "
+                            "sent to it before were not acknowledged and may not have reached its subscribers",
+                            self.b.config.upstream, "it restarted" if "expired" not in info else "it expired",
+                            dropped)
+        if resumed:
+            log.info("resumed our session at the upstream broker %s", self.b.config.upstream)
+            return
+        self._start_over()
+        self._send_wants()
 
     def _may_retry(self) -> bool:
         """Say HELLO again now?  Not while a refusal's back-off runs."""
@@ -216,12 +296,15 @@ class Upstream:
                     raise error_for(frames[2], "batch from upstream")
                 full = b.router.receive(frames[2], link.link)
                 count_in(b.relay, link, frames[2])
+                self._read_records += batch_count(frames[2])
                 if full:
                     b.sender.flush_full(full)
             elif cmd == P.WANT and len(frames) in (3, 4):
                 self._on_want(frames[1], frames[2], frames[3] if len(frames) == 4 else None)
             elif cmd == P.WELCOME:
                 info = P.load_json(frames[1])
+                if self.native:
+                    self._welcomed(info)
                 link.instance = str(info.get("instance", "")).encode()
                 limits = info.get("limits") or {}
                 if isinstance(limits.get("max_sub_ops"), int) and limits["max_sub_ops"] > 0:
@@ -300,11 +383,16 @@ class Upstream:
                             str(P.load_json(frames[1]).get("reason", ""))[:300])
             elif cmd == P.CONFIRM and len(frames) == 2:
                 b.settler.acked(link, P.unpack_u64(frames[1]))
+            elif cmd == P.TOOK and len(frames) == 2:
+                if self.native:
+                    self.sock.acked(P.unpack_u64(frames[1]))
             elif cmd in (P.GAP, P.STATS_REPLY, P.PING, P.FLOW):
                 # FLOW: upstream's flow control is for its clients; a
                 # broker keeps forwarding (its own limits apply).
                 if cmd == P.GAP:
-                    b.drops["slow_consumer"] += P.unpack_u64(frames[1])
+                    n = P.unpack_u64(frames[1])
+                    b.drops["slow_consumer"] += n
+                    self._gaps += n
             else:
                 raise P.ProtocolError(f"unexpected {cmd!r} from upstream")
         except (P.ProtocolError, BatchError, ValueError) as exc:

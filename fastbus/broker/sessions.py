@@ -276,7 +276,9 @@ class Sessions:
                 link.durable = durable
                 link.claim = hello.get("claim")
         b.add_link(link)
-        if link.session_id is not None and b.journal is not None:
+        if link.session_id is not None and b.journal is not None and not link.is_broker:
+            # (A downstream broker's session is not journaled: after a
+            # restart it starts over, sending its whole want set.)
             b.journal.opened(link)
         log.info("peer %s joined (%s, link %d%s%s)", name, link.role, link.link,
                  ", publisher" if link.publisher else "",
@@ -313,11 +315,11 @@ class Sessions:
                            "max_sub_ops": cfg.max_sub_ops}}
 
     def _session_id(self, hello: dict, kind) -> str | None:
-        """The session a subscribing client's HELLO names (to open it, or to
-        resume it), or None: publishers, downstream brokers and clients
-        that name none start a session that ends with its connection."""
+        """The session a client's or a downstream broker's HELLO names (to
+        open it, or to resume it), or None: peers that name none start a
+        session that ends with its connection."""
         sid = hello.get("session")
-        if sid is None or kind is not ClientLink:
+        if sid is None or not (kind is ClientLink or kind.is_broker):
             return None
         if not P.valid_session_id(sid):
             raise P.ProtocolError(f"a session id is {P.SESSION_ID_CHARS} hex digits")
@@ -410,10 +412,10 @@ class Sessions:
             log.warning("%s: resume refused: %s", link.name, exc)
             b.remove_link(link, f"resume refused: {exc}")
             return False
-        if link.filters:
+        if link.is_broker or link.filters:
             # What subscribers want now, whatever its view missed, and the flow state.
             b.sender.send(link, b.interest.want_reset(link))
-            if b.sender.paused:
+            if link.filters and b.sender.paused:
                 b.sender.send(link, [P.FLOW, P.FLOW_PAUSE])
         away = 0.0 if link.detached_at is None else time.monotonic() - link.detached_at
         link.detached_at = None

@@ -35,7 +35,8 @@ from fastbus.client._client import Client
 from fastbus.client._keys import pattern_prefix, to_key
 from fastbus.client._options import ClientOptions
 from fastbus.client._pubsub import PubSub
+from fastbus.client._session import native_stream
 from fastbus.client._stats import query_stats
 from fastbus.errors import ConnectionClosed, PublishTimeout
 
-__all__ = ["Client", "ClientOptions", "ConnectionClosed", "PubSub", "PublishTimeout", "pattern_prefix", "query_stats", "to_key"]
+__all__ = ["Client", "ClientOptions", "ConnectionClosed", "PubSub", "PublishTimeout", "native_stream", "pattern_prefix", "query_stats", "to_key"]

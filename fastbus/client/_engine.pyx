@@ -433,6 +433,16 @@ cdef class Stream:
             raise zmq.ZMQError(zmq.ENOTSOCK)
         return self.FD
 
+    @property
+    def underlying(self) -> int:
+        """The connection's address (an ``fb_zmtp *``), as pyzmq's
+        ``Socket.underlying`` is its libzmq handle: for native code that
+        drives the connection through csrc/fb_zmtp.h's calls (the broker's
+        relay, its upstream link), while this object owns it."""
+        if self._z == NULL:
+            raise zmq.ZMQError(zmq.ENOTSOCK)
+        return <uintptr_t>self._z
+
     def get(self, int option) -> int:
         if option == Z_EVENTS:
             return events(self)

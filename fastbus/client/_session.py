@@ -111,7 +111,20 @@ BROKER_RESTARTED = ("broker restarted: what was published to it before this clie
                     "delivered")
 BYE_WAIT = 0.5            # seconds close() waits for the broker to answer BYE (brokers whose WELCOME says "bye")
 OUTQ_BACKSTOP = 0.05      # how soon the keeper looks again at control frames waiting for room
-RECONNECT_TOKEN = b"again"   # the PING a Stream sends first on a connection made again after a loss
+
+
+def native_stream(endpoint: str) -> _engine.Stream | None:
+    """A connection to ``endpoint`` as a Stream (csrc/fb_zmtp.h: the
+    calling thread writes and reads it, no libzmq I/O thread on a
+    message's way, and what the peer did not take can go again after a
+    cut), not yet connected; None where it cannot be one: without the
+    native engine, to an endpoint that is not tcp:// or ipc://, or when
+    ``FASTBUS_CLIENT_TRANSPORT=libzmq`` asks for a pyzmq socket.  CURVE
+    needs a pyzmq socket: callers with keys do not ask."""
+    if not _engine.available() or os.environ.get("FASTBUS_CLIENT_TRANSPORT", "stream") == "libzmq":
+        return None
+    address = sockaddr(endpoint)
+    return _engine.Stream(address) if address is not None else None
 
 
 class Session:
@@ -196,7 +209,7 @@ class Session:
             # Back on a new connection, it says so at once (the broker
             # answers an unknown connection's PING with KICK "hello
             # required", and the session resumes): not at its next ping.
-            s.set_reconnect_message([P.PING, RECONNECT_TOKEN])
+            s.set_reconnect_message([P.PING, P.RECONNECT_TOKEN])
             # What the broker did not take yet is kept, and goes again on
             # the next connection (what was in flight when one was cut).
             s.set_resend(P.RESENT, opts.max_buffer_bytes)
@@ -225,16 +238,8 @@ class Session:
         return self._polled is not self.sock and self.sock is not None and self.sock.buffered()
 
     def _stream(self) -> _engine.Stream | None:
-        """The connection as a Stream (the calling thread writes and reads
-        it: no libzmq I/O thread on a message's way) where it can be one:
-        with the native engine, without CURVE, to a tcp:// or ipc://
-        endpoint; ``FASTBUS_CLIENT_TRANSPORT=libzmq`` asks for a pyzmq
-        socket instead."""
-        if (self.options.curve or not _engine.available()
-                or os.environ.get("FASTBUS_CLIENT_TRANSPORT", "stream") == "libzmq"):
-            return None
-        address = sockaddr(self.options.endpoint)
-        return _engine.Stream(address) if address is not None else None
+        """The connection as a Stream where it can be one (native_stream)."""
+        return None if self.options.curve else native_stream(self.options.endpoint)
 
     def configure(self, sock: zmq.Socket) -> None:
         """Socket options of this kind of session."""
