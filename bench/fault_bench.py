@@ -16,6 +16,9 @@ seconds one fault strikes:
             with ``--broker-args`` each time, and with ``--journal`` a
             journal directory of its own for the case (kept across its
             restart)
+  link-cut  (fastbus only, not in the default list) two brokers: the
+            publisher's and, below it (``--upstream``), the subscriber's;
+            the forwarder on the link between them cuts, as above
   none      (not in the default list) no fault: the baseline
 
 The subscriber records every sequence number it receives, and when; after
@@ -70,6 +73,7 @@ server deduplicates by; a durable pull consumer fetches and acks.  redis-py's pu
     python bench/fault_bench.py --systems fastbus --client sync,aio,sharded --faults none,sub-cut
     python bench/fault_bench.py --systems fastbus --broker-args "--session-linger 0"   # no session resume
     python bench/fault_bench.py --systems fastbus --journal --faults restart      # the broker journals
+    python bench/fault_bench.py --systems fastbus --faults link-cut               # between two brokers
 """
 
 from __future__ import annotations
@@ -98,6 +102,8 @@ from servers import Server  # noqa: E402
 
 SYSTEMS = ("fastbus", "redis", "nats", "jetstream")
 FAULTS = ("sub-cut", "pub-cut", "restart")
+#: Faults not in the default list (link-cut: fastbus's brokers only).
+MORE_FAULTS = ("link-cut", "none")
 CLIENTS = ("sync", "aio", "sharded")
 CHANNEL = "faults"
 MAX_MESSAGES = 10_000_000
@@ -448,7 +454,8 @@ def kill(srv: Server) -> list[str]:
     return argv
 
 
-def strike(fault: str, srv: Server, sub_fwd: Forwarder, pub_fwd: Forwarder, args) -> tuple[int, int]:
+def strike(fault: str, srv: Server, sub_fwd: Forwarder, pub_fwd: Forwarder, link_fwd: Forwarder | None,
+           args) -> tuple[int, int]:
     """Apply ``fault``; the monotonic ns when it began and when it ended."""
     t0 = time.monotonic_ns()
     if fault == "none":
@@ -459,7 +466,7 @@ def strike(fault: str, srv: Server, sub_fwd: Forwarder, pub_fwd: Forwarder, args
         t1 = time.monotonic_ns()
         relaunch(srv, argv)
         return t0, t1
-    fwd = sub_fwd if fault == "sub-cut" else pub_fwd
+    fwd = sub_fwd if fault == "sub-cut" else link_fwd if fault == "link-cut" else pub_fwd
     fwd.cut(args.cut)
     deadline = time.monotonic() + args.cut + 10
     while fwd.restored_at is None and time.monotonic() < deadline:
@@ -514,6 +521,8 @@ def run_case(system: str, client: str, fault: str, args) -> dict:
         label += f" --journal --fsync {args.fsync}"
     result = {"system": label, "fault": fault, "rate": args.rate, "seconds": args.seconds}
     srv = Server(system, lossless=False)
+    below: Server | None = None               # link-cut: the subscriber's broker, below srv
+    link_fwd: Forwarder | None = None
     fwds: list[Forwarder] = []
     procs: list = []
     tmp = tempfile.mkdtemp(prefix="faults-")
@@ -522,12 +531,24 @@ def run_case(system: str, client: str, fault: str, args) -> dict:
         extra = shlex.split(args.broker_args)
         if system == "fastbus" and args.journal:
             extra += ["--journal", os.path.join(tmp, "journal"), "--fsync", args.fsync]
+        if fault == "link-cut":
+            if system != "fastbus":
+                raise RuntimeError("link-cut is a fault between two fastbus brokers")
+            extra += ["--allow-broker", "local"]
         if system == "fastbus" and extra:
             relaunch(srv, kill(srv) + extra)
         if system == "jetstream":
             asyncio.run(_jetstream_stream(srv.port))
-        fwds = [Forwarder(srv.port), Forwarder(srv.port)]
-        sub_fwd, pub_fwd = fwds
+        sub_port = srv.port
+        if fault == "link-cut":
+            link_fwd = Forwarder(srv.port)
+            fwds.append(link_fwd)
+            below = Server("fastbus", lossless=False)
+            relaunch(below, kill(below) + shlex.split(args.broker_args) +
+                     ["--upstream", f"tcp://127.0.0.1:{link_fwd.port}"])
+            sub_port = below.port
+        fwds += [Forwarder(sub_port), Forwarder(srv.port)]
+        sub_fwd, pub_fwd = fwds[-2:]
         ctx = mp.get_context("spawn")
         sub_ready, pub_ready, go, done, stop = (ctx.Event() for _ in range(5))
         limit = args.seconds + 15
@@ -547,7 +568,7 @@ def run_case(system: str, client: str, fault: str, args) -> dict:
         deadline = start + limit
         go.set()
         time.sleep(max(0.0, start + args.fault_at - time.monotonic()))
-        t0, t1 = strike(fault, srv, sub_fwd, pub_fwd, args)
+        t0, t1 = strike(fault, srv, sub_fwd, pub_fwd, link_fwd, args)
         done.wait(max(0.0, deadline - args.drain - time.monotonic()))
         time.sleep(max(0.0, min(args.drain, deadline - time.monotonic())))
         stop.set()
@@ -579,6 +600,8 @@ def run_case(system: str, client: str, fault: str, args) -> dict:
         for f in fwds:
             f.close()
         srv.stop()
+        if below is not None:
+            below.stop()
         for path in paths.values():
             if os.path.exists(path):
                 os.unlink(path)
@@ -614,7 +637,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated, of: " + ", ".join(SYSTEMS))
     ap.add_argument("--faults", default=",".join(FAULTS),
-                    help="comma-separated, of: " + ", ".join(FAULTS + ("none",)) + " (default: %(default)s)")
+                    help="comma-separated, of: " + ", ".join(FAULTS + MORE_FAULTS) + " (default: %(default)s)")
     ap.add_argument("--client", default="sync",
                     help="fastbus clients, comma-separated, each a row: " + ", ".join(CLIENTS) +
                          " (default: %(default)s)")
@@ -638,8 +661,10 @@ def main() -> None:
     clients = [c for c in args.client.split(",") if c]
     if not set(systems) <= set(SYSTEMS) or not systems:
         raise SystemExit(f"--systems: of {', '.join(SYSTEMS)}")
-    if not set(faults) <= set(FAULTS + ("none",)) or not faults:
-        raise SystemExit(f"--faults: of {', '.join(FAULTS + ('none',))}")
+    if not set(faults) <= set(FAULTS + MORE_FAULTS) or not faults:
+        raise SystemExit(f"--faults: of {', '.join(FAULTS + MORE_FAULTS)}")
+    if "link-cut" in faults and systems != ["fastbus"]:
+        raise SystemExit("--faults link-cut: a fault between two fastbus brokers (--systems fastbus)")
     if not set(clients) <= set(CLIENTS) or not clients:
         raise SystemExit(f"--client: of {', '.join(CLIENTS)}")
     if not 0 < args.rate <= 200_000 or not 0 < args.seconds <= 120:
