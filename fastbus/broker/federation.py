@@ -79,7 +79,11 @@ class Upstream:
         s.sndhwm = 1000
         s.tcp_keepalive = 1
         s.reconnect_ivl = 100
-        s.reconnect_ivl_max = 2000
+        # A Stream backs off as libzmq does (doubling up to the maximum),
+        # from the moment the connection is lost: one link, tried every
+        # 100 ms, finds upstream back within a tenth of a second of its
+        # return (a 0.5 s cut cost 0.7 s with the doubling).
+        s.reconnect_ivl_max = 100 if self.native else 2000
         if curve is not None:
             # We are a client there; upstream knows our key as a broker's
             # (its curve_allowed_brokers).
@@ -107,6 +111,7 @@ class Upstream:
         self._gaps = 0                            # records upstream's GAPs said we missed (our stream's count)
         self._read_records = 0                    # records of the DATA routed here (not by the data plane)
         self._taken_told = 0                      # our last TAKEN
+        self._welcomes = 0                        # WELCOMEs so far (a Stream's)
         self.link = UpstreamLink(broker.links.new_id(), s)
         self._refused = ""                        # the reason upstream last refused us, if it did
         self._retry_in = 0.0                      # then: seconds until we try again (doubling)...
@@ -253,8 +258,18 @@ class Upstream:
         on the lost connection is not sent again."""
         s = self.sock
         resumed = info.get("resumed") is True
+        again = self._welcomes > 0
+        self._welcomes += 1
+        expired = info.get("expired")
+        if isinstance(expired, dict):
+            log.warning("our session at the upstream broker %s expired (we were away over its %s s linger): "
+                        "%s messages that waited for us there were dropped", self.b.config.upstream,
+                        expired.get("linger"), expired.get("lost"))
         if not info.get("linger"):
             s.set_resend(b"", 0)                 # an upstream that keeps no session
+            if again:
+                log.warning("the upstream broker %s keeps no session (--session-linger 0): what it routed to "
+                            "us while the link was down is lost, uncounted", self.b.config.upstream)
         else:
             dropped = s.resume(info.get("received", 0), "resumed" if resumed else "fresh")
             if dropped:
