@@ -510,4 +510,7 @@ def test_a_cut_link_between_brokers_resumes_missing_nothing(brokers, direction):
             assert got.other == [], got.other[:3]
             st = a.stats()
             assert st["sessions_resumed"] >= 1 and st["sessions_expired"] == 0 and st["resume_lost"] == 0
+            # Neither broker dropped anything (a reconnect's ping is no drop).
+            for x in (a, b):
+                assert not any(x.stats()["drops"].values()), x.stats()["drops"]
             p.close()

@@ -164,7 +164,11 @@ class Sessions:
             self._reply(ident, [P.BYE])
         elif link is None:
             # Unknown session (e.g. the broker restarted): ask it to say hello.
-            b.drops["unknown_peer"] += 1
+            # What it sent is dropped (and counted) if it held messages or
+            # subscriptions; a PING (a Stream's first on a connection made
+            # again asks for just this) or a TAKEN loses nothing.
+            if cmd not in (P.PING, P.TAKEN):
+                b.drops["unknown_peer"] += 1
             self._hello_required(ident)
         elif cmd == P.SUB:
             b.relay.count_received(link.link)     # (the client keeps it until TOOK says so)
