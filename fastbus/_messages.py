@@ -90,6 +90,25 @@ def to_bytes(value: object) -> bytes:
     raise TypeError(f"channels, patterns and messages are bytes, str or numbers, not {type(value).__name__}")
 
 
+def names_given(args: tuple) -> tuple:
+    """The channels or patterns a (p)(un)subscribe call was given, by
+    redis-py's rule (its ``list_or_args``): the first argument may be a
+    list, tuple, set or other iterable of names, followed by more names;
+    a str, bytes or bytes-like object is one name, as is anything that is
+    not iterable (a number) and a ``Subscription(name, handler)``."""
+    if not args:
+        return args
+    first, rest = args[0], args[1:]
+    if isinstance(first, (str, bytes, bytearray, memoryview)) or \
+            (hasattr(first, "name") and hasattr(first, "handler")):
+        return args
+    try:
+        names = tuple(first)
+    except TypeError:
+        return args
+    return names + rest
+
+
 def to_text(value: bytes, decode_responses: bool) -> bytes | str:
     """``value`` as the caller reads it: str with ``decode_responses``."""
     return value.decode("utf-8") if decode_responses else value

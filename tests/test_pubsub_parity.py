@@ -519,3 +519,83 @@ def test_an_async_flush_whose_answer_is_read_while_letting_go_returns(brokers):
 
     took = _timed_async_flush(b, answer_before_letting_go)
     assert took < 1.0, f"the flush took {took:.2f} s: it waited for the next ping"
+
+
+def _held(p) -> tuple[list, list]:
+    return sorted(p.channels), sorted(p.patterns)
+
+
+def test_lists_where_redis_py_takes_them(brokers, redis_server, redis_url):
+    """subscribe(["a", "b"], "c"), psubscribe(("x.*", "y.*")),
+    unsubscribe(["a", "b"]), punsubscribe(["x.*"]): what redis-py holds
+    after them against a real server, fastbus's clients hold too, and the
+    messages come as they come to redis-py's."""
+    import redis as redis_py
+
+    def confirmations(p, n: int) -> list:
+        out = []
+        deadline = time.monotonic() + 10
+        while len(out) < n and time.monotonic() < deadline:
+            m = p.get_message(timeout=1)
+            if m is not None:
+                out.append((m["type"], m["channel"]))
+        return out
+
+    def calls(p) -> list:
+        p.subscribe(["a", "b"], "c")
+        p.psubscribe(("x.*", "y.*"))
+        first = confirmations(p, 5)
+        held = _held(p)
+        p.unsubscribe(["a", "b"])
+        p.punsubscribe(["x.*"])
+        return [first, held, confirmations(p, 3), _held(p)]
+
+    r = redis_py.Redis.from_url(redis_url)
+    rp = r.pubsub()
+    want = calls(rp)
+    rp.close()
+    r.close()
+    assert want[1:] == [([b"a", b"b", b"c"], [b"x.*", b"y.*"]),
+                        [("unsubscribe", b"a"), ("unsubscribe", b"b"), ("punsubscribe", b"x.*")],
+                        ([b"c"], [b"y.*"])], want
+    assert sorted(want[0]) == sorted([("subscribe", b"a"), ("subscribe", b"b"), ("subscribe", b"c"),
+                                      ("psubscribe", b"x.*"), ("psubscribe", b"y.*")]), want
+    b = brokers()
+    with fastbus.Client(b.endpoint) as c:
+        p = c.pubsub()
+        assert calls(p) == want
+        c.publish("c", "to c")
+        c.publish("y.1", "to y.1")
+        got = []
+        while len(got) < 2:
+            m = p.get_message(timeout=5)
+            assert m is not None
+            if m["type"] in ("message", "pmessage"):
+                got.append((m["channel"], m["data"]))
+        assert got == [(b"c", b"to c"), (b"y.1", b"to y.1")]
+        p.close()
+    from fastbus.sharding import ShardedClient
+    with ShardedClient([b.endpoint]) as sc:
+        sp = sc.pubsub()
+        assert calls(sp) == want
+        sp.close()
+
+    async def aio() -> list:
+        async with fastbus.aio.Client(b.endpoint) as ac:
+            ap = ac.pubsub()
+            await ap.subscribe(["a", "b"], "c")
+            await ap.psubscribe(("x.*", "y.*"))
+            held = _held(ap)
+            await ap.unsubscribe(["a", "b"])
+            await ap.punsubscribe(["x.*"])
+            out = [held, _held(ap)]
+            await ap.aclose()
+            return out
+
+    assert asyncio.run(aio()) == [want[1], want[3]]
+    with Subscriber(redis_url) as sub:
+        sub.subscribe(["a", "b"], "c")
+        sub.psubscribe(("x.*", "y.*"))
+        sub.unsubscribe(["a", "b"])
+        sub.punsubscribe(["x.*"])
+        assert (sorted(sub.channels), sorted(sub.patterns)) == want[3]

@@ -29,6 +29,7 @@ from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Trie
 from fastbus._decoders import PubSubBase
 from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, decode, decode_matching, decode_messages
 from fastbus._messages import glob_match, glob_prefix
+from fastbus._messages import names_given
 from fastbus._messages import to_bytes as to_key
 from fastbus.client._connections import Connections
 from fastbus.client._subsession import DURABLE_TAKEN_EVERY, HANDSHAKE_CHECK, SUB_OPS_DEFAULT, ConfirmWait, SubSession
@@ -53,10 +54,11 @@ def _broker_key(name: bytes, pattern: bool) -> tuple:
 
 
 def _subscriptions(names: tuple, handlers: dict) -> tuple[list, dict]:
-    """subscribe()'s arguments with redis-py's ``Subscription(name,
-    handler)`` objects (given positionally) moved to the handlers."""
+    """subscribe()'s arguments (a list first, as redis-py takes) with
+    redis-py's ``Subscription(name, handler)`` objects (given
+    positionally) moved to the handlers."""
     plain = []
-    for n in names:
+    for n in names_given(names):
         if not isinstance(n, (str, bytes)) and hasattr(n, "name") and hasattr(n, "handler"):
             if n.handler is None:
                 plain.append(n.name)
@@ -345,14 +347,16 @@ class PubSub(PubSubBase):
         return {self._out(to_key(k)): h for k, h in handlers.items()}
 
     def unsubscribe(self, *channels) -> None:
-        """Unsubscribe from channels (all of them without arguments)."""
-        names = [to_key(c) for c in (channels or list(self.channels))]
+        """Unsubscribe from channels (all of them without arguments; a list
+        first, as redis-py takes)."""
+        names = [to_key(c) for c in (names_given(channels) or list(self.channels))]
         if names:
             self._change(UNSUBSCRIBE, [(n, False, "unsubscribe") for n in names])
 
     def punsubscribe(self, *patterns) -> None:
-        """Unsubscribe from patterns (all of them without arguments)."""
-        names = [to_key(p) for p in (patterns or list(self.patterns))]
+        """Unsubscribe from patterns (all of them without arguments; a list
+        first, as redis-py takes)."""
+        names = [to_key(p) for p in (names_given(patterns) or list(self.patterns))]
         if names:
             self._change(UNSUBSCRIBE, [(n, True, "punsubscribe") for n in names])
 

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 from fastbus import _messages as M
 from fastbus._core import shard_hash
-from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, to_bytes, to_text
+from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, names_given, to_bytes, to_text
 from fastbus._messages import to_bytes as _key
 from fastbus.client import Client, ConnectionClosed, PubSub
 from fastbus.client._client import close_leaving
@@ -168,7 +168,9 @@ class ShardedPubSub:
 
     def subscribe(self, *channels) -> None:
         """Subscribe to exact channels, each on the broker that owns it;
-        returns once in effect on each (PubSub.subscribe)."""
+        returns once in effect on each (PubSub.subscribe; a list first, as
+        redis-py takes)."""
+        channels = names_given(channels)
         if not channels:
             raise ValueError("subscribe() needs at least one channel")
         self._subscribed = True
@@ -183,7 +185,7 @@ class ShardedPubSub:
 
     def unsubscribe(self, *channels) -> None:
         """Unsubscribe from channels (all of them without arguments)."""
-        for ch in channels or list(self.channels):
+        for ch in names_given(channels) or list(self.channels):
             name = self._name(ch)
             self.channels.pop(name, None)
             shard = self._client.shard(ch)
@@ -193,6 +195,7 @@ class ShardedPubSub:
     def psubscribe(self, *patterns) -> None:
         """Subscribe to glob patterns (as PubSub.psubscribe), on every broker; returns once in
         effect on every one."""
+        patterns = names_given(patterns)
         if not patterns:
             raise ValueError("psubscribe() needs at least one pattern")
         for pat in patterns:
@@ -209,7 +212,7 @@ class ShardedPubSub:
 
     def punsubscribe(self, *patterns) -> None:
         """Unsubscribe from patterns (all of them without arguments)."""
-        for pat in patterns or list(self.patterns):
+        for pat in names_given(patterns) or list(self.patterns):
             name = self._name(pat)
             self.patterns.pop(name, None)
             self._expecting("punsubscribe", name, range(len(self._subs)))

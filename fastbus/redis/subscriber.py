@@ -101,6 +101,8 @@ class Subscriber:
     # -- subscriptions -----------------------------------------------------
 
     def subscribe(self, *channels) -> None:
+        """Subscribe to channels (a list first, as redis-py takes)."""
+        channels = M.names_given(channels)
         if not channels:
             raise ValueError("subscribe() needs at least one channel")
         names = [_name(c) for c in channels]
@@ -108,6 +110,8 @@ class Subscriber:
         self.channels.update(names)
 
     def psubscribe(self, *patterns) -> None:
+        """Subscribe to glob patterns (a list first, as redis-py takes)."""
+        patterns = M.names_given(patterns)
         if not patterns:
             raise ValueError("psubscribe() needs at least one pattern")
         names = [_name(p) for p in patterns]
@@ -116,13 +120,13 @@ class Subscriber:
 
     def unsubscribe(self, *channels) -> None:
         """Unsubscribe from channels (all without arguments)."""
-        names = [_name(c) for c in channels] or list(self.channels)
+        names = [_name(c) for c in M.names_given(channels)] or list(self.channels)
         if names:
             self._send(_command(b"UNSUBSCRIBE", *names))
             self.channels.difference_update(names)
 
     def punsubscribe(self, *patterns) -> None:
-        names = [_name(p) for p in patterns] or list(self.patterns)
+        names = [_name(p) for p in M.names_given(patterns)] or list(self.patterns)
         if names:
             self._send(_command(b"PUNSUBSCRIBE", *names))
             self.patterns.difference_update(names)
