@@ -20,6 +20,7 @@ on first use (importing this module does not import redis-py).
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "ConnectionClosed", "DataPlaneUnavailable",
@@ -53,6 +54,39 @@ def __getattr__(name: str) -> type[FastbusError]:
 
 class FastbusError(Exception):
     """Base class of fastbus's own errors."""
+
+    def __init__(self, *args: object) -> None:
+        if _redis_pending and "redis.exceptions" in sys.modules:
+            adopt_redis_bases()
+        super().__init__(*args)
+
+
+#: fastbus's errors of a broker's connection that are also redis-py's (the
+#: class redis-py raises for the same failure, redis.exceptions.<value>),
+#: so that ``except redis.ConnectionError`` around code ported from
+#: redis-py catches them.  Importing fastbus does not import redis-py (it
+#: would double the import's time): the bases are added once redis-py is
+#: imported, checked when such an error is made, so before any ``except``
+#: clause (which needs redis imported) can look at one; and at once when
+#: fastbus.errors is imported after redis-py, or a fastbus module imports it.
+_REDIS_BASES = {"BrokerUnavailable": "ConnectionError", "ConnectionClosed": "ConnectionError",
+                "BrokerTimeout": "TimeoutError", "FlushTimeout": "TimeoutError", "PublishTimeout": "TimeoutError"}
+_redis_pending = True
+
+
+def adopt_redis_bases() -> None:
+    """Add redis-py's classes to the bases of the errors in _REDIS_BASES
+    (redis-py imported: idempotent)."""
+    global _redis_pending
+    if not _redis_pending:
+        return
+    _redis_pending = False
+    from redis import exceptions as rx
+    for name, base in _REDIS_BASES.items():
+        cls = globals()[name]
+        extra = getattr(rx, base)
+        if extra not in cls.__mro__:
+            cls.__bases__ = (*cls.__bases__, extra)
 
 
 class NotSubscribedError(FastbusError, KeyError):
@@ -341,3 +375,7 @@ class AddressInUse(ListenError):
 class MonitorBindError(ListenError):
     """The monitoring HTTP server (``--http``) cannot listen on its address
     (in use, or not an address of this machine); the message says which."""
+
+
+if "redis.exceptions" in sys.modules:        # redis-py came first: its bases now
+    adopt_redis_bases()

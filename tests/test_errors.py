@@ -318,3 +318,42 @@ def test_a_broker_that_does_not_start_in_time_names_its_endpoint():
     finally:
         gate.set()
         b.stop()
+
+
+def test_connection_errors_are_redis_pys_too_whichever_is_imported_first(tmp_path):
+    """Code ported from redis-py keeps its ``except redis.ConnectionError``
+    and ``except redis.TimeoutError``: a broker that is not there, a flush
+    that times out, a closed connection.  Importing fastbus does not import
+    redis-py (that would double its import time); the classes are redis-py's
+    too however the two were imported."""
+    import subprocess
+    import sys
+    port = _closed_port()
+    script = (
+        "import sys\n"
+        "FIRST\n"
+        "assert ('redis.exceptions' in sys.modules) == (sys.argv[2] == 'redis-first'), sys.argv[2]\n"
+        "import redis, fastbus\n"
+        "c = fastbus.Client(port=int(sys.argv[1]))\n"
+        "c.publish('news', 'hi')\n"
+        "try:\n"
+        "    c.flush(timeout=3)\n"
+        "except redis.ConnectionError as exc:\n"
+        "    assert isinstance(exc, fastbus.BrokerUnavailable) and str(sys.argv[1]) in str(exc)\n"
+        "else:\n"
+        "    raise SystemExit('no error')\n"
+        "assert c.close(timeout=0.1) == 1\n"
+        "try:\n"
+        "    c.pubsub().subscribe('x')\n"
+        "except redis.ConnectionError as exc:\n"
+        "    assert isinstance(exc, fastbus.ConnectionClosed), repr(exc)\n"
+        "else:\n"
+        "    raise SystemExit('a closed client made a pubsub')\n"
+        "assert issubclass(fastbus.FlushTimeout, redis.TimeoutError)\n"
+        "assert issubclass(fastbus.PublishTimeout, redis.TimeoutError)\n"
+        "assert issubclass(fastbus.BrokerTimeout, redis.TimeoutError)\n"
+        "print('ok')\n")
+    for first, line in (("fastbus-first", "import fastbus"), ("redis-first", "import redis")):
+        out = subprocess.run([sys.executable, "-c", script.replace("FIRST", line), str(port), first],
+                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert out.returncode == 0 and out.stdout == "ok\n", (first, out.stdout, out.stderr[-2000:])

@@ -43,7 +43,9 @@ from typing import Any
 
 from redis import exceptions as rx
 
-from fastbus.errors import FastbusError
+from fastbus.errors import FastbusError, adopt_redis_bases
+
+adopt_redis_bases()
 
 __all__ = [
     "CONFIG_GET_LIMIT",
