@@ -73,7 +73,7 @@ except ImportError as _exc:
 from fastbus.errors import (AddressInUse, BatchError, BrokerTimeout, BrokerUnavailable, ConnectionClosed,
                             DurableNameInUse, FastbusError, FlushTimeout, ForwarderError, InvalidEndpoint, InvalidKey, KeyRefused,
                             ListenError,
-                            MessagesRejected, MessageTooLarge, NotSubscribedError, PublishTimeout)
+                            MessagesRejected, MessageTooLarge, NotABroker, NotSubscribedError, PublishTimeout)
 from fastbus.protocol import DEFAULT_ENDPOINT, DEFAULT_PORT, ProtocolError
 from fastbus.client import Client, ClientOptions, PubSub
 from fastbus._messages import GapInfo, PubSubMessage
@@ -107,7 +107,7 @@ __all__ = [
     "Batch", "Forwarder", "Outbox", "Publisher", "Router", "Trie", "batch_count", "crc32c", "decode", "decode_messages", "encode",
     "BatchError", "FastbusError", "ForwarderError", "MessagesRejected", "MessageTooLarge", "NotSubscribedError", "ProtocolError",
     "PublishTimeout", "AddressInUse", "BrokerTimeout", "BrokerUnavailable", "FlushTimeout", "InvalidEndpoint",
-    "InvalidKey", "KeyRefused", "DurableNameInUse", "ListenError",
+    "InvalidKey", "KeyRefused", "DurableNameInUse", "ListenError", "NotABroker",
     "ConnectionClosed", "Client", "ClientOptions", "PubSub", "PubSubMessage", "GapInfo", "Broker", "BrokerConfig",
     "DEFAULT_ENDPOINT", "DEFAULT_PORT",
     "ShardedClient", "ShardedPubSub", "aio",

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "ConnectionClosed", "DataPlaneUnavailable",
            "FastbusError",
            "DurableNameInUse", "FlushTimeout", "ForwarderError", "InvalidEndpoint", "InvalidKey", "JournalError", "KeyRefused", "ListenError",
-           "MessageTooLarge", "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
+           "MessageTooLarge", "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotABroker", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
            "PublishTimeout", "RedisServerError", "ServerOutOfMemory", "ServerRefused", "ServerTimeout",
            "ServerUnavailable"]
 __all__ += ["CommandFailed", "ConsumerGone", "ConsumerTagInUse", "EmbeddedServerError", "InvalidConfig", "InvalidURL", "OptionError",
@@ -250,6 +250,17 @@ class BrokerUnavailable(FastbusError, ConnectionRefusedError, TimeoutError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "no broker"
+
+
+class NotABroker(BrokerUnavailable):
+    """What listens at the client's endpoint is not a fastbus broker: it
+    answered a Redis ``PING`` (a Redis server on its port), or HTTP, or
+    spoke first in something that is not ZeroMQ.  Said within about a
+    second instead of waiting out the timeout; ``what`` says what it is."""
+
+    def __init__(self, message: str, endpoint: str = "", what: str = "") -> None:
+        super().__init__(message, endpoint)
+        self.what = what
 
 
 class ProtocolError(FastbusError, ValueError):

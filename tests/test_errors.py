@@ -357,3 +357,53 @@ def test_connection_errors_are_redis_pys_too_whichever_is_imported_first(tmp_pat
         out = subprocess.run([sys.executable, "-c", script.replace("FIRST", line), str(port), first],
                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
         assert out.returncode == 0 and out.stdout == "ok\n", (first, out.stdout, out.stderr[-2000:])
+
+
+def test_a_client_pointed_at_a_redis_server_says_so_within_a_second(redis_server, redis_url):
+    """A client left on Redis's port (a Redis server answers there) is told
+    so, in one line naming what answered and where a broker listens, long
+    before its timeout: flush(), and a PubSub's subscribe()."""
+    import redis as redis_py
+    from urllib.parse import urlsplit
+    port = urlsplit(redis_url).port
+    c = fastbus.Client(port=port)
+    try:
+        c.publish("news", "hi")
+        t0 = time.monotonic()
+        with pytest.raises(fastbus.NotABroker) as info:
+            c.flush(timeout=20)
+        assert time.monotonic() - t0 < 10                    # (its timeout: 20 s)
+        msg = str(info.value)
+        assert f"tcp://127.0.0.1:{port} is a Redis server" in msg and "PONG" in msg, msg
+        assert "not a fastbus broker" in msg and fastbus.DEFAULT_ENDPOINT in msg, msg
+        assert isinstance(info.value, BrokerUnavailable) and isinstance(info.value, redis_py.ConnectionError)
+        assert info.value.endpoint == f"tcp://127.0.0.1:{port}" and "Redis server" in info.value.what
+        p = c.pubsub()
+        with pytest.raises(fastbus.NotABroker, match="is a Redis server"):
+            p.subscribe("news")
+        p.close()
+    finally:
+        c.close(timeout=0.1)
+
+
+def test_a_client_pointed_at_an_http_server_says_so():
+    import http.server
+    import threading
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    t.start()
+    c = fastbus.Client(port=srv.server_address[1])
+    try:
+        c.publish("news", "hi")
+        with pytest.raises(fastbus.NotABroker, match=r"is an HTTP server \(it answered"):
+            c.flush(timeout=20)
+    finally:
+        c.close(timeout=0.1)
+        srv.shutdown()
+        srv.server_close()
+        t.join(5)

@@ -10,7 +10,8 @@ import time
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from fastbus.errors import BrokerUnavailable, KeyRefused
+from fastbus import protocol as P
+from fastbus.errors import BrokerUnavailable, KeyRefused, NotABroker
 
 if TYPE_CHECKING:
     from fastbus.client._session import Session
@@ -42,6 +43,69 @@ def refused(endpoint: str, timeout: float = 1.0) -> bool:
     return False
 
 
+def _connect(endpoint: str, timeout: float) -> socket.socket | None:
+    scheme, _, rest = endpoint.partition("://")
+    if scheme == "tcp":
+        parts = urlsplit(endpoint)
+        if parts.hostname in (None, "*"):
+            return None
+        return socket.create_connection((parts.hostname, parts.port), timeout=timeout)
+    if scheme == "ipc" and rest and not rest.startswith("@"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect(rest)
+        except OSError:
+            s.close()
+            raise
+        return s
+    return None
+
+
+def identify(endpoint: str, timeout: float = 0.15) -> str | None:
+    """What listens at ``endpoint``, when it can be told that it is not a
+    ZeroMQ peer: "a Redis server" (it answers a Redis PING), "an HTTP
+    server", or something that spoke first and not ZeroMQ.  None when it
+    may be a broker (it sent a ZeroMQ greeting, or nothing: a broker that
+    is busy), or nothing can be told (the transport, a timeout).  A ZeroMQ
+    peer greets first, so what greets with anything else, or answers the
+    line ``PING``, is not one."""
+    try:
+        s = _connect(endpoint, timeout)
+    except (OSError, ValueError):
+        return None
+    if s is None:
+        return None
+    with s:
+        s.settimeout(timeout)
+        try:
+            first = s.recv(64)
+            if first:
+                if first[0] == 0xFF:
+                    return None                  # a ZeroMQ greeting
+                return f"something that does not speak ZeroMQ (it said {first[:40]!r} first)"
+            return None                          # closed at once: it cannot be told
+        except TimeoutError:
+            pass                                 # silent: it waits for us to speak
+        except OSError:
+            return None
+        try:
+            s.sendall(b"PING\r\n")
+            reply = s.recv(64)
+        except OSError:
+            return None
+    line = reply.split(b"\r\n", 1)[0][:60]
+    if reply[:1] in (b"+", b"-", b"$", b"*", b":"):
+        return f"a Redis server (it answered PING with {line.decode('latin-1')!r})"
+    if reply.startswith(b"HTTP/"):
+        return f"an HTTP server (it answered {line.decode('latin-1')!r})"
+    if reply.lstrip()[:1] == b"<" and b"html" in reply.lower():
+        return "an HTTP server (it answered with an HTML page)"   # (PING read as an HTTP/0.9 request)
+    if reply:
+        return f"something that does not speak ZeroMQ (it answered {line!r})"
+    return None
+
+
 #: flush() of a client that has never reached its broker probes the broker's
 #: address from PROBE_AFTER seconds on, every PROBE_EVERY; nothing listening
 #: there for REFUSED_FOR seconds is BrokerUnavailable, said before the timeout.
@@ -61,6 +125,7 @@ class AbsenceProbe:
         self.start = start
         self.next = start + PROBE_AFTER
         self.refused_since: float | None = None
+        self.identified = False                   # what listens there was looked at
 
     def wake_by(self, session: Session, deadline: float | None) -> float | None:
         """When the flush loop must look again: the deadline, or the next
@@ -86,6 +151,13 @@ class AbsenceProbe:
         self.next = now + PROBE_EVERY
         if not refused(self.endpoint, 0.2):
             self.refused_since = None
+            if not self.identified:
+                self.identified = True
+                what = identify(self.endpoint)
+                if what is not None:
+                    raise NotABroker(f"{self.endpoint} is {what}, not a fastbus broker: fastbus clients talk to "
+                                     f"a broker's --bind endpoint ({P.DEFAULT_ENDPOINT} by default: "
+                                     f"`fastbus broker`)", self.endpoint, what)
             return
         if self.refused_since is None:
             self.refused_since = now
