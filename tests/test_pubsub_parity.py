@@ -599,3 +599,105 @@ def test_lists_where_redis_py_takes_them(brokers, redis_server, redis_url):
         sub.unsubscribe(["a", "b"])
         sub.punsubscribe(["x.*"])
         assert (sorted(sub.channels), sorted(sub.patterns)) == want[3]
+
+
+def _redis_defaults(cls) -> dict:
+    import inspect
+    return {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items()
+            if name not in ("self", "host", "port") and p.default is not inspect.Parameter.empty}
+
+
+def test_every_keyword_of_redis_py_is_taken(brokers):
+    """Each keyword redis.Redis and redis.asyncio.Redis take, with the value
+    a program passes through (its default), is taken by fastbus's Client and
+    its asyncio twin, which then work: none is a TypeError.  (When redis-py
+    adds one, this fails until fastbus.client._redis_compat says what it
+    does here.)"""
+    import redis
+    import redis.asyncio
+    b = brokers()
+    sync_kw = _redis_defaults(redis.Redis)
+    assert len(sync_kw) > 40
+    with fastbus.Client(endpoint=b.endpoint, **{**sync_kw, "socket_timeout": 5}) as c:
+        p = c.pubsub()
+        p.subscribe("kw")
+        assert p.get_message(timeout=5)["type"] == "subscribe"
+        c.publish("kw", "x")
+        m = p.get_message(timeout=5)
+        assert m is not None and m["data"] == b"x"
+        p.close()
+    aio_kw = _redis_defaults(redis.asyncio.Redis)
+
+    async def main() -> None:
+        async with fastbus.aio.Client(endpoint=b.endpoint, **{**aio_kw, "socket_timeout": 5}) as ac:
+            ap = ac.pubsub()
+            await ap.subscribe("kw")
+            await ac.publish("kw", "y")
+            got = []
+            while len(got) < 2:
+                m = await ap.get_message(timeout=5)
+                assert m is not None
+                got.append(m["type"])
+            assert got == ["subscribe", "message"]
+            await ap.aclose()
+
+    asyncio.run(main())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dbb'"):
+        fastbus.Client(endpoint=b.endpoint, dbb=0)
+    for kw, why in ((dict(ssl=True), "TLS"), (dict(connection_pool=object()), "pool"),
+                    (dict(encoding="latin-1"), "UTF-8"), (dict(db=-1), "database number")):
+        with pytest.raises(ValueError, match=why):
+            fastbus.Client(endpoint=b.endpoint, **kw)
+
+
+def test_from_url_reads_urls_as_redis_py_does(brokers, tmp_path):
+    import redis
+    for url in ("redis://localhost", "redis://h:1234/3", "redis://user:pa%20ss@h:7/0",
+                "redis://:secret@[::1]:6380/2?socket_timeout=1.5", "unix:///run/x.sock?db=4"):
+        theirs = redis.ConnectionPool.from_url(url).connection_kwargs
+        endpoint, ours = _ours(url)
+        if url.startswith("unix"):
+            assert endpoint == f"ipc://{theirs['path']}"
+        else:
+            host = theirs["host"]
+            assert endpoint == f"tcp://{'[' + host + ']' if ':' in host else host}:{theirs.get('port', 6379)}", url
+        for k in ("db", "password", "username", "socket_timeout"):
+            assert ours.get(k, None if k != "db" else 0) == theirs.get(k, None if k != "db" else 0), (url, k)
+    b = brokers()
+    url = f"redis://127.0.0.1:{b.port}/0?socket_timeout=3&decode_responses=true&client_name=from-url"
+    with fastbus.Client.from_url(url, decode_responses=False) as c:   # (the URL's options win, as in redis-py)
+        assert c.options.decode_responses and c.options.subscribe_timeout == 3 and c.name == "from-url"
+        p = c.pubsub()
+        p.subscribe("u")
+        c.publish("u", "via url")
+        ms = [p.get_message(timeout=5) for _ in range(2)]
+        assert [m["data"] for m in ms] == [1, "via url"]
+        p.close()
+    with fastbus.Client(f"redis://127.0.0.1:{b.port}") as c:         # a plain URL as the first argument
+        c.publish("u", "x")
+        c.flush()
+    with pytest.raises(ValueError, match="from_url"):
+        fastbus.Client(f"redis://127.0.0.1:{b.port}?decode_responses=true")
+    for bad, why in (("rediss://h:1", "TLS"), ("redis://h:1/x", "database number"), ("http://h", "not a URL"),
+                     ("redis://h:1?nosuch=1", "unknown option"), ("redis://h:1?socket_timeout=soon", "not valid")):
+        with pytest.raises(fastbus.errors.InvalidURL, match=why):
+            fastbus.Client.from_url(bad)
+    ipc = f"ipc://{tmp_path}/b.sock"
+    bi = brokers("--bind", ipc)
+    with fastbus.Client.from_url(f"unix://{tmp_path}/b.sock") as c:
+        assert c.endpoint == ipc
+        c.publish("u", "x")
+        c.flush()
+
+    async def main() -> None:
+        ac = fastbus.aio.Client.from_url(url)
+        assert isinstance(ac, fastbus.aio.Client) and ac.options.decode_responses
+        await ac.publish("u", "x")
+        await ac.close()
+
+    asyncio.run(main())
+
+
+def _ours(url: str):
+    from fastbus.client._redis_compat import from_url
+    return from_url(url)

@@ -34,7 +34,7 @@ REDIS_PUBLISHER_PLAIN = {"has_room", "stats", "room_check", "room_deadline", "st
 PAIRS = [
     (fastbus.Client, fastbus.aio.Client,
      {"pubsub", "stats", "is_wanted", "shutdown", "session", "closed", "driven_by_loop",
-      "options", "from_options", "connections", "endpoint", "name", "decode_responses", "max_delay", "max_inbox_bytes",
+      "options", "from_options", "from_url", "connections", "endpoint", "name", "decode_responses", "max_delay", "max_inbox_bytes",
       "socket_connect_timeout", "subscribe_timeout"}),
     (fastbus.PubSub, fastbus.aio.PubSub,
      {"subscribed", "has_ready", "ready_message", "ready_batch", "read_nowait", "session", "closed",

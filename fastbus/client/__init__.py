@@ -28,7 +28,8 @@ connections), ``_pubsession`` and ``_subsession`` (the publishing and the
 subscribing connection), ``_session`` (a connection and the rules for the
 threads that share it), ``_keeper`` (the background thread for sessions
 nobody drives), ``_engine`` (the native threads), ``_keys`` (channel
-names), ``_stats`` (``query_stats``).
+names), ``_stats`` (``query_stats``), ``_redis_compat`` (redis-py's
+keywords and URLs).
 """
 
 from fastbus.client._client import Client

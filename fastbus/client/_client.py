@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import Any, Self, TypedDict
 
 import zmq
 
@@ -24,6 +24,8 @@ from fastbus.client._keys import to_key
 from fastbus.client._options import ClientOptions
 from fastbus.client._pubsession import PubSession
 from fastbus.client._pubsub import PubSub
+from fastbus.client._redis_compat import from_url as _from_url
+from fastbus.client._redis_compat import redis_options
 from fastbus.client._session import driving
 from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, MessagesRejected
 
@@ -119,8 +121,13 @@ class Client(ClientBase):
     ``retry_on_error`` and ``socket_keepalive`` are accepted and ignored:
     a fastbus connection reconnects by itself, resends its subscriptions
     and says so (a ``reconnect`` message), and pings its broker every
-    ``ping_interval``.  The first argument may be an endpoint
-    (``Client("tcp://127.0.0.1:6464")``) instead of a host.
+    ``ping_interval``.  The rest of redis-py's keywords (``db``,
+    ``password``, ``max_connections``, ``protocol``, ``encoding``...) are
+    accepted too, each honoured or of no effect on a broker, or refused
+    with a reason (``ssl=True``): fastbus.client._redis_compat's table,
+    README's "Differences from redis-py".  The first argument may be an
+    endpoint (``Client("tcp://127.0.0.1:6464")``) or a ``redis://`` URL
+    instead of a host; :meth:`from_url` reads one with its options.
     """
 
     #: Hook for a twin that an event loop drives (:mod:`fastbus.aio` sets it
@@ -140,7 +147,14 @@ class Client(ClientBase):
                  health_check_interval: float = 0, socket_connect_timeout: float = 5.0,
                  subscribe_timeout: float | None = 10.0, socket_timeout: float | None = None,
                  client_name: str | None = None, retry: object = None, retry_on_timeout: bool = False,
-                 retry_on_error: list | None = None, socket_keepalive: bool | None = None) -> None:
+                 retry_on_error: list | None = None, socket_keepalive: bool | None = None,
+                 **redis_kwargs: Any) -> None:
+        compat = redis_options(redis_kwargs, type(self).__name__)
+        if "endpoint" in compat:                     # unix_socket_path
+            if endpoint is not None:
+                raise ValueError(f"an endpoint given twice: endpoint={endpoint!r} and "
+                                 f"unix_socket_path={redis_kwargs['unix_socket_path']!r}")
+            endpoint = compat["endpoint"]
         if health_check_interval:
             # redis-py's name: how often the connection's health is checked.
             # Here every connection pings its broker every ping_interval
@@ -153,12 +167,16 @@ class Client(ClientBase):
                 raise ValueError(f"name={name!r} and client_name={client_name!r}: give one (they are the same setting)")
             name = client_name
         if isinstance(host, str) and "://" in host:
-            # Client("tcp://127.0.0.1:6464"): an endpoint where redis-py has its host.
+            # Client("tcp://127.0.0.1:6464"): an endpoint where redis-py has its
+            # host; or a redis:// or unix:// URL without options (from_url reads those).
             if endpoint is not None:
                 raise ValueError(f"an endpoint given twice: {host!r} and endpoint={endpoint!r}")
             if port != P.DEFAULT_PORT:
                 raise ValueError(f"the endpoint {host!r} has its port: give no port={port!r}")
-            endpoint = host
+            endpoint, url_kw = _from_url(host)
+            if set(url_kw) - {"db"}:
+                raise ValueError(f"{host!r} carries options ({', '.join(sorted(url_kw))}): "
+                                 f"{type(self).__name__}.from_url(url) reads them")
         options = ClientOptions(
             endpoint=endpoint or f"tcp://{host}:{int(port)}", name=name or "", decode_responses=decode_responses,
             max_messages=max_messages, max_bytes=max_bytes, max_delay=max_delay,
@@ -167,6 +185,19 @@ class Client(ClientBase):
             ping_interval=ping_interval, curve_server_key=curve_server_key,
             curve_public_key=curve_public_key, curve_secret_key=curve_secret_key)
         self._start(options, context)
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> Self:
+        """A client of the broker a URL names, as ``redis.Redis.from_url``
+        reads it: ``redis://[[user]:password@]host[:port][/db][?option=value]``
+        (port 6379 if none, as the scheme says: a broker bound there with
+        ``--bind tcp://0.0.0.0:6379``), ``unix:///path`` (the broker's
+        ``ipc:///path``), or a fastbus endpoint (``tcp://127.0.0.1:6464``).
+        The URL's options (``socket_timeout``, ``decode_responses``, ...)
+        win over ``kwargs``, as in redis-py; ``rediss://`` is refused (no
+        TLS: CURVE encrypts).  InvalidURL for what it cannot read."""
+        endpoint, from_url_kw = _from_url(url)
+        return cls(endpoint=endpoint, **{**kwargs, **from_url_kw})
 
     @classmethod
     def from_options(cls, options: ClientOptions, context: zmq.Context | None = None) -> Client:
