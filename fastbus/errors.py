@@ -60,6 +60,14 @@ class FastbusError(Exception):
             adopt_redis_bases()
         super().__init__(*args)
 
+    #: (redis-py's RedisError, a base of some once redis-py is imported,
+    #: reads these in its repr and its retries; its __init__ is not run.)
+    error_type = None
+    status_code = None
+
+    def __repr__(self) -> str:
+        return BaseException.__repr__(self)
+
 
 #: fastbus's errors of a broker's connection that are also redis-py's (the
 #: class redis-py raises for the same failure, redis.exceptions.<value>),

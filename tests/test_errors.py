@@ -340,6 +340,7 @@ def test_connection_errors_are_redis_pys_too_whichever_is_imported_first(tmp_pat
         "    c.flush(timeout=3)\n"
         "except redis.ConnectionError as exc:\n"
         "    assert isinstance(exc, fastbus.BrokerUnavailable) and str(sys.argv[1]) in str(exc)\n"
+        "    assert repr(exc).startswith('BrokerUnavailable('), repr(exc)\n"
         "else:\n"
         "    raise SystemExit('no error')\n"
         "assert c.close(timeout=0.1) == 1\n"
