@@ -615,9 +615,15 @@ def test_every_keyword_of_redis_py_is_taken(brokers):
     does here.)"""
     import redis
     import redis.asyncio
+    import inspect
+    from fastbus.client._redis_compat import REDIS_KEYWORDS, RedisKeywords
     b = brokers()
     sync_kw = _redis_defaults(redis.Redis)
     assert len(sync_kw) > 40
+    # The table names each keyword fastbus's Client does not name itself, and the types say the same.
+    own = set(inspect.signature(fastbus.Client.__init__).parameters)
+    assert set(sync_kw) | set(_redis_defaults(redis.asyncio.Redis)) <= own | set(REDIS_KEYWORDS)
+    assert set(RedisKeywords.__annotations__) == set(REDIS_KEYWORDS)
     with fastbus.Client(endpoint=b.endpoint, **{**sync_kw, "socket_timeout": 5}) as c:
         p = c.pubsub()
         p.subscribe("kw")

@@ -221,6 +221,7 @@ BAD = [
     ("e: int = fastbus.errors.ServerTimeout('x')\n    return b''", "assignment"),
     ("c.ack('not a message')\n    return b''", "arg-type"),
     ("t.add(b'k', 1, True)\n    return b''", "call-arg"),
+    ("fastbus.Client(max_mesages=1)\n    return b''", "call-arg"),      # (redis-py's keywords are typed)
 ]
 
 

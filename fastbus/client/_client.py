@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Self, TypedDict
+from typing import TYPE_CHECKING, Any, Self, TypedDict
 
 import zmq
 
@@ -25,9 +25,12 @@ from fastbus.client._options import ClientOptions
 from fastbus.client._pubsession import PubSession
 from fastbus.client._pubsub import PubSub
 from fastbus.client._redis_compat import from_url as _from_url
-from fastbus.client._redis_compat import redis_options
+from fastbus.client._redis_compat import RedisKeywords, redis_options
 from fastbus.client._session import driving
 from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, MessagesRejected
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack            # (typing's from Python 3.12)
 
 log = logging.getLogger("fastbus.client")
 
@@ -148,8 +151,8 @@ class Client(ClientBase):
                  subscribe_timeout: float | None = 10.0, socket_timeout: float | None = None,
                  client_name: str | None = None, retry: object = None, retry_on_timeout: bool = False,
                  retry_on_error: list | None = None, socket_keepalive: bool | None = None,
-                 **redis_kwargs: Any) -> None:
-        compat = redis_options(redis_kwargs, type(self).__name__)
+                 **redis_kwargs: Unpack[RedisKeywords]) -> None:
+        compat = redis_options(dict(redis_kwargs), type(self).__name__)
         if "endpoint" in compat:                     # unix_socket_path
             if endpoint is not None:
                 raise ValueError(f"an endpoint given twice: endpoint={endpoint!r} and "

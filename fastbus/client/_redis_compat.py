@@ -18,7 +18,7 @@ module handles the rest.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from fastbus.errors import InvalidURL
@@ -64,6 +64,53 @@ REDIS_KEYWORDS: dict[str, tuple[str, str]] = {
 }
 
 _warned_password = False
+
+
+class RedisKeywords(TypedDict, total=False):
+    """The keywords of REDIS_KEYWORDS, for type checkers (a misspelt one is
+    an error there, as at run time)."""
+
+    db: Any
+    password: Any
+    username: Any
+    credential_provider: Any
+    unix_socket_path: Any
+    encoding: Any
+    encoding_errors: Any
+    max_connections: Any
+    single_connection_client: Any
+    connection_pool: Any
+    protocol: Any
+    socket_read_size: Any
+    socket_keepalive_options: Any
+    ssl: Any
+    ssl_keyfile: Any
+    ssl_certfile: Any
+    ssl_cert_reqs: Any
+    ssl_include_verify_flags: Any
+    ssl_exclude_verify_flags: Any
+    ssl_ca_certs: Any
+    ssl_ca_path: Any
+    ssl_ca_data: Any
+    ssl_check_hostname: Any
+    ssl_password: Any
+    ssl_validate_ocsp: Any
+    ssl_validate_ocsp_stapled: Any
+    ssl_ocsp_context: Any
+    ssl_ocsp_expected_cert: Any
+    ssl_min_version: Any
+    ssl_ciphers: Any
+    lib_name: Any
+    lib_version: Any
+    driver_info: Any
+    redis_connect_func: Any
+    legacy_responses: Any
+    cache: Any
+    cache_config: Any
+    event_dispatcher: Any
+    maint_notifications_config: Any
+    oss_cluster_maint_notifications_handler: Any
+    auto_close_connection_pool: Any
 
 
 def redis_options(kwargs: dict[str, Any], owner: str = "Client") -> dict[str, Any]:
