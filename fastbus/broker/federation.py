@@ -35,12 +35,11 @@ import time
 import zmq
 
 from fastbus import protocol as P
-from fastbus._core import SUBSCRIBE, batch_count, error_for
+from fastbus._core import SUBSCRIBE, error_for
 from fastbus.client import native_stream
 from fastbus.errors import BatchError, InvalidEndpoint
 
-from .config import RECV_BUDGET
-from .links import UpstreamLink, count_in
+from .links import UpstreamLink
 
 log = logging.getLogger("fastbus.broker")
 
@@ -109,7 +108,6 @@ class Upstream:
         #: comes again, and what we sent it and it did not take goes again).
         self.session_id = P.new_session_id()
         self._gaps = 0                            # records upstream's GAPs said we missed (our stream's count)
-        self._read_records = 0                    # records of the DATA routed here (not by the data plane)
         self._taken_told = 0                      # our last TAKEN
         self._welcomes = 0                        # WELCOMEs so far (a Stream's)
         self.link = UpstreamLink(broker.links.new_id(), s)
@@ -159,10 +157,8 @@ class Upstream:
 
     def taken(self) -> int:
         """What we took of our session's stream there: the records of its
-        DATA (the data plane routes most; what on_readable reads after
-        the message it kept for us is routed here) and the counts of its
-        GAPs."""
-        return self.b.relay.up_records + self._read_records + self._gaps
+        DATA (the data plane routes them all) and the counts of its GAPs."""
+        return self.b.relay.up_records + self._gaps
 
     def tell_taken(self) -> None:
         """TAKEN, if we took more since the last: upstream forgets what it
@@ -288,17 +284,12 @@ class Upstream:
         return not self._refused or time.monotonic() >= self._retry_at
 
     def on_readable(self) -> None:
-        """What upstream sent: first the message the data plane kept for
-        us (it routes DATA itself: fastbus.broker._relay
-        Relay.take_upstream), then what the socket holds, in order."""
+        """The message from upstream the data plane kept for us (it reads
+        the socket and routes DATA itself, counting its records:
+        fastbus.broker._relay Relay.take_upstream); the rest of what the
+        socket holds it reads at its next wait, in order."""
         frames = self.b.relay.take_upstream()
         if frames is not None:
-            self._message(frames)
-        for _ in range(RECV_BUDGET):
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
             self._message(frames)
 
     def _message(self, frames: list) -> None:
@@ -306,14 +297,8 @@ class Upstream:
         b, link = self.b, self.link
         cmd = frames[0]
         try:
-            if cmd == P.DATA and len(frames) == 3:
-                if isinstance(frames[2], int):         # the data plane's router refused it
-                    raise error_for(frames[2], "batch from upstream")
-                full = b.router.receive(frames[2], link.link)
-                count_in(b.relay, link, frames[2])
-                self._read_records += batch_count(frames[2])
-                if full:
-                    b.sender.flush_full(full)
+            if cmd == P.DATA and len(frames) == 3 and isinstance(frames[2], int):
+                raise error_for(frames[2], "batch from upstream")   # the data plane's router refused it
             elif cmd == P.WANT and len(frames) in (3, 4):
                 self._on_want(frames[1], frames[2], frames[3] if len(frames) == 4 else None)
             elif cmd == P.WELCOME:

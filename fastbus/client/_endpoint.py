@@ -17,33 +17,9 @@ if TYPE_CHECKING:
     from fastbus.client._session import Session
 
 
-def refused(endpoint: str, timeout: float = 1.0) -> bool:
-    """True if nothing listens at ``endpoint`` (a TCP connection refused, an
-    ipc:// path that is no socket or that nobody accepts on); False if
-    something does, or if the transport or the network cannot say at once
-    (a timeout, inproc://, an abstract ipc name)."""
-    scheme, _, rest = endpoint.partition("://")
-    try:
-        if scheme == "tcp":
-            parts = urlsplit(endpoint)
-            host = parts.hostname
-            if host == "*":
-                return False
-            with socket.create_connection((host, parts.port), timeout=timeout):
-                return False
-        if scheme == "ipc" and rest and not rest.startswith("@"):
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(timeout)
-                s.connect(rest)
-            return False
-    except (ConnectionRefusedError, FileNotFoundError):
-        return True
-    except (OSError, ValueError):
-        return False
-    return False
-
-
 def _connect(endpoint: str, timeout: float) -> socket.socket | None:
+    """A connection to a tcp:// or ipc:// (path) endpoint, or None for a
+    transport that has none to make (inproc://, an abstract ipc name)."""
     scheme, _, rest = endpoint.partition("://")
     if scheme == "tcp":
         parts = urlsplit(endpoint)
@@ -60,6 +36,22 @@ def _connect(endpoint: str, timeout: float) -> socket.socket | None:
             raise
         return s
     return None
+
+
+def refused(endpoint: str, timeout: float = 1.0) -> bool:
+    """True if nothing listens at ``endpoint`` (a TCP connection refused, an
+    ipc:// path that is no socket or that nobody accepts on); False if
+    something does, or if the transport or the network cannot say at once
+    (a timeout, inproc://, an abstract ipc name)."""
+    try:
+        s = _connect(endpoint, timeout)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return True
+    except (OSError, ValueError):
+        return False
+    if s is not None:
+        s.close()
+    return False
 
 
 def identify(endpoint: str, timeout: float = 0.15) -> str | None:
