@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fb_resp_session.h"
 #include "fb_zmtp.h"       /* zmq.h's values */
 #include "fb_zmtp_wire.h"
 
@@ -46,6 +47,13 @@
 #define ID_LEN FB_ZMTP_SERVER_ID_LEN
 /* epoll's data: a listener's index with this bit, else a slot's. */
 #define LISTENER_TAG (1ull << 32)
+/* A RESP connection stops reading requests while this much of its
+ * replies waits for the kernel (a client that pipelines without reading
+ * cannot grow the broker's memory). */
+#define RESP_OUT_PAUSE (1u << 20)
+#define MAX_FRAMES 8
+
+enum { IN_READING, IN_WAITING, IN_OUT_FULL };   /* a RESP connection's input */
 
 enum { C_FREE, C_HANDSHAKE, C_UP, C_LOST };
 
@@ -60,6 +68,12 @@ typedef struct conn {
     int watch_out;               /* EPOLLOUT is asked (bytes wait for room) */
     int in_ring;
     int was_up;                  /* finished its handshake: its loss is reported (fb_zmtp_server_take_gone) */
+    int sniff;                   /* accepted on a RESP listener: its first byte says ZMTP (0xFF) or RESP */
+    fb_resp_session *resp;       /* a Redis client's connection (fb_resp_session.h), else NULL */
+    int in_state;                /* ... its input: IN_* */
+    int close_after;             /* close once `out` is written (QUIT, a protocol error, a KICK) */
+    fb_zbuf frames;              /* frames of a message being sent to it: [u64 n][n bytes]... */
+    uint32_t events;             /* what epoll watches on fd */
     int more_in_kernel;          /* the last read filled all its room: more may wait */
     uint64_t since_ns;           /* accepted at (fb_now_ns) */
     char peer[INET6_ADDRSTRLEN]; /* "" for a Unix socket */
@@ -69,6 +83,7 @@ struct fb_zmtp_server {
     fb_zmtp_server_options o;
     int efd;
     int lfd[MAX_LISTENERS];
+    int lresp[MAX_LISTENERS];    /* that listener also takes Redis clients (RESP) */
     int nlisteners;
     int accept_paused;           /* out of descriptors: listeners are not watched until one closes */
 
@@ -191,6 +206,8 @@ static void slot_free(fb_zmtp_server *s, uint32_t k)
     if (c->was_up) gone_push(s, k, c->gen);
     fb_zbuf_free(&c->in);
     fb_zbuf_free(&c->out);
+    fb_zbuf_free(&c->frames);
+    fb_resp_session_free(c->resp);
     uint32_t gen = c->gen + 1;
     memset(c, 0, sizeof *c);
     c->fd = -1;
@@ -245,22 +262,45 @@ static void lost(fb_zmtp_server *s, uint32_t k, int protocol_error)
     fb_zbuf_free(&c->out);
     c->out_end = 0;
     c->out_msgs = 0;
-    c->in.len = c->state == C_UP ? whole_messages_end(s, c) : c->in.off;
+    /* (A RESP connection's unparsed requests cannot be answered any more.) */
+    c->in.len = c->state == C_UP && !c->resp ? whole_messages_end(s, c) : c->in.off;
     c->state = C_LOST;
     c->more_in_kernel = 0;
     ring_push(s, k);
     if (s->accept_paused) watch_listeners(s, 1);   /* a descriptor is free again */
 }
 
-static void watch_out(fb_zmtp_server *s, uint32_t k, int on)
+/* What epoll watches on c's descriptor: input unless a RESP connection's
+ * input is paused (level-triggered: unread input would wake the poll for
+ * ever), room to write while bytes wait. */
+static void rewatch(fb_zmtp_server *s, uint32_t k)
 {
     conn *c = s->slots[k];
-    if (c->fd < 0 || c->watch_out == on) return;
+    if (c->fd < 0) return;
+    uint32_t want = (c->in_state == IN_READING ? EPOLLIN | EPOLLRDHUP : 0) | (c->watch_out ? EPOLLOUT : 0);
+    if (want == c->events) return;
     struct epoll_event ev;
     memset(&ev, 0, sizeof ev);
-    ev.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0);
+    ev.events = want;
     ev.data.u64 = k;
-    if (epoll_ctl(s->efd, EPOLL_CTL_MOD, c->fd, &ev) == 0) c->watch_out = on;
+    if (epoll_ctl(s->efd, EPOLL_CTL_MOD, c->fd, &ev) == 0) c->events = want;
+}
+
+static void watch_out(fb_zmtp_server *s, uint32_t k, int on)
+{
+    s->slots[k]->watch_out = on;
+    rewatch(s, k);
+}
+
+/* A RESP connection reads requests again: what its buffer holds is parsed
+ * at its turn. */
+static void resume_input(fb_zmtp_server *s, uint32_t k)
+{
+    conn *c = s->slots[k];
+    if (c->in_state == IN_READING) return;
+    c->in_state = IN_READING;
+    rewatch(s, k);
+    ring_push(s, k);
 }
 
 /* Write c's whole messages: 0, or -1 if the connection was lost. */
@@ -285,6 +325,11 @@ static int flush(fb_zmtp_server *s, uint32_t k)
     c->out_msgs = 0;
     if (c->out_end == c->out.len) c->out.off = c->out.len = c->out_end = 0;
     watch_out(s, k, 0);
+    if (c->close_after) {
+        lost(s, k, 0);
+        return -1;
+    }
+    if (c->in_state == IN_OUT_FULL) resume_input(s, k);
     return 0;
 }
 
@@ -353,6 +398,87 @@ static int on_command(fb_zmtp_server *s, uint32_t k, const unsigned char *body, 
     return 0;                                    /* PONG, and what later versions add: ignored */
 }
 
+/* A RESP connection's next message for the broker: its requests parsed
+ * (fb_resp_session.h answers what it can itself, into `out`) until one is
+ * the broker's.  1: a message is ready; 0: not now.  Replies are written
+ * once no more requests are at hand (one send for a pipeline). */
+static int resp_ready(fb_zmtp_server *s, uint32_t k)
+{
+    conn *c = s->slots[k];
+    for (;;) {
+        if (c->state != C_UP) return 0;          /* (lost: nothing it sent can be answered) */
+        if (c->close_after) {
+            flush(s, k);
+            return 0;
+        }
+        if (c->out.len - c->out.off > RESP_OUT_PAUSE) {
+            if (flush(s, k) < 0) return 0;
+            if (c->out.len - c->out.off > RESP_OUT_PAUSE) {
+                c->in_state = IN_OUT_FULL;       /* until flush finds room for it all */
+                rewatch(s, k);
+                return 0;
+            }
+        }
+        size_t used = 0;
+        int rc = fb_resp_session_input(c->resp, c->in.p + c->in.off, c->in.len - c->in.off, &used, &c->out);
+        c->in.off += used;
+        c->out_end = c->out.len;
+        switch (rc) {
+        case FB_RESP_MESSAGE:
+            return 1;
+        case FB_RESP_MORE:
+            break;
+        case FB_RESP_WAIT:
+            c->in_state = IN_WAITING;            /* until the broker's answer (send) */
+            rewatch(s, k);
+            flush(s, k);
+            return 0;
+        case FB_RESP_CLOSE:
+            c->close_after = 1;
+            if (c->out.off == c->out.len) lost(s, k, 0);
+            else flush(s, k);
+            return 0;
+        case FB_RESP_YIELD:
+            if (flush(s, k) == 0) ring_push(s, k);
+            return 0;
+        default:                                 /* no memory: as if it were bad */
+            lost(s, k, 1);
+            return 0;
+        }
+        int got = fill(s, k, READ_CHUNK);
+        if (got > 0) continue;
+        if (got == 0) flush(s, k);               /* nothing more at hand: the replies go */
+        return 0;
+    }
+}
+
+/* The first byte from a connection accepted on a RESP listener: a ZMTP
+ * peer's greeting starts with 0xFF, a Redis client's request never does. */
+static void sniffed(fb_zmtp_server *s, uint32_t k)
+{
+    conn *c = s->slots[k];
+    c->sniff = 0;
+    if (c->in.p[c->in.off] == 0xFF) {
+        unsigned char g[FB_ZMTP_GREETING];
+        fb_zmtp_greeting(g, 1);
+        if (fb_zbuf_put(&c->out, g, sizeof g) < 0 || fb_zmtp_put_ready(&c->out, "ROUTER") < 0) {
+            lost(s, k, 1);
+            return;
+        }
+        c->out_end = c->out.len;
+        flush(s, k);
+        return;
+    }
+    c->resp = fb_resp_session_new(s->o.max_msg_bytes, s->o.resp_auth_required);
+    if (!c->resp) {
+        lost(s, k, 1);
+        return;
+    }
+    c->state = C_UP;                             /* (its HELLO is the first message: no handshake) */
+    c->was_up = 1;
+    s->st.resp_accepted++;
+}
+
 /* Is a whole message at the front of c's input (commands before it
  * handled and consumed)?  Reads from the kernel while one is not.  1: yes;
  * 0: not now (or the connection is gone). */
@@ -362,6 +488,11 @@ static int message_ready(fb_zmtp_server *s, uint32_t k)
     for (;;) {
         size_t need = 0, body = 0;
         uint64_t size = 0;
+        if (c->resp) return resp_ready(s, k);
+        if (c->sniff && c->state == C_HANDSHAKE && c->in.len > c->in.off) {
+            sniffed(s, k);
+            continue;
+        }
         if (c->state == C_LOST) {
             /* Whole messages (checked when it was lost); commands are of
              * no more use. */
@@ -401,8 +532,9 @@ static int message_ready(fb_zmtp_server *s, uint32_t k)
 
 /* -- accepting ------------------------------------------------------------------ */
 
-static void accept_all(fb_zmtp_server *s, int lfd)
+static void accept_all(fb_zmtp_server *s, int li)
 {
+    int lfd = s->lfd[li];
     for (;;) {
         struct sockaddr_storage a;
         socklen_t al = sizeof a;
@@ -442,13 +574,17 @@ static void accept_all(fb_zmtp_server *s, int lfd)
         memset(&ev, 0, sizeof ev);
         ev.events = EPOLLIN | EPOLLRDHUP;
         ev.data.u64 = k;
-        if (fb_zbuf_put(&c->out, g, sizeof g) < 0 || fb_zmtp_put_ready(&c->out, "ROUTER") < 0
+        /* On a RESP listener our greeting waits for the peer's first byte
+         * (a Redis client speaks first, and would take ours for a reply). */
+        c->sniff = s->lresp[li];
+        if ((!c->sniff && (fb_zbuf_put(&c->out, g, sizeof g) < 0 || fb_zmtp_put_ready(&c->out, "ROUTER") < 0))
             || epoll_ctl(s->efd, EPOLL_CTL_ADD, fd, &ev) < 0) {
             close(fd);
             fb_zbuf_free(&c->out);
             slot_free(s, k);
             continue;
         }
+        c->events = ev.events;
         c->fd = fd;
         c->state = C_HANDSHAKE;
         c->since_ns = fb_now_ns();
@@ -469,7 +605,7 @@ static void service(fb_zmtp_server *s)
     for (int i = 0; i < n; i++) {
         uint64_t d = ev[i].data.u64;
         if (d & LISTENER_TAG) {
-            if (!s->accept_paused) accept_all(s, s->lfd[d & 0xffffffffu]);
+            if (!s->accept_paused) accept_all(s, (int)(d & 0xffffffffu));
             continue;
         }
         uint32_t k = (uint32_t)d;
@@ -543,7 +679,19 @@ static int stale_unix_socket(const void *addr, size_t addrlen)
     return refused && unlink(un->sun_path) == 0;
 }
 
+static int listen_on(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen, int resp);
+
 int fb_zmtp_server_listen(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen)
+{
+    return listen_on(s, addr, addrlen, bound, boundlen, 0);
+}
+
+int fb_zmtp_server_listen_resp(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen)
+{
+    return listen_on(s, addr, addrlen, bound, boundlen, 1);
+}
+
+static int listen_on(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen, int resp)
 {
     if (!s || s->closed) return ENOTSOCK;
     if (!addr || addrlen < sizeof(sa_family_t) || addrlen > sizeof(struct sockaddr_storage)) return EINVAL;
@@ -569,6 +717,7 @@ int fb_zmtp_server_listen(fb_zmtp_server *s, const void *addr, size_t addrlen, v
     }
     int i = s->nlisteners++;
     s->lfd[i] = fd;
+    s->lresp[i] = resp;
     struct epoll_event ev;
     memset(&ev, 0, sizeof ev);
     ev.events = EPOLLIN;
@@ -608,6 +757,8 @@ void fb_zmtp_server_close(fb_zmtp_server *s, int linger_ms)
         if (c->fd >= 0) close(c->fd);
         fb_zbuf_free(&c->in);
         fb_zbuf_free(&c->out);
+        fb_zbuf_free(&c->frames);
+        fb_resp_session_free(c->resp);
         free(c);
     }
     close(s->efd);
@@ -631,6 +782,53 @@ void fb_zmtp_server_free(fb_zmtp_server *s)
     if (!s) return;
     fb_zmtp_server_close(s, 0);
     free(s);
+}
+
+/* A frame of a message to a RESP connection: the frames are kept until
+ * the last, then the whole message is translated (fb_resp_session_deliver)
+ * into its replies.  0, or -1 with errno. */
+static int send_resp(fb_zmtp_server *s, conn *c, const void *buf, size_t len, int flags)
+{
+    uint32_t k = s->sending_slot;
+    if (flags & FB_ZMTP_SNDMORE) {
+        uint64_t n = len;
+        if (!s->send_skip && (fb_zbuf_put(&c->frames, &n, sizeof n) < 0 || fb_zbuf_put(&c->frames, buf, len) < 0))
+            s->send_skip = 1;
+        return 0;
+    }
+    s->sending = NULL;
+    fb_resp_frame f[MAX_FRAMES];
+    int nf = 0;
+    const unsigned char *q = c->frames.p + c->frames.off, *end = c->frames.p + c->frames.len;
+    while (q < end && nf < MAX_FRAMES - 1) {
+        uint64_t n;
+        memcpy(&n, q, sizeof n);
+        f[nf].p = q + sizeof n;
+        f[nf].n = (size_t)n;
+        nf++;
+        q += sizeof n + n;
+    }
+    f[nf].p = buf;
+    f[nf].n = len;
+    nf++;
+    int rc = s->send_skip || c->state != C_UP ? 0 : fb_resp_session_deliver(c->resp, f, nf, &c->out);
+    c->frames.off = c->frames.len = 0;
+    if (s->send_skip) {
+        s->st.dropped_messages++;
+        return 0;
+    }
+    if (c->state != C_UP) return 0;
+    c->out_end = c->out.len;
+    c->out_msgs++;
+    if (rc == FB_ENOMEM) {
+        lost(s, k, 1);
+        return 0;
+    }
+    if (rc == FB_RESP_CLOSE) c->close_after = 1;
+    if (rc == FB_RESP_RESUME) resume_input(s, k);
+    if (c->out.off == c->out.len && c->close_after) lost(s, k, 0);
+    else flush(s, k);
+    return 0;
 }
 
 int fb_zmtp_server_send(void *sock, const void *buf, size_t len, int flags)
@@ -667,6 +865,7 @@ int fb_zmtp_server_send(void *sock, const void *buf, size_t len, int flags)
     }
     conn *c = s->sending;
     if (c->state != C_UP) s->send_skip = 1;      /* lost while the message was being given */
+    if (c->resp) return send_resp(s, c, buf, len, flags) < 0 ? -1 : r;
     if (!s->send_skip) {
         unsigned char h[9];
         size_t hl = fb_zmtp_frame_header(h, (flags & FB_ZMTP_SNDMORE) ? 1 : 0, len);
@@ -744,8 +943,21 @@ int fb_zmtp_server_msg_recv(fb_zmq_msg *msg, void *sock, int flags)
         s->rcvmore = 1;
         return ID_LEN;
     }
-    /* A whole message is here (message_ready checked every header). */
     conn *c = s->slots[s->cur];
+    if (c->resp) {                               /* the message its session made */
+        const unsigned char *p = NULL;
+        size_t n = 0;
+        int more = fb_resp_session_frame(c->resp, &p, &n);
+        m->data = (void *)p;
+        m->size = n;
+        m->more = more == 1;
+        m->peer = c->peer[0] ? c->peer : NULL;
+        s->rcvmore = m->more;
+        s->frames_left = m->more;
+        if (!m->more) ring_push(s, s->cur);      /* its next request's turn */
+        return (int)n;
+    }
+    /* A whole message is here (message_ready checked every header). */
     int f = 0;
     size_t hl = 0;
     uint64_t size = 0;
@@ -777,7 +989,9 @@ int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns)
     int n = 0;
     for (uint32_t k = 0; k < s->nslots; k++) {
         conn *c = s->slots[k];
-        if (c->state != C_HANDSHAKE || now - c->since_ns < handshake_ns) continue;
+        /* (A connection to a RESP listener that has said nothing yet may be
+         * a Redis client's pooled one: Redis keeps those.) */
+        if (c->state != C_HANDSHAKE || c->sniff || now - c->since_ns < handshake_ns) continue;
         /* What it sent may be waiting unread (no receive since): take it
          * in first; a message that is then whole waits in the ring. */
         if (message_ready(s, k)) ring_push(s, k);
@@ -788,6 +1002,15 @@ int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns)
         }
     }
     return n;
+}
+
+void fb_zmtp_server_routed(fb_zmtp_server *s, uint64_t receivers, uint64_t over)
+{
+    if (!s || s->closed || s->frames_left || s->cur >= s->nslots) return;
+    conn *c = s->slots[s->cur];
+    if (!c->resp || c->state != C_UP) return;
+    fb_resp_session_routed(c->resp, receivers, over, &c->out);
+    c->out_end = c->out.len;                     /* (written with what its next requests get: resp_ready) */
 }
 
 int fb_zmtp_server_take_gone(fb_zmtp_server *s, unsigned char *id)
@@ -833,6 +1056,10 @@ const char *fb_zmtp_server_msg_gets(const fb_zmq_msg *msg, const char *property)
 int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns) { (void)s; (void)handshake_ns; return 0; }
 int fb_zmtp_server_buffered(const fb_zmtp_server *s) { (void)s; return 0; }
 int fb_zmtp_server_take_gone(fb_zmtp_server *s, unsigned char *id) { (void)s; (void)id; return 0; }
+int fb_zmtp_server_listen_resp(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen)
+{ (void)s; (void)addr; (void)addrlen; (void)bound; (void)boundlen; return ENOSYS; }
+void fb_zmtp_server_routed(fb_zmtp_server *s, uint64_t receivers, uint64_t over)
+{ (void)s; (void)receivers; (void)over; }
 void fb_zmtp_server_get_stats(const fb_zmtp_server *s, fb_zmtp_server_stats *out)
 { (void)s; memset(out, 0, sizeof *out); }
 

@@ -63,7 +63,8 @@ typedef struct fb_zmtp_server_options {
     int sndbuf, rcvbuf;          /* SO_SNDBUF / SO_RCVBUF of each connection (0: the system's) */
     int keepalive_idle_s;        /* TCP keepalive: seconds idle before probing (0: off) */
     int keepalive_intvl_s, keepalive_cnt;
-    uint64_t max_msg_bytes;      /* the largest message accepted from a peer (all frames) */
+    uint64_t max_msg_bytes;      /* the largest message accepted from a peer (all frames); a RESP request too */
+    int resp_auth_required;      /* RESP clients must AUTH first (the broker's Python side checks) */
 } fb_zmtp_server_options;
 
 typedef struct fb_zmtp_server_stats {
@@ -73,6 +74,7 @@ typedef struct fb_zmtp_server_stats {
     uint64_t protocol_errors;    /* connections closed for what the peer sent */
     uint64_t dropped_messages;   /* whole messages to a peer that left before they were written */
     uint64_t handshake_timeouts; /* connections closed for not finishing the handshake in time */
+    uint64_t resp_accepted;      /* of the accepted, Redis clients (RESP) */
     uint64_t syscalls_send, syscalls_recv, syscalls_poll;
 } fb_zmtp_server_stats;
 
@@ -90,6 +92,17 @@ fb_zmtp_server *fb_zmtp_server_new(const fb_zmtp_server_options *opts, int *err)
  * accepts on is replaced).  `bound` (room for *boundlen bytes) gets the
  * address as bound, *boundlen its length. */
 int fb_zmtp_server_listen(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen);
+/* The same, for a listener that also takes Redis clients: a connection
+ * whose first byte is not a ZMTP greeting's (0xFF) speaks RESP, and is
+ * presented as a fastbus session (fb_resp_session.h): its routing id, its
+ * requests as that session's messages (a HELLO first), the messages sent
+ * to it translated into replies and push messages. */
+int fb_zmtp_server_listen_resp(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen);
+/* The PUB just received (all its frames) was routed to `receivers` links
+ * and `over` of its records were dropped over the size limits: a RESP
+ * connection's PUBLISH is answered with that.  A no-op for other peers.
+ * A driver calls it after routing each PUB, before its next receive. */
+void fb_zmtp_server_routed(fb_zmtp_server *s, uint64_t receivers, uint64_t over);
 /* Close every connection and listener: whole messages still queued get up
  * to linger_ms to leave.  The calls then fail with ENOTSOCK (whoever still
  * holds the server, a relay, finds it closed), until it is freed. */

@@ -135,11 +135,24 @@ def _flag_message(exc: InvalidEndpoint) -> str:
     return text
 
 
+def _resp_users(specs: list[str]) -> dict[str, str]:
+    """--resp-user USER:PASSWORD, repeated, as a dict."""
+    users = {}
+    for spec in specs:
+        user, sep, password = spec.partition(":")
+        if not sep or not user:
+            raise UsageError(f"--resp-user takes USER:PASSWORD, not {spec!r}")
+        users[user] = password
+    return users
+
+
 def cmd_broker(args: argparse.Namespace) -> int:
     from fastbus.broker import Broker, BrokerConfig
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = BrokerConfig(
         bind=args.bind or [P.DEFAULT_ENDPOINT], allow_remote=args.allow_remote, upstream=args.upstream,
+        resp=args.resp, resp_password=args.resp_password or os.environ.get("FASTBUS_RESP_PASSWORD"),
+        resp_users=_resp_users(args.resp_user),
         zmq_pub=args.zmq_pub, zmq_sub=args.zmq_sub, zmq_pull=args.zmq_pull,
         max_messages=args.max_messages, max_bytes=args.max_bytes, max_delay=args.max_delay,
         max_queue_bytes=args.max_queue_bytes, slow_policy=args.slow_policy, max_topic=args.max_topic,
@@ -439,6 +452,15 @@ def _add_broker_parser(sub) -> None:
     g.add_argument("--bind", action="append", metavar="ENDPOINT",
                    help="endpoint for clients, repeatable: tcp://127.0.0.1:6464, ipc:///tmp/fastbus.sock "
                         f"(default: {P.DEFAULT_ENDPOINT})")
+    g.add_argument("--resp", action="append", default=[], metavar="ENDPOINT",
+                   help="endpoint where Redis clients connect too (the Redis protocol, pub/sub commands), "
+                        "repeatable: tcp://127.0.0.1:6379, redis://127.0.0.1:6379, unix:///tmp/redis.sock; "
+                        "fastbus clients may use it as well")
+    g.add_argument("--resp-password", metavar="PASSWORD",
+                   help="Redis clients must AUTH with this password, as Redis's requirepass "
+                        "(default: $FASTBUS_RESP_PASSWORD, else no AUTH needed)")
+    g.add_argument("--resp-user", action="append", default=[], metavar="USER:PASSWORD",
+                   help="a user Redis clients may AUTH as (AUTH USER PASSWORD, HELLO 3 AUTH ...), repeatable")
     g.add_argument("--allow-remote", action="store_true", help="allow non-loopback TCP endpoints")
     g.add_argument("--upstream", metavar="ENDPOINT", help="federate: connect to this upstream broker")
     g.add_argument("--upstream-curve-server-key", metavar="KEY",

@@ -36,6 +36,10 @@ STATS = b"Q"        # [Q]
 BYE = b"B"          # [B]   both ways: a broker whose WELCOME has "bye" answers it, the peer forgotten
 ACK = b"A"          # [A, want seq u64]   WANT up to this seq applied (peers that said "ack" in HELLO)
 TAKEN = b"T"        # [T, taken u64]   a resumable session took its stream this far: the broker may forget it
+#: Never on the wire: a Redis client's request that the broker's Python
+#: side answers, from its connection's C side (csrc/fb_resp_session.h),
+#: [r, state u8, request as a RESP array]; answered [r, reply, state u8].
+RESP_REQUEST = b"r"
 # broker -> client
 WELCOME = b"h"      # [h, json]
 CONFIRM = b"c"      # [c, seq u64]

@@ -11,6 +11,7 @@ from fastbus.includes.fb_zmtp cimport (fb_zmtp, fb_zmtp_msg_init, fb_zmtp_msg_da
                                        fb_zmtp_getsockopt, fb_zmtp_buffered)
 from fastbus.includes.fb_zmtp_server cimport (fb_zmtp_server, fb_zmtp_server_options, fb_zmtp_server_stats,
                                               fb_zmtp_server_new, fb_zmtp_server_listen, fb_zmtp_server_close,
+                                              fb_zmtp_server_listen_resp, fb_zmtp_server_routed,
                                               fb_zmtp_server_free,
                                               fb_zmtp_server_send, fb_zmtp_server_getsockopt,
                                               fb_zmtp_server_msg_recv, fb_zmtp_server_msg_gets,
@@ -113,7 +114,8 @@ cdef class Listener:
     cdef readonly list endpoints
 
     def __cinit__(self, int sndhwm=16, int rcvbuf=0, int sndbuf=0, long long maxmsgsize=-1,
-                  int tcp_keepalive_idle=0, int tcp_keepalive_intvl=0, int tcp_keepalive_cnt=0):
+                  int tcp_keepalive_idle=0, int tcp_keepalive_intvl=0, int tcp_keepalive_cnt=0,
+                  bint resp_auth_required=False):
         cdef fb_zmtp_server_options o
         cdef int err = 0, v = -1
         cdef size_t sz = sizeof(int)
@@ -125,6 +127,7 @@ cdef class Listener:
         o.keepalive_idle_s = tcp_keepalive_idle
         o.keepalive_intvl_s = tcp_keepalive_intvl
         o.keepalive_cnt = tcp_keepalive_cnt
+        o.resp_auth_required = resp_auth_required
         self._s = fb_zmtp_server_new(&o, &err)
         if self._s is NULL:
             raise zmq.ZMQError(err, f"cannot make a listener: {strerror(err).decode()}")
@@ -142,9 +145,11 @@ cdef class Listener:
         """Can a Listener listen on ``endpoint`` (tcp:// or ipc:// on Linux)?"""
         return _sockaddr(endpoint, listen=True) is not None
 
-    def bind(self, str endpoint) -> None:
+    def bind(self, str endpoint, bint resp=False) -> None:
         """Listen on ``endpoint``; zmq.ZMQError with the errno if it cannot
-        (EADDRINUSE: another socket listens there)."""
+        (EADDRINUSE: another socket listens there).  ``resp``: Redis
+        clients may connect there too (csrc/fb_resp_session.h: each is a
+        session of the broker's), as well as fastbus's."""
         if self._closed:
             raise zmq.ZMQError(zmq.ENOTSOCK, "the listener is closed")
         address = _sockaddr(endpoint, listen=True)
@@ -153,8 +158,13 @@ cdef class Listener:
         cdef unsigned char bound[128]
         cdef size_t boundlen = sizeof(bound)
         cdef bytes a = address
-        cdef int rc = fb_zmtp_server_listen(self._s, PyBytes_AS_STRING(a), <size_t>PyBytes_GET_SIZE(a),
+        cdef int rc
+        if resp:
+            rc = fb_zmtp_server_listen_resp(self._s, PyBytes_AS_STRING(a), <size_t>PyBytes_GET_SIZE(a),
                                             bound, &boundlen)
+        else:
+            rc = fb_zmtp_server_listen(self._s, PyBytes_AS_STRING(a), <size_t>PyBytes_GET_SIZE(a),
+                                       bound, &boundlen)
         if rc:
             raise zmq.ZMQError(rc, strerror(rc).decode())
         name = _endpoint_of(PyBytes_FromStringAndSize(<char *>bound, boundlen)) if boundlen > 2 else endpoint
@@ -192,6 +202,6 @@ cdef class Listener:
         fb_zmtp_server_get_stats(self._s, &st)
         return {"accepted": st.accepted, "connections": st.connections, "disconnects": st.disconnects,
                 "protocol_errors": st.protocol_errors, "dropped_messages": st.dropped_messages,
-                "handshake_timeouts": st.handshake_timeouts,
+                "handshake_timeouts": st.handshake_timeouts, "resp_accepted": st.resp_accepted,
                 "syscalls_send": st.syscalls_send, "syscalls_recv": st.syscalls_recv,
                 "syscalls_poll": st.syscalls_poll}

@@ -248,6 +248,7 @@ cdef class Relay:
     cdef int _nparts
     cdef int _rc                  # of that message, if a PUB: the router's status
     cdef uint64_t _over           # ... and the records it dropped over the limits
+    cdef uint64_t _delivered      # the record copies the last routed batch made (its receivers)
     cdef object _slow             # that message as (frames, meta), for receive()
     cdef int _errno               # of a failed zmq_poll
     cdef uint32_t _links[LINKS_PER_CALL]
@@ -1702,6 +1703,8 @@ cdef class Relay:
                  self.slots[link].received_bytes >= TOOK_BYTES):
             self._tell_took(link, False)
         rc = self._route_batch(link, R.msg_data(&parts[2]), R.msg_size(&parts[2]), &over)
+        if self._srv is not NULL:
+            fb_zmtp_server_routed(self._srv, self._delivered, over)   # (a Redis client's PUBLISH: its reply)
         if rc < 0 or over:
             # The router refused the batch (Python drops the sender with
             # the reason), or dropped records over the limits (Python
@@ -1724,12 +1727,16 @@ cdef class Relay:
         _lock(&self.router._trie._lock)
         fb_router_get_stats(self.router._r, &st)
         over = st.oversize
+        self._delivered = st.deliveries
         rc = fb_router_route(self.router._r, self.router._trie._t, <const void *>data, len, &self.router._lim,
                              link, fb_now_ns())
         if rc >= 0:
             nfull = fb_router_full(self.router._r, self._links, LINKS_PER_CALL)
             fb_router_get_stats(self.router._r, &st)
             over = st.oversize - over
+            self._delivered = st.deliveries - self._delivered
+        else:
+            self._delivered = 0
         fb_lock_release(&self.router._trie._lock)
         fb_lock_release(&self.router._lock)
         if rc >= 0:

@@ -22,7 +22,23 @@ SUB_OPS_PER_TURN = 8192
 #: about a trie node and a reference (docs/CORE.md).
 SUB_OVERHEAD = 48
 #: The list settings that also take one str (bind="tcp://...").
-_LISTS = ("bind", "zmq_pub", "zmq_sub", "zmq_pull", "allow_brokers", "curve_allowed", "curve_allowed_brokers")
+_LISTS = ("bind", "resp", "zmq_pub", "zmq_sub", "zmq_pull", "allow_brokers", "curve_allowed", "curve_allowed_brokers")
+
+
+def resp_endpoint(endpoint: object) -> object:
+    """A Redis-protocol endpoint as the broker listens on it: redis://HOST:PORT
+    is tcp://HOST:PORT (port 6379 if none), unix://PATH is ipc://PATH; the
+    broker's own forms as they are."""
+    if not isinstance(endpoint, str):
+        return endpoint
+    if endpoint.startswith("redis://"):
+        rest = endpoint[len("redis://"):].split("/", 1)[0].rsplit("@", 1)[-1]
+        if rest and ":" not in rest.rsplit("]", 1)[-1]:
+            rest += ":6379"
+        return "tcp://" + rest
+    if endpoint.startswith("unix://"):
+        return "ipc://" + endpoint[len("unix://"):].split("?", 1)[0]
+    return endpoint
 
 
 @dataclass
@@ -31,6 +47,14 @@ class BrokerConfig:
     ``tcp://127.0.0.1:6464`` that only accepts loopback endpoints."""
 
     bind: list[str] = field(default_factory=lambda: [P.DEFAULT_ENDPOINT])
+    #: Endpoints where Redis clients connect too (RESP2/RESP3 pub/sub:
+    #: csrc/fb_resp_session.h), e.g. tcp://127.0.0.1:6379; fastbus clients
+    #: may use them as well.  Loopback unless allow_remote, as bind.
+    resp: list[str] = field(default_factory=list)
+    #: Redis clients must AUTH with this password (as Redis's requirepass;
+    #: user "default"), or as one of resp_users ({user: password}).
+    resp_password: str | None = None
+    resp_users: dict[str, str] = field(default_factory=dict)
     #: Bind TCP endpoints on non-loopback addresses too.
     allow_remote: bool = False
     #: Endpoint of an upstream broker to federate with.
@@ -173,9 +197,17 @@ class BrokerConfig:
                 setattr(self, name, [getattr(self, name)])
         if not self.bind:
             raise InvalidConfig("the broker needs at least one endpoint to bind")
-        for name in ("bind", "zmq_pub", "zmq_sub", "zmq_pull"):
+        self.resp = [resp_endpoint(ep) for ep in self.resp]
+        for name in ("bind", "resp", "zmq_pub", "zmq_sub", "zmq_pull"):
             for ep in getattr(self, name):
                 check_listen(ep, self.allow_remote, name)
+        if self.resp and self.curve_secret_key:
+            raise InvalidConfig("resp: a Redis-protocol endpoint is plain TCP; it cannot be used with CURVE "
+                                "(a broker with --curve-cert listens for CURVE clients only)")
+        if any(ep.startswith("inproc://") for ep in self.resp):
+            raise InvalidConfig("resp: Redis clients connect over tcp:// or ipc:// (unix://), not inproc://")
+        if (self.resp_password is not None or self.resp_users) and not self.resp:
+            raise InvalidConfig("resp_password / resp_users need a Redis-protocol endpoint (resp, --resp)")
         if self.upstream is not None:
             try:
                 check_connect(self.upstream)

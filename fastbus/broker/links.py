@@ -183,6 +183,20 @@ class ClientLink(Session):
         return self.publisher
 
 
+class RedisLink(ClientLink):
+    """A Redis client on a --resp endpoint (HELLO role "redis", which its
+    connection's C side says for it: csrc/fb_resp_session.h): a subscriber
+    and publisher like a client, and what CLIENT SETNAME / SETINFO told."""
+
+    role = "redis"
+    __slots__ = ("client_name", "lib")
+
+    def __init__(self, link: int, ident: bytes, name: str, sock: zmq.Socket, publisher: bool) -> None:
+        super().__init__(link, ident, name, sock, publisher)
+        self.client_name = ""
+        self.lib: dict[str, str] = {}
+
+
 class DownstreamLink(Session):
     """A broker below us (HELLO role "broker"): it subscribes here with what
     its side wants; we send it WANT with what our other links want."""

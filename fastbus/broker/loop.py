@@ -29,7 +29,7 @@ import zmq
 from fastbus import protocol as P
 from fastbus._core import Router, Trie
 from fastbus._types import Buffer
-from fastbus.errors import AddressInUse, BrokerTimeout, JournalError, ListenError
+from fastbus.errors import AddressInUse, BrokerTimeout, InvalidConfig, JournalError, ListenError
 
 from ._libzmq import listener as _listener, relay as _relay
 from .compat import Compat
@@ -71,7 +71,7 @@ _COUNTERS = ("batches_in", "messages_in", "bytes_in", "batches_out", "messages_o
              "resume_lost", "durable_taken_over")
 _DROPS = ("slow_consumer", "unrouted", "malformed", "oversize", "protocol", "unknown_peer", "not_subscribed",
           "too_many_subscriptions", "not_a_broker", "disconnected_slow", "unreachable", "internal",
-          "resume_refused", "session_expired", "durable_in_use")
+          "resume_refused", "session_expired", "durable_in_use", "resp_auth")
 
 
 class Broker:
@@ -109,6 +109,7 @@ class Broker:
         self._stats_lock = threading.Lock()
         self._stats_snapshot: dict = {}
         self.endpoints: list[str] = []    # the bound endpoints, ports resolved
+        self.resp_endpoints: list[str] = []   # ... and those Redis clients connect on (--resp)
         #: Who reads the client endpoints: "fastbus" (the broker's own Listener) or "libzmq".
         self.transport = "libzmq"
         #: The monitoring HTTP server (config.http) and what it serves.
@@ -275,15 +276,19 @@ class Broker:
         listener = _listener()
         if (listener is not None and not cfg.curve_secret_key
                 and os.environ.get("FASTBUS_BROKER_TRANSPORT", "fastbus") != "libzmq"
-                and all(listener.supports(ep) for ep in cfg.bind)):
+                and all(listener.supports(ep) for ep in cfg.bind + cfg.resp)):
             # libzmq's ROUTER below, in the same terms: sndhwm whole
             # messages per peer beyond the kernel's buffers, TCP keepalive
             # for half-open connections, the message size limit.  Nothing
             # is read ahead of the relay (libzmq's rcvhwm has no twin).
             r = listener(sndhwm=16, rcvbuf=RECV_BUF, maxmsgsize=cfg.max_message_bytes,
                          tcp_keepalive_idle=int(cfg.heartbeat_timeout),
-                         tcp_keepalive_intvl=max(1, int(cfg.probe_interval)), tcp_keepalive_cnt=3)
+                         tcp_keepalive_intvl=max(1, int(cfg.probe_interval)), tcp_keepalive_cnt=3,
+                         resp_auth_required=cfg.resp_password is not None or bool(cfg.resp_users))
             self.transport = "fastbus"
+        elif cfg.resp:
+            raise InvalidConfig("--resp needs the broker's own transport (Linux, tcp:// or ipc:// endpoints, "
+                                "no FASTBUS_BROKER_TRANSPORT=libzmq)")
         else:
             r = self._libzmq_router()
             self.transport = "libzmq"
@@ -291,6 +296,10 @@ class Broker:
             for ep in cfg.bind:
                 self.bind(r, ep)
                 self.endpoints.append(r.last_endpoint.decode())
+            for ep in cfg.resp:
+                self.bind(r, ep, resp=True)
+                self.resp_endpoints.append(r.last_endpoint.decode())
+                log.info("Redis clients (RESP) connect on %s", self.resp_endpoints[-1])
         except BaseException:
             r.close(linger=0)
             raise
@@ -338,12 +347,15 @@ class Broker:
                 r.zap_domain = b"fastbus"
         return r
 
-    def bind(self, sock: zmq.Socket, endpoint: str) -> None:
+    def bind(self, sock: zmq.Socket, endpoint: str, resp: bool = False) -> None:
         """``sock.bind(endpoint)``; failing, a ListenError (AddressInUse for
         a port or path another process holds) naming the endpoint.  The file
         of an ipc:// endpoint is removed when the broker stops."""
         try:
-            sock.bind(endpoint)
+            if resp:
+                sock.bind(endpoint, resp=True)
+            else:
+                sock.bind(endpoint)
         except zmq.ZMQError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise AddressInUse(f"cannot listen on {endpoint}: address already in use (another broker?)",
@@ -623,6 +635,7 @@ class Broker:
             "name": self.config.name, "instance": self.instance.decode(),
             "uptime_s": round(time.monotonic() - self._started, 3),
             "endpoints": self.endpoints,
+            "resp_endpoints": self.resp_endpoints,
             "peers": len(self.links.by_ident), "links": roles,
             "publishers": sum(1 for link in self.links.by_id.values() if link.filters),
             "subscriptions": ts["subscriptions"], "keys": ts["keys"],

@@ -21,7 +21,8 @@ from fastbus._core import error_for
 from fastbus.errors import BatchError
 
 from .config import RECV_BUDGET, SUB_OPS_PER_TURN, broker_allowed, broker_network
-from .links import ClientLink, DownstreamLink, Session, peer_dicts
+from .links import ClientLink, DownstreamLink, RedisLink, Session, peer_dicts
+from .resp import RespCommands
 
 log = logging.getLogger("fastbus.broker")
 
@@ -51,7 +52,7 @@ def _wants_clients(frame: bytes) -> bool:
 
 
 _PUB = P.PUB
-_ROLES = {"client": ClientLink, "broker": DownstreamLink}
+_ROLES = {"client": ClientLink, "broker": DownstreamLink, "redis": RedisLink}
 
 
 class Sessions:
@@ -64,6 +65,7 @@ class Sessions:
         self._gone: dict[bytes, str] = {}          # removed sessions -> why, told when they reappear
         self._expired: dict[str, tuple] = {}       # lingering sessions that ran out -> (messages dropped, linger)
         self._ops_this_turn = 0                    # subscription operations applied in this turn
+        self.resp = RespCommands(broker)           # what Redis clients ask besides pub/sub (--resp)
         cfg = broker.config
         self._broker_nets = [broker_network(e) for e in cfg.allow_brokers]
         self._broker_keys = {k.decode() if isinstance(k, bytes) else k for k in cfg.curve_allowed_brokers or ()}
@@ -122,7 +124,9 @@ class Sessions:
             self._hello_required(ident)
             return
         b.counters["control_in"] += 1
-        if cmd == P.HELLO:
+        if cmd == P.RESP_REQUEST and isinstance(link, RedisLink):
+            self.resp.handle(link, rest)
+        elif cmd == P.HELLO:
             self._on_hello(ident, link, rest, meta or {})
         elif cmd == P.PING:
             token = rest[0] if rest else b""

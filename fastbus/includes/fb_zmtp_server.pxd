@@ -13,6 +13,7 @@ cdef extern from "fb_zmtp_server.h" nogil:
         int keepalive_intvl_s
         int keepalive_cnt
         uint64_t max_msg_bytes
+        int resp_auth_required
 
     ctypedef struct fb_zmtp_server_stats:
         uint64_t accepted
@@ -21,6 +22,7 @@ cdef extern from "fb_zmtp_server.h" nogil:
         uint64_t protocol_errors
         uint64_t dropped_messages
         uint64_t handshake_timeouts
+        uint64_t resp_accepted
         uint64_t syscalls_send
         uint64_t syscalls_recv
         uint64_t syscalls_poll
@@ -30,6 +32,8 @@ cdef extern from "fb_zmtp_server.h" nogil:
 
     fb_zmtp_server *fb_zmtp_server_new(const fb_zmtp_server_options *opts, int *err)
     int fb_zmtp_server_listen(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen)
+    int fb_zmtp_server_listen_resp(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen)
+    void fb_zmtp_server_routed(fb_zmtp_server *s, uint64_t receivers, uint64_t over)
     void fb_zmtp_server_close(fb_zmtp_server *s, int linger_ms)
     void fb_zmtp_server_free(fb_zmtp_server *s)
     int fb_zmtp_server_send(void *s, const void *buf, size_t len, int flags)
