@@ -100,7 +100,13 @@ static key *kset_get(kset *s, const unsigned char *p, size_t n)
 {
     key *k = kset_find(s, p, n);
     if (k) return k;
-    if ((s->iused + 1) * 4 >= s->icap * 3 && kset_reindex(s, s->icap ? s->icap * 2 : 16) < 0) return NULL;
+    /* Full (live keys and tombstones): rebuild, doubling only when the live
+     * keys need it.  (Doubling every time let a client that subscribes and
+     * unsubscribes new keys while holding one grow the index for ever:
+     * each cycle left a tombstone, and every rebuild doubled.) */
+    if ((s->iused + 1) * 4 >= s->icap * 3
+        && kset_reindex(s, !s->icap ? 16 : (s->count + 1) * 2 >= s->icap ? s->icap * 2 : s->icap) < 0)
+        return NULL;
     if (s->count == s->cap) {
         uint32_t cap = s->cap ? s->cap * 2 : 8;
         key *keys = realloc(s->keys, cap * sizeof *keys);
@@ -871,7 +877,10 @@ static int data(fb_resp_session *r, const fb_resp_frame *batch, fb_zbuf *out)
             r->st.delivered++;
         }
     }
-    if (b == &r->hold && r->hold.len - r->hold.off > HOLD_MAX) return FB_RESP_CLOSE;
+    if (b == &r->hold && r->hold.len - r->hold.off > HOLD_MAX) {
+        r->closing = 1;                          /* (as KICK: input says CLOSE from now on too) */
+        return FB_RESP_CLOSE;
+    }
     return FB_OK;
 }
 
@@ -914,7 +923,8 @@ static int refused(fb_resp_session *r, const fb_resp_frame *f, int n)
     r->refused_len = 0;
     if (at) {
         while (at < end && *at != '"') at++;
-        for (at++; at < end && *at != '"' && r->refused_len < sizeof r->refused; at++)
+        /* (Past the quote only if there is one: at + 1 beyond end is undefined.) */
+        for (at += at < end; at < end && *at != '"' && r->refused_len < sizeof r->refused; at++)
             r->refused[r->refused_len++] = (char)(*at < 32 ? ' ' : *at);
     }
     return FB_OK;

@@ -42,6 +42,7 @@
 #include "fb_common.h"
 
 #define READ_CHUNK 65536
+#define FIRST_CHUNK 2048
 #define MAX_LISTENERS 16
 #define EVENTS_PER_WAIT 256
 #define ID_LEN FB_ZMTP_SERVER_ID_LEN
@@ -338,7 +339,11 @@ static int flush(fb_zmtp_server *s, uint32_t k)
 static int fill(fb_zmtp_server *s, uint32_t k, size_t want)
 {
     conn *c = s->slots[k];
-    if (want < READ_CHUNK) want = READ_CHUNK;
+    /* A RESP connection starts with a small buffer (many idle Redis
+     * clients, or ones that sent half a request, cost little); one whose
+     * read fills it gets the full chunk. */
+    size_t floor = (c->resp || c->sniff) && c->in.cap < READ_CHUNK && !c->more_in_kernel ? FIRST_CHUNK : READ_CHUNK;
+    if (want < floor) want = floor;
     if (c->in.off == c->in.len && c->in.cap > 16 * READ_CHUNK && want <= READ_CHUNK)
         fb_zbuf_free(&c->in);                    /* after a large message: give it back */
     if (fb_zbuf_reserve(&c->in, want) < 0) {
@@ -445,7 +450,7 @@ static int resp_ready(fb_zmtp_server *s, uint32_t k)
             lost(s, k, 1);
             return 0;
         }
-        int got = fill(s, k, READ_CHUNK);
+        int got = fill(s, k, 0);
         if (got > 0) continue;
         if (got == 0) flush(s, k);               /* nothing more at hand: the replies go */
         return 0;
@@ -1004,6 +1009,19 @@ int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns)
     return n;
 }
 
+int fb_zmtp_server_close_peer(fb_zmtp_server *s, const unsigned char *id, size_t len)
+{
+    uint32_t k = 0;
+    conn *c = s && !s->closed ? lookup(s, id, len, &k) : NULL;
+    if (!c || !c->resp || c->state != C_UP || s->sending == c) return 0;
+    /* Reset, not a graceful close: what the kernel still holds for a
+     * client too slow to read it would otherwise trickle out first. */
+    struct linger lg = {1, 0};
+    setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    lost(s, k, 0);
+    return 1;
+}
+
 void fb_zmtp_server_routed(fb_zmtp_server *s, uint64_t receivers, uint64_t over)
 {
     if (!s || s->closed || s->frames_left || s->cur >= s->nslots) return;
@@ -1060,6 +1078,8 @@ int fb_zmtp_server_listen_resp(fb_zmtp_server *s, const void *addr, size_t addrl
 { (void)s; (void)addr; (void)addrlen; (void)bound; (void)boundlen; return ENOSYS; }
 void fb_zmtp_server_routed(fb_zmtp_server *s, uint64_t receivers, uint64_t over)
 { (void)s; (void)receivers; (void)over; }
+int fb_zmtp_server_close_peer(fb_zmtp_server *s, const unsigned char *id, size_t len)
+{ (void)s; (void)id; (void)len; return 0; }
 void fb_zmtp_server_get_stats(const fb_zmtp_server *s, fb_zmtp_server_stats *out)
 { (void)s; memset(out, 0, sizeof *out); }
 

@@ -12,6 +12,7 @@ from fastbus.includes.fb_zmtp cimport (fb_zmtp, fb_zmtp_msg_init, fb_zmtp_msg_da
 from fastbus.includes.fb_zmtp_server cimport (fb_zmtp_server, fb_zmtp_server_options, fb_zmtp_server_stats,
                                               fb_zmtp_server_new, fb_zmtp_server_listen, fb_zmtp_server_close,
                                               fb_zmtp_server_listen_resp, fb_zmtp_server_routed,
+                                              fb_zmtp_server_close_peer,
                                               fb_zmtp_server_free,
                                               fb_zmtp_server_send, fb_zmtp_server_getsockopt,
                                               fb_zmtp_server_msg_recv, fb_zmtp_server_msg_gets,
@@ -176,6 +177,15 @@ cdef class Listener:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def close_peer(self, bytes ident not None) -> bool:
+        """Close a Redis client's connection (routing id ``ident``) whose
+        session ended, as Redis closes a client over its output buffer
+        limit; False for anything else (a fastbus peer is told, by KICK)."""
+        if self._closed:
+            return False
+        return fb_zmtp_server_close_peer(self._s, <const unsigned char *>PyBytes_AS_STRING(ident),
+                                         <size_t>PyBytes_GET_SIZE(ident)) == 1
 
     def close(self, linger=None) -> None:
         """Close every connection and listener; whole messages still queued

@@ -409,6 +409,8 @@ class Broker:
         self.counters["peers_left"] += 1
         if isinstance(link, Session):
             self.sessions.forget(link, reason)
+            if link.role == "redis" and hasattr(link.sock, "close_peer"):
+                link.sock.close_peer(link.ident)   # (Redis closes it; a fastbus client is told instead)
 
     def detach_link(self, link: Link) -> None:
         """A resumable session's connection is gone: it lingers (the data
