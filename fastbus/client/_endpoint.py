@@ -149,7 +149,9 @@ class AbsenceProbe:
                 if what is not None:
                     raise NotABroker(f"{self.endpoint} is {what}, not a fastbus broker: fastbus clients talk to "
                                      f"a broker's --bind endpoint ({P.DEFAULT_ENDPOINT} by default: "
-                                     f"`fastbus broker`)", self.endpoint, what)
+                                     f"`fastbus broker`), or its --resp endpoint, where Redis clients "
+                                     f"connect too (`fastbus broker --resp tcp://127.0.0.1:6379` in place "
+                                     f"of the Redis server)", self.endpoint, what)
             return
         if self.refused_since is None:
             self.refused_since = now
