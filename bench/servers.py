@@ -25,6 +25,12 @@ benchmark (bench/pubsub_bench.py, bench/latency_bench.py):
            `fastbus broker --journal DIR --fsync everysec` (or `always`),
            DIR in the server's temporary directory (on this machine's disk):
            what surviving a broker restart costs
+  fastbus-resp  (not in the default list) `fastbus broker --resp`: the broker
+           to Redis clients (redis-py, redis-benchmark) on its Redis-protocol
+           listener.  ``info["system"]`` is "redis" and ``info["port"]`` the
+           Redis-protocol port (``redis.Redis(port=info["port"])``);
+           ``info["endpoint"]`` is the broker's own, for fastbus clients and
+           its stats (bench/resp_bench.py)
 
 ``lossless=True`` sets each one up not to drop (the throughput benchmark):
 fastbus with a slow-consumer queue the run cannot fill, Redis with an
@@ -47,12 +53,15 @@ import time
 
 SYSTEMS = ("fastbus", "redis", "zmq", "nats")
 #: Accepted by --systems, not run by default.
-EXTRA_SYSTEMS = ("fastbus-http", "fastbus-noresume", "fastbus-journal", "fastbus-journal-always", "jetstream",
-                 "zenoh", "zenoh-router")
+EXTRA_SYSTEMS = ("fastbus-http", "fastbus-noresume", "fastbus-journal", "fastbus-journal-always", "fastbus-resp",
+                 "jetstream", "zenoh", "zenoh-router")
 #: fastbus with a broker option: the same clients (``info["system"]`` is
 #: "fastbus"), what the option costs or saves in the same run.
 FASTBUS_VARIANTS = {"fastbus-http": (), "fastbus-noresume": ("--session-linger", "0"),
                     "fastbus-journal": ("--fsync", "everysec"), "fastbus-journal-always": ("--fsync", "always")}
+#: fastbus's broker to Redis clients (``--resp``): ``info["system"]`` is
+#: "redis" (redis-py's clients), ``info["port"]`` the Redis-protocol port.
+RESP_SYSTEMS = ("fastbus-resp",)
 
 
 def free_port() -> int:
@@ -103,13 +112,19 @@ class Server:
         if system == "zenoh":
             self.proc = None                  # peer to peer: the sessions are the whole system
             return
-        if system == "fastbus" or system in FASTBUS_VARIANTS:
-            self.endpoint = f"tcp://127.0.0.1:{self.port}"
+        if system == "fastbus" or system in FASTBUS_VARIANTS or system in RESP_SYSTEMS:
+            # fastbus-resp: self.port is the Redis-protocol port (what the
+            # clients use and _wait_listening waits for), the broker's own
+            # endpoint another free port.
+            native = free_port() if system in RESP_SYSTEMS else self.port
+            self.endpoint = f"tcp://127.0.0.1:{native}"
             cmd = [sys.executable, "-m", "fastbus", "broker", "--bind", self.endpoint, "--log-level", "WARNING",
                    "--stats-interval", "0"]
             if lossless:
                 cmd += ["--max-queue-bytes", str(8 << 30)]
             cmd += FASTBUS_VARIANTS.get(system, ())
+            if system in RESP_SYSTEMS:
+                cmd += ["--resp", f"tcp://127.0.0.1:{self.port}"]
             if system.startswith("fastbus-journal"):
                 cmd += ["--journal", os.path.join(self.dir, "journal")]
             if system == "fastbus-http":
@@ -156,7 +171,8 @@ class Server:
 
     @property
     def info(self) -> dict:
-        client = "fastbus" if self.system in FASTBUS_VARIANTS else self.system
+        client = ("fastbus" if self.system in FASTBUS_VARIANTS else "redis" if self.system in RESP_SYSTEMS
+                  else self.system)
         return {"system": client, "endpoint": self.endpoint, "port": self.port, "port2": self.port2,
                 "http": self.http, "zenoh_ports": self.zenoh_ports}
 

@@ -133,8 +133,9 @@ def test_resp3_pushes_hello_and_the_commands_clients_send_at_connect(resp):
     assert p.get_message(timeout=2)["type"] == "subscribe"
     assert r.publish("a", "x") == 1                      # RESP3: PUBLISH on any connection
     assert [m["data"] for m in _messages(p, 1)] == [b"x"]
-    peers = query_stats(_broker.endpoint, clients=True)["connz"]
-    assert {"worker-1"} <= {c["name"] for c in peers if c["role"] == "redis"}
+    st = query_stats(_broker.endpoint, clients=True)
+    assert {"worker-1"} <= {c["name"] for c in st["connz"] if c["role"] == "redis"}
+    assert st["links"]["redis"] >= 1 and st["connections"]["resp_accepted"] >= 1
     p.close()
 
 

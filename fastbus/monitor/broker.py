@@ -217,7 +217,7 @@ class BrokerSource:
             drops.add_metric([reason], n)
         yield drops
         peers = GaugeMetricFamily(p + "peers", "Connected peers (links) by role.", labels=["role"])
-        for role in ("client", "broker", "upstream", "zmq-pub"):
+        for role in ("client", "redis", "broker", "upstream", "zmq-pub"):
             peers.add_metric([role], stats["links"].get(role, 0))
         yield peers
         yield GaugeMetricFamily(p + "sessions", "Sessions on the client endpoints (clients and downstream "
