@@ -208,11 +208,20 @@ struct fb_resp_session {
 
 static int put(fb_zbuf *b, const void *p, size_t n) { return fb_zbuf_put(b, p, n); }
 
+/* "<type><v>\r\n", without printf (one per record of every push). */
 static int put_line(fb_zbuf *b, char type, int64_t v)
 {
-    char t[32];
-    int n = snprintf(t, sizeof t, "%c%lld\r\n", type, (long long)v);
-    return put(b, t, (size_t)n);
+    char t[32], *e = t + sizeof t, *p = e;
+    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
+    *--p = '\n';
+    *--p = '\r';
+    do {
+        *--p = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0) *--p = '-';
+    *--p = type;
+    return put(b, p, (size_t)(e - p));
 }
 
 static int put_bulk(fb_zbuf *b, const void *p, size_t n)
@@ -837,6 +846,52 @@ static uint64_t get_u64(const fb_resp_frame *f)
     return v;
 }
 
+/* Digits of a length, written backwards ending at e: where they start. */
+static char *digits_before(char *e, uint64_t u)
+{
+    do {
+        *--e = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    return e;
+}
+
+static unsigned char *put_bulk_at(unsigned char *w, const unsigned char *p, size_t n)
+{
+    char t[24], *e = t + sizeof t, *d = digits_before(e, n);
+    *w++ = '$';
+    memcpy(w, d, (size_t)(e - d));
+    w += e - d;
+    *w++ = '\r';
+    *w++ = '\n';
+    if (n) memcpy(w, p, n);
+    w += n;
+    *w++ = '\r';
+    *w++ = '\n';
+    return w;
+}
+
+/* One push of a record: [kind, (pattern,) channel, payload], the room
+ * reserved once (this runs for every record delivered). */
+static int put_message(fb_resp_session *r, fb_zbuf *b, const char *kind, size_t kindlen, const key *pat,
+                       const fb_record *rec)
+{
+    size_t need = 4 + kindlen + 2 * 16 + rec->topic_len + rec->payload_len + (pat ? 16 + pat->n : 0);
+    if (fb_zbuf_reserve(b, need) < 0) return FB_ENOMEM;
+    unsigned char *w = b->p + b->len;
+    *w++ = r->resp3 ? '>' : '*';
+    *w++ = pat ? '4' : '3';
+    *w++ = '\r';
+    *w++ = '\n';
+    memcpy(w, kind, kindlen);
+    w += kindlen;
+    if (pat) w = put_bulk_at(w, pat->p, pat->n);
+    w = put_bulk_at(w, rec->topic, rec->topic_len);
+    w = put_bulk_at(w, rec->payload, rec->payload_len);
+    b->len = (size_t)(w - b->p);
+    return FB_OK;
+}
+
 /* A DATA batch as pushes: "message" for a channel, "smessage" for a shard
  * channel, a "pmessage" for each pattern that matches. */
 static int data(fb_resp_session *r, const fb_resp_frame *batch, fb_zbuf *out)
@@ -857,23 +912,17 @@ static int data(fb_resp_session *r, const fb_resp_frame *batch, fb_zbuf *out)
         const fb_record *rec = &r->recs[i];
         key *k = kset_find(&r->chans, rec->topic, rec->topic_len);
         if (k && (k->flags & F_CH)) {
-            if (put_push(r, b, 3) < 0 || put(b, "$7\r\nmessage\r\n", 13) < 0 || put_bulk(b, rec->topic, rec->topic_len) < 0
-                || put_bulk(b, rec->payload, rec->payload_len) < 0)
-                return FB_ENOMEM;
+            if (put_message(r, b, "$7\r\nmessage\r\n", 13, NULL, rec) < 0) return FB_ENOMEM;
             r->st.delivered++;
         }
         if (k && (k->flags & F_SH)) {
-            if (put_push(r, b, 3) < 0 || put(b, "$8\r\nsmessage\r\n", 14) < 0 || put_bulk(b, rec->topic, rec->topic_len) < 0
-                || put_bulk(b, rec->payload, rec->payload_len) < 0)
-                return FB_ENOMEM;
+            if (put_message(r, b, "$8\r\nsmessage\r\n", 14, NULL, rec) < 0) return FB_ENOMEM;
             r->st.delivered++;
         }
         for (uint32_t j = 0; j < r->pats.count; j++) {
             const key *pk = &r->pats.keys[j];
             if (!fb_glob_match(pk->p, pk->n, rec->topic, rec->topic_len)) continue;
-            if (put_push(r, b, 4) < 0 || put(b, "$8\r\npmessage\r\n", 14) < 0 || put_bulk(b, pk->p, pk->n) < 0
-                || put_bulk(b, rec->topic, rec->topic_len) < 0 || put_bulk(b, rec->payload, rec->payload_len) < 0)
-                return FB_ENOMEM;
+            if (put_message(r, b, "$8\r\npmessage\r\n", 14, pk, rec) < 0) return FB_ENOMEM;
             r->st.delivered++;
         }
     }
