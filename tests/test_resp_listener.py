@@ -185,9 +185,12 @@ def test_messages_cross_between_fastbus_and_redis_clients_in_order(resp):
     rp.close()
 
 
-def test_a_fastbus_client_connects_on_the_resp_port_too(resp):
+@pytest.mark.parametrize("form", ["tcp://127.0.0.1:{port}", "redis://127.0.0.1:{port}/0"])
+def test_a_fastbus_client_connects_on_the_resp_port_too(resp, form):
+    """One redis:// URL serves both kinds of client: a fastbus client's
+    ZMTP greeting is told from a Redis request by its first byte."""
     _broker, port = resp
-    with fastbus.Client(f"tcp://127.0.0.1:{port}") as c:
+    with fastbus.Client.from_url(form.format(port=port)) as c:
         p = c.pubsub()
         p.subscribe("both")
         assert redis.Redis(port=port).publish("both", "hi") == 1
