@@ -3,7 +3,7 @@ and Valkey, with the same plain redis-py clients (and redis-benchmark), in
 one run.
 
 The clients import redis (with hiredis if installed) and never fastbus (each
-client process checks it and the run fails if one did).  The systems:
+client process says whether it did, and "check" shows it).  The systems:
 
   fastbus-resp  `fastbus broker --resp`: the Redis-protocol listener
                 (servers.py's fastbus-resp; --max-queue-bytes 8 GiB, lossless)
@@ -44,7 +44,13 @@ the subscribers drain for at most --drain seconds; then every subscriber's
 count is checked against what was published and against what PUBLISH
 answered (the receivers the server counted): "check" says "ok" or what
 differs.  "server CPU" is the server process's CPU time (all its threads,
-/proc) over the measured time, as a share of one core.
+/proc) over the measured time, as a share of one core; "client CPU" what a
+message cost the publishers (per message published) and the subscribers
+(per message received), their processes' CPU time; "cpu wait" the share of
+the measured time in which some task of the machine waited for a CPU
+(/proc/pressure/cpu): on a small machine the clients and the server compete
+for the cores; "other load" (every round's) the machine's busy CPU time
+(/proc/stat) less this case's processes', in cores: its other users.
 
 Every case runs --rounds times, the systems' order reversed every other
 round (alternated, so the machine's drift does not favour one); each round
@@ -70,6 +76,7 @@ import os
 import platform
 import random
 import re
+import resource
 import selectors
 import shutil
 import signal
@@ -240,7 +247,7 @@ class _Min:
 
 
 def publisher(port: int, channels, seed: int, ready, go, stop, count, claimed, window: int, pub_counts, sub_counts,
-              limit: float, flags, index: int) -> None:
+              limit: float, flags, index: int, cpu=None) -> None:
     """A redis-py pipeline of PUBLISH (transaction=False) executed every
     BATCH messages, channels from ``channels`` (None: the 50, at random),
     for at most ``limit`` seconds; ``claimed``: the receivers PUBLISH
@@ -253,6 +260,7 @@ def publisher(port: int, channels, seed: int, ready, go, stop, count, claimed, w
     r.ping()
     ready.set()
     go.wait(60)
+    c0 = time.process_time()
     n = receivers = 0
     end = time.monotonic() + limit
     subs = list(_Counts(sub_counts)) if window else []
@@ -265,11 +273,13 @@ def publisher(port: int, channels, seed: int, ready, go, stop, count, claimed, w
         n += BATCH
         count.value = n
         claimed.value = receivers
+    if cpu is not None:
+        cpu[0] = time.process_time() - c0
     r.close()
     _client_end(flags, index)
 
 
-def subscriber(port: int, ready, stop, counts, limit: float, flags, index: int) -> None:
+def subscriber(port: int, ready, stop, counts, limit: float, flags, index: int, cpu=None) -> None:
     """Subscribed to the 50 channels; PubSub.get_message() in a loop, counted
     (the count published every 1,000 messages or 0.1 s)."""
     _client_start()
@@ -279,6 +289,7 @@ def subscriber(port: int, ready, stop, counts, limit: float, flags, index: int) 
     _confirm(p, len(CHANNELS))
     p.ignore_subscribe_messages = True
     ready.set()
+    c0 = time.process_time()
     get = p.get_message
     n = 0
     end = time.monotonic() + limit
@@ -290,6 +301,8 @@ def subscriber(port: int, ready, stop, counts, limit: float, flags, index: int) 
             got += 1
         n += got
         counts[0] = n
+    if cpu is not None:
+        cpu[0] = time.process_time() - c0
     p.close()
     r.close()
     _client_end(flags, index)
@@ -370,7 +383,8 @@ def fan_subscriber(port: int, nconn: int, channel: str, ready, stop, counts, lim
     _client_end(flags, index)
 
 
-def lat_publisher(port: int, rate: float, seconds: float, ready, go, sent_out, claimed, flags, index: int) -> None:
+def lat_publisher(port: int, rate: float, seconds: float, ready, go, sent_out, claimed, flags, index: int, done=None,
+                  took=None) -> None:
     """Redis.publish() per message on LAT_CHANNEL, each when it is due
     (i / rate after the start; it gives up at twice the time)."""
     _client_start()
@@ -397,6 +411,10 @@ def lat_publisher(port: int, rate: float, seconds: float, ready, go, sent_out, c
         sent += 1
     sent_out.value = sent
     claimed.value = receivers
+    if took is not None:
+        took.value = (now_ns() - start) / 1e9
+    if done is not None:
+        done.set()
     r.close()
     _client_end(flags, index)
 
@@ -500,24 +518,26 @@ def run_channels(system: str, npubs: int, nsubs: int, seconds: float, window: in
         sub_counts = [ctx.RawArray("q", 1) for _ in range(nsubs)]
         pub_counts = [ctx.RawValue("q", 0) for _ in range(npubs)]
         claimed = [ctx.RawValue("q", 0) for _ in range(npubs)]
+        pub_cpu = [ctx.RawArray("d", 1) for _ in range(npubs)]
+        sub_cpu = [ctx.RawArray("d", 1) for _ in range(nsubs)]
         stop_pub, stop_sub, go = ctx.Event(), ctx.Event(), ctx.Event()
         limit = WARM + seconds + drain + 60
         readies = [ctx.Event() for _ in range(nsubs)]
         for i in range(nsubs):
-            procs.start(subscriber, port, readies[i], stop_sub, sub_counts[i], limit, flags, npubs + i)
+            procs.start(subscriber, port, readies[i], stop_sub, sub_counts[i], limit, flags, npubs + i, sub_cpu[i])
         procs.wait_ready(readies, f"{system}: subscribers")
         wait_subscribed(port, CHANNELS, nsubs)
         preadies = [ctx.Event() for _ in range(npubs)]
         for i in range(npubs):
             procs.start(publisher, port, None, i, preadies[i], go, stop_pub, pub_counts[i], claimed[i], window,
-                        pub_counts, sub_counts, WARM + seconds + 30, flags, i)
+                        pub_counts, sub_counts, WARM + seconds + 30, flags, i, pub_cpu[i])
         procs.wait_ready(preadies, f"{system}: publishers")
         total = lambda: sum(c[0] for c in sub_counts)  # noqa: E731
         go.set()
         time.sleep(WARM)
-        s0, t0, c0 = total(), time.monotonic(), cpu_seconds(srv.proc.pid)
+        s0, meter = total(), Meter(srv.proc.pid, [p.pid for p in procs.procs])
         time.sleep(seconds)
-        s1, t1, c1 = total(), time.monotonic(), cpu_seconds(srv.proc.pid)
+        s1, m = total(), meter.stop()
         stop_pub.set()
         end = time.monotonic() + 60
         for p in procs.procs[nsubs:]:
@@ -531,7 +551,10 @@ def run_channels(system: str, npubs: int, nsubs: int, seconds: float, window: in
         if any(c != 0 for c in codes):
             check += f"; client exit codes {codes}"
         return {"case": "seed" if (npubs, nsubs) == (1, 2) else f"{npubs}x{nsubs}", "system": system,
-                "delivered_per_s": (s1 - s0) / (t1 - t0), "server_cpu": (c1 - c0) / (t1 - t0),
+                "delivered_per_s": (s1 - s0) / m["seconds"], "server_cpu": m["server_cpu"],
+                "cpu_wait": m["cpu_wait"], "other_cores": m["other_cores"],
+                "pub_cpu_us": 1e6 * sum(c[0] for c in pub_cpu) / published if published else None,
+                "sub_cpu_us": 1e6 * sum(c[0] for c in sub_cpu) / sum(per_sub) if sum(per_sub) else None,
                 "published": published, "claimed": sum(c.value for c in claimed), "received": sum(per_sub),
                 "per_subscriber": per_sub, "check": check}
     finally:
@@ -570,9 +593,9 @@ def run_fanout(system: str, nsubs: int, nprocs: int, seconds: float, window: int
             total = lambda: sum(sum(a) for a in counts)  # noqa: E731
             go.set()
             time.sleep(WARM)
-            s0, t0, c0 = total(), time.monotonic(), cpu_seconds(srv.proc.pid)
+            s0, meter = total(), Meter(srv.proc.pid, [p.pid for p in procs.procs])
             time.sleep(seconds)
-            s1, t1, c1 = total(), time.monotonic(), cpu_seconds(srv.proc.pid)
+            s1, m = total(), meter.stop()
             stop_pub.set()
             pub.join(60)
             published = pub_count.value
@@ -583,7 +606,8 @@ def run_fanout(system: str, nsubs: int, nprocs: int, seconds: float, window: int
             check = _check(published, claimed.value, per_sub, published, list(flags))
             if any(c != 0 for c in codes):
                 check += f"; client exit codes {codes}"
-            out.update(delivered_per_s=(s1 - s0) / (t1 - t0), server_cpu=(c1 - c0) / (t1 - t0), published=published,
+            out.update(delivered_per_s=(s1 - s0) / m["seconds"], server_cpu=m["server_cpu"], cpu_wait=m["cpu_wait"],
+                       other_cores=m["other_cores"], published=published,
                        claimed=claimed.value, received=sum(per_sub), check=check)
         finally:
             procs.close()
@@ -594,8 +618,8 @@ def run_fanout(system: str, nsubs: int, nprocs: int, seconds: float, window: int
         try:
             flags = ctx.RawArray("b", nprocs + 1)
             counts = [ctx.RawArray("q", k) for k in per]
-            sent, claimed = ctx.RawValue("q", 0), ctx.RawValue("q", 0)
-            stop_sub, go = ctx.Event(), ctx.Event()
+            sent, claimed, took = ctx.RawValue("q", 0), ctx.RawValue("q", 0), ctx.RawValue("d", 0.0)
+            stop_sub, go, done = ctx.Event(), ctx.Event(), ctx.Event()
             readies = [ctx.Event() for _ in range(nprocs)]
             total_msgs = int(rate * (warmup + lat_seconds))
             for i in range(nprocs):
@@ -608,16 +632,17 @@ def run_fanout(system: str, nsubs: int, nprocs: int, seconds: float, window: int
             procs.wait_ready(readies, f"{system}: latency subscribers")
             wait_subscribed(port, [LAT_CHANNEL], nsubs)
             pready = ctx.Event()
-            pub = procs.start(lat_publisher, port, rate, warmup + lat_seconds, pready, go, sent, claimed, flags, 0)
+            pub = procs.start(lat_publisher, port, rate, warmup + lat_seconds, pready, go, sent, claimed, flags, 0,
+                              done, took)
             procs.wait_ready([pready], f"{system}: latency publisher")
-            w0, c0, t0 = _cpu_wait_us(), cpu_seconds(srv.proc.pid), time.monotonic()
+            meter = Meter(srv.proc.pid, [p.pid for p in procs.procs])
             go.set()
-            pub.join(2 * (warmup + lat_seconds) + 30)
-            t1, c1 = time.monotonic(), cpu_seconds(srv.proc.pid)
+            done.wait(2 * (warmup + lat_seconds) + 30)
+            m = meter.stop()
+            pub.join(30)
             _drain(lambda: sum(sum(a) for a in counts), sent.value * nsubs, drain)
             stop_sub.set()
             codes = procs.join(30)
-            w1 = _cpu_wait_us()
             lat = array("q")
             for path in paths:
                 with open(path, "rb") as f:
@@ -626,9 +651,10 @@ def run_fanout(system: str, nsubs: int, nprocs: int, seconds: float, window: int
             check = _check(sent.value, claimed.value, per_sub, sent.value, list(flags))
             if any(c != 0 for c in codes):
                 check += f"; client exit codes {codes}"
-            out["latency"] = {"rate": rate, "sent": sent.value, "received": sum(per_sub), "measured": len(lat),
-                              "server_cpu": (c1 - c0) / (t1 - t0),
-                              "cpu_wait": None if w0 is None or w1 is None else (w1 - w0) / 1e6 / (t1 - t0),
+            out["latency"] = {"rate": rate, "sent": sent.value,
+                              "sent_per_s": sent.value / took.value if took.value else 0.0,
+                              "received": sum(per_sub), "measured": len(lat), "server_cpu": m["server_cpu"],
+                              "cpu_wait": m["cpu_wait"], "other_cores": m["other_cores"],
                               "check": check, **percentiles(lat)}
         finally:
             procs.close()
@@ -639,6 +665,45 @@ def run_fanout(system: str, nsubs: int, nprocs: int, seconds: float, window: int
         srv.stop()
 
 
+def _busy_seconds() -> float:
+    """CPU seconds the machine's CPUs were busy, all of them (/proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class Meter:
+    """Over a window: the server's CPU (a share of one core), cpu wait (the
+    share of the time some task waited for a CPU), and ``other_cores``: the
+    machine's busy CPU time less this case's processes' (the server, the
+    clients in ``pids``, this one and the children it reaped), in cores:
+    the machine's other users."""
+
+    def __init__(self, server_pid: int, pids=()) -> None:
+        self.server, self.pids = server_pid, [server_pid, *pids]
+        self.t0, self.w0, self.b0 = time.monotonic(), _cpu_wait_us(), _busy_seconds()
+        self.s0, self.m0 = cpu_seconds(server_pid), self._mine()
+
+    def _mine(self) -> float:
+        total = 0.0
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+            u = resource.getrusage(who)
+            total += u.ru_utime + u.ru_stime
+        for pid in self.pids:
+            try:
+                total += cpu_seconds(pid)
+            except (OSError, IndexError, ValueError):
+                pass
+        return total
+
+    def stop(self) -> dict:
+        t1, w1, b1 = time.monotonic(), _cpu_wait_us(), _busy_seconds()
+        s1, m1 = cpu_seconds(self.server), self._mine()
+        dt = t1 - self.t0
+        return {"seconds": dt, "server_cpu": (s1 - self.s0) / dt, "cpu_wait": _wait_share(self.w0, w1, dt),
+                "other_cores": max(0.0, (b1 - self.b0 - (m1 - self.m0)) / dt)}
+
+
 def _cpu_wait_us() -> int | None:
     """Microseconds in which some task of the machine waited for a CPU
     (/proc/pressure/cpu), None where it is missing."""
@@ -647,6 +712,10 @@ def _cpu_wait_us() -> int | None:
             return int(f.readline().rsplit("total=", 1)[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _wait_share(w0: int | None, w1: int | None, seconds: float) -> float | None:
+    return None if w0 is None or w1 is None or seconds <= 0 else (w1 - w0) / 1e6 / seconds
 
 
 def percentiles(lat_ns: array) -> dict:
@@ -681,18 +750,19 @@ def run_benchmark(system: str, n: int, timeout: float) -> dict:
     srv = start_server(system)
     try:
         cmd = redis_benchmark_command(srv.info["port"], n)
-        c0, t0 = cpu_seconds(srv.proc.pid), time.monotonic()
+        meter = Meter(srv.proc.pid)
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
             text, code = res.stdout + res.stderr, res.returncode
         except subprocess.TimeoutExpired as exc:
             text, code = f"timed out after {timeout:g} s: {exc.stdout!r}", None
-        c1, t1 = cpu_seconds(srv.proc.pid), time.monotonic()
+        mt = meter.stop()
         m = re.findall(r"([\d.]+) requests per second", text.replace("\r", "\n"))
         rps = float(m[-1]) if m else 0.0
         check = "ok" if m and code == 0 else f"exit {code}: {text.strip()[-300:]!r}"
         return {"case": "benchmark", "system": system, "requests_per_s": rps, "server_cpu_us_per_request":
-                1e6 * (c1 - c0) / n if m else None, "seconds": t1 - t0, "check": check,
+                1e6 * mt["server_cpu"] * mt["seconds"] / n if m else None, "seconds": mt["seconds"],
+                "cpu_wait": mt["cpu_wait"], "other_cores": mt["other_cores"], "check": check,
                 "command": " ".join(cmd[:1] + ["-h", "127.0.0.1", "-p", "PORT"] + cmd[5:])}
     finally:
         srv.stop()
@@ -704,31 +774,67 @@ def _fmt(x: float) -> str:
     return f"{x:,.0f}"
 
 
-def _median(rows: list[dict], key) -> float:
+def _median(rows: list[dict], key) -> float | None:
     vals = [key(r) for r in rows if key(r) is not None]
-    return statistics.median(vals) if vals else 0.0
+    return statistics.median(vals) if vals else None
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _cores(rows: list[dict]) -> str:
+    """The machine's other users in each round, cores."""
+    return ", ".join("-" if r.get("other_cores") is None else f"{r['other_cores']:.2f}" for r in rows)
+
+
+def _us(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+#: The columns after the ratio, per case: (header, the cell from a system's rounds).
+EXTRA_COLUMNS = {
+    "seed": [("server CPU", lambda rows: _pct(_median(rows, lambda r: r.get("server_cpu")))),
+             ("client CPU us/msg: publisher, subscriber",
+              lambda rows: f"{_us(_median(rows, lambda r: r.get('pub_cpu_us')))}, "
+                           f"{_us(_median(rows, lambda r: r.get('sub_cpu_us')))}"),
+             ("cpu wait", lambda rows: _pct(_median(rows, lambda r: r.get("cpu_wait")))),
+             ("other load", lambda rows: _cores(rows))],
+    "fanout": [("server CPU", lambda rows: _pct(_median(rows, lambda r: r.get("server_cpu")))),
+               ("cpu wait", lambda rows: _pct(_median(rows, lambda r: r.get("cpu_wait")))),
+               ("other load", lambda rows: _cores(rows))],
+    "benchmark": [("server CPU us/request",
+                   lambda rows: _us(_median(rows, lambda r: r.get("server_cpu_us_per_request")))),
+                  ("cpu wait", lambda rows: _pct(_median(rows, lambda r: r.get("cpu_wait")))),
+                  ("other load", lambda rows: _cores(rows))],
+}
+EXTRA_COLUMNS["4x4"] = EXTRA_COLUMNS["seed"]
 
 
 def table(results: list[dict], case: str, systems: list[str], value, label: str, best_peer: bool = False) -> dict:
+    """Every round's figure, their median, fastbus-resp's median over this
+    one's, then the case's medians of server CPU, clients' CPU, cpu wait
+    (the share of the time some task of the machine waited for a CPU,
+    /proc/pressure/cpu), and the checks."""
     rows = {s: [r for r in results if r["case"] == case and r["system"] == s] for s in systems}
-    med = {s: _median(rows[s], value) for s in systems if rows[s]}
+    med = {s: _median(rows[s], value) or 0.0 for s in systems if rows[s]}
     if not med:
         return {}
     nrounds = max(len(v) for v in rows.values())
     fb = med.get(FASTBUS)
     head = " | ".join(f"round {i + 1}" for i in range(nrounds))
-    extra = case in ("seed", "4x4", "fanout")
-    print(f"\n| system | {label}: {head} | median | {FASTBUS} / this |" + (" server CPU (median) |" if extra else "")
-          + " check |")
-    print("|---|" + "---|" * (nrounds + 3 + extra))
+    extra = EXTRA_COLUMNS.get(case, [])
+    print(f"\n| system | {label}: {head} | median | {FASTBUS} / this | "
+          + "".join(f"{h} | " for h, _ in extra) + "check |")
+    print("|---|" + "---|" * (nrounds + 3 + len(extra)))
     for s in systems:
         if not rows[s]:
             continue
         cells = " | ".join(_fmt(value(r)) for r in rows[s])
         ratio = f"{fb / med[s]:.2f}x" if fb and med[s] and s != FASTBUS else ("-" if s != FASTBUS else "1.00x")
         checks = "; ".join(dict.fromkeys(r["check"] for r in rows[s]))
-        cpu = f" {100 * _median(rows[s], lambda r: r.get('server_cpu')):.0f}% |" if extra else ""
-        print(f"| {s} | {cells} | {_fmt(med[s])} | {ratio} |{cpu} {checks} |")
+        more = "".join(f"{fn(rows[s])} | " for _, fn in extra)
+        print(f"| {s} | {cells} | {_fmt(med[s])} | {ratio} | {more}{checks} |")
     peers = {s: v for s, v in med.items() if s != FASTBUS}
     if best_peer and fb and peers:
         best = max(peers, key=peers.get)
@@ -744,9 +850,9 @@ def latency_table(results: list[dict], systems: list[str]) -> dict:
     print(f"\nfan-out latency at {rate:,.0f} msg/s, 1 -> {rows[0]['subscribers']} subscribers: publish call to "
           f"get_message()'s return, every delivery, microseconds (cpu wait: share of the time some task of the "
           f"machine waited for a CPU, /proc/pressure/cpu)")
-    print("\n| system | round | p50 | p99 | p99.9 | max | p99 / fastbus-resp's | received / sent x subscribers "
-          "| server CPU | cpu wait | check |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| system | round | p50 | p99 | p99.9 | max | p99 / fastbus-resp's | sent/s "
+          "| received / sent x subscribers | server CPU | cpu wait | other load | check |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     med = {}
     for s in systems:
         mine = [r for r in rows if r["system"] == s]
@@ -756,8 +862,9 @@ def latency_table(results: list[dict], systems: list[str]) -> dict:
             ratio = f"{L['p99'] / fb['p99']:.2f}x" if fb and fb.get("p99") and L.get("p99") and s != FASTBUS else ""
             cells = " | ".join(_fmt(L[k]) if k in L else "-" for k in ("p50", "p99", "p99.9", "max"))
             wait = "-" if L["cpu_wait"] is None else f"{100 * L['cpu_wait']:.0f}%"
-            print(f"| {s} | {r['round']} | {cells} | {ratio} | {L['received']:,} / {L['sent'] * r['subscribers']:,} "
-                  f"| {100 * L['server_cpu']:.0f}% | {wait} | {L['check']} |")
+            print(f"| {s} | {r['round']} | {cells} | {ratio} | {_fmt(L['sent_per_s'])} "
+                  f"| {L['received']:,} / {L['sent'] * r['subscribers']:,} "
+                  f"| {100 * L['server_cpu']:.0f}% | {wait} | {L['other_cores']:.2f} | {L['check']} |")
         if mine:
             med[s] = {k: _median(mine, lambda r, k=k: r["latency"].get(k)) for k in ("p50", "p99", "p99.9")}
     return med

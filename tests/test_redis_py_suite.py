@@ -13,21 +13,29 @@ runs ``tests/test_pubsub.py`` and ``tests/test_asyncio/test_pubsub.py``.
 applicable (and why), or a documented difference, which must be a row of
 README.md's table of differences from redis-py.  Any test whose outcome
 differs from the list, or that the list does not name, fails this test.
+
+The same suite runs a second time as released (no factory: plain
+redis-py clients) with ``--redis-url`` on a broker's Redis-protocol
+listener (``--resp``), as against a Redis server;
+``tests/redis_py/expected_resp.txt`` says what each test does there.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import suites
+from brokers import free_port
 
 HERE = Path(__file__).resolve().parent
 EXPECTED = HERE / "redis_py" / "expected.txt"
+EXPECTED_RESP = HERE / "redis_py" / "expected_resp.txt"
 FACTORY = HERE / "redis_py" / "fastbus_factory.py"
 README = HERE.parent / "README.md"
 
@@ -71,13 +79,33 @@ def test_the_list_of_outcomes_is_consistent():
     assert outcomes.count("pass") > 150 and outcomes.count("differs") <= 4
 
 
+def test_the_list_of_outcomes_on_the_resp_listener_is_consistent():
+    """expected_resp.txt names the same tests as expected.txt (the same
+    suite), says why for each that does not pass, and a plain Redis client
+    on the broker passes every test that fastbus's own client passes."""
+    expected, resp = read_expected(), read_expected(EXPECTED_RESP)
+    assert set(resp) == set(expected), sorted(set(resp) ^ set(expected))
+    for test, (outcome, why) in resp.items():
+        assert outcome == "pass" or why.strip(), f"{test}: {outcome} without a why"
+    assert [t for t, (o, _w) in expected.items() if o == "pass" and resp[t][0] != "pass"] == []
+    outcomes = [o for o, _w in resp.values()]
+    assert outcomes.count("pass") > 280 and outcomes.count("differs") <= 6
+
+
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory) -> Path:
-    """redis-py's tests, their settings and the fastbus factory, in a
-    directory of their own; ``site/`` beside them holds redis-py and the
-    plugins."""
+def released(tmp_path_factory) -> Path:
+    """redis-py's tests and their settings as released, in a directory of
+    their own; ``site/`` two levels up holds redis-py and the plugins."""
     root = tmp_path_factory.mktemp("redis-py-suite")
-    src = suites.fetch_suite(root, "redis", REDIS_PY, "pyproject.toml", PLUGINS)
+    return suites.fetch_suite(root, "redis", REDIS_PY, "pyproject.toml", PLUGINS)
+
+
+@pytest.fixture(scope="module")
+def suite(released) -> Path:
+    """A copy of them with the fastbus factory (beside the released one:
+    the same ``site/``)."""
+    src = released.with_name(released.name + "-fastbus")
+    shutil.copytree(released, src)
     (src / "fastbus_factory.py").write_text(FACTORY.read_text())
     with open(src / "tests" / "conftest.py", "a") as f:
         f.write("\nfrom fastbus_factory import _get_client  # noqa: E402,F401  (fastbus)\n")
@@ -86,29 +114,50 @@ def suite(tmp_path_factory) -> Path:
     return src
 
 
-def test_redis_py_pubsub_suite_against_fastbus(suite, brokers):
-    """Every test redis-py's pub/sub suite holds does what the list says:
-    the applicable ones pass, sync and asyncio."""
-    b = brokers()
-    junit = suite / "report.xml"
-    env = {**os.environ, "FASTBUS_REDIS_PY_ENDPOINT": b.endpoint,
-           "PYTHONPATH": str(suite.parent.parent / "site")}
+def run_suite(src: Path, redis_url: str, expected_path: Path, env: dict | None = None) -> None:
+    """redis-py's pub/sub suite in ``src``, with ``--redis-url``: every
+    test does what ``expected_path`` says."""
+    junit = src / "report.xml"
+    junit.unlink(missing_ok=True)
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(src.parent.parent / "site")}
     # Without hypothesis's plugin (installed for fastbus's own tests): its
     # summary hook imports hypothesis at the very end, and CPython 3.11.7's
     # parser, after a test of the suite hit the recursion limit, failed
     # that import with "SystemError: AST constructor recursion depth
     # mismatch": the run's summary line was lost (once in CI, once in a
     # local run).
-    # Port 1 has no server: the suite's session start then takes its
-    # "optimistic defaults" (a recent standalone Redis) instead of asking one.
     r = subprocess.run([sys.executable, "-m", "pytest", *SUITE_FILES, "-p", "no:cacheprovider", "-p", "no:hypothesis",
                         "-q",
                         "--tb=line", "--timeout", "30", "--timeout-method=thread",
-                        "--redis-url", "redis://127.0.0.1:1/0", f"--junitxml={junit}"],
-                       cwd=suite, env=env, capture_output=True, text=True, timeout=900)
+                        "--redis-url", redis_url, f"--junitxml={junit}"],
+                       cwd=src, env=env, capture_output=True, text=True, timeout=900)
     assert junit.exists(), f"redis-py's suite did not run (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     got = suites.junit_outcomes(junit)
-    wrong = suites.mismatches(got, read_expected(), EXPECTED.name)
+    wrong = suites.mismatches(got, read_expected(expected_path), expected_path.name)
     assert not wrong, "\n".join(wrong) + f"\n--- pytest said:\n{r.stdout[-2000:]}"
     assert len(got) >= 300
     assert re.search(r"\d+ passed", r.stdout), f"(exit {r.returncode})\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+
+
+def test_redis_py_pubsub_suite_against_fastbus(suite, brokers):
+    """Every test redis-py's pub/sub suite holds does what the list says:
+    the applicable ones pass, sync and asyncio."""
+    b = brokers()
+    # Port 1 has no server: the suite's session start then takes its
+    # "optimistic defaults" (a recent standalone Redis) instead of asking one.
+    run_suite(suite, "redis://127.0.0.1:1/0", EXPECTED, {"FASTBUS_REDIS_PY_ENDPOINT": b.endpoint})
+
+
+def test_redis_py_pubsub_suite_against_the_resp_listener(released, brokers):
+    """The suite as released, plain redis-py on the broker's --resp
+    listener as on a Redis server (whose INFO its session start reads):
+    every test does what expected_resp.txt says."""
+    for attempt in range(5):
+        port = free_port()
+        try:
+            brokers("--resp", f"tcp://127.0.0.1:{port}")
+            break
+        except RuntimeError as exc:           # another test took the port we chose
+            if "address already in use" not in str(exc) or attempt == 4:
+                raise
+    run_suite(released, f"redis://127.0.0.1:{port}/0", EXPECTED_RESP)

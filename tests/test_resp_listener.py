@@ -361,3 +361,16 @@ def test_redis_cli_subscribes_in_one_process_and_publishes_in_another(resp):
     finally:
         sub.kill()
         sub.wait()
+
+
+def test_client_kill_closes_a_redis_subscriber(resp):
+    _broker, port = resp
+    s = _raw(port)
+    s.sendall(_request(b"CLIENT", b"SETNAME", b"victim") + _request(b"SUBSCRIBE", b"k"))
+    assert _read_until(s, b":1\r\n").endswith(b":1\r\n")
+    r = redis.Redis(port=port)
+    victim = [c for c in r.client_list() if c["name"] == "victim"]
+    assert len(victim) == 1
+    assert r.client_kill_filter(_id=victim[0]["id"]) == 1
+    assert _closed(s)
+    assert r.flushdb() is True and r.dbsize() == 0     # a broker holds no keys: nothing to flush

@@ -3,11 +3,12 @@
 A Redis client's connection is a session of the broker like any other
 (csrc/fb_resp_session.h): its SUBSCRIBE, PUBLISH and PING are answered in C,
 in the data plane.  The rest of what a client sends at connect or now and
-then (HELLO, AUTH, CLIENT, INFO, COMMAND, PUBSUB, SELECT, CONFIG GET) comes
+then (HELLO, AUTH, CLIENT, INFO, COMMAND, PUBSUB, SELECT, CONFIG, and
+FLUSHDB, FLUSHALL and DBSIZE of a keyspace that is always empty) comes
 here as one ``[r, state, request]`` message, where ``request`` is the
 command as a RESP array, and is answered with ``[r, reply, state]``: the
 reply's bytes, and the connection's state after it (RESP3 or not,
-authenticated or not).  This is never on a message's path.
+authenticated or not, to be closed).  This is never on a message's path.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hmac
 import logging
 import os
 import socket
+import struct
 import time
 
 import fastbus
@@ -32,10 +34,19 @@ RESP3 = 0x01
 AUTHED = 0x02
 NEED_AUTH = 0x04
 SUBSCRIBED = 0x08
+CLOSE = 0x80          # (an answer's) close the connection once the reply is written
+
+#: What INFO says of the broker's process (clients' and tests' probes).
+_ARCH_BITS = struct.calcsize("P") * 8
+
+#: The Redis configuration the broker has: CONFIG GET shows it, CONFIG SET
+#: may set it to what it is.
+_CONFIG = {b"notify-keyspace-events": b""}
 
 #: The connection's C side answers these itself; anything here that is
 #: neither one of them nor below is an unknown command, as Redis says it.
-_KNOWN = ("HELLO", "AUTH", "SELECT", "CLIENT", "INFO", "COMMAND", "PUBSUB", "CONFIG")
+_KNOWN = ("HELLO", "AUTH", "SELECT", "CLIENT", "INFO", "COMMAND", "PUBSUB", "CONFIG", "FLUSHDB", "FLUSHALL",
+          "DBSIZE")
 
 
 def parse_request(data: bytes) -> list[bytes]:
@@ -126,7 +137,7 @@ class RespCommands:
             reply, state = self._dispatch(link, args, state, w)
         except (ValueError, IndexError, UnicodeDecodeError) as exc:
             reply = w.error(f"ERR {exc}")
-        self.b.sender.send(link, [b"r", reply, bytes([state & (RESP3 | AUTHED | 0x80)])])
+        self.b.sender.send(link, [b"r", reply, bytes([state & (RESP3 | AUTHED | CLOSE)])])
 
     def _dispatch(self, link, args: list[bytes], state: int, w: Writer) -> tuple[bytes, int]:
         name = args[0].upper().decode("latin-1")
@@ -143,6 +154,8 @@ class RespCommands:
                 return _wrong(w, "select"), state
             return (w.ok() if args[1] == b"0" else w.error("ERR DB index is out of range")), state
         if name == "CLIENT":
+            if len(args) > 1 and args[1].upper() == b"KILL":
+                return self._kill(link, args[2:], state, w)
             return self._client(link, args, w), state
         if name == "INFO":
             return w.bulk(self._info(args[1:])), state
@@ -150,11 +163,9 @@ class RespCommands:
             return self._command(args, w), state
         if name == "PUBSUB":
             return self._pubsub(args, w), state
-        # CONFIG: GET answers nothing known (clients probe; a broker has
-        # no Redis configuration to show), SET is refused.
-        if len(args) >= 2 and args[1].upper() == b"GET":
-            return w.map([]) if w.resp3 else w.array([]), state
-        return w.error("ERR fastbus's broker has no Redis configuration to change"), state
+        if name in ("FLUSHDB", "FLUSHALL", "DBSIZE"):
+            return self._keyspace(name, args, w), state
+        return self._config(args, w), state
 
     # -- connecting
 
@@ -244,6 +255,54 @@ class RespCommands:
                                   if getattr(l, "role", "") == "redis"))
         return w.error(f"ERR unknown subcommand '{sub.decode('utf-8', 'replace')}'. Try CLIENT HELP.")
 
+    def _kill(self, me, filters: list[bytes], state: int, w: Writer) -> tuple[bytes, int]:
+        """CLIENT KILL of this broker's Redis clients, by Redis's filters
+        ID, TYPE (normal, pubsub; master, replica and slave match none),
+        MAXAGE and SKIPME: how many were closed.  The broker knows a
+        client's address without its port, so neither ADDR nor the old
+        form (``CLIENT KILL ip:port``) can name one."""
+        if len(filters) == 1:
+            return w.error("ERR fastbus's broker knows a Redis client's address without its port: "
+                           "use CLIENT KILL ID <id>"), state
+        if not filters or len(filters) % 2:
+            return w.error("ERR syntax error"), state
+        client_id = kind = max_age = None
+        skip_me = True
+        for opt, value in zip(filters[::2], filters[1::2]):
+            opt = opt.upper()
+            if opt == b"ID":
+                client_id = _integer(value)
+                if client_id is None or client_id <= 0:
+                    return w.error("ERR client-id should be greater than 0"), state
+            elif opt == b"TYPE":
+                kind = value.lower()
+                if kind not in (b"normal", b"pubsub", b"master", b"replica", b"slave"):
+                    return w.error(f"ERR Unknown client type '{value.decode('utf-8', 'replace')}'"), state
+            elif opt == b"MAXAGE":
+                max_age = _integer(value)
+                if max_age is None:
+                    return w.error("ERR value is not an integer or out of range"), state
+            elif opt == b"SKIPME" and value.lower() in (b"yes", b"no"):
+                skip_me = value.lower() == b"yes"
+            elif opt in (b"ADDR", b"LADDR", b"USER"):
+                return w.error(f"ERR fastbus's broker cannot kill Redis clients by {opt.decode()}: "
+                               f"use CLIENT KILL ID <id>"), state
+            else:
+                return w.error("ERR syntax error"), state
+        now = time.time()
+        killed = 0
+        for link in self.b.links.snapshot():
+            if (getattr(link, "role", "") != "redis" or (client_id is not None and link.link != client_id)
+                    or (kind is not None and kind != (b"pubsub" if link.subs else b"normal"))
+                    or (max_age is not None and now - link.since <= max_age) or (skip_me and link is me)):
+                continue
+            killed += 1
+            if link is me:
+                state |= CLOSE                  # once the reply is written, as Redis does
+            else:
+                self.b.remove_link(link, f"CLIENT KILL from link {me.link}")
+        return w.integer(killed), state
+
     @staticmethod
     def _client_line(link) -> str:
         return (f"id={link.link} addr={link.address or 'unix'} name={link.client_name or ''} "
@@ -257,7 +316,8 @@ class RespCommands:
         out = []
         if everything or "server" in want:
             out += ["# Server", f"redis_version:{REDIS_VERSION}", f"fastbus_version:{fastbus.__version__}",
-                    "redis_mode:standalone", f"os:{os.uname().sysname}", f"process_id:{os.getpid()}",
+                    "redis_mode:standalone", f"os:{os.uname().sysname}", f"arch_bits:{_ARCH_BITS}",
+                    f"process_id:{os.getpid()}",
                     f"tcp_port:{_port(b.resp_endpoints)}", f"uptime_in_seconds:{int(time.monotonic() - b._started)}",
                     f"executable:fastbus broker", f"hostname:{socket.gethostname()}", ""]
         if everything or "clients" in want:
@@ -271,6 +331,8 @@ class RespCommands:
                     f"pubsub_channels:{len(self._channels(None))}", f"pubsub_patterns:{self._numpat()}", ""]
         if everything or "replication" in want:
             out += ["# Replication", "role:master", "connected_slaves:0", ""]
+        if everything or "cluster" in want:
+            out += ["# Cluster", "cluster_enabled:0", ""]
         if everything or "keyspace" in want:
             out += ["# Keyspace", ""]
         return "\r\n".join(out)
@@ -282,6 +344,41 @@ class RespCommands:
         if sub == b"DOCS":
             return w.map([]) if w.resp3 else w.array([])
         return w.array([])
+
+    # -- CONFIG
+
+    @staticmethod
+    def _config(args: list[bytes], w: Writer) -> bytes:
+        """CONFIG: the broker has no Redis configuration but what a pub/sub
+        client may ask about (clients probe): notify-keyspace-events is
+        empty, as the broker keeps no keys to notify of, and can be set to
+        nothing else.  Any other change is refused."""
+        from fastbus._core import glob_match
+        sub = args[1].upper() if len(args) > 1 else b""
+        if sub == b"GET":
+            shown = [(w.bulk(k), w.bulk(v)) for k, v in _CONFIG.items()
+                     if any(glob_match(p.lower(), k) for p in args[2:])]
+            return w.map(shown) if w.resp3 else w.array([x for pair in shown for x in pair])
+        if sub == b"SET" and len(args) >= 4 and len(args) % 2 == 0:
+            pairs = dict(zip((k.lower() for k in args[2::2]), args[3::2]))
+            if all(k in _CONFIG and v == _CONFIG[k] for k, v in pairs.items()):
+                return w.ok()
+            if b"notify-keyspace-events" in pairs:
+                return w.error("ERR fastbus's broker keeps no keys: it sends no keyspace notifications "
+                               "(notify-keyspace-events)")
+        return w.error("ERR fastbus's broker has no Redis configuration to change")
+
+    # -- the keyspace (there is none)
+
+    @staticmethod
+    def _keyspace(name: str, args: list[bytes], w: Writer) -> bytes:
+        """A broker holds no keys: FLUSHDB and FLUSHALL (which clients and
+        test teardowns send) have nothing to remove, DBSIZE is 0."""
+        if name == "DBSIZE":
+            return w.integer(0) if len(args) == 1 else _wrong(w, "dbsize")
+        if len(args) > 2 or (len(args) == 2 and args[1].upper() not in (b"ASYNC", b"SYNC")):
+            return w.error("ERR syntax error")
+        return w.ok()
 
     # -- PUBSUB
 
@@ -313,6 +410,13 @@ class RespCommands:
 
 def _wrong(w: Writer, name: str) -> bytes:
     return w.error(f"ERR wrong number of arguments for '{name}' command")
+
+
+def _integer(v: bytes) -> int | None:
+    try:
+        return int(v)
+    except ValueError:
+        return None
 
 
 def _port(endpoints: list[str]) -> int:
