@@ -1118,7 +1118,7 @@ static void test_subscribed_mode_resp2(void)
 static void test_many_keys(void)
 {
     enum { N = 2500 };
-    static char names[N][8];
+    static char names[N][16];
     static const char *argv[N + 1];
     argv[0] = "SUBSCRIBE";
     for (int i = 0; i < N; i++) {
@@ -1747,7 +1747,7 @@ static void test_byte_at_a_time(void)
     /* A SUBSCRIBE of 1500 keys (two SUBs), a byte at a time and split
      * anywhere, the same as whole. */
     zclear(&b);
-    static char names[1500][8];
+    static char names[1500][16];
     static const char *argv[1501];
     argv[0] = "SUBSCRIBE";
     for (int k = 0; k < 1500; k++) {
@@ -1828,7 +1828,7 @@ static void test_churn(void)
     zclear(&e);
     /* Many keys, dropped in a scrambled order and taken again. */
     enum { K = 3000 };
-    static char names[K][8];
+    static char names[K][16];
     for (int i = 0; i < K; i++) snprintf(names[i], sizeof names[i], "m%d", i);
     fb_zbuf b = {0};
     static const char *argv[K + 1];
