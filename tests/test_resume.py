@@ -469,7 +469,10 @@ def test_a_restart_without_a_journal_says_how_many_messages_were_never_acknowled
         b.kill()                                    # before any TOOK (fewer than 1,024, no flush)
         b.start()
         with pytest.raises(fastbus.MessagesRejected, match="10 messages .* never acknowledged") as lost:
-            pub.flush(timeout=10)
+            try:
+                pub.flush(timeout=10)
+            except fastbus.FlushTimeout as exc:     # (what it was doing, for a failure's report)
+                raise AssertionError(f"{exc}; publisher: {pub.stats()}; new broker's log:\n{b.log()[-3000:]}")
         assert lost.value.count == 10 and pub.stats()["unacknowledged_lost"] == 10
         pub.publish("seq", "after")
         pub.flush(timeout=10)                       # (said once)
