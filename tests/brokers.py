@@ -131,14 +131,17 @@ def browser() -> str | None:
     return None
 
 
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"):
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02, what="condition"):
+    """predicate()'s first true value, polled every `interval` s; past
+    `timeout` an AssertionError naming `what` (a str, or a callable giving
+    one then: where things stood, for a failure that is hard to reproduce)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
 
 
 def python_process(script: str, *args: str, **kw) -> subprocess.Popen:

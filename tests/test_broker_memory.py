@@ -207,8 +207,18 @@ def test_peer_that_reads_no_control_messages_is_a_slow_consumer(brokers, zctx):
     n = 300_000                                    # ~10 MB of CONFIRMs on the wire, ~60 MB queued
     for seq in range(1, n + 1):
         greedy.send_multipart([P.SUB, P.pack_u64(seq), ops[seq % 2]])
-    st = wait_for(lambda: (s := b.stats())["drops"]["disconnected_slow"] and s, timeout=60, interval=0.1,
-                  what="the disconnect")
+    last = {}
+
+    def disconnected():
+        last.update(b.stats())
+        return last["drops"]["disconnected_slow"] and dict(last)
+
+    def where_it_stood():
+        keys = ("subscribe_ops", "unsubscribe_ops", "control_in", "queued_bytes", "peers", "drops")
+        return (f"the disconnect; the broker's last stats: {({k: last.get(k) for k in keys})}; "
+                f"its log:\n{b.log()[-3000:]}")
+
+    st = wait_for(disconnected, timeout=60, interval=0.1, what=where_it_stood)
     assert st["drops"]["disconnected_slow"] == 1, st
     assert rss(pid) - before < 40 * MB
 
