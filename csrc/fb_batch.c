@@ -143,6 +143,32 @@ static inline int get_varint(const unsigned char **pp, const unsigned char *end,
     return FB_EMALFORMED;
 }
 
+int fb_headers_valid(const unsigned char *p, size_t len)
+{
+    const unsigned char *end = p + len;
+    while (p < end) {
+        uint32_t kl, vl;
+        if (get_varint(&p, end, &kl) < 0 || kl == 0 || kl > (size_t)(end - p)) return 0;
+        p += kl;
+        if (get_varint(&p, end, &vl) < 0 || vl > (size_t)(end - p)) return 0;
+        p += vl;
+    }
+    return 1;
+}
+
+int fb_headers_next(const unsigned char **pp, const unsigned char *end, fb_header *h)
+{
+    const unsigned char *p = *pp;
+    if (p >= end) return 0;
+    get_varint(&p, end, &h->key_len);            /* (checked by fb_headers_valid) */
+    h->key = p;
+    p += h->key_len;
+    get_varint(&p, end, &h->value_len);
+    h->value = p;
+    *pp = p + h->value_len;
+    return 1;
+}
+
 int fb_batch_decode(const void *buf, size_t len, const fb_decode_limits *lim,
                     fb_record *out, size_t out_cap, size_t *n)
 {
@@ -164,24 +190,31 @@ int fb_batch_decode(const void *buf, size_t len, const fb_decode_limits *lim,
     }
     if (lim->max_records && count > lim->max_records) return FB_ELIMIT;
     if (out && out_cap < count) return FB_EINVAL;
-    /* Each record takes at least two bytes: a larger count cannot be true. */
-    if ((size_t)count > (size_t)(end - p - FB_BATCH_HEADER) / 2) return FB_ETRUNCATED;
+    /* Each record takes at least two bytes (three with headers): a larger
+     * count cannot be true. */
+    int has_headers = (flags & FB_BATCH_F_HEADERS) != 0;
+    if ((size_t)count > (size_t)(end - p - FB_BATCH_HEADER) / (has_headers ? 3 : 2)) return FB_ETRUNCATED;
     const unsigned char *q = p + FB_BATCH_HEADER;
     for (uint32_t i = 0; i < count; i++) {
-        uint32_t tl, pl;
+        uint32_t tl, pl, hl = 0;
         if ((rc = get_varint(&q, end, &tl)) < 0) return rc;
         if ((rc = get_varint(&q, end, &pl)) < 0) return rc;
-        if ((lim->max_topic && tl > lim->max_topic) || (lim->max_payload && pl > lim->max_payload))
+        if (has_headers && (rc = get_varint(&q, end, &hl)) < 0) return rc;
+        if ((lim->max_topic && tl > lim->max_topic) ||
+            (lim->max_payload && (uint64_t)pl + hl > lim->max_payload))
             return FB_ELIMIT;
         size_t left = (size_t)(end - q);
-        if ((size_t)tl > left || (size_t)pl > left - tl) return FB_ETRUNCATED;
+        if ((size_t)tl > left || (size_t)hl > left - tl || (size_t)pl > left - tl - hl) return FB_ETRUNCATED;
+        if (hl && !fb_headers_valid(q + tl, hl)) return FB_EMALFORMED;
         if (out) {
             out[i].topic = q;
             out[i].topic_len = tl;
-            out[i].payload = q + tl;
+            out[i].headers = hl ? q + tl : NULL;
+            out[i].headers_len = hl;
+            out[i].payload = q + tl + hl;
             out[i].payload_len = pl;
         }
-        q += (size_t)tl + pl;
+        q += (size_t)tl + hl + pl;
     }
     if (q != end) return FB_EMALFORMED; /* bytes after the last record */
     if (n) *n = count;

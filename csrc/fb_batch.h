@@ -11,6 +11,13 @@
  *          8  records: topic_len uvarint, payload_len uvarint, topic, payload
  *        end  [crc32c  u32 LE    of every byte before it, if flag bit 0]
  *
+ * Flag bit 1 (FB_BATCH_F_HEADERS): every record carries a header block,
+ * `topic_len, payload_len, headers_len` uvarints then topic, headers,
+ * payload; headers_len 0 is a record without headers.  A header block is
+ * pairs `key_len uvarint (>= 1), key, value_len uvarint, value` filling it
+ * exactly.  A batch none of whose records has headers never sets the flag,
+ * so the header-less format is byte for byte what it was.
+ *
  * Lengths are unsigned LEB128, at most 5 bytes, minimal (no redundant 0x80
  * continuation), at most 2^32 - 1.  The decoder checks every length against
  * what remains before using it, requires exactly `count` records and no
@@ -33,21 +40,26 @@ extern "C" {
 #define FB_BATCH_VERSION 1
 #define FB_BATCH_HEADER 8
 #define FB_BATCH_F_CRC32C 0x01
-#define FB_BATCH_KNOWN_FLAGS FB_BATCH_F_CRC32C
+#define FB_BATCH_F_HEADERS 0x02
+#define FB_BATCH_KNOWN_FLAGS (FB_BATCH_F_CRC32C | FB_BATCH_F_HEADERS)
 #define FB_VARINT_MAX 5
 
-/* One decoded record: views into the caller's buffer (no copy). */
+/* One decoded record: views into the caller's buffer (no copy).  headers
+ * is NULL and headers_len 0 for a record without headers; otherwise a
+ * header block the decoder checked (fb_headers_next walks it). */
 typedef struct fb_record {
     const unsigned char *topic;
     const unsigned char *payload;
     uint32_t topic_len;
     uint32_t payload_len;
+    const unsigned char *headers;
+    uint32_t headers_len;
 } fb_record;
 
 /* Limits a network-facing decoder applies; 0 means no limit. */
 typedef struct fb_decode_limits {
     uint32_t max_topic;
-    uint32_t max_payload;
+    uint32_t max_payload;  /* payload and header block together */
     uint32_t max_records;
     int require_checksum;
 } fb_decode_limits;
@@ -67,6 +79,22 @@ int fb_batch_decode(const void *buf, size_t len, const fb_decode_limits *lim,
  * hands over an empty batch; encoders of "no records" use this.
  * FB_OK or FB_ENOMEM (then *buf is NULL). */
 int fb_batch_empty(int checksum, unsigned char **buf, size_t *len);
+
+/* One header of a block: views into it. */
+typedef struct fb_header {
+    const unsigned char *key;
+    const unsigned char *value;
+    uint32_t key_len;
+    uint32_t value_len;
+} fb_header;
+
+/* 1 if the header block [p, p + len) is well formed (len 0 included),
+ * else 0.  fb_batch_decode checks every record's block with it. */
+int fb_headers_valid(const unsigned char *p, size_t len);
+
+/* The next header of a block fb_headers_valid accepted: 1 and *h filled,
+ * with *p advanced past it; 0 at the block's end. */
+int fb_headers_next(const unsigned char **p, const unsigned char *end, fb_header *h);
 
 /* Encoded size of one record, and writing one (dst needs that many bytes). */
 static inline size_t fb_varint_len(uint32_t v)

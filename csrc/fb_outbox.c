@@ -106,15 +106,79 @@ static int append_resp(fb_outbox *o, const void *topic, size_t tlen,
     return due_now(o);
 }
 
+/* The pending batch becomes a headers batch: each record gains an empty
+ * header block (one 0 byte after its two lengths).  Done in place, from
+ * the last record back, after growing the buffer by the record count. */
+static int add_headers_flag(fb_outbox *o)
+{
+    int rc = reserve(o, o->count);
+    if (rc < 0) return rc;
+    /* Where each record starts, walking forward (the outbox wrote them: no
+     * checks needed), then moved back to front so nothing is overwritten
+     * before it moved. */
+    size_t n = o->count;
+    size_t *starts = malloc(n * sizeof *starts);
+    if (!starts) return FB_ENOMEM;
+    size_t at = FB_BATCH_HEADER;
+    for (size_t i = 0; i < n; i++) {
+        starts[i] = at;
+        const unsigned char *p = o->buf + at;
+        uint32_t v[2];
+        for (int k = 0; k < 2; k++) {
+            uint32_t x = 0;
+            unsigned sh = 0;
+            for (;;) {
+                unsigned b = *p++;
+                x |= (uint32_t)(b & 0x7f) << sh;
+                if (!(b & 0x80)) break;
+                sh += 7;
+            }
+            v[k] = x;
+        }
+        at = (size_t)(p - o->buf) + v[0] + v[1];
+    }
+    size_t end = o->len;
+    for (size_t i = n; i-- > 0;) {
+        size_t s = starts[i];
+        const unsigned char *p = o->buf + s;
+        while (*p++ & 0x80) {}
+        while (*p++ & 0x80) {}
+        size_t lens = (size_t)(p - (o->buf + s)), body = end - s - lens;
+        /* Record i moves by i bytes (the blocks of records 0..i-1), and
+         * its own block goes between its lengths and its bytes. */
+        memmove(o->buf + s + i + lens + 1, o->buf + s + lens, body);
+        o->buf[s + i + lens] = 0;
+        memmove(o->buf + s + i, o->buf + s, lens);
+        end = s;
+    }
+    free(starts);
+    o->len += n;
+    o->buf[3] |= FB_BATCH_F_HEADERS;
+    return FB_OK;
+}
+
 int fb_outbox_append(fb_outbox *o, const void *topic, size_t tlen,
                      const void *payload, size_t plen, uint64_t now_ns)
 {
-    if ((tlen && !topic) || (plen && !payload)) return FB_EINVAL;
+    return fb_outbox_append_h(o, topic, tlen, NULL, 0, payload, plen, now_ns);
+}
+
+int fb_outbox_append_h(fb_outbox *o, const void *topic, size_t tlen, const void *headers, size_t hlen,
+                       const void *payload, size_t plen, uint64_t now_ns)
+{
+    if ((tlen && !topic) || (plen && !payload) || (hlen && !headers)) return FB_EINVAL;
     if (o->resp_len) return append_resp(o, topic, tlen, payload, plen, now_ns);
-    if (tlen > UINT32_MAX || plen > UINT32_MAX || o->count == UINT32_MAX) return FB_ETOOBIG;
-    size_t rec = fb_varint_len((uint32_t)tlen) + fb_varint_len((uint32_t)plen);
-    if (tlen + plen > SIZE_MAX - rec - FB_BATCH_HEADER - 4) return FB_ETOOBIG;
-    rec += tlen + plen;
+    if (tlen > UINT32_MAX || plen > UINT32_MAX || hlen > UINT32_MAX || o->count == UINT32_MAX) return FB_ETOOBIG;
+    int flagged = o->count ? (o->buf[3] & FB_BATCH_F_HEADERS) != 0 : hlen > 0;
+    if (hlen && !flagged) {
+        int rc = add_headers_flag(o);
+        if (rc < 0) return rc;
+        flagged = 1;
+    }
+    size_t rec = fb_varint_len((uint32_t)tlen) + fb_varint_len((uint32_t)plen) +
+                 (flagged ? fb_varint_len((uint32_t)hlen) : 0);
+    if (tlen + plen > SIZE_MAX - hlen - rec - FB_BATCH_HEADER - 4) return FB_ETOOBIG;
+    rec += tlen + hlen + plen;
     int rc = reserve(o, rec + (o->count ? 0 : FB_BATCH_HEADER));
     if (rc < 0) return rc;
     if (o->count == 0) {
@@ -122,7 +186,7 @@ int fb_outbox_append(fb_outbox *o, const void *topic, size_t tlen,
         h[0] = FB_BATCH_MAGIC0;
         h[1] = FB_BATCH_MAGIC1;
         h[2] = FB_BATCH_VERSION;
-        h[3] = o->lim.checksum ? FB_BATCH_F_CRC32C : 0;
+        h[3] = (o->lim.checksum ? FB_BATCH_F_CRC32C : 0) | (flagged ? FB_BATCH_F_HEADERS : 0);
         memset(h + 4, 0, 4);          /* count, written at take */
         o->len = FB_BATCH_HEADER;
         o->first_ns = now_ns;
@@ -130,8 +194,11 @@ int fb_outbox_append(fb_outbox *o, const void *topic, size_t tlen,
     unsigned char *p = o->buf + o->len;
     p += fb_put_varint(p, (uint32_t)tlen);
     p += fb_put_varint(p, (uint32_t)plen);
+    if (flagged) p += fb_put_varint(p, (uint32_t)hlen);
     if (tlen) memcpy(p, topic, tlen);
     p += tlen;
+    if (hlen) memcpy(p, headers, hlen);
+    p += hlen;
     if (plen) memcpy(p, payload, plen);
     p += plen;
     o->len = (size_t)(p - o->buf);

@@ -63,6 +63,16 @@ void fb_outbox_destroy(fb_outbox *o);
 int fb_outbox_append(fb_outbox *o, const void *topic, size_t tlen,
                      const void *payload, size_t plen, uint64_t now_ns);
 
+/* Append one record with a header block (fb_batch.h's encoding; the
+ * caller built or checked it; hlen 0: none, as fb_outbox_append).  The
+ * first record with headers makes the pending batch a headers batch
+ * (FB_BATCH_F_HEADERS): its records so far are rewritten once with an
+ * empty block each, so a batch without headers is never larger for the
+ * feature.  A RESP outbox has no place for headers: they are left out
+ * (Redis's PUBLISH carries none).  Returns as fb_outbox_append. */
+int fb_outbox_append_h(fb_outbox *o, const void *topic, size_t tlen, const void *headers, size_t hlen,
+                       const void *payload, size_t plen, uint64_t now_ns);
+
 /* 1 if a flush is due at time now_ns. */
 int fb_outbox_due(const fb_outbox *o, uint64_t now_ns);
 

@@ -12,6 +12,7 @@ typedef struct linkbox {
     uint8_t listed_full;   /* in r->full */
     uint8_t held;          /* due only when full */
     uint8_t sent;          /* a batch was taken since the link was added */
+    uint8_t no_headers;    /* its peer does not read headers: records go without them */
     uint64_t stamp;        /* the last record appended (r->stamp): each record once */
 } linkbox;
 
@@ -144,9 +145,15 @@ int fb_router_add_link(fb_router *r, uint32_t link)
         lb->active = 1;
         lb->held = 0;
         lb->sent = 0;
+        lb->no_headers = 0;
         lb->last_ns = 0;
     }
     return FB_OK;
+}
+
+void fb_router_set_headers(fb_router *r, uint32_t link, int keep)
+{
+    if (link < r->caplinks && r->links[link].active) r->links[link].no_headers = !keep;
 }
 
 size_t fb_router_remove_link(fb_router *r, uint32_t link)
@@ -229,7 +236,9 @@ static int append_to(fb_router *r, uint32_t id, const fb_record *rec, uint64_t n
     if (!lb->active || lb->stamp == r->stamp) return 0;
     lb->stamp = r->stamp;
     if (fb_outbox_count(&lb->ob) == 0 && (rc = list_link(r, id)) < 0) return rc;
-    rc = fb_outbox_append(&lb->ob, rec->topic, rec->topic_len, rec->payload, rec->payload_len, now_ns);
+    uint32_t hl = lb->no_headers ? 0 : rec->headers_len;
+    rc = fb_outbox_append_h(&lb->ob, rec->topic, rec->topic_len, rec->headers, hl, rec->payload,
+                            rec->payload_len, now_ns);
     if (rc < 0) return rc;
     if (rc == 1 && !lb->listed_full) list_full(r, id);
     return 1;
@@ -267,7 +276,8 @@ int fb_router_route(fb_router *r, fb_trie *t, const void *batch, size_t len,
         size_t w = 0;
         for (size_t i = 0; i < n; i++) {
             const fb_record *rec = &r->recs[i];
-            if ((max_topic && rec->topic_len > max_topic) || (max_payload && rec->payload_len > max_payload))
+            if ((max_topic && rec->topic_len > max_topic) ||
+                (max_payload && (uint64_t)rec->payload_len + rec->headers_len > max_payload))
                 r->st.oversize++;
             else
                 r->recs[w++] = *rec;

@@ -119,6 +119,12 @@ uint64_t fb_router_deadline(const fb_router *r);
  * batch.  FB_ENOMEM as fb_outbox_take (the batch then stays). */
 int fb_router_take(fb_router *r, uint32_t link, uint64_t now_ns, unsigned char **buf, size_t *len);
 
+/* Whether a link's records keep their headers (keep != 0, what a new link
+ * does) or go without them (a peer that does not read them: an older
+ * client, a bridge to a protocol with no place for them).  Unknown links:
+ * no-op. */
+void fb_router_set_headers(fb_router *r, uint32_t link, int keep);
+
 /* Hold a link (held != 0: its outbox is due only when full) or release it
  * (its outbox is due again by the linger rule).  Unknown links: no-op. */
 void fb_router_hold(fb_router *r, uint32_t link, int held);

@@ -24,7 +24,7 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memset
 
-from fastbus._core cimport _batch_records, _raise
+from fastbus._core cimport _batch_records, _headers_dict, _raise
 from fastbus.includes.fb_batch cimport fb_record
 from fastbus.includes.fb_resp cimport fb_resp_elem, fb_resp_flat_array
 
@@ -36,6 +36,7 @@ from fastbus.errors import BatchError
 include "core/topic_cache.pxi"
 
 cdef str _K_TYPE = "type", _K_PATTERN = "pattern", _K_CHANNEL = "channel", _K_DATA = "data"
+cdef str _K_HEADERS = "headers"
 
 
 def decode_messages(data, dict classes not None, classify not None, bint utf8=False) -> list:
@@ -45,7 +46,10 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
     ``classes`` maps a channel (bytes) to ``(type, pattern)``, or to None for
     a channel no subscription matches any more (those records are skipped);
     ``classify(channel)`` fills it for channels not yet in it.  With ``utf8``,
-    channels and payloads are decoded to str."""
+    channels and payloads are decoded to str.  A record with headers gets
+    a ``headers`` key (a dict of str to bytes; with ``utf8``, str where a
+    value is UTF-8); one
+    without has none, so its dict is redis-py's exactly."""
     cdef Py_buffer view
     cdef fb_record *recs = NULL
     cdef size_t n = 0, i
@@ -73,7 +77,10 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
             PyDict_SetItem(d, _K_PATTERN, (<tuple>cls)[1])
             PyDict_SetItem(d, _K_CHANNEL, topic)
             PyDict_SetItem(d, _K_DATA, payload)
-            PyObject_GC_UnTrack(<void *>d)   # only str/bytes/None inside: no cycles
+            if recs[i].headers_len:
+                PyDict_SetItem(d, _K_HEADERS, _headers_dict(recs[i].headers, recs[i].headers_len, utf8))
+            else:
+                PyObject_GC_UnTrack(<void *>d)   # only str/bytes/None inside: no cycles
             out.append(d)
         return out
     finally:
@@ -87,7 +94,9 @@ def decode_matching(data, dict classes not None, classify not None) -> list:
     ``classes`` and ``classify`` as for :func:`decode_messages` (a channel
     classified None is skipped).  For ``get_batch()`` while the broker may
     send more than is wanted (a glob held under its literal prefix, or an
-    unsubscribe not yet in effect): one call per batch."""
+    unsubscribe not yet in effect): one call per batch.  Records as
+    ``decode()`` gives them: a third item, the headers, for a record that
+    has them."""
     cdef Py_buffer view
     cdef fb_record *recs = NULL
     cdef size_t n = 0, i
@@ -105,6 +114,10 @@ def decode_matching(data, dict classes not None, classify not None) -> list:
             found = PyDict_GetItem(classes, topic)
             cls = <object>found if found is not NULL else classify(topic)
             if cls is None:
+                continue
+            if recs[i].headers_len:
+                out.append((topic, PyBytes_FromStringAndSize(<const char *>recs[i].payload, recs[i].payload_len),
+                            _headers_dict(recs[i].headers, recs[i].headers_len, False)))
                 continue
             tup = (topic, PyBytes_FromStringAndSize(<const char *>recs[i].payload, recs[i].payload_len))
             PyObject_GC_UnTrack(<void *>tup)   # bytes only: no cycles

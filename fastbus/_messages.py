@@ -7,7 +7,10 @@ Used by :class:`fastbus.PubSub` (and its asyncio twin),
 :class:`fastbus.ShardedPubSub` and :class:`fastbus.redis.Subscriber`.
 
 Messages are dicts shaped as redis-py's (:class:`PubSubMessage`):
-``type``, ``pattern``, ``channel``, ``data``.  Kinds:
+``type``, ``pattern``, ``channel``, ``data``; a data message published with
+headers also has ``headers`` (a dict of str to bytes; with ``decode_responses``
+to str where a value is UTF-8), so ``message.get("headers")`` is None for one
+without.  Kinds:
 
 * ``message`` / ``pmessage``: data (``pattern`` set for ``pmessage``);
 * ``subscribe`` / ``psubscribe`` / ``unsubscribe`` / ``punsubscribe``:
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Literal, TypedDict, Union
+from typing import Any, Literal, NotRequired, TypedDict, Union
 
 from fastbus._core import decode, glob_match, glob_prefix
 from fastbus._decoders import decode_matching, decode_messages, resp_pubsub_decode
@@ -41,7 +44,7 @@ from fastbus._decoders import decode_matching, decode_messages, resp_pubsub_deco
 __all__ = [
     "CONFIRM_KINDS", "DATA_KINDS", "GLOB_SPECIALS", "GapInfo", "MessageBuffer", "PubSubMessage",
     "confirmation", "decode", "decode_matching", "decode_messages", "gap", "glob_match", "glob_prefix",
-    "message", "notice", "pattern_prefix", "pong", "resp_pubsub_decode", "to_bytes", "to_text",
+    "headers_as_text", "item_as_text", "message", "notice", "pattern_prefix", "pong", "resp_pubsub_decode", "to_bytes", "to_text",
 ]
 
 #: Confirmations of (un)subscribe calls: what ``ignore_subscribe_messages`` drops.
@@ -68,6 +71,7 @@ class PubSubMessage(TypedDict):
     pattern: Union[bytes, str, None]
     channel: Union[bytes, str, None]
     data: Any               # bytes/str payload; int count; GapInfo for ``gap``
+    headers: NotRequired[dict[str, Any]]   # a data message published with headers
 
 
 # -- values as bytes ---------------------------------------------------------
@@ -123,10 +127,37 @@ def pattern_prefix(pattern: object) -> bytes:
 
 # -- builders ----------------------------------------------------------------
 
-def message(channel: bytes | str, data: bytes | str, pattern: bytes | str | None = None) -> PubSubMessage:
-    """A data message: ``pmessage`` when a pattern matched, else ``message``."""
-    return {"type": "pmessage" if pattern is not None else "message", "pattern": pattern,
-            "channel": channel, "data": data}
+def message(channel: bytes | str, data: bytes | str, pattern: bytes | str | None = None,
+            headers: dict[str, Any] | None = None) -> PubSubMessage:
+    """A data message: ``pmessage`` when a pattern matched, else ``message``
+    (with ``headers`` if it has any)."""
+    m: PubSubMessage = {"type": "pmessage" if pattern is not None else "message", "pattern": pattern,
+                        "channel": channel, "data": data}
+    if headers is not None:
+        m["headers"] = headers
+    return m
+
+
+def headers_as_text(headers: dict[str, Any]) -> dict[str, Any]:
+    """Header values as decode_responses reads them: str where a value is
+    UTF-8, bytes where it is not (binary headers are not lost)."""
+    out = {}
+    for k, v in headers.items():
+        if isinstance(v, bytes):
+            try:
+                v = v.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        out[k] = v
+    return out
+
+
+def item_as_text(item: tuple) -> tuple:
+    """A ``(channel, data)`` or ``(channel, data, headers)`` tuple of bytes
+    as decode_responses reads it."""
+    if len(item) == 2:
+        return item[0].decode("utf-8"), item[1].decode("utf-8")
+    return item[0].decode("utf-8"), item[1].decode("utf-8"), headers_as_text(item[2])
 
 
 def confirmation(kind: str, name: bytes | str, count: int) -> PubSubMessage:
@@ -159,8 +190,9 @@ class MessageBuffer:
 
     * ``notices``: message dicts that are not data (confirmations, gaps...);
       ``get_message()`` returns them first;
-    * ``pairs``: data as ``(channel, data)`` tuples (``get_batch()``'s form,
-      or left over by it);
+    * ``pairs``: data as ``(channel, data)`` tuples, ``(channel, data,
+      headers)`` for a message with headers (``get_batch()``'s form, or left
+      over by it);
     * ``dicts``: decoded message dicts (``get_message()``'s form).
 
     A subscriber appends what it reads to one of them; :meth:`next_message`
@@ -184,8 +216,8 @@ class MessageBuffer:
     def next_message(self, ignore_confirms: bool,
                      as_message: Callable[[Any, Any], PubSubMessage | None]) -> PubSubMessage | None:
         """The next message, or None when all three queues are empty.
-        ``as_message(channel, data)`` turns a pair into its dict (None: drop
-        it); confirmations are skipped with ``ignore_confirms``."""
+        ``as_message(channel, data[, headers])`` turns a pair into its dict
+        (None: drop it); confirmations are skipped with ``ignore_confirms``."""
         notices, pairs, dicts = self.notices, self.pairs, self.dicts
         while notices:
             m = notices.popleft()
@@ -212,7 +244,7 @@ class MessageBuffer:
         while dicts and (limit is None or len(out) < limit):
             m = dicts.popleft()
             if m["type"] in DATA_KINDS:
-                out.append((m["channel"], m["data"]))
+                out.append((m["channel"], m["data"], m["headers"]) if "headers" in m else (m["channel"], m["data"]))
             else:
                 self.notices.append(m)
         return out

@@ -24,6 +24,7 @@ cdef class Publisher:
     cdef public object send_now
     cdef public Py_ssize_t max_topic
     cdef public Py_ssize_t max_payload
+    cdef public object headers_refused
     cdef fb_batchq _sealed          # under outbox._lock (a native sender takes from it)
     cdef uint64_t _gap_ns
     cdef int _burst_limit
@@ -33,9 +34,9 @@ cdef class Publisher:
     cdef uint64_t _refused
     cdef uint64_t _lapsed
     cdef public object renew
-    cdef int _publish(self, object channel, object message) except -1
+    cdef int _publish(self, object channel, object message, object headers) except -1
     cdef int _started(self) except -1
-    cdef int _check_limits(self, bytes t, bytes p) except -1
+    cdef int _check_limits(self, bytes t, bytes p, bytes h) except -1
 
 
 cdef class ClientBase:

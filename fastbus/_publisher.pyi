@@ -4,7 +4,7 @@ from collections.abc import Callable, Iterable
 
 from typing_extensions import Buffer
 
-from fastbus._core import Batch, Outbox, _Message
+from fastbus._core import Batch, Outbox, _Headers, _Message
 from fastbus._types import ChannelT, EncodableT
 
 class Publisher:
@@ -22,6 +22,7 @@ class Publisher:
     block_reason: Callable[[], str] | None
     max_topic: int
     max_payload: int
+    headers_refused: str | None
     renew: Callable[[], object] | None
     def __init__(self, outbox: Outbox, wake: Callable[[], object], *,
                  send_now: Callable[[bool], object] | None = None, burst_gap: float = 20e-6,
@@ -29,9 +30,11 @@ class Publisher:
                  block_reason: Callable[[], str] | None = None,
                  closed_error: Callable[[str], BaseException] = ...,
                  closed_message: str = "client is closed") -> None: ...
-    def publish(self, channel: _Message, message: _Message) -> int: ...
-    def check_many(self, messages: Iterable[tuple[_Message, _Message]]) -> list[tuple[bytes, bytes]]: ...
-    def publish_many(self, messages: Iterable[tuple[_Message, _Message]]) -> int: ...
+    def publish(self, channel: _Message, message: _Message, headers: _Headers | None = None) -> int: ...
+    def check_many(self, messages: Iterable[tuple[_Message, _Message] | tuple[_Message, _Message, _Headers | None]]
+                   ) -> list[tuple[bytes, bytes, _Headers | None]]: ...
+    def publish_many(self, messages: Iterable[tuple[_Message, _Message] | tuple[_Message, _Message, _Headers | None]]
+                     ) -> int: ...
     def sent(self, full: bool = False) -> None: ...
     @property
     def idle(self) -> bool: ...
@@ -81,9 +84,11 @@ class ClientBase:
     """The part of a client in C that every publish goes through (see the
     class doc in fastbus/_publisher.pyx); fastbus.Client is its subclass."""
     _publisher: Publisher | None
-    def publish(self, channel: ChannelT, message: EncodableT) -> int:
-        """Queue a message; returns 1, or 0 when no subscriber wants its
-        channel (the broker said so), in which case it is not sent."""
-    def publish_many(self, messages: Iterable[tuple[ChannelT, EncodableT]]) -> int:
-        """Queue many ``(channel, message)`` pairs; returns how many were
-        queued (the others nobody wanted)."""
+    def publish(self, channel: ChannelT, message: EncodableT, headers: _Headers | None = None) -> int:
+        """Queue a message (with ``headers``, if given); returns 1, or 0
+        when no subscriber wants its channel (the broker said so), in which
+        case it is not sent."""
+    def publish_many(self, messages: Iterable[tuple[ChannelT, EncodableT]
+                                              | tuple[ChannelT, EncodableT, _Headers | None]]) -> int:
+        """Queue many ``(channel, message)`` pairs, or ``(channel, message,
+        headers)``; returns how many were queued (the others nobody wanted)."""

@@ -16,7 +16,7 @@ from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
-from fastbus._core cimport Batch, Outbox, _as_message, _check, _lock, _raise, _unlock, _wrap_batch
+from fastbus._core cimport Batch, Outbox, _as_message, _check, _encode_headers, _lock, _raise, _unlock, _wrap_batch
 from fastbus.includes.fb_batchq cimport *
 from fastbus.includes.fb_common cimport *
 from fastbus.includes.fb_outbox cimport *
@@ -62,7 +62,10 @@ cdef class Publisher:
     message.  A closed publisher raises ``closed_error(closed_message)``.
     ``max_topic``/``max_payload`` (0: none; a client sets the broker's)
     refuse a message over them with MessageTooLarge (a ValueError), before
-    it is queued.
+    it is queued; ``max_payload`` counts headers too.  A message with
+    headers is refused (ValueError) by an outbox in RESP mode, and with
+    ``headers_refused`` as its message when that is set (a broker that
+    takes none).
 
     **The filter's lease.**  The view drops a message only until
     ``lease_until_ns`` (monotonic ns; default: for ever): a broker lets its
@@ -107,17 +110,18 @@ cdef class Publisher:
         self._last_send_ns = 0
         self.max_topic = 0
         self.max_payload = 0
+        self.headers_refused = None
         self.renew = None
 
     def __dealloc__(self):
         fb_batchq_clear(&self._sealed)
         fb_view_free(&self._view)
 
-    def publish(self, channel, message) -> int:
+    def publish(self, channel, message, headers=None) -> int:
         """Queue a message; 0 if no subscriber wants its channel."""
-        return self._publish(channel, message)
+        return self._publish(channel, message, headers)
 
-    cdef int _publish(self, object channel, object message) except -1:
+    cdef int _publish(self, object channel, object message, object headers) except -1:
         if self.closed:
             raise self.closed_error(self.closed_message)
         if self.pending_error is not None:
@@ -127,8 +131,15 @@ cdef class Publisher:
             raise err
         cdef bytes t = _as_message(channel)
         cdef bytes p = _as_message(message)
+        cdef bytes h = None if headers is None else _encode_headers(headers)
         cdef Outbox ob = self.outbox
-        self._check_limits(t, p)
+        if h is not None:
+            if ob._o.resp_len:
+                raise ValueError("headers cannot go to Redis: its PUBLISH carries none (a fastbus broker's "
+                                 "clients take them)")
+            if self.headers_refused is not None:
+                raise ValueError(self.headers_refused)
+        self._check_limits(t, p, h)
         cdef int took = FB_OK
         cdef bint starts
         cdef unsigned char *sealed = NULL
@@ -166,8 +177,13 @@ cdef class Publisher:
                 fb_outbox_untake(&ob._o, sealed, sealed_len, <uint32_t>sealed_count)
         starts = fb_outbox_count(&ob._o) == 0
         # The outbox uses the time only for the first record of a batch.
-        rc = fb_outbox_append(&ob._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(p),
-                              PyBytes_GET_SIZE(p), fb_now_ns() if starts else 0)
+        if h is None:
+            rc = fb_outbox_append(&ob._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(p),
+                                  PyBytes_GET_SIZE(p), fb_now_ns() if starts else 0)
+        else:
+            rc = fb_outbox_append_h(&ob._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(h),
+                                    PyBytes_GET_SIZE(h), PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p),
+                                    fb_now_ns() if starts else 0)
         if rc >= 0:
             self._accepted += 1
         _unlock(&ob._lock)
@@ -186,8 +202,13 @@ cdef class Publisher:
             self._started()
         return 1
 
-    cdef int _check_limits(self, bytes t, bytes p) except -1:
-        if self.max_payload and PyBytes_GET_SIZE(p) > self.max_payload:
+    cdef int _check_limits(self, bytes t, bytes p, bytes h) except -1:
+        cdef Py_ssize_t hl = 0 if h is None else PyBytes_GET_SIZE(h)
+        if self.max_payload and PyBytes_GET_SIZE(p) + hl > self.max_payload:
+            if hl:
+                raise MessageTooLarge(f"a payload of {PyBytes_GET_SIZE(p):,} bytes with {hl:,} bytes of headers is "
+                                      f"over the broker's limit of {self.max_payload:,} (max_payload, which counts "
+                                      f"both); not sent", "payload", PyBytes_GET_SIZE(p) + hl, self.max_payload)
             raise MessageTooLarge(f"a payload of {PyBytes_GET_SIZE(p):,} bytes is over the broker's limit of "
                                   f"{self.max_payload:,} (max_payload); not sent",
                                   "payload", PyBytes_GET_SIZE(p), self.max_payload)
@@ -198,30 +219,38 @@ cdef class Publisher:
         return 0
 
     def check_many(self, messages) -> list:
-        """``messages`` (``(channel, message)`` pairs) as a list of bytes
-        pairs, each checked as publish() checks it (its types, the broker's
-        limits): the first bad one raises, before anything is queued."""
+        """``messages`` (``(channel, message)`` pairs, or ``(channel,
+        message, headers)``) as a list of ``(channel, message, headers)``
+        (bytes; headers a mapping or None), each checked as publish()
+        checks it (its types, the broker's limits): the first bad one
+        raises, before anything is queued."""
         cdef list out = []
         cdef bytes t, p
         for item in messages:
+            headers = None
             try:
-                channel, message = item
+                if len(item) == 3:
+                    channel, message, headers = item
+                else:
+                    channel, message = item
             except (TypeError, ValueError):
-                raise TypeError(f"publish_many takes (channel, message) pairs, not {item!r:.80}") from None
+                raise TypeError(f"publish_many takes (channel, message) pairs or (channel, message, headers), "
+                                f"not {item!r:.80}") from None
             t = _as_message(channel)
             p = _as_message(message)
-            self._check_limits(t, p)
-            out.append((t, p))
+            self._check_limits(t, p, None if headers is None else _encode_headers(headers))
+            out.append((t, p, headers))
         return out
 
     def publish_many(self, messages) -> int:
-        """Queue many ``(channel, message)`` pairs, all checked first
-        (``check_many``: a bad one raises and none is queued); returns how
-        many were queued (the others nobody wanted)."""
+        """Queue many ``(channel, message)`` pairs (or ``(channel,
+        message, headers)``), all checked first (``check_many``: a bad one
+        raises and none is queued); returns how many were queued (the
+        others nobody wanted)."""
         cdef list items = self.check_many(messages)
         cdef Py_ssize_t n = 0
-        for t, p in items:
-            n += self._publish(t, p)
+        for t, p, h in items:
+            n += self._publish(t, p, h)
         return n
 
     cdef int _started(self) except -1:
@@ -492,19 +521,22 @@ cdef class ClientBase:
     client); here it is one C call to the next."""
 
     @cython.embedsignature(False)     # (its docstring is its asyncio twin's too)
-    def publish(self, channel: ChannelT, message: EncodableT) -> int:
+    def publish(self, channel: ChannelT, message: EncodableT, headers: Mapping[str, str | bytes] | None = None) -> int:
         """Queue a message; returns 1, or 0 when no subscriber wants its
-        channel (the broker said so), in which case it is not sent.  (One
-        call into C: the publisher's outbox, filter and buffer, and the send
-        when the client is idle.)"""
+        channel (the broker said so), in which case it is not sent.
+        ``headers``: a mapping of str names to str or bytes values that
+        travels with the message (subscribers find it as the message's
+        ``"headers"``); with the payload it must fit the broker's
+        max_payload.  (One call into C: the publisher's outbox, filter and
+        buffer, and the send when the client is idle.)"""
         if self._publisher is None:
             raise RuntimeError("this client was not started")
-        return self._publisher._publish(channel, message)
+        return self._publisher._publish(channel, message, headers)
 
     @cython.embedsignature(False)
     def publish_many(self, messages: Iterable[tuple[ChannelT, EncodableT]]) -> int:
-        """Queue many ``(channel, message)`` pairs; returns how many were
-        queued (the others nobody wanted).  Every pair is checked first: a
+        """Queue many ``(channel, message)`` pairs, or ``(channel, message,
+        headers)``; returns how many were queued (the others nobody wanted).  Every pair is checked first: a
         bad one raises (TypeError, ValueError) and none is queued."""
         if self._publisher is None:
             raise RuntimeError("this client was not started")

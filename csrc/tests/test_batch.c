@@ -238,6 +238,181 @@ static void test_outbox_policy(void)
     fb_outbox_destroy(&o);
 }
 
+/* A header block of `n` headers k0=v.., k1=v..: its bytes in buf. */
+static size_t make_block(unsigned char *buf, size_t n)
+{
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        char k[16], v[16];
+        int kl = snprintf(k, sizeof k, "k%zu", i), vl = snprintf(v, sizeof v, "v%zu", i * 11);
+        at += fb_put_varint(buf + at, (uint32_t)kl);
+        memcpy(buf + at, k, (size_t)kl);
+        at += (size_t)kl;
+        at += fb_put_varint(buf + at, (uint32_t)vl);
+        memcpy(buf + at, v, (size_t)vl);
+        at += (size_t)vl;
+    }
+    return at;
+}
+
+/* Records "t.i" whose i % 3 headers; the first `plain` without any, so the
+ * outbox rewrites them when the first with headers comes. */
+static unsigned char *make_hbatch(int checksum, size_t *len, size_t nrec, size_t plain)
+{
+    fb_outbox_limits lim = { 0, 0, 0, checksum };
+    fb_outbox o;
+    fb_outbox_init(&o, &lim);
+    char topic[32], payload[300];
+    unsigned char block[256];
+    for (size_t i = 0; i < nrec; i++) {
+        int tl = snprintf(topic, sizeof topic, "t.%zu", i);
+        size_t pl = (i * 37) % 300, bl = i < plain ? 0 : make_block(block, i % 3);
+        memset(payload, (int)('a' + i % 26), pl);
+        REQUIRE(fb_outbox_append_h(&o, topic, (size_t)tl, block, bl, payload, pl, 0) >= 0);
+    }
+    unsigned char *b;
+    REQUIRE(fb_outbox_take(&o, &b, len) == FB_OK);
+    fb_outbox_destroy(&o);
+    return b;
+}
+
+static void check_hbatch(const unsigned char *b, size_t len, size_t nrec, size_t plain)
+{
+    fb_record recs[64];
+    size_t n;
+    REQUIRE(nrec <= 64);
+    CHECK_EQ(fb_batch_decode(b, len, NULL, recs, 64, &n), FB_OK);
+    CHECK_EQ(n, nrec);
+    for (size_t i = 0; i < n; i++) {
+        char topic[32];
+        int tl = snprintf(topic, sizeof topic, "t.%zu", i);
+        CHECK(recs[i].topic_len == (uint32_t)tl && !memcmp(recs[i].topic, topic, (size_t)tl));
+        CHECK_EQ(recs[i].payload_len, (i * 37) % 300);
+        for (size_t j = 0; j < recs[i].payload_len; j++) CHECK(recs[i].payload[j] == 'a' + i % 26);
+        unsigned char block[256];
+        size_t bl = i < plain ? 0 : make_block(block, i % 3);
+        CHECK_EQ(recs[i].headers_len, bl);
+        CHECK(bl ? recs[i].headers != NULL && !memcmp(recs[i].headers, block, bl) : recs[i].headers == NULL);
+        /* Walking the block gives the headers back, in order. */
+        const unsigned char *p = recs[i].headers, *end = p + recs[i].headers_len;
+        fb_header h;
+        size_t k = 0;
+        while (fb_headers_next(&p, end, &h)) {
+            char key[16], val[16];
+            int kl = snprintf(key, sizeof key, "k%zu", k), vl = snprintf(val, sizeof val, "v%zu", k * 11);
+            CHECK(h.key_len == (uint32_t)kl && !memcmp(h.key, key, (size_t)kl));
+            CHECK(h.value_len == (uint32_t)vl && !memcmp(h.value, val, (size_t)vl));
+            k++;
+        }
+        CHECK_EQ(k, bl ? i % 3 : 0);
+    }
+}
+
+static void test_headers(void)
+{
+    for (int cs = 0; cs < 2; cs++) {
+        size_t len, n;
+        uint8_t flags;
+        uint32_t count;
+        /* Headers from the first record, from the 7th (six rewritten), and
+         * never (then the batch is the header-less format). */
+        size_t plains[] = { 0, 6, 40 };
+        for (size_t k = 0; k < 3; k++) {
+            unsigned char *b = make_hbatch(cs, &len, 40, plains[k]);
+            CHECK_EQ(fb_batch_header(b, len, &count, &flags), FB_OK);
+            CHECK_EQ(flags, (cs ? FB_BATCH_F_CRC32C : 0) | (plains[k] < 40 ? FB_BATCH_F_HEADERS : 0));
+            check_hbatch(b, len, 40, plains[k]);
+            if (plains[k] == 40) {       /* byte for byte what fb_outbox_append makes */
+                size_t len2;
+                unsigned char *b2 = make_batch(cs, &len2, 40);
+                CHECK(len == len2 && !memcmp(b, b2, len));
+                fb_free(b2);
+            }
+            fb_free(b);
+        }
+        /* max_payload counts payload and headers together. */
+        unsigned char *b = make_hbatch(cs, &len, 40, 0);
+        uint32_t most = 0;
+        unsigned char blk0[256];
+        for (size_t i = 0; i < 40; i++) {
+            uint32_t both = (uint32_t)((i * 37) % 300 + make_block(blk0, i % 3));
+            if (both > most) most = both;
+        }
+        fb_decode_limits lim = { 0, most, 0, 0 };
+        CHECK_EQ(fb_batch_decode(b, len, &lim, NULL, 0, &n), FB_OK);
+        lim.max_payload = most - 1;
+        CHECK_EQ(fb_batch_decode(b, len, &lim, NULL, 0, &n), FB_ELIMIT);
+        /* Every truncation is rejected; every corruption too with the
+         * checksum, and decodes within the buffer without it. */
+        for (size_t cut = 0; cut < len; cut++) {
+            unsigned char *c = malloc(cut ? cut : 1);
+            memcpy(c, b, cut);
+            CHECK(fb_batch_decode(c, cut, NULL, NULL, 0, &n) < 0);
+            free(c);
+        }
+        fb_record *recs = malloc(len * sizeof *recs);
+        for (size_t pos = 0; pos < len; pos++) {
+            for (int delta = 1; delta < 256; delta += 61) {
+                unsigned char *c = malloc(len);
+                memcpy(c, b, len);
+                c[pos] = (unsigned char)(c[pos] + delta);
+                int rc = fb_batch_decode(c, len, NULL, recs, len, &n);
+                if (cs) CHECK(rc < 0);
+                if (rc == FB_OK)
+                    for (size_t i = 0; i < n; i++) {
+                        CHECK(recs[i].payload >= c && recs[i].payload + recs[i].payload_len <= c + len);
+                        const unsigned char *p = recs[i].headers, *end = p + recs[i].headers_len;
+                        fb_header h;
+                        while (fb_headers_next(&p, end, &h)) {
+                            CHECK(h.key >= c && h.key + h.key_len <= end);
+                            CHECK(h.value >= c && h.value + h.value_len <= end);
+                        }
+                        CHECK(p == end);
+                    }
+                free(c);
+            }
+        }
+        free(recs);
+        fb_free(b);
+    }
+    /* The documented example: ("t", {"k": "v"}, "p"), one record. */
+    fb_outbox o;
+    fb_outbox_init(&o, NULL);
+    unsigned char blk[] = { 1, 'k', 1, 'v' }, *b;
+    size_t len, n;
+    CHECK_EQ(fb_outbox_append_h(&o, "t", 1, blk, 4, "p", 1, 0), 0);
+    CHECK_EQ(fb_outbox_take(&o, &b, &len), FB_OK);
+    unsigned char want[] = { 'F', 'B', 1, 2, 1, 0, 0, 0, 1, 1, 4, 't', 1, 'k', 1, 'v', 'p' };
+    CHECK(len == sizeof want && !memcmp(b, want, len));
+    fb_free(b);
+    /* A RESP outbox leaves headers out (Redis's PUBLISH has none). */
+    CHECK_EQ(fb_outbox_init_resp(&o, NULL, "PUBLISH"), FB_OK);
+    CHECK_EQ(fb_outbox_append_h(&o, "t", 1, blk, 4, "p", 1, 0), 0);
+    CHECK_EQ(fb_outbox_take(&o, &b, &len), FB_OK);
+    static const char cmd[] = "*3\r\n$7\r\nPUBLISH\r\n$1\r\nt\r\n$1\r\np\r\n";
+    CHECK(len == sizeof cmd - 1 && !memcmp(b, cmd, len));
+    fb_free(b);
+    fb_outbox_destroy(&o);
+    /* Bad blocks: an empty key, a key or value past the block, a
+     * non-minimal length; each rejected by the decoder. */
+    unsigned char bad[][6] = { { 0, 1, 'v' }, { 3, 'k', 1, 'v' }, { 1, 'k', 3, 'v' }, { 0x81, 0, 'k', 1, 'v' } };
+    size_t badlen[] = { 3, 4, 4, 5 };
+    for (size_t i = 0; i < 4; i++) {
+        CHECK(!fb_headers_valid(bad[i], badlen[i]));
+        unsigned char r[32] = { 'F', 'B', 1, 2, 1, 0, 0, 0, 1, 0, (unsigned char)badlen[i], 't' };
+        memcpy(r + 12, bad[i], badlen[i]);
+        CHECK_EQ(fb_batch_decode(r, 12 + badlen[i], NULL, NULL, 0, &n), FB_EMALFORMED);
+    }
+    CHECK(fb_headers_valid(blk, 4) && fb_headers_valid(blk, 0));
+    /* A count a headers batch cannot hold (three bytes a record). */
+    unsigned char z[] = { 'F', 'B', 1, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0 };
+    CHECK_EQ(fb_batch_decode(z, sizeof z, NULL, NULL, 0, &n), FB_ETRUNCATED);
+    CHECK_EQ(fb_batch_decode(z, sizeof z - 1, NULL, NULL, 0, &n), FB_ETRUNCATED);
+    unsigned char z2[] = { 'F', 'B', 1, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0 };
+    CHECK_EQ(fb_batch_decode(z2, sizeof z2, NULL, NULL, 0, &n), FB_OK);
+    CHECK_EQ(n, 2);
+}
+
 int main(void)
 {
     RUN(test_crc32c);
@@ -247,5 +422,6 @@ int main(void)
     RUN(test_every_corruption);
     RUN(test_hostile_inputs);
     RUN(test_outbox_policy);
+    RUN(test_headers);
     CTEST_END();
 }

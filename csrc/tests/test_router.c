@@ -382,6 +382,61 @@ static void test_globs_matched_at_the_router(void)
     fb_trie_free(t);
 }
 
+/* Headers go through with their records: a link whose batch starts
+ * with plain records and then gets one with headers sees both as they
+ * were; max_payload counts the headers; a link that gets only plain
+ * records gets a header-less batch. */
+static void test_headers_routed(void)
+{
+    fb_trie *t = fb_trie_new();
+    fb_router *r = fb_router_new(NULL);
+    CHECK_EQ(fb_router_add_link(r, 1), FB_OK);
+    CHECK_EQ(fb_router_add_link(r, 2), FB_OK);
+    fb_trie_add(t, "h", 1, FB_PREFIX, 1);
+    fb_trie_add(t, "p", 1, FB_EXACT, 2);
+    fb_outbox o;
+    fb_outbox_init(&o, NULL);
+    unsigned char blk[] = { 2, 't', 'p', 3, '0', '0', '1' };
+    REQUIRE(fb_outbox_append_h(&o, "h.1", 3, NULL, 0, "one", 3, 0) >= 0);
+    REQUIRE(fb_outbox_append_h(&o, "p", 1, NULL, 0, "two", 3, 0) >= 0);
+    REQUIRE(fb_outbox_append_h(&o, "h.2", 3, blk, sizeof blk, "three", 5, 0) >= 0);
+    unsigned char *b, *keep;
+    size_t len;
+    REQUIRE(fb_outbox_take(&o, &b, &len) == FB_OK);
+    fb_outbox_destroy(&o);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 0, 1), 3);
+    fb_record recs[64];
+    size_t n = take_records(r, 1, recs, &keep);
+    CHECK_EQ(n, 2);
+    CHECK(n == 2 && recs[0].headers == NULL && recs[0].payload_len == 3);
+    CHECK(n == 2 && recs[1].headers_len == sizeof blk && !memcmp(recs[1].headers, blk, sizeof blk) &&
+          recs[1].payload_len == 5 && !memcmp(recs[1].payload, "three", 5));
+    CHECK(keep[3] & FB_BATCH_F_HEADERS);
+    fb_free(keep);
+    n = take_records(r, 2, recs, &keep);
+    CHECK(n == 1 && !(keep[3] & FB_BATCH_F_HEADERS));
+    fb_free(keep);
+    /* A link set to go without headers gets the records bare. */
+    fb_router_set_headers(r, 1, 0);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 0, 2), 3);
+    n = take_records(r, 1, recs, &keep);
+    CHECK(n == 2 && recs[1].headers == NULL && recs[1].payload_len == 5 && !(keep[3] & FB_BATCH_F_HEADERS));
+    fb_free(keep);
+    fb_router_set_headers(r, 1, 1);
+    /* 5 + 7 bytes is over a max_payload of 11: only h.2 is oversize. */
+    fb_decode_limits lim = { 0, 11, 0, 0 };
+    CHECK_EQ(fb_router_route(r, t, b, len, &lim, 0, 3), 3);   /* (the records of the batch) */
+    n = take_records(r, 1, recs, &keep);
+    CHECK(n == 1 && recs[0].payload_len == 3);
+    fb_free(keep);
+    fb_router_stats st;
+    fb_router_get_stats(r, &st);
+    CHECK_EQ(st.oversize, 1);
+    fb_free(b);
+    fb_router_free(r);
+    fb_trie_free(t);
+}
+
 int main(void)
 {
     RUN(test_route_and_split_horizon);
@@ -391,5 +446,6 @@ int main(void)
     RUN(test_rejected_batch_routes_nothing);
     RUN(test_catchall);
     RUN(test_globs_matched_at_the_router);
+    RUN(test_headers_routed);
     CTEST_END();
 }

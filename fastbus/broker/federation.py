@@ -111,6 +111,7 @@ class Upstream:
         self._taken_told = 0                      # our last TAKEN
         self._welcomes = 0                        # WELCOMEs so far (a Stream's)
         self.link = UpstreamLink(broker.links.new_id(), s)
+        self.link.headers = True                  # until a WELCOME says otherwise
         self._refused = ""                        # the reason upstream last refused us, if it did
         self._retry_in = 0.0                      # then: seconds until we try again (doubling)...
         self._retry_at = 0.0                      # ...and when
@@ -217,7 +218,7 @@ class Upstream:
         self._lease_ping_at = 0.0
         self._last_heard = time.monotonic()
         hello = {"v": P.VERSION, "role": "broker", "pub": True, "name": b.config.name, "ack": True,
-                 "session": self.session_id, "taken": self.taken()}
+                 "headers": True, "session": self.session_id, "taken": self.taken()}
         send = b.sender.send
         self._hellos.append(time.monotonic_ns())
         del self._hellos[1:-1]                   # the oldest counts (see WELCOME); bounded
@@ -239,6 +240,7 @@ class Upstream:
             b.sender.discard_queue(link)
             b.router.remove_link(link.link)
             b.router.add_link(link.link)
+            b.router.set_headers(link.link, link.headers)
         b.router.set_catchall(None)
 
     def _send_wants(self) -> None:
@@ -306,6 +308,8 @@ class Upstream:
                 if self.native:
                     self._welcomed(info)
                 link.instance = str(info.get("instance", "")).encode()
+                link.headers = info.get("headers") is True   # (an older upstream reads none)
+                b.router.set_headers(link.link, link.headers)
                 limits = info.get("limits") or {}
                 if isinstance(limits.get("max_sub_ops"), int) and limits["max_sub_ops"] > 0:
                     link.sub_ops = limits["max_sub_ops"]

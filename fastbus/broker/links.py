@@ -55,7 +55,7 @@ class Link:
     holds_lease = False
 
     __slots__ = ("link", "name", "sock", "publisher", "subs", "sub_bytes", "globs", "forwarder",
-                 "address", "since", "acks", "change_seq", "change_at", "change_acked")
+                 "address", "since", "acks", "headers", "change_seq", "change_at", "change_acked")
 
     def __init__(self, link: int, name: str, sock: zmq.Socket, publisher: bool = False) -> None:
         self.link = link
@@ -69,6 +69,7 @@ class Link:
         self.address: str | None = None   # the peer's address (ZeroMQ Peer-Address), where known
         self.since = time.time()          # connected since (wall clock, for monitoring)
         self.acks = False                 # it acknowledges the changes we send it
+        self.headers = False              # it reads message headers (its HELLO or WELCOME said so)
         self.change_seq = 0               # the latest change sent to it (WANT, or SUB upstream)
         self.change_at = 0.0              # when (time.monotonic())
         self.change_acked = 0             # the latest it acknowledged

@@ -387,6 +387,7 @@ class Broker:
         """A new neighbour: an outbox, and (for a broker) a forwarder."""
         self.links.add(link)
         self.router.add_link(link.link)
+        self.router.set_headers(link.link, link.headers)     # (a peer that does not read them gets none)
         if isinstance(link, Session) and link.sock is self._sock:
             self.relay.add_session(link.link, link.ident, link.acked_seq, link.acks, link.session_id is not None)
         self.interest.attach(link)

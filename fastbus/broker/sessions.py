@@ -275,6 +275,7 @@ class Sessions:
         link = kind(b.links.new_id(), ident, name, self.sock, bool(hello.get("pub")))
         link.address = meta.get("Peer-Address") or None
         link.acks = hello.get("ack") is True       # it acknowledges WANT and filters under a lease
+        link.headers = hello.get("headers") is True   # it reads headers (docs/BATCH_FORMAT.md)
         linger = b.config.durable_linger if durable is not None else b.config.session_linger
         if session_id is not None and linger > 0:
             link.session_id = session_id
@@ -314,6 +315,7 @@ class Sessions:
         return {"v": P.VERSION, "instance": self.b.instance.decode(), "name": cfg.name,
                 "globs": True,                # SUB may hold glob ops (flags bit 2)
                 "bye": True,                  # BYE is answered with BYE once the peer is forgotten
+                "headers": True,              # batches may carry headers (flag bit 1)
                 # A resumable session outlives its connection this long.
                 "linger": link.linger if link.session_id is not None else cfg.session_linger,
                 "limits": {"max_topic": cfg.max_topic, "max_payload": cfg.max_payload,
@@ -385,6 +387,8 @@ class Sessions:
             return False
         if not isinstance(taken, int) or isinstance(taken, bool) or taken < 0:
             raise P.ProtocolError("HELLO's taken is a count (an integer >= 0)")
+        link.headers = hello.get("headers") is True      # (the resuming process's own)
+        b.router.set_headers(link.link, link.headers)
         if takeover:
             # Another process presents a durable name: the stream goes on
             # from what the last one took (its TAKEN; what it had read and

@@ -381,6 +381,10 @@ class PubSession(Session):
         pub = self.publisher
         pub.max_payload = self.limit("max_payload", P.MAX_PAYLOAD_UNWELCOMED)
         pub.max_topic = self.limit("max_topic")
+        # A broker that does not say it takes headers (an older fastbus)
+        # would refuse a whole batch for one record with them.
+        pub.headers_refused = None if self.welcome.get("headers") is True else (
+            f"the broker at {self.options.endpoint} does not take headers (an older fastbus): not sent")
         # The answer to our oldest HELLO in flight (or a later one): its
         # lease counts from the oldest, never longer than granted.
         sent = self._hellos[0] if self._hellos else 0

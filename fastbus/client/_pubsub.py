@@ -581,15 +581,17 @@ class PubSub(PubSubBase):
         self._classes[channel] = result
         return result
 
-    def _message(self, channel: bytes, data: bytes) -> PubSubMessage | None:
+    def _message(self, channel: bytes, data: bytes, headers: dict | None = None) -> PubSubMessage | None:
         cls = self._classes.get(channel, False)
         if cls is False:
             cls = self._classify(channel)
         if cls is None:
             return None
         if self._options.decode_responses:
-            return M.message(channel.decode("utf-8"), data.decode("utf-8"), cls[1])
-        return M.message(channel, data, cls[1])
+            if headers is not None:
+                headers = M.headers_as_text(headers)
+            return M.message(channel.decode("utf-8"), data.decode("utf-8"), cls[1], headers)
+        return M.message(channel, data, cls[1], headers)
 
     # -- receiving ---------------------------------------------------------
 
@@ -694,7 +696,7 @@ class PubSub(PubSubBase):
             pending.extendleft(reversed(out[max_messages:]))
             del out[max_messages:]
         if out and self._options.decode_responses:
-            out = [(c.decode("utf-8"), d.decode("utf-8")) for c, d in out]
+            out = [M.item_as_text(item) for item in out]
         if out and self._handlers:
             out = self._handle_pairs(out)
         return out
@@ -702,16 +704,19 @@ class PubSub(PubSubBase):
     def _handle_pairs(self, pairs: list) -> list:
         """get_batch(): the messages of subscriptions with a handler go to it."""
         rest = []
-        for channel, data in pairs:
+        for item in pairs:
+            channel, data = item[0], item[1]
             key = channel.encode("utf-8") if isinstance(channel, str) else channel
-            msg = self._message(key, data.encode("utf-8") if isinstance(data, str) else data)
+            msg = self._message(key, data.encode("utf-8") if isinstance(data, str) else data,
+                                item[2] if len(item) == 3 else None)
             if msg is None or not self._handle(msg):
-                rest.append((channel, data))
+                rest.append(item)
         return rest
 
     def get_batch(self, timeout: float | None = None, max_messages: int | None = None) -> list:
         """Data messages many at a time, as ``(channel, data)`` tuples (bytes,
-        or str with decode_responses); [] if none arrive within ``timeout``.
+        or str with decode_responses), ``(channel, data, headers)`` for a
+        message published with headers; [] if none arrive within ``timeout``.
         At most ``max_messages``, or by default what has arrived up to about
         8192 (whole received batches), so a call never takes long.
         Confirmations and notices wait for get_message()."""

@@ -712,7 +712,8 @@ class Session:
     # -- the session ------------------------------------------------------------
 
     def hello(self) -> None:
-        hello = {"v": P.VERSION, "role": "client", "pub": self.kind == "pub", "name": self.options.name}
+        hello = {"v": P.VERSION, "role": "client", "pub": self.kind == "pub", "name": self.options.name,
+                 "headers": True}
         if self.acks:
             hello["ack"] = True
         hello.update(self.hello_fields())

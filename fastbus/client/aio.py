@@ -34,7 +34,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 from fastbus import protocol as P
@@ -222,7 +222,8 @@ class Client(_SyncClient):
         if s.publisher.queued and not s.flow_paused and not s.blocked:
             self._send_soon(False)        # more than one burst: the rest next turn
 
-    async def publish(self, channel: ChannelT, message: EncodableT) -> int:
+    async def publish(self, channel: ChannelT, message: EncodableT,
+                      headers: Mapping[str, str | bytes] | None = None) -> int:
         """Waits (without blocking the loop) while the buffer is full, at
         most ``block_timeout``."""
         if self._loop is None:
@@ -230,14 +231,14 @@ class Client(_SyncClient):
         pub = self.session.publisher
         if not pub.has_room():
             await self._wait_for_room()
-        return pub.publish(channel, message)
+        return pub.publish(channel, message, headers)
 
     async def publish_many(self, messages: Iterable[tuple[ChannelT, EncodableT]]) -> int:
         if self._loop is None:
             self._bind()
         n = 0
-        for channel, message in self.session.publisher.check_many(messages):   # all checked first
-            n += await self.publish(channel, message)
+        for channel, message, headers in self.session.publisher.check_many(messages):   # all checked first
+            n += await self.publish(channel, message, headers)
         return n
 
     async def _wait_for_room(self) -> None:

@@ -70,14 +70,16 @@ class ShardedClient:
         """Index of the broker that owns a channel."""
         return self._ring.shard(channel)
 
-    def publish(self, channel, message) -> int:
-        return self.clients[self.shard(channel)].publish(channel, message)
+    def publish(self, channel, message, headers=None) -> int:
+        """Client.publish on the broker that owns the channel."""
+        return self.clients[self.shard(channel)].publish(channel, message, headers)
 
     def publish_many(self, messages) -> int:
-        n = 0
-        for channel, message in messages:
-            n += self.publish(channel, message)
-        return n
+        """Client.publish_many, each message to its channel's broker."""
+        by_shard: dict[int, list] = {}
+        for item in messages:
+            by_shard.setdefault(self.shard(item[0]), []).append(item)
+        return sum(self.clients[i].publish_many(items) for i, items in by_shard.items())
 
     def flush(self, timeout: float | None = 10.0) -> None:
         for c in self.clients:

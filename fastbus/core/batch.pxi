@@ -44,9 +44,10 @@ cdef class Batch:
         _check(fb_batch_header(self._buf, self._len, &n, NULL), "batch")
         return n
 
-    def records(self) -> list:
-        """Decode: ``[(topic, payload), ...]`` as bytes."""
-        return decode(self)
+    def records(self, *, bint headers=False) -> list:
+        """Decode: ``[(topic, payload), ...]`` as bytes (``headers``:
+        ``(topic, payload, headers)``, as :func:`decode`)."""
+        return decode(self, headers=headers)
 
     def __repr__(self) -> str:
         return f"<fastbus.Batch records={self.count} bytes={self._len}>"
@@ -60,8 +61,9 @@ cdef Batch _wrap_batch(unsigned char *buf, size_t n):
 
 
 def encode(records, *, bint checksum=False) -> Batch:
-    """Encode ``(topic, payload)`` records into one Batch (no records: a
-    valid empty batch)."""
+    """Encode ``(topic, payload)`` or ``(topic, payload, headers)`` records
+    into one Batch (no records: a valid empty batch).  ``headers``: a
+    mapping of str to str or bytes, or None."""
     cdef Outbox ob = Outbox(0, 0, None, checksum)
     ob.extend(records, 0)
     b = ob.take()
@@ -89,12 +91,17 @@ def batch_count(data) -> int:
 
 
 def decode(data, *, uint32_t max_topic=0, uint32_t max_payload=0, uint32_t max_records=0,
-           bint require_checksum=False) -> list:
-    """Validate a whole batch and return its ``(topic, payload)`` records.
+           bint require_checksum=False, headers=None) -> list:
+    """Validate a whole batch and return its records: ``(topic, payload)``
+    for a record without headers, ``(topic, payload, headers)`` for one
+    with them (a dict of str to bytes).  ``headers=True``: every record as
+    a triple (None for no headers); ``headers=False``: every record as a
+    pair, its headers left out.
 
     Every length is checked before use; malformed, truncated, unknown-version
     or checksum-failing input raises BatchError (a ValueError) and returns
-    nothing.  The limits (0: none) bound what a network peer may send."""
+    nothing.  The limits (0: none) bound what a network peer may send;
+    ``max_payload`` counts a record's payload and headers together."""
     cdef Py_buffer view
     cdef fb_decode_limits lim
     cdef size_t n = 0
@@ -106,7 +113,8 @@ def decode(data, *, uint32_t max_topic=0, uint32_t max_payload=0, uint32_t max_r
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
         recs = _batch_records(&view, &lim, &n)
-        return _records_to_list(recs, n)
+        return _records_to_list(recs, n, HEADERS_MIXED if headers is None else
+                                HEADERS_ALWAYS if headers else HEADERS_NEVER)
     finally:
         PyMem_Free(recs)
         PyBuffer_Release(&view)
@@ -136,27 +144,38 @@ cdef fb_record *_batch_records(Py_buffer *view, const fb_decode_limits *lim, siz
     return recs
 
 
-cdef list _records_to_list(const fb_record *recs, size_t n):
-    """[(topic, payload)] as bytes.  The tuples hold only bytes, so they can
-    never be part of a reference cycle: untracking them keeps a decoded batch
-    of thousands of records from driving the cyclic GC (a measured 4x on
-    large batches held at once)."""
+cdef list _records_to_list(const fb_record *recs, size_t n, int headers):
+    """The records as tuples of bytes: ``(topic, payload)``, with
+    ``(topic, payload, headers)`` as ``headers`` says (HEADERS_MIXED: for
+    a record that has headers; HEADERS_ALWAYS: for every one, None for
+    none; HEADERS_NEVER: never).  Tuples that hold only bytes can never be
+    part of a reference cycle: untracking them keeps a decoded batch of
+    thousands of records from driving the cyclic GC (a measured 4x on large
+    batches held at once).  (A dict of headers is tracked, and so its
+    tuple.)"""
     cdef list out = PyList_New(n)
     cdef size_t i
-    cdef object t, p
+    cdef object t, p, h
     cdef tuple tup
+    cdef bint triple
     cdef _topic_cache cache
     memset(&cache, 0, sizeof(cache))
     try:
         for i in range(n):
             t = _tc_get(&cache, <const char *>recs[i].topic, recs[i].topic_len)
             p = PyBytes_FromStringAndSize(<const char *>recs[i].payload, recs[i].payload_len)
-            tup = PyTuple_New(2)
+            triple = headers == HEADERS_ALWAYS or (headers == HEADERS_MIXED and recs[i].headers_len != 0)
+            tup = PyTuple_New(3 if triple else 2)
             Py_INCREF(t)
             PyTuple_SET_ITEM(tup, 0, t)
             Py_INCREF(p)
             PyTuple_SET_ITEM(tup, 1, p)
-            PyObject_GC_UnTrack(<void *>tup)
+            if triple:
+                h = _headers_dict(recs[i].headers, recs[i].headers_len, False)
+                Py_INCREF(h)
+                PyTuple_SET_ITEM(tup, 2, h)
+            if not triple or recs[i].headers_len == 0:
+                PyObject_GC_UnTrack(<void *>tup)
             Py_INCREF(tup)
             PyList_SET_ITEM(out, i, tup)
     finally:

@@ -23,10 +23,21 @@ cdef fb_outbox_limits _limits(Py_ssize_t max_messages, Py_ssize_t max_bytes, max
     return lim
 
 
+cdef inline int _append(fb_outbox *o, bytes t, bytes h, bytes p, uint64_t now) noexcept:
+    """One record into an outbox whose lock the caller holds (h None: no
+    headers)."""
+    if h is None:
+        return fb_outbox_append(o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t),
+                                PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), now)
+    return fb_outbox_append_h(o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(h),
+                              PyBytes_GET_SIZE(h), PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), now)
+
+
 cdef class Outbox:
     """A batch buffer for one destination, with a flush policy.
 
-    ``append`` encodes a (topic, payload) record straight into the pending
+    ``append`` encodes a (topic, payload) record (and its headers, if any)
+    straight into the pending
     batch and returns True when a flush is due by count (``max_messages``) or
     size (``max_bytes``); ``due()`` also checks the age of the oldest record
     (``max_delay`` seconds).  ``take()`` hands the batch over as a
@@ -55,32 +66,38 @@ cdef class Outbox:
     def __dealloc__(self):
         fb_outbox_destroy(&self._o)
 
-    def append(self, topic, payload, now_ns=None) -> bool:
-        """Add one record; True when a flush is due by count or size."""
+    def append(self, topic, payload, now_ns=None, *, headers=None) -> bool:
+        """Add one record (with ``headers``: a mapping of str to str or
+        bytes, None for none); True when a flush is due by count or size."""
         cdef bytes t = _as_bytes(topic)
         cdef bytes p = _as_bytes(payload)
+        cdef bytes h = _encode_headers(headers)
         cdef uint64_t now = _now(now_ns)
         cdef int rc
         _lock(&self._lock)
-        rc = fb_outbox_append(&self._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t),
-                              PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), now)
+        rc = _append(&self._o, t, h, p, now)
         _unlock(&self._lock)
         return _check(rc, "append") == 1
 
     def extend(self, records, now_ns=None) -> bool:
-        """Add many ``(topic, payload)`` records in one call; True when a
-        flush is due.  On an error the records before the bad one are kept."""
+        """Add many ``(topic, payload)`` or ``(topic, payload, headers)``
+        records in one call; True when a flush is due.  On an error the
+        records before the bad one are kept."""
         cdef uint64_t now = _now(now_ns)
-        cdef bytes t, p
+        cdef bytes t, p, h
         cdef int rc = 0
         cdef bint due = False
         for index, rec in enumerate(records):
-            topic, payload = rec
+            if len(rec) == 3:
+                topic, payload, headers = rec
+                h = _encode_headers(headers)
+            else:
+                topic, payload = rec
+                h = None
             t = _as_bytes(topic)
             p = _as_bytes(payload)
             _lock(&self._lock)
-            rc = fb_outbox_append(&self._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t),
-                                  PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), now)
+            rc = _append(&self._o, t, h, p, now)
             _unlock(&self._lock)
             if _check(rc, f"record {index}") == 1:
                 due = True

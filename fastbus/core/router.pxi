@@ -81,6 +81,13 @@ cdef class Router:
         _unlock(&self._lock)
         _check(rc, "add_link")
 
+    def set_headers(self, uint32_t link, bint keep) -> None:
+        """Whether a link's records keep their headers (what a new link
+        does) or go to it without them (a peer that does not read them)."""
+        _lock(&self._lock)
+        fb_router_set_headers(self._r, link, keep)
+        _unlock(&self._lock)
+
     def remove_link(self, uint32_t link) -> int:
         """Drop a link's outbox; returns how many records it still held."""
         _lock(&self._lock)
@@ -216,11 +223,13 @@ cdef class Router:
         fb_router_set_catchall(self._r, l, f)
         _unlock(&self._lock)
 
-    def append(self, uint32_t link, topic, payload, now_ns=None) -> bool:
-        """Append one record to a link's outbox directly; True when full.
-        KeyError if the link has no outbox."""
+    def append(self, uint32_t link, topic, payload, now_ns=None, *, headers=None) -> bool:
+        """Append one record (and its headers, a mapping, if any) to a
+        link's outbox directly; True when full.  KeyError if the link has
+        no outbox."""
         cdef bytes t = _as_bytes(topic)
         cdef bytes p = _as_bytes(payload)
+        cdef bytes h = _encode_headers(headers)
         cdef uint64_t now = _now(now_ns)
         cdef fb_outbox *ob
         cdef int rc
@@ -229,8 +238,7 @@ cdef class Router:
         if ob is NULL:
             _unlock(&self._lock)
             raise KeyError(f"no link {link}")
-        rc = fb_outbox_append(ob, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(p),
-                              PyBytes_GET_SIZE(p), now)
+        rc = _append(ob, t, h, p, now)
         if rc >= 0:
             fb_router_touch(self._r, link)
         _unlock(&self._lock)

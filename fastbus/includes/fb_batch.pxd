@@ -8,6 +8,7 @@ cdef extern from "fb_batch.h" nogil:
         FB_BATCH_VERSION
         FB_BATCH_HEADER
         FB_BATCH_F_CRC32C
+        FB_BATCH_F_HEADERS
         FB_BATCH_KNOWN_FLAGS
         FB_VARINT_MAX
 
@@ -16,6 +17,14 @@ cdef extern from "fb_batch.h" nogil:
         const unsigned char *payload
         uint32_t topic_len
         uint32_t payload_len
+        const unsigned char *headers
+        uint32_t headers_len
+
+    ctypedef struct fb_header:
+        const unsigned char *key
+        const unsigned char *value
+        uint32_t key_len
+        uint32_t value_len
 
     ctypedef struct fb_decode_limits:
         uint32_t max_topic
@@ -27,6 +36,8 @@ cdef extern from "fb_batch.h" nogil:
     int fb_batch_empty(int checksum, unsigned char **buf, size_t *len)
     int fb_batch_decode(const void *buf, size_t len, const fb_decode_limits *lim,
                         fb_record *out, size_t out_cap, size_t *n)
+    int fb_headers_valid(const unsigned char *p, size_t len)
+    int fb_headers_next(const unsigned char **p, const unsigned char *end, fb_header *h)
     size_t fb_varint_len(uint32_t v)
     size_t fb_put_varint(unsigned char *p, uint32_t v)
     uint32_t fb_crc32c(uint32_t crc, const void *buf, size_t len)

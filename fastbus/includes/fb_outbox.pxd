@@ -27,6 +27,8 @@ cdef extern from "fb_outbox.h" nogil:
     void fb_outbox_destroy(fb_outbox *o)
     int fb_outbox_append(fb_outbox *o, const void *topic, size_t tlen,
                          const void *payload, size_t plen, uint64_t now_ns)
+    int fb_outbox_append_h(fb_outbox *o, const void *topic, size_t tlen, const void *headers, size_t hlen,
+                           const void *payload, size_t plen, uint64_t now_ns)
     int fb_outbox_due(const fb_outbox *o, uint64_t now_ns)
     int fb_outbox_full(const fb_outbox *o)
     uint64_t fb_outbox_deadline(const fb_outbox *o)

@@ -29,6 +29,7 @@ cdef extern from "fb_router.h" nogil:
     size_t fb_router_pending(fb_router *r, uint32_t *links, size_t cap)
     uint64_t fb_router_deadline(const fb_router *r)
     int fb_router_take(fb_router *r, uint32_t link, uint64_t now_ns, unsigned char **buf, size_t *len)
+    void fb_router_set_headers(fb_router *r, uint32_t link, int keep)
     void fb_router_hold(fb_router *r, uint32_t link, int held)
     int fb_router_held(const fb_router *r, uint32_t link)
     uint64_t FB_ROUTER_GLOB_BASE

@@ -1,0 +1,12 @@
+# Message headers: a dict <-> a header block (fb_batch.h, FB_BATCH_F_HEADERS).
+# Included by fastbus/_core.pxd: ``from fastbus._core cimport _encode_headers``.
+from libc.stdint cimport uint32_t
+
+# A headers mapping as a block to append (fb_outbox_append_h); None for
+# None or an empty mapping (a record without headers).  TypeError or
+# ValueError, with what is wrong, for anything else publish() refuses.
+cdef bytes _encode_headers(object headers)
+
+# A checked block (fb_record.headers) as a dict: str keys; bytes values,
+# with utf8 str where a value is UTF-8 (bytes where not).  None for a record without headers.
+cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8)
