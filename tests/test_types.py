@@ -178,9 +178,11 @@ def route(t: fastbus.Trie, topics: list[bytes]) -> int:
 
 
 def codec() -> list[tuple[bytes, bytes]]:
-    batch: fastbus.Batch = fastbus.encode([(b"t", b"p"), ("s", "q")])
+    batch: fastbus.Batch = fastbus.encode([(b"t", b"p"), ("s", "q", {"h": "v"})])
     view = memoryview(batch)
-    return fastbus.decode(view) + batch.records()
+    triples: list[tuple[bytes, bytes, dict[str, bytes] | None]] = fastbus.decode(view, headers=True)
+    either = fastbus.decode(view)              # pairs, and triples for records with headers
+    return fastbus.decode(view, headers=False) + batch.records(headers=False)[:len(triples) - len(either)]
 
 
 def publish(client: fastbus.Client, c: Consumer) -> int:

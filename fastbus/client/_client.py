@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Self, TypedDict
 import zmq
 
 from fastbus import protocol as P
+from fastbus import tracing
 from fastbus._core import Outbox
 from fastbus._publisher import ClientBase, Publisher
 from fastbus._types import ChannelT
@@ -224,6 +225,11 @@ class Client(ClientBase):
         conns.open(self._pub)
         conns.start()
         self._closed = False
+        self._tracing = tracing.producer()   # (None without OpenTelemetry configured: nothing more per message)
+        if self._tracing is not None and not self.driven_by_loop:
+            base_many = ClientBase.publish_many.__get__(self)
+            self.publish = self._tracing.wrap(ClientBase.publish.__get__(self))
+            self.publish_many = lambda messages: base_many(self._tracing.items(messages))
 
     @property
     def options(self) -> ClientOptions:

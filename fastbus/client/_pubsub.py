@@ -24,8 +24,8 @@ from typing import Any
 
 from fastbus import _messages as M
 from fastbus import protocol as P
-from fastbus import _core
-from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Trie
+from fastbus import _core, tracing
+from fastbus._core import BATCH_F_HEADERS, SUBSCRIBE, UNSUBSCRIBE, Trie
 from fastbus._decoders import PubSubBase
 from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, decode, decode_matching, decode_messages
 from fastbus._messages import glob_match, glob_prefix
@@ -103,6 +103,9 @@ class PubSub(PubSubBase):
             raise ValueError(f"a durable name is 1 to {P.DURABLE_NAME_CHARS} printable characters, "
                              f"not {durable!r}")
         self._conns = conns
+        #: OpenTelemetry's CONSUMER spans for messages with trace context
+        #: (fastbus.tracing; None when it is not configured).
+        self._tracing = tracing.consumer()
         self._options = conns.options
         self.ignore_subscribe_messages = ignore_subscribe_messages
         #: A durable subscriber's name (see Client.pubsub), or None.
@@ -475,8 +478,10 @@ class PubSub(PubSubBase):
                 self._unsub_seqs.popleft()
             if as_dicts:
                 # Classification also drops what no subscription matches.
-                self._dicts.extend(decode_messages(batch, self._classes, self._classify,
-                                                   self._options.decode_responses))
+                dicts = decode_messages(batch, self._classes, self._classify, self._options.decode_responses)
+                if self._tracing is not None and memoryview(batch)[3] & BATCH_F_HEADERS:
+                    self._tracing.dicts(dicts)
+                self._dicts.extend(dicts)
                 return
             if self._unsub_seqs or self._session.adopted:
                 # Routed before an unsubscribe took effect (or under another
@@ -484,6 +489,8 @@ class PubSub(PubSubBase):
                 records = decode_matching(batch, self._classes, self._classify)
             else:
                 records = decode(batch)
+            if self._tracing is not None and memoryview(batch)[3] & BATCH_F_HEADERS:
+                self._tracing.tuples(records)
             (self._pending if sink is None else sink).extend(records)
         elif kind == "confirm":
             self._emit_confirms(item[1])

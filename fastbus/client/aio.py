@@ -231,6 +231,9 @@ class Client(_SyncClient):
         pub = self.session.publisher
         if not pub.has_room():
             await self._wait_for_room()
+        if self._tracing is not None:     # (OpenTelemetry configured: a span, its context in the headers)
+            with self._tracing.span(channel, message):
+                return pub.publish(channel, message, self._tracing.headers(headers))
         return pub.publish(channel, message, headers)
 
     async def publish_many(self, messages: Iterable[tuple[ChannelT, EncodableT]]) -> int:

@@ -44,7 +44,7 @@ cdef class Batch:
         _check(fb_batch_header(self._buf, self._len, &n, NULL), "batch")
         return n
 
-    def records(self, *, bint headers=False) -> list:
+    def records(self, *, headers=None) -> list:
         """Decode: ``[(topic, payload), ...]`` as bytes (``headers``:
         ``(topic, payload, headers)``, as :func:`decode`)."""
         return decode(self, headers=headers)
