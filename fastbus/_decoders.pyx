@@ -77,10 +77,9 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
             PyDict_SetItem(d, _K_PATTERN, (<tuple>cls)[1])
             PyDict_SetItem(d, _K_CHANNEL, topic)
             PyDict_SetItem(d, _K_DATA, payload)
-            if recs[i].headers_len:
+            if recs[i].headers_len:             # (a dict of str and bytes: untracked as they are)
                 PyDict_SetItem(d, _K_HEADERS, _headers_dict(recs[i].headers, recs[i].headers_len, utf8))
-            else:
-                PyObject_GC_UnTrack(<void *>d)   # only str/bytes/None inside: no cycles
+            PyObject_GC_UnTrack(<void *>d)       # only str/bytes/None inside: no cycles
             out.append(d)
         return out
     finally:
@@ -116,11 +115,11 @@ def decode_matching(data, dict classes not None, classify not None) -> list:
             if cls is None:
                 continue
             if recs[i].headers_len:
-                out.append((topic, PyBytes_FromStringAndSize(<const char *>recs[i].payload, recs[i].payload_len),
-                            _headers_dict(recs[i].headers, recs[i].headers_len, False)))
-                continue
-            tup = (topic, PyBytes_FromStringAndSize(<const char *>recs[i].payload, recs[i].payload_len))
-            PyObject_GC_UnTrack(<void *>tup)   # bytes only: no cycles
+                tup = (topic, PyBytes_FromStringAndSize(<const char *>recs[i].payload, recs[i].payload_len),
+                       _headers_dict(recs[i].headers, recs[i].headers_len, False))
+            else:
+                tup = (topic, PyBytes_FromStringAndSize(<const char *>recs[i].payload, recs[i].payload_len))
+            PyObject_GC_UnTrack(<void *>tup)   # bytes (and a dict of them) only: no cycles
             out.append(tup)
         return out
     finally:

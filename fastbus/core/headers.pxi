@@ -5,58 +5,151 @@
 # Keys are str (UTF-8 on the wire); values str (UTF-8) or bytes; the
 # mapping's order is kept.  What a block may hold in all is bounded by the
 # broker's max_payload, which counts payload and headers together.
+#
+# Both directions are per message, so both stay in C for the common case:
+# encoding reads a dict's str and bytes in place (PyDict_Next, the UTF-8
+# CPython keeps with an ASCII str) into one bytes object; decoding hands
+# out the same str object for a name it made before (names repeat: every
+# message of a traced stream says "traceparent").
 
-from cpython.unicode cimport PyUnicode_DecodeUTF8
+from cpython.dict cimport PyDict_CheckExact, PyDict_Next, PyDict_New, PyDict_SetItem
+from cpython.unicode cimport PyUnicode_CheckExact, PyUnicode_DecodeUTF8
+
+cdef extern from "Python.h":
+    const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
+    char *PyBytes_AS_STRING_MUT "PyBytes_AS_STRING" (object b)
 
 
-cdef bytes _encode_headers(object headers):
-    if headers is None:
-        return None
+cdef inline int _header_part(object o, const char **p, Py_ssize_t *n) except -1:
+    """A header name's or value's bytes in place: 1, or 0 if it is not str
+    or bytes (the caller converts it first, or refuses it)."""
+    if PyUnicode_CheckExact(o):
+        p[0] = PyUnicode_AsUTF8AndSize(o, n)
+        return 1
+    if PyBytes_CheckExact(o):
+        p[0] = PyBytes_AS_STRING(o)
+        n[0] = PyBytes_GET_SIZE(o)
+        return 1
+    return 0
+
+
+cdef dict _checked_headers(object headers):
+    """The slow path: any mapping, with str subclasses and bytes-like
+    values, as a plain dict of str to str/bytes; or the error that says what
+    is wrong."""
     try:
         items = headers.items()
     except AttributeError:
         raise TypeError(f"headers must be a mapping of str to str or bytes, not {type(headers).__name__}") from None
-    cdef list parts = []
-    cdef Py_ssize_t total = 0
-    cdef bytes k, v
-    cdef unsigned char lens[FB_VARINT_MAX]
+    cdef dict out = {}
     for key, value in items:
         if not isinstance(key, str):
             raise TypeError(f"a header name must be a str, not {type(key).__name__} ({key!r:.40})")
         if not key:
             raise ValueError("a header name must not be empty")
-        k = (<str>key).encode("utf-8")
         if isinstance(value, str):
-            v = (<str>value).encode("utf-8")
+            value = str(value)
         elif isinstance(value, (bytes, bytearray, memoryview)):
-            v = bytes(value)
+            value = bytes(value)
         else:
             raise TypeError(f"header {key!r}: a value must be str or bytes, not {type(value).__name__}")
-        if PyBytes_GET_SIZE(k) > UINT32_MAX or PyBytes_GET_SIZE(v) > UINT32_MAX:
-            raise ValueError(f"header {key!r} is over 4 GiB")
-        parts.append(PyBytes_FromStringAndSize(<char *>lens, fb_put_varint(lens, <uint32_t>PyBytes_GET_SIZE(k))))
-        parts.append(k)
-        parts.append(PyBytes_FromStringAndSize(<char *>lens, fb_put_varint(lens, <uint32_t>PyBytes_GET_SIZE(v))))
-        parts.append(v)
-    if not parts:
+        out[str(key)] = value
+    return out
+
+
+cdef bytes _encode_headers(object headers):
+    if headers is None:
         return None
-    return b"".join(parts)
+    cdef dict d
+    if PyDict_CheckExact(headers):
+        d = <dict>headers
+    else:
+        d = _checked_headers(headers)
+    cdef Py_ssize_t pos = 0, kn, vn, total = 0
+    cdef PyObject *k
+    cdef PyObject *v
+    cdef const char *kp
+    cdef const char *vp
+    # Pass 1: every name and value usable in place (else the slow path
+    # converts them, or says what is wrong), and the block's size.
+    while PyDict_Next(d, &pos, &k, &v):
+        if not PyUnicode_CheckExact(<object>k) or not _header_part(<object>v, &vp, &vn):
+            return _encode_headers(_checked_headers(d)) if d is headers else _raise_headers(d)
+        _header_part(<object>k, &kp, &kn)
+        if kn == 0:
+            raise ValueError("a header name must not be empty")
+        if kn > UINT32_MAX or vn > UINT32_MAX:
+            raise ValueError(f"header {<object>k!r} is over 4 GiB")
+        total += <Py_ssize_t>(fb_varint_len(<uint32_t>kn) + fb_varint_len(<uint32_t>vn)) + kn + vn
+    if total == 0:
+        return None
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING_MUT(out)
+    pos = 0
+    while PyDict_Next(d, &pos, &k, &v):
+        _header_part(<object>k, &kp, &kn)
+        _header_part(<object>v, &vp, &vn)
+        w += fb_put_varint(w, <uint32_t>kn)
+        memcpy(w, kp, kn)
+        w += kn
+        w += fb_put_varint(w, <uint32_t>vn)
+        memcpy(w, vp, vn)
+        w += vn
+    return out
+
+
+cdef bytes _raise_headers(dict d):
+    # (A plain dict the slow path made holds only str names and str/bytes
+    # values: never here.)
+    _checked_headers(d)
+    raise TypeError("headers must be a mapping of str to str or bytes")
+
+
+# -- decoded names ---------------------------------------------------------
+
+cdef PyObject *_hk_slots[_TC_SLOTS]     # str objects made for names, by _tc_slot
+
+
+cdef object _header_name(const unsigned char *p, uint32_t n):
+    """The str of a header name: the one made before for the same bytes
+    when it is in the table."""
+    cdef Py_ssize_t have
+    cdef const char *u
+    cdef uint32_t slot
+    cdef PyObject *o
+    if n > _TC_MAX_LEN:
+        return PyUnicode_DecodeUTF8(<const char *>p, n, "surrogateescape")
+    slot = _tc_slot(p, n)
+    o = _hk_slots[slot]
+    if o is not NULL:
+        u = PyUnicode_AsUTF8AndSize(<object>o, &have)
+        if have == n and memcmp(u, p, n) == 0:
+            return <object>o
+    try:
+        s = PyUnicode_DecodeUTF8(<const char *>p, n, NULL)
+    except UnicodeDecodeError:          # not UTF-8: kept as it is, not cached
+        return PyUnicode_DecodeUTF8(<const char *>p, n, "surrogateescape")
+    Py_INCREF(s)
+    _hk_slots[slot] = <PyObject *>s
+    Py_XDECREF(o)
+    return s
 
 
 cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8):
     if block is NULL or n == 0:
         return None
-    cdef dict out = {}
+    cdef dict out = PyDict_New()
     cdef const unsigned char *p = block
     cdef const unsigned char *end = block + n
     cdef fb_header h
+    cdef object value
     while fb_headers_next(&p, end, &h):
-        key = PyUnicode_DecodeUTF8(<const char *>h.key, h.key_len, "surrogateescape")
         if utf8:
             try:
-                out[key] = PyUnicode_DecodeUTF8(<const char *>h.value, h.value_len, NULL)
+                value = PyUnicode_DecodeUTF8(<const char *>h.value, h.value_len, NULL)
             except UnicodeDecodeError:     # binary: it stays bytes (nothing is lost, nothing raises)
-                out[key] = PyBytes_FromStringAndSize(<const char *>h.value, h.value_len)
+                value = PyBytes_FromStringAndSize(<const char *>h.value, h.value_len)
         else:
-            out[key] = PyBytes_FromStringAndSize(<const char *>h.value, h.value_len)
+            value = PyBytes_FromStringAndSize(<const char *>h.value, h.value_len)
+        PyDict_SetItem(out, _header_name(h.key, h.key_len), value)
     return out
