@@ -3,6 +3,7 @@ from the shell, as ``redis-cli PUBLISH``/``SUBSCRIBE``/``PSUBSCRIBE`` and
 ``nats pub``/``nats sub`` do.
 
     fastbus pub news "hello" "world"          # or lines from stdin (no message, or -)
+    fastbus pub orders '{"id": 7}' -H content-type=application/json   # with headers
     fastbus sub news [--pattern "market.*"] [--json] [--count N] [--seconds S]
     fastbus psub "user.*.events" "room.?"     # Redis glob patterns
 
@@ -11,9 +12,11 @@ channel argument with a glob character (``*``, ``?``, ``[``, ``\\``) is a
 usage error, never silently a channel nobody publishes to (``--literal``
 takes such a name as the channel it is).
 
-``sub`` prints ``channel: data`` a line (``--json``: one object a line, the
+``sub`` prints ``channel: data`` a line, with ``[name=value ...]`` before
+the data for a message with headers (``--json``: one object a line, the
 data as text or, for bytes that are not UTF-8, base64, tagged by
-``encoding``), says on stderr when its subscriptions are confirmed and any
+``encoding``; ``headers`` an object, each value as text or base64 as the
+data is), says on stderr when its subscriptions are confirmed and any
 notice (gap, reconnect, refused), and runs until Ctrl-C, ``--count`` messages
 or ``--seconds``.  Exit status: 0 done, 1 failed (no broker, not confirmed),
 2 the command line is wrong.
@@ -42,8 +45,30 @@ def _json_line(m: dict) -> str:
     except UnicodeDecodeError:
         body = {"data": base64.b64encode(data).decode("ascii"), "encoding": "base64"}
     pattern = m.get("pattern")
-    return json.dumps({"channel": _text(m["channel"]), **body,
-                       "pattern": None if pattern is None else _text(pattern)})
+    line = {"channel": _text(m["channel"]), **body, "pattern": None if pattern is None else _text(pattern)}
+    headers = m.get("headers")
+    if headers:
+        line["headers"] = {k: _header_json(v) for k, v in headers.items()}
+    return json.dumps(line)
+
+
+def _header_json(value: bytes) -> dict:
+    try:
+        return {"value": value.decode("utf-8"), "encoding": "utf-8"}
+    except UnicodeDecodeError:
+        return {"value": base64.b64encode(value).decode("ascii"), "encoding": "base64"}
+
+
+def _headers_arg(items: list[str]) -> dict[str, str] | None:
+    """-H NAME=VALUE options as a headers dict (None for none)."""
+    from fastbus.errors import UsageError
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"a header is NAME=VALUE, not {item!r}")
+        out[name] = value
+    return out or None
 
 
 def _client(args: argparse.Namespace, **options):
@@ -75,18 +100,19 @@ def cmd_pub(args: argparse.Namespace) -> int:
     else:
         messages = None
         source = sys.stdin.buffer
+    headers = _headers_arg(args.header)
     client = _client(args)
     sent = dropped = 0
     try:
         if messages is not None:
             for m in messages:
-                if client.publish(args.channel, m):
+                if client.publish(args.channel, m, headers):
                     sent += 1
                 else:
                     dropped += 1
         else:
             for line in source:                    # a line a message, as it comes (a pipe may stay open)
-                if client.publish(args.channel, line.rstrip(b"\n")):
+                if client.publish(args.channel, line.rstrip(b"\n"), headers):
                     sent += 1
                 else:
                     dropped += 1
@@ -147,7 +173,9 @@ def cmd_sub(args: argparse.Namespace) -> int:
                 if args.json:
                     print(_json_line(m), file=out, flush=True)
                 else:
-                    print(f"{_text(m['channel'])}: {_text(m['data'])}", file=out, flush=True)
+                    h = m.get("headers")
+                    shown = "[" + " ".join(f"{k}={_text(v)}" for k, v in h.items()) + "] " if h else ""
+                    print(f"{_text(m['channel'])}: {shown}{_text(m['data'])}", file=out, flush=True)
             elif m["type"] in ("gap", "disconnected", "reconnect", "refused"):
                 print(f"fastbus sub: {m['type']}: {m['data']}", file=sys.stderr, flush=True)
     finally:
@@ -172,6 +200,8 @@ def add_parsers(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("channel", help="the channel")
     p.add_argument("messages", nargs="*", help="the messages (none, or -: one a line from stdin)")
+    p.add_argument("--header", "-H", action="append", default=[], metavar="NAME=VALUE",
+                   help="a header every message carries (repeatable)")
     p.add_argument("--timeout", type=seconds, default=10.0,
                    help="seconds to wait for the broker to confirm them (default: %(default)s)")
     _connection_options(p)

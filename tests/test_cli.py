@@ -246,6 +246,29 @@ def test_pub_and_sub_from_the_shell(brokers):
     ]
 
 
+def test_pub_and_sub_headers_from_the_shell(brokers):
+    """``fastbus pub -H name=value`` sends headers; ``fastbus sub`` shows
+    them (in --json as an object, binary-safe as the data is)."""
+    port = brokers().endpoint.rsplit(":", 1)[1]
+
+    def publish(cwd):
+        r = run("pub", "--port", port, "orders", '{"id": 7}', "-H", "content-type=application/json",
+                "--header", "trace=a=b")
+        assert r.returncode == 0 and "published 1 message(s)" in r.stdout, r.stderr
+        r = run("pub", "--port", port, "orders", "plain")
+        assert r.returncode == 0, r.stderr
+
+    got = _subscriber_prints(["sub", "--port", port, "orders", "--json", "--count", "2"], "orders", publish)
+    assert got == [
+        {"channel": "orders", "data": '{"id": 7}', "encoding": "utf-8", "pattern": None,
+         "headers": {"content-type": {"value": "application/json", "encoding": "utf-8"},
+                     "trace": {"value": "a=b", "encoding": "utf-8"}}},
+        {"channel": "orders", "data": "plain", "encoding": "utf-8", "pattern": None},
+    ]
+    assert _one_line_error(run("pub", "--port", port, "orders", "x", "-H", "novalue"), 2,
+                           "a header is NAME=VALUE, not 'novalue'").startswith("fastbus pub: ")
+
+
 def test_psub_takes_redis_glob_patterns(brokers):
     """``fastbus psub`` prints what matches Redis's globs, and only that
     (issue 23: ``fastbus sub "news.*.sports"`` once subscribed to the

@@ -19,6 +19,46 @@ def test_round_trip(records, checksum):
     assert decode(bytes(b), require_checksum=checksum) == records
 
 
+#: Records with and without headers, mixed as a publisher mixes them:
+#: names of any text (UTF-8 on the wire), values str or bytes.
+headers_st = st.dictionaries(st.text(min_size=1, max_size=12), st.binary(max_size=60) | st.text(max_size=20),
+                             max_size=5)
+hrecords_st = st.lists(st.tuples(st.binary(max_size=40), st.binary(max_size=100)) |
+                       st.tuples(st.binary(max_size=40), st.binary(max_size=100), headers_st), max_size=30)
+
+
+def _as_decoded(rec: tuple) -> tuple:
+    """What decode() gives back for an encoded record: bytes values, and a
+    third item only for a record that has headers."""
+    if len(rec) == 2 or not rec[2]:
+        return rec[:2]
+    return rec[0], rec[1], {k: v.encode() if isinstance(v, str) else v for k, v in rec[2].items()}
+
+
+@given(hrecords_st, st.booleans())
+def test_round_trip_with_headers(records, checksum):
+    b = encode(records, checksum=checksum)
+    want = [_as_decoded(r) for r in records]
+    assert decode(b) == want
+    assert decode(b, headers=False) == [r[:2] for r in records]
+    assert decode(b, headers=True) == [(r[0], r[1], r[2] if len(r) == 3 else None) for r in want]
+    assert bool(bytes(b)[3] & fastbus.BATCH_F_HEADERS) == any(len(r) == 3 for r in want)
+
+
+@given(hrecords_st, st.data())
+def test_corruption_of_a_batch_with_headers_is_rejected_or_stays_in_bounds(records, data):
+    raw = bytearray(encode(records))
+    pos = data.draw(st.integers(0, len(raw) - 1))
+    raw[pos] = data.draw(st.integers(0, 255))
+    try:
+        out = decode(bytes(raw))
+    except BatchError:
+        return
+    assert sum(len(r[0]) + len(r[1]) + sum(len(k.encode("utf-8", "surrogateescape")) + len(v)
+                                            for k, v in (r[2] if len(r) == 3 else {}).items())
+               for r in out) <= len(raw)
+
+
 def test_large_records_round_trip():
     records = [(b"t" * 70_000, b"\x00\xff" * 3_000_000), (b"", b"")]   # 64 KiB+ topic, 6 MB payload
     assert decode(encode(records, checksum=True)) == records
