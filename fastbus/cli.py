@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import fastbus
 from fastbus import protocol as P
-from fastbus.cliargs import load_curve_keys, nonnegative, positive, seconds
+from fastbus.cliargs import load_curve_keys, name_values, nonnegative, positive, seconds
 from fastbus.errors import CommandFailed, InvalidEndpoint, UsageError
 
 EXCHANGES = ("NYSE", "NASDAQ", "LSE", "TSE", "HKEX", "SSE", "EURONEXT", "TSX")
@@ -135,16 +135,6 @@ def _flag_message(exc: InvalidEndpoint) -> str:
     return text
 
 
-def _resp_users(specs: list[str]) -> dict[str, str]:
-    """--resp-user USER:PASSWORD, repeated, as a dict."""
-    users = {}
-    for spec in specs:
-        user, sep, password = spec.partition(":")
-        if not sep or not user:
-            raise UsageError(f"--resp-user takes USER:PASSWORD, not {spec!r}")
-        users[user] = password
-    return users
-
 
 def cmd_broker(args: argparse.Namespace) -> int:
     from fastbus.broker import Broker, BrokerConfig
@@ -152,7 +142,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
     cfg = BrokerConfig(
         bind=args.bind or [P.DEFAULT_ENDPOINT], allow_remote=args.allow_remote, upstream=args.upstream,
         resp=args.resp, resp_password=args.resp_password or os.environ.get("FASTBUS_RESP_PASSWORD"),
-        resp_users=_resp_users(args.resp_user),
+        resp_users=name_values(args.resp_user, ":", "--resp-user takes USER:PASSWORD"),
         zmq_pub=args.zmq_pub, zmq_sub=args.zmq_sub, zmq_pull=args.zmq_pull,
         max_messages=args.max_messages, max_bytes=args.max_bytes, max_delay=args.max_delay,
         max_queue_bytes=args.max_queue_bytes, slow_policy=args.slow_policy, max_topic=args.max_topic,

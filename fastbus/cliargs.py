@@ -51,6 +51,19 @@ def nonnegative(text: str) -> float:
     return value
 
 
+def name_values(specs: list[str], sep: str, form: str) -> dict[str, str]:
+    """Repeated NAME<sep>VALUE options (--resp-user USER:PASSWORD, pub's
+    -H NAME=VALUE) as a dict; UsageError naming ``form`` for one that is
+    not."""
+    out = {}
+    for spec in specs:
+        name, found, value = spec.partition(sep)
+        if not found or not name:
+            raise UsageError(f"{form}, not {spec!r}")
+        out[name] = value
+    return out
+
+
 def redis_url(given: str | None, option: str) -> str:
     """The Redis URL of a command: ``given`` (the value of its option named
     ``option``, e.g. ``"--url"``), else ``$FASTBUS_REDIS_URL`` if set and not

@@ -61,14 +61,8 @@ def _header_json(value: bytes) -> dict:
 
 def _headers_arg(items: list[str]) -> dict[str, str] | None:
     """-H NAME=VALUE options as a headers dict (None for none)."""
-    from fastbus.errors import UsageError
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise UsageError(f"a header is NAME=VALUE, not {item!r}")
-        out[name] = value
-    return out or None
+    from fastbus.cliargs import name_values
+    return name_values(items, "=", "a header is NAME=VALUE") or None
 
 
 def _client(args: argparse.Namespace, **options):

@@ -238,7 +238,17 @@ def test_a_session_past_its_linger_ends_and_says_what_waited(brokers):
         pub.flush()
         # (Both of the cut client's sessions linger from the cut, its
         # publishing one and its subscriber's, and both run out.)
-        wait_for(lambda: b.stats()["sessions_expired"] == 2, timeout=15, what="the linger ran out")
+        last = {}
+
+        def expired() -> bool:
+            last.update(b.stats())
+            return last["sessions_expired"] >= 2
+
+        wait_for(expired, timeout=15, what=lambda: (
+            "the linger ran out; the broker's last stats: "
+            f"{ {k: last.get(k) for k in ('sessions_expired', 'sessions_detached', 'sessions_resumed', 'peers')} }, "
+            f"the forwarder's cut at {fw.cut_at}; its log:\n{b.log()[-3000:]}"))
+        assert last["sessions_expired"] == 2, last
         assert b.stats()["drops"]["session_expired"] == 100
         # Back: a new session, the subscription made again, and the loss said.
         deadline = time.monotonic() + 15
