@@ -35,6 +35,8 @@ cdef class Publisher:
     cdef uint64_t _lapsed
     cdef public object renew
     cdef int _publish(self, object channel, object message, object headers) except -1
+    cdef int _publish_block(self, object channel, object message, bytes h) except -1
+    cdef list _checked(self, messages)
     cdef int _started(self) except -1
     cdef int _check_limits(self, bytes t, bytes p, bytes h) except -1
 

@@ -16,7 +16,8 @@ from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
-from fastbus._core cimport Batch, Outbox, _as_message, _check, _encode_headers, _lock, _raise, _unlock, _wrap_batch
+from fastbus._core cimport (Batch, Outbox, _append, _as_message, _check, _encode_headers, _lock, _raise, _unlock,
+                            _wrap_batch)
 from fastbus.includes.fb_batchq cimport *
 from fastbus.includes.fb_common cimport *
 from fastbus.includes.fb_outbox cimport *
@@ -122,6 +123,10 @@ cdef class Publisher:
         return self._publish(channel, message, headers)
 
     cdef int _publish(self, object channel, object message, object headers) except -1:
+        return self._publish_block(channel, message, None if headers is None else _encode_headers(headers))
+
+    cdef int _publish_block(self, object channel, object message, bytes h) except -1:
+        """publish() with the headers already a block (None: none)."""
         if self.closed:
             raise self.closed_error(self.closed_message)
         if self.pending_error is not None:
@@ -131,7 +136,6 @@ cdef class Publisher:
             raise err
         cdef bytes t = _as_message(channel)
         cdef bytes p = _as_message(message)
-        cdef bytes h = None if headers is None else _encode_headers(headers)
         cdef Outbox ob = self.outbox
         if h is not None:
             if ob._o.resp_len:
@@ -177,13 +181,7 @@ cdef class Publisher:
                 fb_outbox_untake(&ob._o, sealed, sealed_len, <uint32_t>sealed_count)
         starts = fb_outbox_count(&ob._o) == 0
         # The outbox uses the time only for the first record of a batch.
-        if h is None:
-            rc = fb_outbox_append(&ob._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(p),
-                                  PyBytes_GET_SIZE(p), fb_now_ns() if starts else 0)
-        else:
-            rc = fb_outbox_append_h(&ob._o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(h),
-                                    PyBytes_GET_SIZE(h), PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p),
-                                    fb_now_ns() if starts else 0)
+        rc = _append(&ob._o, t, h, p, fb_now_ns() if starts else 0)
         if rc >= 0:
             self._accepted += 1
         _unlock(&ob._lock)
@@ -224,8 +222,13 @@ cdef class Publisher:
         (bytes; headers a mapping or None), each checked as publish()
         checks it (its types, the broker's limits): the first bad one
         raises, before anything is queued."""
+        return [(t, p, headers) for t, p, headers, _block in self._checked(messages)]
+
+    cdef list _checked(self, messages):
+        """check_many's items, each with its header block too (encoded
+        once: publish_many queues it as it is)."""
         cdef list out = []
-        cdef bytes t, p
+        cdef bytes t, p, block
         for item in messages:
             headers = None
             try:
@@ -238,8 +241,9 @@ cdef class Publisher:
                                 f"not {item!r:.80}") from None
             t = _as_message(channel)
             p = _as_message(message)
-            self._check_limits(t, p, None if headers is None else _encode_headers(headers))
-            out.append((t, p, headers))
+            block = None if headers is None else _encode_headers(headers)
+            self._check_limits(t, p, block)
+            out.append((t, p, headers, block))
         return out
 
     def publish_many(self, messages) -> int:
@@ -247,10 +251,10 @@ cdef class Publisher:
         message, headers)``), all checked first (``check_many``: a bad one
         raises and none is queued); returns how many were queued (the
         others nobody wanted)."""
-        cdef list items = self.check_many(messages)
+        cdef list items = self._checked(messages)
         cdef Py_ssize_t n = 0
-        for t, p, h in items:
-            n += self._publish(t, p, h)
+        for t, p, _headers, block in items:
+            n += self._publish_block(t, p, block)
         return n
 
     cdef int _started(self) except -1:

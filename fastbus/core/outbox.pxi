@@ -23,16 +23,6 @@ cdef fb_outbox_limits _limits(Py_ssize_t max_messages, Py_ssize_t max_bytes, max
     return lim
 
 
-cdef inline int _append(fb_outbox *o, bytes t, bytes h, bytes p, uint64_t now) noexcept:
-    """One record into an outbox whose lock the caller holds (h None: no
-    headers)."""
-    if h is None:
-        return fb_outbox_append(o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t),
-                                PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), now)
-    return fb_outbox_append_h(o, PyBytes_AS_STRING(t), PyBytes_GET_SIZE(t), PyBytes_AS_STRING(h),
-                              PyBytes_GET_SIZE(h), PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), now)
-
-
 cdef class Outbox:
     """A batch buffer for one destination, with a flush policy.
 
