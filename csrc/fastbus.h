@@ -22,6 +22,7 @@
 #include "fb_batch.h"
 #include "fb_outbox.h"
 #include "fb_router.h"
+#include "fb_replies.h"
 #include "fb_resp.h"
 #include "fb_glob.h"
 

@@ -169,6 +169,21 @@ int fb_headers_next(const unsigned char **pp, const unsigned char *end, fb_heade
     return 1;
 }
 
+int fb_record_reply_to(const fb_record *rec, const unsigned char **to, uint32_t *len)
+{
+    static const unsigned char name[] = FB_HEADER_REPLY_TO;
+    const size_t nl = sizeof name - 1;
+    /* The first header's name length is one varint byte (9 < 0x80). */
+    if (rec->headers_len < 1 + nl + 1 || rec->headers[0] != nl || memcmp(rec->headers + 1, name, nl) != 0)
+        return 0;
+    const unsigned char *p = rec->headers;
+    fb_header h;
+    fb_headers_next(&p, rec->headers + rec->headers_len, &h);   /* (a block the decoder checked) */
+    *to = h.value;
+    *len = h.value_len;
+    return 1;
+}
+
 int fb_batch_decode(const void *buf, size_t len, const fb_decode_limits *lim,
                     fb_record *out, size_t out_cap, size_t *n)
 {

@@ -96,6 +96,21 @@ int fb_headers_valid(const unsigned char *p, size_t len);
  * with *p advanced past it; 0 at the block's end. */
 int fb_headers_next(const unsigned char **p, const unsigned char *end, fb_header *h);
 
+/* Header names that begin with ':' belong to the protocol (publish refuses
+ * them from users; docs/BATCH_FORMAT.md, "Reserved headers"):
+ *
+ *   :reply-to  a request's reply channel; always the block's first header,
+ *              so a router finds it without walking the block;
+ *   :status    in a reply the broker makes itself: "503", no responders
+ *              (a request that nobody subscribed to). */
+#define FB_HEADER_REPLY_TO ":reply-to"
+#define FB_HEADER_STATUS ":status"
+#define FB_STATUS_NO_RESPONDERS "503"
+
+/* A record's reply channel: 1 and *to, *len if its header block starts
+ * with :reply-to (a request), else 0. */
+int fb_record_reply_to(const fb_record *rec, const unsigned char **to, uint32_t *len);
+
 /* Encoded size of one record, and writing one (dst needs that many bytes). */
 static inline size_t fb_varint_len(uint32_t v)
 {

@@ -13,6 +13,7 @@ typedef struct linkbox {
     uint8_t held;          /* due only when full */
     uint8_t sent;          /* a batch was taken since the link was added */
     uint8_t no_headers;    /* its peer does not read headers: records go without them */
+    uint8_t notify;        /* its requests that reach nobody are answered (fb_router_set_notify) */
     uint64_t stamp;        /* the last record appended (r->stamp): each record once */
 } linkbox;
 
@@ -41,6 +42,8 @@ struct fb_router {
     size_t *offsets;
     size_t capoffsets;
     fb_idvec ids;
+    fb_record *notices;       /* this batch's no-responders replies, routed after it */
+    size_t nnotices, capnotices;
     globsub *globs;           /* by id - FB_ROUTER_GLOB_BASE */
     uint32_t nglobs, capglobs, freeglob, usedglobs;   /* freeglob UINT32_MAX: none free */
     uint64_t stamp;           /* counts routed records: a link takes each once (linkbox.stamp) */
@@ -74,6 +77,7 @@ void fb_router_free(fb_router *r)
     free(r->recs);
     free(r->spans);
     free(r->offsets);
+    free(r->notices);
     fb_idvec_free(&r->ids);
     for (uint32_t i = 0; i < r->nglobs; i++) free(r->globs[i].pat);
     free(r->globs);
@@ -146,6 +150,7 @@ int fb_router_add_link(fb_router *r, uint32_t link)
         lb->held = 0;
         lb->sent = 0;
         lb->no_headers = 0;
+        lb->notify = 0;
         lb->last_ns = 0;
     }
     return FB_OK;
@@ -154,6 +159,11 @@ int fb_router_add_link(fb_router *r, uint32_t link)
 void fb_router_set_headers(fb_router *r, uint32_t link, int keep)
 {
     if (link < r->caplinks && r->links[link].active) r->links[link].no_headers = !keep;
+}
+
+void fb_router_set_notify(fb_router *r, uint32_t link, int on)
+{
+    if (link < r->caplinks && r->links[link].active) r->links[link].notify = on != 0;
 }
 
 size_t fb_router_remove_link(fb_router *r, uint32_t link)
@@ -244,6 +254,73 @@ static int append_to(fb_router *r, uint32_t id, const fb_record *rec, uint64_t n
     return 1;
 }
 
+/* The block of a no-responders reply: one header, :status 503. */
+static const unsigned char NO_RESPONDERS[] = {
+    sizeof FB_HEADER_STATUS - 1, ':', 's', 't', 'a', 't', 'u', 's',
+    sizeof FB_STATUS_NO_RESPONDERS - 1, '5', '0', '3',
+};
+
+/* A request that reached nobody: its reply (topic: the reply channel, no
+ * payload, :status 503) is routed after the batch. */
+static int add_notice(fb_router *r, const fb_record *rec)
+{
+    const unsigned char *to;
+    uint32_t tl;
+    if (!fb_record_reply_to(rec, &to, &tl) || tl == 0) return FB_OK;
+    int rc = reserve((void **)&r->notices, &r->capnotices, r->nnotices + 1, sizeof(fb_record));
+    if (rc < 0) return rc;
+    r->notices[r->nnotices++] = (fb_record){ to, NULL, tl, 0, NO_RESPONDERS, sizeof NO_RESPONDERS };
+    return FB_OK;
+}
+
+/* Match recs[0..n) in the trie in one pass and append each to the outbox
+ * of every link that wants it but `source`, and to `all` (the catch-all
+ * link, UINT32_MAX: none); *delivered counts the copies.  With `notify`,
+ * a request that reached nobody gets its no-responders reply queued
+ * (r->notices). */
+static int deliver(fb_router *r, fb_trie *t, const fb_record *recs, size_t n, uint64_t source, uint32_t all,
+                   int notify, uint64_t now_ns, uint64_t *delivered)
+{
+    int rc = reserve((void **)&r->spans, &r->capspans, n ? n : 1, sizeof(fb_span));
+    if (rc == FB_OK) rc = reserve((void **)&r->offsets, &r->capoffsets, n + 1, sizeof(size_t));
+    if (rc < 0) return rc;
+    for (size_t i = 0; i < n; i++) {
+        r->spans[i].ptr = recs[i].topic;
+        r->spans[i].len = recs[i].topic_len;
+    }
+    fb_idvec_clear(&r->ids);
+    rc = fb_trie_match_batch(t, r->spans, n, r->offsets, &r->ids);
+    if (rc < 0) return rc;
+    for (size_t i = 0; i < n; i++) {
+        const fb_record *rec = &recs[i];
+        uint64_t before = *delivered;
+        r->stamp++;                             /* append_to: each link once */
+        for (size_t j = r->offsets[i]; j < r->offsets[i + 1]; j++) {
+            uint64_t id = r->ids.ids[j];
+            if (id >= FB_ROUTER_GLOB_BASE) {
+                /* A glob held under a prefix of this topic: does it match? */
+                uint64_t g = id - FB_ROUTER_GLOB_BASE;
+                if (g >= r->nglobs || !r->globs[g].pat ||
+                    fb_glob_match(r->globs[g].pat, r->globs[g].len, rec->topic, rec->topic_len) != 1)
+                    continue;
+                id = r->globs[g].link;
+            }
+            if (id == source || id >= r->caplinks) continue;
+            if ((rc = append_to(r, (uint32_t)id, rec, now_ns)) < 0) return rc;
+            *delivered += (uint64_t)rc;
+        }
+        if (all != UINT32_MAX) {                /* (a link that matched anyway has it: once) */
+            if ((rc = append_to(r, all, rec, now_ns)) < 0) return rc;
+            *delivered += (uint64_t)rc;
+        }
+        if (*delivered == before) {
+            r->st.unrouted++;
+            if (notify && rec->headers_len && (rc = add_notice(r, rec)) < 0) return rc;
+        }
+    }
+    return FB_OK;
+}
+
 int fb_router_route(fb_router *r, fb_trie *t, const void *batch, size_t len,
                     const fb_decode_limits *lim, uint64_t source, uint64_t now_ns)
 {
@@ -284,45 +361,23 @@ int fb_router_route(fb_router *r, fb_trie *t, const void *batch, size_t len,
         }
         n = w;
     }
-    rc = reserve((void **)&r->spans, &r->capspans, n ? n : 1, sizeof(fb_span));
-    if (rc == FB_OK) rc = reserve((void **)&r->offsets, &r->capoffsets, n + 1, sizeof(size_t));
-    if (rc < 0) return rc;
-    for (size_t i = 0; i < n; i++) {
-        r->spans[i].ptr = r->recs[i].topic;
-        r->spans[i].len = r->recs[i].topic_len;
-    }
-    fb_idvec_clear(&r->ids);
-    rc = fb_trie_match_batch(t, r->spans, n, r->offsets, &r->ids);
-    if (rc < 0) return rc;
     uint64_t delivered = 0;
     /* The catch-all link, if its time has come and the batch is not its own. */
     uint32_t all = r->catchall;
     if (all == UINT32_MAX || now_ns < r->catchall_from || all == source || all >= r->caplinks ||
         !r->links[all].active)
         all = UINT32_MAX;
-    for (size_t i = 0; i < n; i++) {
-        const fb_record *rec = &r->recs[i];
-        size_t before = delivered;
-        r->stamp++;                             /* append_to: each link once */
-        for (size_t j = r->offsets[i]; j < r->offsets[i + 1]; j++) {
-            uint64_t id = r->ids.ids[j];
-            if (id >= FB_ROUTER_GLOB_BASE) {
-                /* A glob held under a prefix of this topic: does it match? */
-                uint64_t g = id - FB_ROUTER_GLOB_BASE;
-                if (g >= r->nglobs || !r->globs[g].pat ||
-                    fb_glob_match(r->globs[g].pat, r->globs[g].len, rec->topic, rec->topic_len) != 1)
-                    continue;
-                id = r->globs[g].link;
-            }
-            if (id == source || id >= r->caplinks) continue;
-            if ((rc = append_to(r, (uint32_t)id, rec, now_ns)) < 0) return rc;
-            delivered += (uint64_t)rc;
-        }
-        if (all != UINT32_MAX) {                /* (a link that matched anyway has it: once) */
-            if ((rc = append_to(r, all, rec, now_ns)) < 0) return rc;
-            delivered += (uint64_t)rc;
-        }
-        if (delivered == before) r->st.unrouted++;
+    int notify = source < r->caplinks && r->links[source].notify;
+    r->nnotices = 0;
+    if ((rc = deliver(r, t, r->recs, n, source, all, notify, now_ns, &delivered)) < 0) return rc;
+    if (r->nnotices) {
+        /* The requester's inbox is matched like any channel (its own link
+         * included: no source), after the batch, so a reply never
+         * overtakes records routed before it. */
+        uint64_t d = 0;
+        if ((rc = deliver(r, t, r->notices, r->nnotices, UINT64_MAX, UINT32_MAX, 0, now_ns, &d)) < 0) return rc;
+        r->st.no_responders += r->nnotices;
+        r->st.deliveries += d;
     }
     r->st.batches++;
     r->st.records += total;

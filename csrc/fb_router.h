@@ -65,6 +65,7 @@ typedef struct fb_router_stats {
     uint64_t unrouted;     /* records that matched no link (other than their source) */
     uint64_t rejected;     /* batches rejected as malformed (nothing routed from them) */
     uint64_t oversize;     /* records over the decode limits' max_topic/max_payload, not routed */
+    uint64_t no_responders; /* requests that reached nobody, answered so (fb_router_set_notify) */
 } fb_router_stats;
 
 /* Every outbox gets lim's max_messages, max_bytes and checksum; lim's
@@ -124,6 +125,15 @@ int fb_router_take(fb_router *r, uint32_t link, uint64_t now_ns, unsigned char *
  * client, a bridge to a protocol with no place for them).  Unknown links:
  * no-op. */
 void fb_router_set_headers(fb_router *r, uint32_t link, int keep);
+
+/* Requests from this link (records whose header block starts with
+ * :reply-to, fb_batch.h) that reach no link are answered at once: a
+ * record on the reply channel with the header :status 503 and no
+ * payload, routed after the batch like any other (the requester's own
+ * link included).  A broker sets it for its clients, not for other
+ * brokers: the broker where a request entered the tree knows whether it
+ * left for anywhere.  Off for a new link. */
+void fb_router_set_notify(fb_router *r, uint32_t link, int on);
 
 /* Hold a link (held != 0: its outbox is due only when full) or release it
  * (its outbox is due again by the linger rule).  Unknown links: no-op. */

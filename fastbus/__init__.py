@@ -74,7 +74,8 @@ except ImportError as _exc:
 from fastbus.errors import (AddressInUse, BatchError, BrokerTimeout, BrokerUnavailable, ConnectionClosed,
                             DurableNameInUse, FastbusError, FlushTimeout, ForwarderError, InvalidEndpoint, InvalidKey, KeyRefused,
                             ListenError,
-                            MessagesRejected, MessageTooLarge, NotABroker, NotSubscribedError, PublishTimeout)
+                            MessagesRejected, MessageTooLarge, NotABroker, NotSubscribedError, NoResponders,
+                            PublishTimeout, RequestTimeout)
 from fastbus.protocol import DEFAULT_ENDPOINT, DEFAULT_PORT, ProtocolError
 from fastbus.client import Client, ClientOptions, PubSub
 from fastbus._messages import GapInfo, PubSubMessage
@@ -108,7 +109,7 @@ __all__ = [
     "Batch", "Forwarder", "Outbox", "Publisher", "Router", "Trie", "batch_count", "crc32c", "decode", "decode_messages", "encode",
     "BatchError", "FastbusError", "ForwarderError", "MessagesRejected", "MessageTooLarge", "NotSubscribedError", "ProtocolError",
     "PublishTimeout", "AddressInUse", "BrokerTimeout", "BrokerUnavailable", "FlushTimeout", "InvalidEndpoint",
-    "InvalidKey", "KeyRefused", "DurableNameInUse", "ListenError", "NotABroker",
+    "InvalidKey", "KeyRefused", "DurableNameInUse", "ListenError", "NotABroker", "NoResponders", "RequestTimeout",
     "ConnectionClosed", "Client", "ClientOptions", "PubSub", "PubSubMessage", "GapInfo", "Broker", "BrokerConfig",
     "DEFAULT_ENDPOINT", "DEFAULT_PORT",
     "ShardedClient", "ShardedPubSub", "aio",

@@ -41,6 +41,7 @@ from fastbus.includes.fb_router cimport *
 from fastbus.includes.fb_resp cimport *
 from fastbus.includes.fb_view cimport *
 from fastbus.includes.fb_glob cimport *
+from fastbus.includes.fb_replies cimport *
 
 import array as _pyarray
 import os
@@ -74,4 +75,5 @@ include "core/headers.pxi"
 include "core/outbox.pxi"
 include "core/resp.pxi"
 include "core/router.pxi"
+include "core/replies.pxi"
 include "core/glob.pxi"

@@ -25,7 +25,7 @@ from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memset
 
 from fastbus._core cimport _batch_records, _headers_dict, _raise
-from fastbus.includes.fb_batch cimport fb_record
+from fastbus.includes.fb_batch cimport fb_record, fb_record_reply_to
 from fastbus.includes.fb_resp cimport fb_resp_elem, fb_resp_flat_array
 
 cdef extern from "Python.h":
@@ -36,7 +36,7 @@ from fastbus.errors import BatchError
 include "core/topic_cache.pxi"
 
 cdef str _K_TYPE = "type", _K_PATTERN = "pattern", _K_CHANNEL = "channel", _K_DATA = "data"
-cdef str _K_HEADERS = "headers"
+cdef str _K_HEADERS = "headers", _K_REPLY_TO = "reply_to"
 
 
 def decode_messages(data, dict classes not None, classify not None, bint utf8=False) -> list:
@@ -49,13 +49,18 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
     channels and payloads are decoded to str.  A record with headers gets
     a ``headers`` key (a dict of str to bytes; with ``utf8``, str where a
     value is UTF-8); one
-    without has none, so its dict is redis-py's exactly."""
+    without has none, so its dict is redis-py's exactly.  A request (a
+    record whose headers name a reply channel) gets a ``reply_to`` key,
+    the channel to answer on (bytes, str with ``utf8``); the protocol's
+    own headers (names beginning with ':') are not in ``headers``."""
     cdef Py_buffer view
     cdef fb_record *recs = NULL
     cdef size_t n = 0, i
     cdef list out = []
     cdef PyObject *found
-    cdef object topic, payload, cls, d
+    cdef object topic, payload, cls, d, h
+    cdef const unsigned char *to
+    cdef uint32_t tl
     cdef _topic_cache cache
     memset(&cache, 0, sizeof(cache))
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
@@ -78,7 +83,12 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
             PyDict_SetItem(d, _K_CHANNEL, topic)
             PyDict_SetItem(d, _K_DATA, payload)
             if recs[i].headers_len:             # (a dict of str and bytes: untracked as they are)
-                PyDict_SetItem(d, _K_HEADERS, _headers_dict(recs[i].headers, recs[i].headers_len, utf8))
+                h = _headers_dict(recs[i].headers, recs[i].headers_len, utf8, False)
+                if h is not None:
+                    PyDict_SetItem(d, _K_HEADERS, h)
+                if fb_record_reply_to(&recs[i], &to, &tl):   # a request: where its reply goes
+                    PyDict_SetItem(d, _K_REPLY_TO, PyUnicode_DecodeUTF8(<const char *>to, tl, "surrogateescape")
+                                   if utf8 else PyBytes_FromStringAndSize(<const char *>to, tl))
             PyObject_GC_UnTrack(<void *>d)       # only str/bytes/None inside: no cycles
             out.append(d)
         return out

@@ -42,7 +42,8 @@ from fastbus._core import decode, glob_match, glob_prefix
 from fastbus._decoders import decode_matching, decode_messages, resp_pubsub_decode
 
 __all__ = [
-    "CONFIRM_KINDS", "DATA_KINDS", "GLOB_SPECIALS", "GapInfo", "MessageBuffer", "PubSubMessage",
+    "CONFIRM_KINDS", "DATA_KINDS", "GLOB_SPECIALS", "GapInfo", "MessageBuffer", "PubSubMessage", "Request",
+    "as_requests",
     "confirmation", "decode", "decode_matching", "decode_messages", "gap", "glob_match", "glob_prefix",
     "headers_as_text", "item_as_text", "message", "notice", "pattern_prefix", "pong", "resp_pubsub_decode", "to_bytes", "to_text",
 ]
@@ -72,6 +73,7 @@ class PubSubMessage(TypedDict):
     channel: Union[bytes, str, None]
     data: Any               # bytes/str payload; int count; GapInfo for ``gap``
     headers: NotRequired[dict[str, Any]]   # a data message published with headers
+    reply_to: NotRequired[Union[bytes, str]]   # a request (Client.request): the channel its reply goes to
 
 
 # -- values as bytes ---------------------------------------------------------
@@ -264,3 +266,33 @@ class MessageBuffer:
         """Up to ``limit`` buffered data messages as ``(channel, data)``:
         those left as dicts first, then the tuples."""
         return self.batch_from_dicts(limit) or self.batch_from_pairs(limit)
+
+
+# -- requests (request/reply: fastbus/client/_requests.py) --------------------------
+
+
+class Request(dict):
+    """A received message that asks for a reply (its ``"reply_to"`` is the
+    channel to answer on): the dict a PubSub gives, with :meth:`respond`."""
+
+    __slots__ = ("_client",)
+
+    def respond(self, data: Any, headers: dict | None = None) -> int:
+        """Answer the request: publish ``data`` on its reply channel with
+        the client that made this message's PubSub (as
+        ``client.publish(message["reply_to"], data)``)."""
+        client = getattr(self, "_client", None)
+        if client is None:
+            raise RuntimeError("this request came through a PubSub made without a client "
+                               "(Client.pubsub() gives one): publish to message['reply_to'] instead")
+        return client.publish(self["reply_to"], data, headers)
+
+
+def as_requests(dicts: list, client: Any) -> None:
+    """The messages of ``dicts`` that are requests become :class:`Request`
+    (in place), answered through ``client``."""
+    for i, d in enumerate(dicts):
+        if "reply_to" in d:
+            r = Request(d)
+            r._client = client
+            dicts[i] = r

@@ -125,6 +125,11 @@ cdef class Publisher:
     cdef int _publish(self, object channel, object message, object headers) except -1:
         return self._publish_block(channel, message, None if headers is None else _encode_headers(headers))
 
+    def publish_request(self, channel, message, bytes reply_to not None, headers=None) -> int:
+        """publish() of a request: its headers say ``reply_to`` (the
+        protocol's :reply-to, first) besides the caller's ``headers``."""
+        return self._publish_block(channel, message, _encode_headers(headers, reply_to))
+
     cdef int _publish_block(self, object channel, object message, bytes h) except -1:
         """publish() with the headers already a block (None: none)."""
         if self.closed:

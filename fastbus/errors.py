@@ -29,6 +29,7 @@ __all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "
            "MessageTooLarge", "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotABroker", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
            "PublishTimeout", "RedisServerError", "ServerOutOfMemory", "ServerRefused", "ServerTimeout",
            "ServerUnavailable"]
+__all__ += ["NoResponders", "RequestTimeout"]
 __all__ += ["CommandFailed", "ConsumerGone", "ConsumerTagInUse", "EmbeddedServerError", "InvalidConfig", "InvalidURL", "OptionError",
             "PartialBatchError", "PastLastId", "ProtocolError", "PublishError", "QueueError", "ServerNotFoundError", "UsageError"]
 
@@ -245,6 +246,28 @@ class BrokerTimeout(FastbusError, TimeoutError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "no broker answered"
+
+
+class NoResponders(FastbusError, LookupError):
+    """A request (:meth:`Client.request`) that no subscriber of its channel
+    could answer: the broker routed it to nobody (or the client's filter,
+    the broker's view, says nobody wants the channel).  Said at once, not
+    after the timeout."""
+
+    def __init__(self, channel: Any) -> None:
+        super().__init__(f"no responders: nobody subscribes to {channel!r}")
+        self.channel = channel
+
+
+class RequestTimeout(FastbusError, TimeoutError):
+    """A request (:meth:`Client.request`) whose reply did not come within
+    its timeout (a subscriber got it but did not answer in time, or its
+    answer was lost with a connection)."""
+
+    def __init__(self, channel: Any, timeout: float) -> None:
+        super().__init__(f"no reply to a request on {channel!r} within {timeout:g} s")
+        self.channel = channel
+        self.timeout = timeout
 
 
 class BrokerUnavailable(FastbusError, ConnectionRefusedError, TimeoutError):

@@ -437,6 +437,68 @@ static void test_headers_routed(void)
     fb_trie_free(t);
 }
 
+/* A request (:reply-to first in its headers) that reaches nobody, from a
+ * link set to be answered, gets a no-responders reply on its reply
+ * channel (the requester's own link included, after the batch's other
+ * records); one that reaches a subscriber, or comes from a link not set
+ * (another broker), gets none. */
+static void test_no_responders(void)
+{
+    fb_trie *t = fb_trie_new();
+    fb_router *r = fb_router_new(NULL);
+    CHECK_EQ(fb_router_add_link(r, 1), FB_OK);      /* the requester */
+    CHECK_EQ(fb_router_add_link(r, 2), FB_OK);      /* a responder of "svc" */
+    fb_router_set_notify(r, 1, 1);
+    fb_trie_add(t, "_INBOX.a.", 9, FB_PREFIX, 1);
+    fb_trie_add(t, "svc", 3, FB_EXACT, 2);
+    unsigned char req1[] = { 9, ':', 'r', 'e', 'p', 'l', 'y', '-', 't', 'o', 10,
+                             '_', 'I', 'N', 'B', 'O', 'X', '.', 'a', '.', '1' };
+    unsigned char req2[sizeof req1];
+    memcpy(req2, req1, sizeof req1);
+    req2[sizeof req2 - 1] = '2';
+    unsigned char plain[] = { 2, 't', 'p', 1, 'x' };     /* headers, but no :reply-to */
+    fb_outbox o;
+    fb_outbox_init(&o, NULL);
+    REQUIRE(fb_outbox_append_h(&o, "svc", 3, req1, sizeof req1, "q1", 2, 0) >= 0);
+    REQUIRE(fb_outbox_append_h(&o, "nobody", 6, req2, sizeof req2, "q2", 2, 0) >= 0);
+    REQUIRE(fb_outbox_append_h(&o, "nobody", 6, plain, sizeof plain, "q3", 2, 0) >= 0);
+    REQUIRE(fb_outbox_append_h(&o, "_INBOX.a.7", 10, NULL, 0, "r7", 2, 0) >= 0);
+    unsigned char *b, *keep;
+    size_t len;
+    REQUIRE(fb_outbox_take(&o, &b, &len) == FB_OK);
+    fb_outbox_destroy(&o);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 1, 1), 4);
+    fb_record recs[64];
+    size_t n = take_records(r, 2, recs, &keep);
+    CHECK(n == 1 && recs[0].payload_len == 2 && !memcmp(recs[0].payload, "q1", 2));
+    fb_free(keep);
+    n = take_records(r, 1, recs, &keep);      /* (split horizon kept "_INBOX.a.7" from it) */
+    CHECK_EQ(n, 1);
+    CHECK(n == 1 && recs[0].topic_len == 10 && !memcmp(recs[0].topic, "_INBOX.a.2", 10) && recs[0].payload_len == 0);
+    if (n == 1) {
+        const unsigned char *p = recs[0].headers;
+        fb_header h;
+        CHECK(fb_headers_next(&p, recs[0].headers + recs[0].headers_len, &h) == 1);
+        CHECK(h.key_len == 7 && !memcmp(h.key, ":status", 7) && h.value_len == 3 && !memcmp(h.value, "503", 3));
+        const unsigned char *to;
+        uint32_t tl;
+        CHECK(!fb_record_reply_to(&recs[0], &to, &tl));
+    }
+    fb_free(keep);
+    fb_router_stats st;
+    fb_router_get_stats(r, &st);
+    CHECK_EQ(st.no_responders, 1);
+    CHECK_EQ(st.unrouted, 3);            /* q2, q3, and "_INBOX.a.7" (split horizon) */
+    /* From a link not set (another broker): no reply. */
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 2, 2), 4);
+    CHECK(fb_outbox_count(fb_router_outbox(r, 1)) == 1);    /* only "_INBOX.a.7" */
+    fb_router_get_stats(r, &st);
+    CHECK_EQ(st.no_responders, 1);
+    fb_free(b);
+    fb_router_free(r);
+    fb_trie_free(t);
+}
+
 int main(void)
 {
     RUN(test_route_and_split_horizon);
@@ -447,5 +509,6 @@ int main(void)
     RUN(test_catchall);
     RUN(test_globs_matched_at_the_router);
     RUN(test_headers_routed);
+    RUN(test_no_responders);
     CTEST_END();
 }

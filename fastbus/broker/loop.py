@@ -68,7 +68,7 @@ _COUNTERS = ("batches_in", "messages_in", "bytes_in", "batches_out", "messages_o
              "peers_joined", "peers_left", "subscribe_ops", "unsubscribe_ops", "control_in",
              "flow_pauses", "flow_timeouts", "control_collapsed", "memory_trims", "gap_notices",
              "ack_timeouts", "sessions_detached", "sessions_resumed", "sessions_expired", "messages_replayed",
-             "resume_lost", "durable_taken_over")
+             "resume_lost", "durable_taken_over", "no_responders")
 _DROPS = ("slow_consumer", "unrouted", "malformed", "oversize", "protocol", "unknown_peer", "not_subscribed",
           "too_many_subscriptions", "not_a_broker", "disconnected_slow", "unreachable", "internal",
           "resume_refused", "session_expired", "durable_in_use", "resp_auth")
@@ -388,6 +388,9 @@ class Broker:
         self.links.add(link)
         self.router.add_link(link.link)
         self.router.set_headers(link.link, link.headers)     # (a peer that does not read them gets none)
+        # A request that entered here from a client and reached nobody is
+        # answered at once; one from another broker is that broker's to answer.
+        self.router.set_notify(link.link, not link.is_broker)
         if isinstance(link, Session) and link.sock is self._sock:
             self.relay.add_session(link.link, link.ident, link.acked_seq, link.acks, link.session_id is not None)
         self.interest.attach(link)
@@ -625,7 +628,8 @@ class Broker:
         counters["control_in"] += self.relay.pings_answered      # PINGs the data plane answered
         counters["gap_notices"] += self.relay.gap_notices        # what the data plane's queues did
         counters["control_collapsed"] += self.relay.control_collapsed
-        counters.update(batches_in=rs["batches"], messages_in=rs["records"], bytes_in=rs["bytes"])
+        counters.update(batches_in=rs["batches"], messages_in=rs["records"], bytes_in=rs["bytes"],
+                        no_responders=rs["no_responders"])
         relay = self.relay                         # the books of what went out: the data plane's
         counters.update(batches_out=relay.batches_out, messages_out=relay.messages_out, bytes_out=relay.bytes_out)
         drops = dict(self.drops)

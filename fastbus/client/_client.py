@@ -8,8 +8,9 @@ context, keeper and sessions; ``_pubsession.PubSession`` publishes;
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Self, TypedDict
 
 import zmq
@@ -18,17 +19,19 @@ from fastbus import protocol as P
 from fastbus import tracing
 from fastbus._core import Outbox
 from fastbus._publisher import ClientBase, Publisher
-from fastbus._types import ChannelT
+from fastbus._messages import PubSubMessage
+from fastbus._types import ChannelT, EncodableT
 from fastbus.client._connections import Connections
 from fastbus.client._endpoint import AbsenceProbe
 from fastbus.client._keys import to_key
 from fastbus.client._options import ClientOptions
 from fastbus.client._pubsession import PubSession
 from fastbus.client._pubsub import PubSub
+from fastbus.client._requests import Inbox
 from fastbus.client._redis_compat import from_url as _from_url
 from fastbus.client._redis_compat import RedisKeywords, redis_options
 from fastbus.client._session import driving
-from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, MessagesRejected
+from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, MessagesRejected, NoResponders
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack            # (typing's from Python 3.12)
@@ -224,6 +227,8 @@ class Client(ClientBase):
         self._publisher.send_now = self._pub.send_now
         conns.open(self._pub)
         conns.start()
+        self._inbox: Inbox | None = None     # request()'s replies (made by the first request)
+        self._inbox_lock = threading.Lock()
         self._closed = False
         self._tracing = tracing.producer()   # (None without OpenTelemetry configured: nothing more per message)
         if self._tracing is not None and not self.driven_by_loop:
@@ -264,6 +269,43 @@ class Client(ClientBase):
 
     # publish() and publish_many() are ClientBase's (fastbus/_publisher.pyx):
     # methods in C, so a message costs one call into C and no Python frame.
+
+    def request(self, channel: ChannelT, data: EncodableT, timeout: float = 1.0,
+                headers: Mapping[str, str | bytes] | None = None) -> PubSubMessage:
+        """Publish a request and return the first reply, as a message dict
+        (``reply["data"]``; ``reply["headers"]`` if the responder gave
+        some).  A subscriber of ``channel`` gets the request as a message
+        with a ``reply_to`` and answers with ``message.respond(data)`` (or
+        ``client.publish(message["reply_to"], data)``).
+
+        :class:`~fastbus.NoResponders` at once when nobody subscribes to
+        ``channel`` (this client's filter, or the broker, knows it reached
+        nobody); :class:`~fastbus.RequestTimeout` if no reply comes within
+        ``timeout`` seconds.  Replies come on this client's inbox,
+        subscribed once by the first request (a second connection);
+        requests from many threads at once are matched to their replies by
+        id, in C.  Later replies to the same request are dropped."""
+        if self._closed:
+            raise ConnectionClosed("client is closed")
+        inbox = self._inbox
+        if inbox is None:
+            inbox = self._open_inbox()
+        rid = inbox.replies.open()
+        try:
+            if not self._publisher.publish_request(channel, data, inbox.reply_channel(rid), headers):
+                raise NoResponders(channel)
+        except BaseException:
+            inbox.replies.close(rid)
+            raise
+        return inbox.wait(channel, rid, timeout)
+
+    def _open_inbox(self) -> Inbox:
+        with self._inbox_lock:
+            if self._inbox is None:
+                inbox = Inbox(self._conns)
+                inbox.responder = self
+                self._inbox = inbox
+            return self._inbox
 
     def ping(self, timeout: float | None = 10.0) -> bool:
         """As redis-py's: True once the broker answered a round trip (the
@@ -332,7 +374,9 @@ class Client(ClientBase):
         :class:`~fastbus.DurableNameInUse` from its calls."""
         if self._closed:
             raise ConnectionClosed("client is closed")
-        return PubSub(self._conns, ignore_subscribe_messages=ignore_subscribe_messages, durable=durable)
+        ps = PubSub(self._conns, ignore_subscribe_messages=ignore_subscribe_messages, durable=durable)
+        ps.responder = self                      # (a received request's respond() publishes here)
+        return ps
 
     # -- information -------------------------------------------------------
 

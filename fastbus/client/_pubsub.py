@@ -27,7 +27,7 @@ from fastbus import protocol as P
 from fastbus import _core, tracing
 from fastbus._core import BATCH_F_HEADERS, SUBSCRIBE, UNSUBSCRIBE, Trie
 from fastbus._decoders import PubSubBase
-from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, decode, decode_matching, decode_messages
+from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, as_requests, decode, decode_matching, decode_messages
 from fastbus._messages import glob_match, glob_prefix
 from fastbus._messages import names_given
 from fastbus._messages import to_bytes as to_key
@@ -108,6 +108,9 @@ class PubSub(PubSubBase):
         self._tracing = tracing.consumer()
         self._options = conns.options
         self.ignore_subscribe_messages = ignore_subscribe_messages
+        #: The client a received request's respond() publishes with
+        #: (Client.pubsub sets it), or None.
+        self.responder = None
         #: A durable subscriber's name (see Client.pubsub), or None.
         self.durable = durable
         #: Channels and patterns held (str with decode_responses), each
@@ -479,8 +482,10 @@ class PubSub(PubSubBase):
             if as_dicts:
                 # Classification also drops what no subscription matches.
                 dicts = decode_messages(batch, self._classes, self._classify, self._options.decode_responses)
-                if self._tracing is not None and memoryview(batch)[3] & BATCH_F_HEADERS:
-                    self._tracing.dicts(dicts)
+                if memoryview(batch)[3] & BATCH_F_HEADERS:
+                    as_requests(dicts, self.responder)        # (those with a reply_to: respond())
+                    if self._tracing is not None:
+                        self._tracing.dicts(dicts)
                 self._dicts.extend(dicts)
                 return
             if self._unsub_seqs or self._session.adopted:

@@ -3,10 +3,14 @@
 from libc.stdint cimport uint32_t
 
 # A headers mapping as a block to append (fb_outbox_append_h); None for
-# None or an empty mapping (a record without headers).  TypeError or
+# None or an empty mapping (a record without headers).  reply_to: a
+# request's reply channel, the block's first header (:reply-to); names
+# beginning with ':' are the protocol's, refused from users.  TypeError or
 # ValueError, with what is wrong, for anything else publish() refuses.
-cdef bytes _encode_headers(object headers)
+cdef bytes _encode_headers(object headers, bytes reply_to=*)
 
 # A checked block (fb_record.headers) as a dict: str keys; bytes values,
 # with utf8 str where a value is UTF-8 (bytes where not).  None for a record without headers.
-cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8)
+# protocol=False leaves the protocol's (':') headers out, and gives None
+# if nothing else is left.
+cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8, bint protocol=*)

@@ -47,6 +47,8 @@ cdef dict _checked_headers(object headers):
             raise TypeError(f"a header name must be a str, not {type(key).__name__} ({key!r:.40})")
         if not key:
             raise ValueError("a header name must not be empty")
+        if key[0] == ":":
+            raise ValueError(_RESERVED.format(key))
         if isinstance(value, str):
             value = str(value)
         elif isinstance(value, (bytes, bytearray, memoryview)):
@@ -57,9 +59,16 @@ cdef dict _checked_headers(object headers):
     return out
 
 
-cdef bytes _encode_headers(object headers):
+cdef str _RESERVED = ("header {!r}: names beginning with ':' belong to the protocol "
+                      "(:reply-to, :status); choose another")
+cdef bytes _REPLY_TO = FB_HEADER_REPLY_TO
+
+
+cdef bytes _encode_headers(object headers, bytes reply_to=None):
     if headers is None:
-        return None
+        if reply_to is None:
+            return None
+        headers = {}
     cdef dict d
     if PyDict_CheckExact(headers):
         d = <dict>headers
@@ -74,17 +83,34 @@ cdef bytes _encode_headers(object headers):
     # converts them, or says what is wrong), and the block's size.
     while PyDict_Next(d, &pos, &k, &v):
         if not PyUnicode_CheckExact(<object>k) or not _header_part(<object>v, &vp, &vn):
-            return _encode_headers(_checked_headers(d)) if d is headers else _raise_headers(d)
+            return _encode_headers(_checked_headers(d), reply_to) if d is headers else _raise_headers(d)
         _header_part(<object>k, &kp, &kn)
         if kn == 0:
             raise ValueError("a header name must not be empty")
+        if kp[0] == b':':
+            raise ValueError(_RESERVED.format(<object>k))
         if kn > UINT32_MAX or vn > UINT32_MAX:
             raise ValueError(f"header {<object>k!r} is over 4 GiB")
         total += <Py_ssize_t>(fb_varint_len(<uint32_t>kn) + fb_varint_len(<uint32_t>vn)) + kn + vn
+    if reply_to is not None:
+        # A request's reply channel: the block's first header, where a
+        # router looks for it (fb_record_reply_to).
+        vn = PyBytes_GET_SIZE(reply_to)
+        if vn > UINT32_MAX:
+            raise ValueError("a reply channel is over 4 GiB")
+        total += <Py_ssize_t>(1 + fb_varint_len(<uint32_t>vn)) + PyBytes_GET_SIZE(_REPLY_TO) + vn
     if total == 0:
         return None
     cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
     cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING_MUT(out)
+    if reply_to is not None:
+        kn = PyBytes_GET_SIZE(_REPLY_TO)
+        w += fb_put_varint(w, <uint32_t>kn)
+        memcpy(w, PyBytes_AS_STRING(_REPLY_TO), kn)
+        w += kn
+        w += fb_put_varint(w, <uint32_t>vn)
+        memcpy(w, PyBytes_AS_STRING(reply_to), vn)
+        w += vn
     pos = 0
     while PyDict_Next(d, &pos, &k, &v):
         _header_part(<object>k, &kp, &kn)
@@ -135,7 +161,7 @@ cdef object _header_name(const unsigned char *p, uint32_t n):
     return s
 
 
-cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8):
+cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8, bint protocol=True):
     if block is NULL or n == 0:
         return None
     cdef dict out = PyDict_New()
@@ -144,6 +170,8 @@ cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8):
     cdef fb_header h
     cdef object value
     while fb_headers_next(&p, end, &h):
+        if not protocol and h.key[0] == b':':
+            continue                       # (a message dict says them its own way: reply_to)
         if utf8:
             try:
                 value = PyUnicode_DecodeUTF8(<const char *>h.value, h.value_len, NULL)
@@ -152,4 +180,4 @@ cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8):
         else:
             value = PyBytes_FromStringAndSize(<const char *>h.value, h.value_len)
         PyDict_SetItem(out, _header_name(h.key, h.key_len), value)
-    return out
+    return out if out or protocol else None

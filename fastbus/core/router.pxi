@@ -88,6 +88,14 @@ cdef class Router:
         fb_router_set_headers(self._r, link, keep)
         _unlock(&self._lock)
 
+    def set_notify(self, uint32_t link, bint on) -> None:
+        """Whether a link's requests that reach nobody are answered at once
+        with a no-responders reply (a client's; not another broker's:
+        csrc/fb_router.h)."""
+        _lock(&self._lock)
+        fb_router_set_notify(self._r, link, on)
+        _unlock(&self._lock)
+
     def remove_link(self, uint32_t link) -> int:
         """Drop a link's outbox; returns how many records it still held."""
         _lock(&self._lock)
@@ -275,11 +283,12 @@ cdef class Router:
         return s.oversize
 
     def stats(self) -> dict:
-        """batches, records, bytes, deliveries, unrouted, rejected, oversize (cumulative)."""
+        """batches, records, bytes, deliveries, unrouted, rejected, oversize,
+        no_responders (cumulative)."""
         cdef fb_router_stats s
         _lock(&self._lock)
         fb_router_get_stats(self._r, &s)
         _unlock(&self._lock)
         return {"batches": s.batches, "records": s.records, "bytes": s.bytes,
                 "deliveries": s.deliveries, "unrouted": s.unrouted, "rejected": s.rejected,
-                "oversize": s.oversize}
+                "oversize": s.oversize, "no_responders": s.no_responders}

@@ -12,6 +12,10 @@ cdef extern from "fb_batch.h" nogil:
         FB_BATCH_KNOWN_FLAGS
         FB_VARINT_MAX
 
+    const char *FB_HEADER_REPLY_TO
+    const char *FB_HEADER_STATUS
+    const char *FB_STATUS_NO_RESPONDERS
+
     ctypedef struct fb_record:
         const unsigned char *topic
         const unsigned char *payload
@@ -38,6 +42,7 @@ cdef extern from "fb_batch.h" nogil:
                         fb_record *out, size_t out_cap, size_t *n)
     int fb_headers_valid(const unsigned char *p, size_t len)
     int fb_headers_next(const unsigned char **p, const unsigned char *end, fb_header *h)
+    int fb_record_reply_to(const fb_record *rec, const unsigned char **to, uint32_t *len)
     size_t fb_varint_len(uint32_t v)
     size_t fb_put_varint(unsigned char *p, uint32_t v)
     uint32_t fb_crc32c(uint32_t crc, const void *buf, size_t len)

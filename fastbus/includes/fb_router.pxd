@@ -16,6 +16,7 @@ cdef extern from "fb_router.h" nogil:
         uint64_t unrouted
         uint64_t rejected
         uint64_t oversize
+        uint64_t no_responders
 
     fb_router *fb_router_new(const fb_outbox_limits *lim)
     void fb_router_free(fb_router *r)
@@ -30,6 +31,7 @@ cdef extern from "fb_router.h" nogil:
     uint64_t fb_router_deadline(const fb_router *r)
     int fb_router_take(fb_router *r, uint32_t link, uint64_t now_ns, unsigned char **buf, size_t *len)
     void fb_router_set_headers(fb_router *r, uint32_t link, int keep)
+    void fb_router_set_notify(fb_router *r, uint32_t link, int on)
     void fb_router_hold(fb_router *r, uint32_t link, int held)
     int fb_router_held(const fb_router *r, uint32_t link)
     uint64_t FB_ROUTER_GLOB_BASE

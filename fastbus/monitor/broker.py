@@ -64,6 +64,7 @@ _COUNTER_METRICS = (
     ("resume_lost", "Messages a resumed session was told (GAP) it lost: past what the broker kept for it."),
     ("durable_taken_over", "Durable subscribers' sessions a new process took over (it presented the name; "
                            "the stream went on from where the last process stopped taking)."),
+    ("no_responders", "Requests from clients that reached no subscriber, answered at once (NoResponders)."),
     ("peers_joined", "Peers that joined (HELLO; also the upstream and plain-ZeroMQ links)."),
     ("peers_left", "Peers that left (BYE, disconnected, dropped)."),
     ("subscribe_ops", "Subscribe operations applied."),

@@ -1,0 +1,120 @@
+"""Request/reply: a client's inbox and the messages a responder answers.
+
+A request is a message whose headers name a reply channel (the protocol's
+``:reply-to``, docs/PROTOCOL.md "Requests").  The reply channels of one
+client are all under its inbox, ``_INBOX.<random>.``, followed by the
+request's id; the client subscribes to the whole inbox once, the first time
+it asks, so a request costs no subscription.  Replies are matched to their
+requests by id in C (``fastbus._core.Replies``, csrc/fb_replies.h): the
+inbox's batches go there whole, never through Python per message, and each
+waiting thread sleeps on its own request without the interpreter lock.
+
+The thread that waits also reads the inbox's connection while no other
+waiting thread does (the table names one leader at a time), as a thread in
+``get_message()`` reads its PubSub: a reply reaches its thread with no
+hand-over when it is the only one waiting.  A request nobody subscribes to
+is answered at once: by this client's filter (the broker's view) when it
+says nobody wants the channel, else by the broker, which routed it to
+nobody and replies ``:status 503``: :class:`~fastbus.NoResponders`.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+from fastbus._core import REPLY_CLOSED, REPLY_DONE, REPLY_LEAD, REPLY_NO_RESPONDERS, REPLY_WAITING, Replies
+from fastbus.client._pubsub import PubSub
+from fastbus.errors import ConnectionClosed, NoResponders, RequestTimeout
+
+if TYPE_CHECKING:
+    from fastbus.client._connections import Connections
+
+#: Every client's inbox starts so (NATS's name for the same thing).
+INBOX_PREFIX = "_INBOX."
+#: Requests one client may have waiting at once.
+MAX_PENDING = 65536
+
+
+class Inbox(PubSub):
+    """A client's replies: a PubSub subscribed to its inbox, whose batches
+    go to ``replies`` (matched by id, in C) instead of becoming messages."""
+
+    def __init__(self, conns: Connections) -> None:
+        self.prefix = f"{INBOX_PREFIX}{secrets.token_hex(8)}."
+        self._prefix_b = self.prefix.encode()
+        self.replies = Replies(self._prefix_b, MAX_PENDING)
+        self._lead_rid = 0                        # the request of the thread reading now (0: none)
+        super().__init__(conns, ignore_subscribe_messages=True)
+        self.psubscribe(self.prefix + "*")        # confirmed: in effect for every publisher
+
+    def reply_channel(self, rid: int) -> bytes:
+        return self._prefix_b + str(rid).encode()
+
+    def _deliver(self, item: tuple) -> None:
+        """An item read from the broker (the session's lock held): a batch
+        of replies goes to the table, which wakes the threads it completes;
+        the reading thread's own reply ends its read."""
+        if item[0] != "data":
+            super()._deliver(item)
+            return
+        self.replies.take(item[2])
+        if self._lead_rid and self.replies.state(self._lead_rid) != REPLY_WAITING:
+            self._inbox.append(("replied",))
+
+    def lead(self, rid: int, deadline: float) -> None:
+        """Read the inbox's connection (this thread leads) until request
+        ``rid`` has its reply or ``deadline`` passes."""
+        self._lead_rid = rid
+        try:
+            while self.replies.state(rid) == REPLY_WAITING and time.monotonic() < deadline:
+                if not self._fill(deadline):
+                    return
+                inbox = self._inbox
+                while inbox:
+                    item = inbox.popleft()
+                    if item[0] != "replied":
+                        self._take_item(item, False, [])
+                self._control.clear()             # (confirmations, notices: nobody reads them here)
+        finally:
+            self._lead_rid = 0
+
+    def wait(self, channel: Any, rid: int, timeout: float) -> dict:
+        """Wait for request ``rid``'s reply (leading while nobody else
+        reads): the reply as a message dict; NoResponders, RequestTimeout,
+        ConnectionClosed."""
+        replies = self.replies
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                state = replies.wait(rid, max(0.0, deadline - time.monotonic()))
+                if state != REPLY_LEAD:
+                    break
+                try:
+                    self.lead(rid, deadline)
+                finally:
+                    replies.unlead()
+        finally:
+            state, headers, payload = replies.close(rid, self._options.decode_responses)
+        if state == REPLY_DONE:
+            return reply_message(self.reply_channel(rid), headers, payload, self._options.decode_responses)
+        if state == REPLY_NO_RESPONDERS:
+            raise NoResponders(channel)
+        if state == REPLY_CLOSED:
+            raise ConnectionClosed("the client closed while the request waited")
+        raise RequestTimeout(channel, timeout)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self.replies.close_all()                  # (every waiting request: ConnectionClosed)
+        super().shutdown(timeout)
+
+
+def reply_message(channel: bytes, headers: dict | None, payload: bytes, utf8: bool) -> dict:
+    """A reply as the message dict a PubSub would give for it."""
+    if utf8:
+        channel, payload = channel.decode(), payload.decode("utf-8", "surrogateescape")
+    m = {"type": "message", "pattern": None, "channel": channel, "data": payload}
+    if headers is not None:
+        m["headers"] = headers
+    return m
