@@ -250,3 +250,48 @@ def test_a_raw_request_that_reaches_nobody_gets_the_brokers_503(brokers):
     assert records == [(b"_INBOX.raw.7", b"", {":status": b"503"})]
     assert b.stats()["no_responders"] == 1
     s.close(0)
+
+
+def test_asyncio_requests_1000_at_once(brokers):
+    """The asyncio twin: 1,000 requests in flight at once on one client,
+    each its own reply; a responder answers with ``await m.respond()``; a
+    request cancelled leaves the others working; NoResponders and
+    RequestTimeout as in the sync client."""
+    import asyncio
+
+    import fastbus.aio
+    b = brokers()
+
+    async def main():
+        c = fastbus.aio.Client(endpoint=b.endpoint)
+        r = fastbus.aio.Client(endpoint=b.endpoint)
+        ps = r.pubsub(ignore_subscribe_messages=True)
+        await ps.subscribe("svc", "mute")
+
+        async def serve():
+            async for m in ps.listen():
+                if m["type"] == "message" and m["channel"] == b"svc":
+                    await m.respond(b"r:" + m["data"], {"i": m["data"]})
+
+        server = asyncio.ensure_future(serve())
+        try:
+            replies = await asyncio.gather(*(c.request("svc", b"%d" % i, timeout=30) for i in range(1000)))
+            assert [x["data"] for x in replies] == [b"r:%d" % i for i in range(1000)]
+            assert [x["headers"] for x in replies] == [{"i": b"%d" % i} for i in range(1000)]
+            slow = asyncio.ensure_future(c.request("mute", b"x", timeout=30))
+            await asyncio.sleep(0.05)
+            slow.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await slow
+            assert (await c.request("svc", b"after", timeout=10))["data"] == b"r:after"
+            with pytest.raises(fastbus.RequestTimeout):
+                await c.request("mute", b"x", timeout=0.2)
+            with pytest.raises(fastbus.NoResponders):
+                await c.request("nobody", b"x", timeout=60)
+        finally:
+            server.cancel()
+            await ps.aclose()
+            await c.close()
+            await r.close()
+
+    asyncio.run(main())

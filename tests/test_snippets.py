@@ -35,6 +35,7 @@ NEEDS = {
     'layer = ChannelLayer("tcp://127.0.0.1:6464")': {"broker": True, "until": "'text': 'hi'"},
     'durable="billing-worker"': {"broker": True},
     'headers={"content-type": "application/json", "id": "7"}': {"broker": True},
+    'client.request("time.now", b"", timeout=5)': {"broker": True},
     "fastbus.curve.client_keys": {"setup": ["keygen --name server", "keygen --dir clients --name client"]},
 }
 DEFAULT_PORT = 6464

@@ -37,31 +37,71 @@ INBOX_PREFIX = "_INBOX."
 MAX_PENDING = 65536
 
 
-class Inbox(PubSub):
-    """A client's replies: a PubSub subscribed to its inbox, whose batches
-    go to ``replies`` (matched by id, in C) instead of becoming messages."""
+class InboxMixin:
+    """What the sync and the asyncio inbox share: a PubSub subscribed to a
+    client's inbox, whose batches go to ``replies`` (matched by id, in C)
+    instead of becoming messages.  Mixed in before the PubSub class."""
 
-    def __init__(self, conns: Connections) -> None:
+    def _open_inbox(self) -> None:
         self.prefix = f"{INBOX_PREFIX}{secrets.token_hex(8)}."
         self._prefix_b = self.prefix.encode()
         self.replies = Replies(self._prefix_b, MAX_PENDING)
         self._lead_rid = 0                        # the request of the thread reading now (0: none)
-        super().__init__(conns, ignore_subscribe_messages=True)
-        self.psubscribe(self.prefix + "*")        # confirmed: in effect for every publisher
 
     def reply_channel(self, rid: int) -> bytes:
         return self._prefix_b + str(rid).encode()
 
     def _deliver(self, item: tuple) -> None:
         """An item read from the broker (the session's lock held): a batch
-        of replies goes to the table, which wakes the threads it completes;
-        the reading thread's own reply ends its read."""
+        of replies goes to the table, which wakes what it completes."""
         if item[0] != "data":
-            super()._deliver(item)
+            super()._deliver(item)               # type: ignore[misc]
             return
         self.replies.take(item[2])
+        self._replied()
+
+    def _replied(self) -> None:
+        """After a batch of replies: the reading thread's own reply ends
+        its read (the table woke the other threads)."""
         if self._lead_rid and self.replies.state(self._lead_rid) != REPLY_WAITING:
             self._inbox.append(("replied",))
+
+    def _outcome(self, channel: Any, rid: int, timeout: float) -> dict:
+        """Forget request ``rid``: its reply as a message dict, or the
+        error that says why there is none."""
+        utf8 = self._options.decode_responses
+        state, headers, payload = self.replies.close(rid, utf8)
+        if state == REPLY_DONE:
+            return reply_message(self.reply_channel(rid), headers, payload, utf8)
+        if state == REPLY_NO_RESPONDERS:
+            raise NoResponders(channel)
+        if state == REPLY_CLOSED:
+            raise ConnectionClosed("the client closed while the request waited")
+        raise RequestTimeout(channel, timeout)
+
+    def _take_control(self) -> None:
+        """What came besides replies (confirmations, notices): nobody reads
+        them here."""
+        inbox = self._inbox
+        while inbox:
+            item = inbox.popleft()
+            if item[0] != "replied":
+                self._take_item(item, False, [])
+        self._control.clear()
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        self.replies.close_all()                  # (every waiting request: ConnectionClosed)
+        super().shutdown(timeout)                # type: ignore[misc]
+
+
+class Inbox(InboxMixin, PubSub):
+    """A client's replies (see InboxMixin); the thread that waits for one
+    reads the connection while no other waiting thread does."""
+
+    def __init__(self, conns: Connections) -> None:
+        self._open_inbox()
+        super().__init__(conns, ignore_subscribe_messages=True)
+        self.psubscribe(self.prefix + "*")        # confirmed: in effect for every publisher
 
     def lead(self, rid: int, deadline: float) -> None:
         """Read the inbox's connection (this thread leads) until request
@@ -71,12 +111,7 @@ class Inbox(PubSub):
             while self.replies.state(rid) == REPLY_WAITING and time.monotonic() < deadline:
                 if not self._fill(deadline):
                     return
-                inbox = self._inbox
-                while inbox:
-                    item = inbox.popleft()
-                    if item[0] != "replied":
-                        self._take_item(item, False, [])
-                self._control.clear()             # (confirmations, notices: nobody reads them here)
+                self._take_control()
         finally:
             self._lead_rid = 0
 
@@ -95,19 +130,10 @@ class Inbox(PubSub):
                     self.lead(rid, deadline)
                 finally:
                     replies.unlead()
-        finally:
-            state, headers, payload = replies.close(rid, self._options.decode_responses)
-        if state == REPLY_DONE:
-            return reply_message(self.reply_channel(rid), headers, payload, self._options.decode_responses)
-        if state == REPLY_NO_RESPONDERS:
-            raise NoResponders(channel)
-        if state == REPLY_CLOSED:
-            raise ConnectionClosed("the client closed while the request waited")
-        raise RequestTimeout(channel, timeout)
-
-    def shutdown(self, timeout: float = 5.0) -> None:
-        self.replies.close_all()                  # (every waiting request: ConnectionClosed)
-        super().shutdown(timeout)
+        except BaseException:
+            replies.close(rid)
+            raise
+        return self._outcome(channel, rid, timeout)
 
 
 def reply_message(channel: bytes, headers: dict | None, payload: bytes, utf8: bool) -> dict:

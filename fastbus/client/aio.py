@@ -47,9 +47,11 @@ from fastbus.client._endpoint import AbsenceProbe
 from fastbus.client._connections import Connections
 from fastbus.client._pubsub import Handler
 from fastbus.client._pubsub import PubSub as _SyncPubSub
+from fastbus.client._requests import InboxMixin
 from fastbus.client._session import Session
 from fastbus.client._subsession import ConfirmWait
-from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, MessagesRejected
+from fastbus._core import REPLY_WAITING
+from fastbus.errors import BrokerTimeout, ConnectionClosed, FlushTimeout, KeyRefused, MessagesRejected, NoResponders
 
 __all__ = ["Client", "PubSub"]
 
@@ -321,12 +323,53 @@ class Client(_SyncClient):
                 raise BrokerTimeout(f"no answer from the broker at {self.endpoint} within {timeout:g} s",
                                     self.endpoint)
 
+    async def request(self, channel: ChannelT, data: EncodableT, timeout: float = 1.0,
+                      headers: Mapping[str, str | bytes] | None = None) -> PubSubMessage:
+        """A responder answers with ``await message.respond(data)``."""
+        if self.closed:
+            raise ConnectionClosed("client is closed")
+        self._bind()
+        inbox = self._inbox
+        if inbox is None:
+            inbox = await self._open_async_inbox()
+        rid = inbox.replies.open(True)
+        try:
+            if not self.session.publisher.publish_request(channel, data, inbox.reply_channel(rid), headers):
+                raise NoResponders(channel)
+            await inbox.wait(rid, timeout)
+        except BaseException:
+            inbox.replies.close(rid)
+            raise
+        return inbox._outcome(channel, rid, timeout)
+
+    async def _open_async_inbox(self) -> _AsyncInbox:
+        if self._inbox_opening is None:
+            self._inbox_opening = asyncio.ensure_future(self._make_inbox())
+        # (shielded: one request cancelled must not cancel the others' inbox)
+        return await asyncio.shield(self._inbox_opening)
+
+    async def _make_inbox(self) -> _AsyncInbox:
+        inbox = _AsyncInbox(self.connections)
+        inbox.responder = self
+        try:
+            await inbox.psubscribe(inbox.prefix + "*")   # confirmed: in effect for every publisher
+        except BaseException:
+            inbox.shutdown(1.0)
+            self._inbox_opening = None
+            raise
+        self._inbox = inbox
+        return inbox
+
+    _inbox_opening: asyncio.Future | None = None
+
     def pubsub(self, ignore_subscribe_messages: bool = False, durable: str | None = None) -> PubSub:
         """Call it in the loop that uses the PubSub (``durable``: as the
         sync Client's)."""
         if self.closed:
             raise ConnectionClosed("client is closed")
-        return PubSub(self.connections, ignore_subscribe_messages=ignore_subscribe_messages, durable=durable)
+        ps = PubSub(self.connections, ignore_subscribe_messages=ignore_subscribe_messages, durable=durable)
+        ps.responder = self                      # (a received request's respond() is awaited)
+        return ps
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """The event loop stops driving the connections first."""
@@ -607,3 +650,51 @@ class PubSub(_SyncPubSub):
 
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
+
+
+class _AsyncInbox(InboxMixin, PubSub):
+    """A client's replies in asyncio (fastbus.client._requests): requests
+    wait on futures, one task reads the connection while any waits, and
+    the loop's reads resolve the futures of the requests a batch
+    completed."""
+
+    def __init__(self, conns: Connections) -> None:
+        self._open_inbox()
+        super().__init__(conns, ignore_subscribe_messages=True)
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._reader: asyncio.Task | None = None
+
+    def _replied(self) -> None:
+        for rid in self.replies.done():
+            fut = self._waiting.get(rid)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    async def wait(self, rid: int, timeout: float) -> None:
+        """Until request ``rid`` completed or ``timeout`` passed."""
+        fut = self._loop.create_future()
+        self._waiting[rid] = fut
+        if self.replies.state(rid) != REPLY_WAITING:       # (completed before it was listed)
+            fut.set_result(None)
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.ensure_future(self._read())
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            del self._waiting[rid]
+            if not self._waiting:
+                self._changed.set()               # (the reader sees nothing waits, and ends)
+
+    async def _read(self) -> None:
+        """Read the inbox while requests wait."""
+        while self._waiting and not self.closed:
+            self._changed.clear()
+            try:
+                if self.read_nowait():
+                    self._take_control()
+            except ConnectionClosed:
+                return
+            if self._waiting:
+                await self._changed.wait()
