@@ -29,8 +29,10 @@ it uses the sync class's public hooks (``session``, ``closed``,
 from __future__ import annotations
 
 import asyncio
+import heapq
 import inspect
 import logging
+import math
 import os
 import time
 import warnings
@@ -654,15 +656,21 @@ class PubSub(_SyncPubSub):
 
 class _AsyncInbox(InboxMixin, PubSub):
     """A client's replies in asyncio (fastbus.client._requests): requests
-    wait on futures, one task reads the connection while any waits, and
-    the loop's reads resolve the futures of the requests a batch
-    completed."""
+    wait on futures; one task reads the connection and ends the requests
+    whose time is up (one timer for all: the earliest deadline); the
+    loop's reads resolve the futures of the requests a batch completed."""
 
     def __init__(self, conns: Connections) -> None:
         self._open_inbox()
         super().__init__(conns, ignore_subscribe_messages=True)
         self._waiting: dict[int, asyncio.Future] = {}
+        self._deadlines: list[tuple[float, int]] = []    # a heap; completed requests leave it lazily
         self._reader: asyncio.Task | None = None
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        super().shutdown(timeout)                 # (sets _changed: the reader sees it closed, and ends)
+        if self._reader is not None and not self._reader.done():
+            self._reader.cancel()
 
     def _replied(self) -> None:
         for rid in self.replies.done():
@@ -676,25 +684,36 @@ class _AsyncInbox(InboxMixin, PubSub):
         self._waiting[rid] = fut
         if self.replies.state(rid) != REPLY_WAITING:       # (completed before it was listed)
             fut.set_result(None)
+        deadline = time.monotonic() + timeout
+        heapq.heappush(self._deadlines, (deadline, rid))
         if self._reader is None or self._reader.done():
             self._reader = asyncio.ensure_future(self._read())
+        elif deadline < self._sleeps_until:
+            self._changed.set()                   # (the reader sleeps until a later deadline)
         try:
-            await asyncio.wait_for(fut, timeout)
-        except asyncio.TimeoutError:
-            pass
+            await fut
         finally:
             del self._waiting[rid]
-            if not self._waiting:
-                self._changed.set()               # (the reader sees nothing waits, and ends)
 
     async def _read(self) -> None:
-        """Read the inbox while requests wait."""
-        while self._waiting and not self.closed:
+        """Read the inbox (while nothing waits too: what comes late is
+        taken, and dropped, not left to pile up); end the requests past
+        their deadline."""
+        deadlines = self._deadlines
+        while not self.closed:
             self._changed.clear()
             try:
                 if self.read_nowait():
                     self._take_control()
             except ConnectionClosed:
                 return
-            if self._waiting:
-                await self._changed.wait()
+            now = time.monotonic()
+            while deadlines and (deadlines[0][0] <= now or deadlines[0][1] not in self._waiting):
+                _, rid = heapq.heappop(deadlines)
+                fut = self._waiting.get(rid)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)          # (its outcome says it timed out)
+            self._sleeps_until = deadlines[0][0] if deadlines else math.inf
+            await _wait(self._changed, deadlines[0][0] if deadlines else None)
+
+    _sleeps_until = math.inf
