@@ -11,6 +11,7 @@
     fastbus topic|inbox ACTION NAME   a topic (publish, read, stats, register) or inbox (create, send, fetch)
     fastbus pub CHANNEL MSG...   publish (or lines from stdin); fastbus sub CHANNEL... prints what arrives
     fastbus psub PATTERN...      print what arrives on Redis glob patterns (or sub --pattern PATTERN)
+    fastbus request CHANNEL DATA ask and print the first reply; fastbus reply CHANNEL DATA answers requests
     fastbus redis-server         the embedded Redis server in the foreground, to share between processes
 """
 

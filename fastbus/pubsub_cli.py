@@ -1,11 +1,14 @@
-"""``fastbus pub``, ``fastbus sub`` and ``fastbus psub``: a broker's channels
-from the shell, as ``redis-cli PUBLISH``/``SUBSCRIBE``/``PSUBSCRIBE`` and
-``nats pub``/``nats sub`` do.
+"""``fastbus pub``, ``fastbus sub``, ``fastbus psub``, ``fastbus request`` and
+``fastbus reply``: a broker's channels from the shell, as ``redis-cli
+PUBLISH``/``SUBSCRIBE``/``PSUBSCRIBE`` and ``nats pub``/``sub``/``request``/
+``reply`` do.
 
     fastbus pub news "hello" "world"          # or lines from stdin (no message, or -)
     fastbus pub orders '{"id": 7}' -H content-type=application/json   # with headers
     fastbus sub news [--pattern "market.*"] [--json] [--count N] [--seconds S]
     fastbus psub "user.*.events" "room.?"     # Redis glob patterns
+    fastbus reply time.now "12:00" [--echo] [--count N]   # answer requests
+    fastbus request time.now "" [--timeout 1] [--json]    # ask, print the reply
 
 A pattern is taken only when asked for (``--pattern`` or ``psub``): a
 channel argument with a glob character (``*``, ``?``, ``[``, ``\\``) is a
@@ -164,14 +167,68 @@ def cmd_sub(args: argparse.Namespace) -> int:
                 continue
             if m["type"] in ("message", "pmessage"):
                 n += 1
-                if args.json:
-                    print(_json_line(m), file=out, flush=True)
-                else:
-                    h = m.get("headers")
-                    shown = "[" + " ".join(f"{k}={_text(v)}" for k, v in h.items()) + "] " if h else ""
-                    print(f"{_text(m['channel'])}: {shown}{_text(m['data'])}", file=out, flush=True)
+                _print_message(m, args.json, out)
             elif m["type"] in ("gap", "disconnected", "reconnect", "refused"):
                 print(f"fastbus sub: {m['type']}: {m['data']}", file=sys.stderr, flush=True)
+    finally:
+        client.shutdown(1.0)
+    return 0
+
+
+def _print_message(m: dict, as_json: bool, out: TextIO) -> None:
+    """A message as ``sub`` prints it: ``channel: [headers] data``, or JSON."""
+    if as_json:
+        print(_json_line(m), file=out, flush=True)
+        return
+    h = m.get("headers")
+    shown = "[" + " ".join(f"{k}={_text(v)}" for k, v in h.items()) + "] " if h else ""
+    print(f"{_text(m['channel'])}: {shown}{_text(m['data'])}", file=out, flush=True)
+
+
+def cmd_request(args: argparse.Namespace) -> int:
+    """Ask once and print the reply; no responders or no reply in time is
+    exit 1, said on stderr (main())."""
+    headers = _headers_arg(args.header)
+    client = _client(args, socket_connect_timeout=min(5.0, max(args.timeout, 1.0)))
+    try:
+        reply = client.request(args.channel, args.data.encode(), timeout=args.timeout, headers=headers)
+        _print_message(reply, args.json, args.out)
+    finally:
+        client.shutdown(1.0)
+    return 0
+
+
+def cmd_reply(args: argparse.Namespace) -> int:
+    """Answer every request on a channel with DATA (or, with --echo, its
+    own data), printing each request, until Ctrl-C, --count or --seconds."""
+    from fastbus.errors import UsageError
+    if args.data is None and not args.echo:
+        raise UsageError("what to answer: give DATA, or --echo to answer each request with its own data")
+    answer = None if args.data is None else args.data.encode()
+    headers = _headers_arg(args.header)
+    client = _client(args, socket_connect_timeout=min(5.0, args.timeout), subscribe_timeout=args.timeout)
+    try:
+        p = client.pubsub(ignore_subscribe_messages=True)
+        p.subscribe(args.channel)
+        print(f"fastbus reply: answering requests on {args.channel} at {client.endpoint}", file=sys.stderr,
+              flush=True)
+        n = 0
+        end = None if args.seconds is None else time.monotonic() + args.seconds
+        while args.count is None or n < args.count:
+            wait = None if end is None else end - time.monotonic()
+            if wait is not None and wait <= 0:
+                break
+            m = p.get_message(timeout=wait if wait is not None else 1.0)
+            if m is None or m["type"] != "message":
+                continue
+            _print_message(m, args.json, args.out)
+            if "reply_to" not in m:
+                print(f"fastbus reply: a message on {args.channel} that is not a request: not answered",
+                      file=sys.stderr, flush=True)
+                continue
+            m.respond(m["data"] if answer is None else answer, headers)
+            n += 1
+        client.flush(timeout=args.timeout)
     finally:
         client.shutdown(1.0)
     return 0
@@ -188,8 +245,9 @@ def _connection_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_parsers(sub) -> None:
-    """Add ``pub``, ``sub`` and ``psub`` to the ``fastbus`` command's subparsers."""
-    from fastbus.cliargs import seconds
+    """Add ``pub``, ``sub``, ``psub``, ``request`` and ``reply`` to the
+    ``fastbus`` command's subparsers."""
+    from fastbus.cliargs import positive, seconds
     p = sub.add_parser("pub", help="publish messages to a channel (arguments, or lines from stdin)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("channel", help="the channel")
@@ -217,6 +275,33 @@ def add_parsers(sub) -> None:
                     help="Redis glob patterns: * any bytes, ? one, [abc] [^a] [a-z] classes, \\ escapes")
     ps.set_defaults(channels=[], literal=False)
     _sub_options(ps)
+
+    rq = sub.add_parser("request", help="send a request to a channel and print the first reply",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rq.add_argument("channel", help="the channel its responders subscribe to")
+    rq.add_argument("data", help="the request's data")
+    rq.add_argument("--header", "-H", action="append", default=[], metavar="NAME=VALUE",
+                    help="a header the request carries (repeatable)")
+    rq.add_argument("--timeout", type=seconds, default=1.0,
+                    help="seconds to wait for the reply (default: %(default)s)")
+    rq.add_argument("--json", action="store_true", help="the reply as a JSON object (as sub --json)")
+    _connection_options(rq)
+    rq.set_defaults(func=cmd_request)
+
+    rp = sub.add_parser("reply", help="answer the requests sent to a channel (fastbus request, Client.request)",
+                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rp.add_argument("channel", help="the channel to answer on")
+    rp.add_argument("data", nargs="?", default=None, help="the answer (or --echo)")
+    rp.add_argument("--echo", action="store_true", help="answer each request with its own data")
+    rp.add_argument("--header", "-H", action="append", default=[], metavar="NAME=VALUE",
+                    help="a header every answer carries (repeatable)")
+    rp.add_argument("--json", action="store_true", help="print each request as a JSON object (as sub --json)")
+    rp.add_argument("--count", type=positive, default=None, help="stop after answering this many (default: run on)")
+    rp.add_argument("--seconds", type=seconds, default=None, help="stop after this long (default: run on)")
+    rp.add_argument("--timeout", type=seconds, default=10.0,
+                    help="seconds to wait for the subscription to be confirmed (default: %(default)s)")
+    _connection_options(rp)
+    rp.set_defaults(func=cmd_reply)
 
 
 def _sub_options(s: argparse.ArgumentParser) -> None:

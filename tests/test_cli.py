@@ -324,3 +324,32 @@ def test_a_malformed_redis_url_or_broker_endpoint_is_a_usage_error_naming_its_so
     for cmd in (["queue", "stats", "jobs"], ["monitor", "--once"]):
         line = _one_line_error(run(*cmd), 2, "$FASTBUS_REDIS_URL is not a Redis URL: '127.0.0.1:6379'")
         assert line.startswith(f"fastbus {cmd[0]}"), line
+
+def test_request_and_reply_from_the_shell(brokers):
+    """``fastbus reply`` answers the requests on a channel (printing each);
+    ``fastbus request`` prints the first reply, and says "no responders" at
+    once, exit 1, when nobody subscribes."""
+    b = brokers()
+    port = b.endpoint.rsplit(":", 1)[1]
+    with tempfile.TemporaryDirectory() as cwd:
+        replier = subprocess.Popen(fastbus_cmd() + ["reply", "--port", port, "time.now", "12:00", "-H", "tz=UTC",
+                                                    "--count", "2"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+        try:
+            assert "answering requests on time.now" in replier.stderr.readline()
+            r = run("request", "--port", port, "time.now", "what time?", "--timeout", "10")
+            assert r.returncode == 0, r.stderr
+            assert r.stdout.startswith("_INBOX.") and r.stdout.rstrip().endswith(": [tz=UTC] 12:00"), r.stdout
+            r = run("request", "--port", port, "time.now", "again", "--json", "--timeout", "10")
+            line = json.loads(r.stdout)
+            assert line["data"] == "12:00" and line["headers"] == {"tz": {"value": "UTC", "encoding": "utf-8"}}
+            out, _ = replier.communicate(timeout=30)
+            assert replier.returncode == 0 and out.splitlines() == ["time.now: what time?", "time.now: again"]
+        finally:
+            if replier.poll() is None:
+                replier.kill()
+                replier.wait()
+    # (NoResponders, not the 60 s timeout: that would say "no reply")
+    assert "no responders: nobody subscribes to 'nobody.home'" in _one_line_error(
+        run("request", "--port", port, "nobody.home", "x", "--timeout", "60"), 1, "no responders")
+    assert _one_line_error(run("reply", "--port", port, "ch"), 2, "give DATA, or --echo")

@@ -97,6 +97,10 @@ class PubSub(PubSubBase):
     subscribe and unsubscribe meanwhile.
     """
 
+    #: Data that arrives while nobody reads wakes the keeper, which takes it
+    #: (a client's inbox of replies, fastbus.client._requests).
+    _wake_on_data = False
+
     def __init__(self, conns: Connections, ignore_subscribe_messages: bool = False,
                  durable: str | None = None) -> None:
         if durable is not None and not P.valid_durable_name(durable):
@@ -156,7 +160,8 @@ class PubSub(PubSubBase):
         self._dicts = self._buf.dicts
         self._closed = False
         self.handled: list = []                   # awaitables handlers returned, not yet awaited
-        self._session = SubSession(self._conns, self._deliver, self._inbox_full, self.durable)
+        self._session = SubSession(self._conns, self._deliver, self._inbox_full, self.durable,
+                                   wake_on_data=self._wake_on_data)
         self._session.seq = self._seq
         self._conns.open(self._session)
         self._conns.join(self)

@@ -96,7 +96,10 @@ class InboxMixin:
 
 class Inbox(InboxMixin, PubSub):
     """A client's replies (see InboxMixin); the thread that waits for one
-    reads the connection while no other waiting thread does."""
+    reads the connection while no other waiting thread does, and the
+    keeper takes what comes while none waits (a late reply, dropped)."""
+
+    _wake_on_data = True
 
     def __init__(self, conns: Connections) -> None:
         self._open_inbox()

@@ -56,8 +56,12 @@ class SubSession(Session):
     kind = "sub"
 
     def __init__(self, conns: Connections, deliver: Callable[[tuple], None],
-                 inbox_full: Callable[[int], bool], durable: str | None = None) -> None:
+                 inbox_full: Callable[[int], bool], durable: str | None = None,
+                 wake_on_data: bool = False) -> None:
         super().__init__(conns)
+        #: Data too wakes the keeper while nobody reads (a client's inbox of
+        #: replies: what comes when no request waits is taken, not left).
+        self.wake_on_data = wake_on_data
         #: A durable subscriber's name: its session outlives this process
         #: (any process presenting the name takes it over, where this one
         #: stopped taking); ``claim``: this process's, drawn once.
@@ -109,7 +113,8 @@ class SubSession(Session):
         if self.reader is not None or owner_fd is None:
             return                        # (a loop's session: the keeper reads until the loop drives it)
         self.adopt_reader(_engine.Reader(self.lock, self.sock, owner_fd, self.options.max_inbox_bytes, P.DATA,
-                                         wake_on_data=self.conns.driven_by_loop, ping=self.native_ping(),
+                                         wake_on_data=self.conns.driven_by_loop or self.wake_on_data,
+                                         ping=self.native_ping(),
                                          lost_command=P.LOST_LOCAL))
 
     def close(self) -> None:
