@@ -14,6 +14,7 @@ typedef struct linkbox {
     uint8_t sent;          /* a batch was taken since the link was added */
     uint8_t no_headers;    /* its peer does not read headers: records go without them */
     uint8_t notify;        /* its requests that reach nobody are answered (fb_router_set_notify) */
+    uint8_t away;          /* a queue group picks it last (fb_router_set_away) */
     uint64_t stamp;        /* the last record appended (r->stamp): each record once */
 } linkbox;
 
@@ -25,6 +26,18 @@ typedef struct globsub {
     uint32_t link;
     uint32_t next;
 } globsub;
+
+/* A queue group (fb_router_add_group); used 0: free, and next the next
+ * free slot. */
+typedef struct qgroup {
+    unsigned char *pat;       /* a glob group's pattern, NULL: the trie's key decides */
+    size_t len;
+    uint32_t *members;
+    uint32_t nmembers, capmembers;
+    uint32_t cursor;          /* where the next pick starts (round robin) */
+    uint32_t next;
+    uint8_t used;
+} qgroup;
 
 struct fb_router {
     fb_outbox_limits lim;     /* of every outbox: no age limit (the linger is the router's) */
@@ -46,6 +59,8 @@ struct fb_router {
     size_t nnotices, capnotices;
     globsub *globs;           /* by id - FB_ROUTER_GLOB_BASE */
     uint32_t nglobs, capglobs, freeglob, usedglobs;   /* freeglob UINT32_MAX: none free */
+    qgroup *groups;           /* by id - FB_ROUTER_GROUP_BASE */
+    uint32_t ngroups, capgroups, freegroup;           /* freegroup UINT32_MAX: none free */
     uint64_t stamp;           /* counts routed records: a link takes each once (linkbox.stamp) */
     uint32_t catchall;        /* fb_router_set_catchall's link, UINT32_MAX: none */
     uint64_t catchall_from;
@@ -64,6 +79,7 @@ fb_router *fb_router_new(const fb_outbox_limits *lim)
     fb_idvec_init(&r->ids);
     r->catchall = UINT32_MAX;
     r->freeglob = UINT32_MAX;
+    r->freegroup = UINT32_MAX;
     return r;
 }
 
@@ -81,6 +97,11 @@ void fb_router_free(fb_router *r)
     fb_idvec_free(&r->ids);
     for (uint32_t i = 0; i < r->nglobs; i++) free(r->globs[i].pat);
     free(r->globs);
+    for (uint32_t i = 0; i < r->ngroups; i++) {
+        free(r->groups[i].pat);
+        free(r->groups[i].members);
+    }
+    free(r->groups);
     free(r);
 }
 
@@ -131,6 +152,123 @@ size_t fb_router_glob_count(const fb_router *r)
     return r->usedglobs;
 }
 
+/* -- queue groups -------------------------------------------------------------- */
+
+static qgroup *group_of(const fb_router *r, uint64_t id)
+{
+    if (id < FB_ROUTER_GROUP_BASE || id - FB_ROUTER_GROUP_BASE >= r->ngroups) return NULL;
+    qgroup *g = &r->groups[id - FB_ROUTER_GROUP_BASE];
+    return g->used ? g : NULL;
+}
+
+int fb_router_add_group(fb_router *r, const void *pattern, size_t len, uint64_t *id)
+{
+    if (!id || (!pattern && len)) return FB_EINVAL;
+    unsigned char *pat = NULL;
+    if (pattern) {
+        pat = malloc(len ? len : 1);
+        if (!pat) return FB_ENOMEM;
+        if (len) memcpy(pat, pattern, len);
+    }
+    uint32_t i;
+    if (r->freegroup != UINT32_MAX) {
+        i = r->freegroup;
+        r->freegroup = r->groups[i].next;
+    } else {
+        if (r->ngroups == r->capgroups) {
+            uint32_t c = r->capgroups ? r->capgroups * 2 : 16;
+            qgroup *ng = c > r->capgroups ? realloc(r->groups, (size_t)c * sizeof *ng) : NULL;
+            if (!ng) {
+                free(pat);
+                return FB_ENOMEM;
+            }
+            r->groups = ng;
+            r->capgroups = c;
+        }
+        i = r->ngroups++;
+    }
+    r->groups[i] = (qgroup){ pat, len, NULL, 0, 0, 0, UINT32_MAX, 1 };
+    *id = FB_ROUTER_GROUP_BASE + i;
+    return FB_OK;
+}
+
+int fb_router_remove_group(fb_router *r, uint64_t id)
+{
+    qgroup *g = group_of(r, id);
+    if (!g) return FB_ENOTFOUND;
+    free(g->pat);
+    free(g->members);
+    *g = (qgroup){ NULL, 0, NULL, 0, 0, 0, r->freegroup, 0 };
+    r->freegroup = (uint32_t)(id - FB_ROUTER_GROUP_BASE);
+    return FB_OK;
+}
+
+int fb_router_group_join(fb_router *r, uint64_t id, uint32_t link)
+{
+    if (link >= 0x80000000u) return FB_EINVAL;
+    qgroup *g = group_of(r, id);
+    if (!g) return FB_ENOTFOUND;
+    for (uint32_t i = 0; i < g->nmembers; i++)
+        if (g->members[i] == link) return FB_OK;
+    if (g->nmembers == g->capmembers) {
+        uint32_t c = g->capmembers ? g->capmembers * 2 : 4;
+        uint32_t *m = realloc(g->members, (size_t)c * sizeof *m);
+        if (!m) return FB_ENOMEM;
+        g->members = m;
+        g->capmembers = c;
+    }
+    g->members[g->nmembers++] = link;
+    return FB_OK;
+}
+
+int fb_router_group_leave(fb_router *r, uint64_t id, uint32_t link)
+{
+    qgroup *g = group_of(r, id);
+    if (!g) return FB_ENOTFOUND;
+    for (uint32_t i = 0; i < g->nmembers; i++) {
+        if (g->members[i] != link) continue;
+        /* (order kept: the round robin goes on where it was) */
+        memmove(g->members + i, g->members + i + 1, (size_t)(g->nmembers - i - 1) * sizeof *g->members);
+        g->nmembers--;
+        if (g->cursor > i) g->cursor--;
+        return FB_OK;
+    }
+    return FB_ENOTFOUND;
+}
+
+size_t fb_router_group_size(const fb_router *r, uint64_t id)
+{
+    const qgroup *g = group_of(r, id);
+    return g ? g->nmembers : 0;
+}
+
+void fb_router_set_away(fb_router *r, uint32_t link, int away)
+{
+    if (link < r->caplinks && r->links[link].active) r->links[link].away = away != 0;
+}
+
+/* The member of g a record from `source` goes to, or UINT32_MAX: the
+ * first, from the cursor on, that is free (not held, not away), else
+ * held, else away (fb_router.h). */
+static uint32_t pick_member(fb_router *r, qgroup *g, uint64_t source)
+{
+    uint32_t best = UINT32_MAX, best_rank = 3, best_at = 0;
+    for (uint32_t k = 0; k < g->nmembers; k++) {
+        uint32_t at = (g->cursor + k) % g->nmembers;
+        uint32_t m = g->members[at];
+        if (m == source || m >= r->caplinks || !r->links[m].active) continue;
+        uint32_t rank = r->links[m].away ? 2 : r->links[m].held ? 1 : 0;
+        if (rank < best_rank) {
+            best = m;
+            best_rank = rank;
+            best_at = at;
+            if (rank == 0) break;
+        }
+    }
+    if (best != UINT32_MAX) g->cursor = (best_at + 1) % g->nmembers;
+    return best;
+}
+
 int fb_router_add_link(fb_router *r, uint32_t link)
 {
     if (link >= 0x80000000u) return FB_EINVAL;
@@ -151,6 +289,7 @@ int fb_router_add_link(fb_router *r, uint32_t link)
         lb->sent = 0;
         lb->no_headers = 0;
         lb->notify = 0;
+        lb->away = 0;
         lb->last_ns = 0;
     }
     return FB_OK;
@@ -297,7 +436,13 @@ static int deliver(fb_router *r, fb_trie *t, const fb_record *recs, size_t n, ui
         r->stamp++;                             /* append_to: each link once */
         for (size_t j = r->offsets[i]; j < r->offsets[i + 1]; j++) {
             uint64_t id = r->ids.ids[j];
-            if (id >= FB_ROUTER_GLOB_BASE) {
+            if (id >= FB_ROUTER_GROUP_BASE) {
+                /* A queue group: one member gets it. */
+                qgroup *g = group_of(r, id);
+                if (!g || (g->pat && fb_glob_match(g->pat, g->len, rec->topic, rec->topic_len) != 1)) continue;
+                id = pick_member(r, g, source);
+                if (id == UINT32_MAX) continue;
+            } else if (id >= FB_ROUTER_GLOB_BASE) {
                 /* A glob held under a prefix of this topic: does it match? */
                 uint64_t g = id - FB_ROUTER_GLOB_BASE;
                 if (g >= r->nglobs || !r->globs[g].pat ||

@@ -165,6 +165,37 @@ int fb_router_remove_glob(fb_router *r, uint64_t id);
 /* Glob subscriptions held (for counters and tests). */
 size_t fb_router_glob_count(const fb_router *r);
 
+/* Queue groups: of the members of one group, each record goes to exactly
+ * one (NATS's queue subscribers), while the links subscribed plainly to
+ * the same channel still each get it.  A group is held in the trie under
+ * its key by a subscriber id of its own, which fb_router_add_group gives
+ * (>= FB_ROUTER_GROUP_BASE, never a link nor a glob's id): the trie holds
+ * the group once, however many members it has.  A glob group (pattern not
+ * NULL: a Redis glob, held in the trie under its literal prefix) is
+ * matched here, as a glob subscription is.
+ *
+ * When the trie reports a group for a record, the router picks a member
+ * round robin, never the record's source: one that is not held
+ * (fb_router_hold: its connection takes no more now) and not away
+ * (fb_router_set_away: its session lingers without a connection); if
+ * every member is, a held one (the record waits in its queue, under its
+ * slow-consumer bound); if every one is away, an away one (its session
+ * keeps it for its resume).  A member that also matched the record some
+ * other way gets it once.  A group without members routes nothing. */
+#define FB_ROUTER_GROUP_BASE ((uint64_t)1 << 33)
+int fb_router_add_group(fb_router *r, const void *pattern, size_t len, uint64_t *id);
+/* FB_ENOTFOUND if id is not a group; its members go with it. */
+int fb_router_remove_group(fb_router *r, uint64_t id);
+/* A link joins (idempotent) or leaves a group (FB_ENOTFOUND if it is not a
+ * member, or id not a group).  FB_EINVAL for a link >= 2^31. */
+int fb_router_group_join(fb_router *r, uint64_t id, uint32_t link);
+int fb_router_group_leave(fb_router *r, uint64_t id, uint32_t link);
+/* A group's members (0 for an unknown id). */
+size_t fb_router_group_size(const fb_router *r, uint64_t id);
+/* A member whose session is away (lingering without a connection): picked
+ * only when every other member is away too.  Off for a new link. */
+void fb_router_set_away(fb_router *r, uint32_t link, int away);
+
 /* A link that receives every record from now_ns >= from_ns on, as if it
  * were subscribed to everything (each record once, never back to its
  * source), whatever the trie says; before from_ns only what it subscribed

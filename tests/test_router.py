@@ -48,6 +48,60 @@ def test_globs_are_matched_where_they_are_delivered():
     assert r.globs == 0
 
 
+
+def test_queue_groups_give_each_record_to_exactly_one_member():
+    """A queue group held in the trie once, by the router's id for it:
+    through joins, leaves, held and away members, each record reaches
+    exactly one member (never its source), round robin among the free
+    ones; a plain subscriber of the same channel gets every record."""
+    import random
+
+    from fastbus.errors import NotSubscribedError
+    t = Trie()
+    r = Router(t, max_messages=100_000, max_bytes=0)
+    links = list(range(1, 8))
+    for link in links:
+        r.add_link(link)
+    g = r.add_group()
+    assert g >= 1 << 33
+    t.add(b"jobs", g)
+    t.add(b"jobs", 7)                                    # plain: every record
+    rng = random.Random(7)
+    members: set[int] = set()
+    got: dict[int, list[bytes]] = {link: [] for link in links}
+    seq = 0
+    for _round in range(200):
+        for link in links[:6]:
+            if rng.random() < 0.3:
+                if link in members:
+                    r.group_leave(g, link)
+                    members.discard(link)
+                else:
+                    r.group_join(g, link)
+                    members.add(link)
+            r.hold(link, rng.random() < 0.2)
+            r.set_away(link, rng.random() < 0.1)
+        source = rng.choice(links[:6])
+        records = [(b"jobs", b"%d" % (seq + i)) for i in range(5)]
+        seq += 5
+        r.route(encode(records), source=source, now_ns=0)
+        for link in links:
+            batch = r.take(link)
+            if batch is not None:
+                got[link] += [p for _t, p in decode(batch)]
+        assert not any(p in got[source] for _t, p in records)     # never back to its source
+        eligible = members - {source}
+        if not eligible:
+            continue
+        taken = {p: [m for m in eligible if p in got[m]] for _t, p in records}
+        assert all(len(v) == 1 for v in taken.values()), (members, source, taken)
+    assert got[7] == [b"%d" % i for i in range(seq)]
+    assert sum(len(got[m]) for m in links[:6]) <= seq
+    with pytest.raises(NotSubscribedError):
+        r.group_leave(g, 99)
+    r.remove_group(g)
+    assert r.group_size(g) == 0
+
 def test_no_linger_every_outbox_that_holds_records_is_due():
     t = Trie()
     r = Router(t, max_messages=3, max_bytes=0)          # max_delay=0: no linger

@@ -499,6 +499,87 @@ static void test_no_responders(void)
     fb_trie_free(t);
 }
 
+/* Queue groups: each record to one member, round robin, never the
+ * source; a plain subscriber of the channel still gets every one; a held
+ * member is passed over while another is free, an away one while another
+ * is not away; a glob group matches its pattern; leaving and removing. */
+static void test_queue_groups(void)
+{
+    fb_trie *t = fb_trie_new();
+    fb_router *r = fb_router_new(NULL);
+    for (uint32_t l = 1; l <= 5; l++) CHECK_EQ(fb_router_add_link(r, l), FB_OK);
+    uint64_t g, gg;
+    CHECK_EQ(fb_router_add_group(r, NULL, 0, &g), FB_OK);
+    CHECK(g >= FB_ROUTER_GROUP_BASE);
+    for (uint32_t l = 1; l <= 3; l++) CHECK_EQ(fb_router_group_join(r, g, l), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, g, 2), FB_OK);              /* (idempotent) */
+    CHECK_EQ(fb_router_group_size(r, g), 3);
+    fb_trie_add(t, "jobs", 4, FB_EXACT, g);
+    fb_trie_add(t, "jobs", 4, FB_EXACT, 4);                       /* a plain subscriber */
+    const char *six[] = { "jobs", "jobs", "jobs", "jobs", "jobs", "jobs" };
+    size_t len;
+    unsigned char *b = batch_of(six, 6, &len);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 5, 1), 6);
+    fb_record recs[64];
+    unsigned char *keep;
+    size_t seen = 0;
+    for (uint32_t l = 1; l <= 3; l++) {                           /* two each, in turn */
+        size_t n = take_records(r, l, recs, &keep);
+        CHECK_EQ(n, 2);
+        seen += n;
+        fb_free(keep);
+    }
+    CHECK_EQ(seen, 6);
+    CHECK_EQ(take_records(r, 4, recs, &keep), 6);
+    fb_free(keep);
+    /* From a member: never back to it. */
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 1, 2), 6);
+    CHECK(fb_outbox_count(fb_router_outbox(r, 1)) == 0);
+    CHECK(fb_outbox_count(fb_router_outbox(r, 2)) == 3 && fb_outbox_count(fb_router_outbox(r, 3)) == 3);
+    for (uint32_t l = 2; l <= 4; l++) take_and_free(r, l, 3);
+    /* Held: passed over while another is free; away: after the held. */
+    fb_router_hold(r, 2, 1);
+    fb_router_set_away(r, 3, 1);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 5, 4), 6);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 1)), 6);
+    take_and_free(r, 1, 5);
+    CHECK_EQ(fb_router_group_leave(r, g, 1), FB_OK);
+    CHECK_EQ(fb_router_group_leave(r, g, 1), FB_ENOTFOUND);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 5, 6), 6);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 2)), 6);       /* held, but not away */
+    fb_router_hold(r, 2, 0);
+    take_and_free(r, 2, 7);
+    CHECK_EQ(fb_router_group_leave(r, g, 2), FB_OK);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 5, 8), 6);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 3)), 6);       /* the only one: away or not */
+    take_and_free(r, 3, 9);
+    take_and_free(r, 4, 9);                                      /* (the plain subscriber's) */
+    for (uint32_t l = 1; l <= 5; l++) CHECK(fb_outbox_count(fb_router_outbox(r, l)) == 0);
+    /* A glob group: only what its pattern matches, to one member. */
+    CHECK_EQ(fb_router_add_group(r, "job?.*", 6, &gg), FB_OK);
+    CHECK(gg != g);
+    CHECK_EQ(fb_router_group_join(r, gg, 4), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, gg, 5), FB_OK);
+    fb_trie_add(t, "job", 3, FB_PREFIX, gg);
+    const char *mixed[] = { "jobs.a", "jobx.b", "job.c", "jobs", "jobs.d" };
+    unsigned char *b2 = batch_of(mixed, 5, &len);
+    CHECK_EQ(fb_router_route(r, t, b2, len, NULL, 1, 10), 5);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 4)) + fb_outbox_count(fb_router_outbox(r, 5)), 3 + 1);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 3)), 1);       /* "jobs": group g */
+    /* Removed: routes nothing; its id is given again. */
+    CHECK_EQ(fb_router_remove_group(r, g), FB_OK);
+    CHECK_EQ(fb_router_remove_group(r, g), FB_ENOTFOUND);
+    CHECK_EQ(fb_router_group_size(r, g), 0);
+    CHECK_EQ(fb_router_group_join(r, g, 1), FB_ENOTFOUND);
+    uint64_t again;
+    CHECK_EQ(fb_router_add_group(r, NULL, 0, &again), FB_OK);
+    CHECK_EQ(again, g);
+    fb_free(b);
+    fb_free(b2);
+    fb_router_free(r);
+    fb_trie_free(t);
+}
+
 int main(void)
 {
     RUN(test_route_and_split_horizon);
@@ -510,5 +591,6 @@ int main(void)
     RUN(test_globs_matched_at_the_router);
     RUN(test_headers_routed);
     RUN(test_no_responders);
+    RUN(test_queue_groups);
     CTEST_END();
 }

@@ -118,6 +118,56 @@ cdef class Router:
         _check(rc, "add_glob")
         return gid
 
+    def add_group(self, pattern=None) -> int:
+        """A queue group: of its members (:meth:`group_join`), each record
+        goes to one, round robin (fb_router.h).  The returned id (never a
+        link nor a glob's) is what the trie must hold under the group's key
+        (a glob group, ``pattern`` given, under the glob's literal prefix)."""
+        cdef bytes p = None if pattern is None else _as_message(pattern)
+        cdef uint64_t gid = 0
+        _lock(&self._lock)
+        if p is None:
+            rc = fb_router_add_group(self._r, NULL, 0, &gid)
+        else:
+            rc = fb_router_add_group(self._r, PyBytes_AS_STRING(p), <size_t>PyBytes_GET_SIZE(p), &gid)
+        _unlock(&self._lock)
+        _check(rc, "add_group")
+        return gid
+
+    def remove_group(self, uint64_t group_id) -> None:
+        """Forget a group (its trie entry is the caller's to remove);
+        NotSubscribedError if ``group_id`` is not one."""
+        _lock(&self._lock)
+        rc = fb_router_remove_group(self._r, group_id)
+        _unlock(&self._lock)
+        _check(rc, "remove_group")
+
+    def group_join(self, uint64_t group_id, uint32_t link) -> None:
+        _lock(&self._lock)
+        rc = fb_router_group_join(self._r, group_id, link)
+        _unlock(&self._lock)
+        _check(rc, "group_join")
+
+    def group_leave(self, uint64_t group_id, uint32_t link) -> None:
+        """NotSubscribedError if ``link`` is not a member."""
+        _lock(&self._lock)
+        rc = fb_router_group_leave(self._r, group_id, link)
+        _unlock(&self._lock)
+        _check(rc, "group_leave")
+
+    def group_size(self, uint64_t group_id) -> int:
+        _lock(&self._lock)
+        n = fb_router_group_size(self._r, group_id)
+        _unlock(&self._lock)
+        return n
+
+    def set_away(self, uint32_t link, bint away) -> None:
+        """A member whose session lingers without a connection: a group
+        picks it only when every other member is away too."""
+        _lock(&self._lock)
+        fb_router_set_away(self._r, link, away)
+        _unlock(&self._lock)
+
     def remove_glob(self, uint64_t glob_id) -> None:
         """Forget a glob of :meth:`add_glob` (its trie entry is the caller's
         to remove); NotSubscribedError if ``glob_id`` is not one."""

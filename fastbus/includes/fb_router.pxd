@@ -32,6 +32,13 @@ cdef extern from "fb_router.h" nogil:
     int fb_router_take(fb_router *r, uint32_t link, uint64_t now_ns, unsigned char **buf, size_t *len)
     void fb_router_set_headers(fb_router *r, uint32_t link, int keep)
     void fb_router_set_notify(fb_router *r, uint32_t link, int on)
+    uint64_t FB_ROUTER_GROUP_BASE
+    int fb_router_add_group(fb_router *r, const void *pattern, size_t len, uint64_t *id)
+    int fb_router_remove_group(fb_router *r, uint64_t id)
+    int fb_router_group_join(fb_router *r, uint64_t id, uint32_t link)
+    int fb_router_group_leave(fb_router *r, uint64_t id, uint32_t link)
+    size_t fb_router_group_size(const fb_router *r, uint64_t id)
+    void fb_router_set_away(fb_router *r, uint32_t link, int away)
     void fb_router_hold(fb_router *r, uint32_t link, int held)
     int fb_router_held(const fb_router *r, uint32_t link)
     uint64_t FB_ROUTER_GLOB_BASE
