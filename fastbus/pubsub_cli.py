@@ -157,22 +157,30 @@ def cmd_sub(args: argparse.Namespace) -> int:
         print(f"fastbus sub: subscribed to {', '.join(names)} at {client.endpoint}", file=sys.stderr,
               flush=True)
         n = 0
-        end = None if args.seconds is None else time.monotonic() + args.seconds
-        while args.count is None or n < args.count:
-            wait = None if end is None else end - time.monotonic()
-            if wait is not None and wait <= 0:
-                break
-            m = p.get_message(timeout=wait if wait is not None else 1.0)
-            if m is None:
-                continue
+        for m in _arrivals(p, args.seconds):
             if m["type"] in ("message", "pmessage"):
                 n += 1
                 _print_message(m, args.json, out)
+                if n == args.count:
+                    break
             elif m["type"] in ("gap", "disconnected", "reconnect", "refused"):
                 print(f"fastbus sub: {m['type']}: {m['data']}", file=sys.stderr, flush=True)
     finally:
         client.shutdown(1.0)
     return 0
+
+
+def _arrivals(p, seconds: float | None):
+    """What a PubSub receives, as it comes, for ``seconds`` (None: for
+    ever; the caller stops at its count)."""
+    end = None if seconds is None else time.monotonic() + seconds
+    while True:
+        wait = None if end is None else end - time.monotonic()
+        if wait is not None and wait <= 0:
+            return
+        m = p.get_message(timeout=wait if wait is not None else 1.0)
+        if m is not None:
+            yield m
 
 
 def _print_message(m: dict, as_json: bool, out: TextIO) -> None:
@@ -213,13 +221,8 @@ def cmd_reply(args: argparse.Namespace) -> int:
         print(f"fastbus reply: answering requests on {args.channel} at {client.endpoint}", file=sys.stderr,
               flush=True)
         n = 0
-        end = None if args.seconds is None else time.monotonic() + args.seconds
-        while args.count is None or n < args.count:
-            wait = None if end is None else end - time.monotonic()
-            if wait is not None and wait <= 0:
-                break
-            m = p.get_message(timeout=wait if wait is not None else 1.0)
-            if m is None or m["type"] != "message":
+        for m in _arrivals(p, args.seconds):
+            if m["type"] != "message":
                 continue
             _print_message(m, args.json, args.out)
             if "reply_to" not in m:
@@ -228,6 +231,8 @@ def cmd_reply(args: argparse.Namespace) -> int:
                 continue
             m.respond(m["data"] if answer is None else answer, headers)
             n += 1
+            if n == args.count:
+                break
         client.flush(timeout=args.timeout)
     finally:
         client.shutdown(1.0)

@@ -184,6 +184,23 @@ def brokers():
     assert not internal, f"brokers logged internal errors: {internal}"
 
 
+@pytest.fixture
+def clients():
+    """``clients(endpoint, **options)``: a ``fastbus.Client``, closed (2 s at
+    most) at the end of the test."""
+    import fastbus
+    made = []
+
+    def make(endpoint, **kw):
+        c = fastbus.Client(endpoint=endpoint, **kw)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close(timeout=2)
+
+
 @pytest.fixture(scope="session")
 def redis_server():
     """One embedded Redis-compatible server for the session

@@ -22,20 +22,6 @@ from fastbus.errors import MessageTooLarge
 TRACE = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "k=v"}
 
 
-@pytest.fixture
-def clients():
-    made = []
-
-    def make(endpoint, **kw):
-        c = fastbus.Client(endpoint=endpoint, **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.close(timeout=2)
-
-
 def data(msgs: list) -> list:
     return [(m["data"], m.get("headers")) for m in msgs]
 

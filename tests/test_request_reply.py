@@ -21,20 +21,6 @@ import fastbus
 from fastbus import protocol as P
 
 
-@pytest.fixture
-def clients():
-    made = []
-
-    def make(endpoint, **kw):
-        c = fastbus.Client(endpoint=endpoint, **kw)
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.close(timeout=2)
-
-
 class Responder(threading.Thread):
     """Answers every request on ``channel`` with ``answer(message)`` (None:
     no answer), until stopped."""
