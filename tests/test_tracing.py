@@ -131,3 +131,39 @@ def test_without_a_configured_provider_nothing_is_added(brokers):
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out
         assert json.loads(out.strip().splitlines()[-1]) == {"headers": None, "imported": imported, "enabled": False}
+
+
+REQUESTS = SETUP + """
+import threading
+c = fastbus.Client(endpoint=sys.argv[1])
+ps = c.pubsub(ignore_subscribe_messages=True)
+ps.subscribe("svc")
+seen = []
+def serve():
+    for m in ps.listen():
+        seen.append(m)
+        with trace.get_tracer("app").start_as_current_span("answer", context=fastbus.tracing.extract(m)):
+            m.respond(b"ok")
+        return
+threading.Thread(target=serve, daemon=True).start()
+with trace.get_tracer("app").start_as_current_span("ask"):
+    assert c.request("svc", b"q", timeout=10, headers={"id": "1"})["data"] == b"ok"
+c.close()
+print(json.dumps({"headers": sorted(seen[0]["headers"]), "spans": spans()}), flush=True)
+"""
+
+
+def test_a_request_is_traced_as_a_publish_is(brokers):
+    """request() makes a PRODUCER span "send <channel>" under the caller's
+    span and carries its context: the responder's work is in the same
+    trace, a child of it."""
+    b = brokers()
+    p = python_process(REQUESTS, b.endpoint, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    got = json.loads(out.decode().strip().splitlines()[-1])
+    assert got["headers"] == ["id", "traceparent"]
+    spans = {s["name"]: s for s in got["spans"]}
+    send, ask, answer = spans["send svc"], spans["ask"], spans["answer"]
+    assert send["kind"] == "PRODUCER" and send["parent"] == ask["span"]
+    assert answer["trace"] == ask["trace"] and answer["parent"] in (send["span"], spans["receive svc"]["span"])

@@ -292,12 +292,21 @@ class Client(ClientBase):
             inbox = self._open_inbox()
         rid = inbox.replies.open()
         try:
-            if not self._publisher.publish_request(channel, data, inbox.reply_channel(rid), headers):
+            if not self._send_request(self._publisher, channel, data, inbox.reply_channel(rid), headers):
                 raise NoResponders(channel)
         except BaseException:
             inbox.replies.close(rid)
             raise
         return inbox.wait(channel, rid, timeout)
+
+    def _send_request(self, publisher: Publisher, channel: ChannelT, data: EncodableT, reply_to: bytes,
+                      headers: Mapping[str, str | bytes] | None) -> int:
+        """Publish a request; with OpenTelemetry configured, in a PRODUCER
+        span whose context its headers carry (as publish())."""
+        if self._tracing is None:
+            return publisher.publish_request(channel, data, reply_to, headers)
+        with self._tracing.span(channel, data):
+            return publisher.publish_request(channel, data, reply_to, self._tracing.headers(headers))
 
     def _open_inbox(self) -> Inbox:
         with self._inbox_lock:

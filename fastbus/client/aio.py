@@ -336,7 +336,7 @@ class Client(_SyncClient):
             inbox = await self._open_async_inbox()
         rid = inbox.replies.open(True)
         try:
-            if not self.session.publisher.publish_request(channel, data, inbox.reply_channel(rid), headers):
+            if not self._send_request(self.session.publisher, channel, data, inbox.reply_channel(rid), headers):
                 raise NoResponders(channel)
             await inbox.wait(rid, timeout)
         except BaseException:
