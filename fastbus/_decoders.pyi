@@ -7,7 +7,8 @@ from typing_extensions import Buffer
 
 def decode_messages(data: Buffer, classes: dict[bytes, tuple[str, Any] | None],
                     classify: Callable[[bytes], tuple[str, Any] | None],
-                    utf8: bool = False) -> list[dict[str, Any]]: ...
+                    utf8: bool = False,
+                    request: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> list[dict[str, Any]]: ...
 def decode_matching(data: Buffer, classes: dict[bytes, tuple[str, Any] | None],
                     classify: Callable[[bytes], tuple[str, Any] | None]
                     ) -> list[tuple[bytes, bytes] | tuple[bytes, bytes, dict[str, bytes]]]: ...

@@ -39,7 +39,7 @@ cdef str _K_TYPE = "type", _K_PATTERN = "pattern", _K_CHANNEL = "channel", _K_DA
 cdef str _K_HEADERS = "headers", _K_REPLY_TO = "reply_to"
 
 
-def decode_messages(data, dict classes not None, classify not None, bint utf8=False) -> list:
+def decode_messages(data, dict classes not None, classify not None, bint utf8=False, request=None) -> list:
     """Decode a batch straight into redis-py message dicts, for
     ``PubSub.listen()`` / ``get_message()``: one call per batch.
 
@@ -51,8 +51,11 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
     value is UTF-8); one
     without has none, so its dict is redis-py's exactly.  A request (a
     record whose headers name a reply channel) gets a ``reply_to`` key,
-    the channel to answer on (bytes, str with ``utf8``); the protocol's
-    own headers (names beginning with ':') are not in ``headers``."""
+    the channel to answer on (bytes, str with ``utf8``), and with
+    ``request`` given is the message ``request(dict)`` returns instead
+    (``fastbus._messages.Request``: one call per request, none for other
+    messages); the protocol's own headers (names beginning with ':') are
+    not in ``headers``."""
     cdef Py_buffer view
     cdef fb_record *recs = NULL
     cdef size_t n = 0, i
@@ -89,6 +92,9 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
                 if fb_record_reply_to(&recs[i], &to, &tl):   # a request: where its reply goes
                     PyDict_SetItem(d, _K_REPLY_TO, PyUnicode_DecodeUTF8(<const char *>to, tl, "surrogateescape")
                                    if utf8 else PyBytes_FromStringAndSize(<const char *>to, tl))
+                    if request is not None:
+                        out.append(request(d))  # (it holds its client: tracked)
+                        continue
             PyObject_GC_UnTrack(<void *>d)       # only str/bytes/None inside: no cycles
             out.append(d)
         return out

@@ -43,7 +43,6 @@ from fastbus._decoders import decode_matching, decode_messages, resp_pubsub_deco
 
 __all__ = [
     "CONFIRM_KINDS", "DATA_KINDS", "GLOB_SPECIALS", "GapInfo", "MessageBuffer", "PubSubMessage", "Request",
-    "as_requests",
     "confirmation", "decode", "decode_matching", "decode_messages", "gap", "glob_match", "glob_prefix",
     "headers_as_text", "item_as_text", "message", "notice", "pattern_prefix", "pong", "resp_pubsub_decode", "to_bytes", "to_text",
 ]
@@ -287,12 +286,12 @@ class Request(dict):
                                "(Client.pubsub() gives one): publish to message['reply_to'] instead")
         return client.publish(self["reply_to"], data, headers)
 
-
-def as_requests(dicts: list, client: Any) -> None:
-    """The messages of ``dicts`` that are requests become :class:`Request`
-    (in place), answered through ``client``."""
-    for i, d in enumerate(dicts):
-        if "reply_to" in d:
-            r = Request(d)
+    @classmethod
+    def answered_by(cls, client: Any) -> Callable[[dict], Request]:
+        """What makes a decoded request's dict a Request answered through
+        ``client`` (``decode_messages``'s ``request``)."""
+        def make(d: dict) -> Request:
+            r = cls(d)
             r._client = client
-            dicts[i] = r
+            return r
+        return make

@@ -39,7 +39,7 @@ PAIRS = [
     (fastbus.PubSub, fastbus.aio.PubSub,
      {"subscribed", "has_ready", "ready_message", "ready_batch", "read_nowait", "session", "closed",
       "shutdown", "subscribe_nowait", "psubscribe_nowait", "open", "awaits_handlers",
-      "require_handlers", "take_notices"}),
+      "require_handlers", "take_notices", "responder"}),
     (WorkQueue, AsyncWorkQueue, {"consumer", "redis"}),
     (Consumer, AsyncConsumer, {"tag"}),
     (Topic, AsyncTopic, {"consumer", "redis"}),

@@ -27,7 +27,7 @@ from fastbus import protocol as P
 from fastbus import _core, tracing
 from fastbus._core import BATCH_F_HEADERS, SUBSCRIBE, UNSUBSCRIBE, Trie
 from fastbus._decoders import PubSubBase
-from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, as_requests, decode, decode_matching, decode_messages
+from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, Request, decode, decode_matching, decode_messages
 from fastbus._messages import glob_match, glob_prefix
 from fastbus._messages import names_given
 from fastbus._messages import to_bytes as to_key
@@ -112,9 +112,9 @@ class PubSub(PubSubBase):
         self._tracing = tracing.consumer()
         self._options = conns.options
         self.ignore_subscribe_messages = ignore_subscribe_messages
-        #: The client a received request's respond() publishes with
-        #: (Client.pubsub sets it), or None.
-        self.responder = None
+        self._responder: Any = None
+        self._request = Request.answered_by(None)       # (decode_messages' maker of requests)
+
         #: A durable subscriber's name (see Client.pubsub), or None.
         self.durable = durable
         #: Channels and patterns held (str with decode_responses), each
@@ -486,11 +486,12 @@ class PubSub(PubSubBase):
                 self._unsub_seqs.popleft()
             if as_dicts:
                 # Classification also drops what no subscription matches.
-                dicts = decode_messages(batch, self._classes, self._classify, self._options.decode_responses)
-                if memoryview(batch)[3] & BATCH_F_HEADERS:
-                    as_requests(dicts, self.responder)        # (those with a reply_to: respond())
-                    if self._tracing is not None:
-                        self._tracing.dicts(dicts)
+                # (A request's dict becomes a Request, with respond(): in the
+                # decoder's call, one Python call a request.)
+                dicts = decode_messages(batch, self._classes, self._classify, self._options.decode_responses,
+                                        self._request)
+                if self._tracing is not None and memoryview(batch)[3] & BATCH_F_HEADERS:
+                    self._tracing.dicts(dicts)
                 self._dicts.extend(dicts)
                 return
             if self._unsub_seqs or self._session.adopted:
@@ -792,6 +793,17 @@ class PubSub(PubSubBase):
     def closed(self) -> bool:
         """Has close() run (or the client's)?"""
         return self._closed
+
+    @property
+    def responder(self) -> Any:
+        """The client a received request's ``respond()`` publishes with
+        (``Client.pubsub`` sets it), or None."""
+        return self._responder
+
+    @responder.setter
+    def responder(self, client: Any) -> None:
+        self._responder = client
+        self._request = Request.answered_by(client)
 
     @property
     def session(self) -> SubSession:
