@@ -37,8 +37,8 @@ class Responder(threading.Thread):
     def run(self) -> None:
         while not self.stopping:
             m = self.ps.get_message(timeout=0.1)
-            if m is None:
-                continue
+            if m is None or m["type"] != "message":
+                continue                          # (notices: a reconnect, a disconnection)
             self.seen += 1
             reply = self.answer(m)
             if reply is not None:
@@ -283,3 +283,48 @@ def test_asyncio_requests_1000_at_once(brokers):
             await r.close()
 
     asyncio.run(main())
+
+
+def test_requests_through_a_broker_killed_and_restarted(brokers, clients):
+    """The broker killed (-9) with a request in flight: that request ends
+    in an exception (its reply can no longer come), never a hang; once the
+    broker is back, requests work again without a new client (the inbox
+    and the responder subscribe again by themselves)."""
+    b = brokers()
+    gate = threading.Event()
+
+    def answer(m):
+        if m["data"] == b"hold":
+            gate.wait(10)                          # in flight while the broker dies
+            return None
+        return b"r:" + m["data"]
+
+    r = Responder(clients(b.endpoint), "svc", answer)
+    c = clients(b.endpoint)
+    assert c.request("svc", b"1", timeout=10)["data"] == b"r:1"
+    errors = []
+
+    def ask_held():
+        try:
+            c.request("svc", b"hold", timeout=2)
+        except Exception as exc:                   # (what it ends in: asserted below)
+            errors.append(exc)
+
+    t = threading.Thread(target=ask_held)
+    t.start()
+    wait_for(lambda: r.seen == 2, what="the held request at the responder")
+    b.kill()
+    t.join(10)
+    gate.set()
+    assert not t.is_alive() and len(errors) == 1 and isinstance(errors[0], fastbus.RequestTimeout), errors
+    b.start()
+
+    def answered():
+        try:
+            return c.request("svc", b"2", timeout=1)["data"] == b"r:2"
+        except (fastbus.NoResponders, fastbus.RequestTimeout):
+            return False                           # (until both have subscribed again)
+
+    wait_for(answered, timeout=30, interval=0.2, what="a request answered after the restart")
+    assert c.request("svc", b"3", timeout=10)["data"] == b"r:3"
+    r.stop()
