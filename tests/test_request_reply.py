@@ -102,7 +102,9 @@ def test_many_concurrent_requests_are_matched_by_id(brokers, clients):
     assert st["replied"] == 1001 and st["no_responders"] == 0 and st["timed_out"] == 0
     # Every second reply is taken and dropped, also those that came once no
     # request waited (the keeper reads the inbox then).
-    wait_for(lambda: c._inbox.replies.stats()["unmatched"] == 1001, what="every second reply dropped")
+    wait_for(lambda: c._inbox.replies.stats()["unmatched"] == 1001,
+             what=lambda: f"every second reply dropped: {c._inbox.replies.stats()}, "
+                          f"{c._inbox._session.reader.queued if c._inbox._session.reader else None} queued in the reader")
     for r in responders:
         r.stop()
 

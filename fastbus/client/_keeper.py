@@ -121,11 +121,16 @@ class Keeper(threading.Thread):
                 continue
             if s.drivers:
                 # A user thread reads it now.  A session that must answer
-                # the broker at once (WANT: ACK) has us look again when it
-                # is done (Session.keeper_may_look); a PubSub's reader
-                # reads on, or we do at our next turn.
-                s.keeper_skipped = s.acks
-                continue
+                # the broker at once (WANT: ACK), or whose data is ours
+                # (an inbox: a reply the native reader queued as that
+                # thread let go), has us look again when it is done
+                # (Session.keeper_may_look); a PubSub's reader reads on,
+                # or we do at our next turn.
+                s.keeper_skipped = s.acks or s.wake_on_data
+                if s.drivers or not s.keeper_skipped:
+                    continue
+                # (It let go between our two looks, before it could see
+                # the flag: serve it now.)
             # Said before we try: a thread that lets go of the lock after
             # our try sees it and wakes us.
             s.keeper_skipped = True

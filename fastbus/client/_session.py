@@ -134,6 +134,9 @@ class Session:
     #: Says "ack" in HELLO: acknowledges WANT and filters under the broker's
     #: lease (a publishing session; docs/PROTOCOL.md).
     acks = False
+    #: What arrives is the keeper's to take even while nobody reads (a
+    #: client's inbox of replies, SubSession), not only control frames.
+    wake_on_data = False
 
     def __init__(self, conns: Connections) -> None:
         self.conns = conns                # its owner: options, context, keeper
@@ -744,7 +747,7 @@ class Session:
         nothing arrives meanwhile (input: the native reader's, if any);
         None: only when something arrives or wakes the keeper (a native
         reader that pings: no Python thread wakes for a client at rest)."""
-        if self.posted or (self.reader is None and self.more and self.reading()):
+        if self.posted or (self.more and self.reading() and (self.reader is None or self._data_owed())):
             return 0.0
         if self.reader is not None and self.reader.pings:
             # Control frames that met a full socket go when it has room
@@ -757,10 +760,15 @@ class Session:
         if self.outq:
             self.flush_outq()
         # With a native reader, only when it queued something to look at
-        # (a confirmation, a PONG): data waits for the user's next read.
-        if self.reader is None or self.reader.take_handed():
+        # (a confirmation, a PONG): data waits for the user's next read,
+        # unless it is ours to take (what a read's budget left too).
+        if self.reader is None or self.reader.take_handed() or self._data_owed():
             self.read()
         self.tick(now)
+
+    def _data_owed(self) -> bool:
+        """Does the native reader hold input the keeper must take now?"""
+        return self.wake_on_data and self.reader is not None and self.reader.queued > 0
 
     # -- a user thread waiting (the lock held) ----------------------------------
 
