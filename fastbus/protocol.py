@@ -15,6 +15,7 @@ import json
 import os
 import struct
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from fastbus._core import LEASE_USE, SUBSCRIBE, UNSUBSCRIBE, Batch, decode, encode
 from fastbus.errors import ProtocolError
@@ -131,10 +132,24 @@ def durable_session_id(name: str) -> str:
 OP_SUBSCRIBE = 0x01
 OP_PREFIX = 0x02
 OP_GLOB = 0x04          # the key is a Redis glob (never with OP_PREFIX)
+OP_QUEUE = 0x08         # a queue group member's: the group's name follows the flags byte
 #: The third field of an op ``(op, key, prefix)`` for a glob: neither exact
 #: (False) nor prefix (True).  Only a subscriber's SUB and the REFUSED
 #: naming it carry globs; brokers and publishers' filters see prefixes.
 GLOB = 2
+#: A queue group's name: 1 to this many bytes.
+MAX_QUEUE_NAME = 255
+
+
+class Queue(NamedTuple):
+    """The third field of an op ``(op, key, prefix)`` of a queue group
+    member (``subscribe(channel, queue=name)``): of the group's members,
+    each message goes to one.  ``glob``: the key is a Redis glob (a
+    ``psubscribe``), else a channel.  Only a subscriber's SUB (and the
+    REFUSED naming it) carries these."""
+
+    name: bytes
+    glob: bool
 
 U64 = struct.Struct("<Q")
 
@@ -158,26 +173,36 @@ def unpack_u64(frame) -> int:
 def encode_ops(ops: Iterable[tuple[int, bytes, bool | int]]) -> Batch:
     """Subscription operations ``(op, key, prefix)`` as an ops batch
     (``prefix``: False, True or GLOB)."""
-    return encode(
-        (key, bytes(((OP_SUBSCRIBE if op == SUBSCRIBE else 0)
-                     | (OP_GLOB if prefix == GLOB else OP_PREFIX if prefix else 0),)))
-        for op, key, prefix in ops)
+    return encode((key, _op_payload(op, prefix)) for op, key, prefix in ops)
+
+
+def _op_payload(op: int, prefix) -> bytes:
+    sub = OP_SUBSCRIBE if op == SUBSCRIBE else 0
+    if isinstance(prefix, Queue):
+        return bytes((sub | OP_QUEUE | (OP_GLOB if prefix.glob else 0),)) + prefix.name
+    return bytes((sub | (OP_GLOB if prefix == GLOB else OP_PREFIX if prefix else 0),))
 
 
 def decode_ops(data, *, max_key: int = 0, max_ops: int = 0) -> list[tuple[int, bytes, bool | int]]:
     """An ops batch back into ``(op, key, prefix)`` (``prefix``: False, True
     or GLOB); ProtocolError if invalid."""
     try:
-        records = decode(data, max_topic=max_key, max_payload=1, max_records=max_ops)
+        records = decode(data, max_topic=max_key, max_payload=1 + MAX_QUEUE_NAME, max_records=max_ops)
     except ValueError as exc:
         raise ProtocolError(f"bad subscription batch: {exc}") from exc
     ops = []
     for key, flags in records:
-        if len(flags) != 1 or flags[0] & ~(OP_SUBSCRIBE | OP_PREFIX | OP_GLOB) or (
-                flags[0] & OP_PREFIX and flags[0] & OP_GLOB):
+        f = flags[0] if flags else 0xFF
+        if f & ~(OP_SUBSCRIBE | OP_PREFIX | OP_GLOB | OP_QUEUE) or (f & OP_PREFIX and f & (OP_GLOB | OP_QUEUE)):
+            raise ProtocolError(f"bad subscription flags {flags[:1]!r}")
+        if f & OP_QUEUE:
+            if len(flags) < 2:
+                raise ProtocolError("a queue group subscription without the group's name")
+            kind = Queue(bytes(flags[1:]), bool(f & OP_GLOB))
+        elif len(flags) != 1:
             raise ProtocolError(f"bad subscription flags {flags!r}")
-        f = flags[0]
-        kind = GLOB if f & OP_GLOB else bool(f & OP_PREFIX)
+        else:
+            kind = GLOB if f & OP_GLOB else bool(f & OP_PREFIX)
         ops.append((SUBSCRIBE if f & OP_SUBSCRIBE else UNSUBSCRIBE, key, kind))
     return ops
 

@@ -36,6 +36,7 @@ NEEDS = {
     'durable="billing-worker"': {"broker": True},
     'headers={"content-type": "application/json", "id": "7"}': {"broker": True},
     'client.request("time.now", b"", timeout=5)': {"broker": True},
+    'w.subscribe("jobs", queue="workers")': {"broker": True},
     "fastbus.curve.client_keys": {"setup": ["keygen --name server", "keygen --dir clients --name client"]},
 }
 DEFAULT_PORT = 6464

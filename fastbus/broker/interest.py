@@ -14,6 +14,12 @@ its literal prefix by an id the router gives it (``Router.add_glob``): the
 router matches it exactly when it delivers, and the forwarders hold the
 prefix, so other brokers and the publishers' filters see only prefixes.
 
+A queue group (``P.Queue``: a member's ``subscribe(channel, queue=name)``)
+is held once, however many members it has: in the trie under its key by an
+id the router gives it (``Router.add_group``), which the forwarders see as
+one subscriber, so the publishers and other brokers see one interest per
+group; the router gives each record to one member (``Router.group_join``).
+
 Every such message is built here (``want_diff``, ``want_reset``,
 ``upstream_snapshot``), numbered by its link for a peer that acknowledges,
 and the link noted in ``LinkTable.unacked``: a confirmation waits for those
@@ -62,6 +68,8 @@ class Interest:
         # Every link: the publishers' filter.  It works over the routing trie
         # itself (each key stored once): its calls are the trie's changes.
         self.all = Forwarder("subsume", trie=trie)
+        #: Queue groups: (name, key, glob) -> [router's id, trie key, prefix, members]
+        self.groups: dict[tuple, list] = {}
 
     # -- links come and go -------------------------------------------------
 
@@ -79,6 +87,8 @@ class Interest:
                 for _gid, refs, key in other.globs.values():
                     for _ in range(refs):
                         fwd.subscribe(other.link, key, prefix=True)
+        for gid, key, prefix, _members in self.groups.values():
+            fwd.subscribe(gid, key, prefix=prefix)
         link.forwarder = fwd
 
     def detach(self, link: Link) -> None:
@@ -105,6 +115,12 @@ class Interest:
         for gid in peers[:-1]:
             self.router.remove_glob(gid)
         link.globs.clear()
+        diff: list = []
+        for group in list(link.queues):
+            self._leave_group(link, group, diff)
+        link.queues.clear()
+        if diff and not whole:
+            self._emit_all(P.encode_ops(diff))
         self.released += link.subs
         self.released_bytes += link.sub_bytes
         self.total_bytes -= link.sub_bytes
@@ -175,6 +191,9 @@ class Interest:
         limited = link.limited
         fwd_all, key_id = self.all, link.link
         for op, key, prefix in ops:
+            if isinstance(prefix, P.Queue):
+                self._apply_queue(link, op, key, prefix, diff_all, refused, brokers, diffs)
+                continue
             glob = prefix == P.GLOB
             if op == SUBSCRIBE:
                 cost = len(key) + SUB_OVERHEAD
@@ -222,6 +241,82 @@ class Interest:
             if self.links.is_current(other):      # a send above may have found it gone
                 self._emit_link(other, d)
         return refused
+
+    # -- queue groups --------------------------------------------------------
+
+    def _apply_queue(self, link: Link, op: int, key: bytes, queue: P.Queue, diff_all: list, refused: list,
+                     brokers: list, diffs: dict) -> None:
+        """One queue group op of a link (see apply): the link joins the
+        group (held once per link: more subscriptions only count) or
+        leaves it; the group is held while it has members."""
+        group = (queue.name, key, queue.glob)
+        cost = len(key) + len(queue.name) + SUB_OVERHEAD
+        if op == SUBSCRIBE:
+            if link.limited:
+                why = self._refusal(link, cost)
+                if why is not None:
+                    self._drops["too_many_subscriptions"] += 1
+                    refused.append((key, queue, why))
+                    return
+            refs = link.queues.get(group, 0)
+            if not refs:
+                entry = self.groups.get(group)
+                if entry is None:
+                    tkey, prefix = (glob_prefix(key)[0], True) if queue.glob else (key, False)
+                    gid = self.router.add_group(key if queue.glob else None)
+                    diff_all += self.all.subscribe(gid, tkey, prefix=prefix)
+                    for other in brokers:
+                        d = other.forwarder.subscribe(gid, tkey, prefix=prefix)
+                        if d:
+                            diffs.setdefault(other, []).extend(d)
+                    entry = self.groups[group] = [gid, tkey, prefix, 0]
+                self.router.group_join(entry[0], link.link)
+                entry[3] += 1
+            link.queues[group] = refs + 1
+            link.subs += 1
+            link.sub_bytes += cost
+            self.total_bytes += cost
+            self._counters["subscribe_ops"] += 1
+        else:
+            refs = link.queues.get(group)
+            if refs is None:
+                self._drops["not_subscribed"] += 1
+                return
+            if refs > 1:
+                link.queues[group] = refs - 1
+            else:
+                del link.queues[group]
+                self._leave_group(link, group, diff_all, brokers, diffs)
+            link.subs -= 1
+            self.released += 1
+            self.released_bytes += cost
+            link.sub_bytes -= cost
+            self.total_bytes -= cost
+            self._counters["unsubscribe_ops"] += 1
+
+    def _leave_group(self, link: Link, group: tuple, diff_all: list, brokers: list | None = None,
+                     diffs: dict | None = None) -> None:
+        """A link is no longer a member of ``group``; the last member's
+        going takes the group (the publishers' diff to ``diff_all``, other
+        brokers' to ``diffs``, or sent here when ``diffs`` is None)."""
+        entry = self.groups[group]
+        gid, tkey, prefix = entry[0], entry[1], entry[2]
+        self.router.group_leave(gid, link.link)
+        entry[3] -= 1
+        if entry[3]:
+            return
+        del self.groups[group]
+        diff_all += self.all.unsubscribe(gid, tkey, prefix=prefix)
+        for other in (brokers if brokers is not None else
+                      [o for o in self.links.by_id.values() if o.forwarder is not None and o is not link]):
+            d = other.forwarder.unsubscribe(gid, tkey, prefix=prefix)
+            if not d:
+                continue
+            if diffs is not None:
+                diffs.setdefault(other, []).extend(d)
+            elif self.links.is_current(other):
+                self._emit_link(other, d)
+        self.router.remove_group(gid)
 
     def _hold_glob(self, link: Link, pattern: bytes, diff: list) -> bytes:
         """A link's glob, held (once per link: a second subscription only

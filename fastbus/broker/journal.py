@@ -167,6 +167,7 @@ class Journal:
         end = max([r.taken, *r.batches])
         kept = b.relay.journal_restore(link.link, list(r.batches.values()), end, r.taken, r.received)
         b.relay.detach(link.link)
+        b.router.set_away(link.link, True)       # (a queue group picks it last until it resumes)
         link.detached_at = now
         self.restored += 1
         self.restored_messages += kept

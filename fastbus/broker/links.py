@@ -54,7 +54,7 @@ class Link:
     is_broker = False
     holds_lease = False
 
-    __slots__ = ("link", "name", "sock", "publisher", "subs", "sub_bytes", "globs", "forwarder",
+    __slots__ = ("link", "name", "sock", "publisher", "subs", "sub_bytes", "globs", "queues", "forwarder",
                  "address", "since", "acks", "headers", "change_seq", "change_at", "change_acked")
 
     def __init__(self, link: int, name: str, sock: zmq.Socket, publisher: bool = False) -> None:
@@ -65,6 +65,7 @@ class Link:
         self.subs = 0                     # subscriptions it holds here
         self.sub_bytes = 0                # what they cost (key bytes + SUB_OVERHEAD each)
         self.globs: dict = {}             # glob -> [router's id for it, references, literal prefix]
+        self.queues: dict = {}            # (group name, key, glob) -> references (Interest.groups)
         self.forwarder = None             # broker links: what we want from them
         self.address: str | None = None   # the peer's address (ZeroMQ Peer-Address), where known
         self.since = time.time()          # connected since (wall clock, for monitoring)
@@ -120,7 +121,7 @@ class Session(Link):
     holds_lease = True
 
     __slots__ = ("ident", "acked_seq", "session_id", "user_id", "detached_at", "confirmed", "linger", "durable",
-                 "claim", "consumed")
+                 "claim", "consumed", "took")
 
     def __init__(self, link: int, ident: bytes, name: str, sock: zmq.Socket, publisher: bool) -> None:
         super().__init__(link, name, sock, publisher)
@@ -145,6 +146,9 @@ class Session(Link):
         #: The seq of the latest CONFIRM handed to the data plane for it: a
         #: resumed WELCOME says it, for a CONFIRM that a cut connection lost.
         self.confirmed = 0
+        #: The stream count its client last said it took (TAKEN, or its
+        #: resuming HELLO): what was sent past it may never have been read.
+        self.took = 0
 
     @property
     def lingering(self) -> bool:

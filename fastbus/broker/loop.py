@@ -422,6 +422,7 @@ class Broker:
         its linger runs out (_maintenance)."""
         if link.detached_at is None:
             link.detached_at = time.monotonic()
+            self.router.set_away(link.link, True)    # (its queue groups pick it last until it resumes)
             self.counters["sessions_detached"] += 1
             log.info("peer %s (link %d) lost its connection: its session is kept %g s", link.name, link.link,
                      link.linger)
@@ -432,7 +433,11 @@ class Broker:
         for link in self.links.snapshot():
             if link.lingering and now - link.detached_at >= (linger := link.linger):
                 self.relay.flush_link(link.link)     # (its outbox into its queue: counted with it)
-                lost = self.relay.resume_state(link.link)[3]
+                _detached, sent, _kept, waiting = self.relay.resume_state(link.link)
+                # What waited for it, and what went to its connection that
+                # its client never said it took (a process killed with it
+                # unread, or in a cut connection's buffers).
+                lost = waiting + max(0, sent - link.took)
                 self.counters["sessions_expired"] += 1
                 self.drops["session_expired"] += lost
                 self.sessions.expired(link, lost)

@@ -212,6 +212,7 @@ class Sessions:
             if len(rest) != 1:
                 raise P.ProtocolError("TAKEN takes a count")
             taken = P.unpack_u64(rest[0])
+            link.took = max(link.took, taken)
             if link.durable is not None:
                 self._consumed(link, taken)
             else:
@@ -314,6 +315,7 @@ class Sessions:
         cfg = self.b.config
         return {"v": P.VERSION, "instance": self.b.instance.decode(), "name": cfg.name,
                 "globs": True,                # SUB may hold glob ops (flags bit 2)
+                "groups": True,               # SUB may hold queue group ops (flags bit 3)
                 "bye": True,                  # BYE is answered with BYE once the peer is forgotten
                 "headers": True,              # batches may carry headers (flag bit 1)
                 # A resumable session outlives its connection this long.
@@ -418,6 +420,7 @@ class Sessions:
         self._gone.pop(ident, None)
         try:
             replayed, lost = b.relay.resume(link.link, ident, taken, [P.WELCOME, P.dump_json(welcome)])
+            link.took = taken
         except ValueError as exc:               # it says it took more than it was sent
             b.links.rebind(link, was)
             b.drops["resume_refused"] += 1
@@ -431,6 +434,7 @@ class Sessions:
                 b.sender.send(link, [P.FLOW, P.FLOW_PAUSE])
         away = 0.0 if link.detached_at is None else time.monotonic() - link.detached_at
         link.detached_at = None
+        b.router.set_away(link.link, False)
         link.address = meta.get("Peer-Address") or link.address
         b.counters["sessions_resumed"] += 1
         b.counters["messages_replayed"] += replayed

@@ -42,15 +42,34 @@ SUBSCRIBE_KINDS = CONFIRM_KINDS
 Handler = Callable[[PubSubMessage], Any]
 
 
-def _broker_key(name: bytes, pattern: bool) -> tuple:
+def _broker_key(name: bytes, pattern: bool, queue: bytes | None = None) -> tuple:
     """``(key, kind)`` a subscription is held under at the broker: a
     channel exact (False); a pattern that is a literal prefix and ``*``
     as that prefix (True: patterns may share it); any other glob as itself
-    (P.GLOB: the broker matches it, fastbus.broker.interest)."""
+    (P.GLOB: the broker matches it, fastbus.broker.interest); a queue
+    group member's as itself, with its group (P.Queue)."""
+    if queue is not None:
+        return name, P.Queue(queue, pattern)
     if not pattern:
         return name, False
     prefix, exact = glob_prefix(name)
     return (prefix, True) if exact else (name, P.GLOB)
+
+
+def _pop_queue(handlers: dict) -> bytes | None:
+    """subscribe()'s ``queue=`` (a group's name, str or bytes), taken out
+    of the keywords it shares with handlers (a callable under "queue" is
+    the handler of a channel named so, as in redis-py)."""
+    queue = handlers.get("queue")
+    if queue is None or callable(queue):
+        return None
+    del handlers["queue"]
+    if not isinstance(queue, (str, bytes)):
+        raise TypeError(f"queue must be a str or bytes (a queue group's name), not {type(queue).__name__}")
+    name = queue.encode() if isinstance(queue, str) else queue
+    if not 0 < len(name) <= P.MAX_QUEUE_NAME:
+        raise ValueError(f"a queue group's name is 1 to {P.MAX_QUEUE_NAME} bytes, not {len(name)}")
+    return name
 
 
 def _subscriptions(names: tuple, handlers: dict) -> tuple[list, dict]:
@@ -168,8 +187,8 @@ class PubSub(PubSubBase):
 
     # -- subscriptions -----------------------------------------------------
 
-    def _change(self, op: int, entries: list[tuple[bytes, bool, str, object]],
-                handlers: dict | None = None) -> int:
+    def _change(self, op: int, entries: list[tuple[bytes, bool, str]],
+                handlers: dict | None = None, queue: bytes | None = None) -> int:
         """Request (un)subscriptions; returns the seq of the last SUB, whose
         CONFIRM says they are in effect (0: nothing was sent)."""
         if self._closed:
@@ -177,22 +196,31 @@ class PubSub(PubSubBase):
                 return 0                          # nothing is held after close()
             self.open()                           # as redis-py: a closed PubSub connects again
         if op == SUBSCRIBE:
+            for name, pattern, _kind in entries:
+                i = self._ids.get((name, pattern))
+                if i is not None and self._byid[i][4] != _broker_key(name, pattern, queue):
+                    held = self._byid[i][4][1]
+                    raise ValueError(
+                        f"{self._out(name)!r} is subscribed "
+                        f"{'in queue group ' + repr(held.name.decode(errors='replace')) if isinstance(held, P.Queue) else 'without a queue group'}"
+                        f" on this PubSub: unsubscribe it first")
             self._subscribed = True
         # At most the operations the broker takes in one SUB frame each.
         size = self._session.limit("max_sub_ops", SUB_OPS_DEFAULT)
         seq = 0
         for i in range(0, len(entries), size):
-            seq = self._change_one(op, entries[i:i + size], handlers)
+            seq = self._change_one(op, entries[i:i + size], handlers, queue)
         return seq
 
     def _change_one(self, op: int, entries: list[tuple[bytes, bool, str]],
-                    handlers: dict | None = None) -> int:
+                    handlers: dict | None = None, queue: bytes | None = None) -> int:
         ops = []
         confirms = []
         for name, pattern, kind in entries:
-            bkey = _broker_key(name, pattern)
             table = self.patterns if pattern else self.channels
             i = self._ids.get((name, pattern))
+            # (Unsubscribing: under the key it is held by, its group's too.)
+            bkey = _broker_key(name, pattern, queue) if i is None else self._byid[i][4]
             if op == SUBSCRIBE and i is None:
                 if self._hold(name, pattern, bkey):
                     ops.append((SUBSCRIBE, *bkey))
@@ -281,7 +309,14 @@ class PubSub(PubSubBase):
         ``handler(message)`` by the reading calls instead of being
         returned; redis-py's ``Subscription(name, handler)`` objects (any
         object with ``name`` and ``handler``) may be given positionally.  A
-        subscribe() after close() connects again."""
+        subscribe() after close() connects again.
+
+        ``queue="workers"`` subscribes as a member of the queue group
+        ``workers`` (NATS's queue subscribers): of the group's members, in
+        any process, each message goes to one, chosen by the broker (round
+        robin over those that take messages now), while plain subscribers
+        of the channel each still get it.  A channel is held one way on a
+        PubSub: unsubscribe it to change its group."""
         self.wait_confirmed(self.subscribe_nowait(*channels, **handlers))
 
     def psubscribe(self, *patterns: Any, **handlers: Handler) -> None:
@@ -290,7 +325,8 @@ class PubSub(PubSubBase):
         ``[^a]``, ``[a-z]`` classes, ``\\`` escaping the next character.
         ``"news.*"`` matches every channel starting with ``news.``; ``"*"``
         matches all.  Returns once in effect, and
-        ``psubscribe(**{"news.*": handler})``, as subscribe()."""
+        ``psubscribe(**{"news.*": handler})`` and ``queue=``, as
+        subscribe()."""
         self.wait_confirmed(self.psubscribe_nowait(*patterns, **handlers))
 
     def subscribe_nowait(self, *channels: Any, **handlers: Handler) -> int:
@@ -298,19 +334,21 @@ class PubSub(PubSubBase):
         Returns what :meth:`wait_confirmed` waits for.  (For drivers that
         wait their own way, such as the asyncio twin and the sharded
         client; applications call subscribe().)"""
+        queue = _pop_queue(handlers)
         if not channels and not handlers:
             raise ValueError("subscribe() needs at least one channel")
         channels, handlers = _subscriptions(channels, handlers)
         names = [to_key(c) for c in channels] + [to_key(c) for c in handlers]
-        return self._change(SUBSCRIBE, [(n, False, "subscribe") for n in names], self._handler_map(handlers))
+        return self._change(SUBSCRIBE, [(n, False, "subscribe") for n in names], self._handler_map(handlers), queue)
 
     def psubscribe_nowait(self, *patterns: Any, **handlers: Handler) -> int:
         """psubscribe() without waiting (see subscribe_nowait)."""
+        queue = _pop_queue(handlers)
         if not patterns and not handlers:
             raise ValueError("psubscribe() needs at least one pattern")
         patterns, handlers = _subscriptions(patterns, handlers)
         names = [to_key(p) for p in patterns] + [to_key(p) for p in handlers]
-        return self._change(SUBSCRIBE, [(n, True, "psubscribe") for n in names], self._handler_map(handlers))
+        return self._change(SUBSCRIBE, [(n, True, "psubscribe") for n in names], self._handler_map(handlers), queue)
 
     def wait_confirmed(self, seq: int) -> None:
         """Block until the broker has confirmed the request ``seq`` (from

@@ -227,7 +227,7 @@ class SubSession(Session):
         # pubsub's own (un)subscriptions reached.
         if self.resend and self.subs:
             self.resend = False
-            self._refuse_globs(self.seq, [(SUBSCRIBE, k, p) for k, p in self.subs])
+            self._refuse_unknown(self.seq, [(SUBSCRIBE, k, p) for k, p in self.subs])
             ops = [(SUBSCRIBE, k, p) for k, p in self.subs]
             size = self.limit("max_sub_ops", SUB_OPS_DEFAULT)
             seq = P.pack_u64(self.seq)
@@ -269,26 +269,31 @@ class SubSession(Session):
             self.deliver(("reconnect", why.encode()))
         super().resync(why)
 
-    def _refuse_globs(self, seq: int, ops: list) -> list:
-        """``ops`` less the glob subscriptions a broker that said WELCOME
-        without ``globs`` (an older one) would drop this session for: they
-        are refused here, as the broker refuses, and not held.  (Before any
-        WELCOME, all go: an older broker's KICK brings the WELCOME that
-        says so, and the resend leaves them out.)"""
-        if not self.welcome or self.welcome.get("globs"):
+    def _refuse_unknown(self, seq: int, ops: list) -> list:
+        """``ops`` less the glob and queue group subscriptions a broker that
+        said WELCOME without ``globs`` / ``groups`` (an older one) would drop
+        this session for: they are refused here, as the broker refuses, and
+        not held.  (Before any WELCOME, all go: an older broker's KICK
+        brings the WELCOME that says so, and the resend leaves them out.)"""
+        if not self.welcome:
             return ops
-        globs = {(key, prefix) for op, key, prefix in ops if prefix == P.GLOB and op == SUBSCRIBE}
-        if not globs:
-            return ops
-        self.subs -= globs
-        self.deliver(("refused", seq, globs, f"the broker at {self.options.endpoint} does not match glob "
-                                              f"patterns (a version before they came): upgrade it"))
-        return [op for op in ops if op[2] != P.GLOB or op[0] != SUBSCRIBE]
+        for feature, unknown, what in (("globs", lambda p: p == P.GLOB, "match glob patterns"),
+                                       ("groups", lambda p: isinstance(p, P.Queue), "have queue groups")):
+            if self.welcome.get(feature):
+                continue
+            refused = {(key, prefix) for op, key, prefix in ops if op == SUBSCRIBE and unknown(prefix)}
+            if not refused:
+                continue
+            self.subs -= refused
+            self.deliver(("refused", seq, refused, f"the broker at {self.options.endpoint} does not {what} "
+                                                   f"(a version before they came): upgrade it"))
+            ops = [op for op in ops if op[0] != SUBSCRIBE or not unknown(op[2])]
+        return ops
 
     def change(self, seq: int, ops: list) -> None:
         """Tell the broker of (un)subscriptions (the lock held)."""
         self.seq = seq
-        ops = self._refuse_globs(seq, ops)
+        ops = self._refuse_unknown(seq, ops)
         for op, key, prefix in ops:
             if op == SUBSCRIBE:
                 self.subs.add((key, prefix))

@@ -1,0 +1,230 @@
+"""Queue groups (``subscribe(channel, queue=name)``) with real brokers in
+subprocesses: of a group's members each message goes to exactly one (checked
+by sequence numbers), plain subscribers of the channel still get every one,
+members join, leave and are killed (-9) mid-stream, glob groups, the asyncio
+twin, and the errors a user meets."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from brokers import wait_for, wait_wanted
+
+import fastbus
+import fastbus.aio
+
+
+def drain(ps, idle: float = 0.5) -> list[bytes]:
+    """What a PubSub holds until nothing comes for ``idle`` s."""
+    got = []
+    while (m := ps.get_message(ignore_subscribe_messages=True, timeout=idle)) is not None:
+        if m["type"] in ("message", "pmessage"):
+            got.append(m["data"])
+    return got
+
+
+def publish(c: fastbus.Client, channel: str, seqs) -> None:
+    for i in seqs:
+        c.publish(channel, b"%d" % i)
+    c.flush(timeout=30)
+
+
+def members(clients, endpoint: str, n: int, channel: str = "jobs", queue: str = "workers", glob: bool = False):
+    out = []
+    for _ in range(n):
+        ps = clients(endpoint).pubsub(ignore_subscribe_messages=True)
+        (ps.psubscribe if glob else ps.subscribe)(channel, queue=queue)
+        out.append(ps)
+    return out
+
+
+def exactly_once(received: list[list[bytes]], n: int) -> collections.Counter:
+    counts = collections.Counter(d for got in received for d in got)
+    twice = [d for d, k in counts.items() if k > 1]
+    missing = n - len(counts)
+    assert not twice and not missing, f"{len(twice)} delivered twice (e.g. {twice[:3]}), {missing} never"
+    return counts
+
+
+def test_each_message_goes_to_one_member_and_to_every_plain_subscriber(brokers, clients):
+    b = brokers()
+    group = members(clients, b.endpoint, 4)
+    plain = clients(b.endpoint).pubsub(ignore_subscribe_messages=True)
+    plain.subscribe("jobs")
+    other = members(clients, b.endpoint, 1, queue="auditors")[0]    # another group: its own copy
+    pub = clients(b.endpoint)
+    wait_wanted(pub, "jobs")
+    publish(pub, "jobs", range(4000))
+    got = [drain(ps) for ps in group]
+    exactly_once(got, 4000)
+    # Round robin over members that take messages: none starves.
+    assert min(len(g) for g in got) > 500, [len(g) for g in got]
+    assert drain(plain) == [b"%d" % i for i in range(4000)]
+    assert drain(other) == [b"%d" % i for i in range(4000)]
+    # Each member's share comes in the order it was published.
+    for g in got:
+        assert g == sorted(g, key=int)
+
+
+def test_members_join_and_leave(brokers, clients):
+    """A member that joins gets its share from its confirmation on; one that
+    leaves gets nothing after; nothing is lost or doubled meanwhile."""
+    b = brokers()
+    first = members(clients, b.endpoint, 2)
+    pub = clients(b.endpoint)
+    wait_wanted(pub, "jobs")
+    publish(pub, "jobs", range(0, 1000))
+    late = members(clients, b.endpoint, 1)[0]
+    publish(pub, "jobs", range(1000, 2000))
+    # (What it holds unread when it unsubscribes is dropped, as in Redis
+    # and NATS: it reads its share first.)
+    leaver = drain(first[0])
+    first[0].unsubscribe("jobs")
+    publish(pub, "jobs", range(2000, 3000))
+    got = [leaver + drain(first[0]), drain(first[1]), drain(late)]
+    exactly_once(got, 3000)
+    assert all(int(d) >= 1000 for d in got[2]) and len(got[2]) > 100
+    assert all(int(d) < 2000 for d in got[0]) and len(got[0]) > 100
+    # The last member leaving takes the group: nobody wants the channel.
+    first[1].unsubscribe("jobs")
+    late.unsubscribe("jobs")
+    wait_for(lambda: not pub.is_wanted("jobs"), what="the group gone from the publisher's filter")
+
+
+def test_a_glob_group(brokers, clients):
+    b = brokers()
+    group = members(clients, b.endpoint, 2, channel="jobs.*", glob=True)
+    pub = clients(b.endpoint)
+    wait_wanted(pub, "jobs.a")
+    for i in range(600):
+        pub.publish(("jobs.a", "jobs.b", "other")[i % 3], b"%d" % i)
+    pub.flush(timeout=30)
+    got = [drain(ps) for ps in group]
+    counts = collections.Counter(d for g in got for d in g)
+    assert set(counts) == {b"%d" % i for i in range(600) if i % 3 != 2} and set(counts.values()) == {1}
+    assert all(len(g) > 100 for g in got)
+
+
+MEMBER = textwrap.dedent("""
+    import os, sys, fastbus
+    c = fastbus.Client(endpoint=sys.argv[1], name="member")
+    ps = c.pubsub(ignore_subscribe_messages=True)
+    ps.subscribe("jobs", queue="workers")
+    die_after = int(sys.argv[2])
+    print("ready", flush=True)
+    n = 0
+    for m in ps.listen():
+        if m["data"] == b"end":
+            break
+        print(m["data"].decode(), flush=True)
+        n += 1
+        if n == die_after:
+            os.kill(os.getpid(), 9)              # mid-stream, no goodbye
+""")
+
+
+def test_a_member_killed_mid_stream(brokers, clients, tmp_path):
+    """A member killed (-9) while messages stream to the group: the others
+    take the rest, and what was routed to it and it never took is counted
+    when its session runs out (never silently gone)."""
+    b = brokers("--session-linger", "1")
+    script = tmp_path / "member.py"
+    script.write_text(MEMBER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    procs = []
+    try:
+        for die_after in (300, 0, 0):
+            p = subprocess.Popen([sys.executable, str(script), b.endpoint, str(die_after)], stdout=subprocess.PIPE,
+                                 env=env, cwd=str(tmp_path))
+            assert p.stdout.readline() == b"ready\n"
+            procs.append(p)
+        pub = clients(b.endpoint)
+        wait_wanted(pub, "jobs")
+        n = 6000
+        for i in range(n):
+            pub.publish("jobs", b"%d" % i)
+            if i % 500 == 499:
+                pub.flush(timeout=30)
+        pub.flush(timeout=30)
+        assert procs[0].wait(30) == -signal.SIGKILL
+        wait_for(lambda: b.stats()["sessions_expired"] >= 1, what="the killed member's session expiry")
+        for _ in procs[1:]:
+            pub.publish("jobs", b"end")         # (one each: the group gives each survivor one)
+        pub.flush(timeout=30)
+        outs = [p.communicate(timeout=30)[0].split() for p in procs]
+        survivors = outs[1] + outs[2]
+        assert len(survivors) == len(set(survivors)), "a message delivered twice"
+        seen = set(survivors) | set(outs[0])
+        lost = b.stats()["drops"]["session_expired"]
+        # Every message reached a member, or is in the killed member's count.
+        assert n - len(seen) <= lost, (n, len(seen), lost)
+        assert len(outs[0]) == 300 and len(survivors) > n // 2
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+
+
+def test_asyncio_members(brokers):
+    b = brokers()
+
+    async def main():
+        cs = [fastbus.aio.Client(endpoint=b.endpoint) for _ in range(3)]
+        try:
+            group = []
+            for c in cs[:2]:
+                ps = c.pubsub(ignore_subscribe_messages=True)
+                await ps.subscribe("jobs", queue="workers")
+                group.append(ps)
+            pub = cs[2]
+            for i in range(1000):
+                await pub.publish("jobs", b"%d" % i)
+            await pub.flush()
+            got = [[], []]
+            for ps, out in zip(group, got):
+                while (m := await ps.get_message(timeout=0.5)) is not None:
+                    out.append(m["data"])
+            return got
+        finally:
+            for c in cs:
+                await c.close()
+
+    got = asyncio.run(main())
+    exactly_once(got, 1000)
+    assert all(len(g) > 100 for g in got)
+
+
+def test_what_a_user_gets_wrong(brokers, clients):
+    b = brokers()
+    ps = clients(b.endpoint).pubsub()
+    with pytest.raises(ValueError, match="1 to 255 bytes"):
+        ps.subscribe("jobs", queue="")
+    with pytest.raises(ValueError, match="1 to 255 bytes"):
+        ps.subscribe("jobs", queue="q" * 256)
+    with pytest.raises(TypeError, match="queue must be a str or bytes"):
+        ps.subscribe("jobs", queue=5)
+    ps.subscribe("jobs", queue="a")
+    ps.subscribe("jobs", queue="a")                  # the same again: nothing changes
+    with pytest.raises(ValueError, match="subscribed in queue group 'a'.*unsubscribe it first"):
+        ps.subscribe("jobs", queue="b")
+    with pytest.raises(ValueError, match="without a queue group"):
+        ps.subscribe("plain") or ps.subscribe("plain", queue="a")
+    ps.unsubscribe("jobs")
+    ps.subscribe("jobs", queue="b")                  # unsubscribed first: fine
+    # A callable under "queue" is still the handler of a channel named so.
+    seen = []
+    ps.subscribe(queue=seen.append)
+    pub = clients(b.endpoint)
+    wait_wanted(pub, "queue")
+    pub.publish("queue", b"x")
+    pub.flush()
+    wait_for(lambda: ps.get_message(timeout=0.1) is None and seen, what="the handler")
+    assert seen[0]["channel"] == b"queue"
