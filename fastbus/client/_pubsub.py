@@ -56,14 +56,15 @@ def _broker_key(name: bytes, pattern: bool, queue: bytes | None = None) -> tuple
     return (prefix, True) if exact else (name, P.GLOB)
 
 
-def _pop_queue(handlers: dict) -> bytes | None:
-    """subscribe()'s ``queue=`` (a group's name, str or bytes), taken out
-    of the keywords it shares with handlers (a callable under "queue" is
-    the handler of a channel named so, as in redis-py)."""
-    queue = handlers.get("queue")
-    if queue is None or callable(queue):
+def _queue_name(queue: Any, handlers: dict) -> bytes | None:
+    """subscribe()'s ``queue=`` (a group's name, str or bytes) as bytes.
+    A callable there is the handler of a channel named "queue" (redis-py's
+    keywords are channels), put back among ``handlers``."""
+    if queue is None:
         return None
-    del handlers["queue"]
+    if callable(queue):
+        handlers["queue"] = queue
+        return None
     if not isinstance(queue, (str, bytes)):
         raise TypeError(f"queue must be a str or bytes (a queue group's name), not {type(queue).__name__}")
     name = queue.encode() if isinstance(queue, str) else queue
@@ -294,7 +295,7 @@ class PubSub(PubSubBase):
             return value.decode("utf-8")
         return value
 
-    def subscribe(self, *channels: Any, **handlers: Handler) -> None:
+    def subscribe(self, *channels: Any, queue: str | bytes | None = None, **handlers: Handler) -> None:
         """Subscribe to exact channels (bytes, str or numbers), and return
         once the subscriptions are in effect: from then on, every message
         any client publishes to them reaches this PubSub (one round trip
@@ -317,9 +318,9 @@ class PubSub(PubSubBase):
         robin over those that take messages now), while plain subscribers
         of the channel each still get it.  A channel is held one way on a
         PubSub: unsubscribe it to change its group."""
-        self.wait_confirmed(self.subscribe_nowait(*channels, **handlers))
+        self.wait_confirmed(self.subscribe_nowait(*channels, queue=queue, **handlers))
 
-    def psubscribe(self, *patterns: Any, **handlers: Handler) -> None:
+    def psubscribe(self, *patterns: Any, queue: str | bytes | None = None, **handlers: Handler) -> None:
         """Subscribe to glob patterns, matched as Redis matches them (bytes,
         not text): ``*`` any run of bytes, ``?`` one byte, ``[abc]``,
         ``[^a]``, ``[a-z]`` classes, ``\\`` escaping the next character.
@@ -327,28 +328,28 @@ class PubSub(PubSubBase):
         matches all.  Returns once in effect, and
         ``psubscribe(**{"news.*": handler})`` and ``queue=``, as
         subscribe()."""
-        self.wait_confirmed(self.psubscribe_nowait(*patterns, **handlers))
+        self.wait_confirmed(self.psubscribe_nowait(*patterns, queue=queue, **handlers))
 
-    def subscribe_nowait(self, *channels: Any, **handlers: Handler) -> int:
+    def subscribe_nowait(self, *channels: Any, queue: str | bytes | None = None, **handlers: Handler) -> int:
         """subscribe() without waiting: the subscriptions are requested.
         Returns what :meth:`wait_confirmed` waits for.  (For drivers that
         wait their own way, such as the asyncio twin and the sharded
         client; applications call subscribe().)"""
-        queue = _pop_queue(handlers)
+        qname = _queue_name(queue, handlers)
         if not channels and not handlers:
             raise ValueError("subscribe() needs at least one channel")
         channels, handlers = _subscriptions(channels, handlers)
         names = [to_key(c) for c in channels] + [to_key(c) for c in handlers]
-        return self._change(SUBSCRIBE, [(n, False, "subscribe") for n in names], self._handler_map(handlers), queue)
+        return self._change(SUBSCRIBE, [(n, False, "subscribe") for n in names], self._handler_map(handlers), qname)
 
-    def psubscribe_nowait(self, *patterns: Any, **handlers: Handler) -> int:
+    def psubscribe_nowait(self, *patterns: Any, queue: str | bytes | None = None, **handlers: Handler) -> int:
         """psubscribe() without waiting (see subscribe_nowait)."""
-        queue = _pop_queue(handlers)
+        qname = _queue_name(queue, handlers)
         if not patterns and not handlers:
             raise ValueError("psubscribe() needs at least one pattern")
         patterns, handlers = _subscriptions(patterns, handlers)
         names = [to_key(p) for p in patterns] + [to_key(p) for p in handlers]
-        return self._change(SUBSCRIBE, [(n, True, "psubscribe") for n in names], self._handler_map(handlers), queue)
+        return self._change(SUBSCRIBE, [(n, True, "psubscribe") for n in names], self._handler_map(handlers), qname)
 
     def wait_confirmed(self, seq: int) -> None:
         """Block until the broker has confirmed the request ``seq`` (from

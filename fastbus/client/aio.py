@@ -462,20 +462,20 @@ class PubSub(_SyncPubSub):
         if self._driver.session is not self.session:
             self._driver = _LoopDriver(self.session, self._loop, self._changed)
 
-    async def subscribe(self, *channels: Any, **handlers: Handler) -> None:
-        await self.wait_confirmed(self.subscribe_nowait(*channels, **handlers))
+    async def subscribe(self, *channels: Any, queue: str | bytes | None = None, **handlers: Handler) -> None:
+        await self.wait_confirmed(self.subscribe_nowait(*channels, queue=queue, **handlers))
 
-    async def psubscribe(self, *patterns: Any, **handlers: Handler) -> None:
-        await self.wait_confirmed(self.psubscribe_nowait(*patterns, **handlers))
+    async def psubscribe(self, *patterns: Any, queue: str | bytes | None = None, **handlers: Handler) -> None:
+        await self.wait_confirmed(self.psubscribe_nowait(*patterns, queue=queue, **handlers))
 
-    def subscribe_nowait(self, *channels: Any, **handlers: Handler) -> int:
-        seq = super().subscribe_nowait(*channels, **handlers)
+    def subscribe_nowait(self, *channels: Any, queue: str | bytes | None = None, **handlers: Handler) -> int:
+        seq = super().subscribe_nowait(*channels, queue=queue, **handlers)
         self._drive()
         self._connected = True
         return seq
 
-    def psubscribe_nowait(self, *patterns: Any, **handlers: Handler) -> int:
-        seq = super().psubscribe_nowait(*patterns, **handlers)
+    def psubscribe_nowait(self, *patterns: Any, queue: str | bytes | None = None, **handlers: Handler) -> int:
+        seq = super().psubscribe_nowait(*patterns, queue=queue, **handlers)
         self._drive()
         self._connected = True
         return seq
