@@ -141,9 +141,9 @@ def cmd_sub(args: argparse.Namespace) -> int:
     try:
         p = client.pubsub()
         if channels:
-            p.subscribe(*channels)
+            p.subscribe(*channels, queue=args.queue)
         if patterns:
-            p.psubscribe(*patterns)
+            p.psubscribe(*patterns, queue=args.queue)
         confirmed = 0
         while confirmed < len(names):
             m = p.get_message(timeout=0)         # the confirmations arrived before subscribe() returned
@@ -217,8 +217,9 @@ def cmd_reply(args: argparse.Namespace) -> int:
     client = _client(args, socket_connect_timeout=min(5.0, args.timeout), subscribe_timeout=args.timeout)
     try:
         p = client.pubsub(ignore_subscribe_messages=True)
-        p.subscribe(args.channel)
-        print(f"fastbus reply: answering requests on {args.channel} at {client.endpoint}", file=sys.stderr,
+        p.subscribe(args.channel, queue=args.queue)
+        group = f" in queue group {args.queue}" if args.queue else ""
+        print(f"fastbus reply: answering requests on {args.channel}{group} at {client.endpoint}", file=sys.stderr,
               flush=True)
         n = 0
         for m in _arrivals(p, args.seconds):
@@ -305,6 +306,7 @@ def add_parsers(sub) -> None:
     rp.add_argument("--seconds", type=seconds, default=None, help="stop after this long (default: run on)")
     rp.add_argument("--timeout", type=seconds, default=10.0,
                     help="seconds to wait for the subscription to be confirmed (default: %(default)s)")
+    _queue_option(rp, "each request to one responder of the group (the others are not asked)")
     _connection_options(rp)
     rp.set_defaults(func=cmd_reply)
 
@@ -318,5 +320,11 @@ def _sub_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--seconds", type=seconds, default=None, help="stop after this long (default: run on)")
     s.add_argument("--timeout", type=seconds, default=10.0,
                    help="seconds to wait for the subscriptions to be confirmed (default: %(default)s)")
+    _queue_option(s, "each message to one member of the group, in any process")
     _connection_options(s)
     s.set_defaults(func=cmd_sub)
+
+
+def _queue_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--queue", "-q", metavar="GROUP", default=None,
+                   help=f"subscribe as a member of this queue group: {what}")

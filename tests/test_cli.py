@@ -353,3 +353,29 @@ def test_request_and_reply_from_the_shell(brokers):
     assert "no responders: nobody subscribes to 'nobody.home'" in _one_line_error(
         run("request", "--port", port, "nobody.home", "x", "--timeout", "60"), 1, "no responders")
     assert _one_line_error(run("reply", "--port", port, "ch"), 2, "give DATA, or --echo")
+
+
+def test_responders_in_a_queue_group_from_the_shell(brokers):
+    """Two ``fastbus reply --queue`` responders share the requests: each
+    request is answered by one (the other never sees it)."""
+    b = brokers()
+    port = b.endpoint.rsplit(":", 1)[1]
+    with tempfile.TemporaryDirectory() as cwd:
+        repliers = [subprocess.Popen(fastbus_cmd() + ["reply", "--port", port, "svc", "--echo", "--queue", "pool",
+                                                      "--count", "2"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+                    for _ in range(2)]
+        try:
+            for r in repliers:
+                assert "answering requests on svc in queue group pool" in r.stderr.readline()
+            for i in range(4):
+                r = run("request", "--port", port, "svc", f"q{i}", "--timeout", "10")
+                assert r.returncode == 0 and r.stdout.rstrip().endswith(f": q{i}"), r.stdout + r.stderr
+            outs = [r.communicate(timeout=30)[0].splitlines() for r in repliers]
+            assert all(r.returncode == 0 for r in repliers)
+            assert sorted(outs[0] + outs[1]) == [f"svc: q{i}" for i in range(4)] and len(outs[0]) == 2, outs
+        finally:
+            for r in repliers:
+                if r.poll() is None:
+                    r.kill()
+                    r.wait()
