@@ -184,6 +184,57 @@ int fb_record_reply_to(const fb_record *rec, const unsigned char **to, uint32_t 
     return 1;
 }
 
+int fb_record_groups(const fb_record *rec, const unsigned char **marks, uint32_t *len, uint32_t *at,
+                     uint32_t *span)
+{
+    static const unsigned char name[] = FB_HEADER_GROUPS;
+    const size_t nl = sizeof name - 1;
+    const unsigned char *p = rec->headers, *end = rec->headers + rec->headers_len;
+    fb_header h;
+    /* The first header, or the second after :reply-to (a block the decoder
+     * checked). */
+    for (int i = 0; i < 2 && p < end; i++) {
+        const unsigned char *start = p;
+        fb_headers_next(&p, end, &h);
+        if (h.key_len == nl && memcmp(h.key, name, nl) == 0) {
+            *marks = h.value;
+            *len = h.value_len;
+            *at = (uint32_t)(start - rec->headers);
+            *span = (uint32_t)(p - start);
+            return 1;
+        }
+        if (i == 0 && !(h.key_len == sizeof FB_HEADER_REPLY_TO - 1 &&
+                        memcmp(h.key, FB_HEADER_REPLY_TO, h.key_len) == 0))
+            break;
+    }
+    return 0;
+}
+
+int fb_groups_has(const unsigned char *marks, uint32_t len, const void *mark, uint32_t mark_len)
+{
+    const unsigned char *p = marks, *end = marks + len;
+    while (p < end) {
+        uint32_t ml;
+        if (get_varint(&p, end, &ml) < 0 || ml > (size_t)(end - p)) return 0;   /* (network input) */
+        if (ml == mark_len && memcmp(p, mark, ml) == 0) return 1;
+        p += ml;
+    }
+    return 0;
+}
+
+uint32_t fb_groups_count(const unsigned char *marks, uint32_t len)
+{
+    const unsigned char *p = marks, *end = marks + len;
+    uint32_t n = 0;
+    while (p < end) {
+        uint32_t ml;
+        if (get_varint(&p, end, &ml) < 0 || ml > (size_t)(end - p)) break;
+        p += ml;
+        n++;
+    }
+    return n;
+}
+
 int fb_batch_decode(const void *buf, size_t len, const fb_decode_limits *lim,
                     fb_record *out, size_t out_cap, size_t *n)
 {

@@ -102,14 +102,32 @@ int fb_headers_next(const unsigned char **p, const unsigned char *end, fb_header
  *   :reply-to  a request's reply channel; always the block's first header,
  *              so a router finds it without walking the block;
  *   :status    in a reply the broker makes itself: "503", no responders
- *              (a request that nobody subscribed to). */
+ *              (a request that nobody subscribed to);
+ *   :groups    between brokers only: the queue groups whose pick for this
+ *              record is the receiving broker's (fb_router.h, "Queue groups
+ *              across brokers"); the block's first header, or its second
+ *              after :reply-to.  Its value: marks, each a varint length and
+ *              that many bytes. */
 #define FB_HEADER_REPLY_TO ":reply-to"
 #define FB_HEADER_STATUS ":status"
+#define FB_HEADER_GROUPS ":groups"
 #define FB_STATUS_NO_RESPONDERS "503"
 
 /* A record's reply channel: 1 and *to, *len if its header block starts
  * with :reply-to (a request), else 0. */
 int fb_record_reply_to(const fb_record *rec, const unsigned char **to, uint32_t *len);
+
+/* A record's :groups header, where it may be (first, or after :reply-to):
+ * 1, its value in *marks, *len, and the header's own bytes in the block,
+ * [*at, *at + *span); else 0. */
+int fb_record_groups(const fb_record *rec, const unsigned char **marks, uint32_t *len, uint32_t *at,
+                     uint32_t *span);
+
+/* 1 if `mark` is among the marks of a :groups value (one fb_record_groups
+ * found: a malformed value matches nothing). */
+int fb_groups_has(const unsigned char *marks, uint32_t len, const void *mark, uint32_t mark_len);
+/* How many marks a :groups value holds (those before a malformed end). */
+uint32_t fb_groups_count(const unsigned char *marks, uint32_t len);
 
 /* Encoded size of one record, and writing one (dst needs that many bytes). */
 static inline size_t fb_varint_len(uint32_t v)

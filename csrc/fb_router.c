@@ -15,6 +15,7 @@ typedef struct linkbox {
     uint8_t no_headers;    /* its peer does not read headers: records go without them */
     uint8_t notify;        /* its requests that reach nobody are answered (fb_router_set_notify) */
     uint8_t away;          /* a queue group picks it last (fb_router_set_away) */
+    uint8_t broker;        /* another broker: its records' groups were picked for there (fb_router_set_broker) */
     uint64_t stamp;        /* the last record appended (r->stamp): each record once */
 } linkbox;
 
@@ -37,7 +38,16 @@ typedef struct qgroup {
     uint32_t cursor;          /* where the next pick starts (round robin) */
     uint32_t next;
     uint8_t used;
+    uint8_t mark_len;         /* 0: no mark, this router's alone */
+    unsigned char mark[FB_ROUTER_MARK_MAX];
 } qgroup;
+
+/* A group's pick of a broker link for the record being routed: the record
+ * goes there once, naming every group that picked it (append_picked). */
+typedef struct bpick {
+    uint32_t link;
+    uint32_t group;           /* index in r->groups */
+} bpick;
 
 struct fb_router {
     fb_outbox_limits lim;     /* of every outbox: no age limit (the linger is the router's) */
@@ -56,6 +66,12 @@ struct fb_router {
     size_t capoffsets;
     fb_idvec ids;
     fb_record *notices;       /* this batch's no-responders replies, routed after it */
+    bpick *picks;             /* the record's picks of broker links */
+    size_t npicks, cappicks;
+    unsigned char *hstrip;    /* the record's header block without the :groups it came with */
+    size_t caphstrip;
+    unsigned char *hbuf;      /* ... and with ours, for a broker link a group picked */
+    size_t caphbuf;
     size_t nnotices, capnotices;
     globsub *globs;           /* by id - FB_ROUTER_GLOB_BASE */
     uint32_t nglobs, capglobs, freeglob, usedglobs;   /* freeglob UINT32_MAX: none free */
@@ -102,6 +118,9 @@ void fb_router_free(fb_router *r)
         free(r->groups[i].members);
     }
     free(r->groups);
+    free(r->picks);
+    free(r->hstrip);
+    free(r->hbuf);
     free(r);
 }
 
@@ -187,7 +206,7 @@ int fb_router_add_group(fb_router *r, const void *pattern, size_t len, uint64_t 
         }
         i = r->ngroups++;
     }
-    r->groups[i] = (qgroup){ pat, len, NULL, 0, 0, 0, UINT32_MAX, 1 };
+    r->groups[i] = (qgroup){ pat, len, NULL, 0, 0, 0, UINT32_MAX, 1, 0, { 0 } };
     *id = FB_ROUTER_GROUP_BASE + i;
     return FB_OK;
 }
@@ -198,7 +217,7 @@ int fb_router_remove_group(fb_router *r, uint64_t id)
     if (!g) return FB_ENOTFOUND;
     free(g->pat);
     free(g->members);
-    *g = (qgroup){ NULL, 0, NULL, 0, 0, 0, r->freegroup, 0 };
+    *g = (qgroup){ NULL, 0, NULL, 0, 0, 0, r->freegroup, 0, 0, { 0 } };
     r->freegroup = (uint32_t)(id - FB_ROUTER_GROUP_BASE);
     return FB_OK;
 }
@@ -247,6 +266,21 @@ void fb_router_set_away(fb_router *r, uint32_t link, int away)
     if (link < r->caplinks && r->links[link].active) r->links[link].away = away != 0;
 }
 
+int fb_router_set_group_mark(fb_router *r, uint64_t id, const void *mark, size_t len)
+{
+    qgroup *g = group_of(r, id);
+    if (!g) return FB_ENOTFOUND;
+    if (!mark || len == 0 || len > FB_ROUTER_MARK_MAX) return FB_EINVAL;
+    memcpy(g->mark, mark, len);
+    g->mark_len = (uint8_t)len;
+    return FB_OK;
+}
+
+void fb_router_set_broker(fb_router *r, uint32_t link, int broker)
+{
+    if (link < r->caplinks && r->links[link].active) r->links[link].broker = broker != 0;
+}
+
 /* The member of g a record from `source` goes to, or UINT32_MAX: the
  * first, from the cursor on, that is free (not held, not away), else
  * held, else away (fb_router.h). */
@@ -290,6 +324,7 @@ int fb_router_add_link(fb_router *r, uint32_t link)
         lb->no_headers = 0;
         lb->notify = 0;
         lb->away = 0;
+        lb->broker = 0;
         lb->last_ns = 0;
     }
     return FB_OK;
@@ -412,6 +447,109 @@ static int add_notice(fb_router *r, const fb_record *rec)
     return FB_OK;
 }
 
+/* The record as it goes to every link but a broker a group picked: without
+ * the :groups header it came with (in r->hstrip). */
+static int strip_groups(fb_router *r, const fb_record *rec, uint32_t at, uint32_t span, fb_record *out)
+{
+    size_t rest = rec->headers_len - span;
+    int rc = reserve((void **)&r->hstrip, &r->caphstrip, rest ? rest : 1, 1);
+    if (rc < 0) return rc;
+    if (at) memcpy(r->hstrip, rec->headers, at);
+    if (rest > at) memcpy(r->hstrip + at, rec->headers + at + span, rest - at);
+    *out = *rec;
+    out->headers = rest ? r->hstrip : NULL;
+    out->headers_len = (uint32_t)rest;
+    return FB_OK;
+}
+
+/* r->picks[k]'s broker link gets the record, its :groups header naming
+ * every group that picked that link (after :reply-to, which stays first). */
+static int append_picked(fb_router *r, size_t k, const fb_record *plain, uint64_t now_ns)
+{
+    static const unsigned char name[] = FB_HEADER_GROUPS;
+    const uint32_t nl = sizeof name - 1, link = r->picks[k].link;
+    uint32_t vlen = 0;
+    for (size_t q = k; q < r->npicks; q++)
+        if (r->picks[q].link == link) {
+            const qgroup *g = &r->groups[r->picks[q].group];
+            vlen += (uint32_t)fb_varint_len(g->mark_len) + g->mark_len;
+        }
+    size_t hlen = fb_varint_len(nl) + nl + fb_varint_len(vlen) + vlen, first = 0;
+    const unsigned char *to;
+    uint32_t tl;
+    if (plain->headers_len && fb_record_reply_to(plain, &to, &tl)) first = (size_t)(to + tl - plain->headers);
+    size_t total = plain->headers_len + hlen;
+    int rc = reserve((void **)&r->hbuf, &r->caphbuf, total, 1);
+    if (rc < 0) return rc;
+    unsigned char *p = r->hbuf;
+    if (first) memcpy(p, plain->headers, first);
+    p += first;
+    p += fb_put_varint(p, nl);
+    memcpy(p, name, nl);
+    p += nl;
+    p += fb_put_varint(p, vlen);
+    for (size_t q = k; q < r->npicks; q++)
+        if (r->picks[q].link == link) {
+            const qgroup *g = &r->groups[r->picks[q].group];
+            p += fb_put_varint(p, g->mark_len);
+            memcpy(p, g->mark, g->mark_len);
+            p += g->mark_len;
+        }
+    if (plain->headers_len > first) memcpy(p, plain->headers + first, plain->headers_len - first);
+    fb_record d = *plain;
+    d.headers = r->hbuf;
+    d.headers_len = (uint32_t)total;
+    return append_to(r, link, &d, now_ns);
+}
+
+/* The groups a record matches (its trie ids r->ids.ids[from, to)): each
+ * that is this broker's to pick for gives it to one member, a client at
+ * once, a broker link by way of r->picks (then append_picked). */
+static int pick_for_groups(fb_router *r, const fb_record *rec, const fb_record *plain, size_t from, size_t to,
+                           uint64_t source, uint64_t now_ns, uint64_t *delivered)
+{
+    const unsigned char *marks = NULL;
+    uint32_t marks_len = 0, at, span;
+    int from_broker = source < r->caplinks && r->links[source].broker;
+    int named = from_broker && rec->headers_len && fb_record_groups(rec, &marks, &marks_len, &at, &span);
+    uint64_t named_picked = 0;
+    int rc;
+    r->npicks = 0;
+    for (size_t j = from; j < to; j++) {
+        uint64_t id = r->ids.ids[j];
+        if (id < FB_ROUTER_GROUP_BASE) continue;
+        qgroup *g = group_of(r, id);
+        if (!g || (g->pat && fb_glob_match(g->pat, g->len, rec->topic, rec->topic_len) != 1)) continue;
+        /* From another broker: picked for there, unless it named us. */
+        if (from_broker && g->mark_len && !(named && fb_groups_has(marks, marks_len, g->mark, g->mark_len)))
+            continue;
+        uint32_t m = pick_member(r, g, source);
+        if (m == UINT32_MAX || m >= r->caplinks) continue;
+        if (from_broker && g->mark_len) named_picked++;
+        if (r->links[m].broker && g->mark_len) {
+            if ((rc = reserve((void **)&r->picks, &r->cappicks, r->npicks + 1, sizeof(bpick))) < 0) return rc;
+            r->picks[r->npicks++] = (bpick){ m, (uint32_t)(id - FB_ROUTER_GROUP_BASE) };
+        } else {
+            if ((rc = append_to(r, m, plain, now_ns)) < 0) return rc;
+            *delivered += (uint64_t)rc;
+        }
+    }
+    if (named) {
+        /* Named groups that picked nobody here (gone, or no member left):
+         * what they were given is lost, and counted. */
+        uint64_t n = fb_groups_count(marks, marks_len);
+        if (n > named_picked) r->st.group_orphaned += n - named_picked;
+    }
+    for (size_t k = 0; k < r->npicks; k++) {
+        size_t q = 0;
+        while (q < k && r->picks[q].link != r->picks[k].link) q++;
+        if (q < k) continue;                  /* (that link has it, naming this group too) */
+        if ((rc = append_picked(r, k, plain, now_ns)) < 0) return rc;
+        *delivered += (uint64_t)rc;
+    }
+    return FB_OK;
+}
+
 /* Match recs[0..n) in the trie in one pass and append each to the outbox
  * of every link that wants it but `source`, and to `all` (the catch-all
  * link, UINT32_MAX: none); *delivered counts the copies.  With `notify`,
@@ -432,16 +570,25 @@ static int deliver(fb_router *r, fb_trie *t, const fb_record *recs, size_t n, ui
     if (rc < 0) return rc;
     for (size_t i = 0; i < n; i++) {
         const fb_record *rec = &recs[i];
+        fb_record stripped;
+        const fb_record *plain = rec;           /* what every link but a picked broker gets */
+        const unsigned char *marks;
+        uint32_t marks_len, at, span;
+        if (rec->headers_len && fb_record_groups(rec, &marks, &marks_len, &at, &span)) {
+            if ((rc = strip_groups(r, rec, at, span, &stripped)) < 0) return rc;
+            plain = &stripped;
+        }
         uint64_t before = *delivered;
         r->stamp++;                             /* append_to: each link once */
+        /* Queue groups first: a broker link one picks gets the record
+         * naming it, and the plain subscriptions below find it there. */
+        if (r->ngroups &&
+            (rc = pick_for_groups(r, rec, plain, r->offsets[i], r->offsets[i + 1], source, now_ns, delivered)) < 0)
+            return rc;
         for (size_t j = r->offsets[i]; j < r->offsets[i + 1]; j++) {
             uint64_t id = r->ids.ids[j];
             if (id >= FB_ROUTER_GROUP_BASE) {
-                /* A queue group: one member gets it. */
-                qgroup *g = group_of(r, id);
-                if (!g || (g->pat && fb_glob_match(g->pat, g->len, rec->topic, rec->topic_len) != 1)) continue;
-                id = pick_member(r, g, source);
-                if (id == UINT32_MAX) continue;
+                continue;                       /* (picked for above) */
             } else if (id >= FB_ROUTER_GLOB_BASE) {
                 /* A glob held under a prefix of this topic: does it match? */
                 uint64_t g = id - FB_ROUTER_GLOB_BASE;
@@ -451,11 +598,11 @@ static int deliver(fb_router *r, fb_trie *t, const fb_record *recs, size_t n, ui
                 id = r->globs[g].link;
             }
             if (id == source || id >= r->caplinks) continue;
-            if ((rc = append_to(r, (uint32_t)id, rec, now_ns)) < 0) return rc;
+            if ((rc = append_to(r, (uint32_t)id, plain, now_ns)) < 0) return rc;
             *delivered += (uint64_t)rc;
         }
         if (all != UINT32_MAX) {                /* (a link that matched anyway has it: once) */
-            if ((rc = append_to(r, all, rec, now_ns)) < 0) return rc;
+            if ((rc = append_to(r, all, plain, now_ns)) < 0) return rc;
             *delivered += (uint64_t)rc;
         }
         if (*delivered == before) {

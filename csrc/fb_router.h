@@ -66,6 +66,8 @@ typedef struct fb_router_stats {
     uint64_t rejected;     /* batches rejected as malformed (nothing routed from them) */
     uint64_t oversize;     /* records over the decode limits' max_topic/max_payload, not routed */
     uint64_t no_responders; /* requests that reached nobody, answered so (fb_router_set_notify) */
+    uint64_t group_orphaned; /* a broker gave us records for a queue group with no member here now
+                              * (its last left while they were on their way): one per group */
 } fb_router_stats;
 
 /* Every outbox gets lim's max_messages, max_bytes and checksum; lim's
@@ -195,6 +197,24 @@ size_t fb_router_group_size(const fb_router *r, uint64_t id);
 /* A member whose session is away (lingering without a connection): picked
  * only when every other member is away too.  Off for a new link. */
 void fb_router_set_away(fb_router *r, uint32_t link, int away);
+
+/* Queue groups across brokers.  A broker link (fb_router_set_broker) that
+ * is a member of a group stands for the group's members behind it.  A
+ * record's pick for a group is made once in the whole federation, by the
+ * broker where the record enters: one from a client is picked for by every
+ * group it matches, among all of the group's members, broker links
+ * included; one from a broker link only by the groups its :groups header
+ * names (fb_batch.h): the broker that sent it picked this one.  A record
+ * that a group gives to a broker link goes with a :groups header naming
+ * that group (and every other group that picked the same link); every
+ * other copy goes without one.  A group is named by its mark
+ * (fb_router_set_group_mark: the same in every broker, 1 to
+ * FB_ROUTER_MARK_MAX bytes; FB_EINVAL otherwise); a group without a mark
+ * is this router's alone (it picks for every record it matches, and
+ * names itself to nobody).  A new link is not a broker. */
+#define FB_ROUTER_MARK_MAX 32
+int fb_router_set_group_mark(fb_router *r, uint64_t id, const void *mark, size_t len);
+void fb_router_set_broker(fb_router *r, uint32_t link, int broker);
 
 /* A link that receives every record from now_ns >= from_ns on, as if it
  * were subscribed to everything (each record once, never back to its

@@ -228,3 +228,46 @@ def test_what_a_user_gets_wrong(brokers, clients):
     pub.flush()
     wait_for(lambda: ps.get_message(timeout=0.1) is None and seen, what="the handler")
     assert seen[0]["channel"] == b"queue"
+
+
+def test_one_member_per_message_across_a_federation(brokers, clients):
+    """A 2-level federation (top <- mid <- leaf, and top <- side), members
+    of one group on every broker, publishers at three of them: each
+    message goes to exactly one member in the whole tree (the broker where
+    it enters picks, and one it gives to another broker names the group
+    for that broker to pick), while a plain subscriber anywhere gets each
+    once."""
+    top = brokers("--allow-broker", "local")
+    mid = brokers("--upstream", top.endpoint, "--allow-broker", "local")
+    leaf = brokers("--upstream", mid.endpoint)
+    side = brokers("--upstream", top.endpoint)
+    for b in (mid, leaf, side):
+        wait_for(lambda: b.stats()["upstream"]["connected"], what="the federation")
+    group = []
+    for b, n in ((top, 1), (mid, 1), (leaf, 2), (side, 1)):
+        group += members(clients, b.endpoint, n)
+    plain = clients(mid.endpoint).pubsub(ignore_subscribe_messages=True)
+    plain.subscribe("jobs")
+    pubs = [clients(b.endpoint) for b in (leaf, top, side)]
+    for pub in pubs:
+        wait_wanted(pub, "jobs")
+    n = 0
+    for k, pub in enumerate(pubs):
+        publish(pub, "jobs", range(k * 1000, (k + 1) * 1000))
+        n += 1000
+    got = [drain(ps, idle=1.0) for ps in group]
+    exactly_once(got, n)
+    assert all(len(g) > 100 for g in got), [len(g) for g in got]
+    assert sorted(drain(plain), key=int) == [b"%d" % i for i in range(n)]
+    # Members leaving anywhere (those of leaf and side): once that is in
+    # effect (top's group: its own member and mid; mid's: its own and top),
+    # the rest take everything.
+    for ps in group[2:]:
+        ps.unsubscribe("jobs")
+    for b in (top, mid):
+        wait_for(lambda: b.stats()["queue_group_members"] == 2, what="the members gone from the groups")
+    for pub in pubs:
+        publish(pub, "jobs", range(n, n + 300))
+        n += 300
+    rest = [drain(ps, idle=1.0) for ps in group[:2]]
+    exactly_once(rest, 900)

@@ -580,6 +580,130 @@ static void test_queue_groups(void)
     fb_trie_free(t);
 }
 
+/* A batch of `n` records on `topic`, each with header block `blk`. */
+static unsigned char *batch_with(const char *topic, int n, const unsigned char *blk, size_t blen, size_t *len)
+{
+    fb_outbox o;
+    fb_outbox_init(&o, NULL);
+    for (int i = 0; i < n; i++)
+        REQUIRE(fb_outbox_append_h(&o, topic, strlen(topic), blk, (uint32_t)blen, "x", 1, 0) >= 0);
+    unsigned char *b;
+    REQUIRE(fb_outbox_take(&o, &b, len) == FB_OK);
+    fb_outbox_destroy(&o);
+    return b;
+}
+
+/* Queue groups across brokers: a record from a client is picked for by
+ * the group among all members (a broker link among them gets it naming the
+ * group in :groups, after :reply-to); one from a broker link only by the
+ * groups it names; every other copy goes without :groups. */
+static void test_queue_groups_across_brokers(void)
+{
+    fb_trie *t = fb_trie_new();
+    fb_router *r = fb_router_new(NULL);
+    for (uint32_t l = 1; l <= 4; l++) CHECK_EQ(fb_router_add_link(r, l), FB_OK);
+    fb_router_set_broker(r, 2, 1);             /* a broker with members behind it */
+    fb_router_set_broker(r, 4, 1);             /* a broker with a plain subscriber */
+    uint64_t g, local;
+    CHECK_EQ(fb_router_add_group(r, NULL, 0, &g), FB_OK);
+    CHECK_EQ(fb_router_set_group_mark(r, g, "", 0), FB_EINVAL);
+    CHECK_EQ(fb_router_set_group_mark(r, g, "0123456789abcdef0123456789abcdefX", 33), FB_EINVAL);
+    CHECK_EQ(fb_router_set_group_mark(r, g, "M1", 2), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, g, 1), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, g, 2), FB_OK);
+    fb_trie_add(t, "jobs", 4, FB_EXACT, g);
+    fb_trie_add(t, "jobs", 4, FB_EXACT, 4);
+    size_t len, blen;
+    fb_record recs[64];
+    unsigned char *keep, *b = batch_with("jobs", 4, NULL, 0, &blen);
+    static const unsigned char named[] = { 7, ':', 'g', 'r', 'o', 'u', 'p', 's', 3, 2, 'M', '1' };
+    /* From a client: two each to the members, the broker's naming M1. */
+    CHECK_EQ(fb_router_route(r, t, b, blen, NULL, 3, 1), 4);
+    CHECK_EQ(take_records(r, 1, recs, &keep), 2);
+    CHECK(recs[0].headers_len == 0 && recs[1].headers_len == 0);
+    fb_free(keep);
+    CHECK_EQ(take_records(r, 2, recs, &keep), 2);
+    CHECK(recs[0].headers_len == sizeof named && !memcmp(recs[0].headers, named, sizeof named));
+    fb_free(keep);
+    CHECK_EQ(take_records(r, 4, recs, &keep), 4);
+    CHECK(recs[3].headers_len == 0);
+    fb_free(keep);
+    /* From a broker, naming no group: picked for there. */
+    CHECK_EQ(fb_router_route(r, t, b, blen, NULL, 4, 2), 4);
+    CHECK(fb_outbox_count(fb_router_outbox(r, 1)) == 0 && fb_outbox_count(fb_router_outbox(r, 2)) == 0);
+    /* From the member broker, naming M1 (after :reply-to): ours to pick,
+     * never back to it; the plain broker gets it without :groups. */
+    static const unsigned char both[] = { 9, ':', 'r', 'e', 'p', 'l', 'y', '-', 't', 'o', 1, 'i',
+                                          7, ':', 'g', 'r', 'o', 'u', 'p', 's', 3, 2, 'M', '1',
+                                          1, 'k', 1, 'v' };
+    unsigned char *b2 = batch_with("jobs", 3, both, sizeof both, &len);
+    CHECK_EQ(fb_router_route(r, t, b2, len, NULL, 2, 3), 3);
+    CHECK_EQ(take_records(r, 1, recs, &keep), 3);
+    static const unsigned char bare[] = { 9, ':', 'r', 'e', 'p', 'l', 'y', '-', 't', 'o', 1, 'i', 1, 'k', 1, 'v' };
+    CHECK(recs[2].headers_len == sizeof bare && !memcmp(recs[2].headers, bare, sizeof bare));
+    fb_free(keep);
+    CHECK_EQ(take_records(r, 4, recs, &keep), 3);
+    CHECK(recs[0].headers_len == sizeof bare && !memcmp(recs[0].headers, bare, sizeof bare));
+    fb_free(keep);
+    CHECK(fb_outbox_count(fb_router_outbox(r, 2)) == 0);
+    /* From a client, a request (:reply-to first): a broker picked gets it
+     * with :reply-to still first, :groups second. */
+    fb_router_group_leave(r, g, 1);
+    /* Given us for M1, which has no member here now (but the giver): lost,
+     * and counted, one a record. */
+    fb_router_stats st;
+    CHECK_EQ(fb_router_route(r, t, b2, len, NULL, 2, 3), 3);
+    fb_router_get_stats(r, &st);
+    CHECK_EQ(st.group_orphaned, 3);
+    take_and_free(r, 4, 3);
+    unsigned char *b3 = batch_with("jobs", 1, bare, sizeof bare, &len);
+    CHECK_EQ(fb_router_route(r, t, b3, len, NULL, 3, 4), 1);
+    CHECK_EQ(take_records(r, 2, recs, &keep), 1);
+    CHECK(recs[0].headers_len == sizeof both && !memcmp(recs[0].headers, both, sizeof both));
+    fb_free(keep);
+    take_and_free(r, 4, 5);
+    /* Two groups picking one broker: one copy, naming both; a group
+     * without a mark is this router's alone (it picks for a broker's
+     * record too, and names itself to nobody). */
+    uint64_t g2;
+    CHECK_EQ(fb_router_add_group(r, NULL, 0, &g2), FB_OK);
+    CHECK_EQ(fb_router_set_group_mark(r, g2, "M2", 2), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, g2, 2), FB_OK);
+    fb_trie_add(t, "jobs", 4, FB_EXACT, g2);
+    CHECK_EQ(fb_router_add_group(r, NULL, 0, &local), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, local, 1), FB_OK);
+    fb_trie_add(t, "jobs", 4, FB_EXACT, local);
+    CHECK_EQ(fb_router_route(r, t, b, blen, NULL, 3, 6), 4);       /* (b: 4 records without headers) */
+    CHECK_EQ(take_records(r, 2, recs, &keep), 4);
+    static const unsigned char two[] = { 7, ':', 'g', 'r', 'o', 'u', 'p', 's', 6, 2, 'M', '1', 2, 'M', '2' };
+    static const unsigned char two_r[] = { 7, ':', 'g', 'r', 'o', 'u', 'p', 's', 6, 2, 'M', '2', 2, 'M', '1' };
+    CHECK(recs[0].headers_len == sizeof two && (!memcmp(recs[0].headers, two, sizeof two) ||
+                                                !memcmp(recs[0].headers, two_r, sizeof two_r)));
+    fb_free(keep);
+    CHECK_EQ(take_records(r, 1, recs, &keep), 4);                 /* the local group's only member */
+    fb_free(keep);
+    take_and_free(r, 4, 7);
+    CHECK_EQ(fb_router_route(r, t, b, blen, NULL, 4, 8), 4);       /* from a broker: the local group picks */
+    CHECK_EQ(take_records(r, 1, recs, &keep), 4);
+    fb_free(keep);
+    CHECK(fb_outbox_count(fb_router_outbox(r, 2)) == 0);
+    /* A malformed :groups value names nothing. */
+    static const unsigned char bad[] = { 7, ':', 'g', 'r', 'o', 'u', 'p', 's', 2, 9, 'M' };
+    unsigned char *b4 = batch_with("jobs", 1, bad, sizeof bad, &len);
+    CHECK_EQ(fb_router_route(r, t, b4, len, NULL, 2, 9), 1);
+    CHECK_EQ(take_records(r, 1, recs, &keep), 1);                 /* (the local group) */
+    CHECK(recs[0].headers_len == 0);
+    fb_free(keep);
+    take_and_free(r, 4, 10);
+    CHECK(fb_outbox_count(fb_router_outbox(r, 2)) == 0);
+    fb_free(b);
+    fb_free(b2);
+    fb_free(b3);
+    fb_free(b4);
+    fb_router_free(r);
+    fb_trie_free(t);
+}
+
 int main(void)
 {
     RUN(test_route_and_split_horizon);
@@ -592,5 +716,6 @@ int main(void)
     RUN(test_headers_routed);
     RUN(test_no_responders);
     RUN(test_queue_groups);
+    RUN(test_queue_groups_across_brokers);
     CTEST_END();
 }

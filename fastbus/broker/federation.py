@@ -112,6 +112,7 @@ class Upstream:
         self._welcomes = 0                        # WELCOMEs so far (a Stream's)
         self.link = UpstreamLink(broker.links.new_id(), s)
         self.link.headers = True                  # until a WELCOME says otherwise
+        self.link.groups = True                   # (the same)
         self._refused = ""                        # the reason upstream last refused us, if it did
         self._retry_in = 0.0                      # then: seconds until we try again (doubling)...
         self._retry_at = 0.0                      # ...and when
@@ -218,7 +219,7 @@ class Upstream:
         self._lease_ping_at = 0.0
         self._last_heard = time.monotonic()
         hello = {"v": P.VERSION, "role": "broker", "pub": True, "name": b.config.name, "ack": True,
-                 "headers": True, "session": self.session_id, "taken": self.taken()}
+                 "headers": True, "groups": True, "session": self.session_id, "taken": self.taken()}
         send = b.sender.send
         self._hellos.append(time.monotonic_ns())
         del self._hellos[1:-1]                   # the oldest counts (see WELCOME); bounded
@@ -241,6 +242,7 @@ class Upstream:
             b.router.remove_link(link.link)
             b.router.add_link(link.link)
             b.router.set_headers(link.link, link.headers)
+            b.router.set_broker(link.link, True)
         b.router.set_catchall(None)
 
     def _send_wants(self) -> None:
@@ -309,6 +311,7 @@ class Upstream:
                     self._welcomed(info)
                 link.instance = str(info.get("instance", "")).encode()
                 link.headers = info.get("headers") is True   # (an older upstream reads none)
+                link.groups = info.get("groups") is True     # (nor takes queue group ops)
                 b.router.set_headers(link.link, link.headers)
                 limits = info.get("limits") or {}
                 if isinstance(limits.get("max_sub_ops"), int) and limits["max_sub_ops"] > 0:

@@ -16,9 +16,15 @@ prefix, so other brokers and the publishers' filters see only prefixes.
 
 A queue group (``P.Queue``: a member's ``subscribe(channel, queue=name)``)
 is held once, however many members it has: in the trie under its key by an
-id the router gives it (``Router.add_group``), which the forwarders see as
-one subscriber, so the publishers and other brokers see one interest per
-group; the router gives each record to one member (``Router.group_join``).
+id the router gives it (``Router.add_group``), which the publishers'
+forwarder sees as one subscriber; the router gives each record to one
+member (``Router.group_join``).  Another broker is told of a group as a
+group (its own op, ``announce``) while members other than itself exist,
+and as a member it stands for the members behind it: the broker where a
+record enters picks for the whole federation, and a record it gives to
+another broker names the group in its ``:groups`` header, by the group's
+mark (``group_mark``), for that broker to pick one of its members
+(csrc/fb_router.h, "Queue groups across brokers").
 
 Every such message is built here (``want_diff``, ``want_reset``,
 ``upstream_snapshot``), numbered by its link for a peer that acknowledges,
@@ -27,6 +33,8 @@ and the link noted in ``LinkTable.unacked``: a confirmation waits for those
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from fastbus import protocol as P
 from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Forwarder, Router, Trie, glob_prefix
@@ -39,6 +47,27 @@ from .links import Link, LinkTable
 #: A leaving link's diff to the publishing clients goes in WANT frames of
 #: about this many bytes of keys (``Interest.detach``).
 DIFF_PART_BYTES = 1 << 20
+
+
+def group_mark(name: bytes, key: bytes, glob: bool) -> bytes:
+    """A queue group's name in every broker of a federation (the router's
+    ``:groups`` header): 16 bytes of a hash of what it is."""
+    return hashlib.sha256(b"fastbus group\x00%s\x00%s%s" % (name, b"g" if glob else b"c", key)).digest()[:16]
+
+
+class Group:
+    """A queue group held here: the router's id for it, where the trie
+    holds it, and its members (link ids)."""
+
+    __slots__ = ("gid", "key", "queue", "tkey", "prefix", "members")
+
+    def __init__(self, gid: int, key: bytes, queue: P.Queue, tkey: bytes, prefix: bool) -> None:
+        self.gid, self.key, self.queue, self.tkey, self.prefix = gid, key, queue, tkey, prefix
+        self.members: set[int] = set()
+
+    def wanted_by(self, link: Link) -> bool:
+        """Does ``link`` (a broker) hear of this group: members besides it?"""
+        return bool(self.members - {link.link})
 
 
 def _whole(forwarder: Forwarder):
@@ -68,8 +97,8 @@ class Interest:
         # Every link: the publishers' filter.  It works over the routing trie
         # itself (each key stored once): its calls are the trie's changes.
         self.all = Forwarder("subsume", trie=trie)
-        #: Queue groups: (name, key, glob) -> [router's id, trie key, prefix, members]
-        self.groups: dict[tuple, list] = {}
+        #: Queue groups: (name, key, glob) -> Group
+        self.groups: dict[tuple, Group] = {}
 
     # -- links come and go -------------------------------------------------
 
@@ -87,8 +116,6 @@ class Interest:
                 for _gid, refs, key in other.globs.values():
                     for _ in range(refs):
                         fwd.subscribe(other.link, key, prefix=True)
-        for gid, key, prefix, _members in self.groups.values():
-            fwd.subscribe(gid, key, prefix=prefix)
         link.forwarder = fwd
 
     def detach(self, link: Link) -> None:
@@ -116,11 +143,15 @@ class Interest:
             self.router.remove_glob(gid)
         link.globs.clear()
         diff: list = []
+        diffs: dict[Link, list] = {}
         for group in list(link.queues):
-            self._leave_group(link, group, diff)
+            self._leave_group(link, group, diff, diffs)
         link.queues.clear()
         if diff and not whole:
             self._emit_all(P.encode_ops(diff))
+        for other, d in diffs.items():
+            if self.links.is_current(other):
+                self._emit_link(other, d)
         self.released += link.subs
         self.released_bytes += link.sub_bytes
         self.total_bytes -= link.sub_bytes
@@ -150,7 +181,9 @@ class Interest:
         downstream broker what we want from it, for a publishing client
         what it should let through (``snapshot``, if the caller has it)."""
         if snapshot is None:
-            snapshot = _whole(link.forwarder if link.is_broker else self.all)
+            groups = self._group_ops(link) if link.is_broker else []
+            snapshot = (P.encode_ops(link.forwarder.snapshot() + groups) if groups else
+                        _whole(link.forwarder if link.is_broker else self.all))
         frames = link.want_reset_frames(snapshot)
         if link.acks:
             self.links.unacked[link.link] = link
@@ -159,7 +192,7 @@ class Interest:
     def upstream_snapshot(self, link: Link) -> list:
         """What we want from the upstream broker, whole, as SUB frames of at
         most the operations it takes in one (its max_sub_ops)."""
-        ops = link.forwarder.snapshot()
+        ops = link.forwarder.snapshot() + self._group_ops(link)
         size = link.sub_ops
         chunks = [P.encode_ops(ops[i:i + size]) for i in range(0, len(ops), size)] or [P.encode_ops([])]
         return [self.want_diff(link, chunk) for chunk in chunks]
@@ -192,7 +225,7 @@ class Interest:
         fwd_all, key_id = self.all, link.link
         for op, key, prefix in ops:
             if isinstance(prefix, P.Queue):
-                self._apply_queue(link, op, key, prefix, diff_all, refused, brokers, diffs)
+                self._apply_queue(link, op, key, prefix, diff_all, refused, diffs)
                 continue
             glob = prefix == P.GLOB
             if op == SUBSCRIBE:
@@ -245,10 +278,11 @@ class Interest:
     # -- queue groups --------------------------------------------------------
 
     def _apply_queue(self, link: Link, op: int, key: bytes, queue: P.Queue, diff_all: list, refused: list,
-                     brokers: list, diffs: dict) -> None:
+                     diffs: dict) -> None:
         """One queue group op of a link (see apply): the link joins the
         group (held once per link: more subscriptions only count) or
-        leaves it; the group is held while it has members."""
+        leaves it; the group is held while it has members.  A broker link
+        joins for the members behind it."""
         group = (queue.name, key, queue.glob)
         cost = len(key) + len(queue.name) + SUB_OVERHEAD
         if op == SUBSCRIBE:
@@ -260,18 +294,17 @@ class Interest:
                     return
             refs = link.queues.get(group, 0)
             if not refs:
-                entry = self.groups.get(group)
-                if entry is None:
+                g = self.groups.get(group)
+                if g is None:
                     tkey, prefix = (glob_prefix(key)[0], True) if queue.glob else (key, False)
-                    gid = self.router.add_group(key if queue.glob else None)
-                    diff_all += self.all.subscribe(gid, tkey, prefix=prefix)
-                    for other in brokers:
-                        d = other.forwarder.subscribe(gid, tkey, prefix=prefix)
-                        if d:
-                            diffs.setdefault(other, []).extend(d)
-                    entry = self.groups[group] = [gid, tkey, prefix, 0]
-                self.router.group_join(entry[0], link.link)
-                entry[3] += 1
+                    g = self.groups[group] = Group(self.router.add_group(key if queue.glob else None), key,
+                                                   queue, tkey, prefix)
+                    self.router.set_group_mark(g.gid, group_mark(*group))
+                    diff_all += self.all.subscribe(g.gid, tkey, prefix=prefix)
+                before = set(g.members)
+                self.router.group_join(g.gid, link.link)
+                g.members.add(link.link)
+                self._announce(g, before, diffs)
             link.queues[group] = refs + 1
             link.subs += 1
             link.sub_bytes += cost
@@ -286,7 +319,7 @@ class Interest:
                 link.queues[group] = refs - 1
             else:
                 del link.queues[group]
-                self._leave_group(link, group, diff_all, brokers, diffs)
+                self._leave_group(link, group, diff_all, diffs)
             link.subs -= 1
             self.released += 1
             self.released_bytes += cost
@@ -294,29 +327,36 @@ class Interest:
             self.total_bytes -= cost
             self._counters["unsubscribe_ops"] += 1
 
-    def _leave_group(self, link: Link, group: tuple, diff_all: list, brokers: list | None = None,
-                     diffs: dict | None = None) -> None:
+    def _leave_group(self, link: Link, group: tuple, diff_all: list, diffs: dict) -> None:
         """A link is no longer a member of ``group``; the last member's
         going takes the group (the publishers' diff to ``diff_all``, other
-        brokers' to ``diffs``, or sent here when ``diffs`` is None)."""
-        entry = self.groups[group]
-        gid, tkey, prefix = entry[0], entry[1], entry[2]
-        self.router.group_leave(gid, link.link)
-        entry[3] -= 1
-        if entry[3]:
+        brokers' to ``diffs``)."""
+        g = self.groups[group]
+        before = set(g.members)
+        self.router.group_leave(g.gid, link.link)
+        g.members.discard(link.link)
+        self._announce(g, before, diffs)
+        if g.members:
             return
         del self.groups[group]
-        diff_all += self.all.unsubscribe(gid, tkey, prefix=prefix)
-        for other in (brokers if brokers is not None else
-                      [o for o in self.links.by_id.values() if o.forwarder is not None and o is not link]):
-            d = other.forwarder.unsubscribe(gid, tkey, prefix=prefix)
-            if not d:
+        diff_all += self.all.unsubscribe(g.gid, g.tkey, prefix=g.prefix)
+        self.router.remove_group(g.gid)
+
+    def _announce(self, g: Group, before: set, diffs: dict) -> None:
+        """Tell each other broker of the group as it changed: wanted while
+        it has members besides that broker (split horizon)."""
+        for other in self.links.by_id.values():
+            if other.forwarder is None:
                 continue
-            if diffs is not None:
-                diffs.setdefault(other, []).extend(d)
-            elif self.links.is_current(other):
-                self._emit_link(other, d)
-        self.router.remove_group(gid)
+            had, has = bool(before - {other.link}), g.wanted_by(other)
+            if had != has and other.groups:
+                diffs.setdefault(other, []).append((SUBSCRIBE if has else UNSUBSCRIBE, g.key, g.queue))
+
+    def _group_ops(self, link: Link) -> list:
+        """The groups a broker link hears of, as the ops of a snapshot."""
+        if not link.groups:
+            return []
+        return [(SUBSCRIBE, g.key, g.queue) for g in self.groups.values() if g.wanted_by(link)]
 
     def _hold_glob(self, link: Link, pattern: bytes, diff: list) -> bytes:
         """A link's glob, held (once per link: a second subscription only
@@ -352,6 +392,7 @@ class Interest:
         so that nothing is dropped in between; with ``reset`` the keys not
         in the set go."""
         current = {(k, p) for k, p, _refs in self.trie.subscriber_keys(link.link)}
+        current |= {(key, P.Queue(name, glob)) for name, key, glob in link.queues}
         add = [(SUBSCRIBE, k, p) for k, p in wanted - current]
         rem = [(UNSUBSCRIBE, k, p) for k, p in current - wanted] if reset else []
         self.apply(link, add + rem)

@@ -391,6 +391,8 @@ class Broker:
         # A request that entered here from a client and reached nobody is
         # answered at once; one from another broker is that broker's to answer.
         self.router.set_notify(link.link, not link.is_broker)
+        # Another broker's records were picked for by its queue groups there.
+        self.router.set_broker(link.link, link.is_broker)
         if isinstance(link, Session) and link.sock is self._sock:
             self.relay.add_session(link.link, link.ident, link.acked_seq, link.acks, link.session_id is not None)
         self.interest.attach(link)
@@ -641,6 +643,9 @@ class Broker:
         drops["internal"] += relay.dropped
         drops["slow_consumer"] += relay.dropped_slow
         drops["unrouted"] = rs["unrouted"]
+        # Given us by another broker for a queue group whose last member
+        # here left while they were on their way.
+        drops["queue_group_orphaned"] = rs["group_orphaned"]
         drops["malformed"] = self.drops["malformed"] + rs["rejected"]
         up = self.upstream
         return {
@@ -651,6 +656,10 @@ class Broker:
             "peers": len(self.links.by_ident), "links": roles,
             "publishers": sum(1 for link in self.links.by_id.values() if link.filters),
             "subscriptions": ts["subscriptions"], "keys": ts["keys"],
+            # Queue groups held here, and their members (a broker link is one
+            # for the members behind it).
+            "queue_groups": len(self.interest.groups),
+            "queue_group_members": sum(len(g.members) for g in self.interest.groups.values()),
             "upstream": {"endpoint": self.config.upstream, "connected": up.connected} if up is not None else None,
             **counters, "deliveries": rs["deliveries"], "drops": drops,
             "queued_bytes": relay.queued_bytes,

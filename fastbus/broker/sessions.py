@@ -277,6 +277,7 @@ class Sessions:
         link.address = meta.get("Peer-Address") or None
         link.acks = hello.get("ack") is True       # it acknowledges WANT and filters under a lease
         link.headers = hello.get("headers") is True   # it reads headers (docs/BATCH_FORMAT.md)
+        link.groups = hello.get("groups") is True     # (a downstream broker) it takes queue group ops
         linger = b.config.durable_linger if durable is not None else b.config.session_linger
         if session_id is not None and linger > 0:
             link.session_id = session_id

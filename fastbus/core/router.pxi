@@ -168,6 +168,24 @@ cdef class Router:
         fb_router_set_away(self._r, link, away)
         _unlock(&self._lock)
 
+    def set_group_mark(self, uint64_t group_id, bytes mark not None) -> None:
+        """The group's name in every broker of a federation (1 to 32 bytes):
+        what a record's ``:groups`` header says when this broker gives the
+        record to another broker for it to pick a member (csrc/fb_router.h,
+        "Queue groups across brokers")."""
+        _lock(&self._lock)
+        rc = fb_router_set_group_mark(self._r, group_id, PyBytes_AS_STRING(mark), <size_t>PyBytes_GET_SIZE(mark))
+        _unlock(&self._lock)
+        _check(rc, "set_group_mark")
+
+    def set_broker(self, uint32_t link, bint broker) -> None:
+        """A link to another broker: the queue groups of the records that
+        come from it were picked for there (but those its ``:groups``
+        names); as a group's member it stands for the members behind it."""
+        _lock(&self._lock)
+        fb_router_set_broker(self._r, link, broker)
+        _unlock(&self._lock)
+
     def remove_glob(self, uint64_t glob_id) -> None:
         """Forget a glob of :meth:`add_glob` (its trie entry is the caller's
         to remove); NotSubscribedError if ``glob_id`` is not one."""
@@ -334,11 +352,11 @@ cdef class Router:
 
     def stats(self) -> dict:
         """batches, records, bytes, deliveries, unrouted, rejected, oversize,
-        no_responders (cumulative)."""
+        no_responders, group_orphaned (cumulative)."""
         cdef fb_router_stats s
         _lock(&self._lock)
         fb_router_get_stats(self._r, &s)
         _unlock(&self._lock)
         return {"batches": s.batches, "records": s.records, "bytes": s.bytes,
                 "deliveries": s.deliveries, "unrouted": s.unrouted, "rejected": s.rejected,
-                "oversize": s.oversize, "no_responders": s.no_responders}
+                "oversize": s.oversize, "no_responders": s.no_responders, "group_orphaned": s.group_orphaned}

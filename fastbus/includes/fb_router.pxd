@@ -17,6 +17,7 @@ cdef extern from "fb_router.h" nogil:
         uint64_t rejected
         uint64_t oversize
         uint64_t no_responders
+        uint64_t group_orphaned
 
     fb_router *fb_router_new(const fb_outbox_limits *lim)
     void fb_router_free(fb_router *r)
@@ -39,6 +40,9 @@ cdef extern from "fb_router.h" nogil:
     int fb_router_group_leave(fb_router *r, uint64_t id, uint32_t link)
     size_t fb_router_group_size(const fb_router *r, uint64_t id)
     void fb_router_set_away(fb_router *r, uint32_t link, int away)
+    enum: FB_ROUTER_MARK_MAX
+    int fb_router_set_group_mark(fb_router *r, uint64_t id, const void *mark, size_t len)
+    void fb_router_set_broker(fb_router *r, uint32_t link, int broker)
     void fb_router_hold(fb_router *r, uint32_t link, int held)
     int fb_router_held(const fb_router *r, uint32_t link)
     uint64_t FB_ROUTER_GLOB_BASE
