@@ -506,11 +506,12 @@ static int append_picked(fb_router *r, size_t k, const fb_record *plain, uint64_
  * that is this broker's to pick for gives it to one member, a client at
  * once, a broker link by way of r->picks (then append_picked). */
 static int pick_for_groups(fb_router *r, const fb_record *rec, const fb_record *plain, size_t from, size_t to,
-                           uint64_t source, uint64_t now_ns, uint64_t *delivered)
+                           uint64_t source, const uint64_t *only, size_t nonly, uint64_t now_ns,
+                           uint64_t *delivered)
 {
     const unsigned char *marks = NULL;
     uint32_t marks_len = 0, at, span;
-    int from_broker = source < r->caplinks && r->links[source].broker;
+    int from_broker = !only && source < r->caplinks && r->links[source].broker;
     int named = from_broker && rec->headers_len && fb_record_groups(rec, &marks, &marks_len, &at, &span);
     uint64_t named_picked = 0;
     int rc;
@@ -518,6 +519,11 @@ static int pick_for_groups(fb_router *r, const fb_record *rec, const fb_record *
     for (size_t j = from; j < to; j++) {
         uint64_t id = r->ids.ids[j];
         if (id < FB_ROUTER_GROUP_BASE) continue;
+        if (only) {                             /* (fb_router_route_groups) */
+            size_t k = 0;
+            while (k < nonly && only[k] != id) k++;
+            if (k == nonly) continue;
+        }
         qgroup *g = group_of(r, id);
         if (!g || (g->pat && fb_glob_match(g->pat, g->len, rec->topic, rec->topic_len) != 1)) continue;
         /* From another broker: picked for there, unless it named us. */
@@ -555,8 +561,9 @@ static int pick_for_groups(fb_router *r, const fb_record *rec, const fb_record *
  * link, UINT32_MAX: none); *delivered counts the copies.  With `notify`,
  * a request that reached nobody gets its no-responders reply queued
  * (r->notices). */
-static int deliver(fb_router *r, fb_trie *t, const fb_record *recs, size_t n, uint64_t source, uint32_t all,
-                   int notify, uint64_t now_ns, uint64_t *delivered)
+/* The trie's ids for each of recs[0..n): record i's are r->ids.ids[
+ * r->offsets[i], r->offsets[i + 1]). */
+static int match_all(fb_router *r, fb_trie *t, const fb_record *recs, size_t n)
 {
     int rc = reserve((void **)&r->spans, &r->capspans, n ? n : 1, sizeof(fb_span));
     if (rc == FB_OK) rc = reserve((void **)&r->offsets, &r->capoffsets, n + 1, sizeof(size_t));
@@ -566,24 +573,40 @@ static int deliver(fb_router *r, fb_trie *t, const fb_record *recs, size_t n, ui
         r->spans[i].len = recs[i].topic_len;
     }
     fb_idvec_clear(&r->ids);
-    rc = fb_trie_match_batch(t, r->spans, n, r->offsets, &r->ids);
+    return fb_trie_match_batch(t, r->spans, n, r->offsets, &r->ids);
+}
+
+/* The record without the :groups it came with (r->hstrip), or itself. */
+static int without_groups(fb_router *r, const fb_record *rec, fb_record *stripped, const fb_record **plain)
+{
+    const unsigned char *marks;
+    uint32_t marks_len, at, span;
+    *plain = rec;
+    if (rec->headers_len && fb_record_groups(rec, &marks, &marks_len, &at, &span)) {
+        int rc = strip_groups(r, rec, at, span, stripped);
+        if (rc < 0) return rc;
+        *plain = stripped;
+    }
+    return FB_OK;
+}
+
+static int deliver(fb_router *r, fb_trie *t, const fb_record *recs, size_t n, uint64_t source, uint32_t all,
+                   int notify, uint64_t now_ns, uint64_t *delivered)
+{
+    int rc = match_all(r, t, recs, n);
     if (rc < 0) return rc;
     for (size_t i = 0; i < n; i++) {
         const fb_record *rec = &recs[i];
         fb_record stripped;
-        const fb_record *plain = rec;           /* what every link but a picked broker gets */
-        const unsigned char *marks;
-        uint32_t marks_len, at, span;
-        if (rec->headers_len && fb_record_groups(rec, &marks, &marks_len, &at, &span)) {
-            if ((rc = strip_groups(r, rec, at, span, &stripped)) < 0) return rc;
-            plain = &stripped;
-        }
+        const fb_record *plain;                 /* what every link but a picked broker gets */
+        if ((rc = without_groups(r, rec, &stripped, &plain)) < 0) return rc;
         uint64_t before = *delivered;
         r->stamp++;                             /* append_to: each link once */
         /* Queue groups first: a broker link one picks gets the record
          * naming it, and the plain subscriptions below find it there. */
         if (r->ngroups &&
-            (rc = pick_for_groups(r, rec, plain, r->offsets[i], r->offsets[i + 1], source, now_ns, delivered)) < 0)
+            (rc = pick_for_groups(r, rec, plain, r->offsets[i], r->offsets[i + 1], source, NULL, 0, now_ns,
+                                  delivered)) < 0)
             return rc;
         for (size_t j = r->offsets[i]; j < r->offsets[i + 1]; j++) {
             uint64_t id = r->ids.ids[j];
@@ -783,3 +806,36 @@ void fb_router_set_catchall(fb_router *r, uint32_t link, uint64_t from_ns)
 }
 
 void fb_router_get_stats(const fb_router *r, fb_router_stats *s) { *s = r->st; }
+
+int64_t fb_router_route_groups(fb_router *r, fb_trie *t, const void *batch, size_t len, size_t skip,
+                               const uint64_t *ids, size_t nids, uint64_t source, uint64_t now_ns)
+{
+    uint32_t count;
+    size_t n = 0;
+    int rc = fb_batch_header(batch, len, &count, NULL);
+    if (rc == FB_OK) {
+        size_t cap = count <= len / 2 ? count : 0;
+        rc = reserve((void **)&r->recs, &r->caprecs, cap ? cap : 1, sizeof(fb_record));
+        if (rc == FB_OK) rc = fb_batch_decode(batch, len, NULL, cap ? r->recs : NULL, cap, &n);
+    }
+    if (rc < 0) return rc;
+    if (skip >= n || !nids) return 0;
+    const fb_record *recs = r->recs + skip;
+    n -= skip;
+    if ((rc = match_all(r, t, recs, n)) < 0) return rc;
+    int64_t given = 0;
+    uint64_t delivered = 0;
+    for (size_t i = 0; i < n; i++) {
+        fb_record stripped;
+        const fb_record *plain;
+        if ((rc = without_groups(r, &recs[i], &stripped, &plain)) < 0) return rc;
+        uint64_t before = delivered;
+        r->stamp++;
+        rc = pick_for_groups(r, &recs[i], plain, r->offsets[i], r->offsets[i + 1], source, ids, nids, now_ns,
+                             &delivered);
+        if (rc < 0) return rc;
+        if (delivered > before) given++;
+    }
+    r->st.deliveries += delivered;
+    return given;
+}

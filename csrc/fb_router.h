@@ -213,6 +213,14 @@ void fb_router_set_away(fb_router *r, uint32_t link, int away);
  * is this router's alone (it picks for every record it matches, and
  * names itself to nobody).  A new link is not a broker. */
 #define FB_ROUTER_MARK_MAX 32
+
+/* A batch's records from the `skip`-th on, routed to the queue groups
+ * ids[0..nids) only, as a record from a client is (one member each, never
+ * `source`): what a member was given and never took, handed to another
+ * (a session that ran out: fastbus.broker.loop).  Returns how many records
+ * a member took, or an error (the batch is trusted: the broker's own). */
+int64_t fb_router_route_groups(fb_router *r, fb_trie *t, const void *batch, size_t len, size_t skip,
+                               const uint64_t *ids, size_t nids, uint64_t source, uint64_t now_ns);
 int fb_router_set_group_mark(fb_router *r, uint64_t id, const void *mark, size_t len);
 void fb_router_set_broker(fb_router *r, uint32_t link, int broker);
 

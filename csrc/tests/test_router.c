@@ -704,6 +704,36 @@ static void test_queue_groups_across_brokers(void)
     fb_trie_free(t);
 }
 
+/* What a member that ran out was given goes to the group's other members
+ * only (not to plain subscribers again), from the record it stopped at. */
+static void test_route_to_groups(void)
+{
+    fb_trie *t = fb_trie_new();
+    fb_router *r = fb_router_new(NULL);
+    for (uint32_t l = 1; l <= 4; l++) CHECK_EQ(fb_router_add_link(r, l), FB_OK);
+    uint64_t g, other;
+    CHECK_EQ(fb_router_add_group(r, NULL, 0, &g), FB_OK);
+    CHECK_EQ(fb_router_add_group(r, NULL, 0, &other), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, g, 1), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, g, 2), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, other, 3), FB_OK);
+    fb_trie_add(t, "jobs", 4, FB_EXACT, g);
+    fb_trie_add(t, "jobs", 4, FB_EXACT, other);
+    fb_trie_add(t, "jobs", 4, FB_EXACT, 4);
+    const char *four[] = { "jobs", "jobs", "jobs", "jobs" };
+    size_t len;
+    unsigned char *b = batch_of(four, 4, &len);
+    CHECK_EQ(fb_router_route_groups(r, t, b, len, 1, &g, 1, 1, 1), 3);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 2)), 3);        /* the other member, from the second */
+    CHECK(fb_outbox_count(fb_router_outbox(r, 1)) == 0 && fb_outbox_count(fb_router_outbox(r, 3)) == 0 &&
+          fb_outbox_count(fb_router_outbox(r, 4)) == 0);
+    CHECK_EQ(fb_router_route_groups(r, t, b, len, 4, &g, 1, 1, 2), 0);   /* (nothing past the end) */
+    CHECK_EQ(fb_router_route_groups(r, t, b, 3, 0, &g, 1, 1, 2), FB_ETRUNCATED);
+    fb_free(b);
+    fb_router_free(r);
+    fb_trie_free(t);
+}
+
 int main(void)
 {
     RUN(test_route_and_split_horizon);
@@ -717,5 +747,6 @@ int main(void)
     RUN(test_no_responders);
     RUN(test_queue_groups);
     RUN(test_queue_groups_across_brokers);
+    RUN(test_route_to_groups);
     CTEST_END();
 }

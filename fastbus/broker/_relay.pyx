@@ -679,6 +679,34 @@ cdef class Relay:
             self._drain_link(link, fb_now_ns())
         return replayed, lost
 
+    def pending(self, uint32_t link, uint64_t took) -> list:
+        """What session ``link`` is owed past ``took`` of its stream (what
+        its client said it took): the batches sent and kept for a resume,
+        then those waiting, as ``(batch bytes, records of it to skip)``; a
+        queue group hands them to another member when the session runs out
+        (fastbus.broker.loop).  GAPs and control messages are not in it."""
+        cdef slot *s
+        cdef rentry *r
+        cdef qentry *e
+        cdef uint64_t start
+        out = []
+        if link >= self.nslots:
+            return out
+        s = &self.slots[link]
+        r = s.ring.head
+        while r is not NULL:
+            start = r.end - r.records
+            if r.buf is not NULL and r.end > took:
+                out.append((PyBytes_FromStringAndSize(<char *>r.buf, r.len), took - start if took > start else 0))
+            r = r.next
+        e = s.q.head
+        while e is not NULL:
+            if e.kind == Q_FRAMES and e.records and e.nframes == 3 and not e.done:
+                out.append((PyBytes_FromStringAndSize(<char *>Z.msg_data(&e.frames[2]),
+                                                      Z.msg_size(&e.frames[2])), 0))
+            e = e.next
+        return out
+
     def detach(self, uint32_t link) -> None:
         """A resumable session's client left saying it keeps the session (a
         durable subscriber's BYE): it lingers as if its connection were

@@ -68,7 +68,7 @@ _COUNTERS = ("batches_in", "messages_in", "bytes_in", "batches_out", "messages_o
              "peers_joined", "peers_left", "subscribe_ops", "unsubscribe_ops", "control_in",
              "flow_pauses", "flow_timeouts", "control_collapsed", "memory_trims", "gap_notices",
              "ack_timeouts", "sessions_detached", "sessions_resumed", "sessions_expired", "messages_replayed",
-             "resume_lost", "durable_taken_over", "no_responders")
+             "resume_lost", "durable_taken_over", "no_responders", "queue_group_handed_over")
 _DROPS = ("slow_consumer", "unrouted", "malformed", "oversize", "protocol", "unknown_peer", "not_subscribed",
           "too_many_subscriptions", "not_a_broker", "disconnected_slow", "unreachable", "internal",
           "resume_refused", "session_expired", "durable_in_use", "resp_auth")
@@ -438,13 +438,31 @@ class Broker:
                 _detached, sent, _kept, waiting = self.relay.resume_state(link.link)
                 # What waited for it, and what went to its connection that
                 # its client never said it took (a process killed with it
-                # unread, or in a cut connection's buffers).
-                lost = waiting + max(0, sent - link.took)
+                # unread, or in a cut connection's buffers), but what its
+                # queue groups give another member.
+                lost = max(0, waiting + max(0, sent - link.took) - self._hand_over(link))
                 self.counters["sessions_expired"] += 1
                 self.drops["session_expired"] += lost
                 self.sessions.expired(link, lost)
                 self.remove_link(link, f"session expired after {linger:g} s without its client "
                                        f"({lost} messages waiting for it dropped)")
+
+    def _hand_over(self, link: Link) -> int:
+        """A member of queue groups whose session ran out: what it was
+        given for them and never took goes to another member of each (the
+        records its client may have taken without saying so come again).
+        Returns how many records went."""
+        gids = [g.gid for key in link.queues if (g := self.interest.groups.get(key)) is not None]
+        if not gids:
+            return 0
+        handed = 0
+        for batch, skip in self.relay.pending(link.link, link.took):
+            handed += self.router.route_to_groups(batch, skip, gids, link.link)
+        if handed:
+            self.counters["queue_group_handed_over"] += handed
+            log.info("peer %s (link %d): %d messages it never took handed to its queue groups' other members",
+                     link.name, link.link, handed)
+        return handed
 
     def _reply(self, link: Link, frames: list) -> None:
         """A settled reply (fastbus.broker.settle): a CONFIRM handed over is

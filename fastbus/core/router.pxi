@@ -257,6 +257,35 @@ cdef class Router:
             return None
         return [full[i] for i in range(n)]
 
+    def route_to_groups(self, bytes batch not None, size_t skip, list group_ids not None, uint32_t source,
+                        now_ns=None) -> int:
+        """The records of ``batch`` from the ``skip``-th on, to the queue
+        groups ``group_ids`` only (one member each, never ``source``): what
+        a member that ran out was given and never took, to another.
+        Returns how many a member took (csrc/fb_router.h)."""
+        cdef uint64_t now = _now(now_ns)
+        cdef int64_t rc
+        cdef size_t n = len(group_ids), i
+        cdef const char *data = PyBytes_AS_STRING(batch)
+        cdef size_t size = <size_t>PyBytes_GET_SIZE(batch)
+        cdef uint64_t *ids = <uint64_t *>malloc((n if n else 1) * sizeof(uint64_t))
+        if ids is NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                ids[i] = group_ids[i]
+            _lock(&self._lock)
+            _lock(&self._trie._lock)
+            with nogil:
+                rc = fb_router_route_groups(self._r, self._trie._t, data, size, skip, ids, n, source, now)
+            _unlock(&self._trie._lock)
+            _unlock(&self._lock)
+        finally:
+            free(ids)
+        if rc < 0:
+            _check(<int>rc, "route_to_groups")
+        return rc
+
     def due(self, now_ns=None) -> list:
         """Links whose outbox is due now (full, or by the linger rule; with
         no linger every link whose outbox holds records), up to 4096 per

@@ -1,5 +1,5 @@
 # Mirrors csrc/fb_router.h
-from libc.stdint cimport uint32_t, uint64_t
+from libc.stdint cimport uint32_t, uint64_t, int64_t
 from fastbus.includes.fb_batch cimport fb_decode_limits
 from fastbus.includes.fb_outbox cimport fb_outbox, fb_outbox_limits
 from fastbus.includes.fb_trie cimport fb_trie
@@ -42,6 +42,8 @@ cdef extern from "fb_router.h" nogil:
     void fb_router_set_away(fb_router *r, uint32_t link, int away)
     enum: FB_ROUTER_MARK_MAX
     int fb_router_set_group_mark(fb_router *r, uint64_t id, const void *mark, size_t len)
+    int64_t fb_router_route_groups(fb_router *r, fb_trie *t, const void *batch, size_t len, size_t skip,
+                                   const uint64_t *ids, size_t nids, uint64_t source, uint64_t now_ns)
     void fb_router_set_broker(fb_router *r, uint32_t link, int broker)
     void fb_router_hold(fb_router *r, uint32_t link, int held)
     int fb_router_held(const fb_router *r, uint32_t link)
