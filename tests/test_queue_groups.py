@@ -274,3 +274,35 @@ def test_one_member_per_message_across_a_federation(brokers, clients):
         n += 300
     rest = [drain(ps, idle=1.0) for ps in group[:2]]
     exactly_once(rest, 900)
+
+
+def test_sharded_members(brokers):
+    """Members through ShardedClient: each channel's messages go to one
+    member on the broker that owns it."""
+    eps = [brokers().endpoint for _ in range(2)]
+    cs = [fastbus.ShardedClient(eps) for _ in range(3)]
+    try:
+        chans = [f"job.{i}" for i in range(8)]
+        group = []
+        for c in cs[:2]:
+            p = c.pubsub(ignore_subscribe_messages=True)
+            p.subscribe(*chans, queue="workers")
+            group.append(p)
+        pub = cs[2]
+        for cl in pub.clients:
+            wait_for(lambda cl=cl: cl.stats()["filter_active"], what="filters")
+        wait_for(lambda: all(pub.clients[pub.shard(ch)].is_wanted(ch) for ch in chans), what="channel filters")
+        for i in range(800):
+            pub.publish(chans[i % 8], b"%d" % i)
+        pub.flush()
+        got = []
+        for p in group:
+            mine = []
+            while batch := p.get_batch(timeout=0.5):
+                mine += [d for _ch, d in batch]
+            got.append(mine)
+        exactly_once(got, 800)
+        assert all(len(g) > 100 for g in got)
+    finally:
+        for c in cs:
+            c.close()

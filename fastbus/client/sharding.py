@@ -168,10 +168,10 @@ class ShardedPubSub:
         for shard, seq in seqs.items():
             self._subs[shard].wait_confirmed(seq)
 
-    def subscribe(self, *channels) -> None:
+    def subscribe(self, *channels, queue: str | bytes | None = None) -> None:
         """Subscribe to exact channels, each on the broker that owns it;
         returns once in effect on each (PubSub.subscribe; a list first, as
-        redis-py takes)."""
+        redis-py takes; ``queue``: as a member of that queue group)."""
         channels = names_given(channels)
         if not channels:
             raise ValueError("subscribe() needs at least one channel")
@@ -182,7 +182,7 @@ class ShardedPubSub:
             self.channels[name] = None
             shard = self._client.shard(ch)
             self._expecting("subscribe", name, (shard,))
-            seqs[shard] = self._subs[shard].subscribe_nowait(ch)
+            seqs[shard] = self._subs[shard].subscribe_nowait(ch, queue=queue)
         self._wait_confirmed(seqs)
 
     def unsubscribe(self, *channels) -> None:
@@ -194,9 +194,9 @@ class ShardedPubSub:
             self._expecting("unsubscribe", name, (shard,))
             self._subs[shard].unsubscribe(ch)
 
-    def psubscribe(self, *patterns) -> None:
+    def psubscribe(self, *patterns, queue: str | bytes | None = None) -> None:
         """Subscribe to glob patterns (as PubSub.psubscribe), on every broker; returns once in
-        effect on every one."""
+        effect on every one (``queue``: as a member of that queue group on each)."""
         patterns = names_given(patterns)
         if not patterns:
             raise ValueError("psubscribe() needs at least one pattern")
@@ -209,7 +209,7 @@ class ShardedPubSub:
             self.patterns[name] = None
             self._expecting("psubscribe", name, range(len(self._subs)))
             for shard, p in enumerate(self._subs):
-                seqs[shard] = p.psubscribe_nowait(pat)
+                seqs[shard] = p.psubscribe_nowait(pat, queue=queue)
         self._wait_confirmed(seqs)
 
     def punsubscribe(self, *patterns) -> None:
