@@ -284,13 +284,13 @@ void fb_router_set_broker(fb_router *r, uint32_t link, int broker)
 /* The member of g a record from `source` goes to, or UINT32_MAX: the
  * first, from the cursor on, that is free (not held, not away), else
  * held, else away (fb_router.h). */
-static uint32_t pick_member(fb_router *r, qgroup *g, uint64_t source)
+static uint32_t pick_member(fb_router *r, qgroup *g, uint64_t source, int local_only)
 {
     uint32_t best = UINT32_MAX, best_rank = 3, best_at = 0;
     for (uint32_t k = 0; k < g->nmembers; k++) {
         uint32_t at = (g->cursor + k) % g->nmembers;
         uint32_t m = g->members[at];
-        if (m == source || m >= r->caplinks || !r->links[m].active) continue;
+        if (m == source || m >= r->caplinks || !r->links[m].active || (local_only && r->links[m].broker)) continue;
         uint32_t rank = r->links[m].away ? 2 : r->links[m].held ? 1 : 0;
         if (rank < best_rank) {
             best = m;
@@ -529,7 +529,9 @@ static int pick_for_groups(fb_router *r, const fb_record *rec, const fb_record *
         /* From another broker: picked for there, unless it named us. */
         if (from_broker && g->mark_len && !(named && fb_groups_has(marks, marks_len, g->mark, g->mark_len)))
             continue;
-        uint32_t m = pick_member(r, g, source);
+        /* (A record handed over goes to a member here: another broker
+         * would deliver it to its plain subscribers again.) */
+        uint32_t m = pick_member(r, g, source, only != NULL);
         if (m == UINT32_MAX || m >= r->caplinks) continue;
         if (from_broker && g->mark_len) named_picked++;
         if (r->links[m].broker && g->mark_len) {
@@ -807,6 +809,41 @@ void fb_router_set_catchall(fb_router *r, uint32_t link, uint64_t from_ns)
 
 void fb_router_get_stats(const fb_router *r, fb_router_stats *s) { *s = r->st; }
 
+/* Was this record (owed to `source`, whose trie ids are r->ids.ids[from,
+ * to)) given it by one of the groups ids[0..nids)?  Sure only when it
+ * names one (it came over a broker link that a group here picked), or
+ * when `source` holds no other subscription that matches it and just one
+ * of those groups does; otherwise it is not handed over (another member,
+ * or the source's own subscription, had it: never twice). */
+static int handed_for_groups(fb_router *r, const fb_record *rec, size_t from, size_t to, uint64_t source,
+                             const uint64_t *ids, size_t nids)
+{
+    const unsigned char *marks;
+    uint32_t marks_len, at, span;
+    int named = rec->headers_len && fb_record_groups(rec, &marks, &marks_len, &at, &span);
+    uint32_t groups = 0;
+    for (size_t j = from; j < to; j++) {
+        uint64_t id = r->ids.ids[j];
+        if (id >= FB_ROUTER_GROUP_BASE) {
+            size_t k = 0;
+            while (k < nids && ids[k] != id) k++;
+            qgroup *g = group_of(r, id);
+            if (k == nids || !g || (g->pat && fb_glob_match(g->pat, g->len, rec->topic, rec->topic_len) != 1))
+                continue;
+            if (named && g->mark_len && fb_groups_has(marks, marks_len, g->mark, g->mark_len)) return 1;
+            groups++;
+        } else if (id >= FB_ROUTER_GLOB_BASE) {
+            uint64_t gl = id - FB_ROUTER_GLOB_BASE;
+            if (gl < r->nglobs && r->globs[gl].pat && r->globs[gl].link == source &&
+                fb_glob_match(r->globs[gl].pat, r->globs[gl].len, rec->topic, rec->topic_len) == 1)
+                return 0;
+        } else if (id == source) {
+            return 0;
+        }
+    }
+    return !named && groups == 1;
+}
+
 int64_t fb_router_route_groups(fb_router *r, fb_trie *t, const void *batch, size_t len, size_t skip,
                                const uint64_t *ids, size_t nids, uint64_t source, uint64_t now_ns)
 {
@@ -828,6 +865,7 @@ int64_t fb_router_route_groups(fb_router *r, fb_trie *t, const void *batch, size
     for (size_t i = 0; i < n; i++) {
         fb_record stripped;
         const fb_record *plain;
+        if (!handed_for_groups(r, &recs[i], r->offsets[i], r->offsets[i + 1], source, ids, nids)) continue;
         if ((rc = without_groups(r, &recs[i], &stripped, &plain)) < 0) return rc;
         uint64_t before = delivered;
         r->stamp++;

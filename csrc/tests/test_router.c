@@ -729,6 +729,19 @@ static void test_route_to_groups(void)
           fb_outbox_count(fb_router_outbox(r, 4)) == 0);
     CHECK_EQ(fb_router_route_groups(r, t, b, len, 4, &g, 1, 1, 2), 0);   /* (nothing past the end) */
     CHECK_EQ(fb_router_route_groups(r, t, b, 3, 0, &g, 1, 1, 2), FB_ETRUNCATED);
+    /* Not handed over: what the source also had by a subscription of its
+     * own, what two of its groups matched (which one gave it?), and never
+     * to a member that is another broker. */
+    take_and_free(r, 2, 3);
+    fb_trie_add(t, "jobs", 4, FB_EXACT, 1);
+    CHECK_EQ(fb_router_route_groups(r, t, b, len, 0, &g, 1, 1, 4), 0);
+    fb_trie_remove(t, "jobs", 4, FB_EXACT, 1);
+    CHECK_EQ(fb_router_group_join(r, other, 1), FB_OK);
+    uint64_t both[] = { g, other };
+    CHECK_EQ(fb_router_route_groups(r, t, b, len, 0, both, 2, 1, 5), 0);
+    fb_router_set_broker(r, 2, 1);
+    CHECK_EQ(fb_router_route_groups(r, t, b, len, 0, &g, 1, 1, 6), 0);
+    for (uint32_t l = 1; l <= 4; l++) CHECK(fb_outbox_count(fb_router_outbox(r, l)) == 0);
     fb_free(b);
     fb_router_free(r);
     fb_trie_free(t);

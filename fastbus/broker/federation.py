@@ -112,7 +112,7 @@ class Upstream:
         self._welcomes = 0                        # WELCOMEs so far (a Stream's)
         self.link = UpstreamLink(broker.links.new_id(), s)
         self.link.headers = True                  # until a WELCOME says otherwise
-        self.link.groups = True                   # (the same)
+        self.link.groups = False                  # it takes queue group ops: once a WELCOME says so
         self._refused = ""                        # the reason upstream last refused us, if it did
         self._retry_in = 0.0                      # then: seconds until we try again (doubling)...
         self._retry_at = 0.0                      # ...and when
@@ -242,7 +242,7 @@ class Upstream:
             b.router.remove_link(link.link)
             b.router.add_link(link.link)
             b.router.set_headers(link.link, link.headers)
-            b.router.set_broker(link.link, True)
+            b.router.set_broker(link.link, link.groups)
         b.router.set_catchall(None)
 
     def _send_wants(self) -> None:
@@ -307,11 +307,16 @@ class Upstream:
                 self._on_want(frames[1], frames[2], frames[3] if len(frames) == 4 else None)
             elif cmd == P.WELCOME:
                 info = P.load_json(frames[1])
-                if self.native:
-                    self._welcomed(info)
-                link.instance = str(info.get("instance", "")).encode()
+                # (What it takes, before what we send it on the strength of it.)
+                had_groups = link.groups
                 link.headers = info.get("headers") is True   # (an older upstream reads none)
                 link.groups = info.get("groups") is True     # (nor takes queue group ops)
+                b.router.set_broker(link.link, link.groups)
+                if self.native:
+                    self._welcomed(info)
+                elif link.groups and not had_groups:
+                    b.interest.announce_groups(link)     # (our wants went before it said so)
+                link.instance = str(info.get("instance", "")).encode()
                 b.router.set_headers(link.link, link.headers)
                 limits = info.get("limits") or {}
                 if isinstance(limits.get("max_sub_ops"), int) and limits["max_sub_ops"] > 0:

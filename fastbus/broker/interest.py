@@ -293,6 +293,8 @@ class Interest:
                     refused.append((key, queue, why))
                     return
             refs = link.queues.get(group, 0)
+            if refs and link.is_broker:
+                return                  # (a broker's announcements are a state, not references)
             if not refs:
                 g = self.groups.get(group)
                 if g is None:
@@ -351,6 +353,14 @@ class Interest:
             had, has = bool(before - {other.link}), g.wanted_by(other)
             if had != has and other.groups:
                 diffs.setdefault(other, []).append((SUBSCRIBE if has else UNSUBSCRIBE, g.key, g.queue))
+
+    def announce_groups(self, link: Link) -> None:
+        """A broker link that now says it takes queue group ops (its
+        WELCOME, after our wants went): the groups it hears of.  (Its
+        joining is idempotent, see _apply_queue: once too many is none.)"""
+        ops = self._group_ops(link)
+        if ops:
+            self._emit_link(link, ops)
 
     def _group_ops(self, link: Link) -> list:
         """The groups a broker link hears of, as the ops of a snapshot."""

@@ -391,8 +391,9 @@ class Broker:
         # A request that entered here from a client and reached nobody is
         # answered at once; one from another broker is that broker's to answer.
         self.router.set_notify(link.link, not link.is_broker)
-        # Another broker's records were picked for by its queue groups there.
-        self.router.set_broker(link.link, link.is_broker)
+        # Another broker's records were picked for by its queue groups there
+        # (one that has none: by ours here).
+        self.router.set_broker(link.link, link.is_broker and link.groups)
         if isinstance(link, Session) and link.sock is self._sock:
             self.relay.add_session(link.link, link.ident, link.acked_seq, link.acks, link.session_id is not None)
         self.interest.attach(link)
@@ -457,7 +458,10 @@ class Broker:
             return 0
         handed = 0
         for batch, skip in self.relay.pending(link.link, link.took):
-            handed += self.router.route_to_groups(batch, skip, gids, link.link)
+            n, full = self.router.route_to_groups(batch, skip, gids, link.link)
+            handed += n
+            if full:
+                self.sender.flush_full(full)      # (an outbox never past its limits)
         if handed:
             self.counters["queue_group_handed_over"] += handed
             log.info("peer %s (link %d): %d messages it never took handed to its queue groups' other members",

@@ -258,13 +258,17 @@ cdef class Router:
         return [full[i] for i in range(n)]
 
     def route_to_groups(self, bytes batch not None, size_t skip, list group_ids not None, uint32_t source,
-                        now_ns=None) -> int:
+                        now_ns=None) -> tuple:
         """The records of ``batch`` from the ``skip``-th on, to the queue
         groups ``group_ids`` only (one member each, never ``source``): what
         a member that ran out was given and never took, to another.
-        Returns how many a member took (csrc/fb_router.h)."""
+        Returns how many a member took (csrc/fb_router.h), and the links
+        whose outbox that filled (as ``receive``: take their batches
+        before handing over more), or None."""
         cdef uint64_t now = _now(now_ns)
         cdef int64_t rc
+        cdef uint32_t full[FULL_PER_CALL]
+        cdef size_t nfull = 0
         cdef size_t n = len(group_ids), i
         cdef const char *data = PyBytes_AS_STRING(batch)
         cdef size_t size = <size_t>PyBytes_GET_SIZE(batch)
@@ -278,13 +282,15 @@ cdef class Router:
             _lock(&self._trie._lock)
             with nogil:
                 rc = fb_router_route_groups(self._r, self._trie._t, data, size, skip, ids, n, source, now)
+                if rc >= 0:
+                    nfull = fb_router_full(self._r, full, FULL_PER_CALL)
             _unlock(&self._trie._lock)
             _unlock(&self._lock)
         finally:
             free(ids)
         if rc < 0:
             _check(<int>rc, "route_to_groups")
-        return rc
+        return rc, ([full[i] for i in range(nfull)] if nfull else None)
 
     def due(self, now_ns=None) -> list:
         """Links whose outbox is due now (full, or by the linger rule; with
