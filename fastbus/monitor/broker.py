@@ -65,6 +65,8 @@ _COUNTER_METRICS = (
     ("durable_taken_over", "Durable subscribers' sessions a new process took over (it presented the name; "
                            "the stream went on from where the last process stopped taking)."),
     ("no_responders", "Requests from clients that reached no subscriber, answered at once (NoResponders)."),
+    ("queue_group_handed_over", "Messages a queue group member whose session ran out was given and never "
+                                "took, handed to the group's other members."),
     ("peers_joined", "Peers that joined (HELLO; also the upstream and plain-ZeroMQ links)."),
     ("peers_left", "Peers that left (BYE, disconnected, dropped)."),
     ("subscribe_ops", "Subscribe operations applied."),
@@ -234,6 +236,11 @@ class BrokerSource:
                                 value=1 if stats.get("flow_paused") else 0)
         yield GaugeMetricFamily(p + "sessions_lingering", "Sessions whose connection is gone, kept for their "
                                                           "client to resume.", value=stats.get("sessions_lingering", 0))
+        yield GaugeMetricFamily(p + "queue_groups", "Queue groups held (subscribe(..., queue=)).",
+                                value=stats.get("queue_groups", 0))
+        yield GaugeMetricFamily(p + "queue_group_members", "Members of the queue groups held (a broker link is "
+                                                           "one for the members behind it).",
+                                value=stats.get("queue_group_members", 0))
         conns = stats.get("connections")
         if conns:                                   # the broker's own transport (None: libzmq's)
             yield CounterMetricFamily(p + "connections_accepted", "Client connections accepted.",
