@@ -164,6 +164,10 @@ class PubSub(PubSubBase):
         self._refused: dict[int, tuple] = {}      # seq -> (refused (key, prefix) set, reason), until its CONFIRM
         self._refusals_seen = 0
         self._unsub_seqs: deque[int] = deque()    # seqs of unsubscribes not yet confirmed
+        #: Queue group subscriptions left, still matched until their
+        #: unsubscribe is in effect: (seq, ids).  What the group gave this
+        #: member before is its own to take (nobody else will get it).
+        self._leaving: deque[tuple[int, list[int]]] = deque()
         self._classes: dict = {}                  # channel -> (type, pattern) or None; reset on (un)subscribe
         # What the session read and nobody took yet: filled by the reader
         # (the holder of the session's lock), emptied by the user's thread.
@@ -217,6 +221,7 @@ class PubSub(PubSubBase):
                     handlers: dict | None = None, queue: bytes | None = None) -> int:
         ops = []
         confirms = []
+        leaving = []
         for name, pattern, kind in entries:
             table = self.patterns if pattern else self.channels
             i = self._ids.get((name, pattern))
@@ -226,7 +231,10 @@ class PubSub(PubSubBase):
                 if self._hold(name, pattern, bkey):
                     ops.append((SUBSCRIBE, *bkey))
             elif op == UNSUBSCRIBE and i is not None:
-                if self._drop(i):
+                member = isinstance(bkey[1], P.Queue)
+                if member:
+                    leaving.append(i)
+                if self._drop(i, keep_matching=member):
                     ops.append((UNSUBSCRIBE, *bkey))
             shown = self._out(name)
             if op == SUBSCRIBE:
@@ -245,6 +253,8 @@ class PubSub(PubSubBase):
         self._confirms[seq] = confirms
         if op == UNSUBSCRIBE and ops:
             self._unsub_seqs.append(seq)
+        if leaving:
+            self._leaving.append((seq, leaving))
         s = self._session
         s.post(lambda: s.change(seq, ops))
         return seq
@@ -261,12 +271,15 @@ class PubSub(PubSubBase):
         under.add(i)
         return len(under) == 1
 
-    def _drop(self, i: int) -> bool:
+    def _drop(self, i: int, keep_matching: bool = False) -> bool:
         """Stop holding subscription ``i``; True if the broker must be told
-        (it was the last held under its key)."""
-        name, pattern, local, _glob, bkey = self._byid.pop(i)
+        (it was the last held under its key).  ``keep_matching``: what
+        arrives for it is still matched until ``_left`` (a queue group's
+        member that leaves)."""
+        name, pattern, local, _glob, bkey = self._byid[i] if keep_matching else self._byid.pop(i)
         del self._ids[name, pattern]
-        self._local.remove(local, i, prefix=pattern)
+        if not keep_matching:
+            self._local.remove(local, i, prefix=pattern)
         under = self._under[bkey]
         under.discard(i)
         if under:
@@ -523,6 +536,8 @@ class PubSub(PubSubBase):
                 self._emit_confirms(acked)
             while self._unsub_seqs and self._unsub_seqs[0] <= acked:
                 self._unsub_seqs.popleft()
+            if self._leaving and self._leaving[0][0] <= acked:
+                self._left(acked)
             if as_dicts:
                 # Classification also drops what no subscription matches.
                 # (A request's dict becomes a Request, with respond(): in the
@@ -588,9 +603,20 @@ class PubSub(PubSubBase):
         if consumed > s.consumed_told:
             s.post(lambda: s.tell_consumed(consumed))
 
+    def _left(self, upto: int) -> None:
+        """The queue group subscriptions left by SUBs up to seq ``upto``
+        are no longer matched: those unsubscribes are in effect."""
+        while self._leaving and self._leaving[0][0] <= upto:
+            for i in self._leaving.popleft()[1]:
+                entry = self._byid.pop(i, None)
+                if entry is not None:
+                    self._local.remove(entry[2], i, prefix=entry[1])
+            self._classes.clear()
+
     def _emit_confirms(self, upto: int) -> None:
         """The confirmations (or refusals, or pong) of every SUB up to seq
         ``upto``, in order, each once."""
+        self._left(upto)
         confirms = self._confirms
         while confirms:
             seq = next(iter(confirms))
