@@ -230,9 +230,14 @@ uint32_t fb_groups_count(const unsigned char *marks, uint32_t len)
         uint32_t ml;
         if (get_varint(&p, end, &ml) < 0 || ml > (size_t)(end - p)) break;
         p += ml;
-        n++;
+        n += ml != 0;
     }
     return n;
+}
+
+int fb_groups_only(const unsigned char *marks, uint32_t len)
+{
+    return len > 0 && marks[0] == 0;
 }
 
 int fb_batch_decode(const void *buf, size_t len, const fb_decode_limits *lim,

@@ -107,7 +107,9 @@ int fb_headers_next(const unsigned char **p, const unsigned char *end, fb_header
  *              record is the receiving broker's (fb_router.h, "Queue groups
  *              across brokers"); the block's first header, or its second
  *              after :reply-to.  Its value: marks, each a varint length and
- *              that many bytes. */
+ *              that many bytes; one that starts with an empty mark (a zero
+ *              length) is for those groups only, not for plain subscribers
+ *              (a member's share handed over to the others). */
 #define FB_HEADER_REPLY_TO ":reply-to"
 #define FB_HEADER_STATUS ":status"
 #define FB_HEADER_GROUPS ":groups"
@@ -126,8 +128,11 @@ int fb_record_groups(const fb_record *rec, const unsigned char **marks, uint32_t
 /* 1 if `mark` is among the marks of a :groups value (one fb_record_groups
  * found: a malformed value matches nothing). */
 int fb_groups_has(const unsigned char *marks, uint32_t len, const void *mark, uint32_t mark_len);
-/* How many marks a :groups value holds (those before a malformed end). */
+/* How many marks a :groups value holds (those before a malformed end; the
+ * empty one of "for these groups only" is none). */
 uint32_t fb_groups_count(const unsigned char *marks, uint32_t len);
+/* 1 if a :groups value is for its groups only (it starts with an empty mark). */
+int fb_groups_only(const unsigned char *marks, uint32_t len);
 
 /* Encoded size of one record, and writing one (dst needs that many bytes). */
 static inline size_t fb_varint_len(uint32_t v)

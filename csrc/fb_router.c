@@ -284,13 +284,13 @@ void fb_router_set_broker(fb_router *r, uint32_t link, int broker)
 /* The member of g a record from `source` goes to, or UINT32_MAX: the
  * first, from the cursor on, that is free (not held, not away), else
  * held, else away (fb_router.h). */
-static uint32_t pick_member(fb_router *r, qgroup *g, uint64_t source, int local_only)
+static uint32_t pick_member(fb_router *r, qgroup *g, uint64_t source)
 {
     uint32_t best = UINT32_MAX, best_rank = 3, best_at = 0;
     for (uint32_t k = 0; k < g->nmembers; k++) {
         uint32_t at = (g->cursor + k) % g->nmembers;
         uint32_t m = g->members[at];
-        if (m == source || m >= r->caplinks || !r->links[m].active || (local_only && r->links[m].broker)) continue;
+        if (m == source || m >= r->caplinks || !r->links[m].active) continue;
         uint32_t rank = r->links[m].away ? 2 : r->links[m].held ? 1 : 0;
         if (rank < best_rank) {
             best = m;
@@ -463,12 +463,13 @@ static int strip_groups(fb_router *r, const fb_record *rec, uint32_t at, uint32_
 }
 
 /* r->picks[k]'s broker link gets the record, its :groups header naming
- * every group that picked that link (after :reply-to, which stays first). */
-static int append_picked(fb_router *r, size_t k, const fb_record *plain, uint64_t now_ns)
+ * every group that picked that link (after :reply-to, which stays first);
+ * with `only`, for those groups only (fb_batch.h). */
+static int append_picked(fb_router *r, size_t k, const fb_record *plain, int only, uint64_t now_ns)
 {
     static const unsigned char name[] = FB_HEADER_GROUPS;
     const uint32_t nl = sizeof name - 1, link = r->picks[k].link;
-    uint32_t vlen = 0;
+    uint32_t vlen = only ? 1 : 0;
     for (size_t q = k; q < r->npicks; q++)
         if (r->picks[q].link == link) {
             const qgroup *g = &r->groups[r->picks[q].group];
@@ -488,6 +489,7 @@ static int append_picked(fb_router *r, size_t k, const fb_record *plain, uint64_
     memcpy(p, name, nl);
     p += nl;
     p += fb_put_varint(p, vlen);
+    if (only) *p++ = 0;                       /* the empty mark: for these groups only */
     for (size_t q = k; q < r->npicks; q++)
         if (r->picks[q].link == link) {
             const qgroup *g = &r->groups[r->picks[q].group];
@@ -504,10 +506,13 @@ static int append_picked(fb_router *r, size_t k, const fb_record *plain, uint64_
 
 /* The groups a record matches (its trie ids r->ids.ids[from, to)): each
  * that is this broker's to pick for gives it to one member, a client at
- * once, a broker link by way of r->picks (then append_picked). */
+ * once, a broker link by way of r->picks (then append_picked).  With
+ * `only` (fb_router_route_groups) the groups in only[0..nonly), and the
+ * record is for them only; *groups_only says whether it is (so for one
+ * that came so from a broker: no plain subscriber gets it). */
 static int pick_for_groups(fb_router *r, const fb_record *rec, const fb_record *plain, size_t from, size_t to,
                            uint64_t source, const uint64_t *only, size_t nonly, uint64_t now_ns,
-                           uint64_t *delivered)
+                           uint64_t *delivered, int *groups_only)
 {
     const unsigned char *marks = NULL;
     uint32_t marks_len = 0, at, span;
@@ -515,6 +520,7 @@ static int pick_for_groups(fb_router *r, const fb_record *rec, const fb_record *
     int named = from_broker && rec->headers_len && fb_record_groups(rec, &marks, &marks_len, &at, &span);
     uint64_t named_picked = 0;
     int rc;
+    *groups_only = only != NULL || (named && fb_groups_only(marks, marks_len));
     r->npicks = 0;
     for (size_t j = from; j < to; j++) {
         uint64_t id = r->ids.ids[j];
@@ -529,9 +535,7 @@ static int pick_for_groups(fb_router *r, const fb_record *rec, const fb_record *
         /* From another broker: picked for there, unless it named us. */
         if (from_broker && g->mark_len && !(named && fb_groups_has(marks, marks_len, g->mark, g->mark_len)))
             continue;
-        /* (A record handed over goes to a member here: another broker
-         * would deliver it to its plain subscribers again.) */
-        uint32_t m = pick_member(r, g, source, only != NULL);
+        uint32_t m = pick_member(r, g, source);
         if (m == UINT32_MAX || m >= r->caplinks) continue;
         if (from_broker && g->mark_len) named_picked++;
         if (r->links[m].broker && g->mark_len) {
@@ -552,7 +556,7 @@ static int pick_for_groups(fb_router *r, const fb_record *rec, const fb_record *
         size_t q = 0;
         while (q < k && r->picks[q].link != r->picks[k].link) q++;
         if (q < k) continue;                  /* (that link has it, naming this group too) */
-        if ((rc = append_picked(r, k, plain, now_ns)) < 0) return rc;
+        if ((rc = append_picked(r, k, plain, *groups_only, now_ns)) < 0) return rc;
         *delivered += (uint64_t)rc;
     }
     return FB_OK;
@@ -606,10 +610,12 @@ static int deliver(fb_router *r, fb_trie *t, const fb_record *recs, size_t n, ui
         r->stamp++;                             /* append_to: each link once */
         /* Queue groups first: a broker link one picks gets the record
          * naming it, and the plain subscriptions below find it there. */
+        int groups_only = 0;
         if (r->ngroups &&
             (rc = pick_for_groups(r, rec, plain, r->offsets[i], r->offsets[i + 1], source, NULL, 0, now_ns,
-                                  delivered)) < 0)
+                                  delivered, &groups_only)) < 0)
             return rc;
+        if (groups_only) continue;              /* (handed over: the plain subscribers had it) */
         for (size_t j = r->offsets[i]; j < r->offsets[i + 1]; j++) {
             uint64_t id = r->ids.ids[j];
             if (id >= FB_ROUTER_GROUP_BASE) {
@@ -869,8 +875,9 @@ int64_t fb_router_route_groups(fb_router *r, fb_trie *t, const void *batch, size
         if ((rc = without_groups(r, &recs[i], &stripped, &plain)) < 0) return rc;
         uint64_t before = delivered;
         r->stamp++;
+        int groups_only;
         rc = pick_for_groups(r, &recs[i], plain, r->offsets[i], r->offsets[i + 1], source, ids, nids, now_ns,
-                             &delivered);
+                             &delivered, &groups_only);
         if (rc < 0) return rc;
         if (delivered > before) given++;
     }

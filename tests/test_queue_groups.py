@@ -306,3 +306,45 @@ def test_sharded_members(brokers):
     finally:
         for c in cs:
             c.close()
+
+
+def test_a_member_killed_behind_another_broker(brokers, clients, tmp_path):
+    """The only member on a leaf broker killed (-9) mid-stream, publishing
+    on the top broker: what the leaf was given for it and it never took
+    goes, once its session runs out, back up to the member on top (for the
+    group only: the top's plain subscriber gets nothing twice)."""
+    top = brokers("--allow-broker", "local")
+    leaf = brokers("--upstream", top.endpoint, "--session-linger", "1")
+    wait_for(lambda: leaf.stats()["upstream"]["connected"], what="the federation")
+    script = tmp_path / "member.py"
+    script.write_text(MEMBER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    p = subprocess.Popen([sys.executable, str(script), leaf.endpoint, "300"], stdout=subprocess.PIPE, env=env,
+                         cwd=str(tmp_path))
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        mine = members(clients, top.endpoint, 1)[0]
+        plain = clients(top.endpoint).pubsub(ignore_subscribe_messages=True)
+        plain.subscribe("jobs")
+        wait_for(lambda: top.stats()["queue_group_members"] == 2, what="the leaf's member heard of on top")
+        pub = clients(top.endpoint)
+        wait_wanted(pub, "jobs")
+        n = 4000
+        for i in range(n):
+            pub.publish("jobs", b"%d" % i)
+            if i % 500 == 499:
+                pub.flush(timeout=30)
+        pub.flush(timeout=30)
+        assert p.wait(30) == -signal.SIGKILL
+        killed = set(p.stdout.read().split())
+        wait_for(lambda: leaf.stats()["sessions_expired"] >= 1, what="the killed member's session expiry")
+        wait_for(lambda: leaf.stats()["queue_group_handed_over"] > 0, what="the hand-over")
+        got = drain(mine, idle=1.0)
+        assert len(got) == len(set(got)), "a message delivered twice to the member on top"
+        assert set(got) | killed == {b"%d" % i for i in range(n)}
+        assert sorted(drain(plain), key=int) == [b"%d" % i for i in range(n)]      # each once
+        assert len(killed) == 300 and leaf.stats()["drops"]["session_expired"] == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)

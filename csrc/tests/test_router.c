@@ -730,8 +730,7 @@ static void test_route_to_groups(void)
     CHECK_EQ(fb_router_route_groups(r, t, b, len, 4, &g, 1, 1, 2), 0);   /* (nothing past the end) */
     CHECK_EQ(fb_router_route_groups(r, t, b, 3, 0, &g, 1, 1, 2), FB_ETRUNCATED);
     /* Not handed over: what the source also had by a subscription of its
-     * own, what two of its groups matched (which one gave it?), and never
-     * to a member that is another broker. */
+     * own, what two of its groups matched (which one gave it?). */
     take_and_free(r, 2, 3);
     fb_trie_add(t, "jobs", 4, FB_EXACT, 1);
     CHECK_EQ(fb_router_route_groups(r, t, b, len, 0, &g, 1, 1, 4), 0);
@@ -739,9 +738,35 @@ static void test_route_to_groups(void)
     CHECK_EQ(fb_router_group_join(r, other, 1), FB_OK);
     uint64_t both[] = { g, other };
     CHECK_EQ(fb_router_route_groups(r, t, b, len, 0, both, 2, 1, 5), 0);
-    fb_router_set_broker(r, 2, 1);
-    CHECK_EQ(fb_router_route_groups(r, t, b, len, 0, &g, 1, 1, 6), 0);
     for (uint32_t l = 1; l <= 4; l++) CHECK(fb_outbox_count(fb_router_outbox(r, l)) == 0);
+    /* To a member that is another broker: naming the group, for it only
+     * (the empty mark first): that broker gives it to no plain subscriber. */
+    CHECK_EQ(fb_router_group_leave(r, other, 1), FB_OK);
+    CHECK_EQ(fb_router_set_group_mark(r, g, "M1", 2), FB_OK);
+    fb_router_set_broker(r, 2, 1);
+    CHECK_EQ(fb_router_route_groups(r, t, b, len, 0, &g, 1, 1, 6), 4);
+    fb_record recs[64];
+    unsigned char *keep;
+    static const unsigned char only[] = { 7, ':', 'g', 'r', 'o', 'u', 'p', 's', 4, 0, 2, 'M', '1' };
+    CHECK_EQ(take_records(r, 2, recs, &keep), 4);
+    CHECK(recs[0].headers_len == sizeof only && !memcmp(recs[0].headers, only, sizeof only));
+    /* ... and that broker (here: this router, the record from link 2): its
+     * group's member gets it, its plain subscriber does not. */
+    CHECK_EQ(fb_router_remove_group(r, other), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, g, 3), FB_OK);
+    size_t klen = 0;
+    fb_outbox o;
+    fb_outbox_init(&o, NULL);
+    for (int i = 0; i < 4; i++)
+        REQUIRE(fb_outbox_append_h(&o, "jobs", 4, recs[i].headers, recs[i].headers_len, "x", 1, 0) >= 0);
+    unsigned char *again;
+    REQUIRE(fb_outbox_take(&o, &again, &klen) == FB_OK);
+    fb_outbox_destroy(&o);
+    fb_free(keep);
+    CHECK_EQ(fb_router_route(r, t, again, klen, NULL, 2, 7), 4);
+    CHECK(fb_outbox_count(fb_router_outbox(r, 1)) + fb_outbox_count(fb_router_outbox(r, 3)) == 4);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 4)), 0);
+    fb_free(again);
     fb_free(b);
     fb_router_free(r);
     fb_trie_free(t);
