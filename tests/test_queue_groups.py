@@ -130,30 +130,42 @@ MEMBER = textwrap.dedent("""
 """)
 
 
+def member_process(tmp_path, endpoint: str, die_after: int) -> subprocess.Popen:
+    """A member of group ``workers`` on ``jobs`` in a process of its own,
+    printing each message; it kills itself (-9) after ``die_after`` (0:
+    never), and ends at ``end``."""
+    script = tmp_path / "member.py"
+    script.write_text(MEMBER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    p = subprocess.Popen([sys.executable, str(script), endpoint, str(die_after)], stdout=subprocess.PIPE, env=env,
+                         cwd=str(tmp_path))
+    assert p.stdout.readline() == b"ready\n"
+    return p
+
+
+def stream(pub: fastbus.Client, n: int) -> None:
+    """Messages 0..n-1 on jobs, flushed every 500 (a stream, not one burst)."""
+    wait_wanted(pub, "jobs")
+    for i in range(n):
+        pub.publish("jobs", b"%d" % i)
+        if i % 500 == 499:
+            pub.flush(timeout=30)
+    pub.flush(timeout=30)
+
+
 def test_a_member_killed_mid_stream(brokers, clients, tmp_path):
     """A member killed (-9) while messages stream to the group: the others
     take the rest, and once its session runs out, what it was given and
     never said it took goes to them too: nothing is lost (what it may have
     taken without saying so comes again)."""
     b = brokers("--session-linger", "1")
-    script = tmp_path / "member.py"
-    script.write_text(MEMBER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     procs = []
     try:
         for die_after in (300, 0, 0):
-            p = subprocess.Popen([sys.executable, str(script), b.endpoint, str(die_after)], stdout=subprocess.PIPE,
-                                 env=env, cwd=str(tmp_path))
-            assert p.stdout.readline() == b"ready\n"
-            procs.append(p)
+            procs.append(member_process(tmp_path, b.endpoint, die_after))
         pub = clients(b.endpoint)
-        wait_wanted(pub, "jobs")
         n = 6000
-        for i in range(n):
-            pub.publish("jobs", b"%d" % i)
-            if i % 500 == 499:
-                pub.flush(timeout=30)
-        pub.flush(timeout=30)
+        stream(pub, n)
         assert procs[0].wait(30) == -signal.SIGKILL
         wait_for(lambda: b.stats()["sessions_expired"] >= 1, what="the killed member's session expiry")
         for _ in procs[1:]:
@@ -316,25 +328,15 @@ def test_a_member_killed_behind_another_broker(brokers, clients, tmp_path):
     top = brokers("--allow-broker", "local")
     leaf = brokers("--upstream", top.endpoint, "--session-linger", "1")
     wait_for(lambda: leaf.stats()["upstream"]["connected"], what="the federation")
-    script = tmp_path / "member.py"
-    script.write_text(MEMBER)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    p = subprocess.Popen([sys.executable, str(script), leaf.endpoint, "300"], stdout=subprocess.PIPE, env=env,
-                         cwd=str(tmp_path))
+    p = member_process(tmp_path, leaf.endpoint, 300)
     try:
-        assert p.stdout.readline() == b"ready\n"
         mine = members(clients, top.endpoint, 1)[0]
         plain = clients(top.endpoint).pubsub(ignore_subscribe_messages=True)
         plain.subscribe("jobs")
         wait_for(lambda: top.stats()["queue_group_members"] == 2, what="the leaf's member heard of on top")
         pub = clients(top.endpoint)
-        wait_wanted(pub, "jobs")
         n = 4000
-        for i in range(n):
-            pub.publish("jobs", b"%d" % i)
-            if i % 500 == 499:
-                pub.flush(timeout=30)
-        pub.flush(timeout=30)
+        stream(pub, n)
         assert p.wait(30) == -signal.SIGKILL
         killed = set(p.stdout.read().split())
         wait_for(lambda: leaf.stats()["sessions_expired"] >= 1, what="the killed member's session expiry")
