@@ -504,6 +504,21 @@ static int append_picked(fb_router *r, size_t k, const fb_record *plain, int onl
     return append_to(r, link, &d, now_ns);
 }
 
+/* The group trie id `id` stands for, if it is one that matches the record
+ * (a glob group by its pattern) and, with `only`, one of only[0..nonly). */
+static qgroup *matching_group(fb_router *r, uint64_t id, const fb_record *rec, const uint64_t *only, size_t nonly)
+{
+    if (id < FB_ROUTER_GROUP_BASE) return NULL;
+    if (only) {
+        size_t k = 0;
+        while (k < nonly && only[k] != id) k++;
+        if (k == nonly) return NULL;
+    }
+    qgroup *g = group_of(r, id);
+    if (!g || (g->pat && fb_glob_match(g->pat, g->len, rec->topic, rec->topic_len) != 1)) return NULL;
+    return g;
+}
+
 /* The groups a record matches (its trie ids r->ids.ids[from, to)): each
  * that is this broker's to pick for gives it to one member, a client at
  * once, a broker link by way of r->picks (then append_picked).  With
@@ -524,14 +539,8 @@ static int pick_for_groups(fb_router *r, const fb_record *rec, const fb_record *
     r->npicks = 0;
     for (size_t j = from; j < to; j++) {
         uint64_t id = r->ids.ids[j];
-        if (id < FB_ROUTER_GROUP_BASE) continue;
-        if (only) {                             /* (fb_router_route_groups) */
-            size_t k = 0;
-            while (k < nonly && only[k] != id) k++;
-            if (k == nonly) continue;
-        }
-        qgroup *g = group_of(r, id);
-        if (!g || (g->pat && fb_glob_match(g->pat, g->len, rec->topic, rec->topic_len) != 1)) continue;
+        qgroup *g = matching_group(r, id, rec, only, nonly);
+        if (!g) continue;
         /* From another broker: picked for there, unless it named us. */
         if (from_broker && g->mark_len && !(named && fb_groups_has(marks, marks_len, g->mark, g->mark_len)))
             continue;
@@ -831,11 +840,8 @@ static int handed_for_groups(fb_router *r, const fb_record *rec, size_t from, si
     for (size_t j = from; j < to; j++) {
         uint64_t id = r->ids.ids[j];
         if (id >= FB_ROUTER_GROUP_BASE) {
-            size_t k = 0;
-            while (k < nids && ids[k] != id) k++;
-            qgroup *g = group_of(r, id);
-            if (k == nids || !g || (g->pat && fb_glob_match(g->pat, g->len, rec->topic, rec->topic_len) != 1))
-                continue;
+            qgroup *g = matching_group(r, id, rec, ids, nids);
+            if (!g) continue;
             if (named && g->mark_len && fb_groups_has(marks, marks_len, g->mark, g->mark_len)) return 1;
             groups++;
         } else if (id >= FB_ROUTER_GLOB_BASE) {

@@ -302,29 +302,28 @@ def add_parsers(sub) -> None:
     rp.add_argument("--header", "-H", action="append", default=[], metavar="NAME=VALUE",
                     help="a header every answer carries (repeatable)")
     rp.add_argument("--json", action="store_true", help="print each request as a JSON object (as sub --json)")
-    rp.add_argument("--count", type=positive, default=None, help="stop after answering this many (default: run on)")
-    rp.add_argument("--seconds", type=seconds, default=None, help="stop after this long (default: run on)")
-    rp.add_argument("--timeout", type=seconds, default=10.0,
-                    help="seconds to wait for the subscription to be confirmed (default: %(default)s)")
-    _queue_option(rp, "each request to one responder of the group (the others are not asked)")
+    _until_options(rp, "answering this many", "subscription",
+                   "each request to one responder of the group (the others are not asked)")
     _connection_options(rp)
     rp.set_defaults(func=cmd_reply)
 
 
 def _sub_options(s: argparse.ArgumentParser) -> None:
     """What ``sub`` and ``psub`` share."""
-    from fastbus.cliargs import positive, seconds
     s.add_argument("--json", action="store_true",
                    help='one JSON object a line: "data" is the text, or base64 where "encoding" says so')
-    s.add_argument("--count", type=positive, default=None, help="stop after this many messages (default: run on)")
-    s.add_argument("--seconds", type=seconds, default=None, help="stop after this long (default: run on)")
-    s.add_argument("--timeout", type=seconds, default=10.0,
-                   help="seconds to wait for the subscriptions to be confirmed (default: %(default)s)")
-    _queue_option(s, "each message to one member of the group, in any process")
+    _until_options(s, "this many messages", "subscriptions", "each message to one member of the group, in any process")
     _connection_options(s)
     s.set_defaults(func=cmd_sub)
 
 
-def _queue_option(p: argparse.ArgumentParser, what: str) -> None:
+def _until_options(p: argparse.ArgumentParser, count: str, confirmed: str, group: str) -> None:
+    """What the commands that read arrivals share (sub, psub, reply): when
+    to stop, how long to wait for the subscription, and its queue group."""
+    from fastbus.cliargs import positive, seconds
+    p.add_argument("--count", type=positive, default=None, help=f"stop after {count} (default: run on)")
+    p.add_argument("--seconds", type=seconds, default=None, help="stop after this long (default: run on)")
+    p.add_argument("--timeout", type=seconds, default=10.0,
+                   help=f"seconds to wait for the {confirmed} to be confirmed (default: %(default)s)")
     p.add_argument("--queue", "-q", metavar="GROUP", default=None,
-                   help=f"subscribe as a member of this queue group: {what}")
+                   help=f"subscribe as a member of this queue group: {group}")

@@ -67,7 +67,7 @@ class Group:
 
     def wanted_by(self, link: Link) -> bool:
         """Does ``link`` (a broker) hear of this group: members besides it?"""
-        return bool(self.members - {link.link})
+        return len(self.members) > (link.link in self.members)
 
 
 def _whole(forwarder: Forwarder):
@@ -303,10 +303,9 @@ class Interest:
                                                    queue, tkey, prefix)
                     self.router.set_group_mark(g.gid, group_mark(*group))
                     diff_all += self.all.subscribe(g.gid, tkey, prefix=prefix)
-                before = set(g.members)
                 self.router.group_join(g.gid, link.link)
                 g.members.add(link.link)
-                self._announce(g, before, diffs)
+                self._announce(g, link, diffs)
             link.queues[group] = refs + 1
             link.subs += 1
             link.sub_bytes += cost
@@ -334,25 +333,37 @@ class Interest:
         going takes the group (the publishers' diff to ``diff_all``, other
         brokers' to ``diffs``)."""
         g = self.groups[group]
-        before = set(g.members)
         self.router.group_leave(g.gid, link.link)
         g.members.discard(link.link)
-        self._announce(g, before, diffs)
+        self._announce(g, link, diffs)
         if g.members:
             return
         del self.groups[group]
         diff_all += self.all.unsubscribe(g.gid, g.tkey, prefix=g.prefix)
         self.router.remove_group(g.gid)
 
-    def _announce(self, g: Group, before: set, diffs: dict) -> None:
-        """Tell each other broker of the group as it changed: wanted while
-        it has members besides that broker (split horizon)."""
-        for other in self.links.by_id.values():
-            if other.forwarder is None:
-                continue
-            had, has = bool(before - {other.link}), g.wanted_by(other)
-            if had != has and other.groups:
-                diffs.setdefault(other, []).append((SUBSCRIBE if has else UNSUBSCRIBE, g.key, g.queue))
+    def _announce(self, g: Group, changed: Link, diffs: dict) -> None:
+        """``changed`` joined or left ``g``: tell each broker for which that
+        changed whether the group has members besides it (split horizon).
+        Only the sole other member's coming or going changes it: at most
+        two brokers a change, whatever the group's size."""
+        joined = changed.link in g.members
+        others = len(g.members) - joined        # members besides ``changed``, before and after
+        if others > 1:
+            return
+        if others == 0:
+            # ``changed`` is (or was) the only member: every broker but it
+            # hears of the group now, or no longer.
+            targets = [o for o in self.links.by_id.values() if o.forwarder is not None and o is not changed]
+        else:
+            # One other member: only it (if a broker) gains or loses
+            # ``changed`` as its one member besides itself.
+            (only,) = g.members - {changed.link}
+            other = self.links.by_id.get(only)
+            targets = [other] if other is not None and other.forwarder is not None else []
+        for other in targets:
+            if other.groups:
+                diffs.setdefault(other, []).append((SUBSCRIBE if joined else UNSUBSCRIBE, g.key, g.queue))
 
     def announce_groups(self, link: Link) -> None:
         """A broker link that now says it takes queue group ops (its

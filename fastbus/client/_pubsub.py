@@ -205,10 +205,9 @@ class PubSub(PubSubBase):
                 i = self._ids.get((name, pattern))
                 if i is not None and self._byid[i][4] != _broker_key(name, pattern, queue):
                     held = self._byid[i][4][1]
-                    raise ValueError(
-                        f"{self._out(name)!r} is subscribed "
-                        f"{'in queue group ' + repr(held.name.decode(errors='replace')) if isinstance(held, P.Queue) else 'without a queue group'}"
-                        f" on this PubSub: unsubscribe it first")
+                    how = (f"in queue group {held.name.decode(errors='replace')!r}" if isinstance(held, P.Queue)
+                           else "without a queue group")
+                    raise ValueError(f"{self._out(name)!r} is subscribed {how} on this PubSub: unsubscribe it first")
             self._subscribed = True
         # At most the operations the broker takes in one SUB frame each.
         size = self._session.limit("max_sub_ops", SUB_OPS_DEFAULT)
