@@ -206,21 +206,24 @@ class Subscriber:
             if not self.subscribed:
                 return False
             self._connect()
-        start = time.monotonic()
-        left = None if deadline is None else max(0.0, deadline - start)
-        self._sock.settimeout(left)
-        try:
-            chunk = self._sock.recv(READ_SIZE)
-        except (TimeoutError, BlockingIOError):
-            self._alive_at = time.monotonic()        # still open
-            return False
-        except OSError:
-            chunk = b""
+        # First look without waiting: a connection found closed then closed
+        # at some point since it was last seen open; one that closes while
+        # this read waits closed now.  (Decided by what the socket says, not
+        # by how long the read took: a busy machine makes any read slow.)
+        waited = False
+        chunk = self._recv(0.0)
+        if chunk is None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if left == 0.0:
+                self._alive_at = time.monotonic()    # still open
+                return False
+            waited = True
+            chunk = self._recv(left)
+            if chunk is None:
+                self._alive_at = time.monotonic()    # still open
+                return False
         if not chunk:
-            now = time.monotonic()
-            # A read that waited saw the connection close now; one that
-            # found it closed at once knows only when it was last open.
-            self._lost(now if now - start > 0.001 else self._alive_at)
+            self._lost(time.monotonic() if waited else self._alive_at)
             self._reconnect(deadline, as_dicts)
             return True
         self._alive_at = time.monotonic()
@@ -239,6 +242,17 @@ class Subscriber:
             self._pairs.extend(items)
             self._notices.extend(notices)
         return True
+
+    def _recv(self, timeout: float | None) -> bytes | None:
+        """What the socket has within ``timeout`` seconds (0: at once):
+        data, b"" once it is closed, None if nothing came."""
+        self._sock.settimeout(timeout)
+        try:
+            return self._sock.recv(READ_SIZE)
+        except (TimeoutError, BlockingIOError):
+            return None
+        except OSError:
+            return b""
 
     def _lost(self, since: float) -> None:
         """The connection is gone; messages may be missed from ``since`` on."""
