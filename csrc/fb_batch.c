@@ -184,6 +184,29 @@ int fb_record_reply_to(const fb_record *rec, const unsigned char **to, uint32_t 
     return 1;
 }
 
+int fb_record_hold(const fb_record *rec, uint32_t *capacity, uint32_t *end)
+{
+    static const unsigned char name[] = FB_HEADER_HOLD;
+    const size_t nl = sizeof name - 1;
+    const unsigned char *to, *p, *hend = rec->headers + rec->headers_len;
+    uint32_t tl;
+    fb_header h = { 0 };
+    if (!fb_record_reply_to(rec, &to, &tl)) return 0;
+    p = to + tl;                                  /* past :reply-to (a block the decoder checked) */
+    if (p >= hend || !fb_headers_next(&p, hend, &h) || h.key_len != nl || memcmp(h.key, name, nl) != 0)
+        return 0;
+    if (h.value_len < 1 || h.value_len > 10) return 0;
+    uint64_t v = 0;
+    for (uint32_t i = 0; i < h.value_len; i++) {
+        if (h.value[i] < '0' || h.value[i] > '9') return 0;
+        v = v * 10 + (uint64_t)(h.value[i] - '0');
+    }
+    if (v > UINT32_MAX) return 0;
+    *capacity = (uint32_t)v;
+    *end = (uint32_t)(p - rec->headers);
+    return 1;
+}
+
 int fb_record_groups(const fb_record *rec, const unsigned char **marks, uint32_t *len, uint32_t *at,
                      uint32_t *span)
 {

@@ -109,15 +109,32 @@ int fb_headers_next(const unsigned char **p, const unsigned char *end, fb_header
  *              after :reply-to.  Its value: marks, each a varint length and
  *              that many bytes; one that starts with an empty mark (a zero
  *              length) is for those groups only, not for plain subscribers
- *              (a member's share handed over to the others). */
+ *              (a member's share handed over to the others);
+ *   :hold      a request to a held queue group (fb_router_group_hold):
+ *              after :reply-to, its value the most records the group may
+ *              keep with it (decimal, 1 to 10 digits; 0: no count bound).
+ *              The broker answers it itself, with a :status of 200 (a
+ *              member or subscriber has it), 202 (kept for a member to
+ *              come), 507 (not kept: the group keeps as many as the value
+ *              says, or the broker's bound is reached) or 503 (nobody
+ *              wants it and no group keeps it). */
 #define FB_HEADER_REPLY_TO ":reply-to"
 #define FB_HEADER_STATUS ":status"
 #define FB_HEADER_GROUPS ":groups"
+#define FB_HEADER_HOLD ":hold"
+#define FB_STATUS_DELIVERED "200"
+#define FB_STATUS_KEPT "202"
 #define FB_STATUS_NO_RESPONDERS "503"
+#define FB_STATUS_FULL "507"
 
 /* A record's reply channel: 1 and *to, *len if its header block starts
  * with :reply-to (a request), else 0. */
 int fb_record_reply_to(const fb_record *rec, const unsigned char **to, uint32_t *len);
+
+/* A record's :hold header (the second, after :reply-to): 1, its value in
+ * *capacity and the offset in the block just past it in *end; 0 if it has
+ * none, or one whose value is not 1 to 10 digits up to 2^32 - 1. */
+int fb_record_hold(const fb_record *rec, uint32_t *capacity, uint32_t *end);
 
 /* A record's :groups header, where it may be (first, or after :reply-to):
  * 1, its value in *marks, *len, and the header's own bytes in the block,

@@ -40,6 +40,7 @@ typedef struct qgroup {
     uint8_t used;
     uint8_t mark_len;         /* 0: no mark, this router's alone */
     unsigned char mark[FB_ROUTER_MARK_MAX];
+    fb_backlog *held;         /* a held group's (fb_router_group_hold), NULL: not held */
 } qgroup;
 
 /* A group's pick of a broker link for the record being routed: the record
@@ -78,6 +79,10 @@ struct fb_router {
     qgroup *groups;           /* by id - FB_ROUTER_GROUP_BASE */
     uint32_t ngroups, capgroups, freegroup;           /* freegroup UINT32_MAX: none free */
     uint64_t stamp;           /* counts routed records: a link takes each once (linkbox.stamp) */
+    size_t held_bytes;        /* what every held group's backlog costs (fb_backlog_cost) */
+    size_t max_held_bytes;    /* fb_router_set_held_limit's bound of it, 0: none */
+    int rec_held;             /* the record being routed: HELD_KEPT or HELD_FULL by a held group, else 0 */
+    uint32_t rec_capacity;    /* ... and what its :hold allows a held group to keep (0: no count bound) */
     uint32_t catchall;        /* fb_router_set_catchall's link, UINT32_MAX: none */
     uint64_t catchall_from;
     fb_router_stats st;
@@ -116,6 +121,8 @@ void fb_router_free(fb_router *r)
     for (uint32_t i = 0; i < r->ngroups; i++) {
         free(r->groups[i].pat);
         free(r->groups[i].members);
+        if (r->groups[i].held) fb_backlog_destroy(r->groups[i].held);
+        free(r->groups[i].held);
     }
     free(r->groups);
     free(r->picks);
@@ -206,7 +213,7 @@ int fb_router_add_group(fb_router *r, const void *pattern, size_t len, uint64_t 
         }
         i = r->ngroups++;
     }
-    r->groups[i] = (qgroup){ pat, len, NULL, 0, 0, 0, UINT32_MAX, 1, 0, { 0 } };
+    r->groups[i] = (qgroup){ .pat = pat, .len = len, .next = UINT32_MAX, .used = 1 };
     *id = FB_ROUTER_GROUP_BASE + i;
     return FB_OK;
 }
@@ -217,7 +224,13 @@ int fb_router_remove_group(fb_router *r, uint64_t id)
     if (!g) return FB_ENOTFOUND;
     free(g->pat);
     free(g->members);
-    *g = (qgroup){ NULL, 0, NULL, 0, 0, 0, r->freegroup, 0, 0, { 0 } };
+    if (g->held) {
+        r->held_bytes -= g->held->bytes;
+        r->st.held_dropped += fb_backlog_clear(g->held);
+        fb_backlog_destroy(g->held);
+        free(g->held);
+    }
+    *g = (qgroup){ .next = r->freegroup };
     r->freegroup = (uint32_t)(id - FB_ROUTER_GROUP_BASE);
     return FB_OK;
 }
@@ -279,6 +292,55 @@ int fb_router_set_group_mark(fb_router *r, uint64_t id, const void *mark, size_t
 void fb_router_set_broker(fb_router *r, uint32_t link, int broker)
 {
     if (link < r->caplinks && r->links[link].active) r->links[link].broker = broker != 0;
+}
+
+int fb_router_group_hold(fb_router *r, uint64_t id)
+{
+    qgroup *g = group_of(r, id);
+    if (!g) return FB_ENOTFOUND;
+    if (g->held) return FB_OK;
+    g->held = malloc(sizeof *g->held);
+    if (!g->held) return FB_ENOMEM;
+    fb_backlog_init(g->held);
+    return FB_OK;
+}
+
+size_t fb_router_group_release(fb_router *r, uint64_t id)
+{
+    qgroup *g = group_of(r, id);
+    if (!g || !g->held) return 0;
+    r->held_bytes -= g->held->bytes;
+    size_t n = fb_backlog_clear(g->held);
+    fb_backlog_destroy(g->held);
+    free(g->held);
+    g->held = NULL;
+    return n;
+}
+
+void fb_router_set_held_limit(fb_router *r, size_t max_bytes)
+{
+    r->max_held_bytes = max_bytes;
+}
+
+size_t fb_router_group_held(const fb_router *r, uint64_t id)
+{
+    const qgroup *g = group_of(r, id);
+    return g && g->held ? fb_backlog_count(g->held) : 0;
+}
+
+size_t fb_router_held_bytes(const fb_router *r)
+{
+    return r->held_bytes;
+}
+
+size_t fb_router_group_expire(fb_router *r, uint64_t id, uint64_t before_ns)
+{
+    qgroup *g = group_of(r, id);
+    if (!g || !g->held) return 0;
+    size_t was = g->held->bytes, n = fb_backlog_expire(g->held, before_ns);
+    r->held_bytes -= was - g->held->bytes;
+    r->st.held_dropped += n;
+    return n;
 }
 
 /* The member of g a record from `source` goes to, or UINT32_MAX: the
@@ -428,22 +490,28 @@ static int append_to(fb_router *r, uint32_t id, const fb_record *rec, uint64_t n
     return 1;
 }
 
-/* The block of a no-responders reply: one header, :status 503. */
-static const unsigned char NO_RESPONDERS[] = {
-    sizeof FB_HEADER_STATUS - 1, ':', 's', 't', 'a', 't', 'u', 's',
-    sizeof FB_STATUS_NO_RESPONDERS - 1, '5', '0', '3',
+/* The blocks of the replies the router makes: one header, :status and a
+ * three-digit code (fb_batch.h), by enum status. */
+enum status { ST_DELIVERED, ST_KEPT, ST_NO_RESPONDERS, ST_FULL };
+#define STATUS_BLOCK(code) { sizeof FB_HEADER_STATUS - 1, ':', 's', 't', 'a', 't', 'u', 's', 3, \
+                             code[0], code[1], code[2] }
+static const unsigned char STATUS[][12] = {
+    STATUS_BLOCK(FB_STATUS_DELIVERED), STATUS_BLOCK(FB_STATUS_KEPT),
+    STATUS_BLOCK(FB_STATUS_NO_RESPONDERS), STATUS_BLOCK(FB_STATUS_FULL),
 };
 
-/* A request that reached nobody: its reply (topic: the reply channel, no
- * payload, :status 503) is routed after the batch. */
-static int add_notice(fb_router *r, const fb_record *rec)
+/* A request answered by the router (nobody had it, or a held group's
+ * outcome): its reply (topic: the reply channel, no payload, the :status)
+ * is routed after the batch. */
+static int add_notice(fb_router *r, const fb_record *rec, enum status st)
 {
     const unsigned char *to;
     uint32_t tl;
     if (!fb_record_reply_to(rec, &to, &tl) || tl == 0) return FB_OK;
     int rc = reserve((void **)&r->notices, &r->capnotices, r->nnotices + 1, sizeof(fb_record));
     if (rc < 0) return rc;
-    r->notices[r->nnotices++] = (fb_record){ to, NULL, tl, 0, NO_RESPONDERS, sizeof NO_RESPONDERS };
+    r->notices[r->nnotices++] = (fb_record){ to, NULL, tl, 0, STATUS[st], sizeof STATUS[st] };
+    if (st == ST_NO_RESPONDERS) r->st.no_responders++;
     return FB_OK;
 }
 
@@ -519,6 +587,29 @@ static qgroup *matching_group(fb_router *r, uint64_t id, const fb_record *rec, c
     return g;
 }
 
+enum { HELD_KEPT = 1, HELD_FULL = 2 };
+
+/* A held group without a member to take the record: keep it if the
+ * sender's capacity (r->rec_capacity) and the router's bound allow;
+ * r->rec_held says which. */
+static int keep(fb_router *r, qgroup *g, const fb_record *rec, uint64_t now_ns)
+{
+    const uint32_t capacity = r->rec_capacity;
+    size_t cost = fb_backlog_cost(rec);
+    if ((capacity && fb_backlog_count(g->held) >= capacity) ||
+        (r->max_held_bytes && r->held_bytes + cost > r->max_held_bytes)) {
+        if (r->rec_held != HELD_KEPT) r->rec_held = HELD_FULL;
+        r->st.held_full++;
+        return FB_OK;
+    }
+    int rc = fb_backlog_push(g->held, rec, now_ns);
+    if (rc < 0) return rc;
+    r->held_bytes += cost;
+    r->rec_held = HELD_KEPT;
+    r->st.held_kept++;
+    return FB_OK;
+}
+
 /* The groups a record matches (its trie ids r->ids.ids[from, to)): each
  * that is this broker's to pick for gives it to one member, a client at
  * once, a broker link by way of r->picks (then append_picked).  With
@@ -545,6 +636,11 @@ static int pick_for_groups(fb_router *r, const fb_record *rec, const fb_record *
         if (from_broker && g->mark_len && !(named && fb_groups_has(marks, marks_len, g->mark, g->mark_len)))
             continue;
         uint32_t m = pick_member(r, g, source);
+        if (m == UINT32_MAX && g->held) {
+            if (from_broker && g->mark_len) named_picked++;
+            if ((rc = keep(r, g, plain, now_ns)) < 0) return rc;
+            continue;
+        }
         if (m == UINT32_MAX || m >= r->caplinks) continue;
         if (from_broker && g->mark_len) named_picked++;
         if (r->links[m].broker && g->mark_len) {
@@ -615,8 +711,21 @@ static int deliver(fb_router *r, fb_trie *t, const fb_record *recs, size_t n, ui
         fb_record stripped;
         const fb_record *plain;                 /* what every link but a picked broker gets */
         if ((rc = without_groups(r, rec, &stripped, &plain)) < 0) return rc;
+        /* A request to a held group is answered here: whoever gets it gets
+         * it without its :reply-to and :hold. */
+        uint32_t hend = 0;
+        int hold = notify && plain == rec && rec->headers_len && fb_record_hold(rec, &r->rec_capacity, &hend);
+        if (hold) {
+            stripped = *rec;
+            stripped.headers_len = rec->headers_len - hend;
+            stripped.headers = stripped.headers_len ? rec->headers + hend : NULL;
+            plain = &stripped;
+        } else {
+            r->rec_capacity = 0;
+        }
         uint64_t before = *delivered;
         r->stamp++;                             /* append_to: each link once */
+        r->rec_held = 0;
         /* Queue groups first: a broker link one picks gets the record
          * naming it, and the plain subscriptions below find it there. */
         int groups_only = 0;
@@ -645,10 +754,16 @@ static int deliver(fb_router *r, fb_trie *t, const fb_record *recs, size_t n, ui
             if ((rc = append_to(r, all, plain, now_ns)) < 0) return rc;
             *delivered += (uint64_t)rc;
         }
-        if (*delivered == before) {
-            r->st.unrouted++;
-            if (notify && rec->headers_len && (rc = add_notice(r, rec)) < 0) return rc;
+        if (hold) {
+            /* A request to a held group: answered whatever happened. */
+            enum status st = r->rec_held == HELD_KEPT ? ST_KEPT : r->rec_held == HELD_FULL ? ST_FULL :
+                             *delivered > before ? ST_DELIVERED : ST_NO_RESPONDERS;
+            if ((rc = add_notice(r, rec, st)) < 0) return rc;
+        } else if (*delivered == before && !r->rec_held && notify && rec->headers_len &&
+                   (rc = add_notice(r, rec, ST_NO_RESPONDERS)) < 0) {
+            return rc;
         }
+        if (*delivered == before && !r->rec_held) r->st.unrouted++;
     }
     return FB_OK;
 }
@@ -708,7 +823,6 @@ int fb_router_route(fb_router *r, fb_trie *t, const void *batch, size_t len,
          * overtakes records routed before it. */
         uint64_t d = 0;
         if ((rc = deliver(r, t, r->notices, r->nnotices, UINT64_MAX, UINT32_MAX, 0, now_ns, &d)) < 0) return rc;
-        r->st.no_responders += r->nnotices;
         r->st.deliveries += d;
     }
     r->st.batches++;
@@ -881,12 +995,46 @@ int64_t fb_router_route_groups(fb_router *r, fb_trie *t, const void *batch, size
         if ((rc = without_groups(r, &recs[i], &stripped, &plain)) < 0) return rc;
         uint64_t before = delivered;
         r->stamp++;
+        r->rec_held = 0;
+        r->rec_capacity = 0;
         int groups_only;
         rc = pick_for_groups(r, &recs[i], plain, r->offsets[i], r->offsets[i + 1], source, ids, nids, now_ns,
                              &delivered, &groups_only);
         if (rc < 0) return rc;
-        if (delivered > before) given++;
+        if (delivered > before || r->rec_held == HELD_KEPT) given++;
     }
     r->st.deliveries += delivered;
+    return given;
+}
+
+int64_t fb_router_group_give(fb_router *r, uint64_t id, uint64_t now_ns)
+{
+    qgroup *g = group_of(r, id);
+    if (!g || !g->held) return 0;
+    int64_t given = 0;
+    fb_record rec;
+    while (fb_backlog_peek(g->held, &rec, NULL)) {
+        uint32_t m = pick_member(r, g, UINT64_MAX);
+        if (m == UINT32_MAX || m >= r->caplinks) break;
+        r->stamp++;
+        int rc;
+        if (r->links[m].broker && g->mark_len) {
+            /* Another broker's members: the record names the group, for
+             * that broker to pick one of them (and only them). */
+            if ((rc = reserve((void **)&r->picks, &r->cappicks, 1, sizeof(bpick))) < 0) return rc;
+            r->picks[0] = (bpick){ m, (uint32_t)(id - FB_ROUTER_GROUP_BASE) };
+            r->npicks = 1;
+            rc = append_picked(r, 0, &rec, 1, now_ns);
+        } else {
+            rc = append_to(r, m, &rec, now_ns);
+        }
+        if (rc < 0) return rc;
+        size_t was = g->held->bytes;
+        fb_backlog_pop(g->held);
+        r->held_bytes -= was - g->held->bytes;
+        r->st.held_given++;
+        r->st.deliveries += (uint64_t)rc;
+        given++;
+    }
     return given;
 }

@@ -45,6 +45,7 @@
 #define FB_ROUTER_H
 
 #include "fb_common.h"
+#include "fb_backlog.h"
 #include "fb_batch.h"
 #include "fb_glob.h"
 #include "fb_outbox.h"
@@ -68,6 +69,10 @@ typedef struct fb_router_stats {
     uint64_t no_responders; /* requests that reached nobody, answered so (fb_router_set_notify) */
     uint64_t group_orphaned; /* a broker gave us records for a queue group with no member here now
                               * (its last left while they were on their way): one per group */
+    uint64_t held_kept;    /* records a held group kept for want of a member */
+    uint64_t held_given;   /* ... and gave to a member since (fb_router_group_give) */
+    uint64_t held_full;    /* records a held group could not keep (the sender's capacity, the byte bound) */
+    uint64_t held_dropped; /* kept records dropped: expired, or their group removed */
 } fb_router_stats;
 
 /* Every outbox gets lim's max_messages, max_bytes and checksum; lim's
@@ -197,6 +202,36 @@ size_t fb_router_group_size(const fb_router *r, uint64_t id);
 /* A member whose session is away (lingering without a connection): picked
  * only when every other member is away too.  Off for a new link. */
 void fb_router_set_away(fb_router *r, uint32_t link, int away);
+
+/* Held groups: a group that keeps what finds no member (none, or only the
+ * record's source), so that a member to come gets it: a work queue that
+ * outlives its workers (a Channels layer's named channel).  The record is
+ * kept, oldest first, in the group's backlog (fb_backlog.h) unless that
+ * holds as many as the record's :hold header allows (fb_batch.h) or every
+ * backlog together would cost more than the router's bound
+ * (fb_router_set_held_limit); a record with a :hold header from a link
+ * that is answered (fb_router_set_notify) is answered with a :status
+ * saying which happened.  A backlog is given to the members when the
+ * caller says (fb_router_group_give: after a join), round robin as
+ * records are; what is older than the caller's expiry it drops
+ * (fb_router_group_expire). */
+/* Make a group held (idempotent); FB_ENOTFOUND, FB_ENOMEM. */
+int fb_router_group_hold(fb_router *r, uint64_t id);
+/* A group no longer held: its backlog is dropped (how many it held are
+ * returned; not counted in held_dropped: the caller's to count). */
+size_t fb_router_group_release(fb_router *r, uint64_t id);
+/* The bound of what every backlog may cost together (fb_backlog_cost), 0: none. */
+void fb_router_set_held_limit(fb_router *r, size_t max_bytes);
+/* Records a group keeps now (0 for a group not held, or an unknown id). */
+size_t fb_router_group_held(const fb_router *r, uint64_t id);
+/* What every backlog costs now. */
+size_t fb_router_held_bytes(const fb_router *r);
+/* A group's backlog to its members, oldest first, one member a record
+ * (none: it stays); returns how many were given, or FB_ENOMEM (what was
+ * not given stays). */
+int64_t fb_router_group_give(fb_router *r, uint64_t id, uint64_t now_ns);
+/* Drop the records a group kept before before_ns; returns how many. */
+size_t fb_router_group_expire(fb_router *r, uint64_t id, uint64_t before_ns);
 
 /* Queue groups across brokers.  A broker link (fb_router_set_broker) that
  * is a member of a group stands for the group's members behind it.  A

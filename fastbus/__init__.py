@@ -75,7 +75,7 @@ from fastbus.errors import (AddressInUse, BatchError, BrokerTimeout, BrokerUnava
                             DurableNameInUse, FastbusError, FlushTimeout, ForwarderError, InvalidEndpoint, InvalidKey, KeyRefused,
                             ListenError,
                             MessagesRejected, MessageTooLarge, NotABroker, NotSubscribedError, NoResponders,
-                            PublishTimeout, RequestTimeout)
+                            PublishTimeout, RequestTimeout, QueueFull, HoldRefused)
 from fastbus.protocol import DEFAULT_ENDPOINT, DEFAULT_PORT, ProtocolError
 from fastbus.client import Client, ClientOptions, PubSub
 from fastbus._messages import GapInfo, PubSubMessage
@@ -110,7 +110,7 @@ __all__ = [
     "BatchError", "FastbusError", "ForwarderError", "MessagesRejected", "MessageTooLarge", "NotSubscribedError", "ProtocolError",
     "PublishTimeout", "AddressInUse", "BrokerTimeout", "BrokerUnavailable", "FlushTimeout", "InvalidEndpoint",
     "InvalidKey", "KeyRefused", "DurableNameInUse", "ListenError", "NotABroker", "NoResponders", "RequestTimeout",
-    "ConnectionClosed", "Client", "ClientOptions", "PubSub", "PubSubMessage", "GapInfo", "Broker", "BrokerConfig",
+    "QueueFull", "HoldRefused", "ConnectionClosed", "Client", "ClientOptions", "PubSub", "PubSubMessage", "GapInfo", "Broker", "BrokerConfig",
     "DEFAULT_ENDPOINT", "DEFAULT_PORT",
     "ShardedClient", "ShardedPubSub", "aio",
     "get_include", "get_library_dirs",

@@ -125,10 +125,17 @@ cdef class Publisher:
     cdef int _publish(self, object channel, object message, object headers) except -1:
         return self._publish_block(channel, message, None if headers is None else _encode_headers(headers))
 
-    def publish_request(self, channel, message, bytes reply_to not None, headers=None) -> int:
+    def publish_request(self, channel, message, bytes reply_to not None, headers=None, hold=None) -> int:
         """publish() of a request: its headers say ``reply_to`` (the
-        protocol's :reply-to, first) besides the caller's ``headers``."""
-        return self._publish_block(channel, message, _encode_headers(headers, reply_to))
+        protocol's :reply-to, first) besides the caller's ``headers``;
+        ``hold`` (an int, 0 to 2**32 - 1), a request to a held group that
+        keeps at most that many (0: no count bound; the :hold header)."""
+        cdef bytes h = None
+        if hold is not None:
+            if not 0 <= hold <= 0xFFFFFFFF:
+                raise ValueError(f"a held group's capacity is 0 to {0xFFFFFFFF}, not {hold}")
+            h = str(int(hold)).encode()
+        return self._publish_block(channel, message, _encode_headers(headers, reply_to, h))
 
     cdef int _publish_block(self, object channel, object message, bytes h) except -1:
         """publish() with the headers already a block (None: none)."""

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import json
 import logging
 import secrets
@@ -76,7 +77,7 @@ from fastbus import protocol as P
 from fastbus.client.aio import Client, PubSub
 from fastbus.client.sharding import Ring
 from fastbus.endpoints import check_connect
-from fastbus.errors import ConnectionClosed, FlushTimeout, MessagesRejected
+from fastbus.errors import ConnectionClosed, FlushTimeout, MessagesRejected, NoResponders, QueueFull
 
 __all__ = ["ChannelFull", "ChannelLayer", "DEFAULT_ENDPOINT"]
 
@@ -89,7 +90,8 @@ DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{P.DEFAULT_PORT}"
 #: the serialized message.
 _STAMP = struct.Struct("!d")
 
-_COUNTERS = ("sent", "unwanted", "delivered", "received", "dropped_full", "dropped_expired", "dropped_gone",
+_COUNTERS = ("sent", "unwanted", "delivered", "received", "given_back", "dropped_full", "dropped_expired",
+             "dropped_gone",
              "dropped_broker", "malformed", "undelivered_at_close")
 
 #: Messages the reader hands out between two turns of the consumers: a
@@ -99,6 +101,14 @@ READ_BATCH = 64
 #: The default ``max_inbox_bytes`` of the layer's connections (the
 #: client's is 8 MiB): what a loop that falls behind may hold unread.
 INBOX_BYTES = 1024 * 1024
+
+#: ``named_channels``: a named channel is a work queue (RedisChannelLayer's
+#: semantics) or pub/sub (RedisPubSubChannelLayer's).
+NAMED_CHANNELS = ("queue", "pubsub")
+#: The queue group of every named channel (queue mode): its receivers.
+QUEUE_GROUP = b"channels"
+#: Seconds a send() to a named channel waits for the broker's answer.
+SEND_TIMEOUT = 10.0
 
 
 class _Serializer:
@@ -151,15 +161,19 @@ class ChannelLayer(BaseChannelLayer):
     a group membership lasts), ``capacity`` and ``channel_capacity`` (how
     many messages may wait per channel; ``{glob or regex: capacity}``),
     ``serializer_format`` (``"msgpack"`` or ``"json"``) and
-    ``symmetric_encryption_keys``.  ``client_options`` go to each
-    :class:`fastbus.aio.Client` (CURVE keys, buffer sizes, ...)."""
+    ``symmetric_encryption_keys``.  ``named_channels``: ``"queue"`` (each
+    message of a named channel to one receiver, kept by the broker while
+    none receives: RedisChannelLayer's rule) or ``"pubsub"`` (to every
+    receiver there is when it is sent: RedisPubSubChannelLayer's).
+    ``client_options`` go to each :class:`fastbus.aio.Client` (CURVE keys,
+    buffer sizes, ...)."""
 
     extensions = ["groups", "flush"]
 
     def __init__(self, endpoint: str | list[str] = DEFAULT_ENDPOINT, *, prefix: str = "asgi", expiry: float = 60,
                  group_expiry: float = 86400, capacity: int = 100, channel_capacity: dict | None = None,
                  serializer_format: str = "msgpack", symmetric_encryption_keys: Any = None,
-                 client_options: dict | None = None, **unknown: Any) -> None:
+                 named_channels: str = "queue", client_options: dict | None = None, **unknown: Any) -> None:
         if unknown:
             hint = (" (channels_redis's 'hosts' are Redis servers: this layer takes 'endpoint', a fastbus broker's "
                     "tcp://host:port, or a list of them)") if "hosts" in unknown else ""
@@ -172,6 +186,9 @@ class ChannelLayer(BaseChannelLayer):
             raise ValueError(f"prefix {prefix!r}: use ASCII letters, digits, '-', '_' and '.'")
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, not {capacity!r}")
+        if named_channels not in NAMED_CHANNELS:
+            raise ValueError(f"named_channels must be 'queue' or 'pubsub', not {named_channels!r}")
+        self.named_channels = named_channels
         self.prefix = prefix
         self.group_expiry = group_expiry
         self.channel_capacity = self.compile_capacities(self.channel_capacity)
@@ -189,8 +206,10 @@ class ChannelLayer(BaseChannelLayer):
     # -- what the Channels API calls -----------------------------------------
 
     async def send(self, channel: str, message: Any) -> None:
-        """Send a message to a channel.  ChannelFull when the channel is
-        received in this event loop and already holds its capacity."""
+        """Send a message to a channel.  ChannelFull when it holds its
+        capacity: a named channel's, kept by the broker for its receivers
+        (any process's word: the broker answers each send), a channel of
+        ``new_channel()``'s received in this event loop, here."""
         self.require_valid_channel_name(channel)
         await self._get_layer().send(channel, message)
 
@@ -229,14 +248,20 @@ class ChannelLayer(BaseChannelLayer):
         await self._get_layer().group_send(group, message)
 
     async def flush(self) -> None:
-        """Forget this event loop's channels, groups and waiting messages
-        and close its connections (the layer opens new ones when used
+        """Forget this event loop's channels, groups and waiting messages,
+        drop what the broker keeps for the named channels this loop sent
+        to, and close its connections (the layer opens new ones when used
         again).  Other processes and loops keep theirs."""
         layer = self._layers.pop(asyncio.get_running_loop(), None)
         if layer is not None:
-            await layer.close()
+            await layer.close(release=True)
 
-    close = flush
+    async def close(self) -> None:
+        """Close this event loop's connections and forget its channels and
+        groups (what the broker keeps for named channels stays)."""
+        layer = self._layers.pop(asyncio.get_running_loop(), None)
+        if layer is not None:
+            await layer.close()
 
     # -- serialization and names -------------------------------------------
 
@@ -255,7 +280,9 @@ class ChannelLayer(BaseChannelLayer):
         ``sent`` (send and group_send calls), ``unwanted`` (of those, how
         many no subscriber wanted, as the broker told the sender),
         ``delivered`` (messages put in a channel of this process),
-        ``received`` (returned by receive()), ``dropped_full``,
+        ``received`` (returned by receive()), ``given_back`` (a named
+        channel's messages this process was given and no receiver here
+        took: sent back to the broker for another), ``dropped_full``,
         ``dropped_expired``, ``dropped_gone`` (for a channel whose receive()
         was cancelled), ``dropped_broker`` (by the broker, for a loop that
         fell behind: its gap notices), ``malformed`` (unreadable: dropped);
@@ -344,6 +371,10 @@ class _LoopLayer:
         self.groups: dict[str, dict[str, float]] = {}     # group -> {channel: added at, monotonic}
         self.topics: dict[bytes, int] = {}                 # subscribed topic -> shard
         self._locks = [asyncio.Lock() for _ in range(n)]   # subscribing, one at a time per broker
+        self.queues = channel_layer.named_channels == "queue"
+        self.held: set[bytes] = set()                      # named channels' topics declared held (queue mode)
+        self._returning: collections.deque[tuple[bytes, tuple[float, bytes]]] = collections.deque()
+        self._returner: asyncio.Task | None = None         # gives _returning back to the broker
         self.member_of: dict[str, set[str]] = {}           # channel -> its groups here
         p = cl.prefix
         self.mine = f"{p}:specific:{client_prefix}:"       # this loop's channels' topics start so
@@ -371,10 +402,10 @@ class _LoopLayer:
                                              **self.channel_layer.client_options)
         return c
 
-    async def _subscribe(self, topic: bytes, shard: int, pattern: bool) -> None:
+    async def _subscribe(self, topic: bytes, shard: int, pattern: bool, queue: bytes | None = None) -> None:
         """Subscribe a topic once (returns when the broker has confirmed it
-        for every publisher).  A failed or cancelled subscribe leaves
-        nothing subscribed."""
+        for every publisher), as a member of queue group ``queue`` if
+        given.  A failed or cancelled subscribe leaves nothing subscribed."""
         if topic in self.topics:
             return
         async with self._locks[shard]:            # (one broker's slowness holds up no other)
@@ -383,7 +414,7 @@ class _LoopLayer:
             p = self.pubsubs[shard]
             if p is None:
                 p = self.pubsubs[shard] = self._client(shard).pubsub(ignore_subscribe_messages=True)
-            seq = p.psubscribe_nowait(topic + b"*") if pattern else p.subscribe_nowait(topic)
+            seq = p.psubscribe_nowait(topic + b"*") if pattern else p.subscribe_nowait(topic, queue=queue)
             try:
                 await p.wait_confirmed(seq)
             except BaseException:
@@ -412,11 +443,44 @@ class _LoopLayer:
     # -- the API, in this loop -------------------------------------------------
 
     async def send(self, channel: str, message: Any) -> None:
+        if self.queues and "!" not in channel:
+            await self._enqueue(channel, message)
+            return
         inbox = self.inboxes.get(channel)
         if inbox is not None and inbox.queue.full():
             raise ChannelFull(channel)
         topic, shard = self._topic(channel)
         await self._publish(topic, shard, message)
+
+    async def _enqueue(self, channel: str, message: Any) -> None:
+        """A named channel's message (queue mode): to one of its receivers,
+        or kept by the broker for one, within the channel's capacity, whose
+        excess is ChannelFull."""
+        cl = self.channel_layer
+        topic, shard = self._topic(channel)
+        payload = _STAMP.pack(time.time()) + cl.serialize(message)
+        cl.counters["sent"] += 1
+        try:
+            await self._put(topic, shard, payload, cl.get_capacity(channel))
+        except QueueFull:
+            raise ChannelFull(channel) from None
+
+    async def _put(self, topic: bytes, shard: int, payload: bytes, capacity: int) -> None:
+        """A named channel's payload to its held group (declared once per
+        loop: again if the broker let the declaration expire)."""
+        cl = self.channel_layer
+        client = self._client(shard)
+        for again in (False, True):
+            if topic not in self.held:
+                await client.hold(topic, QUEUE_GROUP, expiry=cl.expiry or 60)
+                self.held.add(topic)
+            try:
+                await client.enqueue(topic, payload, capacity, timeout=SEND_TIMEOUT)
+                return
+            except NoResponders:
+                self.held.discard(topic)       # (its declaration ran out at the broker)
+                if again:
+                    raise
 
     async def group_send(self, group: str, message: Any) -> None:
         topic = self.channel_layer._group_key(group)
@@ -439,6 +503,12 @@ class _LoopLayer:
                 raise AssertionError(f"{channel!r} was not made by new_channel() in this event loop: "
                                      f"a specific channel is received where it was made")
             await self._subscribe(self._mine_b, shard, pattern=True)
+        elif self.queues:
+            # One receiver a message, kept by the broker until one is here:
+            # what it gives this loop is this loop's (no bound here but
+            # the connection's: the broker's slow-consumer rules).
+            await self._subscribe(topic, shard, pattern=False, queue=QUEUE_GROUP)
+            return self.inboxes.setdefault(channel, _Inbox(0))
         else:
             await self._subscribe(topic, shard, pattern=False)
         return self.inboxes.setdefault(channel, _Inbox(self.channel_layer.get_capacity(channel)))
@@ -476,10 +546,15 @@ class _LoopLayer:
         finally:
             inbox.receivers -= 1
 
-    def _end(self, channel: str) -> None:
+    def _end(self, channel: str, unsubscribe: bool = True) -> None:
         """A channel ends in this loop: its inbox, memberships and
-        subscriptions go."""
-        del self.inboxes[channel]
+        subscriptions go (what a named channel's inbox holds goes back to
+        the broker, for another receiver)."""
+        inbox = self.inboxes.pop(channel)
+        if self.queues and "!" not in channel:
+            topic = self._topic(channel)[0]
+            while inbox.queue.qsize():
+                self._give_back(topic, inbox.queue.get_nowait())
         for group in self.member_of.pop(channel, ()):
             members = self.groups.get(group)
             if members is not None:
@@ -487,7 +562,7 @@ class _LoopLayer:
                 if not members:
                     del self.groups[group]
                     self._unsubscribe(self.channel_layer._group_key(group))
-        if "!" not in channel:
+        if "!" not in channel and unsubscribe:
             self._unsubscribe(self._topic(channel)[0])
 
     async def group_add(self, group: str, channel: str) -> None:
@@ -522,6 +597,59 @@ class _LoopLayer:
             del self.groups[group]
             self._unsubscribe(self.channel_layer._group_key(group))
 
+    # -- a named channel's messages no receiver here takes (queue mode) ---------
+
+    def _give_back(self, topic: bytes, item: tuple[float, bytes]) -> None:
+        """A named channel's message the broker gave this loop, which no
+        receiver here will take (its receive() ended): back to the broker,
+        as it was sent (its time kept, for ``expiry``), for another
+        receiver, or kept for one."""
+        self._returning.append((topic, item))
+        if self._returner is None or self._returner.done():
+            self._returner = asyncio.get_running_loop().create_task(self._return_all())
+
+    async def _return_all(self) -> None:
+        counters = self.channel_layer.counters
+        ring = self.channel_layer._ring
+        while self._returning:
+            topic, (sent_at, data) = self._returning.popleft()
+            try:
+                await self._put(topic, ring.shard(topic), _STAMP.pack(sent_at) + data, 0)
+                counters["given_back"] += 1
+            except Exception as exc:            # (the broker gone, the loop closing)
+                counters["dropped_gone"] += 1
+                log.warning("fastbus.channels: a message of %r this process could not give back: %s", topic, exc)
+
+    async def _leave_named(self) -> None:
+        """Closing (queue mode): this loop stops receiving its named
+        channels, and what the broker gave it for them that no receiver
+        here took (waiting in their inboxes, or on its way until the
+        unsubscribe took effect) goes back, for another receiver."""
+        for task in self.readers:                 # (what is left is read here)
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self.readers = [None] * len(self.readers)
+        named = [c for c in self.inboxes if "!" not in c]
+        for channel in named:
+            self._end(channel, unsubscribe=False)
+        for shard, p in enumerate(self.pubsubs):
+            topics = [t for t, sh in self.topics.items() if sh == shard and t.startswith(self._channel_b)]
+            if p is None or p.closed or not topics:
+                continue
+            for t in topics:
+                del self.topics[t]
+            try:
+                await asyncio.wait_for(p.wait_confirmed(p.unsubscribe_nowait(*topics)), SEND_TIMEOUT)
+            except Exception as exc:              # (the broker gone: it gave nothing more)
+                log.warning("fastbus.channels: leaving named channels unconfirmed: %s", exc)
+            while batch := p.ready_batch():
+                for topic, data, *_h in batch:
+                    if topic.startswith(self._channel_b) and len(data) >= _STAMP.size:
+                        self._give_back(topic, (_STAMP.unpack_from(data)[0], data[_STAMP.size:]))
+        if self._returner is not None:
+            await asyncio.gather(self._returner, return_exceptions=True)
+
     # -- arriving messages -----------------------------------------------------
 
     async def _read(self, p: PubSub) -> None:
@@ -552,7 +680,7 @@ class _LoopLayer:
                     elif topic.startswith(self._mine_b):
                         self._deliver(topic[len(self._mine_b):].decode(), data)
                     elif topic.startswith(self._channel_b):
-                        self._deliver(topic[len(self._channel_b):].decode(), data)
+                        self._deliver(topic[len(self._channel_b):].decode(), data, named=topic)
                 except Exception as exc:            # (from anyone who can publish there)
                     counters["malformed"] += 1
                     log.warning("fastbus.channels: dropped a malformed message on %r: %s", topic[:200], exc)
@@ -564,12 +692,18 @@ class _LoopLayer:
                                 "behind (its slow-subscriber rule)", "some" if lost is None else lost)
             await asyncio.sleep(0)                  # the consumers' turn
 
-    def _deliver(self, channel: str, data: bytes, item: tuple[float, bytes] | None = None) -> bool:
-        """Put a message in a channel's inbox; False if it was full."""
+    def _deliver(self, channel: str, data: bytes, item: tuple[float, bytes] | None = None,
+                 named: bytes | None = None) -> bool:
+        """Put a message in a channel's inbox; False if it was full.
+        ``named``: a named channel's topic (a message for it no receiver
+        here takes any more goes back, in queue mode)."""
         counters = self.channel_layer.counters
         inbox = self.inboxes.get(channel)
         if inbox is None:
-            counters["dropped_gone"] += 1
+            if named is not None and self.queues:
+                self._give_back(named, (_STAMP.unpack_from(data)[0], data[_STAMP.size:]))
+            else:
+                counters["dropped_gone"] += 1
             return True
         queue = inbox.queue
         if queue.full():
@@ -613,7 +747,21 @@ class _LoopLayer:
             if p is not None:
                 p.shutdown(1.0)
 
-    async def close(self) -> None:
+    async def close(self, release: bool = False) -> None:
+        """Close this loop's connections; with ``release`` (flush()), what
+        the broker keeps for the named channels this loop sent to is
+        dropped first."""
+        if self.queues:
+            await self._leave_named()
+        if release:
+            for topic in self.held:
+                c = self.clients[self.channel_layer._ring.shard(topic)]
+                if c is not None and not c.closed:
+                    try:
+                        await c.release(topic, QUEUE_GROUP)
+                    except Exception as exc:      # (the broker gone: nothing is kept there either)
+                        log.warning("fastbus.channels: flush() could not release %r: %s", topic, exc)
+            self.held.clear()
         for task in self.readers:
             if task is not None:
                 task.cancel()

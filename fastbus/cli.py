@@ -155,7 +155,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         max_payload=args.max_payload, max_subscriptions=args.max_subscriptions,
         max_subscription_bytes=args.max_subscription_bytes,
         max_total_subscription_bytes=args.max_total_subscription_bytes, max_sub_ops=args.max_sub_ops,
-        allow_brokers=args.allow_broker, name=args.name, stats_interval=args.stats_interval,
+        max_held_groups=args.max_held_groups, max_held_bytes=args.max_held_bytes, allow_brokers=args.allow_broker, name=args.name, stats_interval=args.stats_interval,
         http=args.http, http_max_age=args.http_max_age)
     if args.curve_cert:
         cfg.curve_public_key, cfg.curve_secret_key = load_curve_keys(args.curve_cert)
@@ -525,6 +525,13 @@ def _add_broker_parser(sub) -> None:
     g.add_argument("--max-sub-ops", type=positive, default=4096,
                    help="subscription changes in one SUB frame, at least 1000; clients split larger ones "
                         "(default: %(default)s)")
+    g.add_argument("--max-held-groups", type=positive, default=10_000,
+                   help="held queue groups (work queues that keep what arrives while no worker is there: "
+                        "the Channels layer's named channels) the broker holds; more are refused "
+                        "(default: %(default)s)")
+    g.add_argument("--max-held-bytes", type=positive, default=64 << 20,
+                   help="what the held groups may keep together, in bytes; past it a send is refused as "
+                        "full (default: %(default)s)")
     g = b.add_argument_group("Who may connect")
     g.add_argument("--allow-broker", action="append", default=[], metavar="ADDRESS",
                    help="accept downstream brokers (--upstream pointing here) from this IP address, "

@@ -29,7 +29,7 @@ __all__ = ["AddressInUse", "BatchError", "BrokerTimeout", "BrokerUnavailable", "
            "MessageTooLarge", "MessagesRejected", "MonitorBindError", "NoHandlerError", "NotABroker", "NotARedisServer", "NotSubscribedError", "PayloadTooLarge",
            "PublishTimeout", "RedisServerError", "ServerOutOfMemory", "ServerRefused", "ServerTimeout",
            "ServerUnavailable"]
-__all__ += ["NoResponders", "RequestTimeout"]
+__all__ += ["HoldRefused", "NoResponders", "QueueFull", "RequestTimeout"]
 __all__ += ["CommandFailed", "ConsumerGone", "ConsumerTagInUse", "EmbeddedServerError", "InvalidConfig", "InvalidURL", "OptionError",
             "PartialBatchError", "PastLastId", "ProtocolError", "PublishError", "QueueError", "ServerNotFoundError", "UsageError"]
 
@@ -257,6 +257,22 @@ class NoResponders(FastbusError, LookupError):
     def __init__(self, channel: Any) -> None:
         super().__init__(f"no responders: nobody subscribes to {channel!r}")
         self.channel = channel
+
+
+class QueueFull(FastbusError, BufferError):
+    """:meth:`Client.enqueue` to a held group that did not keep the
+    message: the group holds as many as the call's ``capacity`` allows, or
+    the broker's bound of what held groups keep (``max_held_bytes``) is
+    reached.  Nothing was sent to anyone."""
+
+    def __init__(self, channel: Any) -> None:
+        super().__init__(f"queue full: the held group of {channel!r} keeps no more")
+        self.channel = channel
+
+
+class HoldRefused(FastbusError, RuntimeError):
+    """:meth:`Client.hold` refused by the broker (its ``max_held_groups``,
+    or a broker without held groups); the message says why."""
 
 
 class RequestTimeout(FastbusError, TimeoutError):

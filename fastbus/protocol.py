@@ -133,6 +133,7 @@ OP_SUBSCRIBE = 0x01
 OP_PREFIX = 0x02
 OP_GLOB = 0x04          # the key is a Redis glob (never with OP_PREFIX)
 OP_QUEUE = 0x08         # a queue group member's: the group's name follows the flags byte
+OP_HOLD = 0x10          # with OP_QUEUE: the group is held (no membership); u32 expiry ms, then the name
 #: The third field of an op ``(op, key, prefix)`` for a glob: neither exact
 #: (False) nor prefix (True).  Only a subscriber's SUB and the REFUSED
 #: naming it carry globs; brokers and publishers' filters see prefixes.
@@ -146,10 +147,27 @@ class Queue(NamedTuple):
     member (``subscribe(channel, queue=name)``): of the group's members,
     each message goes to one.  ``glob``: the key is a Redis glob (a
     ``psubscribe``), else a channel.  Only a subscriber's SUB (and the
-    REFUSED naming it) carries these."""
+    REFUSED naming it) carries these.
+
+    ``hold`` (milliseconds, of a channel only): not a member's op but the
+    declaration that the group is held (SUBSCRIBE): the broker keeps what
+    no member can take, for a member to come, at most that long (and
+    refreshes the declaration's own life by as much); or that it is no
+    longer (UNSUBSCRIBE: what it kept is dropped).  docs/PROTOCOL.md,
+    "Held groups"."""
 
     name: bytes
     glob: bool
+    hold: int = 0
+
+#: The :status of the broker's answer to a request to a held group (its
+#: :hold header; csrc/fb_batch.h): a member has it, kept for one, not kept.
+STATUS_DELIVERED = "200"
+STATUS_KEPT = "202"
+STATUS_FULL = "507"
+#: A held group's expiry: at most this many milliseconds (a day).
+MAX_HOLD_MS = 86_400_000
+_HOLD_MS = struct.Struct("!I")
 
 U64 = struct.Struct("<Q")
 
@@ -179,6 +197,8 @@ def encode_ops(ops: Iterable[tuple[int, bytes, bool | int]]) -> Batch:
 def _op_payload(op: int, prefix) -> bytes:
     sub = OP_SUBSCRIBE if op == SUBSCRIBE else 0
     if isinstance(prefix, Queue):
+        if prefix.hold:
+            return bytes((sub | OP_QUEUE | OP_HOLD,)) + _HOLD_MS.pack(prefix.hold) + prefix.name
         return bytes((sub | OP_QUEUE | (OP_GLOB if prefix.glob else 0),)) + prefix.name
     return bytes((sub | (OP_GLOB if prefix == GLOB else OP_PREFIX if prefix else 0),))
 
@@ -187,17 +207,27 @@ def decode_ops(data, *, max_key: int = 0, max_ops: int = 0) -> list[tuple[int, b
     """An ops batch back into ``(op, key, prefix)`` (``prefix``: False, True
     or GLOB); ProtocolError if invalid."""
     try:
-        records = decode(data, max_topic=max_key, max_payload=1 + MAX_QUEUE_NAME, max_records=max_ops)
+        records = decode(data, max_topic=max_key, max_payload=1 + _HOLD_MS.size + MAX_QUEUE_NAME,
+                         max_records=max_ops)
     except ValueError as exc:
         raise ProtocolError(f"bad subscription batch: {exc}") from exc
     ops = []
     for key, flags in records:
         f = flags[0] if flags else 0xFF
-        if f & ~(OP_SUBSCRIBE | OP_PREFIX | OP_GLOB | OP_QUEUE) or (f & OP_PREFIX and f & (OP_GLOB | OP_QUEUE)):
+        if f & ~(OP_SUBSCRIBE | OP_PREFIX | OP_GLOB | OP_QUEUE | OP_HOLD) or \
+                (f & OP_PREFIX and f & (OP_GLOB | OP_QUEUE)) or \
+                (f & OP_HOLD and (f & (OP_GLOB | OP_PREFIX) or not f & OP_QUEUE)):
             raise ProtocolError(f"bad subscription flags {flags[:1]!r}")
-        if f & OP_QUEUE:
-            if len(flags) < 2:
-                raise ProtocolError("a queue group subscription without the group's name")
+        if f & OP_HOLD:
+            if not 1 + _HOLD_MS.size < len(flags) <= 1 + _HOLD_MS.size + MAX_QUEUE_NAME:
+                raise ProtocolError("a held group's declaration without its expiry and name")
+            hold = _HOLD_MS.unpack_from(flags, 1)[0]
+            if not 0 < hold <= MAX_HOLD_MS:
+                raise ProtocolError(f"a held group's expiry must be 1 to {MAX_HOLD_MS} ms, not {hold}")
+            kind = Queue(bytes(flags[1 + _HOLD_MS.size:]), False, hold)
+        elif f & OP_QUEUE:
+            if not 2 <= len(flags) <= 1 + MAX_QUEUE_NAME:
+                raise ProtocolError(f"a queue group subscription needs the group's name (1 to {MAX_QUEUE_NAME} bytes)")
             kind = Queue(bytes(flags[1:]), bool(f & OP_GLOB))
         elif len(flags) != 1:
             raise ProtocolError(f"bad subscription flags {flags!r}")

@@ -13,7 +13,7 @@ import subprocess
 import time
 
 import pytest
-from brokers import python_process
+from brokers import python_process, wait_for
 
 pytest.importorskip("channels", reason="fastbus.channels needs channels: pip install 'fastbus[channels]'")
 pytest.importorskip("msgpack", reason="fastbus.channels needs msgpack: pip install 'fastbus[channels]'")
@@ -83,6 +83,137 @@ def test_group_send_reaches_every_member_in_other_processes_crossing_the_broker_
             if p.poll() is None:
                 p.kill()
                 p.wait(10)
+
+
+#: A Channels background worker (what ``runworker`` runs: a consumer on a
+#: named channel): takes tasks from "thumbnails" until it is told to stop,
+#: printing each task's number, and then what its layer counted.
+WORKER = r"""
+import asyncio, json, sys
+from fastbus.channels import ChannelLayer
+endpoint = sys.argv[1]
+
+async def main():
+    layer = ChannelLayer(endpoint)
+    done = []
+    print(json.dumps({"ready": True}), flush=True)
+    while True:
+        message = await asyncio.wait_for(layer.receive("thumbnails"), 30)
+        if message["type"] == "stop":
+            break
+        done.append(message["i"])
+        await asyncio.sleep(0.001)                 # (the work)
+    print(json.dumps({"done": done, "stats": layer.stats()}), flush=True)
+    await layer.close()
+
+asyncio.run(main())
+"""
+
+
+def test_a_named_channel_is_a_work_queue_across_worker_processes(brokers):
+    """RedisChannelLayer's rule for a named channel, the layer's default:
+    tasks sent before any worker runs wait at the broker, and with two
+    worker processes on the channel each task is done exactly once, by
+    one of them; the channel's capacity is any sender's ChannelFull."""
+    b = brokers()
+
+    async def send(n: int, start: int = 0, capacity: int = 10_000):
+        layer = ChannelLayer(b.endpoint, capacity=capacity)
+        for i in range(start, start + n):
+            await layer.send("thumbnails", {"type": "thumbnail.make", "i": i})
+        await layer.close()                        # (what the broker keeps stays: close(), not flush())
+
+    asyncio.run(send(300))                         # nobody works yet: kept
+    assert b.stats()["held_messages"] == 300
+
+    async def full():
+        layer = ChannelLayer(b.endpoint, capacity=300)     # another process's capacity: the broker's count
+        with pytest.raises(ChannelFull):
+            await layer.send("thumbnails", {"type": "thumbnail.make", "i": -1})
+        await layer.close()
+
+    asyncio.run(full())
+    procs = [python_process(WORKER, b.endpoint, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        for p in procs:
+            assert _line(p)["ready"]
+        asyncio.run(send(700, start=300))
+        wait_for(lambda: b.stats()["queue_group_members"] == 2, what="both workers receiving")
+
+        async def stop():
+            # A stop is a task like any other, given to one worker, behind
+            # what it was given before: one per worker still running (a
+            # worker the broker held back, slow, gets none while the other
+            # can take it; then that one's stop comes again).
+            layer = ChannelLayer(b.endpoint)
+            deadline = time.monotonic() + 30
+            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                members = b.stats()["queue_group_members"]
+                for _ in range(members):
+                    await layer.send("thumbnails", {"type": "stop"})
+                await asyncio.sleep(1.0)
+            await layer.flush()
+
+        asyncio.run(stop())
+        outs = [_line(p) for p in procs]
+        done = [i for out in outs for i in out["done"]]
+        assert sorted(done) == list(range(1000)), "a task done twice or never"
+        assert all(out["done"] for out in outs), "one worker did everything"
+        assert all(p.wait(20) == 0 for p in procs)
+        assert b.stats()["held_messages"] == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def test_a_worker_that_stops_gives_back_what_it_was_given_and_did_not_take(brokers):
+    """The broker gives a joining worker the whole backlog; the worker
+    takes one task and stops (its loop's layer closes): the other 199 go
+    back to the broker, and the next worker gets each of them once."""
+    b = brokers()
+
+    async def main():
+        sender = ChannelLayer(b.endpoint, capacity=1000)
+        for i in range(200):
+            await sender.send("tasks", {"type": "t", "i": i})
+        first = ChannelLayer(b.endpoint)
+        assert (await asyncio.wait_for(first.receive("tasks"), 5))["i"] == 0
+        await first.close()
+        assert first.stats()["given_back"] == 199 and first.stats()["dropped_gone"] == 0, first.stats()
+        assert b.stats()["held_messages"] == 199
+        second = ChannelLayer(b.endpoint)
+        got = [(await asyncio.wait_for(second.receive("tasks"), 5))["i"] for _ in range(199)]
+        assert sorted(got) == list(range(1, 200))
+        await second.close()
+        await sender.flush()
+
+    asyncio.run(main())
+
+
+def test_named_channels_as_pubsub_when_configured(brokers):
+    """named_channels="pubsub" (RedisPubSubChannelLayer's rule): every
+    receiver of a named channel gets every message, and one sent while
+    nobody receives is not kept."""
+    b = brokers()
+
+    async def main():
+        layer = ChannelLayer(b.endpoint, named_channels="pubsub")
+        other = ChannelLayer(b.endpoint, named_channels="pubsub")
+        await layer.send("news", {"type": "x", "i": 0})          # nobody receives: gone
+        first = asyncio.ensure_future(layer.receive("news"))
+        second = asyncio.ensure_future(other.receive("news"))
+        await asyncio.sleep(0.5)                                   # (both subscribed)
+        await layer.send("news", {"type": "x", "i": 1})
+        assert (await asyncio.wait_for(first, 5))["i"] == 1
+        assert (await asyncio.wait_for(second, 5))["i"] == 1
+        assert b.stats()["held_groups"] == 0
+        await layer.flush()
+        await other.flush()
+
+    asyncio.run(main())
 
 
 def test_the_layer_survives_a_broker_restart(brokers):

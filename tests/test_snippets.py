@@ -37,6 +37,7 @@ NEEDS = {
     'headers={"content-type": "application/json", "id": "7"}': {"broker": True},
     'client.request("time.now", b"", timeout=5)': {"broker": True},
     'w.subscribe("jobs", queue="workers")': {"broker": True},
+    'client.hold("thumbnails", queue="workers", expiry=60)': {"broker": True},
     "fastbus.curve.client_keys": {"setup": ["keygen --name server", "keygen --dir clients --name client"]},
 }
 DEFAULT_PORT = 6464

@@ -772,6 +772,155 @@ static void test_route_to_groups(void)
     fb_trie_free(t);
 }
 
+/* The :status a reply the router made carries (its one header). */
+static int status_is(const fb_record *rec, const char *code)
+{
+    const unsigned char *p = rec->headers;
+    fb_header h;
+    if (!rec->headers_len || fb_headers_next(&p, rec->headers + rec->headers_len, &h) != 1) return 0;
+    return h.key_len == 7 && !memcmp(h.key, ":status", 7) && h.value_len == 3 && !memcmp(h.value, code, 3);
+}
+
+/* A request block: :reply-to _INBOX.a.<digit>, then :hold <capacity>. */
+static size_t hold_block(unsigned char *blk, char digit, const char *capacity)
+{
+    static const unsigned char head[] = { 9, ':', 'r', 'e', 'p', 'l', 'y', '-', 't', 'o', 10,
+                                          '_', 'I', 'N', 'B', 'O', 'X', '.', 'a', '.', '0' };
+    size_t n = sizeof head, cl = strlen(capacity);
+    memcpy(blk, head, n);
+    blk[n - 1] = (unsigned char)digit;
+    blk[n++] = 5;
+    memcpy(blk + n, ":hold", 5);
+    n += 5;
+    blk[n++] = (unsigned char)cl;
+    memcpy(blk + n, capacity, cl);
+    return n + cl;
+}
+
+/* Held groups: a record with no member to take it is kept (without its
+ * :reply-to and :hold), up to the capacity its :hold names and the
+ * router's byte bound, and the request is answered 202, 507 or (a member
+ * had it) 200; a member that joins gets the backlog, oldest first, round
+ * robin with the others; what is older than an expiry is dropped; a
+ * record without :hold is kept too (no answer); removing the group drops
+ * what it kept. */
+static void test_held_groups(void)
+{
+    fb_trie *t = fb_trie_new();
+    fb_router *r = fb_router_new(NULL);
+    for (uint32_t l = 1; l <= 3; l++) CHECK_EQ(fb_router_add_link(r, l), FB_OK);
+    fb_router_set_notify(r, 1, 1);                  /* link 1: the sender, whose inbox is _INBOX.a. */
+    fb_trie_add(t, "_INBOX.a.", 9, FB_PREFIX, 1);
+    uint64_t g;
+    CHECK_EQ(fb_router_add_group(r, NULL, 0, &g), FB_OK);
+    fb_trie_add(t, "work", 4, FB_EXACT, g);
+    CHECK_EQ(fb_router_group_hold(r, 12345), FB_ENOTFOUND);
+    CHECK_EQ(fb_router_group_hold(r, g), FB_OK);
+    CHECK_EQ(fb_router_group_hold(r, g), FB_OK);    /* (idempotent) */
+    unsigned char blk[64];
+    size_t len, blen;
+    fb_record recs[64];
+    unsigned char *keep;
+    /* Three sends with capacity 2: two kept (202), one not (507). */
+    for (int i = 0; i < 3; i++) {
+        blen = hold_block(blk, (char)('1' + i), "2");
+        unsigned char *b = batch_with("work", 1, blk, blen, &len);
+        CHECK_EQ(fb_router_route(r, t, b, len, NULL, 1, 10 + (uint64_t)i), 1);
+        fb_free(b);
+    }
+    CHECK_EQ(fb_router_group_held(r, g), 2);
+    size_t n = take_records(r, 1, recs, &keep);
+    CHECK_EQ(n, 3);
+    if (n == 3) {
+        CHECK(recs[0].topic_len == 10 && !memcmp(recs[0].topic, "_INBOX.a.1", 10) && status_is(&recs[0], "202"));
+        CHECK(status_is(&recs[1], "202") && status_is(&recs[2], "507"));
+    }
+    fb_free(keep);
+    fb_router_stats st;
+    fb_router_get_stats(r, &st);
+    CHECK(st.held_kept == 2 && st.held_full == 1 && st.no_responders == 0 && st.unrouted == 0);
+    /* A record without :hold (no :reply-to either) is kept, unanswered. */
+    size_t plen;
+    unsigned char *plain = batch_with("work", 1, NULL, 0, &plen);
+    CHECK_EQ(fb_router_route(r, t, plain, plen, NULL, 1, 13), 1);
+    CHECK_EQ(fb_router_group_held(r, g), 3);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 1)), 0);
+    /* Expiry: what came before 11 goes. */
+    CHECK_EQ(fb_router_group_expire(r, g, 11), 1);
+    CHECK_EQ(fb_router_group_held(r, g), 2);
+    /* Two members join: the backlog, oldest first, one each in turn, with
+     * the headers the sender's own (none here: :reply-to and :hold left out). */
+    CHECK_EQ(fb_router_group_join(r, g, 2), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, g, 3), FB_OK);
+    CHECK_EQ(fb_router_group_give(r, g, 20), 2);
+    CHECK_EQ(fb_router_group_held(r, g), 0);
+    CHECK_EQ(fb_router_held_bytes(r), 0);
+    n = take_records(r, 2, recs, &keep);
+    CHECK(n == 1 && recs[0].headers_len == 0 && recs[0].topic_len == 4);
+    fb_free(keep);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 3)), 1);
+    take_and_free(r, 3, 21);
+    /* With members, a :hold request goes to one and is answered 200. */
+    blen = hold_block(blk, '5', "2");
+    unsigned char *b = batch_with("work", 1, blk, blen, &len);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 1, 22), 1);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 2)) + fb_outbox_count(fb_router_outbox(r, 3)), 1);
+    n = take_records(r, 1, recs, &keep);
+    CHECK(n == 1 && status_is(&recs[0], "200"));
+    fb_free(keep);
+    for (uint32_t l = 2; l <= 3; l++)
+        if (fb_outbox_count(fb_router_outbox(r, l))) {
+            n = take_records(r, l, recs, &keep);       /* (answered: without :reply-to and :hold) */
+            CHECK(n == 1 && recs[0].headers_len == 0);
+            fb_free(keep);
+        }
+    /* The members gone, the byte bound: one record's worth, no more. */
+    CHECK_EQ(fb_router_group_leave(r, g, 2), FB_OK);
+    CHECK_EQ(fb_router_group_leave(r, g, 3), FB_OK);
+    fb_router_set_held_limit(r, 1);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 1, 24), 1);
+    CHECK_EQ(fb_router_group_held(r, g), 0);
+    n = take_records(r, 1, recs, &keep);
+    CHECK(n == 1 && status_is(&recs[0], "507"));
+    fb_free(keep);
+    fb_router_set_held_limit(r, 0);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 1, 25), 1);
+    CHECK_EQ(fb_router_route(r, t, plain, plen, NULL, 1, 25), 1);
+    take_and_free(r, 1, 26);
+    CHECK_EQ(fb_router_group_held(r, g), 2);
+    /* A member that is another broker gets the backlog naming the group. */
+    CHECK_EQ(fb_router_set_group_mark(r, g, "M1", 2), FB_OK);
+    fb_router_set_broker(r, 2, 1);
+    CHECK_EQ(fb_router_group_join(r, g, 2), FB_OK);
+    CHECK_EQ(fb_router_group_give(r, g, 27), 2);
+    static const unsigned char only[] = { 7, ':', 'g', 'r', 'o', 'u', 'p', 's', 4, 0, 2, 'M', '1' };
+    n = take_records(r, 2, recs, &keep);
+    CHECK(n == 2 && recs[0].headers_len == sizeof only && !memcmp(recs[0].headers, only, sizeof only));
+    fb_free(keep);
+    /* Released: what it kept goes (returned, not counted), and it keeps
+     * no more; held again, it does. */
+    CHECK_EQ(fb_router_group_leave(r, g, 2), FB_OK);
+    CHECK_EQ(fb_router_route(r, t, plain, plen, NULL, 1, 27), 1);
+    CHECK_EQ(fb_router_group_release(r, g), 1);
+    CHECK_EQ(fb_router_group_held(r, g), 0);
+    CHECK_EQ(fb_router_held_bytes(r), 0);
+    CHECK_EQ(fb_router_route(r, t, plain, plen, NULL, 1, 27), 1);
+    CHECK_EQ(fb_router_group_held(r, g), 0);
+    CHECK_EQ(fb_router_group_hold(r, g), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, g, 2), FB_OK);
+    /* Removing a held group drops what it kept, counted. */
+    CHECK_EQ(fb_router_group_leave(r, g, 2), FB_OK);
+    CHECK_EQ(fb_router_route(r, t, plain, plen, NULL, 1, 28), 1);
+    CHECK_EQ(fb_router_remove_group(r, g), FB_OK);
+    fb_router_get_stats(r, &st);
+    CHECK_EQ(st.held_dropped, 2);
+    CHECK_EQ(fb_router_held_bytes(r), 0);
+    fb_free(b);
+    fb_free(plain);
+    fb_router_free(r);
+    fb_trie_free(t);
+}
+
 int main(void)
 {
     RUN(test_route_and_split_horizon);
@@ -786,5 +935,6 @@ int main(void)
     RUN(test_queue_groups);
     RUN(test_queue_groups_across_brokers);
     RUN(test_route_to_groups);
+    RUN(test_held_groups);
     CTEST_END();
 }

@@ -140,6 +140,14 @@ class BrokerConfig:
     #: reason; docs/PROTOCOL.md).
     max_subscription_bytes: int = 64 * 1024 * 1024
     max_total_subscription_bytes: int = 1024 * 1024 * 1024
+    #: Held groups (a sender's declaration: a queue group that keeps what
+    #: no member can take, for one to come; docs/PROTOCOL.md "Held
+    #: groups"): how many the broker holds, and what their backlogs may
+    #: cost together (each record its bytes and a slot).  A record past
+    #: the bound is not kept: the sender is answered so (507) and it is
+    #: counted (drops.held_full).
+    max_held_groups: int = 10_000
+    max_held_bytes: int = 64 * 1024 * 1024
     #: Operations in one SUB frame (clients split larger changes): what one
     #: frame may cost to apply; the loop applies at most SUB_OPS_PER_TURN
     #: operations per turn, so others are served meanwhile.
@@ -244,7 +252,8 @@ class BrokerConfig:
                                 "or durable_linger above 0")
         if not 0 <= self.durable_linger <= 30 * 86400:
             raise InvalidConfig("durable_linger must be between 0 (no durable sessions) and 2592000 seconds (30 days)")
-        for name in ("max_subscription_bytes", "max_total_subscription_bytes"):
+        for name in ("max_subscription_bytes", "max_total_subscription_bytes", "max_held_groups",
+                     "max_held_bytes"):
             if getattr(self, name) <= 0:
                 raise InvalidConfig(f"{name} must be positive")
         if self.max_sub_ops < P.MIN_SUB_OPS:

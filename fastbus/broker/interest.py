@@ -26,6 +26,14 @@ another broker names the group in its ``:groups`` header, by the group's
 mark (``group_mark``), for that broker to pick one of its members
 (csrc/fb_router.h, "Queue groups across brokers").
 
+A held group (``P.Queue`` with ``hold``: a sender's declaration, not a
+membership) keeps what no member can take, in the router (``Router.
+group_hold``): a member that joins gets that backlog first.  It stays
+without members while its backlog holds records or its latest
+declaration is younger than its expiry (``expire_held``); it is this
+broker's alone (not announced to other brokers: the sender declares it on
+the broker it sends to).
+
 Every such message is built here (``want_diff``, ``want_reset``,
 ``upstream_snapshot``), numbered by its link for a peer that acknowledges,
 and the link noted in ``LinkTable.unacked``: a confirmation waits for those
@@ -35,6 +43,7 @@ and the link noted in ``LinkTable.unacked``: a confirmation waits for those
 from __future__ import annotations
 
 import hashlib
+import time
 
 from fastbus import protocol as P
 from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, Forwarder, Router, Trie, glob_prefix
@@ -57,13 +66,16 @@ def group_mark(name: bytes, key: bytes, glob: bool) -> bytes:
 
 class Group:
     """A queue group held here: the router's id for it, where the trie
-    holds it, and its members (link ids)."""
+    holds it, and its members (link ids); a held group's expiry (ms, 0: not
+    held) and its latest declaration (monotonic)."""
 
-    __slots__ = ("gid", "key", "queue", "tkey", "prefix", "members")
+    __slots__ = ("gid", "key", "queue", "tkey", "prefix", "members", "hold_ms", "declared")
 
     def __init__(self, gid: int, key: bytes, queue: P.Queue, tkey: bytes, prefix: bool) -> None:
         self.gid, self.key, self.queue, self.tkey, self.prefix = gid, key, queue, tkey, prefix
         self.members: set[int] = set()
+        self.hold_ms = 0
+        self.declared = 0.0
 
     def wanted_by(self, link: Link) -> bool:
         """Does ``link`` (a broker) hear of this group: members besides it?"""
@@ -91,6 +103,8 @@ class Interest:
         self._max_total = config.max_total_subscription_bytes
         self._counters = counters
         self._drops = drops
+        self._max_held = config.max_held_groups
+        self.flush_full = None                   # the broker's: sends the outboxes a backlog given filled
         self.total_bytes = 0                     # what every session's subscriptions cost (SUB_OVERHEAD)
         self.released = 0                        # subscriptions removed, ever (the broker's memory trim)
         self.released_bytes = 0                  # and what they cost (SUB_OVERHEAD counted)
@@ -99,6 +113,8 @@ class Interest:
         self.all = Forwarder("subsume", trie=trie)
         #: Queue groups: (name, key, glob) -> Group
         self.groups: dict[tuple, Group] = {}
+        #: The held ones among them.
+        self.held: dict[tuple, Group] = {}
 
     # -- links come and go -------------------------------------------------
 
@@ -284,6 +300,12 @@ class Interest:
         leaves it; the group is held while it has members.  A broker link
         joins for the members behind it."""
         group = (queue.name, key, queue.glob)
+        if queue.hold:
+            if op == SUBSCRIBE:
+                self._declare_held(group, key, queue, diff_all, refused)
+            else:
+                self._release_held(group, diff_all)
+            return
         cost = len(key) + len(queue.name) + SUB_OVERHEAD
         if op == SUBSCRIBE:
             if link.limited:
@@ -296,15 +318,11 @@ class Interest:
             if refs and link.is_broker:
                 return                  # (a broker's announcements are a state, not references)
             if not refs:
-                g = self.groups.get(group)
-                if g is None:
-                    tkey, prefix = (glob_prefix(key)[0], True) if queue.glob else (key, False)
-                    g = self.groups[group] = Group(self.router.add_group(key if queue.glob else None), key,
-                                                   queue, tkey, prefix)
-                    self.router.set_group_mark(g.gid, group_mark(*group))
-                    diff_all += self.all.subscribe(g.gid, tkey, prefix=prefix)
+                g = self.groups.get(group) or self._new_group(group, key, queue, diff_all)
                 self.router.group_join(g.gid, link.link)
                 g.members.add(link.link)
+                if g.hold_ms:
+                    self._give(g)
                 self._announce(g, link, diffs)
             link.queues[group] = refs + 1
             link.subs += 1
@@ -328,6 +346,79 @@ class Interest:
             self.total_bytes -= cost
             self._counters["unsubscribe_ops"] += 1
 
+    def _new_group(self, group: tuple, key: bytes, queue: P.Queue, diff_all: list) -> Group:
+        """A group that is not held yet: in the router and the trie (the
+        publishers' diff to ``diff_all``)."""
+        tkey, prefix = (glob_prefix(key)[0], True) if queue.glob else (key, False)
+        g = self.groups[group] = Group(self.router.add_group(key if queue.glob else None), key,
+                                       P.Queue(queue.name, queue.glob), tkey, prefix)
+        self.router.set_group_mark(g.gid, group_mark(*group))
+        diff_all += self.all.subscribe(g.gid, tkey, prefix=prefix)
+        return g
+
+    def _remove_group(self, group: tuple, diff_all: list) -> None:
+        g = self.groups.pop(group)
+        self.held.pop(group, None)
+        diff_all += self.all.unsubscribe(g.gid, g.tkey, prefix=g.prefix)
+        self.router.remove_group(g.gid)
+
+    # -- held groups -----------------------------------------------------------
+
+    def _declare_held(self, group: tuple, key: bytes, queue: P.Queue, diff_all: list, refused: list) -> None:
+        """A sender's declaration that ``group`` is held, for ``queue.hold``
+        ms at least: the group (made if need be) keeps what no member can
+        take, and outlives its members that long after this."""
+        g = self.groups.get(group)
+        if g is None or not g.hold_ms:
+            if len(self.held) >= self._max_held:
+                self._drops["too_many_subscriptions"] += 1
+                refused.append((key, queue, f"too many held groups: the broker holds {len(self.held):,}, its "
+                                            f"limit (max_held_groups)"))
+                return
+            if g is None:
+                g = self._new_group(group, key, queue, diff_all)
+            self.router.group_hold(g.gid)
+            self.held[group] = g
+        g.hold_ms = max(g.hold_ms, queue.hold)
+        g.declared = time.monotonic()
+
+    def _release_held(self, group: tuple, diff_all: list) -> None:
+        """A sender's word that ``group`` is no longer held (a Channels
+        layer's flush()): what it kept is dropped (counted: held_purged);
+        without members it goes."""
+        g = self.held.pop(group, None)
+        if g is None:
+            return
+        self._counters["held_purged"] += self.router.group_release(g.gid)
+        g.hold_ms = 0
+        if not g.members:
+            self._remove_group(group, diff_all)
+
+    def _give(self, g: Group) -> None:
+        """A held group has a member: what it kept goes to its members."""
+        if not self.router.group_held(g.gid):
+            return
+        _n, full = self.router.group_give(g.gid)
+        if full and self.flush_full is not None:
+            self.flush_full(full)
+
+    def expire_held(self, now: float) -> int:
+        """What held groups kept longer than their expiry goes (returns how
+        many); a held group without members, backlog or a declaration
+        within its expiry goes too."""
+        dropped = 0
+        diff_all: list = []
+        now_ns = time.monotonic_ns()
+        for group, g in list(self.held.items()):
+            dropped += self.router.group_expire(g.gid, max(0, now_ns - g.hold_ms * 1_000_000))
+            if not g.members and not self.router.group_held(g.gid) and now - g.declared > g.hold_ms / 1000:
+                self._remove_group(group, diff_all)
+        self._emit_all(P.encode_ops(diff_all) if diff_all else None)
+        return dropped
+
+    def held_messages(self) -> int:
+        return sum(self.router.group_held(g.gid) for g in self.held.values())
+
     def _leave_group(self, link: Link, group: tuple, diff_all: list, diffs: dict) -> None:
         """A link is no longer a member of ``group``; the last member's
         going takes the group (the publishers' diff to ``diff_all``, other
@@ -336,11 +427,9 @@ class Interest:
         self.router.group_leave(g.gid, link.link)
         g.members.discard(link.link)
         self._announce(g, link, diffs)
-        if g.members:
-            return
-        del self.groups[group]
-        diff_all += self.all.unsubscribe(g.gid, g.tkey, prefix=g.prefix)
-        self.router.remove_group(g.gid)
+        if g.members or g.hold_ms:
+            return                              # (a held group stays: expire_held)
+        self._remove_group(group, diff_all)
 
     def _announce(self, g: Group, changed: Link, diffs: dict) -> None:
         """``changed`` joined or left ``g``: tell each broker for which that

@@ -68,10 +68,12 @@ _COUNTERS = ("batches_in", "messages_in", "bytes_in", "batches_out", "messages_o
              "peers_joined", "peers_left", "subscribe_ops", "unsubscribe_ops", "control_in",
              "flow_pauses", "flow_timeouts", "control_collapsed", "memory_trims", "gap_notices",
              "ack_timeouts", "sessions_detached", "sessions_resumed", "sessions_expired", "messages_replayed",
-             "resume_lost", "durable_taken_over", "no_responders", "queue_group_handed_over")
+             "resume_lost", "durable_taken_over", "no_responders", "queue_group_handed_over",
+             "held_kept", "held_given", "held_purged")
 _DROPS = ("slow_consumer", "unrouted", "malformed", "oversize", "protocol", "unknown_peer", "not_subscribed",
           "too_many_subscriptions", "not_a_broker", "disconnected_slow", "unreachable", "internal",
-          "resume_refused", "session_expired", "durable_in_use", "resp_auth")
+          "resume_refused", "session_expired", "durable_in_use", "resp_auth", "held_full",
+          "held_expired")
 
 
 class Broker:
@@ -210,6 +212,8 @@ class Broker:
         self.interest = Interest(self.trie, self.router, self.links, self.sender.send, cfg, self.counters,
                                  self.drops)
         self.sender.want_reset = self.interest.want_reset
+        self.interest.flush_full = self.sender.flush_full
+        self.router.set_held_limit(cfg.max_held_bytes)
         self.settler = Settler(self.links, self._reply, cfg.filter_lease, cfg.upstream_confirm_timeout,
                                self.counters, self.lease_end)
         self.handlers: dict = {}                   # socket -> what to call when it is readable
@@ -625,6 +629,7 @@ class Broker:
         if self.upstream is not None:
             self.upstream.check(now)
         self._expire_sessions(now)
+        self.drops["held_expired"] += self.interest.expire_held(now)
         if self.journal is not None:
             self.journal.maintain()
         if self.transport == "fastbus":
@@ -658,7 +663,7 @@ class Broker:
         counters["gap_notices"] += self.relay.gap_notices        # what the data plane's queues did
         counters["control_collapsed"] += self.relay.control_collapsed
         counters.update(batches_in=rs["batches"], messages_in=rs["records"], bytes_in=rs["bytes"],
-                        no_responders=rs["no_responders"])
+                        no_responders=rs["no_responders"], held_kept=rs["held_kept"], held_given=rs["held_given"])
         relay = self.relay                         # the books of what went out: the data plane's
         counters.update(batches_out=relay.batches_out, messages_out=relay.messages_out, bytes_out=relay.bytes_out)
         drops = dict(self.drops)
@@ -668,6 +673,9 @@ class Broker:
         # Given us by another broker for a queue group whose last member
         # here left while they were on their way.
         drops["queue_group_orphaned"] = rs["group_orphaned"]
+        # Not kept by a held group: over the sender's capacity or
+        # --max-held-bytes (the sender was answered so).
+        drops["held_full"] = rs["held_full"]
         drops["malformed"] = self.drops["malformed"] + rs["rejected"]
         up = self.upstream
         return {
@@ -682,6 +690,10 @@ class Broker:
             # for the members behind it).
             "queue_groups": len(self.interest.groups),
             "queue_group_members": sum(len(g.members) for g in self.interest.groups.values()),
+            # Held groups (a work queue that outlives its workers) and what
+            # they keep for a member to come.
+            "held_groups": len(self.interest.held), "held_messages": self.interest.held_messages(),
+            "held_bytes": self.router.held_bytes,
             "upstream": {"endpoint": self.config.upstream, "connected": up.connected} if up is not None else None,
             **counters, "deliveries": rs["deliveries"], "drops": drops,
             "queued_bytes": relay.queued_bytes,

@@ -317,6 +317,7 @@ class Sessions:
         return {"v": P.VERSION, "instance": self.b.instance.decode(), "name": cfg.name,
                 "globs": True,                # SUB may hold glob ops (flags bit 2)
                 "groups": True,               # SUB may hold queue group ops (flags bit 3)
+                "held": True,                 # ... and held group declarations (flags bit 4)
                 "bye": True,                  # BYE is answered with BYE once the peer is forgotten
                 "headers": True,              # batches may carry headers (flag bit 1)
                 # A resumable session outlives its connection this long.

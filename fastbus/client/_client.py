@@ -299,14 +299,68 @@ class Client(ClientBase):
             raise
         return inbox.wait(channel, rid, timeout)
 
+    # -- held groups: work queues that outlive their workers ----------------
+
+    def hold(self, channel: ChannelT, queue: str | bytes, expiry: float = 60.0) -> None:
+        """Declare ``channel``'s queue group ``queue`` held on the broker:
+        what :meth:`enqueue` sends it while no member can take it waits
+        there, oldest first, for a member (``subscribe(channel,
+        queue=queue)``) to come; the first to join gets it.  What waited
+        ``expiry`` seconds is dropped (counted: ``drops.held_expired``), and
+        the declaration itself lasts ``expiry`` seconds past the group's
+        last member and message (declare again to renew it).  Returns once
+        in effect for every publisher; :class:`~fastbus.HoldRefused` past
+        the broker's ``max_held_groups``.  A held group lives on the broker
+        this client is connected to (it is not announced to others)."""
+        if self._closed:
+            raise ConnectionClosed("client is closed")
+        inbox = self._inbox or self._open_inbox()
+        seq = inbox.hold_nowait(channel, queue, expiry)
+        inbox.wait_confirmed(seq)
+        inbox.hold_outcome(seq)
+
+    def release(self, channel: ChannelT, queue: str | bytes) -> None:
+        """The group :meth:`hold` declared is no longer held: what it keeps
+        is dropped (the broker counts it: ``held_purged``), and it goes
+        with its last member.  Returns once in effect."""
+        if self._closed:
+            raise ConnectionClosed("client is closed")
+        inbox = self._inbox or self._open_inbox()
+        seq = inbox.hold_nowait(channel, queue, 1.0, release=True)
+        inbox.wait_confirmed(seq)
+        inbox.hold_outcome(seq)
+
+    def enqueue(self, channel: ChannelT, data: EncodableT, capacity: int = 0, timeout: float = 1.0,
+                headers: Mapping[str, str | bytes] | None = None) -> bool:
+        """Send ``data`` to ``channel``, answered by the broker: True once a
+        member of its held group (or any subscriber) has it, False if the
+        group keeps it for a member to come (:meth:`hold`).
+        :class:`~fastbus.QueueFull` if the group keeps ``capacity`` messages
+        already (0: no count bound) or the broker's ``max_held_bytes`` is
+        reached: nothing was sent.  :class:`~fastbus.NoResponders` if
+        nothing wants the channel and no group keeps it (not declared, or
+        its declaration expired: hold() again).  One round trip."""
+        if self._closed:
+            raise ConnectionClosed("client is closed")
+        inbox = self._inbox or self._open_inbox()
+        rid = inbox.replies.open()
+        try:
+            if not self._send_request(self._publisher, channel, data, inbox.reply_channel(rid), headers, capacity):
+                raise NoResponders(channel)
+        except BaseException:
+            inbox.replies.close(rid)
+            raise
+        return inbox.wait(channel, rid, timeout, inbox.held_outcome)
+
     def _send_request(self, publisher: Publisher, channel: ChannelT, data: EncodableT, reply_to: bytes,
-                      headers: Mapping[str, str | bytes] | None) -> int:
-        """Publish a request; with OpenTelemetry configured, in a PRODUCER
-        span whose context its headers carry (as publish())."""
+                      headers: Mapping[str, str | bytes] | None, hold: int | None = None) -> int:
+        """Publish a request (``hold``: to a held group, its capacity);
+        with OpenTelemetry configured, in a PRODUCER span whose context its
+        headers carry (as publish())."""
         if self._tracing is None:
-            return publisher.publish_request(channel, data, reply_to, headers)
+            return publisher.publish_request(channel, data, reply_to, headers, hold)
         with self._tracing.span(channel, data):
-            return publisher.publish_request(channel, data, reply_to, self._tracing.headers(headers))
+            return publisher.publish_request(channel, data, reply_to, self._tracing.headers(headers), hold)
 
     def _open_inbox(self) -> Inbox:
         with self._inbox_lock:

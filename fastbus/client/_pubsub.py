@@ -56,7 +56,7 @@ def _broker_key(name: bytes, pattern: bool, queue: bytes | None = None) -> tuple
     return (prefix, True) if exact else (name, P.GLOB)
 
 
-def _queue_name(queue: Any, handlers: dict) -> bytes | None:
+def queue_name(queue: Any, handlers: dict) -> bytes | None:
     """subscribe()'s ``queue=`` (a group's name, str or bytes) as bytes.
     A callable there is the handler of a channel named "queue" (redis-py's
     keywords are channels), put back among ``handlers``."""
@@ -347,7 +347,7 @@ class PubSub(PubSubBase):
         Returns what :meth:`wait_confirmed` waits for.  (For drivers that
         wait their own way, such as the asyncio twin and the sharded
         client; applications call subscribe().)"""
-        qname = _queue_name(queue, handlers)
+        qname = queue_name(queue, handlers)
         if not channels and not handlers:
             raise ValueError("subscribe() needs at least one channel")
         channels, handlers = _subscriptions(channels, handlers)
@@ -356,7 +356,7 @@ class PubSub(PubSubBase):
 
     def psubscribe_nowait(self, *patterns: Any, queue: str | bytes | None = None, **handlers: Handler) -> int:
         """psubscribe() without waiting (see subscribe_nowait)."""
-        qname = _queue_name(queue, handlers)
+        qname = queue_name(queue, handlers)
         if not patterns and not handlers:
             raise ValueError("psubscribe() needs at least one pattern")
         patterns, handlers = _subscriptions(patterns, handlers)
@@ -411,9 +411,14 @@ class PubSub(PubSubBase):
     def unsubscribe(self, *channels) -> None:
         """Unsubscribe from channels (all of them without arguments; a list
         first, as redis-py takes)."""
+        self.unsubscribe_nowait(*channels)
+
+    def unsubscribe_nowait(self, *channels) -> int:
+        """unsubscribe(), returning what :meth:`wait_confirmed` waits for:
+        once confirmed, what the broker routed here before the unsubscribe
+        took effect (a queue group's share of this member too) has arrived."""
         names = [to_key(c) for c in (names_given(channels) or list(self.channels))]
-        if names:
-            self._change(UNSUBSCRIBE, [(n, False, "unsubscribe") for n in names])
+        return self._change(UNSUBSCRIBE, [(n, False, "unsubscribe") for n in names]) if names else 0
 
     def punsubscribe(self, *patterns) -> None:
         """Unsubscribe from patterns (all of them without arguments; a list

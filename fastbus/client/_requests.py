@@ -24,9 +24,11 @@ import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
-from fastbus._core import REPLY_CLOSED, REPLY_DONE, REPLY_LEAD, REPLY_NO_RESPONDERS, REPLY_WAITING, Replies
-from fastbus.client._pubsub import PubSub
-from fastbus.errors import ConnectionClosed, NoResponders, RequestTimeout
+from fastbus import protocol as P
+from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, REPLY_CLOSED, REPLY_DONE, REPLY_LEAD, REPLY_NO_RESPONDERS, REPLY_WAITING, Replies
+from fastbus._messages import to_bytes as to_key
+from fastbus.client._pubsub import PubSub, queue_name
+from fastbus.errors import ConnectionClosed, HoldRefused, NoResponders, QueueFull, RequestTimeout
 
 if TYPE_CHECKING:
     from fastbus.client._connections import Connections
@@ -47,14 +49,19 @@ class InboxMixin:
         self._prefix_b = self.prefix.encode()
         self.replies = Replies(self._prefix_b, MAX_PENDING)
         self._lead_rid = 0                        # the request of the thread reading now (0: none)
+        self._holds: dict[int, str | None] = {}   # hold declarations' seqs -> why the broker refused (None: not)
 
     def reply_channel(self, rid: int) -> bytes:
         return self._prefix_b + str(rid).encode()
 
     def _deliver(self, item: tuple) -> None:
         """An item read from the broker (the session's lock held): a batch
-        of replies goes to the table, which wakes what it completes."""
+        of replies goes to the table, which wakes what it completes; the
+        refusal of a hold declaration, to its caller (held_outcome)."""
         if item[0] != "data":
+            if item[0] == "refused" and item[1] in self._holds:
+                self._holds[item[1]] = item[3]
+                return
             super()._deliver(item)               # type: ignore[misc]
             return
         self.replies.take(item[2])
@@ -66,6 +73,53 @@ class InboxMixin:
         if self._lead_rid and self.replies.state(self._lead_rid) != REPLY_WAITING:
             self._inbox.append(("replied",))
 
+    # -- held groups (docs/PROTOCOL.md, "Held groups") -----------------------
+
+    def hold_nowait(self, channel: Any, queue: Any, expiry: float, release: bool = False) -> int:
+        """Send the declaration that ``channel``'s queue group ``queue`` is
+        held for ``expiry`` seconds (``release``: that it is no longer):
+        the seq whose confirmation says it is in effect (then
+        :meth:`hold_outcome`)."""
+        key = to_key(channel)
+        name = queue_name(queue, {})
+        if name is None:
+            raise TypeError("hold() needs the queue group's name")
+        if not isinstance(expiry, (int, float)) or not 0.001 <= expiry <= P.MAX_HOLD_MS / 1000:
+            raise ValueError(f"a held group's expiry is 0.001 to {P.MAX_HOLD_MS // 1000} seconds, not {expiry!r}")
+        self._seq += 1
+        seq = self._seq
+        self._confirms[seq] = []                  # (nothing of it for get_message())
+        self._holds[seq] = None
+        s = self._session
+        op = (UNSUBSCRIBE if release else SUBSCRIBE, key, P.Queue(name, False, max(1, round(expiry * 1000))))
+        s.post(lambda: s.change(seq, [op]))
+        return seq
+
+    def hold_outcome(self, seq: int) -> None:
+        """After hold_nowait's confirmation: HoldRefused if the broker
+        refused the declaration."""
+        reason = self._holds.pop(seq, None)
+        if reason is not None:
+            raise HoldRefused(reason)
+
+    def held_outcome(self, channel: Any, rid: int, timeout: float) -> bool:
+        """Forget enqueue request ``rid``: True if a member (or subscriber)
+        has it, False if the group keeps it; QueueFull, NoResponders, ..."""
+        state, headers, _payload = self.replies.close(rid, True, True)
+        if state == REPLY_DONE:
+            status = (headers or {}).get(":status")
+            if status == P.STATUS_FULL:
+                raise QueueFull(channel)
+            return status != P.STATUS_KEPT       # (200; a responder's own answer: it has it)
+        return self._failed(channel, state, timeout)
+
+    def _failed(self, channel: Any, state: int, timeout: float):
+        if state == REPLY_NO_RESPONDERS:
+            raise NoResponders(channel)
+        if state == REPLY_CLOSED:
+            raise ConnectionClosed("the client closed while the request waited")
+        raise RequestTimeout(channel, timeout)
+
     def _outcome(self, channel: Any, rid: int, timeout: float) -> dict:
         """Forget request ``rid``: its reply as a message dict, or the
         error that says why there is none."""
@@ -73,11 +127,7 @@ class InboxMixin:
         state, headers, payload = self.replies.close(rid, utf8)
         if state == REPLY_DONE:
             return reply_message(self.reply_channel(rid), headers, payload, utf8)
-        if state == REPLY_NO_RESPONDERS:
-            raise NoResponders(channel)
-        if state == REPLY_CLOSED:
-            raise ConnectionClosed("the client closed while the request waited")
-        raise RequestTimeout(channel, timeout)
+        return self._failed(channel, state, timeout)
 
     def _take_control(self) -> None:
         """What came besides replies (confirmations, notices): nobody reads
@@ -118,10 +168,10 @@ class Inbox(InboxMixin, PubSub):
         finally:
             self._lead_rid = 0
 
-    def wait(self, channel: Any, rid: int, timeout: float) -> dict:
+    def wait(self, channel: Any, rid: int, timeout: float, outcome: Any = None) -> Any:
         """Wait for request ``rid``'s reply (leading while nobody else
-        reads): the reply as a message dict; NoResponders, RequestTimeout,
-        ConnectionClosed."""
+        reads): the reply as a message dict (or what ``outcome`` makes of
+        it: held_outcome); NoResponders, RequestTimeout, ConnectionClosed."""
         replies = self.replies
         deadline = time.monotonic() + timeout
         try:
@@ -136,7 +186,7 @@ class Inbox(InboxMixin, PubSub):
         except BaseException:
             replies.close(rid)
             raise
-        return self._outcome(channel, rid, timeout)
+        return (outcome or self._outcome)(channel, rid, timeout)
 
 
 def reply_message(channel: bytes, headers: dict | None, payload: bytes, utf8: bool) -> dict:

@@ -278,7 +278,9 @@ class SubSession(Session):
         if not self.welcome:
             return ops
         for feature, unknown, what in (("globs", lambda p: p == P.GLOB, "match glob patterns"),
-                                       ("groups", lambda p: isinstance(p, P.Queue), "have queue groups")):
+                                       ("groups", lambda p: isinstance(p, P.Queue), "have queue groups"),
+                                       ("held", lambda p: isinstance(p, P.Queue) and p.hold,
+                                        "keep messages for held groups")):
             if self.welcome.get(feature):
                 continue
             refused = {(key, prefix) for op, key, prefix in ops if op == SUBSCRIBE and unknown(prefix)}
@@ -295,6 +297,8 @@ class SubSession(Session):
         self.seq = seq
         ops = self._refuse_unknown(seq, ops)
         for op, key, prefix in ops:
+            if isinstance(prefix, P.Queue) and prefix.hold:
+                continue                      # (a declaration, not a subscription: not held, not sent again)
             if op == SUBSCRIBE:
                 self.subs.add((key, prefix))
             else:

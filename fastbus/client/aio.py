@@ -344,6 +344,46 @@ class Client(_SyncClient):
             raise
         return inbox._outcome(channel, rid, timeout)
 
+    async def hold(self, channel: ChannelT, queue: str | bytes, expiry: float = 60.0) -> None:
+        """As the sync Client's; awaited."""
+        await self._hold(channel, queue, expiry, False)
+
+    async def release(self, channel: ChannelT, queue: str | bytes) -> None:
+        """As the sync Client's; awaited."""
+        await self._hold(channel, queue, 1.0, True)
+
+    async def _hold(self, channel: ChannelT, queue: str | bytes, expiry: float, release: bool) -> None:
+        if self.closed:
+            raise ConnectionClosed("client is closed")
+        self._bind()
+        inbox = self._inbox
+        if inbox is None:
+            inbox = await self._open_async_inbox()
+        seq = inbox.hold_nowait(channel, queue, expiry, release)
+        inbox._drive()
+        await inbox.wait_confirmed(seq)
+        inbox.hold_outcome(seq)
+
+    async def enqueue(self, channel: ChannelT, data: EncodableT, capacity: int = 0, timeout: float = 1.0,
+                      headers: Mapping[str, str | bytes] | None = None) -> bool:
+        """As the sync Client's; awaited."""
+        if self.closed:
+            raise ConnectionClosed("client is closed")
+        self._bind()
+        inbox = self._inbox
+        if inbox is None:
+            inbox = await self._open_async_inbox()
+        rid = inbox.replies.open(True)
+        try:
+            if not self._send_request(self.session.publisher, channel, data, inbox.reply_channel(rid), headers,
+                                      capacity):
+                raise NoResponders(channel)
+            await inbox.wait(rid, timeout)
+        except BaseException:
+            inbox.replies.close(rid)
+            raise
+        return inbox.held_outcome(channel, rid, timeout)
+
     async def _open_async_inbox(self) -> _AsyncInbox:
         if self._inbox_opening is None:
             self._inbox_opening = asyncio.ensure_future(self._make_inbox())
@@ -566,6 +606,11 @@ class PubSub(_SyncPubSub):
     async def unsubscribe(self, *channels) -> None:
         super().unsubscribe(*channels)
         self._connected = True
+
+    def unsubscribe_nowait(self, *channels) -> int:
+        seq = super().unsubscribe_nowait(*channels)
+        self._drive()
+        return seq
 
     async def punsubscribe(self, *patterns) -> None:
         super().punsubscribe(*patterns)

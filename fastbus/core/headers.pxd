@@ -7,7 +7,9 @@ from libc.stdint cimport uint32_t
 # request's reply channel, the block's first header (:reply-to); names
 # beginning with ':' are the protocol's, refused from users.  TypeError or
 # ValueError, with what is wrong, for anything else publish() refuses.
-cdef bytes _encode_headers(object headers, bytes reply_to=*)
+# hold: with reply_to, a request to a held group, the :hold header after
+# it (its value: the capacity, decimal).
+cdef bytes _encode_headers(object headers, bytes reply_to=*, bytes hold=*)
 
 # A checked block (fb_record.headers) as a dict: str keys; bytes values,
 # with utf8 str where a value is UTF-8 (bytes where not).  None for a record without headers.

@@ -62,9 +62,20 @@ cdef dict _checked_headers(object headers):
 cdef str _RESERVED = ("header {!r}: names beginning with ':' belong to the protocol "
                       "(:reply-to, :status); choose another")
 cdef bytes _REPLY_TO = FB_HEADER_REPLY_TO
+cdef bytes _HOLD = FB_HEADER_HOLD
 
 
-cdef bytes _encode_headers(object headers, bytes reply_to=None):
+cdef inline unsigned char *_put_header(unsigned char *w, bytes key, bytes value):
+    cdef Py_ssize_t kn = PyBytes_GET_SIZE(key), vn = PyBytes_GET_SIZE(value)
+    w += fb_put_varint(w, <uint32_t>kn)
+    memcpy(w, PyBytes_AS_STRING(key), kn)
+    w += kn
+    w += fb_put_varint(w, <uint32_t>vn)
+    memcpy(w, PyBytes_AS_STRING(value), vn)
+    return w + vn
+
+
+cdef bytes _encode_headers(object headers, bytes reply_to=None, bytes hold=None):
     if headers is None:
         if reply_to is None:
             return None
@@ -83,7 +94,7 @@ cdef bytes _encode_headers(object headers, bytes reply_to=None):
     # converts them, or says what is wrong), and the block's size.
     while PyDict_Next(d, &pos, &k, &v):
         if not PyUnicode_CheckExact(<object>k) or not _header_part(<object>v, &vp, &vn):
-            return _encode_headers(_checked_headers(d), reply_to) if d is headers else _raise_headers(d)
+            return _encode_headers(_checked_headers(d), reply_to, hold) if d is headers else _raise_headers(d)
         _header_part(<object>k, &kp, &kn)
         if kn == 0:
             raise ValueError("a header name must not be empty")
@@ -99,18 +110,16 @@ cdef bytes _encode_headers(object headers, bytes reply_to=None):
         if vn > UINT32_MAX:
             raise ValueError("a reply channel is over 4 GiB")
         total += <Py_ssize_t>(1 + fb_varint_len(<uint32_t>vn)) + PyBytes_GET_SIZE(_REPLY_TO) + vn
+        if hold is not None:
+            total += 2 + PyBytes_GET_SIZE(_HOLD) + PyBytes_GET_SIZE(hold)    # (a value of 1 to 10 digits)
     if total == 0:
         return None
     cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
     cdef unsigned char *w = <unsigned char *>PyBytes_AS_STRING_MUT(out)
     if reply_to is not None:
-        kn = PyBytes_GET_SIZE(_REPLY_TO)
-        w += fb_put_varint(w, <uint32_t>kn)
-        memcpy(w, PyBytes_AS_STRING(_REPLY_TO), kn)
-        w += kn
-        w += fb_put_varint(w, <uint32_t>vn)
-        memcpy(w, PyBytes_AS_STRING(reply_to), vn)
-        w += vn
+        w = _put_header(w, _REPLY_TO, reply_to)
+        if hold is not None:
+            w = _put_header(w, _HOLD, hold)
     pos = 0
     while PyDict_Next(d, &pos, &k, &v):
         _header_part(<object>k, &kp, &kn)

@@ -64,11 +64,11 @@ cdef class Replies:
         _check(rc, "state")
         return rc
 
-    def close(self, uint64_t rid, bint utf8=False) -> tuple:
+    def close(self, uint64_t rid, bint utf8=False, bint protocol=False) -> tuple:
         """Forget request ``rid``: ``(state, headers or None, payload or
         None)``: the reply, if it came; its headers a dict as a message's
-        (the protocol's own left out; values str where UTF-8 with
-        ``utf8``)."""
+        (the protocol's own left out unless ``protocol``: a broker's
+        ``:status``; values str where UTF-8 with ``utf8``)."""
         cdef fb_reply r
         r.buf = NULL
         rc = fb_replies_close(self._t, rid, &r)
@@ -76,7 +76,7 @@ cdef class Replies:
         if r.buf is NULL:
             return rc, None, None
         try:
-            block = _headers_dict(r.buf, r.headers_len, utf8, False) if r.headers_len else None
+            block = _headers_dict(r.buf, r.headers_len, utf8, protocol) if r.headers_len else None
             payload = PyBytes_FromStringAndSize(<const char *>r.buf + r.headers_len, r.len - r.headers_len)
         finally:
             fb_free(r.buf)

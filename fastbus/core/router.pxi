@@ -168,6 +168,70 @@ cdef class Router:
         fb_router_set_away(self._r, link, away)
         _unlock(&self._lock)
 
+    # -- held groups (csrc/fb_router.h): a backlog while no member is there --
+
+    def group_hold(self, uint64_t group_id) -> None:
+        """Make a group held (idempotent): a record no member can take is
+        kept for one to come, within the sender's ``:hold`` capacity and
+        :meth:`set_held_limit`."""
+        _lock(&self._lock)
+        rc = fb_router_group_hold(self._r, group_id)
+        _unlock(&self._lock)
+        _check(rc, "group_hold")
+
+    def group_release(self, uint64_t group_id) -> int:
+        """The group is no longer held: what it kept is dropped (how many)."""
+        _lock(&self._lock)
+        n = fb_router_group_release(self._r, group_id)
+        _unlock(&self._lock)
+        return n
+
+    def set_held_limit(self, size_t max_bytes) -> None:
+        """What every held group's backlog may cost together (0: no bound)."""
+        _lock(&self._lock)
+        fb_router_set_held_limit(self._r, max_bytes)
+        _unlock(&self._lock)
+
+    def group_held(self, uint64_t group_id) -> int:
+        """Records the group keeps now."""
+        _lock(&self._lock)
+        n = fb_router_group_held(self._r, group_id)
+        _unlock(&self._lock)
+        return n
+
+    @property
+    def held_bytes(self) -> int:
+        """What every backlog costs now."""
+        _lock(&self._lock)
+        n = fb_router_held_bytes(self._r)
+        _unlock(&self._lock)
+        return n
+
+    def group_give(self, uint64_t group_id, now_ns=None) -> tuple:
+        """The group's backlog to its members, oldest first: how many were
+        given, and the links whose outbox that filled (take their batches),
+        or None."""
+        cdef uint64_t now = _now(now_ns)
+        cdef int64_t rc
+        cdef uint32_t full[FULL_PER_CALL]
+        cdef size_t nfull = 0, i
+        _lock(&self._lock)
+        with nogil:
+            rc = fb_router_group_give(self._r, group_id, now)
+            if rc >= 0:
+                nfull = fb_router_full(self._r, full, FULL_PER_CALL)
+        _unlock(&self._lock)
+        if rc < 0:
+            _check(<int>rc, "group_give")
+        return rc, ([full[i] for i in range(nfull)] if nfull else None)
+
+    def group_expire(self, uint64_t group_id, uint64_t before_ns) -> int:
+        """Drop what the group kept before ``before_ns``: how many."""
+        _lock(&self._lock)
+        n = fb_router_group_expire(self._r, group_id, before_ns)
+        _unlock(&self._lock)
+        return n
+
     def set_group_mark(self, uint64_t group_id, bytes mark not None) -> None:
         """The group's name in every broker of a federation (1 to 32 bytes):
         what a record's ``:groups`` header says when this broker gives the
@@ -387,11 +451,14 @@ cdef class Router:
 
     def stats(self) -> dict:
         """batches, records, bytes, deliveries, unrouted, rejected, oversize,
-        no_responders, group_orphaned (cumulative)."""
+        no_responders, group_orphaned, held_kept, held_given, held_full,
+        held_dropped (cumulative)."""
         cdef fb_router_stats s
         _lock(&self._lock)
         fb_router_get_stats(self._r, &s)
         _unlock(&self._lock)
         return {"batches": s.batches, "records": s.records, "bytes": s.bytes,
                 "deliveries": s.deliveries, "unrouted": s.unrouted, "rejected": s.rejected,
-                "oversize": s.oversize, "no_responders": s.no_responders, "group_orphaned": s.group_orphaned}
+                "oversize": s.oversize, "no_responders": s.no_responders, "group_orphaned": s.group_orphaned,
+                "held_kept": s.held_kept, "held_given": s.held_given, "held_full": s.held_full,
+                "held_dropped": s.held_dropped}

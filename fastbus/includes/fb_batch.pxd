@@ -14,6 +14,7 @@ cdef extern from "fb_batch.h" nogil:
 
     const char *FB_HEADER_REPLY_TO
     const char *FB_HEADER_STATUS
+    const char *FB_HEADER_HOLD
     const char *FB_STATUS_NO_RESPONDERS
 
     ctypedef struct fb_record:

@@ -18,6 +18,10 @@ cdef extern from "fb_router.h" nogil:
         uint64_t oversize
         uint64_t no_responders
         uint64_t group_orphaned
+        uint64_t held_kept
+        uint64_t held_given
+        uint64_t held_full
+        uint64_t held_dropped
 
     fb_router *fb_router_new(const fb_outbox_limits *lim)
     void fb_router_free(fb_router *r)
@@ -40,6 +44,13 @@ cdef extern from "fb_router.h" nogil:
     int fb_router_group_leave(fb_router *r, uint64_t id, uint32_t link)
     size_t fb_router_group_size(const fb_router *r, uint64_t id)
     void fb_router_set_away(fb_router *r, uint32_t link, int away)
+    int fb_router_group_hold(fb_router *r, uint64_t id)
+    size_t fb_router_group_release(fb_router *r, uint64_t id)
+    void fb_router_set_held_limit(fb_router *r, size_t max_bytes)
+    size_t fb_router_group_held(const fb_router *r, uint64_t id)
+    size_t fb_router_held_bytes(const fb_router *r)
+    int64_t fb_router_group_give(fb_router *r, uint64_t id, uint64_t now_ns)
+    size_t fb_router_group_expire(fb_router *r, uint64_t id, uint64_t before_ns)
     enum: FB_ROUTER_MARK_MAX
     int fb_router_set_group_mark(fb_router *r, uint64_t id, const void *mark, size_t len)
     int64_t fb_router_route_groups(fb_router *r, fb_trie *t, const void *batch, size_t len, size_t skip,

@@ -67,6 +67,11 @@ _COUNTER_METRICS = (
     ("no_responders", "Requests from clients that reached no subscriber, answered at once (NoResponders)."),
     ("queue_group_handed_over", "Messages a queue group member whose session ran out was given and never "
                                 "took, handed to the group's other members."),
+    ("held_kept", "Messages a held group kept for want of a member (Client.enqueue; a Channels layer's "
+                  "named channel nobody received)."),
+    ("held_given", "Messages held groups kept and gave to a member that joined since."),
+    ("held_purged", "Messages held groups kept and dropped when the group was released (Client.release, "
+                    "a Channels layer's flush())."),
     ("peers_joined", "Peers that joined (HELLO; also the upstream and plain-ZeroMQ links)."),
     ("peers_left", "Peers that left (BYE, disconnected, dropped)."),
     ("subscribe_ops", "Subscribe operations applied."),
@@ -241,6 +246,12 @@ class BrokerSource:
         yield GaugeMetricFamily(p + "queue_group_members", "Members of the queue groups held (a broker link is "
                                                            "one for the members behind it).",
                                 value=stats.get("queue_group_members", 0))
+        yield GaugeMetricFamily(p + "held_groups", "Held queue groups (Client.hold: they keep what no member "
+                                                   "can take).", value=stats.get("held_groups", 0))
+        yield GaugeMetricFamily(p + "held_messages", "Messages the held groups keep now, for a member to come.",
+                                value=stats.get("held_messages", 0))
+        yield GaugeMetricFamily(p + "held_bytes", "What the held groups keep now costs (bytes; bound: "
+                                                  "--max-held-bytes).", value=stats.get("held_bytes", 0))
         conns = stats.get("connections")
         if conns:                                   # the broker's own transport (None: libzmq's)
             yield CounterMetricFamily(p + "connections_accepted", "Client connections accepted.",

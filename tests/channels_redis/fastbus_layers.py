@@ -9,7 +9,9 @@ of layers on a Redis server.  Nothing else of the suite is changed.
 none) becomes the broker ``$FASTBUS_CHANNELS_ENDPOINT``; several hosts
 (the suite's ``MULTIPLE_TEST_HOSTS``) become the brokers
 ``$FASTBUS_CHANNELS_ENDPOINTS`` (comma-separated), so those tests run on a
-layer sharded over several brokers.  Every other keyword goes to
+layer sharded over several brokers.  RedisChannelLayer's named channels
+are work queues (the layer's default), RedisPubSubChannelLayer's pub/sub
+(``named_channels="pubsub"``).  Every other keyword goes to
 ChannelLayer as it is, so one it does not take fails that test.
 """
 
@@ -27,8 +29,14 @@ ENDPOINTS = os.environ["FASTBUS_CHANNELS_ENDPOINTS"].split(",")
 
 
 def fastbus_layer(hosts=None, **kwargs) -> ChannelLayer:
+    """RedisChannelLayer: named channels are work queues (the default)."""
     return ChannelLayer(ENDPOINTS if hosts and len(hosts) > 1 else ENDPOINT, **kwargs)
 
 
+def fastbus_pubsub_layer(hosts=None, **kwargs) -> ChannelLayer:
+    """RedisPubSubChannelLayer: named channels are pub/sub."""
+    return fastbus_layer(hosts, named_channels="pubsub", **kwargs)
+
+
 channels_redis.core.RedisChannelLayer = fastbus_layer
-channels_redis.pubsub.RedisPubSubChannelLayer = fastbus_layer
+channels_redis.pubsub.RedisPubSubChannelLayer = fastbus_pubsub_layer
