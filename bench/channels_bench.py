@@ -1,4 +1,5 @@
-"""Django Channels layers: group_send to a group spread over processes.
+"""Django Channels layers: group_send to a group spread over processes, and
+a named channel's tasks shared by worker processes.
 
 Layers, each on its own server started for each case (loopback only,
 defaults kept, as a new user would run them):
@@ -40,6 +41,16 @@ returns.  Reported per layer and offered rate:
 
 and the ratios fastbus / peer for delivered/s and p99.
 
+The worker case (``--case worker``): ``--consumers`` worker processes
+(4) each receive() on one named channel (what Channels' ``runworker``
+does), with the same Python work per message; one producer process calls
+``await send()`` on it, paced or flat out.  A named channel gives each
+message to one worker: ``lost`` is what no worker got, ``dup`` what two
+did.  A send() refused with ChannelFull (the channel holds ``--capacity``)
+is tried again after 1 ms, counted as ``full``: the producer is held back
+to what the workers take.  RedisPubSubChannelLayer is left out of it
+(every receiver of a named channel gets every message there).
+
 Consumers stop when they have everything that was sent, or when the
 producer is done and nothing came for ``--idle`` seconds, or at a hard
 limit; every loop is bounded in count and time, and every process started
@@ -47,6 +58,7 @@ here is stopped by its own pid, also on error.
 
     cd /tmp && python /work/main/bench/channels_bench.py                        # all three layers
     cd /tmp && python /work/main/bench/channels_bench.py --layers redis,redis-pubsub --seconds 5
+    cd /tmp && python /work/main/bench/channels_bench.py --case worker --layers fastbus,redis
 """
 
 from __future__ import annotations
@@ -71,6 +83,8 @@ from servers import Server  # noqa: E402
 LAYERS = ("fastbus", "redis", "redis-pubsub")
 SERVER_OF = {"fastbus": "fastbus", "redis": "redis", "redis-pubsub": "redis"}
 GROUP = "bench"
+WORK = "bench-work"          # the worker case's named channel
+CASES = ("group", "worker")
 TEXT = "a chat line of about forty characters...."
 
 
@@ -258,9 +272,128 @@ def consumer(layer_name: str, info: dict, index: int, channels: int, capacity: i
         lat.tofile(f)
 
 
+# -- the worker case: one named channel, shared by worker processes ----------------
+
+def worker_producer(layer_name: str, info: dict, rate: float, seconds: float, warmup: float, max_messages: int,
+                    capacity: int, expiry: int, go, sent_total, out) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from channels.exceptions import ChannelFull
+
+    async def run() -> dict:
+        layer = make_layer(layer_name, info, capacity, expiry)
+        send = layer.send
+        await send(WORK + "-warm", {"type": "bench.message"})      # connections opened, scripts loaded
+        await asyncio.to_thread(go.wait, 60)
+        now_ns = time.monotonic_ns
+        warm_until = now_ns() + int(warmup * 1e9)
+        sent = full = 0
+        slowest = 0
+        t0 = now_ns()
+        give_up = t0 + int((seconds + warmup + 30) * 1e9)
+        async for i in paced(rate, seconds + warmup, max_messages):
+            t = now_ns()
+            message = {"type": "bench.message", "seq": i, "t": t, "w": t < warm_until, "text": TEXT}
+            while True:
+                try:
+                    await send(WORK, message)
+                    break
+                except ChannelFull:                 # held back: the workers have `capacity` waiting
+                    full += 1
+                    if now_ns() > give_up:
+                        raise
+                    await asyncio.sleep(0.001)
+            slowest = max(slowest, now_ns() - t)
+            sent += 1
+        t1 = now_ns()
+        sent_total.value = sent
+        stats = {k: v for k, v in layer.stats().items() if v} if hasattr(layer, "stats") else {}
+        if full:
+            stats["channel_full_retries"] = full
+        await close_layer(layer)
+        return {"sent": sent, "layer_stats": stats, "t0_ns": t0, "seconds": (t1 - t0) / 1e9,
+                "slowest_group_send_us": slowest / 1e3}
+
+    try:
+        res = asyncio.run(run())
+    except BaseException as exc:
+        out.put({"error": f"producer: {type(exc).__name__}: {exc}"})
+        raise
+    res["cpu_s"] = time.process_time()
+    out.put(res)
+
+
+def worker(layer_name: str, info: dict, index: int, channels: int, capacity: int, expiry: int,
+           max_messages: int, idle: float, limit: float, ready, pub_done, sent_total, path: str) -> None:
+    """One worker process: receive() on the named channel until the
+    producer is done and nothing came for ``idle`` seconds (or ``limit``);
+    writes what it took (sequence numbers) and the latencies to ``path``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    lat = array("q")
+    seqs = array("q")
+    state = {"received": 0, "dup": 0, "bad": 0, "last_ns": 0, "errors": [], "layer_stats": {}}
+    dumps = json.dumps
+    now_ns = time.monotonic_ns
+
+    async def receiver(layer) -> None:
+        receive = layer.receive
+        for _ in range(max_messages * 2 + 10):
+            m = await receive(WORK)
+            t = now_ns()
+            reply = dumps({"type": "websocket.send", "text": m.get("text", ""), "seq": m.get("seq")})
+            seq = m.get("seq", -1)
+            if not 0 <= seq < max_messages or not reply.startswith("{"):
+                state["bad"] += 1
+                continue
+            seqs.append(seq)
+            state["received"] += 1
+            state["last_ns"] = t
+            if not m["w"]:
+                lat.append(t - m["t"])
+
+    async def run() -> None:
+        layer = make_layer(layer_name, info, capacity, expiry)
+        task = asyncio.ensure_future(receiver(layer))
+        await asyncio.sleep(0.5)             # its receive() waits (the broker has the member)
+        ready.set()
+        end = time.monotonic() + limit
+        last_count, last_change = 0, time.monotonic()
+        while time.monotonic() < end and not task.done():
+            await asyncio.sleep(0.05)
+            now = time.monotonic()
+            if state["received"] != last_count:
+                last_count, last_change = state["received"], now
+            if pub_done.is_set() and now - last_change > idle:
+                break
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            state["errors"].append(f"worker {index}: {type(task.exception()).__name__}: {task.exception()}")
+        task.cancel()
+        await asyncio.wait([task], timeout=10)
+        if hasattr(layer, "stats"):
+            state["layer_stats"] = {k: v for k, v in layer.stats().items() if v}
+        try:
+            await close_layer(layer)
+        except Exception as exc:  # noqa: BLE001
+            state["errors"].append(f"worker {index}: close: {type(exc).__name__}: {exc}")
+
+    try:
+        asyncio.run(run())
+    except Exception as exc:  # noqa: BLE001 - reported by the parent
+        state["errors"].append(f"worker {index}: {type(exc).__name__}: {exc}")
+        ready.set()
+    head = json.dumps(state).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<qqq", int(time.process_time() * 1e9), len(head), len(seqs)))
+        f.write(head)
+        seqs.tofile(f)
+        lat.tofile(f)
+
+
 # -- a case --------------------------------------------------------------------
 
-def run_case(layer: str, rate: float, args) -> dict:
+def run_case(layer: str, rate: float, args, case: str = "group") -> dict:
+    """One layer at one offered rate: the group case (channels of every
+    consumer in one group) or the worker case (one named channel)."""
+    work = case == "worker"
     srv = Server(SERVER_OF[layer], lossless=False)
     ctx = mp.get_context("spawn")
     tmp = tempfile.mkdtemp(prefix="channels-bench-")
@@ -273,11 +406,13 @@ def run_case(layer: str, rate: float, args) -> dict:
     max_messages = args.max_messages if rate <= 0 else min(args.max_messages, int(rate * total) + 1)
     limit = total + args.idle + 60.0
     paths = [os.path.join(tmp, f"consumer{i}.bin") for i in range(n)]
-    cons = [ctx.Process(target=consumer, args=(layer, srv.info, i, args.channels, args.capacity, args.expiry,
+    cons = [ctx.Process(target=worker if work else consumer,
+                        args=(layer, srv.info, i, args.channels, args.capacity, args.expiry,
                                                max_messages, args.idle, limit, ready[i], pub_done, sent_total,
                                                paths[i]))
             for i in range(n)]
-    prod = ctx.Process(target=producer, args=(layer, srv.info, rate, args.seconds, args.warmup, max_messages,
+    prod = ctx.Process(target=worker_producer if work else producer,
+                       args=(layer, srv.info, rate, args.seconds, args.warmup, max_messages,
                                               args.capacity, args.expiry, go, sent_total, out))
     try:
         for p in cons:
@@ -302,9 +437,12 @@ def run_case(layer: str, rate: float, args) -> dict:
         if SERVER_OF[layer] == "fastbus":
             from fastbus.client import query_stats
             st = query_stats(srv.endpoint)
-            broker = {k: st[k] for k in ("messages_in", "messages_out", "flow_pauses", "queued_bytes") if k in st}
+            broker = {k: st[k] for k in ("messages_in", "messages_out", "flow_pauses", "queued_bytes", "held_kept",
+                                         "held_given") if st.get(k)}
             broker["drops"] = {k: v for k, v in st.get("drops", {}).items() if v}
         lat = array("q")
+        taken = array("q")                   # the worker case: every sequence number a worker took
+        per_worker = []
         received = dup = bad = 0
         last_ns = 0
         cons_cpu = 0.0
@@ -315,8 +453,14 @@ def run_case(layer: str, rate: float, args) -> dict:
                 errors.append(f"consumer pid {p.pid} wrote nothing (exit {p.exitcode})")
                 continue
             with open(path, "rb") as f:
-                cpu_ns, head_len = struct.unpack("<qq", f.read(16))
-                head = json.loads(f.read(head_len))
+                if work:
+                    cpu_ns, head_len, nseq = struct.unpack("<qqq", f.read(24))
+                    head = json.loads(f.read(head_len))
+                    taken.frombytes(f.read(nseq * 8))
+                    per_worker.append(nseq)
+                else:
+                    cpu_ns, head_len = struct.unpack("<qq", f.read(16))
+                    head = json.loads(f.read(head_len))
                 lat.frombytes(f.read())
             # A consumer's CPU during the case: its total, less what it had used setting up.
             cons_cpu += max(0.0, cpu_ns / 1e9 - cpu0.get(p.pid, 0.0))
@@ -327,11 +471,15 @@ def run_case(layer: str, rate: float, args) -> dict:
             errors += head["errors"]
             for k, v in head["layer_stats"].items():
                 layer_stats[k] = layer_stats.get(k, 0) + v
-        group = n * args.channels
+        group = 1 if work else n * args.channels
         expected = res["sent"] * group
+        if work:                              # each message to one worker: dup across them
+            distinct = len(set(taken))
+            dup, received = len(taken) - distinct, distinct
         span = (last_ns - res["t0_ns"]) / 1e9 if last_ns > res["t0_ns"] else 0.0
         cpu = res["cpu_s"] + cons_cpu + server_cpu
-        return {"layer": layer, "rate": rate, "consumers": n, "channels": args.channels, "group": group,
+        return {"layer": layer, "case": case, "rate": rate, "consumers": n, "channels": args.channels,
+                "group": group, "per_worker": per_worker,
                 "sent": res["sent"], "group_send_per_s": res["sent"] / res["seconds"] if res["seconds"] else 0.0,
                 "slowest_group_send_us": res["slowest_group_send_us"],
                 "expected": expected, "received": received, "lost": expected - received, "dup": dup, "bad": bad,
@@ -366,22 +514,23 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def table(results: list[dict]) -> str:
     peers = [x for x in dict.fromkeys(r["layer"] for r in results) if x != "fastbus"]
-    head = ("| offered | layer | group_send/s | delivered/s | p50 | p90 | p99 | p99.9 | max | lost | "
+    head = ("| case | offered | layer | sent/s | delivered/s | p50 | p90 | p99 | p99.9 | max | lost | "
             "CPU µs/deliv. |")
     for p in peers:
         head += f" delivered/s fastbus/{p} | p99 fastbus/{p} |"
-    lines = [head, "|" + "---|" * (11 + 2 * len(peers))]
+    lines = [head, "|" + "---|" * (12 + 2 * len(peers))]
     for r in results:
-        fb = next((x for x in results if x["layer"] == "fastbus" and x["rate"] == r["rate"]), None)
+        same = [x for x in results if x["rate"] == r["rate"] and x["case"] == r["case"]]
+        fb = next((x for x in same if x["layer"] == "fastbus"), None)
         cells = [f"{r[k]:,.0f}" if k in r else "-" for k in ("p50", "p90", "p99", "p99.9", "max")]
         lost = f"{r['lost']:,} of {r['expected']:,}" if r["lost"] else "0"
         if r["dup"]:
             lost += f" ({r['dup']:,} dup)"
-        line = (f"| {_rate_label(r['rate'])} | {r['layer']} | {r['group_send_per_s']:,.0f} | "
+        line = (f"| {r['case']} | {_rate_label(r['rate'])} | {r['layer']} | {r['group_send_per_s']:,.0f} | "
                 f"{r['delivered_per_s']:,.0f} | " + " | ".join(cells) +
                 f" | {lost} | {r['cpu']['us_per_delivery']:.1f} |")
         for p in peers:
-            peer = next((x for x in results if x["layer"] == p and x["rate"] == r["rate"]), None)
+            peer = next((x for x in same if x["layer"] == p), None)
             if r["layer"] == "fastbus" and fb and peer:
                 line += f" {_ratio(fb['delivered_per_s'], peer['delivered_per_s'])} | " \
                         f"{_ratio(fb.get('p99'), peer.get('p99'))} |"
@@ -391,21 +540,22 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def targets(results: list[dict], rate: float) -> list[str]:
+def targets(results: list[dict], rate: float, case: str = "group") -> list[str]:
     """The issue's targets against RedisChannelLayer (and the pub/sub layer,
     for information): flat out, fastbus's delivered/s at least 10x; at
     ``rate``, fastbus's p99 no higher."""
     out = []
+    results = [r for r in results if r["case"] == case]
     for peer in ("redis", "redis-pubsub"):
         flat = {r["layer"]: r for r in results if r["rate"] <= 0}
         at = {r["layer"]: r for r in results if r["rate"] == rate}
         if "fastbus" in flat and peer in flat and flat[peer]["delivered_per_s"]:
             x = flat["fastbus"]["delivered_per_s"] / flat[peer]["delivered_per_s"]
-            out.append(f"flat out, delivered/s fastbus/{peer}: {x:.2f}x (target >= 10x: "
+            out.append(f"{case}, flat out, delivered/s fastbus/{peer}: {x:.2f}x (target >= 10x: "
                        f"{'met' if x >= 10 else 'NOT met'})")
         if "fastbus" in at and peer in at and at[peer].get("p99") and at["fastbus"].get("p99"):
             x = at["fastbus"]["p99"] / at[peer]["p99"]
-            out.append(f"{_rate_label(rate)}, p99 fastbus/{peer}: {x:.2f}x "
+            out.append(f"{case}, {_rate_label(rate)}, p99 fastbus/{peer}: {x:.2f}x "
                        f"({at['fastbus']['p99']:,.0f} vs {at[peer]['p99']:,.0f} µs; target <= 1: "
                        f"{'met' if x <= 1 else 'NOT met'})")
     return out
@@ -415,7 +565,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", default=",".join(LAYERS), help="comma-separated, of: " + ", ".join(LAYERS) +
                     " (default: %(default)s)")
-    ap.add_argument("--consumers", type=int, default=4, help="consumer processes (default: %(default)s)")
+    ap.add_argument("--case", default=",".join(CASES),
+                    help="comma-separated, of: group (group_send to a group spread over the consumers), worker "
+                         "(send() to one named channel the consumers work on) (default: %(default)s)")
+    ap.add_argument("--consumers", type=int, default=4,
+                    help="consumer (worker) processes (default: %(default)s)")
     ap.add_argument("--channels", type=int, default=25,
                     help="channels per consumer process, all in the group (default: %(default)s)")
     ap.add_argument("--rate", default="1000,0",
@@ -437,6 +591,9 @@ def main() -> None:
     layers = [x for x in args.layers.split(",") if x]
     if not layers or any(x not in LAYERS for x in layers):
         raise SystemExit(f"--layers: of {', '.join(LAYERS)}, comma-separated")
+    cases = [c for c in args.case.split(",") if c]
+    if not cases or any(c not in CASES for c in cases):
+        raise SystemExit(f"--case: of {', '.join(CASES)}, comma-separated")
     rates = [float(r) for r in args.rate.split(",") if r]
     if not rates or any(r < 0 or r > 1e6 for r in rates):
         raise SystemExit("--rate: group messages per second, 0 (flat out) to 1,000,000")
@@ -457,25 +614,28 @@ def main() -> None:
             build = {"fastbus.channels": mod.__file__, "sha256": hashlib.sha256(f.read()).hexdigest()[:12]}
         print(f"fastbus.channels: {build['fastbus.channels']} (sha256 {build['sha256']})", flush=True)
     results = []
-    for rate in rates:
-        for layer in layers:
-            r = run_case(layer, rate, args)
-            results.append(r)
-            print(f"{_rate_label(rate):>10} {layer:12s} "
-                  + " ".join(f"{k}={r[k]:,.0f}" for k in ("p50", "p99", "p99.9", "max") if k in r)
-                  + f" us; sent {r['sent']:,} at {r['group_send_per_s']:,.0f}/s (slowest group_send "
-                  + f"{r['slowest_group_send_us']:,.0f} us), delivered {r['received']:,}/{r['expected']:,} "
-                  + f"at {r['delivered_per_s']:,.0f}/s over {r['span_s']:.2f} s, dup {r['dup']}, "
-                  + f"CPU {r['cpu']['us_per_delivery']:.1f} us/delivery"
-                  + (f"; producer's layer stats {r['producer_layer_stats']}" if r["producer_layer_stats"] else "")
-                  + (f"; consumers' layer stats {r['layer_stats']}" if r["layer_stats"] else "")
-                  + (f"; broker {r['broker']}" if r["broker"] else "")
-                  + (f"; errors: {r['errors']}" if r["errors"] else ""), flush=True)
+    for case, rate, layer in [(c, r, x) for c in cases for r in rates for x in layers]:
+        if case == "worker" and layer == "redis-pubsub":
+            continue                          # (every receiver of a named channel gets every message)
+        r = run_case(layer, rate, args, case)
+        results.append(r)
+        print(f"{case:6s} {_rate_label(rate):>10} {layer:12s} "
+              + " ".join(f"{k}={r[k]:,.0f}" for k in ("p50", "p99", "p99.9", "max") if k in r)
+              + f" us; sent {r['sent']:,} at {r['group_send_per_s']:,.0f}/s (slowest group_send "
+              + f"{r['slowest_group_send_us']:,.0f} us), delivered {r['received']:,}/{r['expected']:,} "
+              + f"at {r['delivered_per_s']:,.0f}/s over {r['span_s']:.2f} s, dup {r['dup']}, "
+              + f"CPU {r['cpu']['us_per_delivery']:.1f} us/delivery"
+              + (f"; producer's layer stats {r['producer_layer_stats']}" if r["producer_layer_stats"] else "")
+              + (f"; consumers' layer stats {r['layer_stats']}" if r["layer_stats"] else "")
+              + (f"; broker {r['broker']}" if r["broker"] else "")
+              + (f"; per worker {r['per_worker']}" if r["per_worker"] else "")
+              + (f"; errors: {r['errors']}" if r["errors"] else ""), flush=True)
     print()
-    print(f"group of {args.consumers} x {args.channels} = {args.consumers * args.channels} channels, "
-          f"capacity {args.capacity}; latency in µs")
+    print(f"group: of {args.consumers} x {args.channels} = {args.consumers * args.channels} channels; worker: "
+          f"{args.consumers} workers on one named channel; capacity {args.capacity}; latency in µs")
     print(table(results))
-    lines = [line for rate in rates if rate > 0 for line in targets(results, rate)]
+    lines = [line for case in cases for rate in (rates if any(r > 0 for r in rates) else [1.0])
+             for line in targets(results, rate, case)]
     lines = list(dict.fromkeys(lines))        # the flat-out lines once
     if lines:
         print()

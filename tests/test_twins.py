@@ -38,7 +38,7 @@ PAIRS = [
       "socket_connect_timeout", "subscribe_timeout"}),
     (fastbus.PubSub, fastbus.aio.PubSub,
      {"subscribed", "has_ready", "ready_message", "ready_batch", "read_nowait", "session", "closed",
-      "shutdown", "subscribe_nowait", "psubscribe_nowait", "open", "awaits_handlers",
+      "shutdown", "subscribe_nowait", "psubscribe_nowait", "unsubscribe_nowait", "open", "awaits_handlers",
       "require_handlers", "take_notices", "responder"}),
     (WorkQueue, AsyncWorkQueue, {"consumer", "redis"}),
     (Consumer, AsyncConsumer, {"tag"}),

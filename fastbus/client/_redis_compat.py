@@ -60,6 +60,7 @@ REDIS_KEYWORDS: dict[str, tuple[str, str]] = {
     "event_dispatcher": ("none", "redis-py's internal events"),
     "maint_notifications_config": ("none", "Redis Enterprise maintenance notices"),
     "oss_cluster_maint_notifications_handler": ("none", "as maint_notifications_config"),
+    "metadata_resolver": ("none", "redis-py's lookups of commands' metadata; fastbus's calls are its own"),
     "auto_close_connection_pool": ("none", "no pool (redis.asyncio)"),
 }
 
@@ -110,6 +111,7 @@ class RedisKeywords(TypedDict, total=False):
     event_dispatcher: Any
     maint_notifications_config: Any
     oss_cluster_maint_notifications_handler: Any
+    metadata_resolver: Any
     auto_close_connection_pool: Any
 
 
