@@ -109,6 +109,10 @@ NAMED_CHANNELS = ("queue", "pubsub")
 QUEUE_GROUP = b"channels"
 #: Seconds a send() to a named channel waits for the broker's answer.
 SEND_TIMEOUT = 10.0
+#: While a named channel has receivers (the broker's last answer said one
+#: took the message), at most this many sends to it (and at most its
+#: capacity) go without waiting for an answer before one waits again.
+UNCHECKED_SENDS = 100
 
 
 class _Serializer:
@@ -373,6 +377,7 @@ class _LoopLayer:
         self._locks = [asyncio.Lock() for _ in range(n)]   # subscribing, one at a time per broker
         self.queues = channel_layer.named_channels == "queue"
         self.held: set[bytes] = set()                      # named channels' topics declared held (queue mode)
+        self.unchecked: dict[bytes, int] = {}              # topic -> sends left that need no answer
         self._returning: collections.deque[tuple[bytes, tuple[float, bytes]]] = collections.deque()
         self._returner: asyncio.Task | None = None         # gives _returning back to the broker
         self.member_of: dict[str, set[str]] = {}           # channel -> its groups here
@@ -460,14 +465,25 @@ class _LoopLayer:
         topic, shard = self._topic(channel)
         payload = _STAMP.pack(time.time()) + cl.serialize(message)
         cl.counters["sent"] += 1
+        left = self.unchecked.get(topic, 0)
+        if left:
+            # A receiver took the last one checked: a plain message (the
+            # broker keeps it if no receiver is left by then), no round trip.
+            self.unchecked[topic] = left - 1
+            await self._client(shard).publish(topic, payload)
+            return
+        capacity = cl.get_capacity(channel)
         try:
-            await self._put(topic, shard, payload, cl.get_capacity(channel))
+            delivered = await self._put(topic, shard, payload, capacity)
         except QueueFull:
             raise ChannelFull(channel) from None
+        if delivered:
+            self.unchecked[topic] = min(capacity, UNCHECKED_SENDS) - 1
 
-    async def _put(self, topic: bytes, shard: int, payload: bytes, capacity: int) -> None:
+    async def _put(self, topic: bytes, shard: int, payload: bytes, capacity: int) -> bool:
         """A named channel's payload to its held group (declared once per
-        loop: again if the broker let the declaration expire)."""
+        loop: again if the broker let the declaration expire): True if a
+        receiver took it, False if the broker keeps it."""
         cl = self.channel_layer
         client = self._client(shard)
         for again in (False, True):
@@ -475,12 +491,12 @@ class _LoopLayer:
                 await client.hold(topic, QUEUE_GROUP, expiry=cl.expiry or 60)
                 self.held.add(topic)
             try:
-                await client.enqueue(topic, payload, capacity, timeout=SEND_TIMEOUT)
-                return
+                return await client.enqueue(topic, payload, capacity, timeout=SEND_TIMEOUT)
             except NoResponders:
                 self.held.discard(topic)       # (its declaration ran out at the broker)
                 if again:
                     raise
+        raise AssertionError("unreachable")
 
     async def group_send(self, group: str, message: Any) -> None:
         topic = self.channel_layer._group_key(group)

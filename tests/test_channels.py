@@ -138,8 +138,8 @@ def test_a_named_channel_is_a_work_queue_across_worker_processes(brokers):
     try:
         for p in procs:
             assert _line(p)["ready"]
-        asyncio.run(send(700, start=300))
         wait_for(lambda: b.stats()["queue_group_members"] == 2, what="both workers receiving")
+        asyncio.run(send(700, start=300))      # (the first to join took the 300 kept)
 
         async def stop():
             # A stop is a task like any other, given to one worker, behind
