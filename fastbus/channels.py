@@ -101,6 +101,11 @@ READ_BATCH = 64
 #: The default ``max_inbox_bytes`` of the layer's connections (the
 #: client's is 8 MiB): what a loop that falls behind may hold unread.
 INBOX_BYTES = 1024 * 1024
+#: The default ``max_buffer_bytes`` of the layer's clients (the client's is
+#: 8 MiB): what a loop's sends may hold while the broker pauses them (its
+#: flow control, for receivers that fall behind); past it, send() and
+#: group_send() wait, so a producer runs at most this far ahead.
+SEND_BUFFER_BYTES = 256 * 1024
 
 #: ``named_channels``: a named channel is a work queue (RedisChannelLayer's
 #: semantics) or pub/sub (RedisPubSubChannelLayer's).
@@ -198,7 +203,8 @@ class ChannelLayer(BaseChannelLayer):
         self.channel_capacity = self.compile_capacities(self.channel_capacity)
         # A loop that falls behind stops reading soon, so the broker's rules
         # for a slow subscriber apply instead of a backlog in this process.
-        self.client_options = {"max_inbox_bytes": INBOX_BYTES, **(client_options or {})}
+        self.client_options = {"max_inbox_bytes": INBOX_BYTES, "max_buffer_bytes": SEND_BUFFER_BYTES,
+                               **(client_options or {})}
         # Random from the OS: a program that seeds `random` gets new names.
         self.client_prefix = secrets.token_hex(6)
         self._serializer = _Serializer(serializer_format, symmetric_encryption_keys, expiry)
