@@ -145,31 +145,55 @@ async def paced(rate: float, seconds: float, max_messages: int):
 
 
 def producer(layer_name: str, info: dict, rate: float, seconds: float, warmup: float, max_messages: int,
-             capacity: int, expiry: int, go, sent_total, out) -> None:
+             capacity: int, expiry: int, go, sent_total, out, work: bool = False) -> None:
+    """``group_send()`` to the group, paced or flat out; with ``work`` (the
+    worker case) ``send()`` to the named channel, tried again 1 ms after a
+    ChannelFull (counted), so the producer is held to what the workers take."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from channels.exceptions import ChannelFull
 
     async def run() -> dict:
         layer = make_layer(layer_name, info, capacity, expiry)
-        group_send = layer.group_send
-        # One group_send before the clock starts: connections opened, scripts loaded.
-        await group_send(GROUP + "-nobody", {"type": "bench.message"})
-        await asyncio.to_thread(go.wait, 60)
         now_ns = time.monotonic_ns
+        full = 0
+        give_up = now_ns() + int((seconds + warmup + 60) * 1e9)
+
+        async def deliver(message: dict) -> None:
+            nonlocal full
+            if not work:
+                await layer.group_send(GROUP, message)
+                return
+            while True:
+                try:
+                    await layer.send(WORK, message)
+                    return
+                except ChannelFull:                 # held back: the workers have `capacity` waiting
+                    full += 1
+                    if now_ns() > give_up:
+                        raise
+                    await asyncio.sleep(0.001)
+
+        # One before the clock starts: connections opened, scripts loaded.
+        warm = {"type": "bench.message"}
+        await (layer.send(WORK + "-warm", warm) if work else layer.group_send(GROUP + "-nobody", warm))
+        await asyncio.to_thread(go.wait, 60)
         warm_until = now_ns() + int(warmup * 1e9)
         sent = 0
         slowest = 0
         t0 = now_ns()
         async for i in paced(rate, seconds + warmup, max_messages):
             t = now_ns()
-            await group_send(GROUP, {"type": "bench.message", "seq": i, "t": t, "w": t < warm_until,
-                                     "text": TEXT})
+            await deliver({"type": "bench.message", "seq": i, "t": t, "w": t < warm_until, "text": TEXT})
             slowest = max(slowest, now_ns() - t)
             sent += 1
         t1 = now_ns()
         sent_total.value = sent
         stats = {k: v for k, v in layer.stats().items() if v} if hasattr(layer, "stats") else {}
+        if full:
+            stats["channel_full_retries"] = full
         await close_layer(layer)
-        return {"sent": sent, "layer_stats": stats, "t0_ns": t0, "seconds": (t1 - t0) / 1e9, "slowest_group_send_us": slowest / 1e3}
+        return {"sent": sent, "layer_stats": stats, "t0_ns": t0, "seconds": (t1 - t0) / 1e9,
+                "slowest_group_send_us": slowest / 1e3}
 
     try:
         res = asyncio.run(run())
@@ -182,6 +206,26 @@ def producer(layer_name: str, info: dict, rate: float, seconds: float, warmup: f
 
 # -- consumers -----------------------------------------------------------------
 
+def _work(m: dict, max_messages: int, state: dict) -> int:
+    """A consumer's handler: a little Python work per message (the json of
+    the reply frame it would send its websocket); the message's sequence
+    number, or -1 for one that is not the benchmark's (counted as bad)."""
+    reply = json.dumps({"type": "websocket.send", "text": m.get("text", ""), "seq": m.get("seq")})
+    seq = m.get("seq", -1)
+    if not 0 <= seq < max_messages or not reply.startswith("{"):
+        state["bad"] += 1
+        return -1
+    return seq
+
+
+def _took(m: dict, t: int, state: dict, lat: array) -> None:
+    """A message received at ``t`` (monotonic ns), counted; its latency kept
+    unless it was sent in the warm-up."""
+    state["received"] += 1
+    state["last_ns"] = t
+    if not m["w"]:
+        lat.append(t - m["t"])
+
 def consumer(layer_name: str, info: dict, index: int, channels: int, capacity: int, expiry: int,
              max_messages: int, idle: float, limit: float, ready, pub_done, sent_total, path: str) -> None:
     """``channels`` channels in the group, a receive() task on each, until
@@ -192,7 +236,6 @@ def consumer(layer_name: str, info: dict, index: int, channels: int, capacity: i
     lat = array("q")
     seen = [bytearray(max_messages) for _ in range(channels)]     # one byte per sequence number
     state = {"received": 0, "dup": 0, "bad": 0, "last_ns": 0, "errors": [], "layer_stats": {}}
-    dumps = json.dumps
     now_ns = time.monotonic_ns
 
     async def receiver(layer, name: str, k: int) -> None:
@@ -201,20 +244,14 @@ def consumer(layer_name: str, info: dict, index: int, channels: int, capacity: i
         for _ in range(max_messages * 2 + 10):                   # bounded; cancelled at the end
             m = await receive(name)
             t = now_ns()
-            # A little Python work, as a consumer's handler: the reply frame.
-            reply = dumps({"type": "websocket.send", "text": m.get("text", ""), "seq": m.get("seq")})
-            seq = m.get("seq", -1)
-            if not 0 <= seq < max_messages or not reply.startswith("{"):
-                state["bad"] += 1
+            seq = _work(m, max_messages, state)
+            if seq < 0:
                 continue
             if mine[seq]:
                 state["dup"] += 1
                 continue
             mine[seq] = 1
-            state["received"] += 1
-            state["last_ns"] = t
-            if not m["w"]:
-                lat.append(t - m["t"])
+            _took(m, t, state, lat)
 
     async def run() -> None:
         layer = make_layer(layer_name, info, capacity, expiry)
@@ -253,74 +290,59 @@ def consumer(layer_name: str, info: dict, index: int, channels: int, capacity: i
                 await asyncio.wait_for(layer.group_discard(GROUP, name), 5)
             except Exception:  # noqa: BLE001 - leaving; the server is stopped next anyway
                 break
-        if hasattr(layer, "stats"):              # fastbus's counters: what it delivered, dropped and why
-            state["layer_stats"] = {k: v for k, v in layer.stats().items() if v}
-        try:
-            await close_layer(layer)
-        except Exception as exc:  # noqa: BLE001
-            state["errors"].append(f"consumer {index}: close: {type(exc).__name__}: {exc}")
+        await _leave(layer, state, f"consumer {index}")
 
+    _run_and_report(run, state, f"consumer {index}", ready, path, lat)
+
+
+async def _leave(layer, state: dict, who: str) -> None:
+    """A consumer's end: its layer's counters (fastbus's: what it
+    delivered, dropped and why), then its connections closed."""
+    if hasattr(layer, "stats"):
+        state["layer_stats"] = {k: v for k, v in layer.stats().items() if v}
+    try:
+        await close_layer(layer)
+    except Exception as exc:  # noqa: BLE001
+        state["errors"].append(f"{who}: close: {type(exc).__name__}: {exc}")
+
+
+def _run_and_report(run, state: dict, who: str, ready, path: str, *arrays: array) -> None:
+    """Run a consumer's coroutine; then write this process's CPU time (ns),
+    its state (JSON) and the arrays to ``path``: each but the last after its
+    length (_read_report reads it back)."""
     try:
         asyncio.run(run())
     except Exception as exc:  # noqa: BLE001 - reported by the parent
-        state["errors"].append(f"consumer {index}: {type(exc).__name__}: {exc}")
+        state["errors"].append(f"{who}: {type(exc).__name__}: {exc}")
         ready.set()
     head = json.dumps(state).encode()
     with open(path, "wb") as f:
         f.write(struct.pack("<qq", int(time.process_time() * 1e9), len(head)))
         f.write(head)
-        lat.tofile(f)
+        for a in arrays[:-1]:
+            f.write(struct.pack("<q", len(a)))
+            a.tofile(f)
+        arrays[-1].tofile(f)
+
+
+def _read_report(path: str, narrays: int) -> tuple[int, dict, list[array]]:
+    """What _run_and_report wrote: CPU ns, state, the arrays ('q')."""
+    with open(path, "rb") as f:
+        cpu_ns, head_len = struct.unpack("<qq", f.read(16))
+        head = json.loads(f.read(head_len))
+        out = []
+        for _ in range(narrays - 1):
+            (n,) = struct.unpack("<q", f.read(8))
+            a = array("q")
+            a.frombytes(f.read(n * 8))
+            out.append(a)
+        last = array("q")
+        last.frombytes(f.read())
+        out.append(last)
+    return cpu_ns, head, out
 
 
 # -- the worker case: one named channel, shared by worker processes ----------------
-
-def worker_producer(layer_name: str, info: dict, rate: float, seconds: float, warmup: float, max_messages: int,
-                    capacity: int, expiry: int, go, sent_total, out) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from channels.exceptions import ChannelFull
-
-    async def run() -> dict:
-        layer = make_layer(layer_name, info, capacity, expiry)
-        send = layer.send
-        await send(WORK + "-warm", {"type": "bench.message"})      # connections opened, scripts loaded
-        await asyncio.to_thread(go.wait, 60)
-        now_ns = time.monotonic_ns
-        warm_until = now_ns() + int(warmup * 1e9)
-        sent = full = 0
-        slowest = 0
-        t0 = now_ns()
-        give_up = t0 + int((seconds + warmup + 30) * 1e9)
-        async for i in paced(rate, seconds + warmup, max_messages):
-            t = now_ns()
-            message = {"type": "bench.message", "seq": i, "t": t, "w": t < warm_until, "text": TEXT}
-            while True:
-                try:
-                    await send(WORK, message)
-                    break
-                except ChannelFull:                 # held back: the workers have `capacity` waiting
-                    full += 1
-                    if now_ns() > give_up:
-                        raise
-                    await asyncio.sleep(0.001)
-            slowest = max(slowest, now_ns() - t)
-            sent += 1
-        t1 = now_ns()
-        sent_total.value = sent
-        stats = {k: v for k, v in layer.stats().items() if v} if hasattr(layer, "stats") else {}
-        if full:
-            stats["channel_full_retries"] = full
-        await close_layer(layer)
-        return {"sent": sent, "layer_stats": stats, "t0_ns": t0, "seconds": (t1 - t0) / 1e9,
-                "slowest_group_send_us": slowest / 1e3}
-
-    try:
-        res = asyncio.run(run())
-    except BaseException as exc:
-        out.put({"error": f"producer: {type(exc).__name__}: {exc}"})
-        raise
-    res["cpu_s"] = time.process_time()
-    out.put(res)
-
 
 def worker(layer_name: str, info: dict, index: int, channels: int, capacity: int, expiry: int,
            max_messages: int, idle: float, limit: float, ready, pub_done, sent_total, path: str) -> None:
@@ -331,7 +353,6 @@ def worker(layer_name: str, info: dict, index: int, channels: int, capacity: int
     lat = array("q")
     seqs = array("q")
     state = {"received": 0, "dup": 0, "bad": 0, "last_ns": 0, "errors": [], "layer_stats": {}}
-    dumps = json.dumps
     now_ns = time.monotonic_ns
 
     async def receiver(layer) -> None:
@@ -339,16 +360,10 @@ def worker(layer_name: str, info: dict, index: int, channels: int, capacity: int
         for _ in range(max_messages * 2 + 10):
             m = await receive(WORK)
             t = now_ns()
-            reply = dumps({"type": "websocket.send", "text": m.get("text", ""), "seq": m.get("seq")})
-            seq = m.get("seq", -1)
-            if not 0 <= seq < max_messages or not reply.startswith("{"):
-                state["bad"] += 1
-                continue
-            seqs.append(seq)
-            state["received"] += 1
-            state["last_ns"] = t
-            if not m["w"]:
-                lat.append(t - m["t"])
+            seq = _work(m, max_messages, state)
+            if seq >= 0:
+                seqs.append(seq)
+                _took(m, t, state, lat)
 
     async def run() -> None:
         layer = make_layer(layer_name, info, capacity, expiry)
@@ -368,24 +383,9 @@ def worker(layer_name: str, info: dict, index: int, channels: int, capacity: int
             state["errors"].append(f"worker {index}: {type(task.exception()).__name__}: {task.exception()}")
         task.cancel()
         await asyncio.wait([task], timeout=10)
-        if hasattr(layer, "stats"):
-            state["layer_stats"] = {k: v for k, v in layer.stats().items() if v}
-        try:
-            await close_layer(layer)
-        except Exception as exc:  # noqa: BLE001
-            state["errors"].append(f"worker {index}: close: {type(exc).__name__}: {exc}")
+        await _leave(layer, state, f"worker {index}")
 
-    try:
-        asyncio.run(run())
-    except Exception as exc:  # noqa: BLE001 - reported by the parent
-        state["errors"].append(f"worker {index}: {type(exc).__name__}: {exc}")
-        ready.set()
-    head = json.dumps(state).encode()
-    with open(path, "wb") as f:
-        f.write(struct.pack("<qqq", int(time.process_time() * 1e9), len(head), len(seqs)))
-        f.write(head)
-        seqs.tofile(f)
-        lat.tofile(f)
+    _run_and_report(run, state, f"worker {index}", ready, path, seqs, lat)
 
 
 # -- a case --------------------------------------------------------------------
@@ -411,9 +411,9 @@ def run_case(layer: str, rate: float, args, case: str = "group") -> dict:
                                                max_messages, args.idle, limit, ready[i], pub_done, sent_total,
                                                paths[i]))
             for i in range(n)]
-    prod = ctx.Process(target=worker_producer if work else producer,
+    prod = ctx.Process(target=producer,
                        args=(layer, srv.info, rate, args.seconds, args.warmup, max_messages,
-                                              args.capacity, args.expiry, go, sent_total, out))
+                             args.capacity, args.expiry, go, sent_total, out, work))
     try:
         for p in cons:
             p.start()
@@ -452,16 +452,11 @@ def run_case(layer: str, rate: float, args, case: str = "group") -> dict:
             if not os.path.exists(path):
                 errors.append(f"consumer pid {p.pid} wrote nothing (exit {p.exitcode})")
                 continue
-            with open(path, "rb") as f:
-                if work:
-                    cpu_ns, head_len, nseq = struct.unpack("<qqq", f.read(24))
-                    head = json.loads(f.read(head_len))
-                    taken.frombytes(f.read(nseq * 8))
-                    per_worker.append(nseq)
-                else:
-                    cpu_ns, head_len = struct.unpack("<qq", f.read(16))
-                    head = json.loads(f.read(head_len))
-                lat.frombytes(f.read())
+            cpu_ns, head, arrays = _read_report(path, 2 if work else 1)
+            if work:
+                taken.extend(arrays[0])
+                per_worker.append(len(arrays[0]))
+            lat.extend(arrays[-1])
             # A consumer's CPU during the case: its total, less what it had used setting up.
             cons_cpu += max(0.0, cpu_ns / 1e9 - cpu0.get(p.pid, 0.0))
             received += head["received"]

@@ -285,19 +285,23 @@ class Client(ClientBase):
         subscribed once by the first request (a second connection);
         requests from many threads at once are matched to their replies by
         id, in C.  Later replies to the same request are dropped."""
+        return self._ask(channel, data, timeout, headers, None)
+
+    def _ask(self, channel: ChannelT, data: EncodableT, timeout: float,
+             headers: Mapping[str, str | bytes] | None, hold: int | None) -> Any:
+        """A request (``hold``: to a held group, answered by the broker) and
+        its answer: the reply (request()) or held_outcome's (enqueue())."""
         if self._closed:
             raise ConnectionClosed("client is closed")
-        inbox = self._inbox
-        if inbox is None:
-            inbox = self._open_inbox()
+        inbox = self._inbox or self._open_inbox()
         rid = inbox.replies.open()
         try:
-            if not self._send_request(self._publisher, channel, data, inbox.reply_channel(rid), headers):
+            if not self._send_request(self._publisher, channel, data, inbox.reply_channel(rid), headers, hold):
                 raise NoResponders(channel)
         except BaseException:
             inbox.replies.close(rid)
             raise
-        return inbox.wait(channel, rid, timeout)
+        return inbox.wait(channel, rid, timeout, None if hold is None else inbox.held_outcome)
 
     # -- held groups: work queues that outlive their workers ----------------
 
@@ -340,17 +344,7 @@ class Client(ClientBase):
         reached: nothing was sent.  :class:`~fastbus.NoResponders` if
         nothing wants the channel and no group keeps it (not declared, or
         its declaration expired: hold() again).  One round trip."""
-        if self._closed:
-            raise ConnectionClosed("client is closed")
-        inbox = self._inbox or self._open_inbox()
-        rid = inbox.replies.open()
-        try:
-            if not self._send_request(self._publisher, channel, data, inbox.reply_channel(rid), headers, capacity):
-                raise NoResponders(channel)
-        except BaseException:
-            inbox.replies.close(rid)
-            raise
-        return inbox.wait(channel, rid, timeout, inbox.held_outcome)
+        return bool(self._ask(channel, data, timeout, headers, capacity))
 
     def _send_request(self, publisher: Publisher, channel: ChannelT, data: EncodableT, reply_to: bytes,
                       headers: Mapping[str, str | bytes] | None, hold: int | None = None) -> int:

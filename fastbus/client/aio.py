@@ -328,21 +328,29 @@ class Client(_SyncClient):
     async def request(self, channel: ChannelT, data: EncodableT, timeout: float = 1.0,
                       headers: Mapping[str, str | bytes] | None = None) -> PubSubMessage:
         """A responder answers with ``await message.respond(data)``."""
+        inbox = await self._async_inbox()
+        return await self._ask_async(inbox, channel, data, timeout, headers, None, inbox._outcome)
+
+    async def _async_inbox(self) -> _AsyncInbox:
         if self.closed:
             raise ConnectionClosed("client is closed")
         self._bind()
-        inbox = self._inbox
-        if inbox is None:
-            inbox = await self._open_async_inbox()
+        return self._inbox or await self._open_async_inbox()
+
+    async def _ask_async(self, inbox: _AsyncInbox, channel: ChannelT, data: EncodableT, timeout: float,
+                         headers: Mapping[str, str | bytes] | None, hold: int | None, outcome: Any) -> Any:
+        """A request (``hold``: to a held group) and what ``outcome`` makes
+        of its answer."""
         rid = inbox.replies.open(True)
         try:
-            if not self._send_request(self.session.publisher, channel, data, inbox.reply_channel(rid), headers):
+            if not self._send_request(self.session.publisher, channel, data, inbox.reply_channel(rid), headers,
+                                      hold):
                 raise NoResponders(channel)
             await inbox.wait(rid, timeout)
         except BaseException:
             inbox.replies.close(rid)
             raise
-        return inbox._outcome(channel, rid, timeout)
+        return outcome(channel, rid, timeout)
 
     async def hold(self, channel: ChannelT, queue: str | bytes, expiry: float = 60.0) -> None:
         """As the sync Client's; awaited."""
@@ -353,12 +361,7 @@ class Client(_SyncClient):
         await self._hold(channel, queue, 1.0, True)
 
     async def _hold(self, channel: ChannelT, queue: str | bytes, expiry: float, release: bool) -> None:
-        if self.closed:
-            raise ConnectionClosed("client is closed")
-        self._bind()
-        inbox = self._inbox
-        if inbox is None:
-            inbox = await self._open_async_inbox()
+        inbox = await self._async_inbox()
         seq = inbox.hold_nowait(channel, queue, expiry, release)
         inbox._drive()
         await inbox.wait_confirmed(seq)
@@ -367,22 +370,8 @@ class Client(_SyncClient):
     async def enqueue(self, channel: ChannelT, data: EncodableT, capacity: int = 0, timeout: float = 1.0,
                       headers: Mapping[str, str | bytes] | None = None) -> bool:
         """As the sync Client's; awaited."""
-        if self.closed:
-            raise ConnectionClosed("client is closed")
-        self._bind()
-        inbox = self._inbox
-        if inbox is None:
-            inbox = await self._open_async_inbox()
-        rid = inbox.replies.open(True)
-        try:
-            if not self._send_request(self.session.publisher, channel, data, inbox.reply_channel(rid), headers,
-                                      capacity):
-                raise NoResponders(channel)
-            await inbox.wait(rid, timeout)
-        except BaseException:
-            inbox.replies.close(rid)
-            raise
-        return inbox.held_outcome(channel, rid, timeout)
+        inbox = await self._async_inbox()
+        return bool(await self._ask_async(inbox, channel, data, timeout, headers, capacity, inbox.held_outcome))
 
     async def _open_async_inbox(self) -> _AsyncInbox:
         if self._inbox_opening is None:
