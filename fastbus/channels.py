@@ -7,10 +7,13 @@
         },
     }
 
-It is a pub/sub layer, as channels_redis's ``RedisPubSubChannelLayer`` is:
-a message reaches the receivers that exist when it is sent, through the
-broker, and waits in the receiving process (up to ``capacity`` per channel,
-at most ``expiry`` seconds) until a consumer takes it.
+Consumers' channels and groups are pub/sub, as in channels_redis's
+``RedisPubSubChannelLayer``: a message reaches the receivers that exist
+when it is sent, through the broker, and waits in the receiving process
+(up to ``capacity`` per channel, at most ``expiry`` seconds) until a
+consumer takes it.  Named channels are work queues, as in its default
+``RedisChannelLayer``: each message to one receiver, kept by the broker
+while none receives (``named_channels="pubsub"``: pub/sub too).
 
 How it maps onto fastbus (docs/channels.md says more):
 
@@ -28,13 +31,18 @@ How it maps onto fastbus (docs/channels.md says more):
   own channel_name); ``group_add()`` of any other channel raises, as
   channels_redis's pub/sub layer does.
 * A named channel (without ``!``) is the fastbus channel
-  ``{prefix}:channel:{name}``, subscribed by the loops that ``receive()``
-  it: every receiver gets every message (pub/sub), and a message sent while
-  nobody receives it is not kept.
+  ``{prefix}:channel:{name}``, a held queue group on its broker
+  (:meth:`fastbus.Client.hold`): the loops that ``receive()`` it are its
+  members, each message goes to one of them, and what is sent while none
+  receives is kept (up to the sender's capacity: beyond, ChannelFull, in
+  any process) for the first to come.  With ``named_channels="pubsub"``
+  the loops subscribe to it: every receiver gets every message, and none
+  is kept.
 * With several endpoints, each channel and group lives on the broker
   :class:`fastbus.sharding.Ring` picks for it, and a loop's own channels on
   the broker its client prefix hashes to.
-* ``capacity`` and ``channel_capacity`` bound each channel's messages
+* ``capacity`` and ``channel_capacity`` bound a named channel's messages
+  the broker keeps (above), and each other channel's messages
   waiting in the receiving process: beyond it, a ``send()`` from the same
   loop raises :class:`channels.exceptions.ChannelFull`, and a message that
   arrives is dropped and counted (``stats()["dropped_full"]``, and a log
