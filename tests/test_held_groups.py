@@ -127,6 +127,14 @@ def test_declarations_past_the_brokers_limit_are_refused(brokers, clients):
     assert b.stats()["held_groups"] == 2
     with pytest.raises(ValueError, match="expiry"):
         c.hold("d", "q", expiry=0)
+    # A declaration costs as a subscription does, against the broker's total.
+    small = brokers("--max-total-subscription-bytes", "300")
+    s = clients(small.endpoint)
+    s.hold("a", "q")
+    with pytest.raises(fastbus.HoldRefused, match="max_total_subscription_bytes"):
+        s.hold("b" * 200, "q")
+    s.release("a", "q")                                              # (its cost given back)
+    s.hold("c" * 150, "q")                                           # (refused were "a" still held)
     with pytest.raises(ValueError, match="capacity"):
         c.enqueue("a", b"x", capacity=-1)
     with pytest.raises(TypeError):

@@ -69,13 +69,14 @@ class Group:
     holds it, and its members (link ids); a held group's expiry (ms, 0: not
     held) and its latest declaration (monotonic)."""
 
-    __slots__ = ("gid", "key", "queue", "tkey", "prefix", "members", "hold_ms", "declared")
+    __slots__ = ("gid", "key", "queue", "tkey", "prefix", "members", "hold_ms", "declared", "hold_cost")
 
     def __init__(self, gid: int, key: bytes, queue: P.Queue, tkey: bytes, prefix: bool) -> None:
         self.gid, self.key, self.queue, self.tkey, self.prefix = gid, key, queue, tkey, prefix
         self.members: set[int] = set()
         self.hold_ms = 0
         self.declared = 0.0
+        self.hold_cost = 0          # what its declaration counts in Interest.total_bytes
 
     def wanted_by(self, link: Link) -> bool:
         """Does ``link`` (a broker) hear of this group: members besides it?"""
@@ -358,7 +359,8 @@ class Interest:
 
     def _remove_group(self, group: tuple, diff_all: list) -> None:
         g = self.groups.pop(group)
-        self.held.pop(group, None)
+        if self.held.pop(group, None) is not None:
+            self._unhold(g)
         diff_all += self.all.unsubscribe(g.gid, g.tkey, prefix=g.prefix)
         self.router.remove_group(g.gid)
 
@@ -370,15 +372,25 @@ class Interest:
         take, and outlives its members that long after this."""
         g = self.groups.get(group)
         if g is None or not g.hold_ms:
-            if len(self.held) >= self._max_held:
+            # A declaration costs as a subscription does, against the
+            # broker's total (it is no session's), and the held groups'
+            # own count bounds them.
+            cost = len(key) + len(queue.name) + SUB_OVERHEAD
+            why = (f"too many held groups: the broker holds {len(self.held):,}, its limit (max_held_groups)"
+                   if len(self.held) >= self._max_held else
+                   f"the broker's subscriptions would take {self.total_bytes + cost:,} bytes, over its limit of "
+                   f"{self._max_total:,} (max_total_subscription_bytes)"
+                   if self.total_bytes + cost > self._max_total else None)
+            if why is not None:
                 self._drops["too_many_subscriptions"] += 1
-                refused.append((key, queue, f"too many held groups: the broker holds {len(self.held):,}, its "
-                                            f"limit (max_held_groups)"))
+                refused.append((key, queue, why))
                 return
             if g is None:
                 g = self._new_group(group, key, queue, diff_all)
             self.router.group_hold(g.gid)
             self.held[group] = g
+            g.hold_cost = cost
+            self.total_bytes += cost
         g.hold_ms = max(g.hold_ms, queue.hold)
         g.declared = time.monotonic()
 
@@ -390,9 +402,16 @@ class Interest:
         if g is None:
             return
         self._counters["held_purged"] += self.router.group_release(g.gid)
-        g.hold_ms = 0
+        self._unhold(g)
         if not g.members:
             self._remove_group(group, diff_all)
+
+    def _unhold(self, g: Group) -> None:
+        g.hold_ms = 0
+        self.total_bytes -= g.hold_cost
+        self.released += 1
+        self.released_bytes += g.hold_cost
+        g.hold_cost = 0
 
     def _give(self, g: Group) -> None:
         """A held group has a member: what it kept goes to its members."""
