@@ -193,6 +193,36 @@ def test_a_worker_that_stops_gives_back_what_it_was_given_and_did_not_take(broke
     asyncio.run(main())
 
 
+def test_a_cancelled_receive_of_a_named_channel_loses_nothing(brokers):
+    """Channels cancels a consumer's receive() when the consumer exits: the
+    named channel ends in that loop; what the broker routed to it before
+    its leaving took effect goes back, so the next receiver (in any
+    process) gets every message sent after the cancel."""
+    b = brokers()
+
+    async def main():
+        sender = ChannelLayer(b.endpoint, capacity=1000)
+        worker = ChannelLayer(b.endpoint)
+        await sender.send("jobs", {"type": "t", "i": 0})
+        assert (await asyncio.wait_for(worker.receive("jobs"), 5))["i"] == 0
+        pending = asyncio.ensure_future(worker.receive("jobs"))
+        await asyncio.sleep(0.1)                       # (waiting on an empty channel)
+        pending.cancel()
+        await asyncio.sleep(0)
+        for i in range(1, 201):                        # some reach the worker before it has left
+            await sender.send("jobs", {"type": "t", "i": i})
+        await asyncio.sleep(0.5)                       # (and go back)
+        other = ChannelLayer(b.endpoint)
+        got = [(await asyncio.wait_for(other.receive("jobs"), 5))["i"] for _ in range(200)]
+        assert sorted(got) == list(range(1, 201))
+        assert worker.stats()["dropped_gone"] == 0, worker.stats()
+        for layer in (worker, other):
+            await layer.close()
+        await sender.flush()
+
+    asyncio.run(main())
+
+
 def test_named_channels_as_pubsub_when_configured(brokers):
     """named_channels="pubsub" (RedisPubSubChannelLayer's rule): every
     receiver of a named channel gets every message, and one sent while
