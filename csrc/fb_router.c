@@ -636,7 +636,11 @@ static int pick_for_groups(fb_router *r, const fb_record *rec, const fb_record *
         if (from_broker && g->mark_len && !(named && fb_groups_has(marks, marks_len, g->mark, g->mark_len)))
             continue;
         uint32_t m = pick_member(r, g, source);
-        if (m == UINT32_MAX && g->held) {
+        /* A held group keeps what only an away member could take: a
+         * member that joins meanwhile gets it at once, and the away one
+         * when it resumes (fb_router_group_give), rather than the record
+         * waiting for that session's resume or expiry. */
+        if (g->held && (m == UINT32_MAX || (m < r->caplinks && r->links[m].away))) {
             if (from_broker && g->mark_len) named_picked++;
             if ((rc = keep(r, g, plain, now_ns)) < 0) return rc;
             continue;
@@ -1015,7 +1019,7 @@ int64_t fb_router_group_give(fb_router *r, uint64_t id, uint64_t now_ns)
     fb_record rec;
     while (fb_backlog_peek(g->held, &rec, NULL)) {
         uint32_t m = pick_member(r, g, UINT64_MAX);
-        if (m == UINT32_MAX || m >= r->caplinks) break;
+        if (m == UINT32_MAX || m >= r->caplinks || r->links[m].away) break;
         r->stamp++;
         int rc;
         if (r->links[m].broker && g->mark_len) {
@@ -1029,6 +1033,7 @@ int64_t fb_router_group_give(fb_router *r, uint64_t id, uint64_t now_ns)
             rc = append_to(r, m, &rec, now_ns);
         }
         if (rc < 0) return rc;
+        if (rc == 0) break;                   /* (not taken: it stays) */
         size_t was = g->held->bytes;
         fb_backlog_pop(g->held);
         r->held_bytes -= was - g->held->bytes;

@@ -203,8 +203,9 @@ size_t fb_router_group_size(const fb_router *r, uint64_t id);
  * only when every other member is away too.  Off for a new link. */
 void fb_router_set_away(fb_router *r, uint32_t link, int away);
 
-/* Held groups: a group that keeps what finds no member (none, or only the
- * record's source), so that a member to come gets it: a work queue that
+/* Held groups: a group that keeps what finds no member (none, only the
+ * record's source, or only members whose session is away), so that a
+ * member to come gets it: a work queue that
  * outlives its workers (a Channels layer's named channel).  The record is
  * kept, oldest first, in the group's backlog (fb_backlog.h) unless that
  * holds as many as the record's :hold header allows (fb_batch.h) or every
@@ -226,9 +227,9 @@ void fb_router_set_held_limit(fb_router *r, size_t max_bytes);
 size_t fb_router_group_held(const fb_router *r, uint64_t id);
 /* What every backlog costs now. */
 size_t fb_router_held_bytes(const fb_router *r);
-/* A group's backlog to its members, oldest first, one member a record
- * (none: it stays); returns how many were given, or FB_ENOMEM (what was
- * not given stays). */
+/* A group's backlog to its members that are not away, oldest first, one
+ * member a record (none: it stays): after a join, or a member's resume;
+ * returns how many were given, or FB_ENOMEM (what was not given stays). */
 int64_t fb_router_group_give(fb_router *r, uint64_t id, uint64_t now_ns);
 /* Drop the records a group kept before before_ns; returns how many. */
 size_t fb_router_group_expire(fb_router *r, uint64_t id, uint64_t before_ns);

@@ -189,6 +189,29 @@ def test_what_a_killed_member_never_took_waits_for_the_next(brokers, clients, tm
         p.wait(10)
 
 
+def test_what_comes_while_the_only_member_is_away_waits_for_its_resume(brokers, clients):
+    """The only member's connection cut (by a forwarder) while tasks come:
+    the group keeps them (not queued behind the away session) and gives
+    them to the member when its session resumes; each task once."""
+    from forwarder import Forwarder
+
+    b = brokers()
+    with Forwarder(b.port) as fw:
+        member = clients(f"tcp://127.0.0.1:{fw.port}").pubsub(ignore_subscribe_messages=True)
+        member.subscribe("jobs", queue="workers")
+        c = clients(b.endpoint)
+        c.hold("jobs", "workers")
+        assert c.enqueue("jobs", b"0") is True
+        fw.cut(1.0)
+        wait_for(lambda: b.stats()["sessions_detached"] >= 1, what="the broker seeing the member gone")
+        kept = [c.enqueue("jobs", b"%d" % i) for i in range(1, 101)]
+        assert kept == [False] * 100                                   # kept for it, answered so
+        got = drain(member, idle=2.0)
+        assert sorted(got, key=int) == [b"%d" % i for i in range(101)], got[:5]
+        st = b.stats()
+        assert st["sessions_resumed"] >= 1 and st["held_given"] >= 100 and st["held_messages"] == 0, st
+
+
 def test_asyncio_twin(brokers):
     b = brokers()
 

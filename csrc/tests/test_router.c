@@ -908,6 +908,23 @@ static void test_held_groups(void)
     CHECK_EQ(fb_router_group_held(r, g), 0);
     CHECK_EQ(fb_router_group_hold(r, g), FB_OK);
     CHECK_EQ(fb_router_group_join(r, g, 2), FB_OK);
+    /* A member whose session is away: the group keeps for it (202), and
+     * gives it the backlog once it is back, not before. */
+    CHECK_EQ(fb_router_group_leave(r, g, 2), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, g, 3), FB_OK);
+    fb_router_set_away(r, 3, 1);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 1, 29), 1);
+    CHECK_EQ(fb_router_group_held(r, g), 1);
+    CHECK_EQ(fb_outbox_count(fb_router_outbox(r, 3)), 0);
+    n = take_records(r, 1, recs, &keep);
+    CHECK(n == 1 && status_is(&recs[0], "202"));
+    fb_free(keep);
+    CHECK_EQ(fb_router_group_give(r, g, 30), 0);
+    fb_router_set_away(r, 3, 0);
+    CHECK_EQ(fb_router_group_give(r, g, 31), 1);
+    take_and_free(r, 3, 32);
+    CHECK_EQ(fb_router_group_leave(r, g, 3), FB_OK);
+    CHECK_EQ(fb_router_group_join(r, g, 2), FB_OK);
     /* Removing a held group drops what it kept, counted. */
     CHECK_EQ(fb_router_group_leave(r, g, 2), FB_OK);
     CHECK_EQ(fb_router_route(r, t, plain, plen, NULL, 1, 28), 1);

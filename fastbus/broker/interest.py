@@ -413,6 +413,14 @@ class Interest:
         self.released_bytes += g.hold_cost
         g.hold_cost = 0
 
+    def resumed(self, link: Link) -> None:
+        """A member's session resumed: the held groups it is in give it
+        (and their other members) what they kept while it was away."""
+        for key in link.queues:
+            g = self.groups.get(key)
+            if g is not None and g.hold_ms:
+                self._give(g)
+
     def _give(self, g: Group) -> None:
         """A held group has a member: what it kept goes to its members."""
         if not self.router.group_held(g.gid):

@@ -437,6 +437,7 @@ class Sessions:
         away = 0.0 if link.detached_at is None else time.monotonic() - link.detached_at
         link.detached_at = None
         b.router.set_away(link.link, False)
+        b.interest.resumed(link)                 # (what its held groups kept meanwhile)
         link.address = meta.get("Peer-Address") or link.address
         b.counters["sessions_resumed"] += 1
         b.counters["messages_replayed"] += replayed
