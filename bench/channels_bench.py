@@ -437,7 +437,7 @@ def run_case(layer: str, rate: float, args, case: str = "group") -> dict:
         if SERVER_OF[layer] == "fastbus":
             from fastbus.client import query_stats
             st = query_stats(srv.endpoint)
-            broker = {k: st[k] for k in ("messages_in", "messages_out", "flow_pauses", "queued_bytes", "held_kept",
+            broker = {k: st[k] for k in ("messages_in", "messages_out", "flow_pauses", "flow_timeouts", "queued_bytes", "held_kept",
                                          "held_given") if st.get(k)}
             broker["drops"] = {k: v for k, v in st.get("drops", {}).items() if v}
         lat = array("q")
