@@ -218,18 +218,25 @@ int fb_router_add_group(fb_router *r, const void *pattern, size_t len, uint64_t 
     return FB_OK;
 }
 
+/* A group's backlog freed, and the group no longer held: how many records
+ * it kept. */
+static size_t free_backlog(fb_router *r, qgroup *g)
+{
+    r->held_bytes -= g->held->bytes;
+    size_t n = fb_backlog_clear(g->held);
+    fb_backlog_destroy(g->held);
+    free(g->held);
+    g->held = NULL;
+    return n;
+}
+
 int fb_router_remove_group(fb_router *r, uint64_t id)
 {
     qgroup *g = group_of(r, id);
     if (!g) return FB_ENOTFOUND;
     free(g->pat);
     free(g->members);
-    if (g->held) {
-        r->held_bytes -= g->held->bytes;
-        r->st.held_dropped += fb_backlog_clear(g->held);
-        fb_backlog_destroy(g->held);
-        free(g->held);
-    }
+    if (g->held) r->st.held_dropped += free_backlog(r, g);
     *g = (qgroup){ .next = r->freegroup };
     r->freegroup = (uint32_t)(id - FB_ROUTER_GROUP_BASE);
     return FB_OK;
@@ -308,13 +315,7 @@ int fb_router_group_hold(fb_router *r, uint64_t id)
 size_t fb_router_group_release(fb_router *r, uint64_t id)
 {
     qgroup *g = group_of(r, id);
-    if (!g || !g->held) return 0;
-    r->held_bytes -= g->held->bytes;
-    size_t n = fb_backlog_clear(g->held);
-    fb_backlog_destroy(g->held);
-    free(g->held);
-    g->held = NULL;
-    return n;
+    return g && g->held ? free_backlog(r, g) : 0;
 }
 
 void fb_router_set_held_limit(fb_router *r, size_t max_bytes)

@@ -98,6 +98,11 @@ DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{P.DEFAULT_PORT}"
 #: the serialized message.
 _STAMP = struct.Struct("!d")
 
+def _unstamp(data: bytes) -> tuple[float, bytes]:
+    """A payload as (its sender's time.time(), the serialized message)."""
+    return _STAMP.unpack_from(data)[0], data[_STAMP.size:]
+
+
 _COUNTERS = ("sent", "unwanted", "delivered", "received", "given_back", "dropped_full", "dropped_expired",
              "dropped_gone",
              "dropped_broker", "malformed", "undelivered_at_close")
@@ -676,7 +681,7 @@ class _LoopLayer:
             while batch := p.ready_batch():
                 for topic, data, *_h in batch:
                     if topic.startswith(self._channel_b) and len(data) >= _STAMP.size:
-                        self._give_back(topic, (_STAMP.unpack_from(data)[0], data[_STAMP.size:]))
+                        self._give_back(topic, _unstamp(data))
         if self._returner is not None:
             await asyncio.gather(self._returner, return_exceptions=True)
 
@@ -731,7 +736,7 @@ class _LoopLayer:
         inbox = self.inboxes.get(channel)
         if inbox is None:
             if named is not None and self.queues:
-                self._give_back(named, (_STAMP.unpack_from(data)[0], data[_STAMP.size:]))
+                self._give_back(named, _unstamp(data))
             else:
                 counters["dropped_gone"] += 1
             return True
@@ -739,7 +744,7 @@ class _LoopLayer:
         if queue.full():
             counters["dropped_full"] += 1
             return False
-        queue.put_nowait(item or (_STAMP.unpack_from(data)[0], data[_STAMP.size:]))
+        queue.put_nowait(item or _unstamp(data))
         counters["delivered"] += 1
         return True
 
@@ -751,7 +756,7 @@ class _LoopLayer:
         cl = self.channel_layer
         too_old = time.monotonic() - cl.group_expiry if cl.group_expiry else None
         full = 0
-        item = (_STAMP.unpack_from(data)[0], data[_STAMP.size:])     # one for all members
+        item = _unstamp(data)     # one for all members
         for channel, added in list(members.items()):
             if too_old is not None and added < too_old:
                 del members[channel]

@@ -316,23 +316,23 @@ class Client(ClientBase):
         in effect for every publisher; :class:`~fastbus.HoldRefused` past
         the broker's ``max_held_groups``.  A held group lives on the broker
         this client is connected to (it is not announced to others)."""
-        if self._closed:
-            raise ConnectionClosed("client is closed")
-        inbox = self._inbox or self._open_inbox()
-        seq = inbox.hold_nowait(channel, queue, expiry)
-        inbox.wait_confirmed(seq)
-        inbox.hold_outcome(seq)
+        self._hold(channel, queue, expiry, False)
 
     def release(self, channel: ChannelT, queue: str | bytes) -> None:
         """The group :meth:`hold` declared is no longer held: what it keeps
         is dropped (the broker counts it: ``held_purged``), and it goes
         with its last member.  Returns once in effect."""
+        self._hold(channel, queue, 1.0, True)
+
+    def _hold(self, channel: ChannelT, queue: str | bytes, expiry: float, release: bool) -> None:
         if self._closed:
             raise ConnectionClosed("client is closed")
         inbox = self._inbox or self._open_inbox()
-        seq = inbox.hold_nowait(channel, queue, 1.0, release=True)
-        inbox.wait_confirmed(seq)
-        inbox.hold_outcome(seq)
+        seq = inbox.hold_nowait(channel, queue, expiry, release)
+        try:
+            inbox.wait_confirmed(seq)
+        finally:
+            inbox.hold_outcome(seq)
 
     def enqueue(self, channel: ChannelT, data: EncodableT, capacity: int = 0, timeout: float = 1.0,
                 headers: Mapping[str, str | bytes] | None = None) -> bool:

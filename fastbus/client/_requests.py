@@ -96,8 +96,8 @@ class InboxMixin:
         return seq
 
     def hold_outcome(self, seq: int) -> None:
-        """After hold_nowait's confirmation: HoldRefused if the broker
-        refused the declaration."""
+        """After hold_nowait's wait (confirmed, or given up): forget it;
+        HoldRefused if the broker refused the declaration."""
         reason = self._holds.pop(seq, None)
         if reason is not None:
             raise HoldRefused(reason)

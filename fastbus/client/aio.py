@@ -364,8 +364,10 @@ class Client(_SyncClient):
         inbox = await self._async_inbox()
         seq = inbox.hold_nowait(channel, queue, expiry, release)
         inbox._drive()
-        await inbox.wait_confirmed(seq)
-        inbox.hold_outcome(seq)
+        try:
+            await inbox.wait_confirmed(seq)
+        finally:
+            inbox.hold_outcome(seq)
 
     async def enqueue(self, channel: ChannelT, data: EncodableT, capacity: int = 0, timeout: float = 1.0,
                       headers: Mapping[str, str | bytes] | None = None) -> bool:
