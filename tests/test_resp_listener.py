@@ -237,6 +237,13 @@ def test_a_pipeline_cut_at_every_byte_gets_the_same_replies(resp):
         s.close()
 
 
+#: A broker under AddressSanitizer (.ci/run's sanitized stage preloads it,
+#: and the broker inherits the environment) keeps what it frees in ASan's
+#: quarantine, up to 256 MiB by default, to catch a use after free: its RSS
+#: counts that on top of what the broker holds.
+_ASAN_QUARANTINE = 256 << 20 if "asan" in os.environ.get("LD_PRELOAD", "") else 0
+
+
 def test_ten_thousand_half_requests_hold_bounded_memory_and_others_are_served():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < 10_500 and hard != resource.RLIM_INFINITY:
@@ -258,7 +265,8 @@ def test_ten_thousand_half_requests_hold_bounded_memory_and_others_are_served():
             assert time.monotonic() - t0 < 5
             st = query_stats(broker.endpoint)
             grown = st["rss_bytes"] - rss0
-            assert grown < 300 << 20, f"10,000 half requests grew the broker by {grown >> 20} MiB"
+            assert grown < (300 << 20) + _ASAN_QUARANTINE, \
+                f"10,000 half requests grew the broker by {grown >> 20} MiB"
             for s in conns:
                 s.close()
         finally:
