@@ -54,10 +54,10 @@ int fb_backlog_push(fb_backlog *b, const fb_record *rec, uint64_t at_ns)
     return FB_OK;
 }
 
-int fb_backlog_peek(const fb_backlog *b, fb_record *rec, uint64_t *at_ns)
+int fb_backlog_at(const fb_backlog *b, size_t i, fb_record *rec, uint64_t *at_ns)
 {
-    if (!b->count) return 0;
-    const fb_backlog_item *it = &b->items[b->head];
+    if (i >= b->count) return 0;
+    const fb_backlog_item *it = &b->items[(b->head + i) % b->cap];
     rec->topic = it->data;
     rec->topic_len = it->topic_len;
     rec->headers = it->headers_len ? it->data + it->topic_len : NULL;

@@ -45,9 +45,14 @@ void fb_backlog_init(fb_backlog *b);
 void fb_backlog_destroy(fb_backlog *b);
 /* Keep a copy of rec, stamped at_ns.  FB_OK or FB_ENOMEM (nothing kept). */
 int fb_backlog_push(fb_backlog *b, const fb_record *rec, uint64_t at_ns);
-/* The oldest item as a record (views into the backlog, valid until the
- * next pop or push): 1, or 0 if empty. */
-int fb_backlog_peek(const fb_backlog *b, fb_record *rec, uint64_t *at_ns);
+/* The i-th oldest item as a record (views into the backlog, valid until
+ * the next pop or push) and when it was kept: 1, or 0 past the last. */
+int fb_backlog_at(const fb_backlog *b, size_t i, fb_record *rec, uint64_t *at_ns);
+/* The oldest: 1, or 0 if empty. */
+static inline int fb_backlog_peek(const fb_backlog *b, fb_record *rec, uint64_t *at_ns)
+{
+    return fb_backlog_at(b, 0, rec, at_ns);
+}
 /* Drop the oldest item (none: nothing). */
 void fb_backlog_pop(fb_backlog *b);
 /* Drop the items kept before before_ns (the oldest first: the ring is in

@@ -83,6 +83,8 @@ struct fb_router {
     size_t max_held_bytes;    /* fb_router_set_held_limit's bound of it, 0: none */
     int rec_held;             /* the record being routed: HELD_KEPT or HELD_FULL by a held group, else 0 */
     uint32_t rec_capacity;    /* ... and what its :hold allows a held group to keep (0: no count bound) */
+    fb_router_held_fn held_fn; /* fb_router_set_held_hook's, NULL: none */
+    void *held_arg;
     uint32_t catchall;        /* fb_router_set_catchall's link, UINT32_MAX: none */
     uint64_t catchall_from;
     fb_router_stats st;
@@ -218,12 +220,20 @@ int fb_router_add_group(fb_router *r, const void *pattern, size_t len, uint64_t 
     return FB_OK;
 }
 
+/* Tell the held hook (fb_router_set_held_hook) that a backlog changed. */
+static void held_told(fb_router *r, const qgroup *g, int what, const fb_record *rec, uint64_t at_ns, size_t n)
+{
+    if (r->held_fn && g->mark_len && (what == FB_HELD_KEPT || n))
+        r->held_fn(r->held_arg, g->mark, g->mark_len, what, rec, at_ns, n);
+}
+
 /* A group's backlog freed, and the group no longer held: how many records
  * it kept. */
 static size_t free_backlog(fb_router *r, qgroup *g)
 {
     r->held_bytes -= g->held->bytes;
     size_t n = fb_backlog_clear(g->held);
+    held_told(r, g, FB_HELD_GONE, NULL, 0, n);
     fb_backlog_destroy(g->held);
     free(g->held);
     g->held = NULL;
@@ -341,7 +351,32 @@ size_t fb_router_group_expire(fb_router *r, uint64_t id, uint64_t before_ns)
     size_t was = g->held->bytes, n = fb_backlog_expire(g->held, before_ns);
     r->held_bytes -= was - g->held->bytes;
     r->st.held_dropped += n;
+    held_told(r, g, FB_HELD_GONE, NULL, 0, n);
     return n;
+}
+
+void fb_router_set_held_hook(fb_router *r, fb_router_held_fn fn, void *arg)
+{
+    r->held_fn = fn;
+    r->held_arg = arg;
+}
+
+const fb_backlog *fb_router_group_backlog(const fb_router *r, uint64_t id)
+{
+    const qgroup *g = group_of(r, id);
+    return g ? g->held : NULL;
+}
+
+int fb_router_group_restore(fb_router *r, uint64_t id, const fb_record *rec, uint64_t at_ns)
+{
+    qgroup *g = group_of(r, id);
+    if (!g || !g->held) return FB_ENOTFOUND;
+    size_t cost = fb_backlog_cost(rec);
+    if (r->max_held_bytes && r->held_bytes + cost > r->max_held_bytes) return FB_ETOOBIG;
+    int rc = fb_backlog_push(g->held, rec, at_ns);
+    if (rc < 0) return rc;
+    r->held_bytes += cost;
+    return FB_OK;
 }
 
 /* The member of g a record from `source` goes to, or UINT32_MAX: the
@@ -608,6 +643,11 @@ static int keep(fb_router *r, qgroup *g, const fb_record *rec, uint64_t now_ns)
     r->held_bytes += cost;
     r->rec_held = HELD_KEPT;
     r->st.held_kept++;
+    if (r->held_fn) {
+        fb_record copy;                       /* (told the copy: one run of bytes) */
+        fb_backlog_at(g->held, fb_backlog_count(g->held) - 1, &copy, NULL);
+        held_told(r, g, FB_HELD_KEPT, &copy, now_ns, 1);
+    }
     return FB_OK;
 }
 
@@ -1017,24 +1057,23 @@ int64_t fb_router_group_give(fb_router *r, uint64_t id, uint64_t now_ns)
     qgroup *g = group_of(r, id);
     if (!g || !g->held) return 0;
     int64_t given = 0;
+    int rc = FB_OK;
     fb_record rec;
     while (fb_backlog_peek(g->held, &rec, NULL)) {
         uint32_t m = pick_member(r, g, UINT64_MAX);
         if (m == UINT32_MAX || m >= r->caplinks || r->links[m].away) break;
         r->stamp++;
-        int rc;
         if (r->links[m].broker && g->mark_len) {
             /* Another broker's members: the record names the group, for
              * that broker to pick one of them (and only them). */
-            if ((rc = reserve((void **)&r->picks, &r->cappicks, 1, sizeof(bpick))) < 0) return rc;
+            if ((rc = reserve((void **)&r->picks, &r->cappicks, 1, sizeof(bpick))) < 0) break;
             r->picks[0] = (bpick){ m, (uint32_t)(id - FB_ROUTER_GROUP_BASE) };
             r->npicks = 1;
             rc = append_picked(r, 0, &rec, 1, now_ns);
         } else {
             rc = append_to(r, m, &rec, now_ns);
         }
-        if (rc < 0) return rc;
-        if (rc == 0) break;                   /* (not taken: it stays) */
+        if (rc <= 0) break;                   /* (an error, or not taken: it stays) */
         size_t was = g->held->bytes;
         fb_backlog_pop(g->held);
         r->held_bytes -= was - g->held->bytes;
@@ -1042,5 +1081,6 @@ int64_t fb_router_group_give(fb_router *r, uint64_t id, uint64_t now_ns)
         r->st.deliveries += (uint64_t)rc;
         given++;
     }
-    return given;
+    held_told(r, g, FB_HELD_GONE, NULL, 0, (size_t)given);
+    return rc < 0 ? rc : given;
 }

@@ -234,6 +234,28 @@ int64_t fb_router_group_give(fb_router *r, uint64_t id, uint64_t now_ns);
 /* Drop the records a group kept before before_ns; returns how many. */
 size_t fb_router_group_expire(fb_router *r, uint64_t id, uint64_t before_ns);
 
+/* Every change of a backlog, told as it happens, for a journal to keep
+ * (fastbus's --journal: a restart finds each held group's backlog as it
+ * was).  FB_HELD_KEPT: rec was kept at at_ns (the router's clock), the
+ * newest of the group's (rec views the backlog's copy: its topic, headers
+ * and payload are one run of bytes, from rec->topic); FB_HELD_GONE: its n oldest left (given to
+ * members, expired, or dropped with the group: in one call however many).
+ * The group by its mark (fb_router_set_group_mark; a group without one is
+ * not told).  Called with the router in the middle of a call: fn must not
+ * call the router.  Not told: fb_router_group_restore, fb_router_destroy. */
+enum { FB_HELD_KEPT = 1, FB_HELD_GONE = 2 };
+typedef void (*fb_router_held_fn)(void *arg, const unsigned char *mark, size_t mark_len, int what,
+                                  const fb_record *rec, uint64_t at_ns, size_t n);
+void fb_router_set_held_hook(fb_router *r, fb_router_held_fn fn, void *arg);
+/* A held group's backlog, to read (fb_backlog_at: a journal's snapshot);
+ * NULL for a group not held. */
+const fb_backlog *fb_router_group_backlog(const fb_router *r, uint64_t id);
+/* Put a record back into a held group's backlog, as the newest, kept at
+ * at_ns (a journal read back): no member is given it now, no capacity
+ * applies, the router's byte bound does (FB_ETOOBIG past it).  FB_OK,
+ * FB_ENOTFOUND (not held), FB_ENOMEM. */
+int fb_router_group_restore(fb_router *r, uint64_t id, const fb_record *rec, uint64_t at_ns);
+
 /* Queue groups across brokers.  A broker link (fb_router_set_broker) that
  * is a member of a group stands for the group's members behind it.  A
  * record's pick for a group is made once in the whole federation, by the

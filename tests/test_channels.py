@@ -283,6 +283,29 @@ def test_the_layer_survives_a_broker_restart(brokers):
     asyncio.run(main())
 
 
+def test_what_a_named_channel_keeps_survives_a_broker_restart_with_its_journal(brokers, tmp_path):
+    """Sent to a named channel while nobody receives it, the broker killed
+    (-9) and started again with its journal: a receiver then gets every
+    message once, in order."""
+    b = brokers("--journal", str(tmp_path / "journal"))
+
+    async def main():
+        sender = ChannelLayer(b.endpoint)
+        for i in range(50):
+            await sender.send("jobs", {"type": "job", "i": i})
+        await sender.close()
+        await asyncio.to_thread(b.kill)
+        await asyncio.to_thread(b.start)
+        receiver = ChannelLayer(b.endpoint)
+        got = [(await asyncio.wait_for(receiver.receive("jobs"), 10))["i"] for _ in range(50)]
+        assert got == list(range(50))
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(receiver.receive("jobs"), 0.5)        # (nothing twice)
+        await receiver.close()
+
+    asyncio.run(main())
+
+
 def test_capacity_raises_channel_full_for_a_local_receiver_and_counts_what_is_dropped(brokers, caplog):
     b = brokers()
 

@@ -273,3 +273,83 @@ def test_a_journal_whose_disk_fills_up_holds_acknowledgements_and_never_crashes(
         b.stop()
     finally:
         subprocess.run(["umount", "-l", str(fs)], capture_output=True)
+
+
+def _drain_group(ps, idle: float = 0.7) -> list[bytes]:
+    got = []
+    while (m := ps.get_message(ignore_subscribe_messages=True, timeout=idle)) is not None:
+        if m["type"] == "message":
+            got.append(m["data"])
+    return got
+
+
+def test_a_held_groups_backlog_survives_broker_restarts(brokers, tmp_path):
+    """What a held group kept (each send answered "kept") is there after a
+    kill -9 and a restart, and after a second one (the start's snapshot):
+    the first worker to join gets all of it once, in order, headers and
+    all; what was given before a kill is not given again after it."""
+    b = brokers("--journal", str(tmp_path / "journal"))
+    with fastbus.Client(b.endpoint) as c:
+        c.hold("jobs", "workers", expiry=600)
+        assert [c.enqueue("jobs", b"early%d" % i) for i in range(5)] == [False] * 5
+        with c.pubsub(ignore_subscribe_messages=True) as w:
+            w.subscribe("jobs", queue="workers")
+            assert _drain_group(w) == [b"early%d" % i for i in range(5)]        # given: gone from the backlog
+        wait_for(lambda: b.stats()["queue_group_members"] == 0, what="the worker's leaving")
+        assert all(c.enqueue("jobs", b"job%d" % i) is False for i in range(300))
+        c.publish("jobs", b"traced", headers={"traceparent": "00-1-2-01"})
+        c.flush()
+        wait_for(lambda: b.stats()["held_messages"] == 301, what="the traced one kept")
+    b.kill()
+    b.start()
+    st = b.stats()
+    assert (st["held_groups"], st["held_messages"]) == (1, 301), st
+    assert (st["journal"]["held_groups_restored"], st["journal"]["held_messages_restored"]) == (1, 301), st
+    b.kill()
+    b.start()
+    assert b.stats()["held_messages"] == 301
+    with fastbus.Client(b.endpoint) as c:
+        with c.pubsub(ignore_subscribe_messages=True) as w:
+            w.subscribe("jobs", queue="workers")
+            got = []
+            while (m := w.get_message(ignore_subscribe_messages=True, timeout=0.7)) is not None:
+                if m["type"] == "message":
+                    got.append(m)
+    assert [m["data"] for m in got] == [b"job%d" % i for i in range(300)] + [b"traced"]
+    assert got[-1].get("headers") == {"traceparent": b"00-1-2-01"}
+    wait_for(lambda: b.stats()["held_messages"] == 0, what="the backlog given")
+    b.kill()
+    b.start()
+    st = b.stats()
+    assert (st["held_groups"], st["held_messages"]) == (1, 0), st      # (the declaration lives on, nothing twice)
+
+
+def test_a_held_groups_expiry_runs_on_across_a_restart(brokers, tmp_path):
+    """Kept with a 2 s expiry, the broker down for 2.5 s: after the restart
+    they are expired and counted, not given."""
+    b = brokers("--journal", str(tmp_path / "journal"))
+    with fastbus.Client(b.endpoint) as c:
+        c.hold("jobs", "workers", expiry=2)
+        assert [c.enqueue("jobs", b"%d" % i) for i in range(10)] == [False] * 10
+    b.kill()
+    time.sleep(2.5)
+    b.start()
+    wait_for(lambda: b.stats()["drops"]["held_expired"] == 10, timeout=10, what="the backlog's expiry")
+    st = b.stats()
+    assert st["held_messages"] == 0, st
+    with fastbus.Client(b.endpoint) as c, c.pubsub(ignore_subscribe_messages=True) as w:
+        w.subscribe("jobs", queue="workers")
+        assert _drain_group(w, idle=0.5) == []
+
+
+def test_a_released_held_group_stays_released_after_a_restart(brokers, tmp_path):
+    b = brokers("--journal", str(tmp_path / "journal"))
+    with fastbus.Client(b.endpoint) as c:
+        c.hold("jobs", "workers")
+        assert c.enqueue("jobs", b"x") is False
+        c.release("jobs", "workers")
+        wait_for(lambda: b.stats()["held_groups"] == 0, what="the release")
+    b.kill()
+    b.start()
+    st = b.stats()
+    assert (st["held_groups"], st["held_messages"], st["journal"]["held_groups_restored"]) == (0, 0, 0), st

@@ -938,6 +938,138 @@ static void test_held_groups(void)
     fb_trie_free(t);
 }
 
+/* The held hook (a journal's view of the backlogs): a mirror kept from
+ * what it is told alone matches the backlog after keeps, expiry, a give
+ * and a removal; a restore puts records back without telling it. */
+typedef struct mirror {
+    char items[16][8];         /* payloads, oldest first */
+    size_t head, count;
+    uint64_t at[16];
+    int calls;
+} mirror;
+
+static void mirror_fn(void *arg, const unsigned char *mark, size_t mark_len, int what, const fb_record *rec,
+                      uint64_t at_ns, size_t n)
+{
+    mirror *m = arg;
+    m->calls++;
+    CHECK(mark_len == 2 && !memcmp(mark, "HG", 2));
+    if (what == FB_HELD_KEPT) {
+        CHECK(n == 1 && rec && rec->payload_len < 8 && m->head + m->count < 16);
+        if (!rec || rec->payload_len >= 8 || m->head + m->count >= 16) return;
+        memcpy(m->items[m->head + m->count], rec->payload, rec->payload_len);
+        m->items[m->head + m->count][rec->payload_len] = 0;
+        m->at[m->head + m->count] = at_ns;
+        m->count++;
+    } else {
+        CHECK(what == FB_HELD_GONE && n > 0 && n <= m->count);
+        if (n > m->count) n = m->count;
+        m->head += n;
+        m->count -= n;
+    }
+}
+
+static unsigned char *batch_payloads(const char *topic, const char *const *payloads, int n, size_t *len)
+{
+    fb_outbox o;
+    fb_outbox_init(&o, NULL);
+    for (int i = 0; i < n; i++)
+        REQUIRE(fb_outbox_append_h(&o, topic, strlen(topic), NULL, 0, payloads[i], strlen(payloads[i]), 0) >= 0);
+    unsigned char *b;
+    REQUIRE(fb_outbox_take(&o, &b, len) == FB_OK);
+    fb_outbox_destroy(&o);
+    return b;
+}
+
+static int mirror_matches(const mirror *m, const fb_router *r, uint64_t g)
+{
+    const fb_backlog *bl = fb_router_group_backlog(r, g);
+    if (!bl || fb_backlog_count(bl) != m->count) return 0;
+    for (size_t i = 0; i < m->count; i++) {
+        fb_record rec;
+        uint64_t at;
+        if (!fb_backlog_at(bl, i, &rec, &at)) return 0;
+        if (rec.payload_len != strlen(m->items[m->head + i]) ||
+            memcmp(rec.payload, m->items[m->head + i], rec.payload_len) || at != m->at[m->head + i])
+            return 0;
+    }
+    return 1;
+}
+
+static void test_held_hook(void)
+{
+    fb_trie *t = fb_trie_new();
+    fb_router *r = fb_router_new(NULL);
+    for (uint32_t l = 1; l <= 2; l++) CHECK_EQ(fb_router_add_link(r, l), FB_OK);
+    uint64_t g, anon;
+    CHECK_EQ(fb_router_add_group(r, NULL, 0, &g), FB_OK);
+    CHECK_EQ(fb_router_add_group(r, NULL, 0, &anon), FB_OK);     /* no mark: not told */
+    fb_trie_add(t, "job", 3, FB_EXACT, g);
+    fb_trie_add(t, "anon", 4, FB_EXACT, anon);
+    CHECK_EQ(fb_router_set_group_mark(r, g, "HG", 2), FB_OK);
+    CHECK(fb_router_group_backlog(r, g) == NULL);
+    CHECK_EQ(fb_router_group_hold(r, g), FB_OK);
+    CHECK_EQ(fb_router_group_hold(r, anon), FB_OK);
+    mirror m = { 0 };
+    fb_router_set_held_hook(r, mirror_fn, &m);
+    static const char *const five[] = { "a", "b", "c", "d", "e" };
+    size_t len, alen;
+    unsigned char *b = batch_payloads("job", five, 5, &len), *ab = batch_payloads("anon", five, 2, &alen);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 1, 100), 5);
+    CHECK_EQ(fb_router_route(r, t, ab, alen, NULL, 1, 100), 2);
+    CHECK_EQ(m.calls, 5);
+    CHECK(mirror_matches(&m, r, g));
+    /* Expired: nothing is older than 100; of ten, the five older than 150
+     * go, told in one call. */
+    CHECK_EQ(fb_router_group_expire(r, g, 100), 0);
+    CHECK_EQ(m.calls, 5);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 1, 200), 5);
+    CHECK_EQ(fb_router_group_expire(r, g, 150), 5);
+    CHECK_EQ(m.calls, 11);
+    CHECK(mirror_matches(&m, r, g));
+    /* Given to a member: told once, for all of them. */
+    CHECK_EQ(fb_router_group_join(r, g, 2), FB_OK);
+    CHECK_EQ(fb_router_group_give(r, g, 300), 5);
+    CHECK_EQ(m.calls, 12);
+    CHECK(mirror_matches(&m, r, g) && m.count == 0);
+    take_and_free(r, 2, 301);
+    CHECK_EQ(fb_router_group_give(r, g, 302), 0);
+    CHECK_EQ(m.calls, 12);                           /* (nothing left: not told) */
+    CHECK_EQ(fb_router_group_leave(r, g, 2), FB_OK);
+    /* Restored: back in the backlog, oldest first, not told; the byte
+     * bound applies. */
+    fb_record rec = { .topic = (const unsigned char *)"job", .topic_len = 3,
+                      .payload = (const unsigned char *)"zz", .payload_len = 2 };
+    CHECK_EQ(fb_router_group_restore(r, anon + 1000, &rec, 7), FB_ENOTFOUND);
+    CHECK_EQ(fb_router_group_restore(r, g, &rec, 7), FB_OK);
+    CHECK_EQ(m.calls, 12);
+    CHECK_EQ(fb_router_group_held(r, g), 1);
+    size_t before = fb_router_held_bytes(r);
+    fb_router_set_held_limit(r, before + 1);
+    CHECK_EQ(fb_router_group_restore(r, g, &rec, 8), FB_ETOOBIG);
+    fb_router_set_held_limit(r, 0);
+    fb_record got;
+    uint64_t at;
+    CHECK(fb_backlog_at(fb_router_group_backlog(r, g), 0, &got, &at) && at == 7 && got.payload_len == 2);
+    CHECK(!fb_backlog_at(fb_router_group_backlog(r, g), 1, &got, &at));
+    m.items[m.head][0] = 'z', m.items[m.head][1] = 'z', m.items[m.head][2] = 0;   /* (the mirror's copy) */
+    m.at[m.head] = 7;
+    m.count = 1;
+    /* Removed with its backlog: told that the rest went. */
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 1, 400), 5);
+    CHECK_EQ(m.calls, 17);
+    CHECK(mirror_matches(&m, r, g) && m.count == 6);
+    CHECK_EQ(fb_router_group_release(r, g), 6);
+    CHECK_EQ(m.calls, 18);
+    CHECK_EQ(m.count, 0);
+    CHECK_EQ(fb_router_remove_group(r, g), FB_OK);
+    CHECK_EQ(m.calls, 18);
+    fb_free(b);
+    fb_free(ab);
+    fb_router_free(r);
+    fb_trie_free(t);
+}
+
 int main(void)
 {
     RUN(test_route_and_split_horizon);
@@ -953,5 +1085,6 @@ int main(void)
     RUN(test_queue_groups_across_brokers);
     RUN(test_route_to_groups);
     RUN(test_held_groups);
+    RUN(test_held_hook);
     CTEST_END();
 }

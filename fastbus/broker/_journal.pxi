@@ -23,6 +23,73 @@ cdef enum:
     JREC_BATCH = 66              # 'B': sid[16] | end u64 | records u32 | seq[8] | batch
     JREC_RECEIVED = 82           # 'R': sid[16] | received u64
     JB_HEAD = 36
+    # A held group's backlog (the router's held hook, csrc/fb_router.h),
+    # the group by its mark (mlen u8 | mark):
+    JREC_KEPT = 75               # 'K': mlen | mark | wall ns u64 | topic_len u32 | headers_len u32 | payload_len u32 | data
+    JREC_GONE = 71               # 'G': mlen | mark | n u64: its n oldest left
+    JK_HEAD = 1 + 32 + 20
+
+
+cdef inline uint64_t _wall_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return <uint64_t>ts.tv_sec * 1000000000u + <uint64_t>ts.tv_nsec
+
+
+cdef size_t _jk_head(uint8_t *head, const unsigned char *mark, size_t mlen, uint64_t at_ns, uint64_t mono_now,
+                     uint64_t wall_now, const fb_record *rec) noexcept nogil:
+    """A K record's head (its length): the time it was kept as wall-clock
+    time, so that its expiry runs on across a restart."""
+    cdef size_t o = 1 + mlen
+    head[0] = <uint8_t>mlen
+    memcpy(head + 1, mark, mlen)
+    _put_u64(head + o, wall_now - (mono_now - at_ns) if mono_now >= at_ns else wall_now)
+    _put_u32(head + o + 8, rec.topic_len)
+    _put_u32(head + o + 12, rec.headers_len)
+    _put_u32(head + o + 16, rec.payload_len)
+    return o + 20
+
+
+cdef void _j_held(void *arg, const unsigned char *mark, size_t mlen, int what, const fb_record *rec,
+                  uint64_t at_ns, size_t n) noexcept nogil:
+    """The router's held hook: a backlog's change, appended (written by the
+    turn's commit, with the batches a give put in sessions' queues)."""
+    cdef _jhook *h = <_jhook *>arg
+    cdef uint8_t head[JK_HEAD]
+    cdef size_t hl
+    if h.journal is NULL or mlen > 32:
+        return
+    if what == FB_HELD_KEPT:
+        hl = _jk_head(head, mark, mlen, at_ns, fb_now_ns(), _wall_ns(), rec)
+        if fb_journal_append2(h.journal, JREC_KEPT, head, hl, rec.topic,
+                              <size_t>rec.topic_len + rec.headers_len + rec.payload_len) < 0:
+            h.errors += 1
+    else:
+        head[0] = <uint8_t>mlen
+        memcpy(head + 1, mark, mlen)
+        _put_u64(head + 1 + mlen, n)
+        if fb_journal_append(h.journal, JREC_GONE, head, 1 + mlen + 8) < 0:
+            h.errors += 1
+
+
+cdef size_t _j_backlog(Relay r, uint64_t gid, const unsigned char *mark, size_t mlen) noexcept nogil:
+    """A snapshot of held group ``gid``'s backlog (K records, oldest
+    first); how many were appended."""
+    cdef const fb_backlog *bl
+    cdef fb_record rec
+    cdef uint64_t at, mono = fb_now_ns(), wall = _wall_ns()
+    cdef uint8_t head[JK_HEAD]
+    cdef size_t i = 0, hl
+    _lock(&r.router._lock)
+    bl = fb_router_group_backlog(r.router._r, gid)
+    while bl is not NULL and fb_backlog_at(bl, i, &rec, &at):
+        hl = _jk_head(head, mark, mlen, at, mono, wall, &rec)
+        if fb_journal_append2(r._journal, JREC_KEPT, head, hl, rec.topic,
+                              <size_t>rec.topic_len + rec.headers_len + rec.payload_len) < 0:
+            r.journal_errors += 1
+        i += 1
+    fb_lock_release(&r.router._lock)
+    return i
 
 
 cdef inline void _put_u32(uint8_t *p, uint32_t v) noexcept nogil:

@@ -73,9 +73,11 @@ from fastbus.includes.fb_journal cimport (fb_journal, fb_journal_append, fb_jour
                                          fb_journal_stats, FB_JOURNAL_FSYNC_ALWAYS, FB_JOURNAL_FSYNC_EVERYSEC,
                                          FB_JOURNAL_FSYNC_NO, FB_JOURNAL_MAX_RECORD)
 from fastbus.includes.fb_lock cimport fb_lock, fb_lock_try, fb_lock_release, fb_lock_wait
+from fastbus.includes.fb_backlog cimport fb_backlog, fb_backlog_at
 from fastbus.includes.fb_router cimport (fb_router_deadline, fb_router_due, fb_router_full, fb_router_get_stats, fb_router_hold,
-                                         fb_router_pending,
-                                         fb_router_route, fb_router_stats, fb_router_take)
+                                         fb_router_group_backlog, fb_router_pending, fb_router_route,
+                                         fb_router_set_held_hook, fb_router_stats, fb_router_take, FB_HELD_KEPT)
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 import zmq
 
@@ -155,6 +157,13 @@ cdef object _prop(zmq_api *api, fbz_msg *msg, const char *name):
 cdef inline void _lock(fb_lock *l) noexcept nogil:
     if not fb_lock_try(l):
         fb_lock_wait(l)
+
+
+cdef struct _jhook:
+    # The router's held hook's argument (_journal.pxi's _j_held): the
+    # journal, and what it could not append.
+    fb_journal *journal
+    uint64_t errors
 
 
 cdef struct slot:
@@ -276,6 +285,7 @@ cdef class Relay:
     cdef size_t _max_queue, _flow_bytes
     cdef size_t _retain           # what a resumable session's ring keeps (bytes)
     cdef fb_journal *_journal     # --journal (_journal.pxi), or NULL
+    cdef _jhook _jh               # the router's held hook's (_j_held)
     cdef uint32_t *_jdirty        # links whose received count the next commit writes, nslots room
     cdef uint32_t _njdirty
     cdef public uint64_t journal_errors   # commits that failed (a full disk): retried
@@ -336,6 +346,7 @@ cdef class Relay:
         free(self._blocked)
         free(self._jdirty)
         if self._journal is not NULL:
+            self._journal_unhook()
             fb_journal_commit(self._journal, 0)
             fb_journal_close(self._journal)
             self._journal = NULL
@@ -735,6 +746,16 @@ cdef class Relay:
         if self._journal is NULL:
             err = errno
             raise OSError(err, f"cannot write a journal in {path}: {strerror(err).decode()}")
+        _lock(&self.router._lock)
+        self._jh.journal = self._journal
+        fb_router_set_held_hook(self.router._r, _j_held, &self._jh)     # (held groups' backlogs: _j_held)
+        fb_lock_release(&self.router._lock)
+
+    cdef void _journal_unhook(self) noexcept:
+        _lock(&self.router._lock)
+        fb_router_set_held_hook(self.router._r, NULL, NULL)
+        fb_lock_release(&self.router._lock)
+        self._jh.journal = NULL
 
     def journal_session(self, uint32_t link, bytes sid not None) -> None:
         """Resumable session ``link`` is journaled under ``sid`` (16 bytes):
@@ -769,6 +790,13 @@ cdef class Relay:
             return 0
         _j_commit(self)
         return _j_snapshot(self, budget)
+
+    def journal_backlog(self, uint64_t group_id, bytes mark not None) -> int:
+        """Append held group ``group_id``'s backlog as it is now, under its
+        ``mark`` (a snapshot: Journal.compact); how many records."""
+        if self._journal is NULL or not 0 < PyBytes_GET_SIZE(mark) <= 32:
+            return 0
+        return _j_backlog(self, group_id, <const unsigned char *>PyBytes_AS_STRING(mark), PyBytes_GET_SIZE(mark))
 
     def journal_drop_before(self, uint64_t segment) -> int:
         """Delete the segments before ``segment``; how many."""
@@ -822,12 +850,13 @@ cdef class Relay:
         return {"bytes": fb_journal_disk_bytes(self._journal, &segments), "segments": segments,
                 "segment": st.segment, "commits": st.commits, "bytes_written": st.bytes_written,
                 "fsyncs": st.fsyncs, "fsync_seconds": st.fsync_ns / 1e9, "fsync_max_seconds": st.fsync_max_ns / 1e9,
-                "write_errors": self.journal_errors, "dropped_bytes": st.dropped_bytes}
+                "write_errors": self.journal_errors + self._jh.errors, "dropped_bytes": st.dropped_bytes}
 
     def journal_close(self) -> None:
         """Commit what is appended and close the journal."""
         if self._journal is not NULL:
             _j_commit(self)
+            self._journal_unhook()
             fb_journal_close(self._journal)
             self._journal = NULL
 

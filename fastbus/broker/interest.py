@@ -106,6 +106,7 @@ class Interest:
         self._drops = drops
         self._max_held = config.max_held_groups
         self.flush_full = None                   # the broker's: sends the outboxes a backlog given filled
+        self.journal = None                      # the broker's --journal: held groups' declarations go there
         self.total_bytes = 0                     # what every session's subscriptions cost (SUB_OVERHEAD)
         self.released = 0                        # subscriptions removed, ever (the broker's memory trim)
         self.released_bytes = 0                  # and what they cost (SUB_OVERHEAD counted)
@@ -393,6 +394,28 @@ class Interest:
             self.total_bytes += cost
         g.hold_ms = max(g.hold_ms, queue.hold)
         g.declared = time.monotonic()
+        if self.journal is not None:
+            self.journal.held_declared(group, g)
+
+    def restore_held(self, group: tuple, hold_ms: int, age_s: float) -> Group | str:
+        """A held group read back from the journal (at start, before anything
+        is served), declared ``age_s`` ago for ``hold_ms``: the group, or
+        why a bound refuses it now."""
+        name, key, glob = group
+        refused: list = []
+        diff_all: list = []
+        journal, self.journal = self.journal, None          # (not journaled again: the start's snapshot is)
+        try:
+            self._declare_held(group, key, P.Queue(name, glob, hold=max(1, hold_ms)), diff_all, refused)
+        finally:
+            self.journal = journal
+        self._emit_all(P.encode_ops(diff_all) if diff_all else None)
+        g = self.held.get(group)
+        if refused or g is None:
+            return refused[0][2] if refused else "not held"
+        g.hold_ms = hold_ms
+        g.declared = time.monotonic() - max(0.0, age_s)
+        return g
 
     def _release_held(self, group: tuple, diff_all: list) -> None:
         """A sender's word that ``group`` is no longer held (a Channels
@@ -407,6 +430,8 @@ class Interest:
             self._remove_group(group, diff_all)
 
     def _unhold(self, g: Group) -> None:
+        if self.journal is not None:
+            self.journal.held_ended(g)
         g.hold_ms = 0
         self.total_bytes -= g.hold_cost
         self.released += 1

@@ -21,6 +21,16 @@ Records (a type byte and a payload; csrc/fb_journal.h frames them):
     E  sid[16]: the session ended
     B  sid[16] | end u64 | records u32 | seq[8] | batch: owed to it (relay)
     R  sid[16] | received u64: what came from it (relay)
+
+and of the held queue groups (docs/PROTOCOL.md, "Held groups"), each by
+its mark (``interest.group_mark``; ``mlen u8 | mark``):
+
+    H  JSON {"mark", "name", "key", "glob", "hold_ms", "declared"}: held
+       (declared, or again; ``declared`` wall-clock seconds)
+    X  mlen | mark: no longer held
+    K  mlen | mark | wall ns u64 | topic_len u32 | headers_len u32 |
+       payload_len u32 | topic, headers, payload: kept, the newest (relay)
+    G  mlen | mark | n u64: its n oldest left: given, expired, dropped (relay)
 """
 
 from __future__ import annotations
@@ -29,14 +39,19 @@ import json
 import logging
 import struct
 import time
+from collections import deque
 
 from fastbus import protocol as P
 from fastbus._core import SUBSCRIBE
 
+from .interest import group_mark
+
 log = logging.getLogger("fastbus.broker")
 
 OPENED, SUBSCRIBED, RESET, CONFIRMED, TAKEN, ENDED, BATCH, RECEIVED = (ord(c) for c in "OSZCTEBR")
+HELD, UNHELD, KEPT, GONE = (ord(c) for c in "HXKG")
 _U64 = struct.Struct("<Q")
+_KEPT = struct.Struct("<QIII")
 _BATCH_HEAD = struct.Struct("<16sQI8s")
 #: The routing id a restored session holds until its client is back (no
 #: connection's: a ROUTER's start with a zero byte and are 5 bytes long).
@@ -103,6 +118,50 @@ def replay(records: list) -> dict[bytes, _Restored]:
     return out
 
 
+class _RestoredGroup:
+    """One held group as the journal tells it: its declaration (None once
+    released) and its backlog, oldest first: (wall ns, topic, headers,
+    payload)."""
+
+    __slots__ = ("meta", "items")
+
+    def __init__(self) -> None:
+        self.meta: dict | None = None
+        self.items: deque[tuple[int, bytes, bytes, bytes]] = deque()
+
+
+def _mark_of(payload: bytes) -> tuple[bytes, int]:
+    """A held group's record: its mark, and where the rest starts."""
+    n = payload[0]
+    return payload[1:1 + n], 1 + n
+
+
+def replay_held(records: list) -> dict[bytes, _RestoredGroup]:
+    """The held groups the records describe, by their mark (in order)."""
+    out: dict[bytes, _RestoredGroup] = {}
+    for kind, payload in records:
+        if kind == KEPT:
+            mark, o = _mark_of(payload)
+            wall, tl, hl, pl = _KEPT.unpack_from(payload, o)
+            o += _KEPT.size
+            g = out.setdefault(mark, _RestoredGroup())
+            g.items.append((wall, payload[o:o + tl], payload[o + tl:o + tl + hl],
+                            payload[o + tl + hl:o + tl + hl + pl]))
+        elif kind == GONE:
+            mark, o = _mark_of(payload)
+            items = out.setdefault(mark, _RestoredGroup()).items
+            for _ in range(min(len(items), _U64.unpack_from(payload, o)[0])):
+                items.popleft()
+        elif kind == HELD:
+            meta = json.loads(payload)
+            out.setdefault(bytes.fromhex(meta["mark"]), _RestoredGroup()).meta = meta
+        elif kind == UNHELD:
+            g = out.get(_mark_of(payload)[0])
+            if g is not None:
+                g.meta = None
+    return out
+
+
 class Journal:
     """The journal of one broker (BrokerConfig.journal)."""
 
@@ -118,6 +177,9 @@ class Journal:
         self.torn = 0                          # bytes a kill cut off past the last commit (at start)
         self.restored = 0                      # sessions read back at start
         self.restored_messages = 0
+        self.held_restored = 0                 # held groups read back at start
+        self.held_restored_messages = 0        # ... and the messages they kept
+        self.held_lost = 0                     # ... and those a bound refused now (logged)
 
     # -- start -------------------------------------------------------------
 
@@ -135,12 +197,49 @@ class Journal:
             if r.ended or r.meta is None:
                 continue
             self._restore(sid, r, now)
+        # After the sessions: their members are away, so a backlog waits
+        # for one to resume (or a new member) as it did before the restart.
+        for mark, g in replay_held(records).items():
+            self._restore_held(mark, g)
         self.compact()
         if self.torn:
             log.warning("journal %s: %d bytes past its last whole commit were cut off (a kill, or a full disk): "
                         "nothing that was acknowledged", self.path, self.torn)
-        log.info("journal %s (fsync %s): %d sessions read back, %d messages owed to them", self.path, self.fsync,
-                 self.restored, self.restored_messages)
+        log.info("journal %s (fsync %s): %d sessions read back, %d messages owed to them; %d held groups, "
+                 "%d messages kept by them", self.path, self.fsync, self.restored, self.restored_messages,
+                 self.held_restored, self.held_restored_messages)
+
+    def _restore_held(self, mark: bytes, r: _RestoredGroup) -> None:
+        b = self.b
+        meta = r.meta
+        if meta is None:
+            if r.items:                      # (not written so: a release drops the backlog first)
+                self._held_lost(len(r.items), mark.hex(), "its declaration was released")
+            return
+        group = (bytes.fromhex(meta["name"]), bytes.fromhex(meta["key"]), bool(meta["glob"]))
+        wall = time.time()
+        g = b.interest.restore_held(group, int(meta["hold_ms"]), wall - float(meta["declared"]))
+        if isinstance(g, str):
+            self._held_lost(len(r.items), group[0].decode(errors="replace"), g)
+            return
+        self.held_restored += 1
+        mono_ns, wall_ns = time.monotonic_ns(), time.time_ns()
+        lost = 0
+        for at, topic, headers, payload in r.items:
+            if b.router.group_restore(g.gid, topic, headers, payload, max(0, mono_ns - max(0, wall_ns - at))):
+                self.held_restored_messages += 1
+            else:
+                lost += 1
+        if lost:
+            self._held_lost(lost, group[0].decode(errors="replace"), "over --max-held-bytes")
+
+    def _held_lost(self, n: int, name: str, why: str) -> None:
+        """Messages a held group kept before the restart that it cannot keep
+        now: counted (drops.held_full) and logged with the exact number."""
+        self.held_lost += n
+        self.b.drops["held_full"] += n
+        log.warning("journal %s: held group %s: %d messages it kept are not kept after the restart (%s)",
+                    self.path, name, n, why)
 
     def _restore(self, sid: bytes, r: _Restored, now: float) -> None:
         from .links import ClientLink
@@ -211,6 +310,18 @@ class Journal:
         if self._subs.pop(link.link, None) is not None:
             self._append(ENDED, bytes.fromhex(link.session_id))
 
+    def held_declared(self, group: tuple, g) -> None:
+        """A held group declared (again): its expiry and when."""
+        name, key, glob = group
+        declared = time.time() - (time.monotonic() - g.declared)
+        self._append(HELD, json.dumps({"mark": group_mark(*group).hex(), "name": name.hex(), "key": key.hex(),
+                                       "glob": glob, "hold_ms": g.hold_ms, "declared": declared}).encode())
+
+    def held_ended(self, g) -> None:
+        """A held group no longer held (its backlog's end: the router's G)."""
+        mark = group_mark(g.queue.name, g.key, g.queue.glob)
+        self._append(UNHELD, bytes([len(mark)]) + mark)
+
     def _append(self, kind: int, payload: bytes) -> None:
         self.b.relay.journal_append(kind, payload)
 
@@ -243,6 +354,9 @@ class Journal:
             self._append(CONFIRMED, sid + _U64.pack(link.confirmed))
             taken = link.consumed if link.durable else relay.ring_from(link.link)
             self._append(TAKEN, sid + _U64.pack(taken))
+        for group, g in self.b.interest.held.items():
+            self.held_declared(group, g)
+            relay.journal_backlog(g.gid, group_mark(*group))
         self._snapshot_bytes = relay.journal_snapshot(self.max_bytes // 2)
         if not relay.journal_commit():
             return                                # (the older segments stay until a snapshot is written)
@@ -256,7 +370,9 @@ class Journal:
         if st is None:
             return None
         return {**st, "path": self.path, "fsync": self.fsync, "max_bytes": self.max_bytes, "torn_at_start": self.torn,
-                "sessions_restored": self.restored, "messages_restored": self.restored_messages}
+                "sessions_restored": self.restored, "messages_restored": self.restored_messages,
+                "held_groups_restored": self.held_restored, "held_messages_restored": self.held_restored_messages,
+                "held_lost_at_start": self.held_lost}
 
     def close(self) -> None:
         self.b.relay.journal_close()

@@ -239,6 +239,7 @@ class Broker:
         # What lingering sessions are owed survives a kill (--journal): the
         # sessions it holds linger again before anything is served.
         self.journal = Journal(self) if cfg.journal else None
+        self.interest.journal = self.journal          # (held groups' declarations)
         if self.journal is not None:
             try:
                 self.journal.start()

@@ -232,6 +232,27 @@ cdef class Router:
         _unlock(&self._lock)
         return n
 
+    def group_restore(self, uint64_t group_id, bytes topic not None, bytes headers not None, bytes payload not None,
+                      uint64_t at_ns) -> bool:
+        """Put a record back into a held group's backlog, the newest, kept
+        at ``at_ns`` (a journal read back): nobody is given it now.  False
+        past :meth:`set_held_limit` (not kept)."""
+        cdef fb_record rec
+        cdef int rc
+        rec.topic = <const unsigned char *>PyBytes_AS_STRING(topic)
+        rec.topic_len = <uint32_t>PyBytes_GET_SIZE(topic)
+        rec.headers = <const unsigned char *>PyBytes_AS_STRING(headers) if headers else NULL
+        rec.headers_len = <uint32_t>PyBytes_GET_SIZE(headers)
+        rec.payload = <const unsigned char *>PyBytes_AS_STRING(payload)
+        rec.payload_len = <uint32_t>PyBytes_GET_SIZE(payload)
+        _lock(&self._lock)
+        rc = fb_router_group_restore(self._r, group_id, &rec, at_ns)
+        _unlock(&self._lock)
+        if rc == FB_ETOOBIG:
+            return False
+        _check(rc, "group_restore")
+        return True
+
     def set_group_mark(self, uint64_t group_id, bytes mark not None) -> None:
         """The group's name in every broker of a federation (1 to 32 bytes):
         what a record's ``:groups`` header says when this broker gives the

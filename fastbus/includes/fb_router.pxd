@@ -1,6 +1,7 @@
 # Mirrors csrc/fb_router.h
 from libc.stdint cimport uint32_t, uint64_t, int64_t
-from fastbus.includes.fb_batch cimport fb_decode_limits
+from fastbus.includes.fb_backlog cimport fb_backlog
+from fastbus.includes.fb_batch cimport fb_decode_limits, fb_record
 from fastbus.includes.fb_outbox cimport fb_outbox, fb_outbox_limits
 from fastbus.includes.fb_trie cimport fb_trie
 
@@ -51,6 +52,13 @@ cdef extern from "fb_router.h" nogil:
     size_t fb_router_held_bytes(const fb_router *r)
     int64_t fb_router_group_give(fb_router *r, uint64_t id, uint64_t now_ns)
     size_t fb_router_group_expire(fb_router *r, uint64_t id, uint64_t before_ns)
+    enum: FB_HELD_KEPT
+    enum: FB_HELD_GONE
+    ctypedef void (*fb_router_held_fn)(void *arg, const unsigned char *mark, size_t mark_len, int what,
+                                       const fb_record *rec, uint64_t at_ns, size_t n) noexcept nogil
+    void fb_router_set_held_hook(fb_router *r, fb_router_held_fn fn, void *arg)
+    const fb_backlog *fb_router_group_backlog(const fb_router *r, uint64_t id)
+    int fb_router_group_restore(fb_router *r, uint64_t id, const fb_record *rec, uint64_t at_ns)
     enum: FB_ROUTER_MARK_MAX
     int fb_router_set_group_mark(fb_router *r, uint64_t id, const void *mark, size_t len)
     int64_t fb_router_route_groups(fb_router *r, fb_trie *t, const void *batch, size_t len, size_t skip,
