@@ -34,7 +34,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <linux/sockios.h>  /* SIOCOUTQ */
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -1046,6 +1048,16 @@ int fb_zmtp_server_buffered(const fb_zmtp_server *s)
     return s && !s->closed && (s->frames_left || s->ring_count);
 }
 
+int64_t fb_zmtp_server_unsent(const fb_zmtp_server *s, const unsigned char *id, size_t len)
+{
+    if (!s || s->closed) return -1;
+    const conn *c = lookup(s, id, len, NULL);
+    if (!c || c->fd < 0) return -1;
+    int queued = 0;
+    if (ioctl(c->fd, SIOCOUTQ, &queued) < 0) queued = 0;
+    return (int64_t)(c->out.len - c->out.off) + (queued > 0 ? queued : 0);
+}
+
 void fb_zmtp_server_get_stats(const fb_zmtp_server *s, fb_zmtp_server_stats *out)
 {
     *out = s->st;
@@ -1073,6 +1085,8 @@ const char *fb_zmtp_server_msg_gets(const fb_zmq_msg *msg, const char *property)
 { (void)msg; (void)property; errno = EINVAL; return NULL; }
 int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns) { (void)s; (void)handshake_ns; return 0; }
 int fb_zmtp_server_buffered(const fb_zmtp_server *s) { (void)s; return 0; }
+int64_t fb_zmtp_server_unsent(const fb_zmtp_server *s, const unsigned char *id, size_t len)
+{ (void)s; (void)id; (void)len; return -1; }
 int fb_zmtp_server_take_gone(fb_zmtp_server *s, unsigned char *id) { (void)s; (void)id; return 0; }
 int fb_zmtp_server_listen_resp(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen)
 { (void)s; (void)addr; (void)addrlen; (void)bound; (void)boundlen; return ENOSYS; }

@@ -129,6 +129,12 @@ int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns);
 /* Is input already read into a connection's buffer (a receive may find a
  * message without the descriptor showing it)?  No syscall. */
 int fb_zmtp_server_buffered(const fb_zmtp_server *s);
+/* What was written to a connection and its peer has not taken yet: the
+ * bytes queued here for it, and those in the kernel's send queue
+ * (SIOCOUTQ: not sent, or not acknowledged).  A peer that reads, however
+ * slowly, makes it fall; a stuck one leaves it where it is (the broker's
+ * flow control tells the two apart by it).  -1: not a connection. */
+int64_t fb_zmtp_server_unsent(const fb_zmtp_server *s, const unsigned char *id, size_t len);
 /* The routing id (FB_ZMTP_SERVER_ID_LEN bytes into `id`) of a connection
  * that finished its handshake and is gone, once every whole message it
  * sent was received: returns FB_ZMTP_SERVER_ID_LEN, or 0 when none is left

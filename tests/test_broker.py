@@ -579,7 +579,7 @@ SLOW_READER = textwrap.dedent("""
         # sends, so the broker must pause it.  (This loop used to drain every
         # waiting message through get_message: the reader sometimes kept up
         # and the test saw no pause.)
-        time.sleep(0.005)
+        time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 0.005)
     print(expect, lost, in_order, flush=True)
 """)
 
@@ -610,6 +610,35 @@ def test_flow_control_pauses_publishers_instead_of_dropping(brokers, client_fact
     assert (int(got), int(lost), in_order) == (n, 0, "True"), st
     assert st["drops"]["slow_consumer"] == 0
     assert st["flow_pauses"] >= 1 and pub.stats()["flow_pauses"] >= 1
+
+
+def test_a_slow_subscriber_is_not_judged_stuck_while_it_takes(brokers, client_factory):
+    """A subscriber that takes 500 messages every 50 ms (about 2 MB/s),
+    far slower than the publisher, while megabytes wait for it in the
+    kernel's socket buffers: a batch queued for it may wait longer than
+    --flow-max-pause to be handed to its connection, but its connection's
+    unsent bytes fall, so it is slow, not stuck.  It keeps the publisher
+    paused until it catches up: everything arrives, nothing is dropped,
+    no flow timeout."""
+    b = brokers("--max-queue-bytes", "4000000", "--flow-pause-bytes", "500000", "--flow-max-pause", "1")
+    n = 50_000                                   # 10 MB against a 4 MB limit, in about 5 s
+    reader = python_process(SLOW_READER, b.endpoint, str(n), "0.05", stdout=subprocess.PIPE, text=True)
+    try:
+        assert reader.stdout.readline().strip() == "ready"
+        pub = client_factory(b.endpoint, max_buffer_bytes=1 << 20, block_timeout=60)
+        wait_wanted(pub, "flow")
+        pad = b"." * 192
+        for i in range(n):
+            pub.publish("flow", b"%08d" % i + pad)
+        pub.flush(timeout=60)
+        got, lost, in_order = reader.communicate(timeout=120)[0].split()
+    finally:
+        if reader.poll() is None:
+            reader.kill()
+    st = b.stats()
+    assert (int(got), int(lost), in_order) == (n, 0, "True"), st
+    assert (st["flow_timeouts"], st["drops"]["slow_consumer"]) == (0, 0), st
+    assert st["flow_pauses"] >= 1
 
 
 def test_stuck_subscriber_holds_publishers_back_only_briefly(brokers, client_factory):

@@ -16,7 +16,7 @@ from fastbus.includes.fb_zmtp_server cimport (fb_zmtp_server, fb_zmtp_server_opt
                                               fb_zmtp_server_free,
                                               fb_zmtp_server_send, fb_zmtp_server_getsockopt,
                                               fb_zmtp_server_msg_recv, fb_zmtp_server_msg_gets,
-                                              fb_zmtp_server_buffered, fb_zmtp_server_expire,
+                                              fb_zmtp_server_buffered, fb_zmtp_server_expire, fb_zmtp_server_unsent,
                                               fb_zmtp_server_get_stats, fb_zmtp_server_take_gone,
                                               FB_ZMTP_SERVER_ID_LEN)
 

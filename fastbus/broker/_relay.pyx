@@ -59,7 +59,7 @@ queues, and the data plane (the poll, reading, routing, sending).)
 """
 
 from libc.errno cimport EAGAIN, EHOSTUNREACH, EINTR, errno
-from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t, UINT32_MAX
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t, uintptr_t, UINT32_MAX
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset, strerror, strlen
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
@@ -1489,13 +1489,20 @@ cdef class Relay:
 
     def held_back(self) -> list:
         """The links holding publishers back: ``(link, last sent
-        (time.monotonic() s), queued bytes)``."""
+        (time.monotonic() s), queued bytes, unsent bytes)``, the last what
+        its connection was given and its peer has not taken yet
+        (fb_zmtp_server_unsent: falling while the peer reads; -1 where
+        the connection is libzmq's)."""
         cdef uint32_t i, link
+        cdef slot *s
+        cdef int64_t unsent
         out = []
         for i in range(self._nblocked):
             link = self._blocked[i]
-            if self.slots[link].holding:
-                out.append((link, self.slots[link].last_sent_ns / 1e9, self.slots[link].q.bytes))
+            s = &self.slots[link]
+            if s.holding:
+                unsent = fb_zmtp_server_unsent(self._srv, s.ident, s.idlen) if self._srv is not NULL else -1
+                out.append((link, s.last_sent_ns / 1e9, s.q.bytes, unsent))
         return out
 
     def exempt(self, uint32_t link) -> None:

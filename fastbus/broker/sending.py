@@ -74,6 +74,11 @@ class Sender:
         self.relay = None                        # the data plane (fastbus.broker._relay), set by attach()
         self._R = None                           # ... and its module (its constants)
         self._pause_started = 0.0
+        # While paused (check_flow): each holding link's unsent bytes at the
+        # last look, when it was last seen taking, and the next look.
+        self._unsent: dict[int, int] = {}
+        self._taking: dict[int, float] = {}
+        self._next_look = 0.0
         #: link -> the frames of a WANT reset for it (whole snapshot), built
         #: when a queued reset mark reaches the head of its queue.
         self.want_reset = None
@@ -184,7 +189,9 @@ class Sender:
         """Ask the publishing clients connected here to pause or resume."""
         self.relay.paused = paused
         if paused:
-            self._pause_started = _monotonic()
+            self._pause_started = self._next_look = _monotonic()
+            self._unsent.clear()
+            self._taking.clear()
             self.counters["flow_pauses"] += 1
         frames = [P.FLOW, P.FLOW_PAUSE if paused else P.FLOW_RESUME]
         for link in self.links.snapshot():
@@ -193,12 +200,24 @@ class Sender:
 
     def check_flow(self, now: float) -> None:
         """A subscriber that took nothing for flow_max_pause seconds while
-        publishers waited for it is stuck: it stops holding them back."""
+        publishers waited for it is stuck: it stops holding them back.  One
+        that takes, however slowly, is slow, not stuck: it holds them back
+        as long as it is behind.  Taking is seen in what the broker sends
+        it (a queued batch handed to its connection) or, between, in its
+        connection's unsent bytes falling (what the kernel still holds for
+        it, looked at a few times per flow_max_pause)."""
         limit = self.config.flow_max_pause
-        if not self.paused or now - self._pause_started < limit:
+        if not self.paused or now < self._next_look:
             return
-        for link_id, last_sent, queued in self.relay.held_back():
-            idle = now - max(last_sent, self._pause_started)
+        self._next_look = now + limit / 4
+        unsent: dict[int, int] = {}
+        for link_id, last_sent, queued, out in self.relay.held_back():
+            was = self._unsent.get(link_id)
+            if out >= 0:
+                unsent[link_id] = out
+                if was is not None and out < was:
+                    self._taking[link_id] = now
+            idle = now - max(last_sent, self._pause_started, self._taking.get(link_id, 0.0))
             if idle >= limit:
                 self.relay.exempt(link_id)
                 self.counters["flow_timeouts"] += 1
@@ -206,4 +225,5 @@ class Sender:
                 log.warning("subscriber %s (link %d) took nothing for %.1f s while publishers waited; "
                             "it no longer holds them back (%d bytes queued for it)",
                             link.name if link is not None else "?", link_id, idle, queued)
+        self._unsent = unsent
         self._update_flow()

@@ -1,5 +1,5 @@
 # Mirrors csrc/fb_zmtp_server.h
-from libc.stdint cimport uint64_t
+from libc.stdint cimport int64_t, uint64_t
 
 from fastbus.includes.fb_reader cimport fb_zmq_msg
 
@@ -43,5 +43,6 @@ cdef extern from "fb_zmtp_server.h" nogil:
     const char *fb_zmtp_server_msg_gets(const fb_zmq_msg *msg, const char *property)
     int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns)
     int fb_zmtp_server_buffered(const fb_zmtp_server *s)
+    int64_t fb_zmtp_server_unsent(const fb_zmtp_server *s, const unsigned char *id, size_t len)
     int fb_zmtp_server_take_gone(fb_zmtp_server *s, unsigned char *id)
     void fb_zmtp_server_get_stats(const fb_zmtp_server *s, fb_zmtp_server_stats *out)
