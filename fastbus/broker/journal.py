@@ -292,7 +292,10 @@ class Journal:
         if link.link not in self._subs:
             return
         no = {(key, prefix) for key, prefix, _why in refused}
-        applied = [op for op in ops if op[0] != SUBSCRIBE or (op[1], op[2]) not in no]
+        # (A held group's declaration is no subscription of the session's:
+        # the group is journaled on its own, and outlives the session.)
+        applied = [op for op in ops if (op[0] != SUBSCRIBE or (op[1], op[2]) not in no) and
+                   not (isinstance(op[2], P.Queue) and op[2].hold)]
         held = self._subs[link.link]
         for op, key, prefix in applied:
             (held.add if op == SUBSCRIBE else held.discard)((key, prefix))
