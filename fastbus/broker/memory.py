@@ -33,14 +33,24 @@ TRIM_AGAIN_AFTER = (1.0, 3.0, 6.0)
 #: freed so far (up to 32 MiB): once a large WANT diff or SUB frame has come
 #: and gone, the next ones land in a thread's heap, where one block still in
 #: use can pin megabytes that malloc_trim cannot return (measured: 16 MB of
-#: 31 held in one libzmq thread's heap, one run in eight).
-MMAP_THRESHOLD = 256 << 10
-M_MMAP_THRESHOLD = -3                      # mallopt's parameter number (malloc.h)
+#: 31 held in one libzmq thread's heap, one run in eight).  It stays above
+#: what the data plane allocates a batch at a time (an outbox's buffer grows
+#: to its max_bytes, 256 KiB, and past it by up to one record, doubling:
+#: 512 KiB): at 256 KiB every full batch was a mmap, a munmap and 64 page
+#: faults (1,300 a second with 2-header messages, 6% of the machine's CPU).
+MMAP_THRESHOLD = 1 << 20
+#: Free memory at the top of a heap that glibc keeps instead of giving it
+#: back at once (its default, 128 KiB, while the threshold is pinned, would
+#: give back and take again a batch buffer's pages each time); what the
+#: broker frees in bulk it gives back itself (GiveBack: malloc_trim).
+TRIM_THRESHOLD = 8 << 20
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3    # mallopt's parameter numbers (malloc.h)
 
 
 def fix_mmap_threshold() -> None:
-    """Pin glibc's mmap threshold at MMAP_THRESHOLD (nothing where there is
-    no glibc).  Process-wide: a broker sets it when it is made."""
+    """Pin glibc's mmap threshold at MMAP_THRESHOLD, and its trim threshold
+    at TRIM_THRESHOLD (nothing where there is no glibc).  Process-wide: a
+    broker sets them when it is made."""
     try:
         import ctypes
         fn = ctypes.CDLL(None).mallopt
@@ -49,6 +59,7 @@ def fix_mmap_threshold() -> None:
     fn.argtypes = [ctypes.c_int, ctypes.c_int]
     fn.restype = ctypes.c_int
     fn(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    fn(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
 
 
 def _malloc_trim():
