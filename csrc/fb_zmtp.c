@@ -22,6 +22,7 @@
 #endif
 
 #include "fb_common.h"
+#include "fb_resolve.h"
 #include "fb_zmtp_wire.h"
 
 /* What a read asks of the kernel at least (the buffer grows past it only
@@ -75,6 +76,7 @@ struct fb_zmtp {
     size_t msg_bytes;            /* of the message being built: bytes in `out` so far */
     int msg_counted;             /* ... and whether it is counted */
     int lost_untold;             /* a connection that was up went: fb_zmtp_take_lost says it once */
+    fb_resolver *resolver;       /* the host name looked up again after each loss (fb_zmtp_set_host) */
 };
 
 #ifdef __linux__
@@ -152,6 +154,9 @@ static void lost(fb_zmtp *z, int protocol_error)
     z->got_greeting = 0;
     z->watch_out = 0;
     z->state = DOWN;
+    /* The name may point elsewhere now: ask again while the interval runs
+     * (in a thread of its own: a lookup may block for seconds). */
+    if (z->resolver) fb_resolver_start(z->resolver);
     arm_timer(z, z->ivl);
     if (z->ivl < z->o.reconnect_ivl_max_ns) {
         z->ivl *= 2;
@@ -275,6 +280,7 @@ static void progress(fb_zmtp *z)
         uint64_t expirations;
         if (z->timer_armed && read(z->tfd, &expirations, sizeof expirations) != sizeof expirations) return;
         z->timer_armed = 0;
+        if (z->resolver) fb_resolver_take(z->resolver, z->addr, &z->addrlen, sizeof z->addr);
         try_connect(z);
     }
     if (z->state == CONNECTING) {
@@ -477,7 +483,35 @@ void fb_zmtp_close(fb_zmtp *z, int linger_ms)
     fb_zbuf_free(&z->out);
     fb_zbuf_free(&z->in);
     while (z->kept_head) kept_pop(z);
+    fb_resolver_free(z->resolver);
     free(z);
+}
+
+int fb_zmtp_set_host(fb_zmtp *z, const char *host)
+{
+    int family = ((const struct sockaddr *)z->addr)->sa_family;
+    if (!host || !*host || (family != AF_INET && family != AF_INET6)) {
+        errno = EINVAL;
+        return -1;
+    }
+    uint16_t port = ntohs(family == AF_INET ? ((const struct sockaddr_in *)z->addr)->sin_port
+                                            : ((const struct sockaddr_in6 *)z->addr)->sin6_port);
+    fb_resolver *r = fb_resolver_new(host, port);
+    if (!r) return -1;
+    fb_resolver_free(z->resolver);
+    z->resolver = r;
+    return 0;
+}
+
+int fb_zmtp_address(const fb_zmtp *z, void *addr, size_t *len)
+{
+    if (*len < z->addrlen) {
+        errno = ENOSPC;
+        return -1;
+    }
+    memcpy(addr, z->addr, z->addrlen);
+    *len = z->addrlen;
+    return 0;
 }
 
 /* -- resend ------------------------------------------------------------------ */
@@ -784,6 +818,13 @@ int fb_zmtp_connected(const fb_zmtp *z)
 void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out)
 {
     *out = z->st;
+    if (z->resolver) {
+        fb_resolver_stats r;
+        fb_resolver_get_stats(z->resolver, &r);
+        out->lookups = r.lookups;
+        out->lookup_failures = r.failures;
+        out->address_changes = r.changes;
+    }
 }
 
 #else /* not Linux: the client uses libzmq */
@@ -821,5 +862,7 @@ int fb_zmtp_buffered(fb_zmtp *z) { (void)z; return 0; }
 int fb_zmtp_pending(fb_zmtp *z) { (void)z; return 0; }
 int fb_zmtp_connected(const fb_zmtp *z) { (void)z; return 0; }
 void fb_zmtp_get_stats(const fb_zmtp *z, fb_zmtp_stats *out) { (void)z; memset(out, 0, sizeof *out); }
+int fb_zmtp_set_host(fb_zmtp *z, const char *host) { (void)z; (void)host; errno = ENOSYS; return -1; }
+int fb_zmtp_address(const fb_zmtp *z, void *addr, size_t *len) { (void)z; (void)addr; (void)len; errno = ENOSYS; return -1; }
 
 #endif

@@ -87,6 +87,9 @@ typedef struct fb_zmtp_stats {
     uint64_t dropped_messages;   /* queued messages dropped with a lost connection */
     uint64_t syscalls_send, syscalls_recv;
     uint64_t unkept;             /* counted messages sent without a copy kept (no memory) */
+    uint64_t lookups;            /* host name lookups done after losses (fb_zmtp_set_host) */
+    uint64_t lookup_failures;    /* ... that found nothing (the last address kept) */
+    uint64_t address_changes;    /* ... that gave another address (connected to from then on) */
 } fb_zmtp_stats;
 
 typedef struct fb_zmtp fb_zmtp;
@@ -96,6 +99,17 @@ typedef struct fb_zmtp fb_zmtp;
  * it cannot be made at all (no memory, no descriptors, ENOSYS); a peer that
  * is not there yet is not an error (it is tried again). */
 fb_zmtp *fb_zmtp_open(const void *addr, size_t addrlen, const fb_zmtp_options *opts, int *err);
+/* The address was `host`'s (a name; copied): look it up again each time a
+ * connection is lost, in a thread of its own (fb_resolve.h), and connect
+ * from then on to what it found, at the same port; the last address found
+ * stays in use while a lookup runs or if it fails.  As libzmq does at
+ * each reconnect: a service that moved (a container restarted elsewhere,
+ * a DNS record changed) is reached again.  0, or -1 with errno (EINVAL:
+ * not a TCP address; ENOMEM). */
+int fb_zmtp_set_host(fb_zmtp *z, const char *host);
+/* The struct sockaddr connected to now (*len: room in, size out).  0, or
+ * -1 with errno ENOSPC. */
+int fb_zmtp_address(const fb_zmtp *z, void *addr, size_t *len);
 /* Close: what is still queued gets up to linger_ms to leave (0: dropped). */
 void fb_zmtp_close(fb_zmtp *z, int linger_ms);
 

@@ -137,6 +137,24 @@ def sockaddr(endpoint: str, listen: bool = False) -> bytes | None:
     return None
 
 
+def host_name(endpoint: str) -> str | None:
+    """The host name of a tcp:// endpoint, where it is one to look up (not
+    an IP address): what a client's connection looks up again after each
+    loss, as libzmq does."""
+    scheme, _, rest = endpoint.partition("://")
+    if scheme != "tcp" or ";" in rest:
+        return None
+    host = rest.rpartition(":")[0]
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or host == "*":
+        return None
+    try:
+        ipaddress.ip_address(host.partition("%")[0])
+        return None
+    except ValueError:
+        return host
+
+
 def endpoint_of(address: bytes) -> str:
     """The endpoint a struct sockaddr (as ``sockaddr`` makes them, or as
     the kernel gives a bound one) names: tcp://IP:PORT, tcp://[IP6]:PORT,

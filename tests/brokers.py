@@ -59,13 +59,13 @@ class BrokerProcess:
     """`fastbus broker` in a subprocess; stop() or kill() it by its own pid."""
 
     def __init__(self, *args: str, port: int | None = None, curve: tuple | None = None,
-                 env: dict | None = None) -> None:
+                 env: dict | None = None, host: str = "127.0.0.1") -> None:
         self.curve = curve          # (broker public, client public, client secret) for stats
         self.env = env              # the broker process's environment (None: this one's)
         self.proc: subprocess.Popen | None = None
         for attempt in range(5):
             self.port = port or free_port()
-            self.endpoint = f"tcp://127.0.0.1:{self.port}"
+            self.endpoint = f"tcp://{host}:{self.port}"
             self.args = ["--bind", self.endpoint, "--log-level", "WARNING", "--stats-interval", "0", *args]
             try:
                 self.start()

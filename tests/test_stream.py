@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -17,7 +19,7 @@ import fastbus
 from fastbus.client import _engine
 from fastbus.endpoints import sockaddr
 
-from brokers import BrokerProcess
+from brokers import BrokerProcess, wait_for
 
 pytestmark = pytest.mark.skipif(not _engine.available() or not os.uname().sysname == "Linux",
                                 reason="a Stream needs the native engine, on Linux")
@@ -251,3 +253,73 @@ def test_ipc_paths_abstract_names_and_ipv6_reach_libzmq(tmp_path, kind):
             s.close(0)
     finally:
         r.close()
+
+
+# A client that reads one channel and prints each message, run where
+# /etc/hosts is a file the test writes (a mount namespace of its own).
+_MOVING_READER = r"""
+import sys, time
+import fastbus
+with fastbus.Client(sys.argv[1]) as c, c.pubsub(ignore_subscribe_messages=True) as p:
+    p.subscribe("moves")
+    print("subscribed", flush=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        m = p.get_message(timeout=0.5)
+        if m is not None and m["type"] == "message":
+            print(m["data"].decode(), flush=True)
+            if m["data"] == b"end":
+                break
+"""
+
+
+def _own_hosts_file() -> str | None:
+    """Why a process cannot have an /etc/hosts of its own here, or None."""
+    if os.geteuid() != 0:
+        return "a mount namespace of its own (unshare -m) needs root"
+    try:
+        r = subprocess.run(["unshare", "-m", "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unshare: {exc}"
+    return None if r.returncode == 0 else f"unshare -m: {r.stderr.decode(errors='replace').strip()}"
+
+
+def test_a_host_name_is_looked_up_again_after_a_loss(tmp_path):
+    """A broker reached by name moves to another address (as a container
+    restarted elsewhere): after the old one goes, the client's connection
+    looks the name up again and reaches the broker where it is now.  The
+    client runs with an /etc/hosts of its own that the test rewrites."""
+    why = _own_hosts_file()
+    if why:
+        pytest.skip(why)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 fastbus-moved.test\n")
+    a = BrokerProcess()
+    port = a.port
+    reader = subprocess.Popen(
+        ["unshare", "-m", "sh", "-c", f'mount --bind "{hosts}" /etc/hosts && exec "$0" -c "$1" "$2"',
+         sys.executable, _MOVING_READER, f"tcp://fastbus-moved.test:{port}"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=open(tmp_path / "reader.log", "w"), text=True)
+    b = None
+    try:
+        assert reader.stdout.readline().strip() == "subscribed"
+        with fastbus.Client(a.endpoint) as pub:
+            assert pub.publish("moves", b"one") == 1
+        assert reader.stdout.readline().strip() == "one"
+        with open(hosts, "r+") as f:                # in place: the bind mount holds this inode
+            f.write("127.0.0.2 fastbus-moved.test\n")
+            f.truncate()
+        a.kill()
+        b = BrokerProcess(port=port, host="127.0.0.2")
+        wait_for(lambda: b.stats()["subscriptions"] >= 1, timeout=20,
+                 what="the client's subscription at the broker's new address")
+        with fastbus.Client(b.endpoint) as pub:
+            assert pub.publish("moves", b"two") == 1
+            pub.publish("moves", b"end")
+        assert reader.stdout.readline().strip() == "two", (tmp_path / "reader.log").read_text()
+    finally:
+        reader.kill()
+        reader.wait(10)
+        a.kill()
+        if b is not None:
+            b.kill()

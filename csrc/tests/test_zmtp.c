@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "ctest.h"
 #include "fb_common.h"
+#include "fb_resolve.h"
 #include "fb_zmtp.h"
 
 #include <arpa/inet.h>
@@ -626,6 +627,90 @@ static void test_a_lost_connection_is_said_once_and_what_is_kept_is_walked(void)
     finish(z, &p);
 }
 
+/* The address a name gave moved: after a loss, the name is looked up again
+ * (here the numeric "127.0.0.1": the lookup is real, its answer known) and
+ * the connection goes where it points now. */
+static void test_a_host_name_is_looked_up_again_after_a_loss(void)
+{
+    peer p;
+    peer_listen(&p);
+    struct sockaddr_in old = p.addr;
+    old.sin_addr.s_addr = htonl(0x7F000002);      /* 127.0.0.2: nobody listens there */
+    fb_zmtp_options o = {0};
+    o.sndhwm = 16;
+    o.max_msg_bytes = 1 << 20;
+    o.reconnect_ivl_ns = 20000000u;
+    o.reconnect_ivl_max_ns = 40000000u;
+    int err = 0;
+    fb_zmtp *z = fb_zmtp_open(&old, sizeof old, &o, &err);
+    REQUIRE(z != NULL);
+    CHECK_EQ(fb_zmtp_set_host(z, "127.0.0.1"), 0);
+    CHECK_EQ(fb_zmtp_send(z, "HELLO", 5, 0), 5);
+    peer_handshake(&p, z);
+    unsigned char got[7];
+    REQUIRE(peer_read(&p, z, got, sizeof got));
+    CHECK(memcmp(got, "\x00\x05HELLO", 7) == 0);
+    struct sockaddr_in now;
+    size_t len = sizeof now;
+    CHECK_EQ(fb_zmtp_address(z, &now, &len), 0);
+    CHECK_EQ(len, sizeof now);
+    CHECK(now.sin_addr.s_addr == htonl(INADDR_LOOPBACK) && now.sin_port == p.addr.sin_port);
+    fb_zmtp_stats st;
+    fb_zmtp_get_stats(z, &st);
+    CHECK(st.lookups >= 1);
+    CHECK_EQ(st.address_changes, 1);
+    CHECK_EQ(st.lookup_failures, 0);
+    len = 2;
+    CHECK_EQ(fb_zmtp_address(z, &now, &len), -1);  /* no room: said, nothing written past it */
+    finish(z, &p);
+
+    /* Not a TCP address: no name to follow. */
+    struct sockaddr un = {.sa_family = AF_UNIX};
+    z = fb_zmtp_open(&un, sizeof un, &o, &err);
+    REQUIRE(z != NULL);
+    CHECK_EQ(fb_zmtp_set_host(z, "localhost"), -1);
+    fb_zmtp_close(z, 0);
+}
+
+/* A resolver let go while its lookup runs: the lookup's thread frees it. */
+static void test_a_resolver_freed_while_it_looks_up(void)
+{
+    fb_resolver *r = fb_resolver_new("localhost", 80);
+    REQUIRE(r != NULL);
+    CHECK_EQ(fb_resolver_start(r), 0);
+    CHECK_EQ(fb_resolver_start(r), 0);             /* one runs already: no second */
+    fb_resolver_free(r);
+    usleep(100000);                                /* (ASan says whether it leaked or was used after) */
+
+    r = fb_resolver_new("127.0.0.1", 6464);
+    REQUIRE(r != NULL);
+    struct sockaddr_storage a;
+    memset(&a, 0, sizeof a);
+    size_t len = 0;
+    CHECK_EQ(fb_resolver_take(r, &a, &len, sizeof a), 0);   /* nothing looked up yet */
+    CHECK_EQ(fb_resolver_start(r), 0);
+    fb_resolver_stats st = {0};
+    for (int i = 0; i < 200 && st.lookups == 0; i++) {
+        usleep(5000);
+        fb_resolver_get_stats(r, &st);
+    }
+    CHECK_EQ(st.lookups, 1);
+    CHECK_EQ(fb_resolver_take(r, &a, &len, sizeof a), 1);
+    CHECK_EQ(len, sizeof(struct sockaddr_in));
+    CHECK_EQ(ntohs(((struct sockaddr_in *)&a)->sin_port), 6464);
+    CHECK_EQ(fb_resolver_take(r, &a, &len, sizeof a), 0);   /* taken once */
+    CHECK_EQ(fb_resolver_start(r), 0);
+    for (int i = 0; i < 200 && st.lookups < 2; i++) {
+        usleep(5000);
+        fb_resolver_get_stats(r, &st);
+    }
+    CHECK_EQ(fb_resolver_take(r, &a, &len, sizeof a), 0);   /* the same address: no change */
+    fb_resolver_get_stats(r, &st);
+    CHECK_EQ(st.changes, 1);
+    fb_resolver_free(r);
+    CHECK(fb_resolver_new(NULL, 1) == NULL);
+}
+
 int main(void)
 {
     RUN(test_handshake_and_messages_both_ways);
@@ -639,5 +724,7 @@ int main(void)
     RUN(test_a_reconnect_message_goes_first_on_every_new_connection);
     RUN(test_resend_keeps_what_is_counted_until_acknowledged);
     RUN(test_a_lost_connection_is_said_once_and_what_is_kept_is_walked);
+    RUN(test_a_host_name_is_looked_up_again_after_a_loss);
+    RUN(test_a_resolver_freed_while_it_looks_up);
     CTEST_END();
 }

@@ -47,12 +47,14 @@ from fastbus.includes.fb_reader cimport (fb_reader, fb_zmq_recv_calls, fb_reader
                                          fb_reader_owner_leave)
 from fastbus.includes.fb_sender cimport (FB_SENDER_TOKEN_MAX, fb_sender, fb_sender_start, fb_sender_stop,
                                          fb_sender_send_now, fb_sender_wake)
-from fastbus.includes.fb_zmtp cimport (FB_ZMTP_FD, fb_zmtp, fb_zmtp_buffered, fb_zmtp_close, fb_zmtp_connected, fb_zmtp_get_stats,
-                                      fb_zmtp_set_reconnect_message, fb_zmtp_set_resend, fb_zmtp_acked, fb_zmtp_resume,
-                                      fb_zmtp_resend_state, fb_zmtp_kept_each, fb_zmtp_take_lost, FB_ZMTP_RESUMED, FB_ZMTP_FRESH, FB_ZMTP_FRESH_DROP,
-                                       fb_zmtp_getsockopt, fb_zmtp_msg_close, fb_zmtp_msg_data, fb_zmtp_msg_init,
-                                       fb_zmtp_msg_more, fb_zmtp_msg_recv, fb_zmtp_msg_size, fb_zmtp_open,
-                                       fb_zmtp_options, fb_zmtp_pending, fb_zmtp_send, fb_zmtp_stats)
+from fastbus.includes.fb_zmtp cimport (FB_ZMTP_FD, fb_zmtp, fb_zmtp_buffered, fb_zmtp_close, fb_zmtp_connected,
+                                       fb_zmtp_get_stats, fb_zmtp_set_host, fb_zmtp_address,
+                                       fb_zmtp_set_reconnect_message, fb_zmtp_set_resend, fb_zmtp_acked,
+                                       fb_zmtp_resume, fb_zmtp_resend_state, fb_zmtp_kept_each, fb_zmtp_take_lost,
+                                       FB_ZMTP_RESUMED, FB_ZMTP_FRESH, FB_ZMTP_FRESH_DROP, fb_zmtp_getsockopt,
+                                       fb_zmtp_msg_close, fb_zmtp_msg_data, fb_zmtp_msg_init, fb_zmtp_msg_more,
+                                       fb_zmtp_msg_recv, fb_zmtp_msg_size, fb_zmtp_open, fb_zmtp_options,
+                                       fb_zmtp_pending, fb_zmtp_send, fb_zmtp_stats)
 from fastbus.includes.fb_slock cimport (fb_slock, fb_slock_destroy, fb_slock_held, fb_slock_init,
                                         fb_slock_release, fb_slock_try, fb_slock_wait)
 
@@ -267,11 +269,14 @@ cdef class Stream:
     messages were read into it already), ``poll()``, ``send_multipart()``,
     ``recv_multipart()``, ``get(zmq.EVENTS)``, ``close()``, ``closed``;
     send_frames/recv_frames and the native threads take it as they take a
-    pyzmq socket.  ``address``: the peer's struct sockaddr, as bytes
-    (fastbus.endpoints.sockaddr)."""
+    pyzmq socket.  ``address``: the peer's struct sockaddr connected to
+    now, as bytes (fastbus.endpoints.sockaddr).  Given ``host``, the name
+    ``address`` was looked up from, the connection looks it up again after
+    each loss (off the caller's thread) and follows it where it moved."""
 
     cdef fb_zmtp *_z
     cdef bytes _address
+    cdef str _host
     cdef readonly str endpoint
     cdef readonly int FD
     cdef public int sndhwm, sndbuf, rcvbuf, rcvhwm, reconnect_ivl, reconnect_ivl_max, tcp_keepalive
@@ -280,8 +285,9 @@ cdef class Stream:
     cdef bint _opened
     cdef bint _resend
 
-    def __cinit__(self, bytes address not None):
+    def __cinit__(self, bytes address not None, str host=None):
         self._address = address
+        self._host = host
         self.endpoint = ""
         self.FD = -1
         self.sndhwm = 1000
@@ -314,6 +320,8 @@ cdef class Stream:
             raise zmq.ZMQError(err, f"cannot connect to {endpoint}: {strerror(err).decode()}")
         self._opened = True
         self.endpoint = endpoint
+        if self._host and fb_zmtp_set_host(self._z, self._host.encode("idna")) < 0:
+            raise MemoryError()
         fb_zmtp_getsockopt(self._z, FB_ZMTP_FD, &fd, &size)
         self.FD = fd
 
@@ -325,6 +333,16 @@ cdef class Stream:
     @property
     def closed(self) -> bool:
         return self._z == NULL
+
+    @property
+    def address(self) -> bytes:
+        """The struct sockaddr connected to now (it changes when the host
+        name given moved)."""
+        cdef unsigned char buf[128]
+        cdef size_t n = sizeof(buf)
+        if self._z == NULL or fb_zmtp_address(self._z, buf, &n) < 0:
+            return self._address
+        return PyBytes_FromStringAndSize(<char *>buf, <Py_ssize_t>n)
 
     def buffered(self) -> bool:
         """Is a whole message here that its descriptor does not show (read
@@ -418,15 +436,17 @@ cdef class Stream:
     @property
     def stats(self) -> dict:
         """Counters: handshakes done, connections lost, closed for bad
-        input, queued messages dropped with a lost connection, and the
-        send()/recv() calls made."""
+        input, queued messages dropped with a lost connection, the
+        send()/recv() calls made, and the host's lookups after losses
+        (done, failed, that moved the address)."""
         cdef fb_zmtp_stats st
         memset(&st, 0, sizeof(st))
         if self._z != NULL:
             fb_zmtp_get_stats(self._z, &st)
         return {"connects": st.connects, "disconnects": st.disconnects, "protocol_errors": st.protocol_errors,
                 "dropped_messages": st.dropped_messages, "send_calls": st.syscalls_send,
-                "recv_calls": st.syscalls_recv}
+                "recv_calls": st.syscalls_recv, "lookups": st.lookups, "lookup_failures": st.lookup_failures,
+                "address_changes": st.address_changes}
 
     def fileno(self) -> int:
         if self._z == NULL:

@@ -44,7 +44,7 @@ import zmq
 
 from fastbus import protocol as P
 from fastbus.client import _engine
-from fastbus.endpoints import sockaddr
+from fastbus.endpoints import host_name, sockaddr
 from fastbus.client._engine import SessionLock
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def native_stream(endpoint: str) -> _engine.Stream | None:
     if not _engine.available() or os.environ.get("FASTBUS_CLIENT_TRANSPORT", "stream") == "libzmq":
         return None
     address = sockaddr(endpoint)
-    return _engine.Stream(address) if address is not None else None
+    return _engine.Stream(address, host_name(endpoint)) if address is not None else None
 
 
 class Session:

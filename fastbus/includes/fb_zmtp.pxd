@@ -33,11 +33,16 @@ cdef extern from "fb_zmtp.h" nogil:
         uint64_t syscalls_send
         uint64_t syscalls_recv
         uint64_t unkept
+        uint64_t lookups
+        uint64_t lookup_failures
+        uint64_t address_changes
 
     ctypedef struct fb_zmtp:
         pass
 
     fb_zmtp *fb_zmtp_open(const void *addr, size_t addrlen, const fb_zmtp_options *opts, int *err)
+    int fb_zmtp_set_host(fb_zmtp *z, const char *host)
+    int fb_zmtp_address(const fb_zmtp *z, void *addr, size_t *len)
     void fb_zmtp_close(fb_zmtp *z, int linger_ms)
     int fb_zmtp_send(void *z, const void *buf, size_t len, int flags)
     int fb_zmtp_getsockopt(void *z, int option, void *value, size_t *len)
