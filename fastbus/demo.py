@@ -6,7 +6,9 @@ messages, every subscriber on every channel), each client in its own process.
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
+import os
 import signal
 import socket
 import subprocess
@@ -20,7 +22,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _publisher(endpoint: str, channels: int, size: int, stop, counts, index: int) -> None:
+def _end_with(parent: int) -> None:
+    """This process ends (SIGTERM) when the demo's process does, however it
+    ends, kill -9 included: on Linux, the kernel's parent-death signal;
+    and if the demo went before it could be asked, at once."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))    # PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _publisher(endpoint: str, channels: int, size: int, stop, counts, index: int, parent: int) -> None:
+    _end_with(parent)
     import fastbus
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     chans = [str(i).encode() for i in range(channels)]
@@ -43,7 +56,8 @@ def _publisher(endpoint: str, channels: int, size: int, stop, counts, index: int
 DRAIN_S = 20.0
 
 
-def _subscriber(endpoint: str, channels: int, ready, counts, index: int, published) -> None:
+def _subscriber(endpoint: str, channels: int, ready, counts, index: int, published, parent: int) -> None:
+    _end_with(parent)
     import fastbus
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     client = fastbus.Client(endpoint=endpoint, name=f"demo-sub-{index}")
@@ -78,11 +92,16 @@ def run_demo(seconds: float, publishers: int, subscribers: int, channels: int, s
     everything and print the totals.  Returns a process exit code."""
     port = free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
+    me = os.getpid()
+    # Stopped by a signal (kill PID, a closed terminal), the demo stops as
+    # at Ctrl-C: its children are stopped below; killed outright (-9),
+    # each of them ends by itself (_end_with).
+    previous = {sig: signal.signal(sig, _stop_by_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     # -P: "-m" would put the current directory first on sys.path, and from a
     # source checkout's root that imports the uncompiled tree, not the
     # installed package that runs this.
     broker = subprocess.Popen([sys.executable, "-P", "-m", "fastbus", "broker", "--bind", endpoint,
-                               "--log-level", "WARNING"])
+                               "--log-level", "WARNING"], preexec_fn=lambda: _end_with(me))
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     procs = []
@@ -96,7 +115,7 @@ def run_demo(seconds: float, publishers: int, subscribers: int, channels: int, s
             ready = ctx.Event()
             readies.append(ready)
             procs.append(ctx.Process(target=_subscriber,
-                                     args=(endpoint, channels, ready, sub_counts, i, published)))
+                                     args=(endpoint, channels, ready, sub_counts, i, published, me)))
         for p in procs:
             p.start()
         for r in readies:
@@ -104,7 +123,7 @@ def run_demo(seconds: float, publishers: int, subscribers: int, channels: int, s
                 print("a subscriber did not start", file=sys.stderr)
                 return 1
         for i in range(publishers):
-            p = ctx.Process(target=_publisher, args=(endpoint, channels, size, stop, pub_counts, i))
+            p = ctx.Process(target=_publisher, args=(endpoint, channels, size, stop, pub_counts, i, me))
             p.start()
             procs.append(p)
         print(f"broker on {endpoint}; {publishers} publisher(s) -> {subscribers} subscriber(s), "
@@ -145,6 +164,12 @@ def run_demo(seconds: float, publishers: int, subscribers: int, channels: int, s
         except subprocess.TimeoutExpired:
             broker.kill()
             broker.wait()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _stop_by_signal(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _print_broker_drops(endpoint: str, out) -> None:

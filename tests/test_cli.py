@@ -379,3 +379,56 @@ def test_responders_in_a_queue_group_from_the_shell(brokers):
                 if r.poll() is None:
                     r.kill()
                     r.wait()
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP", "SIGKILL"])
+def test_the_demo_stopped_by_a_signal_leaves_nothing_running(tmp_path, how):
+    """`kill PID` (or a closed terminal, or kill -9) of a running demo: its
+    broker and clients end with it, none left spinning."""
+    import signal
+    proc = subprocess.Popen(fastbus_cmd() + ["demo", "--seconds", "60"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert "broker on" in first, first + proc.stdout.read()
+        assert "published" in proc.stdout.readline()          # rates: every client runs
+        kids = _children(proc.pid)
+        assert len(kids) >= 4, kids                          # the broker, 2 subscribers, a publisher
+        proc.send_signal(getattr(signal, how))
+        proc.wait(30)
+        deadline = time.monotonic() + 20
+        while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [k for k in kids if _alive(k)], "left running after the demo's " + how
+        if how != "SIGKILL":
+            assert proc.returncode == 128 + getattr(signal, how), proc.returncode
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
