@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import fastbus
 from fastbus import protocol as P
-from fastbus.cliargs import load_curve_keys, name_values, nonnegative, positive, seconds
+from fastbus.cliargs import load_curve_keys, name_values, nonnegative, port_number, positive, seconds
 from fastbus.errors import CommandFailed, InvalidEndpoint, UsageError
 
 EXCHANGES = ("NYSE", "NASDAQ", "LSE", "TSE", "HKEX", "SSE", "EURONEXT", "TSX")
@@ -565,7 +565,7 @@ def _add_stats_parser(sub) -> None:
                                     "--watch prints a line of rates every second until Ctrl-C.")
     st.add_argument("--connect", metavar="ENDPOINT", help="broker endpoint (default from --host/--port)")
     st.add_argument("--host", default="127.0.0.1", help="broker host, without --connect (default: %(default)s)")
-    st.add_argument("--port", type=int, default=P.DEFAULT_PORT,
+    st.add_argument("--port", type=port_number, default=P.DEFAULT_PORT,
                     help="broker port, without --connect (default: %(default)s)")
     st.add_argument("--timeout", type=float, default=5.0,
                     help="seconds to wait for the broker's answer (default: %(default)s)")
@@ -635,7 +635,7 @@ def _add_redis_server_parser(sub) -> None:
                     "starts a private one). Persistence is off: the data lives as long as the server.",
         epilog="Example: `fastbus redis-server --port 6390` in one terminal, then "
                "`export FASTBUS_REDIS_URL=redis://127.0.0.1:6390` in the others.")
-    rs.add_argument("--port", type=int, default=None,
+    rs.add_argument("--port", type=port_number, default=None,
                     help="TCP port on 127.0.0.1 (default: a free one, printed)")
     rs.add_argument("--binary", default=None,
                     help="the server binary (default: $FASTBUS_REDIS_SERVER, else the bundled valkey-server, "
@@ -699,14 +699,33 @@ def join_key_values(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def unrecognized(command: str, extras: list[str]) -> str:
+    """What a command says of arguments it does not take: which, and for
+    the usual mistakes, what was meant."""
+    why = f"unrecognized arguments: {' '.join(extras)}"
+    if command == "broker":
+        given = dict(zip(extras, extras[1:] + [""]))
+        port = next((v.partition("=")[2] for v in extras if v.startswith("--port=")), given.get("--port"))
+        host = next((v.partition("=")[2] for v in extras if v.startswith("--host=")), given.get("--host"))
+        if port is not None or host is not None:
+            why += (f"; the broker listens where --bind says: --bind tcp://{host or '127.0.0.1'}:"
+                    f"{port or P.DEFAULT_PORT} (repeatable; --resp for Redis clients)")
+    return why
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(join_key_values(sys.argv[1:] if argv is None else argv))
+    args, extras = parser.parse_known_args(join_key_values(sys.argv[1:] if argv is None else argv))
     if not getattr(args, "func", None):
+        if extras:
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
         parser.print_help()
         return 2
     args.out = sys.stdout
     prog = f"fastbus {args.command}"
+    if extras:
+        print(f"{prog}: {unrecognized(args.command, extras)} (see {prog} --help)", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -1,5 +1,5 @@
 """What the ``fastbus`` commands share about their arguments: argparse types
-(:func:`positive`, :func:`seconds`, :func:`nonnegative`), the Redis URL a
+(:func:`positive`, :func:`port_number`, :func:`seconds`, :func:`nonnegative`), the Redis URL a
 command uses (:func:`redis_url`) and the CURVE certificate files
 (:func:`load_curve_keys`).  A malformed value is a
 :class:`~fastbus.errors.UsageError` (exit 2) naming the option or variable."""
@@ -11,7 +11,7 @@ import os
 
 from fastbus.errors import InvalidKey, UsageError
 
-__all__ = ["DEFAULT_URL", "load_curve_keys", "nonnegative", "positive", "redis_url", "seconds"]
+__all__ = ["DEFAULT_URL", "load_curve_keys", "nonnegative", "port_number", "positive", "redis_url", "seconds"]
 
 #: The Redis server of the queue, topic, inbox and monitor commands when
 #: neither their option nor $FASTBUS_REDIS_URL names one.
@@ -26,6 +26,17 @@ def positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
+    return value
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number (1-65535), not {text}") from None
+    if not 0 < value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number (1-65535), not {text}")
     return value
 
 

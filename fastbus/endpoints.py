@@ -57,8 +57,11 @@ def check_connect(endpoint: object) -> str:
         return endpoint
     if scheme != "tcp":
         raise invalid(f"invalid endpoint {endpoint!r}: unsupported transport {scheme!r} (expected {FORMS})")
-    host, port, _ = _tcp(endpoint)
-    if not host or port is None or port == 0 or rest != urlsplit(endpoint).netloc or "@" in rest:
+    host, port, readable = _tcp(endpoint)
+    if host and (not readable or port == 0):
+        raise invalid(f"invalid endpoint {endpoint!r}: the port is a number from 1 to 65535, "
+                      f"not {rest.rpartition(':')[2]!r}")
+    if not host or port is None or rest != urlsplit(endpoint).netloc or "@" in rest:
         raise invalid(f"invalid endpoint {endpoint!r}: expected tcp://HOST:PORT (nothing after the "
                       "port), e.g. tcp://127.0.0.1:6464")
     return endpoint

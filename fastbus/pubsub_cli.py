@@ -13,7 +13,9 @@ PUBLISH``/``SUBSCRIBE``/``PSUBSCRIBE`` and ``nats pub``/``sub``/``request``/
 A pattern is taken only when asked for (``--pattern`` or ``psub``): a
 channel argument with a glob character (``*``, ``?``, ``[``, ``\\``) is a
 usage error, never silently a channel nobody publishes to (``--literal``
-takes such a name as the channel it is).
+takes such a name as the channel it is).  An argument is the bytes typed:
+a channel, message or header value that is not UTF-8 (``$'\\xff'``) is
+sent as those bytes, and printed with ``\\x`` escapes.
 
 ``sub`` prints ``channel: data`` a line, with ``[name=value ...]`` before
 the data for a message with headers (``--json``: one object a line, the
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import sys
 import time
 from typing import TextIO
@@ -39,6 +42,24 @@ from fastbus import protocol as P
 
 def _text(data: bytes) -> str:
     return data.decode("utf-8", "backslashreplace")
+
+
+def _arg(text: str) -> bytes:
+    """A command-line argument as the bytes typed: a name or message that
+    is not UTF-8 (``$'\\xff'``) is those bytes, as a channel may be."""
+    return os.fsencode(text)
+
+
+def _name(text: str) -> str | bytes:
+    """A channel, pattern or group name argument: as typed where it is
+    text (so errors quote it as typed), its bytes where it is not."""
+    return text if _shown(text) == text else _arg(text)
+
+
+def _shown(text: str) -> str:
+    """An argument as these commands print it (bytes that are not UTF-8
+    as \\x escapes)."""
+    return _text(_arg(text))
 
 
 def _json_line(m: dict) -> str:
@@ -62,10 +83,17 @@ def _header_json(value: bytes) -> dict:
         return {"value": base64.b64encode(value).decode("ascii"), "encoding": "base64"}
 
 
-def _headers_arg(items: list[str]) -> dict[str, str] | None:
-    """-H NAME=VALUE options as a headers dict (None for none)."""
+def _headers_arg(items: list[str]) -> dict[str, str | bytes] | None:
+    """-H NAME=VALUE options as a headers dict (None for none); a value is
+    the bytes typed, a name must be UTF-8."""
     from fastbus.cliargs import name_values
-    return name_values(items, "=", "a header is NAME=VALUE") or None
+    from fastbus.errors import UsageError
+    out: dict[str, str | bytes] = {}
+    for name, value in name_values(items, "=", "a header is NAME=VALUE").items():
+        if _shown(name) != name:
+            raise UsageError(f"a header name is UTF-8 text, not {_shown(name)}")
+        out[name] = _arg(value)
+    return out or None
 
 
 def _client(args: argparse.Namespace, **options):
@@ -92,32 +120,33 @@ def _client(args: argparse.Namespace, **options):
 
 def cmd_pub(args: argparse.Namespace) -> int:
     if args.messages and args.messages != ["-"]:
-        messages = [m.encode() for m in args.messages]
+        messages = [_arg(m) for m in args.messages]
         source = None
     else:
         messages = None
         source = sys.stdin.buffer
     headers = _headers_arg(args.header)
+    channel = _name(args.channel)
     client = _client(args)
     sent = dropped = 0
     try:
         if messages is not None:
             for m in messages:
-                if client.publish(args.channel, m, headers):
+                if client.publish(channel, m, headers):
                     sent += 1
                 else:
                     dropped += 1
         else:
             for line in source:                    # a line a message, as it comes (a pipe may stay open)
-                if client.publish(args.channel, line.rstrip(b"\n"), headers):
+                if client.publish(channel, line.rstrip(b"\n"), headers):
                     sent += 1
                 else:
                     dropped += 1
         client.flush(timeout=args.timeout)
     finally:
         client.shutdown(1.0)                      # flushed above (or failing: nothing more to wait for)
-    note = f", {dropped} not sent (no subscriber wants {args.channel})" if dropped else ""
-    print(f"published {sent} message(s) to {args.channel} at {client.endpoint}{note}", file=args.out)
+    note = f", {dropped} not sent (no subscriber wants {_shown(args.channel)})" if dropped else ""
+    print(f"published {sent} message(s) to {_shown(args.channel)} at {client.endpoint}{note}", file=args.out)
     return 0
 
 
@@ -131,7 +160,7 @@ def cmd_sub(args: argparse.Namespace) -> int:
     if not args.literal:
         for c in channels:
             if GLOB_SPECIALS & set(c):
-                raise UsageError(f"{c!r} is a glob pattern: subscribe to it with --pattern {c!r} "
+                raise UsageError(f"{_shown(c)!r} is a glob pattern: subscribe to it with --pattern {_shown(c)!r} "
                                  f"(or fastbus psub), or to the channel of that name with --literal")
     names = channels + patterns
     out: TextIO = args.out
@@ -140,10 +169,11 @@ def cmd_sub(args: argparse.Namespace) -> int:
     client = _client(args, socket_connect_timeout=min(5.0, args.timeout), subscribe_timeout=args.timeout)
     try:
         p = client.pubsub()
+        queue = None if args.queue is None else _name(args.queue)
         if channels:
-            p.subscribe(*channels, queue=args.queue)
+            p.subscribe(*map(_name, channels), queue=queue)
         if patterns:
-            p.psubscribe(*patterns, queue=args.queue)
+            p.psubscribe(*map(_name, patterns), queue=queue)
         confirmed = 0
         while confirmed < len(names):
             m = p.get_message(timeout=0)         # the confirmations arrived before subscribe() returned
@@ -154,7 +184,7 @@ def cmd_sub(args: argparse.Namespace) -> int:
                 confirmed += 1
             elif m["type"] == "refused":
                 raise CommandFailed(f"the broker at {client.endpoint} refused a subscription: {m['data']}")
-        print(f"fastbus sub: subscribed to {', '.join(names)} at {client.endpoint}", file=sys.stderr,
+        print(f"fastbus sub: subscribed to {', '.join(map(_shown, names))} at {client.endpoint}", file=sys.stderr,
               flush=True)
         n = 0
         for m in _arrivals(p, args.seconds):
@@ -199,7 +229,7 @@ def cmd_request(args: argparse.Namespace) -> int:
     headers = _headers_arg(args.header)
     client = _client(args, socket_connect_timeout=min(5.0, max(args.timeout, 1.0)))
     try:
-        reply = client.request(args.channel, args.data.encode(), timeout=args.timeout, headers=headers)
+        reply = client.request(_name(args.channel), _arg(args.data), timeout=args.timeout, headers=headers)
         _print_message(reply, args.json, args.out)
     finally:
         client.shutdown(1.0)
@@ -212,22 +242,22 @@ def cmd_reply(args: argparse.Namespace) -> int:
     from fastbus.errors import UsageError
     if args.data is None and not args.echo:
         raise UsageError("what to answer: give DATA, or --echo to answer each request with its own data")
-    answer = None if args.data is None else args.data.encode()
+    answer = None if args.data is None else _arg(args.data)
     headers = _headers_arg(args.header)
     client = _client(args, socket_connect_timeout=min(5.0, args.timeout), subscribe_timeout=args.timeout)
     try:
         p = client.pubsub(ignore_subscribe_messages=True)
-        p.subscribe(args.channel, queue=args.queue)
-        group = f" in queue group {args.queue}" if args.queue else ""
-        print(f"fastbus reply: answering requests on {args.channel}{group} at {client.endpoint}", file=sys.stderr,
-              flush=True)
+        p.subscribe(_name(args.channel), queue=None if args.queue is None else _name(args.queue))
+        group = f" in queue group {_shown(args.queue)}" if args.queue else ""
+        print(f"fastbus reply: answering requests on {_shown(args.channel)}{group} at {client.endpoint}",
+              file=sys.stderr, flush=True)
         n = 0
         for m in _arrivals(p, args.seconds):
             if m["type"] != "message":
                 continue
             _print_message(m, args.json, args.out)
             if "reply_to" not in m:
-                print(f"fastbus reply: a message on {args.channel} that is not a request: not answered",
+                print(f"fastbus reply: a message on {_shown(args.channel)} that is not a request: not answered",
                       file=sys.stderr, flush=True)
                 continue
             m.respond(m["data"] if answer is None else answer, headers)
@@ -241,9 +271,10 @@ def cmd_reply(args: argparse.Namespace) -> int:
 
 
 def _connection_options(p: argparse.ArgumentParser) -> None:
+    from fastbus.cliargs import port_number
     p.add_argument("--connect", metavar="ENDPOINT", help="broker endpoint (default from --host/--port)")
     p.add_argument("--host", default="127.0.0.1", help="broker host, without --connect (default: %(default)s)")
-    p.add_argument("--port", type=int, default=P.DEFAULT_PORT,
+    p.add_argument("--port", type=port_number, default=P.DEFAULT_PORT,
                    help="broker port, without --connect (default: %(default)s)")
     p.add_argument("--curve-server-key", metavar="KEY",
                    help="the broker's public key (40 Z85 characters, or its .key file), for a CURVE broker")

@@ -1,6 +1,7 @@
 """The fastbus command line, run as a user would (installed console script)."""
 
 import json
+import os
 import time
 import shutil
 import subprocess
@@ -299,6 +300,38 @@ def test_pub_and_sub_errors():
     assert _one_line_error(run("sub"), 2, "nothing to subscribe to").startswith("fastbus sub: ")
     assert _one_line_error(run("pub", "--connect", "nowhere", "x", "y"), 2,
                            "invalid endpoint 'nowhere'").startswith("fastbus pub: ")
+
+
+def test_channels_messages_and_header_values_that_are_not_utf8_from_the_shell(brokers):
+    """``fastbus pub $'\\xff' ...``: the bytes typed are the channel, the
+    message and a header's value (was a UnicodeEncodeError); printed with
+    \\x escapes, and in --json as base64 where data is not text."""
+    port = brokers().endpoint.rsplit(":", 1)[1]
+    ff, fe = os.fsdecode(b"\xff"), os.fsdecode(b"\xfe")    # as a shell passes those bytes
+
+    def publish(cwd):
+        r = run("pub", "--port", port, ff, fe, "-H", "k=" + ff)
+        assert r.returncode == 0 and "published 1 message(s) to \\xff at" in r.stdout, r.stderr
+
+    got = _subscriber_prints(["sub", "--port", port, ff, "--json", "--count", "1"], "\\xff", publish)
+    assert got == [{"channel": "\\xff", "data": "/g==", "encoding": "base64", "pattern": None,
+                    "headers": {"k": {"value": "/w==", "encoding": "base64"}}}]
+    assert _one_line_error(run("pub", "--port", port, "x", "y", "-H", ff + "=1"), 2,
+                           "a header name is UTF-8 text, not \\xff").startswith("fastbus pub: ")
+
+
+def test_ports_and_a_broker_given_a_port_get_the_error_that_says_what_to_do():
+    for command in (["pub", "a", "x"], ["sub", "a"], ["stats"], ["redis-server"]):
+        r = run(*command, "--port", "70000")
+        assert r.returncode == 2 and "--port: must be a port number (1-65535), not 70000" in r.stderr, r.stderr
+    assert _one_line_error(run("pub", "--connect", "tcp://127.0.0.1:70000", "a", "x"), 2,
+                           "the port is a number from 1 to 65535, not '70000'").startswith("fastbus pub: ")
+    # The broker listens where --bind says: a --port or --host is answered with the --bind meant.
+    assert _one_line_error(run("broker", "--port", "6464"), 2, "unrecognized arguments: --port 6464",
+                           "--bind tcp://127.0.0.1:6464").startswith("fastbus broker: ")
+    assert "--bind tcp://127.0.0.2:7000" in run("broker", "--host", "127.0.0.2", "--port=7000").stderr
+    assert _one_line_error(run("stats", "--bogus"), 2, "unrecognized arguments: --bogus",
+                           "see fastbus stats --help").startswith("fastbus stats: ")
 
 
 def test_a_malformed_broker_endpoint_is_a_usage_error_naming_its_option():
