@@ -371,11 +371,31 @@ def cmd_redis_server(args: argparse.Namespace) -> int:
     SIGINT/SIGTERM/SIGHUP (or until the server dies), then stop it and
     remove its temporary dir."""
     import threading
+    from pathlib import Path
 
+    from fastbus.redis import shared
     from fastbus.redis.server import ENV_URL, EmbeddedServer, EmbeddedServerError
     server_args = list(args.server_args or ())
     if server_args[:1] == ["--"]:
         server_args = server_args[1:]
+    if args.stop:
+        reg = shared.stop_shared()
+        print(f"fastbus redis-server: stopped the shared server at {reg['url']} (pid {reg['pid']}); its data "
+              f"stays in {reg['data_dir']}" if reg else "fastbus redis-server: no shared server runs",
+              file=sys.stderr)
+        return 0
+    data_dir, idle_s = args.data_dir, 0.0
+    if args.shared:
+        running = shared.registered()
+        if running is not None:
+            print(f"fastbus redis-server: the shared server runs already at {running['url']} (pid {running['pid']})",
+                  file=sys.stderr)
+            return 1
+        idle_s = shared.idle_seconds()
+        data_dir = data_dir or str(shared.data_dir())
+        os.makedirs(data_dir, mode=0o700, exist_ok=True)
+        # What a program put is there for the next one, after a stop too.
+        server_args = ["--appendonly", "yes", "--appendfsync", "everysec", *server_args]
     stop = threading.Event()
     got: list[int] = []
 
@@ -386,24 +406,39 @@ def cmd_redis_server(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     try:
-        server = EmbeddedServer(args.binary, port=args.port, data_dir=args.data_dir, args=server_args,
+        server = EmbeddedServer(args.binary, port=args.port, data_dir=data_dir, args=server_args,
                                 startup_timeout=args.startup_timeout)
         server.start()
     except (EmbeddedServerError, ValueError, TypeError) as exc:
         print(f"fastbus redis-server: {exc}", file=sys.stderr)
         return 1
+    watch = None
     try:
         url = server.url
         print(f"fastbus redis-server: {server.server_name} {server.version} (pid {server.pid}) listening "
               f"on {url}; log: {server.log_path}; Ctrl-C or SIGTERM stops it", file=sys.stderr, flush=True)
         print(f"export {ENV_URL}={url}", file=args.out, flush=True)
-        # Not a message path: a check every half second whether the server died.
+        if args.shared:
+            assert server.pid is not None
+            watch = shared.IdleWatch(url, shared.register(url, server.pid, Path(data_dir), idle_s), idle_s)
+            print(f"fastbus redis-server: the user's shared server (data in {data_dir}); it stops after "
+                  f"{idle_s:g} s with no client", file=sys.stderr, flush=True)
+        # Not a message path: a check every half second whether the server
+        # died (and, shared, every few seconds whether it is idle).
+        looks = 0
         while not stop.wait(0.5):
             if not server.is_running():
                 print(f"fastbus redis-server: the server exited; its log:\n{server.log_tail()}",
                       file=sys.stderr, flush=True)
                 return 1
+            looks += 1
+            if watch is not None and looks % max(1, min(10, int(idle_s * 2 / 4))) == 0 and watch.stop_if_idle():
+                print(f"fastbus redis-server: stopped: no client for {idle_s:g} s", file=sys.stderr, flush=True)
+                return 0
     finally:
+        if watch is not None:
+            watch.close()
+            shared.unregister(shared.runtime_dir())
         server.stop()
     name = signal.Signals(got[0]).name if got else "a signal"
     print(f"fastbus redis-server: stopped ({name})", file=sys.stderr, flush=True)
@@ -626,13 +661,15 @@ def _add_keygen_parser(sub) -> None:
 
 def _add_redis_server_parser(sub) -> None:
     rs = sub.add_parser(
-        "redis-server", help="run the embedded Redis server in the foreground, to share it between processes",
+        "redis-server", help="run the embedded Redis server in the foreground; --stop the user's shared one",
         description="Start fastbus's embedded Redis-compatible server (the bundled valkey-server, else "
                     "$FASTBUS_REDIS_SERVER, valkey-server or redis-server on PATH) on 127.0.0.1, print "
                     "`export FASTBUS_REDIS_URL=redis://127.0.0.1:PORT` on stdout, and run until Ctrl-C, "
-                    "SIGTERM or SIGHUP; then stop it and remove its temporary dir. Processes that export "
-                    "that variable share this server when they pass no URL (without it, each process "
-                    "starts a private one). Persistence is off: the data lives as long as the server.",
+                    "SIGTERM or SIGHUP; then stop it and remove its temporary dir (persistence off: the "
+                    "data lives as long as the server). Processes that export that variable use this "
+                    "server when they pass no URL. Without it, programs and commands given no URL use the "
+                    "user's shared server, which the first of them starts (--shared) and the others find; "
+                    "--stop stops it.",
         epilog="Example: `fastbus redis-server --port 6390` in one terminal, then "
                "`export FASTBUS_REDIS_URL=redis://127.0.0.1:6390` in the others.")
     rs.add_argument("--port", type=port_number, default=None,
@@ -644,6 +681,13 @@ def _add_redis_server_parser(sub) -> None:
                     help="directory for its config and log, kept (default: a temporary one, removed)")
     rs.add_argument("--startup-timeout", type=seconds, default=10.0,
                     help="seconds to wait for the server to answer (default: %(default)s)")
+    rs.add_argument("--shared", action="store_true",
+                    help="run it as the user's shared server, the one programs and commands given no URL use "
+                         "(they start it themselves when none runs): registered for them, its data kept "
+                         "(append-only file) in $FASTBUS_STATE_DIR/redis, else ~/.local/state/fastbus/redis, "
+                         "stopped after $FASTBUS_REDIS_IDLE seconds (600) with no client")
+    rs.add_argument("--stop", action="store_true",
+                    help="stop the user's shared server (its data stays for the next one) and exit")
     rs.add_argument("server_args", nargs=argparse.REMAINDER, metavar="-- OPTION ...",
                     help="options passed to the server, after --: e.g. -- --maxmemory 1gb")
     rs.set_defaults(func=cmd_redis_server)

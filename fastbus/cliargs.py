@@ -11,11 +11,12 @@ import os
 
 from fastbus.errors import InvalidKey, UsageError
 
-__all__ = ["DEFAULT_URL", "load_curve_keys", "nonnegative", "port_number", "positive", "redis_url", "seconds"]
+__all__ = ["URL_HELP", "load_curve_keys", "nonnegative", "port_number", "positive", "redis_url", "seconds"]
 
-#: The Redis server of the queue, topic, inbox and monitor commands when
-#: neither their option nor $FASTBUS_REDIS_URL names one.
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
+#: What the queue, topic, inbox and monitor commands' Redis URL option says
+#: of its default (redis_url).
+URL_HELP = ("the Redis server (default $FASTBUS_REDIS_URL, else the user's shared server, where programs "
+            "given no URL meet: see fastbus redis-server --help)")
 
 
 def positive(text: str) -> int:
@@ -76,20 +77,16 @@ def name_values(specs: list[str], sep: str, form: str) -> dict[str, str]:
 
 
 def redis_url(given: str | None, option: str) -> str:
-    """The Redis URL of a command: ``given`` (the value of its option named
-    ``option``, e.g. ``"--url"``), else ``$FASTBUS_REDIS_URL`` if set and not
-    empty, else :data:`DEFAULT_URL`.  UsageError naming the option or the
-    variable if it is not a Redis URL."""
-    from fastbus.redis.server import ENV_URL, check_url
+    """The Redis URL of a command, by the rule every part of fastbus follows
+    (:func:`fastbus.redis.resolve_url`): ``given`` (the value of its option
+    named ``option``, e.g. ``"--url"``), else ``$FASTBUS_REDIS_URL``, else
+    the user's shared server, where programs given no URL meet too.
+    UsageError naming the option or the variable if it is not a Redis URL."""
+    from fastbus.redis.server import resolve_url
     try:
-        if given is not None:
-            return check_url(given, option)
-        env = os.environ.get(ENV_URL, "").strip()
-        if env:
-            return check_url(env, ENV_URL)
+        return resolve_url(given, option)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return DEFAULT_URL
 
 
 def load_curve_keys(path: str) -> tuple[str, str | None]:

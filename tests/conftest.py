@@ -107,6 +107,22 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ.pop("FASTBUS_TEST_LOCKS", None)
             shutil.rmtree(locks, ignore_errors=True)
         config.add_cleanup(remove)
+    # The user's shared Redis server (what "no URL" means) of this run: in
+    # a directory of its own, not the user's, and stopped when the run ends.
+    if not hasattr(config, "workerinput") and "FASTBUS_RUNTIME_DIR" not in os.environ:
+        shared = tempfile.mkdtemp(prefix="fastbus-shared-")
+        os.environ["FASTBUS_RUNTIME_DIR"] = os.path.join(shared, "run")
+        os.environ["FASTBUS_STATE_DIR"] = os.path.join(shared, "state")
+
+        def stop_shared() -> None:
+            from fastbus.redis.shared import stop_shared
+            try:
+                stop_shared()
+            finally:
+                for name in ("FASTBUS_RUNTIME_DIR", "FASTBUS_STATE_DIR"):
+                    os.environ.pop(name, None)
+                shutil.rmtree(shared, ignore_errors=True)
+        config.add_cleanup(stop_shared)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -51,6 +51,8 @@ NOT_RUN = {
     "export FASTBUS_REDIS_URL=redis://127.0.0.1:41873": "what `fastbus redis-server` prints (checked there)",
     "python producer.py &": "the reader's own scripts",
     "python consumer.py": "the reader's own scripts",
+    "python producer.py": "the reader's own scripts (tests/test_shared_redis.py runs two such scripts and the CLI)",
+    'fastbus queue put jobs "one more"': "tests/test_shared_redis.py runs it between two scripts given no URL",
     "make -C examples/embed asan": ".ci/run runs it (a sanitizer build, minutes)",
     'pip install ".[channels]" daphne && fastbus broker':
         "the chat example's broker, which runs until stopped: tests/test_channels_chat.py starts brokers itself",

@@ -292,7 +292,8 @@ def test_given_port_and_data_dir(tmp_path):
     assert data_dir.is_dir()  # the caller's dir is kept
 
 
-def test_resolve_url_uses_one_shared_server():
+def test_resolve_url_uses_one_shared_server(monkeypatch):
+    monkeypatch.delenv("FASTBUS_REDIS_URL", raising=False)
     assert resolve_url("redis://example.invalid:1/0") == "redis://example.invalid:1/0"
     urls: list[str] = []
     threads = [threading.Thread(target=lambda: urls.append(resolve_url(None))) for _ in range(8)]
@@ -301,7 +302,7 @@ def test_resolve_url_uses_one_shared_server():
     for t in threads:
         t.join()
     assert len(set(urls)) == 1
-    assert resolve_url(None) == urls[0] == default_server().url
+    assert resolve_url(None) == urls[0] != default_server().url    # the user's, not this process's
     assert default_server() is default_server()
     r = redis.Redis.from_url(urls[0])
     assert r.ping()
@@ -312,7 +313,7 @@ def test_default_server_comes_back_after_a_kill():
     server = default_server()
     url = server.url
     server.kill()
-    assert resolve_url(None) == url
+    assert default_server().url == url
     assert server.is_running()
 
 
@@ -471,9 +472,10 @@ def test_no_url_means_FASTBUS_REDIS_URL_everywhere(monkeypatch, redis_url):
         sub.subscribe("envch")
         assert sub.get_message(timeout=5)["type"] == "subscribe"
         assert r.pubsub_numsub("envch")[0][1] == 1
-    # Empty means unset: the embedded default.
+    # Empty means unset: the user's shared server.
     monkeypatch.setenv("FASTBUS_REDIS_URL", "")
-    assert resolve_url(None) == default_server().url != redis_url
+    from fastbus.redis.shared import registered
+    assert resolve_url(None) == registered()["url"] != redis_url
 
 
 def test_a_bad_FASTBUS_REDIS_URL_is_named(monkeypatch):
@@ -544,4 +546,4 @@ def test_fastbus_redis_server_help_and_bad_port():
     assert cli.returncode == 0 and "FASTBUS_REDIS_URL" in out and "--port" in out
     cli = _fastbus_cli("redis-server", "--port", "0")
     _out, err = cli.communicate(timeout=60)
-    assert cli.returncode == 1 and "port must be" in err
+    assert cli.returncode == 2 and "--port: must be a port number (1-65535), not 0" in err

@@ -38,9 +38,8 @@ import threading
 import time
 from typing import Any, TextIO
 
-from fastbus.cliargs import DEFAULT_URL, load_curve_keys, redis_url
+from fastbus.cliargs import URL_HELP, load_curve_keys, redis_url
 from fastbus.errors import UsageError
-from fastbus.redis.server import ENV_URL
 
 DEFAULT_HTTP = "127.0.0.1:8223"
 
@@ -256,7 +255,7 @@ def add_parser(sub) -> None:
     from fastbus.queue.names import DEFAULT_PREFIX
     m = sub.add_parser("monitor", help="watch the Redis queues (and a broker): table, JSON, or HTTP /metrics",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    m.add_argument("--redis", metavar="URL", help=f"the Redis server (default ${ENV_URL}, else {DEFAULT_URL})")
+    m.add_argument("--redis", metavar="URL", help=URL_HELP)
     m.add_argument("--prefix", default=DEFAULT_PREFIX, help="the queues' key prefix (default %(default)s)")
     m.add_argument("--http", metavar="HOST:PORT", nargs="?", const=DEFAULT_HTTP,
                    help=f"serve /metrics, /queuez, /varz and /healthz here (default {DEFAULT_HTTP}; port 0: "

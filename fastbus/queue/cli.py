@@ -25,10 +25,9 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TextIO
 
-from fastbus.cliargs import DEFAULT_URL, positive, redis_url
+from fastbus.cliargs import URL_HELP, positive, redis_url
 from fastbus.errors import QueueError
 from fastbus.queue.names import DEFAULT_PREFIX, check_name
-from fastbus.redis.server import ENV_URL
 
 # redis-py and the queue classes are imported by the commands that use
 # them, not when the parser is built (fastbus._lazy says why).
@@ -210,7 +209,7 @@ def add_parser(sub) -> None:
     """Add ``queue`` to the ``fastbus`` command's subparsers."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("name", type=_name, help="the queue's name")
-    common.add_argument("--url", help=f"the Redis server (default ${ENV_URL}, else {DEFAULT_URL})")
+    common.add_argument("--url", help=URL_HELP)
     common.add_argument("--prefix", default=DEFAULT_PREFIX, help="the queue's key prefix (default %(default)s)")
     common.add_argument("--max-deliveries", type=positive, default=10,
                         help="for clean: deliveries after which a message goes to failed (default %(default)s)")
@@ -251,7 +250,7 @@ def add_parser(sub) -> None:
 
     p = qs.add_parser("list", help="the queues, topics and inboxes registered on the server",
                       description="The registered names (fastbus.queue.list_queues), one per line: KIND NAME.")
-    p.add_argument("--url", help=f"the Redis server (default ${ENV_URL}, else {DEFAULT_URL})")
+    p.add_argument("--url", help=URL_HELP)
     p.add_argument("--prefix", default=DEFAULT_PREFIX, help="the key prefix (default %(default)s)")
     p.add_argument("--kind", choices=["queue", "topic", "inbox"], help="one kind only")
     p.add_argument("--json", action="store_true", help='a JSON list of {"kind": ..., "name": ...}')
@@ -459,7 +458,7 @@ def add_topic_inbox_parsers(sub) -> None:
     def common(kind: str) -> argparse.ArgumentParser:
         c = argparse.ArgumentParser(add_help=False)
         c.add_argument("name", help=f"the {kind}'s name")
-        c.add_argument("--url", help=f"the Redis server (default ${ENV_URL}, else {DEFAULT_URL})")
+        c.add_argument("--url", help=URL_HELP)
         c.add_argument("--prefix", default=DEFAULT_PREFIX, help="the key prefix (default %(default)s)")
         return c
 

@@ -43,7 +43,7 @@ def pool_from(target: Any) -> tuple[redis.ConnectionPool, bool]:
     """A connection pool for a URL, Redis client or pool; True if ours to close."""
     from fastbus.redis.server import check_url, resolve_url
     if target is None:
-        target = resolve_url(None)           # $FASTBUS_REDIS_URL, else the embedded server
+        target = resolve_url(None)           # $FASTBUS_REDIS_URL, else the user's shared server
     if isinstance(target, str):
         return redis.ConnectionPool.from_url(check_url(target)), True
     if is_asyncio(target):

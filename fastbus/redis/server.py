@@ -5,14 +5,14 @@ Every Redis-backed part of fastbus takes a URL.  When none is given,
 
 1. ``$FASTBUS_REDIS_URL``, if set (and not empty): every process that sets it
    shares that server;
-2. else a server private to this process: started on first use on a free
-   loopback port, stopped at exit.  Another process that runs without a URL
-   gets its own, and sees none of this one's messages.
+2. else the user's shared server (:mod:`fastbus.redis.shared`): the first
+   process or command that needs it starts it, the others find it
+   registered, so programs and commands given no URL meet on one server.
 
-To share an embedded server between processes, run ``fastbus redis-server``
-in a terminal (it prints the URL) and export ``FASTBUS_REDIS_URL`` in the
-others.  :class:`EmbeddedServer` is the same server under the caller's
-control (tests start, kill and restart it).
+``fastbus redis-server`` runs one in the foreground (it prints the URL to
+export).  :class:`EmbeddedServer` is the same server under the caller's
+control (tests start, kill and restart it); :func:`default_server` one
+private to this process.
 
 The server binary is chosen by :func:`fastbus.redis.binary.find_server_binary`.
 
@@ -75,6 +75,7 @@ __all__ = [
     "EmbeddedServerError",
     "ServerNotFoundError",
     "check_url",
+    "configured_url",
     "default_server",
     "resolve_url",
 ]
@@ -591,9 +592,11 @@ _default: EmbeddedServer | None = None
 
 
 def default_server() -> EmbeddedServer:
-    """The process-wide embedded server, started on first use (thread-safe),
-    stopped at exit.  If it was killed, it is started again on the same port.
-    The binary is chosen as by :func:`find_server_binary` with no argument."""
+    """An embedded server private to this process, started on first use
+    (thread-safe), stopped at exit; if it was killed, it is started again
+    on the same port.  (Not what "no URL" means: that is the user's shared
+    server, :func:`resolve_url`.)  The binary is chosen as by
+    :func:`find_server_binary` with no argument."""
     global _default
     with _default_lock:
         server = _default
@@ -613,21 +616,31 @@ def started_default() -> EmbeddedServer | None:
     return _default
 
 
-def resolve_url(url: str | None) -> str:
-    """What a Redis URL argument means, for every part of fastbus: ``url``
-    if given; else ``$FASTBUS_REDIS_URL`` if set and not empty (checked to be
-    a Redis URL); else the URL of :func:`default_server`, a server private
-    to this process, started on first use."""
+def configured_url() -> str | None:
+    """``$FASTBUS_REDIS_URL`` if set and not empty (checked to be a Redis
+    URL), else None."""
+    env = os.environ.get(ENV_URL, "").strip()
+    return check_url(env, ENV_URL) if env else None
+
+
+def resolve_url(url: str | None, origin: str = "url") -> str:
+    """What a Redis URL argument means, for every part of fastbus and every
+    ``fastbus`` command: ``url`` if given (checked; ``origin`` names it in
+    errors, e.g. ``"--url"``); else ``$FASTBUS_REDIS_URL`` if set and not
+    empty; else the user's shared server (:mod:`fastbus.redis.shared`:
+    joined if one runs, else started; said at INFO), so that programs and
+    commands given no URL meet on one server."""
     if url is None:
-        env = os.environ.get(ENV_URL, "").strip()
-        if env:
-            return check_url(env, ENV_URL)
-        return default_server().url
+        configured = configured_url()
+        if configured is not None:
+            return configured
+        from fastbus.redis.shared import shared_url
+        return shared_url()
     if not isinstance(url, str):
-        raise TypeError(f"url must be a str or None, not {type(url).__name__}")
+        raise TypeError(f"{origin} must be a str or None, not {type(url).__name__}")
     if not url:
-        raise InvalidURL(f"url is empty: pass None for ${ENV_URL} or the embedded server", url)
-    return url
+        raise InvalidURL(f"{origin} is empty: pass None for ${ENV_URL} or the shared server", url)
+    return check_url(url, origin)
 
 
 _SCHEMES = ("redis://", "rediss://", "unix://")

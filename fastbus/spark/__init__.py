@@ -116,13 +116,12 @@ def register(spark: Any, url: str | None = None) -> str:
     """Register ``format("fastbus")`` with ``spark`` (a SparkSession), with
     ``url`` as the default of option ``url``; returns that URL.
 
-    With no ``url`` (and no ``$FASTBUS_REDIS_URL``), fastbus's embedded
-    server is started in this process (it stops when the process exits):
+    With no ``url`` (and no ``$FASTBUS_REDIS_URL``), the user's shared
+    server (:func:`fastbus.redis.resolve_url`: joined, or started):
     right for ``local[*]`` sessions, whose workers share this machine's
     loopback; on a cluster, pass a URL the executors can reach."""
-    from fastbus.redis.server import check_url, resolve_url
-    # $FASTBUS_REDIS_URL (checked), else the embedded server
-    url = resolve_url(None) if url is None else check_url(url)
+    from fastbus.redis.server import resolve_url
+    url = resolve_url(url)
     # A subclass made here is pickled by value (it is not reachable by name),
     # so the workers that run the source get the default URL with it.
     cls = type("FastbusDataSource", (FastbusDataSource,),

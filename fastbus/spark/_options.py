@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fastbus.errors import OptionError
 from fastbus.queue.names import DEFAULT_PREFIX, check_name
-from fastbus.redis.server import ENV_URL, check_url
+from fastbus.redis.server import ENV_URL, check_url, configured_url
 
 
 KAFKA_SCHEMA = ("key binary, value binary, topic string, partition int, offset bigint, "
@@ -51,7 +50,7 @@ class Options:
             raise OptionError(
                 "no Redis server: set option url (redis://host:port/db), or the environment "
                 f"variable {ENV_URL} of the Spark processes, or register the source with "
-                "fastbus.spark.register(spark, url) (with no url: fastbus's embedded server, "
+                "fastbus.spark.register(spark, url) (with no url: the user's shared server, "
                 "for local mode)")
         return self.url
 
@@ -135,12 +134,9 @@ def parse(options: Mapping[str, str], default_url: str | None = None) -> Options
     prefix = opts.get("prefix") or DEFAULT_PREFIX
     url = opts.get("url") or None
     try:
-        if url is not None:
-            url = check_url(url, "option url")
-        elif os.environ.get(ENV_URL, "").strip():
-            url = check_url(os.environ[ENV_URL].strip(), ENV_URL)
-        else:
-            url = default_url
+        # fastbus's rule (fastbus.redis.resolve_url), but for its last step:
+        # a worker never starts a server; register() resolved it in the driver.
+        url = check_url(url, "option url") if url is not None else configured_url() or default_url
     except ValueError as e:
         raise OptionError(str(e)) from None
     return Options(
