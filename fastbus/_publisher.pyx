@@ -539,7 +539,13 @@ cdef class ClientBase:
     @cython.embedsignature(False)     # (its docstring is its asyncio twin's too)
     def publish(self, channel: ChannelT, message: EncodableT, headers: Mapping[str, str | bytes] | None = None) -> int:
         """Queue a message; returns 1, or 0 when no subscriber wants its
-        channel (the broker said so), in which case it is not sent.
+        channel (the broker said so), in which case it is not sent.  The
+        broker's word counts only under its filter lease (90% of
+        ``--filter-lease``, 0.1 s, renewed while the filter drops
+        messages): before its first view, and for a publisher that sends
+        less than about one message per lease, publish() sends and says 1
+        (the broker drops what nobody wants; ``stats()["unfiltered"]``
+        counts it); :meth:`is_wanted` asks for a lease when it has none.
         ``headers``: a mapping of str names to str or bytes values that
         travels with the message (subscribers find it as the message's
         ``"headers"``); with the payload it must fit the broker's

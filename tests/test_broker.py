@@ -72,6 +72,33 @@ def test_unsubscribe_stops_delivery_and_confirms(brokers, client_factory):
     assert confirm(p, 1)[0]["data"] == 0 and not p.subscribed
 
 
+@pytest.mark.parametrize("rate", [1, 5, 20])
+def test_is_wanted_is_the_brokers_word_at_any_publishing_rate(brokers, rate):
+    """At 1, 5 and 20 messages a second to a channel nobody wants (issue
+    49: between publishes a quiet publisher's filter lease lapses, and
+    is_wanted() said True every time): is_wanted() asks for a lease when it
+    has none and answers by the broker's view; publish() says 0 under a
+    lease (20/s keeps one) and 1 when it had none (README: sent, dropped by
+    the broker), never 0 for a wanted channel."""
+    b = brokers()
+    with fastbus.Client(b.endpoint) as c, c.pubsub() as p:
+        p.subscribe("wanted")
+        confirm(p, 1)
+        wait_wanted(c, "wanted")
+        n = {1: 3, 5: 10, 20: 20}[rate]
+        said, wanted, other = [], [], []
+        for _ in range(n):
+            time.sleep(1 / rate)
+            said.append(c.publish("nobody", b"x"))
+            wanted.append(c.is_wanted("nobody"))
+            other.append(c.is_wanted("wanted"))
+        assert wanted == [False] * n and other == [True] * n, (wanted, other)
+        assert c.publish("wanted", b"y") == 1
+        if rate == 20:
+            assert said.count(0) >= n // 2, said              # the lease held between publishes
+        assert [m["data"] for m in collect(p, 1)] == [b"y"]     # the unfiltered ones went nowhere
+
+
 def test_confirmed_subscription_gets_every_later_message_in_order(brokers, client_factory):
     """The delivery contract: from its confirmation on, a subscriber gets
     every message, once, in publish order, while the publisher never pauses."""

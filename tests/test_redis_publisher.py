@@ -250,11 +250,12 @@ def test_asyncio_publisher(redis_url):
     assert received(p, 1000) == [b"%d" % i for i in range(1000)]
 
 
-def test_embedded_server_by_default():
-    from fastbus.redis import default_server
+def test_the_users_shared_server_by_default(monkeypatch):
+    from fastbus.redis.shared import registered
+    monkeypatch.delenv("FASTBUS_REDIS_URL", raising=False)
     with BufferedListProducer() as lists:
         lists.push("default-q", "hello")
-    r = redis.Redis.from_url(default_server().url)
+    r = redis.Redis.from_url(registered()["url"])
     assert r.lrange("default-q", 0, -1) == [b"hello"]
     r.delete("default-q")
 

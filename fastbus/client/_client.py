@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fastbus.client")
 
+#: How long is_wanted() waits for a filter lease it asked for (a round trip).
+LEASE_WAIT = 0.25
+
 
 class ClientStats(TypedDict):
     """``Client.stats()``: this client's counters."""
@@ -371,12 +374,25 @@ class Client(ClientBase):
         self.flush(timeout)
         return True
 
-    def is_wanted(self, channel: ChannelT) -> bool:
-        """Would publish() send this channel?  True until the broker has told
-        this client what its subscribers want, then whether anyone does (and
-        True again while that view's lease has run out, until renewed)."""
-        if not self._pub.filtering():
-            return True
+    def is_wanted(self, channel: ChannelT, timeout: float = LEASE_WAIT) -> bool:
+        """Does any subscriber want this channel, as the broker last said?
+        True until the broker has told this client what its subscribers
+        want, then whether anyone does.  The broker's word holds under its
+        filter lease (see publish()): when that ran out (a client that
+        published nothing for a tenth of a second), this asks for a new
+        one and waits for it up to ``timeout`` seconds (a round trip; the
+        asyncio client does not wait: True until it comes), True if none
+        came."""
+        s = self._pub
+        if not s.filtering():
+            publisher = self._publisher
+            if self.driven_by_loop or not publisher.has_view or timeout <= 0:
+                return True
+            deadline = time.monotonic() + timeout
+            while not publisher.filters():            # (whoever reads the connection applies the lease)
+                if time.monotonic() >= deadline:
+                    return True
+                time.sleep(0.0005)
         return self._publisher.view_matches(to_key(channel)) is not False
 
     def flush(self, timeout: float | None = 10.0) -> None:
