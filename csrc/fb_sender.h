@@ -4,11 +4,13 @@
  *
  * A client appends each message to an fb_outbox in the publishing thread,
  * and sends the batch there too while it publishes slowly.  In a burst it
- * does not: the batch gathers what follows, and leaves when the burst
- * stops.  Somebody must send it then, whatever the publishing thread does
- * next (spin in Python for a second, say).  A Python thread would first wait
- * for the interpreter lock (up to the switch interval, 5 ms by default: the
- * latency tail of issue 22); this thread never takes it.
+ * does not: when a batch starts it wakes this thread, and the batch
+ * gathers what the publisher appends until this thread is up and has the
+ * connection's lock; then the batch leaves, whatever the publishing thread
+ * does next (spin in Python for a second, say).  Nothing waits for the
+ * burst to end.  A Python thread would first wait for the interpreter lock
+ * (up to the switch interval, 5 ms by default: the latency tail of issue
+ * 22); this thread never takes it.
  *
  * It sends the outbox's batch when nothing must go before it.  What it
  * does not do it hands back to its owner (the client's Python code) by
@@ -20,9 +22,10 @@
  * and the outbox's lock (fb_lock) around a take and its send, as the
  * publishing thread does around an append, so batches leave in order.
  *
- * The socket is a libzmq socket used through function pointers (the
- * libzmq that pyzmq loaded: a socket handle is valid only in the library
- * instance that made it).
+ * The socket is used through function pointers: a Stream's connection
+ * (fb_zmtp.h's calls, zmq.h's signatures) or a libzmq socket (the libzmq
+ * that pyzmq loaded: a socket handle is valid only in the library instance
+ * that made it).
  */
 #ifndef FB_SENDER_H
 #define FB_SENDER_H

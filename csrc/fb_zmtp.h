@@ -11,8 +11,9 @@
  * broker has one connection per session and needs none of libzmq's
  * routing, so the client's engine (fb_sender.h, fb_reader.h) and its
  * Python sessions can use this instead: the publishing thread writes the
- * socket, the reading thread reads it.  The broker stays a libzmq ROUTER:
- * it cannot tell the difference.
+ * socket, the reading thread reads it.  Its peer is a ROUTER: the broker's
+ * own (fb_zmtp_server.h) or libzmq's (CURVE, FASTBUS_BROKER_TRANSPORT=
+ * libzmq), which cannot tell it from a libzmq DEALER.
  *
  * The calls mirror the few of libzmq's that the engine makes (zmq.h's
  * signatures and values, so fb_zmq_calls / fb_zmq_recv_calls can point at

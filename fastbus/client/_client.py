@@ -58,11 +58,12 @@ class ClientStats(TypedDict):
 #: A publish() that starts a batch sends it at once from the publishing
 #: thread unless the publisher is in a burst: BURST_LIMIT batches already
 #: left that way, each within BURST_GAP seconds of the one before.  Then the
-#: keeper sends what gathered by the time it runs (see Publisher).
-#: How long close() waits for the broker to take everything, by default.
-CLOSE_TIMEOUT = 5.0
+#: native sender thread sends what gathered by the time it runs
+#: (csrc/fb_sender.h; the keeper, without the native engine).
 BURST_GAP = 20e-6
 BURST_LIMIT = 4
+#: How long close() waits for the broker to take everything, by default.
+CLOSE_TIMEOUT = 5.0
 
 
 def close_leaving(close: Callable[[], object], failing: bool) -> None:
@@ -86,7 +87,8 @@ class Client(ClientBase):
     **Publishing** is buffered and batched, with no timer: a message
     published while the client is idle leaves at once, from the calling
     thread; messages published back to back (a burst) gather into a batch
-    that the client's keeper thread sends as soon as it runs, and a batch
+    that the client's native sender thread sends as soon as it runs (it
+    never waits for the interpreter lock), and a batch
     that fills (``max_messages`` records or ``max_bytes`` bytes) leaves at
     once.  ``max_delay`` (seconds; default None: no linger) is an optional
     linger for larger batches under load: then a batch waits until
