@@ -24,7 +24,7 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memset
 
-from fastbus._core cimport _batch_records, _headers_dict, _raise
+from fastbus._core cimport _batch_records, _headers_dict, _raise, _text_or_bytes
 from fastbus.includes.fb_batch cimport fb_record, fb_record_reply_to
 from fastbus.includes.fb_resp cimport fb_resp_elem, fb_resp_flat_array
 
@@ -46,7 +46,8 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
     ``classes`` maps a channel (bytes) to ``(type, pattern)``, or to None for
     a channel no subscription matches any more (those records are skipped);
     ``classify(channel)`` fills it for channels not yet in it.  With ``utf8``,
-    channels and payloads are decoded to str.  A record with headers gets
+    channels and payloads are decoded to str (one that is not UTF-8 stays
+    bytes: a batch is never lost for one such record).  A record with headers gets
     a ``headers`` key (a dict of str to bytes; with ``utf8``, str where a
     value is UTF-8); one
     without has none, so its dict is redis-py's exactly.  A request (a
@@ -75,9 +76,9 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
             cls = <object>found if found is not NULL else classify(topic)
             if cls is None:
                 continue
-            if utf8:
-                payload = PyUnicode_DecodeUTF8(<const char *>recs[i].payload, recs[i].payload_len, NULL)
-                topic = PyUnicode_DecodeUTF8(<const char *>recs[i].topic, recs[i].topic_len, NULL)
+            if utf8:                            # (what is not UTF-8 stays bytes: the batch's others are not lost)
+                payload = _text_or_bytes(<const char *>recs[i].payload, recs[i].payload_len)
+                topic = _text_or_bytes(<const char *>recs[i].topic, recs[i].topic_len)
             else:
                 payload = PyBytes_FromStringAndSize(<const char *>recs[i].payload, recs[i].payload_len)
             d = PyDict_New()

@@ -157,6 +157,26 @@ def test_decode_responses_keys_subscribed_and_with_block(brokers):
         assert p.channels == {} and p.patterns == {} and not p.subscribed   # leaving ``with``
 
 
+def test_decode_responses_keeps_a_message_that_is_not_utf8_as_bytes(brokers):
+    """One payload that is not UTF-8 in a batch of good ones: it stays
+    bytes, and the messages around it arrive (it raised for the whole
+    batch, which was then lost)."""
+    b = brokers()
+    with fastbus.Client(endpoint=b.endpoint, decode_responses=True) as c, \
+            c.pubsub(ignore_subscribe_messages=True) as p:
+        p.subscribe("x")
+        wait_wanted(c, "x")
+        for data in (b"one", b"\xff\xfe", "dr\u00fcben".encode(), b"four"):
+            c.publish("x", data)
+        c.flush()
+        got = []
+        while len(got) < 4:
+            m = p.get_message(timeout=5)
+            assert m is not None, got
+            got.append((m["channel"], m["data"]))
+        assert got == [("x", "one"), ("x", b"\xff\xfe"), ("x", "dr\u00fcben"), ("x", "four")]
+
+
 def test_subscribe_after_close_connects_again(brokers):
     b = brokers()
     with fastbus.Client(endpoint=b.endpoint) as c:

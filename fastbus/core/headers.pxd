@@ -16,3 +16,7 @@ cdef bytes _encode_headers(object headers, bytes reply_to=*, bytes hold=*)
 # protocol=False leaves the protocol's (':') headers out, and gives None
 # if nothing else is left.
 cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8, bint protocol=*)
+
+# decode_responses's rule for what is read: the str of UTF-8 bytes, the
+# bytes themselves where they are not UTF-8 (nothing is lost, nothing raises).
+cdef object _text_or_bytes(const char *p, Py_ssize_t n)

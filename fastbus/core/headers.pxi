@@ -170,6 +170,13 @@ cdef object _header_name(const unsigned char *p, uint32_t n):
     return s
 
 
+cdef object _text_or_bytes(const char *p, Py_ssize_t n):
+    try:
+        return PyUnicode_DecodeUTF8(p, n, NULL)
+    except UnicodeDecodeError:             # binary: it stays bytes (nothing is lost, nothing raises)
+        return PyBytes_FromStringAndSize(p, n)
+
+
 cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8, bint protocol=True):
     if block is NULL or n == 0:
         return None
@@ -182,10 +189,7 @@ cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8, bin
         if not protocol and h.key[0] == b':':
             continue                       # (a message dict says them its own way: reply_to)
         if utf8:
-            try:
-                value = PyUnicode_DecodeUTF8(<const char *>h.value, h.value_len, NULL)
-            except UnicodeDecodeError:     # binary: it stays bytes (nothing is lost, nothing raises)
-                value = PyBytes_FromStringAndSize(<const char *>h.value, h.value_len)
+            value = _text_or_bytes(<const char *>h.value, h.value_len)
         else:
             value = PyBytes_FromStringAndSize(<const char *>h.value, h.value_len)
         PyDict_SetItem(out, _header_name(h.key, h.key_len), value)
