@@ -6,6 +6,9 @@ Systems (every one driven from Python through redis-py with hiredis):
   fastbus   WorkQueue: put (B=1) / put_many(B); a registered consumer's
             get (B=1) / get_many(B, timeout) then ack(*msgs): one settle
             script call per batch.  Each operation is one Lua script call.
+  fastbus-ackget  the same, the worker's loop as m = c.get(ack=m) at B=1:
+            each ack rides in the next get's round trip (two script calls,
+            one round trip).
   streams   Redis Streams as a Streams user drives them: XADD pipelined B per
             round trip (B=1: one XADD per call); XGROUP CREATE once; the
             consumer XREADGROUP GROUP g c COUNT B BLOCK, then one XACK of the
@@ -84,8 +87,9 @@ import time
 import traceback
 from urllib.parse import urlsplit
 
-SYSTEMS = ("fastbus", "streams", "list")
-LABEL = {"fastbus": "fastbus WorkQueue", "streams": "Redis Streams (redis-py)",
+SYSTEMS = ("fastbus", "fastbus-ackget", "streams", "list")
+LABEL = {"fastbus": "fastbus WorkQueue", "fastbus-ackget": "fastbus WorkQueue, get(ack=prev)",
+         "streams": "Redis Streams (redis-py)",
          "list": "rmq-style list (redis-py)"}
 QUEUE = "bench"                       # fastbus queue / topic name
 STREAM, GROUP, CNAME = "bench:stream", "g", "c1"
@@ -140,6 +144,37 @@ class Fastbus:
         if self.c is not None:
             self.c.close()
         self.q.close()
+
+
+class FastbusAckGet(Fastbus):
+    """fastbus, a worker's loop as ``m = c.get(ack=m)`` (B=1): each ack goes
+    in the round trip of the next get; the last one (``expect`` reached)
+    on its own.  B > 1 as fastbus."""
+
+    expect = 0
+
+    def taker(self, b: int):
+        if b != 1:
+            return super().taker(b)
+        self.c = c = self.q.consumer(TAG)
+        get = c.get
+        pending: list = []
+        taken = 0
+
+        def take(timeout):
+            nonlocal taken
+            m = get(timeout, ack=pending.pop() if pending else None)
+            if m is None:
+                return (), ()
+            taken += 1
+            return [m], [m.payload]
+
+        def ack(ms):
+            if taken >= self.expect:
+                c.ack(*ms)                       # the last: nothing follows to carry it
+            else:
+                pending.extend(ms)
+        return take, ack
 
 
 class Streams:
@@ -223,7 +258,7 @@ class ListQueue:
         self.r.close()
 
 
-CLASSES = {"fastbus": Fastbus, "streams": Streams, "list": ListQueue}
+CLASSES = {"fastbus": Fastbus, "fastbus-ackget": FastbusAckGet, "streams": Streams, "list": ListQueue}
 
 
 def setup_system(r, system: str) -> None:
@@ -234,7 +269,7 @@ def setup_system(r, system: str) -> None:
 
 def leftover(r, system: str) -> int:
     """Messages still in the queue or unacked after a case."""
-    if system == "fastbus":
+    if system.startswith("fastbus"):
         ns = f"fastbus:q:{{{QUEUE}}}:"
         n = r.llen(ns + "ready")
         for tag in r.smembers(ns + "consumers"):
@@ -330,6 +365,7 @@ def task_produce(conn, url, system, n, size, batch, timeout):
 
 def task_consume(conn, url, system, n, batch, timeout):
     s = CLASSES[system](url)
+    s.expect = n
     take, ack = s.taker(batch)
     _wait_go(conn)
     cpu0 = time.process_time()
@@ -341,6 +377,7 @@ def task_consume(conn, url, system, n, batch, timeout):
 
 def task_sequential(conn, url, system, n, size, batch, timeout):
     s = CLASSES[system](url)
+    s.expect = n
     put = s.putter(batch)
     take, ack = s.taker(batch)
     items = payloads(n, size)
@@ -376,7 +413,7 @@ def task_sequential(conn, url, system, n, size, batch, timeout):
 
 def _one_reader(system: str, url: str):
     """(read one ready message -> handle, ack(handle)) for the latency runs."""
-    if system == "fastbus":
+    if system.startswith("fastbus"):
         s = Fastbus(url)
         c = s.c = s.q.consumer(TAG)
         return s, (lambda: c.get(1.0)), c.ack
@@ -824,7 +861,7 @@ def report(results: list[dict], systems: list[str], head: str) -> None:
         print("| system | read of a ready message p50 | p99 | p99.9 | max | read + ack p50 | p99 | "
               "blocked read woken by a put p50 | p99 | max |")
         print("|---|---|---|---|---|---|---|---|---|---|")
-        reads = {"fastbus": "get(timeout) + ack", "streams": "XREADGROUP COUNT 1 + XACK",
+        reads = {"fastbus": "get(timeout) + ack", "fastbus-ackget": "get(timeout) + ack (the latency run reads as fastbus)", "streams": "XREADGROUP COUNT 1 + XACK",
                  "list": "LMOVE + LREM"}
         for s in systems:
             if s not in lat and s not in wake:

@@ -39,6 +39,47 @@ def test_put_get_ack_in_order_with_ids_and_metadata(queue):
     assert st.totals["put"] == st.totals["get"] == st.totals["ack"] == 5
 
 
+def test_a_worker_acks_the_previous_message_with_its_next_get(queue, redis_url, caplog):
+    """``m = c.get(ack=m)``: the previous message is acknowledged in the
+    same round trip as the take (issue 50: one round trip a message);
+    at the end (no message left) the ack still happens; one it no longer
+    holds is said, and the get still returns."""
+    ids = queue.put_many([b"%d" % i for i in range(5)])
+    done = []
+    with queue.consumer("w", clean_interval=None) as c:
+        m = c.get(timeout=0)
+        while m is not None:
+            done.append(m.payload)
+            st = queue.stats()
+            assert st.unacked == {"w": 1} and st.totals.get("ack", 0) == len(done) - 1, st
+            m = c.get(timeout=0, ack=m)
+        assert done == [b"%d" % i for i in range(5)]
+        st = queue.stats()
+        assert (st.ready, st.unacked, st.totals["ack"]) == (0, {"w": 0}, 5), st
+        queue.put(b"again")
+        gone = c.get(timeout=0)
+        gone.ack()
+        with caplog.at_level("WARNING", logger="fastbus.queue"):
+            assert c.get(timeout=0, ack=gone) is None             # acked already: said, nothing raised
+        assert "was not held by it" in caplog.text
+        with pytest.raises((TypeError, ValueError)):
+            c.get(timeout=0, ack=object())
+    assert ids == list(range(ids[0], ids[0] + 5))
+
+    async def aio():
+        async with AsyncWorkQueue("jobs", redis_url) as q:
+            await q.put_many([b"x", b"y"])
+            async with q.consumer("a", clean_interval=None) as ac:
+                m = await ac.get(timeout=0)
+                m = await ac.get(timeout=0, ack=m)
+                assert m.payload == b"y"
+                assert await ac.get(timeout=0, ack=m) is None
+            st = await q.stats()
+            assert (st.ready, st.unacked, st.totals["ack"]) == (0, {}, 8), st
+
+    asyncio.run(aio())
+
+
 def test_put_many_splits_large_batches_and_keeps_order(queue):
     payloads = [b"%06d" % i for i in range(2500)] + [b"x" * (3 << 20)] * 4 + [b"end"]
     ids = queue.put_many(payloads)

@@ -325,7 +325,10 @@ class ConsumerState:
             log.error("consumer %s: heartbeat failed", self.tag, exc_info=error)
         return False
 
-    def get_many(self, n: int, timeout: float | None) -> Op:
+    def get_many(self, n: int, timeout: float | None, ack: Any = None) -> Op:
+        """Up to ``n`` messages; ``ack``: a message this consumer holds,
+        acknowledged in the same round trip (pipelined before the take, in
+        the queue's slot: a worker's loop is one round trip a message)."""
         positive_int("n", n)
         positive_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         if self.gone:
@@ -333,12 +336,17 @@ class ConsumerState:
         s = self.space
         deadline = None if timeout is None else time.monotonic() + timeout
         if n == 1:
-            items = self._check((yield Call("GET1", s.ready, self._get1)))
+            first = Call("GET1", s.ready, self._get1)
             get = Call("GET1", s.ready, self._get1_woke)
         else:
-            items = self._check((yield Call("GET", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, n, s.body_ns,
-                                                             ""))))
+            first = Call("GET", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, n, s.body_ns, ""))
             get = Call("GET", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, n, s.body_ns, "1"))
+        if ack is None:
+            items = self._check((yield first))
+        else:
+            acked, items = yield Many([self._ack1_call(ack), first])
+            self._ack1_result(self._check(acked), ack)
+            items = self._check(items)
         while not items:
             wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
             if wait <= 0:
@@ -357,9 +365,14 @@ class ConsumerState:
         """settle(ack=[message]), one script call lighter (ACK1)."""
         if self.gone:
             raise self.gone_error()
+        return self._ack1_result(self._check((yield self._ack1_call(message))), message)
+
+    def _ack1_call(self, message: Any) -> Call:
         s = self.space
-        r = self._check((yield Call("ACK1", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, s.body_ns,
-                                                       id_key(message)))))
+        return Call("ACK1", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, s.body_ns, id_key(message)))
+
+    def _ack1_result(self, r: Any, message: Any) -> SettleResult:
+        s = self.space
         if r[0]:
             return SettleResult(1)
         log.warning("consumer %s of %s: a message acked was not held by it (its heartbeat expired and it "

@@ -79,16 +79,20 @@ class Consumer:
         """This consumer's tag (unique among the queue's live consumers)."""
         return self._h.tag
 
-    def get(self, timeout: float | None = None) -> Message | None:
+    def get(self, timeout: float | None = None, ack: MessageRef | None = None) -> Message | None:
         """The next message, waiting up to ``timeout`` seconds (None: for
-        ever, 0: not at all); None if there was none."""
-        got = self._driver.run(self._h.get_many(1, timeout))
+        ever, 0: not at all); None if there was none.  ``ack``: the message
+        this consumer is done with, acknowledged in the same round trip
+        (``m = c.get(ack=m)``: a worker's loop costs one round trip a
+        message; a message it no longer held is logged, as by ack())."""
+        got = self._driver.run(self._h.get_many(1, timeout, ack))
         return got[0] if got else None
 
-    def get_many(self, n: int, timeout: float | None = None) -> list[Message]:
+    def get_many(self, n: int, timeout: float | None = None, ack: MessageRef | None = None) -> list[Message]:
         """Up to ``n`` messages in one round trip: whatever is ready now,
-        else waits up to ``timeout`` for the first ones (None: for ever)."""
-        return self._driver.run(self._h.get_many(n, timeout))
+        else waits up to ``timeout`` for the first ones (None: for ever);
+        ``ack`` as for :meth:`get`."""
+        return self._driver.run(self._h.get_many(n, timeout, ack))
 
     def settle(self, ack: Iterable[MessageRef] = (), reject: Iterable[MessageRef] = (),
                requeue: Iterable[MessageRef] = ()) -> SettleResult:
@@ -230,12 +234,12 @@ class AsyncConsumer:
     def tag(self) -> str:
         return self._h.tag
 
-    async def get(self, timeout: float | None = None) -> Message | None:
-        got = await self._driver.run(self._h.get_many(1, timeout))
+    async def get(self, timeout: float | None = None, ack: MessageRef | None = None) -> Message | None:
+        got = await self._driver.run(self._h.get_many(1, timeout, ack))
         return got[0] if got else None
 
-    async def get_many(self, n: int, timeout: float | None = None) -> list[Message]:
-        return await self._driver.run(self._h.get_many(n, timeout))
+    async def get_many(self, n: int, timeout: float | None = None, ack: MessageRef | None = None) -> list[Message]:
+        return await self._driver.run(self._h.get_many(n, timeout, ack))
 
     async def settle(self, ack: Iterable[MessageRef] = (), reject: Iterable[MessageRef] = (),
                      requeue: Iterable[MessageRef] = ()) -> SettleResult:
