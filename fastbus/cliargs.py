@@ -19,48 +19,36 @@ URL_HELP = ("the Redis server (default $FASTBUS_REDIS_URL, else the user's share
             "given no URL meet: see fastbus redis-server --help)")
 
 
+def _number(text: str, cast, ok, what: str, out_of_range: str | None = None):
+    """``text`` as ``cast`` gives it, if ``ok`` says so; else argparse's
+    error: "must be ``what``" (or ``out_of_range``, for a number outside)."""
+    try:
+        value = cast(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, not {text}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"must be {out_of_range or what}, not {text}")
+    return value
+
+
 def positive(text: str) -> int:
     """argparse type: an integer > 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
-    return value
+    return _number(text, int, lambda v: v > 0, "a positive integer")
 
 
 def port_number(text: str) -> int:
     """argparse type: a TCP port, 1 to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number (1-65535), not {text}") from None
-    if not 0 < value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number (1-65535), not {text}")
-    return value
+    return _number(text, int, lambda v: 0 < v <= 65535, "a port number (1-65535)")
 
 
 def seconds(text: str) -> float:
     """argparse type: a duration in seconds, over 0 and at most an hour."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, not {text}") from None
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, not {text}")
-    return value
+    return _number(text, float, lambda v: 0 < v <= 3600, "a number of seconds", "between 0 and 3600 seconds")
 
 
 def nonnegative(text: str) -> float:
     """argparse type: a number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, not {text}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {text}")
-    return value
+    return _number(text, float, lambda v: v >= 0, "a number >= 0", ">= 0")
 
 
 def name_values(specs: list[str], sep: str, form: str) -> dict[str, str]:
