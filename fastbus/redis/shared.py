@@ -55,6 +55,9 @@ STATE_ENV = "FASTBUS_STATE_DIR"
 IDLE_ENV = "FASTBUS_REDIS_IDLE"
 DEFAULT_IDLE_S = 600.0
 START_TIMEOUT_S = 30.0
+#: Servers this process started (their runners: its children until they
+#: end), reaped when they have: a long-lived program keeps no zombie.
+_started: list[subprocess.Popen[bytes]] = []
 _REGISTRY = "redis.json"
 _LOCK = "redis.lock"
 _LOG = "redis-server.log"
@@ -152,6 +155,7 @@ def registered(d: Path | None = None) -> dict[str, Any] | None:
 def shared_url() -> str:
     """The URL of the user's shared server: the registered one, else one
     started now (and registered)."""
+    _started[:] = [p for p in _started if p.poll() is None]
     d = runtime_dir()
     with _locked(d, START_TIMEOUT_S) as taken:
         if not taken:
@@ -182,6 +186,7 @@ def _start(d: Path) -> dict[str, Any]:
     while True:
         reg = registered(d)
         if reg is not None and reg.get("pid") == proc.pid:
+            _started.append(proc)
             return reg
         rc = proc.poll()
         if rc is not None or time.monotonic() > deadline:
