@@ -5,28 +5,35 @@ is inside fastbus, in threads that never take the interpreter lock.
 A Python thread that has work for a connection (the client's keeper, a
 reader of a PubSub) must first get the interpreter lock, which a busy user
 thread holds for up to the switch interval (5 ms by default): a message
-that waits for such a thread has that in its latency.  So far the engine
-has:
+that waits for such a thread has that in its latency.  The engine has:
 
 * ``SessionLock``: the lock of one connection, as Python's
   ``threading.Lock`` (the sessions take it as before), which a native
   thread can also hold without the interpreter lock (csrc/fb_slock.h).
-* ``Sender``: a native thread per publishing connection that sends what a
-  burst left in the outbox, the moment the burst stops, whatever the
-  publishing thread does next (csrc/fb_sender.h).  It takes only that
-  common case; anything else it hands back to the keeper.
+* ``Sender``: a native thread per publishing connection that sends a
+  burst's batch: woken by its first message, it sends what gathered by the
+  time it has the connection, whatever the publishing thread does next
+  (csrc/fb_sender.h); lease pings too.  What it cannot do (control frames
+  waiting for room) it hands back to the keeper.
 * ``Reader``: a native thread per subscribing connection that takes what
   arrives off the socket while no user thread reads (csrc/fb_reader.h), so
   a subscriber busy in Python between two reads never holds the broker
   back; the next read takes the messages from it, in order.
+* ``Stream``: a connection the calling thread writes and reads itself, ZMTP
+  without libzmq's I/O thread (csrc/fb_zmtp.h): it keeps what the broker
+  has not acknowledged and sends it again after a cut, and looks its host
+  name up again after each loss.  Sessions use it for tcp:// and ipc://
+  without CURVE.
 * ``send_frames``/``recv_frames``: a Python thread's own sends and reads,
   without letting go of the interpreter lock (pyzmq's do, and getting it
   back can take a switch interval, with the connection's lock held
   meanwhile, and a native thread waiting for it).
 
-It calls libzmq directly, through the functions of the libzmq that pyzmq
-loaded (``fastbus._libzmq``).  Where they cannot be found, ``available()``
-is False and the keeper does the sending, as it always did.
+A CURVE connection is a pyzmq socket, which the engine calls through the
+functions of the libzmq that pyzmq loaded (``fastbus._libzmq``).  Where
+they cannot be found, ``available()`` is False, and the keeper and
+Python's sessions do the work: a path that keeps nothing for a cut (no
+Stream), which the test suite does not run.
 """
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
