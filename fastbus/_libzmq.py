@@ -7,9 +7,9 @@ pyzmq's wheels carry their own libzmq (``pyzmq.libs/libzmq-*.so`` on Linux,
 the library instance that made it, so native code must call exactly that
 one.  This finds it among the libraries the process has loaded, checks that
 it reports pyzmq's libzmq version, and hands over the functions' addresses.
-Where that fails (an unusual build of pyzmq, another platform), the broker
-does not start (fastbus.errors.DataPlaneUnavailable says why) and the
-client's engine does its work in Python threads.
+Where that fails (an unusual build of pyzmq, another platform), neither the
+broker nor a client's session starts: fastbus.errors.DataPlaneUnavailable
+says why.
 """
 
 from __future__ import annotations

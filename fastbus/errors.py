@@ -335,9 +335,9 @@ class PublishError(FastbusError):
 
 
 class DataPlaneUnavailable(FastbusError, RuntimeError):
-    """The broker cannot start: its data plane (C code calling the libzmq
-    that pyzmq loaded) cannot run in this process; the message says why
-    and what to install."""
+    """The broker, or a client's session, cannot start: its data plane (C
+    code calling the libzmq that pyzmq loaded) cannot run in this process;
+    the message says why and what to install."""
 
 
 class EmbeddedServerError(FastbusError, RuntimeError):

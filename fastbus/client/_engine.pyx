@@ -30,10 +30,10 @@ that waits for such a thread has that in its latency.  The engine has:
   meanwhile, and a native thread waiting for it).
 
 A CURVE connection is a pyzmq socket, which the engine calls through the
-functions of the libzmq that pyzmq loaded (``fastbus._libzmq``).  Where
-they cannot be found, ``available()`` is False, and the keeper and
-Python's sessions do the work: a path that keeps nothing for a cut (no
-Stream), which the test suite does not run.
+functions of the libzmq that pyzmq loaded (``fastbus._libzmq``), bound
+once by ``require()`` when the first session opens; where they cannot be
+found, no session opens (``DataPlaneUnavailable``, as the broker), since
+the engine is the only path a session has.
 """
 
 from libc.stdint cimport int64_t, uint32_t, uint64_t, uintptr_t
@@ -95,7 +95,7 @@ FUNCTIONS = ("zmq_send", "zmq_getsockopt", "zmq_msg_init", "zmq_msg_recv", "zmq_
              "zmq_msg_more", "zmq_msg_close")
 
 # The calls of a connection, by kind: a pyzmq socket's (the libzmq that
-# pyzmq loaded, found by available()) or a Stream's (csrc/fb_zmtp.h, the
+# pyzmq loaded, bound by require()) or a Stream's (csrc/fb_zmtp.h, the
 # same signatures).  The native threads and send_frames/recv_frames use
 # whichever their socket's are (_calls_of).
 cdef fb_zmq_recv_calls _LIBZMQ
@@ -108,28 +108,35 @@ _ZMTP.msg_more = fb_zmtp_msg_more
 _ZMTP.msg_close = fb_zmtp_msg_close
 _ZMTP.getsockopt = fb_zmtp_getsockopt
 _ZMTP.send = fb_zmtp_send
-cdef object _found = None
+cdef bint _found = False
 
 
-def available() -> bool:
-    """Can a Sender run here (pyzmq's libzmq found, ``FASTBUS_CLIENT_ENGINE``
-    not 0)?"""
+def require() -> None:
+    """Bind the engine to the libzmq that pyzmq loaded (``fastbus._libzmq``),
+    once; every session opens through it.  A process where that library
+    cannot be found gets :class:`fastbus.errors.DataPlaneUnavailable`,
+    which says what to install: there is no slower path that would keep
+    nothing for a cut."""
     global _found
-    if _found is None:
-        import os
-        from fastbus._libzmq import functions
-        addresses = None if os.environ.get("FASTBUS_CLIENT_ENGINE", "1") == "0" else functions(FUNCTIONS)
-        if addresses is not None:
-            _LIBZMQ.send = <f_send><uintptr_t>addresses["zmq_send"]
-            _LIBZMQ.getsockopt = <f_getsockopt><uintptr_t>addresses["zmq_getsockopt"]
-            _LIBZMQ.msg_init = <f_msg_init><uintptr_t>addresses["zmq_msg_init"]
-            _LIBZMQ.msg_recv = <f_msg_recv><uintptr_t>addresses["zmq_msg_recv"]
-            _LIBZMQ.msg_data = <f_msg_data><uintptr_t>addresses["zmq_msg_data"]
-            _LIBZMQ.msg_size = <f_msg_size><uintptr_t>addresses["zmq_msg_size"]
-            _LIBZMQ.msg_more = <f_msg_more><uintptr_t>addresses["zmq_msg_more"]
-            _LIBZMQ.msg_close = <f_msg_close><uintptr_t>addresses["zmq_msg_close"]
-        _found = addresses is not None
-    return _found
+    if _found:
+        return
+    from fastbus._libzmq import functions
+    from fastbus.errors import DataPlaneUnavailable
+    addresses = functions(FUNCTIONS)
+    if addresses is None:
+        raise DataPlaneUnavailable(
+            f"fastbus's client calls libzmq from C, through the library pyzmq loaded, and could not find it "
+            f"(pyzmq {zmq.__version__}, libzmq {zmq.zmq_version()}); "
+            f"install pyzmq's own wheel (pip install --force-reinstall pyzmq)")
+    _LIBZMQ.send = <f_send><uintptr_t>addresses["zmq_send"]
+    _LIBZMQ.getsockopt = <f_getsockopt><uintptr_t>addresses["zmq_getsockopt"]
+    _LIBZMQ.msg_init = <f_msg_init><uintptr_t>addresses["zmq_msg_init"]
+    _LIBZMQ.msg_recv = <f_msg_recv><uintptr_t>addresses["zmq_msg_recv"]
+    _LIBZMQ.msg_data = <f_msg_data><uintptr_t>addresses["zmq_msg_data"]
+    _LIBZMQ.msg_size = <f_msg_size><uintptr_t>addresses["zmq_msg_size"]
+    _LIBZMQ.msg_more = <f_msg_more><uintptr_t>addresses["zmq_msg_more"]
+    _LIBZMQ.msg_close = <f_msg_close><uintptr_t>addresses["zmq_msg_close"]
+    _found = True
 
 
 cdef extern from "<errno.h>":
@@ -162,7 +169,7 @@ def send_frames(sock, list frames) -> None:
     """Send a multipart message (bytes-like frames) on a pyzmq socket
     without blocking and without letting go of the interpreter lock;
     ``zmq.Again`` if the socket cannot take it now (then nothing was sent),
-    ``zmq.ZMQError`` for any other failure.  Needs ``available()``."""
+    ``zmq.ZMQError`` for any other failure.  Needs ``require()``."""
     cdef void *h
     cdef const fb_zmq_recv_calls *z = _calls_of(sock, &h)
     cdef Py_ssize_t i, n = len(frames)
@@ -196,7 +203,7 @@ def recv_frames(sock, bint ready=False):
     """The next multipart message on a pyzmq socket as a list of bytes, or
     None if none is waiting (``ready``: a poll just said one is: ZMQ_EVENTS
     is not asked first), without letting go of the interpreter lock.
-    ``zmq.ZMQError`` for a failure.  Needs ``available()``."""
+    ``zmq.ZMQError`` for a failure.  Needs ``require()``."""
     cdef void *h
     cdef const fb_zmq_recv_calls *z = _calls_of(sock, &h)
     cdef int ev = 0, rc, err
@@ -612,8 +619,7 @@ cdef class Sender:
 
     def __cinit__(self, Publisher publisher not None, SessionLock lock not None, sock, int owner_fd,
                   double linger=0.0, bytes command=b"P", tuple lease_ping=None):
-        if not available():
-            raise RuntimeError("the client's engine needs pyzmq's libzmq, which was not found")
+        require()
         self._pub = publisher
         self._outbox = publisher.outbox
         self._lock = lock
@@ -797,8 +803,7 @@ cdef class Reader:
                   bytes flow_pause=b"\x00", bytes flow_reset_command=None, Publisher view_of=None, bytes want_command=b"W",
                   bytes ack_command=b"A", tuple lease_pong=None, bint wake_on_data=False, tuple ping=None,
                   bytes took_command=b"a", bytes lost_command=None):
-        if not available():
-            raise RuntimeError("the client's engine needs pyzmq's libzmq, which was not found")
+        require()
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, not {max_bytes}")
         self._lock = lock

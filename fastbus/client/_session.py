@@ -8,9 +8,8 @@ hand, as with a redis-py or pyzmq socket.  While no user thread does, the
 session's native threads (``_engine``: a sender, a reader) send batches
 that formed during a burst, read what arrives for a PubSub nobody is
 reading (up to ``max_inbox_bytes``), answer the broker and ping it; the
-client's keeper thread (``_keeper.Keeper``) does what they hand back (and
-all of it where the native engine is missing).  An asyncio client's event
-loop takes the keeper's place.
+client's keeper thread (``_keeper.Keeper``) does what they hand back.  An
+asyncio client's event loop takes the keeper's place.
 
 The rules every holder follows:
 
@@ -52,55 +51,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fastbus.client")
 
-# The message path calls pyzmq's compiled socket methods directly, with
-# plain int flags: its Python-level send_multipart/recv_multipart and flag
-# enums cost more than the rest of a message's trip through this process.
-_Raw = getattr(zmq.backend, "Socket", zmq.Socket)
-_send, _recv, _get = _Raw.send, _Raw.recv, _Raw.get
-NOBLOCK, SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
-EVENTS, POLLIN, POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
+POLLIN, POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
 _zmq_poll = zmq.zmq_poll
 
-
-def send_frames(sock: zmq.Socket, frames: list) -> None:
-    """Send a multipart message without blocking (zmq.Again if the socket
-    cannot take it: then nothing was sent)."""
-    last = len(frames) - 1
-    for i in range(last):
-        _send(sock, frames[i], NOBLOCK | SNDMORE)
-    _send(sock, frames[last], NOBLOCK)
-
-
-def recv_frames(sock: zmq.Socket, ready: bool = False) -> list | None:
-    """The next multipart message as bytes, or None if none is waiting
-    (``ready``: a poll just said one is; do not ask ZMQ_EVENTS first)."""
-    if ready:
-        try:
-            frame = _recv(sock, NOBLOCK, False)
-        except zmq.Again:
-            return None
-    elif not _get(sock, EVENTS) & POLLIN:
-        return None
-    else:
-        frame = _recv(sock, NOBLOCK, False)   # a Frame says "more" without a getsockopt
-    parts = [frame.bytes]
-    while frame.more:
-        frame = _recv(sock, NOBLOCK, False)
-        parts.append(frame.bytes)
-    return parts
-
-
-if _engine.available():
-    # The same, without letting go of the interpreter lock: a Python thread
-    # sends and reads holding the connection's lock, and one that let go of
-    # the interpreter there could wait a switch interval to get it back
-    # while a native thread waits for the connection (issue 22).
-    send_frames = _engine.send_frames     # noqa: F811
-    recv_frames = _engine.recv_frames     # noqa: F811
-    _events = _engine.events
-else:
-    def _events(sock: zmq.Socket) -> int:
-        return _get(sock, EVENTS)
+# A Python thread sends and reads holding the connection's lock, without
+# letting go of the interpreter lock there: one that let go could wait a
+# switch interval to get it back while a native thread waits for the
+# connection (issue 22).
+send_frames = _engine.send_frames
+recv_frames = _engine.recv_frames
+_events = _engine.events
 
 
 READ_BUDGET = 64          # frames read at a time before the holder looks at other work
@@ -117,11 +77,11 @@ def native_stream(endpoint: str) -> _engine.Stream | None:
     """A connection to ``endpoint`` as a Stream (csrc/fb_zmtp.h: the
     calling thread writes and reads it, no libzmq I/O thread on a
     message's way, and what the peer did not take can go again after a
-    cut), not yet connected; None where it cannot be one: without the
-    native engine, to an endpoint that is not tcp:// or ipc://, or when
+    cut), not yet connected; None where it cannot be one: to an endpoint
+    that is not tcp:// or ipc://, or when
     ``FASTBUS_CLIENT_TRANSPORT=libzmq`` asks for a pyzmq socket.  CURVE
     needs a pyzmq socket: callers with keys do not ask."""
-    if not _engine.available() or os.environ.get("FASTBUS_CLIENT_TRANSPORT", "stream") == "libzmq":
+    if os.environ.get("FASTBUS_CLIENT_TRANSPORT", "stream") == "libzmq":
         return None
     address = sockaddr(endpoint)
     return _engine.Stream(address, host_name(endpoint)) if address is not None else None
@@ -185,6 +145,7 @@ class Session:
 
     def open(self) -> None:
         opts = self.options
+        _engine.require()
         s = self._stream()
         if s is None:
             s = self.conns.context.socket(zmq.DEALER)
@@ -426,10 +387,8 @@ class Session:
 
     def native_owner_fd(self) -> int | None:
         """Where a native thread of this session wakes whoever serves it:
-        the keeper, or the loop that drives it (None until one does, and
-        without the native engine: then nothing native is started)."""
-        if not _engine.available():
-            return None
+        the keeper, or the loop that drives it (None until one does: then
+        nothing native is started)."""
         return self.loop_wake_fd if self.conns.driven_by_loop else self._keeper.wake_fd
 
     # -- handing work over ------------------------------------------------------
