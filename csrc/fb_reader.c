@@ -85,193 +85,46 @@ static int item_add(fb_reader_item *it, const void *frame, size_t size)
     return FB_OK;
 }
 
-/* Frame i (< nframes) of a queued message: its bytes, and *len. */
-static const unsigned char *item_frame(const fb_reader_item *it, size_t i, size_t *len)
+/* The frames of a queued message (at most max), for fb_react_message. */
+static size_t item_frames(const fb_reader_item *it, const unsigned char **frames, size_t *lens, size_t max)
 {
-    size_t off = 0;
-    uint32_t n;
-    for (;;) {
+    size_t off = 0, i = 0;
+    for (; i < it->nframes && i < max; i++) {
+        uint32_t n;
         memcpy(&n, it->data + off, 4);
-        if (i-- == 0) break;
+        frames[i] = it->data + off + 4;
+        lens[i] = n;
         off += 4 + (size_t)n;
     }
-    *len = n;
-    return it->data + off + 4;
+    return i;
 }
 
-static int is_command(const fb_reader_item *it, const void *command, size_t command_len)
+/* The reactions to a message read (fb_react.h), the lock held.  Returns
+ * what to queue for the owner: the message itself if it is the owner's,
+ * NULL if it was taken (and freed), or an ACK due that the socket did not
+ * take (the owner sends it its own way; without memory for that, the next
+ * lease acknowledges it, fb_view_grant, or the broker's wait for a lease
+ * to run out confirms without it). */
+static fb_reader_item *react(fb_reader *r, fb_reader_item *it)
 {
-    size_t len;
-    const unsigned char *c = item_frame(it, 0, &len);
-    return len == command_len && memcmp(c, command, len) == 0;
-}
-
-/* A FLOW (or a WELCOME) read: tell the sender now (see fb_reader.h
- * flow_paused).  Returns 1 for a FLOW, which is taken (counted, not
- * queued). */
-static int check_flow(fb_reader *r, const fb_reader_item *it)
-{
-    if (!r->flow_paused || it->nframes == 0) return 0;
-    int pause, flow = 0;
-    if (r->flow_reset_command && is_command(it, r->flow_reset_command, r->flow_reset_command_len)) {
-        pause = 0;
-    } else {
-        if (it->nframes != 2 || !is_command(it, r->flow_command, r->flow_command_len)) return 0;
-        size_t len;
-        const unsigned char *b = item_frame(it, 1, &len);
-        if (len != 1) return 0;                 /* malformed: the owner's reading says what is wrong */
-        pause = b[0] == r->flow_pause;
-        flow = 1;
-    }
-    int was = __atomic_exchange_n(r->flow_paused, pause, __ATOMIC_SEQ_CST);
-    if (flow && pause && !was) __atomic_add_fetch(&r->flow_pauses, 1, __ATOMIC_SEQ_CST);
-    if (!pause && r->flow_wake) fb_wake_signal(r->flow_wake);    /* send what waited */
-    return flow;
-}
-
-static uint64_t get_u64(const unsigned char *b)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | b[i];              /* u64 LE */
-    return v;
-}
-
-/* Send the ACK of seq (0: none) now, the lock held.  Returns NULL, or the
- * ACK as a message for the owner to send its own way if the socket did not
- * take it. */
-static fb_reader_item *send_ack(fb_reader *r, uint64_t ack)
-{
-    if (!ack) return NULL;
+    const unsigned char *frames[FB_READER_REACT_FRAMES];
+    size_t lens[FB_READER_REACT_FRAMES];
+    uint64_t ack = 0;
+    if (!r->react || it->nframes > FB_READER_REACT_FRAMES) return it;   /* (no reaction has as many) */
+    int fate = fb_react_message(r->react, item_frames(it, frames, lens, FB_READER_REACT_FRAMES), frames, lens,
+                                &ack);
+    if (fate == FB_REACT_OWNER) return it;
+    item_free(it);
+    if (fate == FB_REACT_TAKEN) return NULL;
     unsigned char b[8];
     for (int i = 0; i < 8; i++) b[i] = (unsigned char)(ack >> (8 * i));
-    if (r->z.send(r->sock, r->ack_command, r->ack_command_len, Z_DONTWAIT | Z_SNDMORE) >= 0) {
-        /* ZeroMQ takes a message's later frames once it took its first. */
-        r->z.send(r->sock, b, 8, Z_DONTWAIT);
-        fb_view_acked(r->view, ack);
-        return NULL;
-    }
-    /* Not now (reconnecting, or the queue to the broker full): the owner
-     * sends it its own way.  Without memory for that, the next lease
-     * acknowledges it (fb_view_grant), or the broker's wait for a lease
-     * to run out confirms without it. */
     fb_reader_item *a = calloc(1, sizeof *a);
-    if (a && item_add(a, r->ack_command, r->ack_command_len) == FB_OK && item_add(a, b, 8) == FB_OK) return a;
+    const fb_react *x = r->react;
+    if (a && item_add(a, x->ack_command, x->ack_command_len) == FB_OK && item_add(a, b, 8) == FB_OK) return a;
     item_free(a);
     return NULL;
 }
 
-/* A WANT read: apply it to the view, and send its ACK if one is due (see
- * fb_reader.h view), the lock held.  Returns what to queue for the owner:
- * the message itself if it is no WANT this thread handles, NULL if it was
- * handled (and freed), or an ACK the socket did not take. */
-static fb_reader_item *take_want(fb_reader *r, fb_reader_item *it)
-{
-    if (!r->view || (it->nframes != 3 && it->nframes != 4) ||
-        !is_command(it, r->want_command, r->want_command_len))
-        return it;
-    size_t flen, olen, slen;
-    const unsigned char *flags = item_frame(it, 1, &flen);
-    const unsigned char *ops = item_frame(it, 2, &olen);
-    uint64_t seq = 0, ack = 0;
-    if (it->nframes == 4) {
-        const unsigned char *b = item_frame(it, 3, &slen);
-        if (slen != 8) return it;
-        seq = get_u64(b);
-    }
-    if (fb_view_apply(r->view, flen ? flags[0] : 0, ops, olen, it->nframes == 4, seq, fb_now_ns(), &ack) < 0)
-        return it;
-    item_free(it);
-    return send_ack(r, ack);
-}
-
-/* A PONG to a lease ping (its token: lease_token, then the ping's send
- * time, u64 LE): its lease applied to the view and an ACK sent if one is
- * due, the lock held; returns as take_want.  A PONG without a lease (the
- * broker did not know this session) lets the renewal be asked for again,
- * and is the owner's, who sees which broker answered. */
-static fb_reader_item *take_pong(fb_reader *r, fb_reader_item *it)
-{
-    if (!r->view || !r->pong_command || (it->nframes != 3 && it->nframes != 4) ||
-        !is_command(it, r->pong_command, r->pong_command_len))
-        return it;
-    size_t tlen, llen = 0;
-    const unsigned char *token = item_frame(it, 1, &tlen);
-    const unsigned char *lease = it->nframes == 4 ? item_frame(it, 3, &llen) : NULL;
-    if (tlen != r->lease_token_len + 8 || memcmp(token, r->lease_token, r->lease_token_len) != 0)
-        return it;
-    if (!lease) {
-        fb_view_renewal_answered(r->view);
-        return it;
-    }
-    if (llen != 8) return it;               /* malformed: the owner's reading says what is wrong */
-    uint64_t ack = fb_view_lease(r->view, get_u64(token + r->lease_token_len), get_u64(lease));
-    item_free(it);
-    return send_ack(r, ack);
-}
-
-/* The broker's count of what it took (see fb_reader.h took): applied,
- * the lock held; returns as take_want. */
-static fb_reader_item *take_took(fb_reader *r, fb_reader_item *it)
-{
-    size_t len;
-    if (!r->took || it->nframes != 2 || !is_command(it, r->took_command, r->took_command_len)) return it;
-    const unsigned char *b = item_frame(it, 1, &len);
-    if (len != 8) return it;                    /* malformed: the owner's reading says what is wrong */
-    r->took(r->sock, get_u64(b));
-    item_free(it);
-    return NULL;
-}
-
-/* A liveness PONG naming the broker we know (see fb_reader.h
- * live_pong_command): taken, the lock held; returns as take_want. */
-static fb_reader_item *take_live_pong(fb_reader *r, fb_reader_item *it)
-{
-    if (!r->ping_interval_ns || !r->instance_len || it->nframes != 3 ||
-        !is_command(it, r->live_pong_command, r->live_pong_command_len))
-        return it;
-    size_t tlen, ilen;
-    item_frame(it, 1, &tlen);
-    const unsigned char *instance = item_frame(it, 2, &ilen);
-    if (tlen != 0 || ilen != r->instance_len || memcmp(instance, r->instance, ilen) != 0)
-        return it;                  /* a flush's, a lease's, or another broker: the owner's */
-    item_free(it);
-    __atomic_add_fetch(&r->pongs_taken, 1, __ATOMIC_SEQ_CST);
-    return NULL;
-}
-
-void fb_reader_set_instance(fb_reader *r, const void *instance, size_t len)
-{
-    if (len > sizeof r->instance) len = 0;
-    if (len) memcpy(r->instance, instance, len);
-    r->instance_len = len;
-}
-
-/* The liveness ping, if it is due at now (see fb_reader.h ping_interval_ns),
- * the lock held.  One the socket does not take now (reconnecting, or its
- * queue full) is not sent: the next is a ping_interval_ns later. */
-static void ping_if_due(fb_reader *r, uint64_t now)
-{
-    if (!r->ping_interval_ns || now < __atomic_load_n(&r->next_ping_ns, __ATOMIC_SEQ_CST)) return;
-    __atomic_store_n(&r->next_ping_ns, now + r->ping_interval_ns, __ATOMIC_SEQ_CST);
-    if (r->z.send(r->sock, r->ping_command, r->ping_command_len, Z_DONTWAIT | Z_SNDMORE) >= 0) {
-        r->z.send(r->sock, "", 0, Z_DONTWAIT);      /* (its first frame taken: the rest is) */
-        __atomic_add_fetch(&r->pings_sent, 1, __ATOMIC_SEQ_CST);
-    }
-}
-
-/* How long the thread may sleep before the liveness ping is due: ms, 0 for
- * now, -1 for no ping. */
-static int ping_wait_ms(fb_reader *r)
-{
-    if (!r->ping_interval_ns) return -1;
-    uint64_t now = fb_now_ns(), due = __atomic_load_n(&r->next_ping_ns, __ATOMIC_SEQ_CST);
-    if (now >= due) return 0;
-    uint64_t ms = (due - now + 999999) / 1000000;
-    return ms > INT_MAX ? INT_MAX : (int)ms;
-}
-
-/* Read whole messages into the queue while it has room, the lock held.
- * Returns 1 if a message the owner must see (not data) was queued. */
 /* The connection went (lost): [lost_command] for the owner, queued
  * behind what was read before.  1 if queued. */
 static int queue_lost(fb_reader *r)
@@ -298,6 +151,8 @@ static int read_some(fb_reader *r)
     return queue_lost(r) || notify;
 }
 
+/* Read whole messages into the queue while it has room, the lock held.
+ * Returns 1 if a message the owner must see (not data) was queued. */
 static int read_messages(fb_reader *r)
 {
     int notify = 0;
@@ -335,15 +190,8 @@ static int read_messages(fb_reader *r)
             r->max_bytes = 0;
             break;
         }
-        int flow = check_flow(r, it);
         __atomic_add_fetch(&r->read_messages, 1, __ATOMIC_SEQ_CST);
-        if (flow) {
-            item_free(it);
-            continue;
-        }
-        if (!(it = take_want(r, it)) || !(it = take_pong(r, it)) || !(it = take_live_pong(r, it)) ||
-            !(it = take_took(r, it)))
-            continue;
+        if (!is_data && !(it = react(r, it))) continue;
         if (r->tail) r->tail->next = it;
         else r->head = it;
         r->tail = it;
@@ -404,7 +252,7 @@ static void *run(void *arg)
          * (want_wake), the native sender does not: look again soon.  Else
          * until input, a wake, or the liveness ping (a user thread that
          * reads sends it while we are parked). */
-        int timeout = retry ? RETRY_MS : ping_wait_ms(r);
+        int timeout = retry ? RETRY_MS : r->react ? fb_react_ping_wait_ms(r->react, fb_now_ns()) : -1;
         retry = 0;
         if (parked) {
             if (!parked_since) parked_since = fb_now_ns();
@@ -442,7 +290,7 @@ static void *run(void *arg)
             continue;
         }
         __atomic_store_n(&r->want_wake, 0, __ATOMIC_SEQ_CST);
-        ping_if_due(r, fb_now_ns());
+        if (r->react) fb_react_ping_if_due(r->react, fb_now_ns());
         int notify = read_some(r);
         /* Full: the owner's reads make room, and it wakes us when it lets go. */
         watch_socket = r->queued_bytes < r->max_bytes;
@@ -460,8 +308,6 @@ int fb_reader_start(fb_reader *r)
     r->stop = r->want_wake = r->handed = 0;
     r->owner_in = r->owner_recent = 0;
     r->owner_left_ns = r->parks = 0;
-    r->pings_sent = r->pongs_taken = r->flow_pauses = 0;
-    if (r->ping_interval_ns && !r->next_ping_ns) r->next_ping_ns = fb_now_ns() + r->ping_interval_ns;
     r->head = r->tail = NULL;
     r->queued = r->queued_bytes = 0;
     rc = pthread_create(&r->thread, NULL, run, r);
@@ -500,14 +346,7 @@ size_t fb_reader_pop(fb_reader *r, fb_reader_item **item, const unsigned char **
     if (!r->head) r->tail = NULL;
     r->queued--;
     r->queued_bytes -= it->len;
-    size_t off = 0, i = 0;
-    for (; i < it->nframes && i < max_frames; i++) {
-        uint32_t n;
-        memcpy(&n, it->data + off, 4);
-        frames[i] = it->data + off + 4;
-        lens[i] = n;
-        off += 4 + (size_t)n;
-    }
+    item_frames(it, frames, lens, max_frames);
     return it->nframes;
 }
 

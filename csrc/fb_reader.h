@@ -39,8 +39,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fb_react.h"
 #include "fb_slock.h"
-#include "fb_view.h"
 #include "fb_wake.h"
 
 #ifdef __cplusplus
@@ -59,14 +59,13 @@ typedef struct fb_zmq_recv_calls {
     int (*msg_more)(const fb_zmq_msg *msg);
     int (*msg_close)(fb_zmq_msg *msg);
     int (*getsockopt)(void *sock, int option, void *value, size_t *len);
-    int (*send)(void *sock, const void *buf, size_t len, int flags);   /* only with a view */
+    int (*send)(void *sock, const void *buf, size_t len, int flags);   /* (the engine's sends: fb_react.h send) */
 } fb_zmq_recv_calls;
 
 typedef struct fb_reader_item fb_reader_item;
 
-/* The longest broker instance a reader compares (a longer one is never
- * taken as known: its PONGs all go to the owner). */
-#define FB_READER_INSTANCE_MAX 64
+/* The most frames of a message given to the reactions (none has more). */
+#define FB_READER_REACT_FRAMES 8
 
 typedef struct fb_reader {
     /* Set before fb_reader_start, then only read. */
@@ -80,70 +79,16 @@ typedef struct fb_reader {
     int owner_fd;                /* written when a message the owner must see arrived (fb_wake.h) */
     int wake_on_data;            /* data too wakes the owner: an event loop, which reads only
                                     when woken (a user thread reads the socket itself) */
-    /* Optional (flow_paused NULL: none): a message [flow_command, b] sets
-     * *flow_paused the moment it is read, to 1 when b is flow_pause, else
-     * to 0 (and signals *flow_wake, if set): a publishing connection's
-     * native sender (fb_sender.h `paused`, `wake`) stops at a FLOW pause
-     * and sends again at the resume without waiting for a Python thread.
-     * A message whose first frame is flow_reset_command (a new session's
-     * WELCOME: its broker says again if it is paused) sets it to 0 too.
-     * A FLOW is taken, not queued: the thread counts the pauses
-     * (flow_pauses), so flow control wakes no Python thread.  The WELCOME
-     * is queued for the owner as well, and the owner sets the flag only
-     * for what it reads off the socket itself. */
-    const void *flow_command;
-    size_t flow_command_len;
-    unsigned char flow_pause;
-    int *flow_paused;
-    fb_wake *flow_wake;
-    const void *flow_reset_command;
-    size_t flow_reset_command_len;
-    /* Optional (view NULL: none): a message [want_command, flags, ops(,
-     * seq)] is applied to *view the moment it is read (fb_view.h) and not
-     * queued, and its ACK [ack_command, seq u64 LE] sent at once when one is
-     * due, so a subscription's confirmation never waits for a Python thread
-     * of this publisher.  An ACK the socket does not take now is queued for
-     * the owner as that same message, to send its own way; a WANT the view
-     * refuses (malformed) is queued for the owner, whose reading of it says
-     * what is wrong. */
-    const void *want_command;
-    size_t want_command_len;
-    const void *ack_command;
-    size_t ack_command_len;
-    fb_view *view;
-    /* Optional, with a view (pong_command NULL: none): a PONG [pong_command,
-     * lease_token + sent u64 LE, instance, lease u64 LE] answers a lease
-     * ping (fb_sender.h lease_ping): its lease is applied to *view
-     * (fb_view_lease) and any ACK due sent, at once, and it is not queued,
-     * so the filter of a publisher busy in Python keeps counting without a
-     * Python thread.  Such a PONG without a lease is queued (the owner
-     * sees which broker answered). */
-    const void *pong_command;
-    size_t pong_command_len;
-    const void *lease_token;
-    size_t lease_token_len;
-    /* Optional (ping_interval_ns 0: none): the connection's liveness
-     * pings, so that a client in its steady state wakes no Python thread.
-     * Whoever holds the lock when next_ping_ns has passed sends [ping_command,
-     * ""] and sets it a ping_interval_ns on: this thread, or a user thread
-     * that reads (it sends its own), which is how the connection is pinged
-     * while the thread leaves the socket to that thread.  A PONG [live_pong_command, "",
-     * instance] naming the instance the owner learnt from the broker
-     * (fb_reader_set_instance) says only that the broker is the same one:
-     * it is taken, not queued.  Any other PONG (a new instance: the broker
-     * restarted, and the owner says HELLO again) is queued for the owner. */
-    const void *ping_command;
-    size_t ping_command_len;
-    const void *live_pong_command;
-    size_t live_pong_command_len;
-    uint64_t ping_interval_ns;
-    /* Optional (took NULL: none): a message [took_command, n u64 LE], the
-     * broker's count of what it took of this connection's resent messages
-     * (fb_zmtp.h resend), is given to took(sock, n) (fb_zmtp_acked) the
-     * moment it is read, and not queued: acknowledgements wake nobody. */
-    const void *took_command;
-    size_t took_command_len;
-    void (*took)(void *sock, uint64_t n);
+    /* Optional (NULL: none): the connection's reactions (fb_react.h),
+     * applied to each message that is not data the moment it is read; what
+     * they take is not queued (a FLOW, a WANT and its ACK, a lease PONG, a
+     * liveness PONG of the known broker, a TOOK), so a client in its steady
+     * state wakes no Python thread.  An ACK due that the socket did not
+     * take is queued for the owner as the message [ack_command, seq u64
+     * LE], to send its own way.  The thread also sends the liveness ping
+     * when it is due (fb_react_ping_if_due), as does a user thread that
+     * reads while the thread leaves the socket to it. */
+    fb_react *react;
     /* Optional (lost NULL: none): lost(sock) is 1 once for each connection
      * that went (fb_zmtp_take_lost); the thread then queues a message of
      * one frame, lost_command, and wakes the owner: a subscriber hears of
@@ -162,17 +107,10 @@ typedef struct fb_reader {
                                     cleared by this thread STEP_IN after the last leave) */
     uint64_t owner_left_ns;      /* when the last one left (fb_now_ns) */
     uint64_t parks;              /* times this thread, woken by input, left it to a user thread */
-    uint64_t next_ping_ns;       /* the liveness ping's time (fb_now_ns): read by the thread to
-                                    time its sleep, changed only with the lock held */
-    uint64_t pings_sent;         /* liveness pings this thread sent */
-    uint64_t pongs_taken;        /* liveness PONGs of the known instance it took */
-    uint64_t flow_pauses;        /* FLOW pauses it read while not paused (flow_paused) */
 
-    /* The queue, and the broker's instance: guarded by *slock. */
+    /* The queue: guarded by *slock. */
     fb_reader_item *head, *tail;
     size_t queued, queued_bytes;
-    unsigned char instance[FB_READER_INSTANCE_MAX];
-    size_t instance_len;         /* 0: not known yet (every PONG goes to the owner) */
 
     /* The thread's own. */
     fb_wake wake;
@@ -188,14 +126,11 @@ void fb_reader_wake(fb_reader *r);
 void fb_reader_owner_enter(fb_reader *r);
 void fb_reader_owner_leave(fb_reader *r);
 /* Read what the connection has now, as the thread would (into the queue,
- * the FLOW and WANT hooks applied, the owner woken for what it must see),
+ * the reactions applied, the owner woken for what it must see),
  * the lock held by the caller.  The native sender calls it between the
  * batches it sends (fb_sender.h `reader`): a FLOW pause then stops it
  * after one batch, and no input waits behind a long burst. */
 void fb_reader_read_now(fb_reader *r);
-/* The lock held: the broker's instance, as its WELCOME (or a PONG) said;
- * an empty or overlong one makes every PONG the owner's. */
-void fb_reader_set_instance(fb_reader *r, const void *instance, size_t len);
 /* Stop the thread, wait for it, and free what is still queued.  Safe to
  * call more than once. */
 void fb_reader_stop(fb_reader *r);

@@ -83,7 +83,7 @@ typedef struct fb_sender {
      * drops messages past half the lease: fb_view_ask_renewal, then
      * fb_sender_wake) this thread sends [ping_command, lease_token + its
      * send time u64 LE, lease_ask], paused or not; the reader applies the
-     * PONG (fb_reader.h pong_command).  A publisher busy in Python keeps
+     * PONG (fb_react.h pong_command).  A publisher busy in Python keeps
      * its lease so, without a Python thread.  Not while `owner_first`: the
      * owner's control frames go first (it wakes this thread after them). */
     fb_view *view;

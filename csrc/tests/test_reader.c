@@ -110,7 +110,7 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-typedef struct rig { fb_slock sl; int owner[2]; fb_reader r; } rig;
+typedef struct rig { fb_slock sl; int owner[2]; fb_reader r; fb_react x; } rig;
 
 static int *rig_flow_paused;        /* set before rig_start: the flow hook under test */
 static fb_wake *rig_flow_wake;
@@ -133,37 +133,41 @@ static void rig_start(rig *g, size_t max_bytes)
     g->r.slock = &g->sl;
     g->r.max_bytes = max_bytes;
     g->r.data_command = "D";
+    g->x.send = f_send;
+    g->x.sock = &F;
     if (rig_flow_paused) {
-        g->r.flow_command = "F";
-        g->r.flow_command_len = 1;
-        g->r.flow_pause = 'p';
-        g->r.flow_paused = rig_flow_paused;
-        g->r.flow_wake = rig_flow_wake;
-        g->r.flow_reset_command = "h";
-        g->r.flow_reset_command_len = 1;
+        g->x.flow_command = "F";
+        g->x.flow_command_len = 1;
+        g->x.flow_pause = 'p';
+        g->x.flow_paused = rig_flow_paused;
+        g->x.flow_wake = rig_flow_wake;
+        g->x.flow_reset_command = "h";
+        g->x.flow_reset_command_len = 1;
         rig_flow_paused = NULL;
         rig_flow_wake = NULL;
     }
     if (rig_view) {
-        g->r.want_command = "W";
-        g->r.want_command_len = 1;
-        g->r.ack_command = "A";
-        g->r.ack_command_len = 1;
-        g->r.view = rig_view;
-        g->r.pong_command = "q";
-        g->r.pong_command_len = 1;
-        g->r.lease_token = "lease:";
-        g->r.lease_token_len = 6;
+        g->x.want_command = "W";
+        g->x.want_command_len = 1;
+        g->x.ack_command = "A";
+        g->x.ack_command_len = 1;
+        g->x.view = rig_view;
+        g->x.pong_command = "q";
+        g->x.pong_command_len = 1;
+        g->x.lease_token = "lease:";
+        g->x.lease_token_len = 6;
         rig_view = NULL;
     }
     if (rig_ping) {
-        g->r.ping_command = "p";
-        g->r.ping_command_len = 1;
-        g->r.live_pong_command = "q";
-        g->r.live_pong_command_len = 1;
-        g->r.ping_interval_ns = 20000000;
+        g->x.ping_command = "p";
+        g->x.ping_command_len = 1;
+        g->x.live_pong_command = "q";
+        g->x.live_pong_command_len = 1;
+        g->x.ping_interval_ns = 20000000;
+        g->x.next_ping_ns = fb_now_ns() + g->x.ping_interval_ns;
         rig_ping = 0;
     }
+    g->r.react = &g->x;
     g->r.data_command_len = 1;
     g->r.owner_fd = g->owner[1];
     REQUIRE(fb_reader_start(&g->r) == 0);
@@ -342,19 +346,19 @@ static void test_a_flow_pause_stops_the_sender_and_a_resume_starts_it(void)
     CHECK(wait_read(&g, 2));
     CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 1);
     CHECK_EQ(__atomic_load_n(&sender_wake.signaled, __ATOMIC_SEQ_CST), 0);
-    CHECK_EQ(__atomic_load_n(&g.r.flow_pauses, __ATOMIC_SEQ_CST), 1);
+    CHECK_EQ(__atomic_load_n(&g.x.flow_pauses, __ATOMIC_SEQ_CST), 1);
     script("F", "p");                               /* (paused already: not counted) */
     script("F", "r");                               /* a resume: sending again, at once */
     CHECK(wait_read(&g, 4));
     CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 0);
     CHECK_EQ(__atomic_load_n(&sender_wake.signaled, __ATOMIC_SEQ_CST), 1);
-    CHECK_EQ(__atomic_load_n(&g.r.flow_pauses, __ATOMIC_SEQ_CST), 1);
+    CHECK_EQ(__atomic_load_n(&g.x.flow_pauses, __ATOMIC_SEQ_CST), 1);
     CHECK_EQ(queued(&g), 1);                        /* FLOWs are taken: only the data waits */
     CHECK_EQ(__atomic_load_n(&g.r.handed, __ATOMIC_SEQ_CST), 0);   /* and the owner heard nothing */
     script("F", "p");
     CHECK(wait_read(&g, 5));
     CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 1);
-    CHECK_EQ(__atomic_load_n(&g.r.flow_pauses, __ATOMIC_SEQ_CST), 2);
+    CHECK_EQ(__atomic_load_n(&g.x.flow_pauses, __ATOMIC_SEQ_CST), 2);
     script("h", "{}");                              /* a new session's WELCOME: not paused */
     CHECK(wait_queued(&g, 2));                      /* (and the owner's) */
     CHECK_EQ(__atomic_load_n(&paused, __ATOMIC_SEQ_CST), 0);
@@ -501,8 +505,8 @@ static void test_a_lease_pong_is_applied_at_once(void)
     fb_view_free(&view);
 }
 
-static uint64_t pings_sent(rig *g) { return __atomic_load_n(&g->r.pings_sent, __ATOMIC_SEQ_CST); }
-static uint64_t pongs_taken(rig *g) { return __atomic_load_n(&g->r.pongs_taken, __ATOMIC_SEQ_CST); }
+static uint64_t pings_sent(rig *g) { return __atomic_load_n(&g->x.pings_sent, __ATOMIC_SEQ_CST); }
+static uint64_t pongs_taken(rig *g) { return __atomic_load_n(&g->x.pongs_taken, __ATOMIC_SEQ_CST); }
 
 static void test_pings_when_due_and_takes_the_pongs_of_the_broker_it_knows(void)
 {
@@ -514,7 +518,7 @@ static void test_pings_when_due_and_takes_the_pongs_of_the_broker_it_knows(void)
     CHECK(n >= 2 && n <= 6);                        /* every 20 ms, on its own */
     REQUIRE(fb_slock_wait(&g.sl, -1));              /* (the sends are made under the lock) */
     CHECK(F.sent_len >= 3 && F.sent[0] == 1 && F.sent[1] == 'p' && F.sent[2] == 0);   /* [p, ""] */
-    fb_reader_set_instance(&g.r, "inst", 4);        /* the owner read the WELCOME */
+    fb_react_set_instance(&g.x, "inst", 4);        /* the owner read the WELCOME */
     fb_slock_release(&g.sl);
 
     /* A PONG naming that broker is taken: nobody else hears of it. */

@@ -460,11 +460,16 @@ static void test_reads_between_batches_and_stops_at_a_pause(void)
     rd.data_command = "D";
     rd.data_command_len = 1;
     rd.owner_fd = owner[1];
-    rd.flow_command = "F";
-    rd.flow_command_len = 1;
-    rd.flow_pause = 'p';
-    rd.flow_paused = &r.s.paused;
-    rd.flow_wake = &r.s.wake;
+    fb_react x;                                 /* its reactions: FLOW only */
+    memset(&x, 0, sizeof x);
+    x.send = fake_send;
+    x.sock = &F;
+    x.flow_command = "F";
+    x.flow_command_len = 1;
+    x.flow_pause = 'p';
+    x.flow_paused = &r.s.paused;
+    x.flow_wake = &r.s.wake;
+    rd.react = &x;
     REQUIRE(fb_slock_try(&r.sl));               /* the thread sends nothing before this is set */
     REQUIRE(fb_reader_start(&rd) == 0);
     __atomic_store_n(&r.s.reader, &rd, __ATOMIC_SEQ_CST);
@@ -484,7 +489,7 @@ static void test_reads_between_batches_and_stops_at_a_pause(void)
     sleep_ms(50);
     CHECK_EQ(F.messages, 3);                    /* not one batch after the pause */
     CHECK_EQ(__atomic_load_n(&r.s.paused, __ATOMIC_SEQ_CST), 1);
-    CHECK_EQ(__atomic_load_n(&rd.flow_pauses, __ATOMIC_SEQ_CST), 1);   /* counted by the reader... */
+    CHECK_EQ(__atomic_load_n(&x.flow_pauses, __ATOMIC_SEQ_CST), 1);    /* counted by the reader... */
     CHECK_EQ(__atomic_load_n(&rd.handed, __ATOMIC_SEQ_CST), 0);   /* ...which wakes no owner for it */
     CHECK_EQ(__atomic_load_n(&r.s.handed, __ATOMIC_SEQ_CST), 0);  /* and the owner has nothing to send */
     say("F", "r");                              /* the resume: the reader's thread reads it */

@@ -48,10 +48,12 @@ import zmq
 from fastbus._core cimport Outbox
 from fastbus.includes.fb_batch cimport fb_batch_header
 from fastbus._publisher cimport Publisher
-from fastbus.includes.fb_reader cimport (fb_reader, fb_zmq_recv_calls, fb_reader_item, fb_reader_pop,
-                                         fb_reader_release, fb_reader_set_instance, fb_reader_start,
-                                         fb_reader_stop, fb_reader_wake, fb_zmq_msg, fb_reader_owner_enter,
-                                         fb_reader_owner_leave)
+from fastbus.includes.fb_common cimport fb_now_ns
+from fastbus.includes.fb_react cimport (FB_REACT_ACK, FB_REACT_OWNER, fb_react, fb_react_message,
+                                        fb_react_ping_if_due, fb_react_set_instance)
+from fastbus.includes.fb_reader cimport (FB_READER_REACT_FRAMES, fb_reader, fb_zmq_recv_calls, fb_reader_item,
+                                         fb_reader_pop, fb_reader_release, fb_reader_start, fb_reader_stop,
+                                         fb_reader_wake, fb_zmq_msg, fb_reader_owner_enter, fb_reader_owner_leave)
 from fastbus.includes.fb_sender cimport (FB_SENDER_TOKEN_MAX, fb_sender, fb_sender_start, fb_sender_stop,
                                          fb_sender_send_now, fb_sender_wake)
 from fastbus.includes.fb_zmtp cimport (FB_ZMTP_FD, fb_zmtp, fb_zmtp_buffered, fb_zmtp_close, fb_zmtp_connected,
@@ -764,45 +766,210 @@ cdef void _stream_acked(void *sock, uint64_t n) noexcept nogil:
     fb_zmtp_acked(<fb_zmtp *>sock, n)
 
 
+cdef class Reactions:
+    """A connection's reactions to what the broker says that need no
+    Python (csrc/fb_react.h): applied by whichever thread read the message,
+    the native reader (``Reader(reactions=)``) or a user thread through
+    ``take()``, with the connection's lock held; written once, in C.
+
+    With ``flow`` (flow command, pause byte, reset command: a new
+    session's WELCOME) a FLOW sets ``paused`` (the native sender's flag
+    once ``flow_to()`` names it) and counts ``flow_pauses``; with
+    ``view_of`` (a Publisher) a WANT is applied to its view and
+    acknowledged (``want_command``, ``ack_command``), and with
+    ``lease_pong`` (pong command, lease token) so is the lease a PONG to a
+    lease ping grants; with ``ping`` (ping command, pong command, interval
+    in seconds) ``ping_if_due()`` pings the broker on ``next_ping``, and a
+    PONG naming the broker ``instance`` says is taken.  On a Stream, the
+    broker's TOOK (``took_command``) frees what it took of the kept
+    messages."""
+
+    cdef fb_react _x
+    cdef object _sock
+    cdef tuple _keep                   # the bytes the struct points into
+    cdef Publisher _view_of
+    cdef Sender _flow_to
+    cdef int _paused                   # the FLOW flag while no sender has it
+    cdef bytes _instance
+
+    def __cinit__(self, sock, tuple flow=None, Publisher view_of=None, bytes want_command=b"W",
+                  bytes ack_command=b"A", tuple lease_pong=None, tuple ping=None, bytes took_command=b"a"):
+        require()
+        cdef void *h
+        self._x.send = _calls_of(sock, &h).send
+        self._x.sock = h
+        self._sock = sock
+        keep = [want_command, ack_command, took_command]
+        if flow is not None:
+            flow_command, flow_pause, reset_command = flow
+            if not (isinstance(flow_command, bytes) and isinstance(flow_pause, bytes) and len(flow_pause) == 1
+                    and isinstance(reset_command, bytes)):
+                raise TypeError("flow must be (command, one byte, reset command), all bytes")
+            keep += [flow_command, reset_command]
+            self._x.flow_command = PyBytes_AS_STRING(flow_command)
+            self._x.flow_command_len = PyBytes_GET_SIZE(flow_command)
+            self._x.flow_pause = <unsigned char>flow_pause[0]
+            self._x.flow_paused = &self._paused
+            self._x.flow_reset_command = PyBytes_AS_STRING(reset_command)
+            self._x.flow_reset_command_len = PyBytes_GET_SIZE(reset_command)
+        if view_of is not None:
+            self._view_of = view_of
+            self._x.want_command = PyBytes_AS_STRING(want_command)
+            self._x.want_command_len = PyBytes_GET_SIZE(want_command)
+            self._x.ack_command = PyBytes_AS_STRING(ack_command)
+            self._x.ack_command_len = PyBytes_GET_SIZE(ack_command)
+            self._x.view = &view_of._view
+            if lease_pong is not None:
+                pong, token = lease_pong
+                if not (isinstance(pong, bytes) and isinstance(token, bytes)):
+                    raise TypeError("lease_pong must be two bytes objects")
+                keep += [pong, token]
+                self._x.pong_command = PyBytes_AS_STRING(pong)
+                self._x.pong_command_len = PyBytes_GET_SIZE(pong)
+                self._x.lease_token = PyBytes_AS_STRING(token)
+                self._x.lease_token_len = PyBytes_GET_SIZE(token)
+        if ping is not None:
+            ping_command, pong_command, interval = ping
+            if not (isinstance(ping_command, bytes) and isinstance(pong_command, bytes)):
+                raise TypeError("ping must be (bytes, bytes, seconds)")
+            if not 0 < interval <= 3600:
+                raise ValueError(f"the ping interval must be between 0 and 3600 seconds, not {interval!r}")
+            keep += [ping_command, pong_command]
+            self._x.ping_command = PyBytes_AS_STRING(ping_command)
+            self._x.ping_command_len = PyBytes_GET_SIZE(ping_command)
+            self._x.live_pong_command = PyBytes_AS_STRING(pong_command)
+            self._x.live_pong_command_len = PyBytes_GET_SIZE(pong_command)
+            self._x.ping_interval_ns = <uint64_t>(interval * 1e9)
+        if isinstance(sock, Stream):
+            self._x.took_command = PyBytes_AS_STRING(took_command)
+            self._x.took_command_len = PyBytes_GET_SIZE(took_command)
+            self._x.took = _stream_acked
+        self._keep = tuple(keep)
+        self._instance = b""
+
+    def take(self, list frames not None) -> int:
+        """A message (a list of bytes) this thread read off the socket, the
+        lock held: -1 if it is the caller's to handle (no reaction's, or
+        malformed: the caller's reading says what is wrong), 0 if it was
+        applied, or the seq of an ACK due that the socket did not take now
+        (applied: the caller sends [ack_command, seq] its own way)."""
+        cdef const unsigned char *f[FB_READER_REACT_FRAMES]
+        cdef size_t l[FB_READER_REACT_FRAMES]
+        cdef Py_ssize_t i, n = len(frames)
+        cdef uint64_t ack = 0
+        if n == 0 or n > FB_READER_REACT_FRAMES:
+            return -1
+        for i in range(n):
+            frame = frames[i]
+            if type(frame) is not bytes:
+                return -1
+            f[i] = <const unsigned char *>PyBytes_AS_STRING(frame)
+            l[i] = <size_t>PyBytes_GET_SIZE(frame)
+        cdef int fate = fb_react_message(&self._x, <size_t>n, f, l, &ack)
+        if fate == FB_REACT_OWNER:
+            return -1
+        return ack if fate == FB_REACT_ACK else 0
+
+    def ping_if_due(self) -> bool:
+        """Send the liveness ping if it is due (the lock held); True if sent."""
+        return fb_react_ping_if_due(&self._x, fb_now_ns()) != 0
+
+    def flow_to(self, Sender sender) -> None:
+        """The native sender whose flag a FLOW sets from now on (None: this
+        object's own again), the lock held; the flag carries over."""
+        if self._x.flow_paused is NULL:
+            return
+        cdef int paused = fbe_load_int(self._x.flow_paused)
+        if sender is None:
+            self._x.flow_paused = &self._paused
+            self._x.flow_wake = NULL
+        else:
+            self._x.flow_paused = &sender._s.paused
+            self._x.flow_wake = &sender._s.wake
+        fbe_store_int(self._x.flow_paused, paused)
+        self._flow_to = sender
+
+    @property
+    def paused(self) -> bool:
+        """Has the broker asked publishers to pause (its latest FLOW or
+        WELCOME, read by whichever thread)?  False without ``flow``."""
+        return self._x.flow_paused is not NULL and fbe_load_int(self._x.flow_paused) != 0
+
+    @paused.setter
+    def paused(self, bint value):
+        if self._x.flow_paused is not NULL:
+            fbe_store_int(self._x.flow_paused, value)
+
+    @property
+    def pings(self) -> bool:
+        return self._x.ping_interval_ns != 0
+
+    @property
+    def next_ping(self) -> float:
+        """When the liveness ping is due (``time.monotonic()``'s clock)."""
+        return fbe_load_u64(&self._x.next_ping_ns) / 1e9
+
+    @next_ping.setter
+    def next_ping(self, double when):
+        """Set with the connection's lock held (the native reader, asleep
+        until the old time, then sleeps on)."""
+        fbe_store_u64(&self._x.next_ping_ns, <uint64_t>(when * 1e9) if when > 0 else 0)
+
+    @property
+    def instance(self) -> bytes:
+        return self._instance
+
+    @instance.setter
+    def instance(self, bytes value not None):
+        """The broker's instance (its WELCOME's): a liveness PONG naming it
+        is taken; set with the connection's lock held."""
+        self._instance = value
+        fb_react_set_instance(&self._x, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+
+    @property
+    def pings_sent(self) -> int:
+        return fbe_load_u64(&self._x.pings_sent)
+
+    @property
+    def pongs_taken(self) -> int:
+        """Liveness PONGs of the known broker taken (nobody else saw them)."""
+        return fbe_load_u64(&self._x.pongs_taken)
+
+    @property
+    def flow_pauses(self) -> int:
+        """FLOW pauses read while not paused."""
+        return fbe_load_u64(&self._x.flow_pauses)
+
+    @property
+    def wants_refused(self) -> int:
+        """WANTs the publisher's view refused (malformed)."""
+        return fbe_load_u64(&self._x.wants_refused)
+
+
 cdef class Reader:
     """A native thread that reads one subscribing connection (``sock``,
     guarded by ``lock``) while no user thread does, into a queue of at most
     ``max_bytes``; ``pop()`` hands the oldest message over, the lock held.
     A message that is not data (its first frame other than ``data_command``)
     wakes the owner (a byte written to ``owner_fd``); with ``wake_on_data``
-    every message does (an event loop reads only when woken).  Optional hooks: a
-    FLOW pause stops ``flow_to`` (a Sender) at once, a resume (or
-    ``flow_reset_command``, a new session's WELCOME) starts it again, and
-    the sender reads through this reader between its batches (a FLOW is
-    taken and its pauses counted, ``flow_pauses``, never queued); a WANT is applied to
-    ``view_of``'s view (a Publisher) and acknowledged, never queued, and
-    with ``lease_pong`` (pong command, lease token) so is the lease a PONG
-    to a lease ping grants.  With ``ping`` (ping command, pong command,
-    interval in seconds) it pings the broker itself, and takes the PONGs
-    that name the broker ``instance`` says; a user thread that reads pings
-    on the same clock (``next_ping``).  See csrc/fb_reader.h."""
+    every message does (an event loop reads only when woken).  The
+    connection's ``reactions`` are applied to what it reads (what they take
+    is not queued) and it sends their liveness ping when due; ``sender``
+    (the native Sender) reads through this reader between its batches, so
+    a FLOW pause stops it after one.  With ``lost_command``, a cut of a
+    Stream is queued as that message.  See csrc/fb_reader.h."""
 
     cdef fb_reader _r
     cdef SessionLock _lock
     cdef object _sock
     cdef bytes _command
-    cdef bytes _flow_command
-    cdef bytes _flow_reset_command
+    cdef Reactions _reactions
     cdef Sender _flow_to
-    cdef Publisher _view_of
-    cdef bytes _want_command
-    cdef bytes _ack_command
-    cdef tuple _lease_pong
-    cdef tuple _ping
-    cdef bytes _instance
-    cdef bytes _took_command
     cdef bytes _lost_command
 
     def __cinit__(self, SessionLock lock not None, sock, int owner_fd, Py_ssize_t max_bytes,
-                  bytes data_command=b"D", Sender flow_to=None, bytes flow_command=b"F",
-                  bytes flow_pause=b"\x00", bytes flow_reset_command=None, Publisher view_of=None, bytes want_command=b"W",
-                  bytes ack_command=b"A", tuple lease_pong=None, bint wake_on_data=False, tuple ping=None,
-                  bytes took_command=b"a", bytes lost_command=None):
+                  bytes data_command=b"D", Reactions reactions=None, Sender sender=None, bint wake_on_data=False,
+                  bytes lost_command=None):
         require()
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, not {max_bytes}")
@@ -819,79 +986,24 @@ cdef class Reader:
         self._r.data_command_len = PyBytes_GET_SIZE(data_command)
         self._r.owner_fd = owner_fd
         self._r.wake_on_data = wake_on_data
-        if flow_to is not None:
-            # A FLOW pause it reads stops that sender at once (fb_reader.h).
-            if len(flow_pause) != 1:
-                raise ValueError("flow_pause must be one byte")
-            self._flow_to = flow_to
-            self._flow_command = flow_command
-            self._r.flow_command = PyBytes_AS_STRING(flow_command)
-            self._r.flow_command_len = PyBytes_GET_SIZE(flow_command)
-            self._r.flow_pause = <unsigned char>flow_pause[0]
-            self._r.flow_paused = &flow_to._s.paused
-            self._r.flow_wake = &flow_to._s.wake
-            if flow_reset_command is not None:
-                self._flow_reset_command = flow_reset_command
-                self._r.flow_reset_command = PyBytes_AS_STRING(flow_reset_command)
-                self._r.flow_reset_command_len = PyBytes_GET_SIZE(flow_reset_command)
-        if view_of is not None:
-            # A WANT it reads goes into that publisher's view, and its ACK
-            # out, at once (fb_reader.h); the owner sees neither.
-            self._view_of = view_of
-            self._want_command = want_command
-            self._ack_command = ack_command
-            self._r.want_command = PyBytes_AS_STRING(want_command)
-            self._r.want_command_len = PyBytes_GET_SIZE(want_command)
-            self._r.ack_command = PyBytes_AS_STRING(ack_command)
-            self._r.ack_command_len = PyBytes_GET_SIZE(ack_command)
-            self._r.view = &view_of._view
-            if lease_pong is not None:
-                # (pong command, lease token): the PONG to a lease ping
-                # renews the view's lease at once (fb_reader.h pong_command).
-                pong, token = lease_pong
-                if not (isinstance(pong, bytes) and isinstance(token, bytes)):
-                    raise TypeError("lease_pong must be two bytes objects")
-                self._lease_pong = (pong, token)
-                self._r.pong_command = PyBytes_AS_STRING(pong)
-                self._r.pong_command_len = PyBytes_GET_SIZE(pong)
-                self._r.lease_token = PyBytes_AS_STRING(token)
-                self._r.lease_token_len = PyBytes_GET_SIZE(token)
-        self._instance = b""
-        if ping is not None:
-            # (ping command, pong command, interval): liveness pings, and
-            # the PONGs of the known broker taken (fb_reader.h ping_interval_ns).
-            ping_command, pong_command, interval = ping
-            if not (isinstance(ping_command, bytes) and isinstance(pong_command, bytes)):
-                raise TypeError("ping must be (bytes, bytes, seconds)")
-            if not 0 < interval <= 3600:
-                raise ValueError(f"the ping interval must be between 0 and 3600 seconds, not {interval!r}")
-            self._ping = (ping_command, pong_command, interval)
-            self._r.ping_command = PyBytes_AS_STRING(ping_command)
-            self._r.ping_command_len = PyBytes_GET_SIZE(ping_command)
-            self._r.live_pong_command = PyBytes_AS_STRING(pong_command)
-            self._r.live_pong_command_len = PyBytes_GET_SIZE(pong_command)
-            self._r.ping_interval_ns = <uint64_t>(interval * 1e9)
-        if isinstance(sock, Stream):
-            # The broker's count of what it took of the connection's kept
-            # messages (TOOK) frees them at once (fb_reader.h took).
-            self._took_command = took_command
-            self._r.took_command = PyBytes_AS_STRING(took_command)
-            self._r.took_command_len = PyBytes_GET_SIZE(took_command)
-            self._r.took = _stream_acked
-            if lost_command is not None:
-                # A connection that goes is said at once: [lost_command]
-                # queued for the owner (fb_reader.h lost).
-                self._lost_command = lost_command
-                self._r.lost_command = PyBytes_AS_STRING(lost_command)
-                self._r.lost_command_len = PyBytes_GET_SIZE(lost_command)
-                self._r.lost = fb_zmtp_take_lost
+        if reactions is not None:
+            self._reactions = reactions
+            self._r.react = &reactions._x
+        if isinstance(sock, Stream) and lost_command is not None:
+            # A connection that goes is said at once: [lost_command]
+            # queued for the owner (fb_reader.h lost).
+            self._lost_command = lost_command
+            self._r.lost_command = PyBytes_AS_STRING(lost_command)
+            self._r.lost_command_len = PyBytes_GET_SIZE(lost_command)
+            self._r.lost = fb_zmtp_take_lost
         cdef int rc = fb_reader_start(&self._r)
         if rc:
             raise OSError(rc, strerror(rc).decode())
-        if flow_to is not None:
+        if sender is not None:
             # The sender reads through us between its batches (fb_sender.h
             # reader), so a pause stops it after one; until stop() detaches it.
-            fbe_store_ptr(<void **>&flow_to._s.reader, &self._r)
+            self._flow_to = sender
+            fbe_store_ptr(<void **>&sender._s.reader, &self._r)
 
     def __dealloc__(self):
         self._detach()
@@ -922,50 +1034,6 @@ cdef class Reader:
     def owner_leave(self) -> None:
         """It stops; if none is back within STEP_IN, the thread reads on."""
         fb_reader_owner_leave(&self._r)
-
-    @property
-    def pings(self) -> bool:
-        """Does the thread ping the broker (``ping`` given)?"""
-        return self._r.ping_interval_ns != 0
-
-    @property
-    def next_ping(self) -> float:
-        """When the liveness ping is due (``time.monotonic()``'s clock):
-        whoever holds the connection's lock then sends it."""
-        return fbe_load_u64(&self._r.next_ping_ns) / 1e9
-
-    @next_ping.setter
-    def next_ping(self, double when):
-        """Set with the connection's lock held (after a ping was sent: the
-        thread, asleep until the old time, then sleeps on)."""
-        fbe_store_u64(&self._r.next_ping_ns, <uint64_t>(when * 1e9) if when > 0 else 0)
-
-    @property
-    def instance(self) -> bytes:
-        return self._instance
-
-    @instance.setter
-    def instance(self, bytes value not None):
-        """The broker's instance (its WELCOME's): a liveness PONG naming it
-        is taken; set with the connection's lock held."""
-        self._instance = value
-        fb_reader_set_instance(&self._r, PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
-
-    @property
-    def pings_sent(self) -> int:
-        """Liveness pings this thread sent."""
-        return fbe_load_u64(&self._r.pings_sent)
-
-    @property
-    def pongs_taken(self) -> int:
-        """Liveness PONGs of the known broker it took (nobody else saw them)."""
-        return fbe_load_u64(&self._r.pongs_taken)
-
-    @property
-    def flow_pauses(self) -> int:
-        """FLOW pauses the thread read while not paused (with ``flow_to``:
-        it takes FLOWs, the owner never sees them)."""
-        return fbe_load_u64(&self._r.flow_pauses)
 
     @property
     def parks(self) -> int:

@@ -21,7 +21,7 @@ from fastbus._publisher import Publisher
 from fastbus.client import _engine
 from fastbus.client._connections import Connections
 from fastbus.client._session import SEND_BURST, Session
-from fastbus.errors import BatchError, MessagesRejected
+from fastbus.errors import MessagesRejected
 
 log = logging.getLogger("fastbus.client")
 
@@ -91,8 +91,7 @@ class PubSession(Session):
         super().__init__(conns)
         self.publisher = publisher
         self.linger_ns = int((self.options.max_delay or 0.0) * 1e9)
-        self._flow_paused = False
-        self._flow_pauses = 0             # pauses read here (the native reader counts its own)
+        self._flow_pauses = 0             # pauses the reactions of closed connections counted
         self._sent = 0                    # messages sent to the broker: from Python, and by engines stopped
         self.pongs: set[bytes] = set()    # flush tokens the broker answered
         self.stats_replies: list[dict] = []
@@ -105,16 +104,25 @@ class PubSession(Session):
         # can carry (a larger message would close the connection, silently).
         publisher.max_payload = P.MAX_PAYLOAD_UNWELCOMED
 
+    def make_reactions(self, sock: object) -> _engine.Reactions:
+        """The session's (Session.make_reactions), and a publisher's: a
+        FLOW pause stops publishing (the native sender's flag, once it
+        runs: flow_to) and a resume starts it again, a WANT goes into the
+        publisher's view and is acknowledged, and so does the lease a PONG
+        to a lease ping grants."""
+        return _engine.Reactions(sock, flow=(P.FLOW, P.FLOW_PAUSE, P.WELCOME), view_of=self.publisher,
+                                 want_command=P.WANT, ack_command=P.ACK, lease_pong=(P.PONG, P.LEASE_TOKEN),
+                                 ping=(P.PING, P.PONG, self.options.ping_interval), took_command=P.TOOK)
+
     def open_native(self) -> None:
         """The native sender and reader.  The sender sends what a burst
         leaves while the publishing thread does something else (for an
-        event loop's session, what a full socket refused).  The reader reads what the broker says
-        while no Python thread can: a WANT is applied to the publisher's
-        view and acknowledged at once, a FLOW pause stops the sender the
-        moment it arrives and a resume starts it again (the sender reads
-        through it between batches too; it counts the pauses); it pings
-        the broker (Session.native_ping); the rest it hands to the keeper
-        (or the loop) through their descriptor."""
+        event loop's session, what a full socket refused).  The reader
+        reads what the broker says while no Python thread can, and applies
+        the session's reactions to it (make_reactions: the sender reads
+        through it between batches, so a FLOW pause stops it after one);
+        it pings the broker; the rest it hands to the keeper (or the loop)
+        through their descriptor."""
         owner_fd = self.native_owner_fd()
         if owner_fd is None:
             return                        # (a loop's session: the keeper serves it until the loop drives it)
@@ -128,18 +136,19 @@ class PubSession(Session):
                 # The publishing thread sends an idle publisher's batch in
                 # C (no Python frame per batch); a loop's is its turn's.
                 self.publisher.send_now = self.engine.send_now
+        self.reactions.flow_to(self.engine)
         if self.reader is None:
-            self.adopt_reader(_engine.Reader(
-                self.lock, self.sock, owner_fd, PUB_READER_BYTES, P.DATA, flow_to=self.engine, flow_command=P.FLOW,
-                flow_pause=P.FLOW_PAUSE, flow_reset_command=P.WELCOME, view_of=self.publisher, want_command=P.WANT,
-                ack_command=P.ACK, lease_pong=(P.PONG, P.LEASE_TOKEN), ping=self.native_ping()))
+            self.adopt_reader(_engine.Reader(self.lock, self.sock, owner_fd, PUB_READER_BYTES, P.DATA,
+                                             reactions=self.reactions, sender=self.engine))
 
     def close(self) -> None:
         if self.reader is not None:
             self.reader.stop()            # before the sender it pauses, and the socket (the lock
                                           # we hold: the sender stops reading through it)
-            self._flow_pauses += self.reader.flow_pauses
             self.reader = None
+        if self.reactions is not None:
+            self._flow_pauses += self.reactions.flow_pauses
+            self.reactions.flow_to(None)
         if self.engine is not None:
             # Before the socket closes; it leaves the lock we hold alone
             # (it looks whether to stop while it waits for it).
@@ -160,21 +169,16 @@ class PubSession(Session):
 
     @property
     def flow_paused(self) -> bool:
-        """Has the broker asked publishers to pause?  With the native
-        sender, its flag: set by whoever read the broker's latest FLOW (or
-        WELCOME) off the socket, the native reader the moment it reads one
-        (it takes FLOWs: no Python thread hears of them)."""
-        return self.engine.paused if self.engine is not None else self._flow_paused
+        """Has the broker asked publishers to pause?  The flag the
+        reactions set for the broker's latest FLOW (or WELCOME), whichever
+        thread read it: the native sender's, once it runs."""
+        r = self.reactions
+        return r is not None and r.paused
 
     @property
     def flow_pauses(self) -> int:
         """How many times the broker paused this publisher."""
-        return self._flow_pauses + (self.reader.flow_pauses if self.reader is not None else 0)
-
-    def _set_flow(self, paused: bool) -> None:
-        self._flow_paused = paused
-        if self.engine is not None and not self.via_reader:
-            self.engine.paused = paused   # (the reader set it when it read the message)
+        return self._flow_pauses + (self.reactions.flow_pauses if self.reactions is not None else 0)
 
     @property
     def keeper_skipped(self) -> bool:
@@ -334,32 +338,16 @@ class PubSession(Session):
     # -- input ------------------------------------------------------------------
 
     def on_message(self, cmd: bytes, frames: list) -> None:
-        if cmd == P.WANT and len(frames) in (3, 4):
-            # Applied: the broker may confirm what it added.  Said while a
-            # lease of ours may run, as the broker sees it (it does not
-            # wait for a publisher without one; a new lease says it,
-            # _grant): till twice the lease after we asked.
-            flags = frames[1]
-            seq = P.unpack_u64(frames[3]) if len(frames) == 4 else None
-            try:
-                ack = self.publisher.apply_want(flags[0] if flags else 0, frames[2], seq)
-            except BatchError as exc:
-                raise P.ProtocolError(f"bad subscription batch: {exc}") from exc
-            if ack:
-                self._ack(ack)
+        # WANT, FLOW and a lease's PONG are the reactions' (make_reactions),
+        # applied by whichever thread read them; one that reaches here is
+        # one they refused.
+        if cmd == P.WANT:
+            raise P.ProtocolError(f"bad subscription batch: the publisher's view refused a WANT of "
+                                  f"{len(frames)} frames ({sum(map(len, frames))} bytes)")
         elif cmd == P.ACK and len(frames) == 2:
             # Not from the broker: the native reader applied a WANT but
             # could not send its ACK (the socket's queue was full).
             self._ack(P.unpack_u64(frames[1]))
-        elif cmd == P.FLOW and len(frames) == 2:
-            # Read off the socket here (a native reader with the sender's
-            # flag takes FLOWs itself, and wakes the sender at a resume).
-            paused = frames[1] == P.FLOW_PAUSE
-            if paused and not self.flow_paused:
-                self._flow_pauses += 1
-            self._set_flow(paused)
-            if not paused:
-                self.pump(force=self.linger_over())
         elif cmd == P.STATS_REPLY and len(frames) == 2:
             self.stats_replies.append(P.load_json(frames[1], limit=16 << 20))
         elif cmd == P.NOTICE and len(frames) == 2:
@@ -376,7 +364,7 @@ class PubSession(Session):
             super().on_message(cmd, frames)
 
     def on_welcome(self) -> None:
-        self._set_flow(False)             # a new session: the broker says again if not
+        # (Not paused: the reactions took the WELCOME as a new session's.)
         # What the broker accepts: publish() refuses a message over it at once.
         pub = self.publisher
         pub.max_payload = self.limit("max_payload", P.MAX_PAYLOAD_UNWELCOMED)
@@ -409,22 +397,21 @@ class PubSession(Session):
         log.warning("%s: %s (stats()['unacknowledged_lost'])", self.options.name, reason)
 
     def on_pong(self, token: bytes, lease_us: int | None) -> None:
+        # (A lease ping's is the reactions': one without a lease, which
+        # they let be asked for again, comes here too.)
         if token.startswith(b"flush-"):
             self.pongs.add(token)
-        elif len(token) == len(P.LEASE_TOKEN) + 8 and token.startswith(P.LEASE_TOKEN):
-            # A lease ping's, its send time in the token.  (The native
-            # reader applies those it reads: this one we read ourselves.)
-            if lease_us is None:
-                self.publisher.renewal_answered()     # (the broker did not know us: ask again)
-            else:
-                self._grant(P.unpack_u64(token[len(P.LEASE_TOKEN):]), lease_us)
 
     def _grant(self, sent_ns: int, lease_us: int) -> None:
-        """The broker answered what we sent at ``sent_ns`` with a lease
-        (csrc/fb_view.h fb_view_lease: the native reader's way too)."""
+        """The broker's WELCOME answered the HELLO we sent at ``sent_ns``
+        with a lease (csrc/fb_view.h fb_view_lease, as the reactions apply
+        a lease PONG's)."""
         ack = self.publisher.lease(sent_ns, lease_us)
         if ack:
             self._ack(ack)                # what we applied while we did not filter
+
+    def on_ack_due(self, seq: int) -> None:
+        self._ack(seq)
 
     def _ack(self, seq: int) -> None:
         self.publisher.acked(seq)
@@ -436,8 +423,8 @@ class PubSession(Session):
         # numbered anew, and filtering only under its own lease (WELCOME's):
         # the native reader may apply that reset before we read WELCOME.
         pub.forget_view()
-        if self.engine is not None:
-            self.engine.paused = False    # a new session is not paused (its broker says if it is)
+        if self.reactions is not None:
+            self.reactions.paused = False     # a new session is not paused (its broker says if it is)
         self._hellos.append(time.monotonic_ns())
         super().hello()
 

@@ -111,7 +111,8 @@ class Session:
         self.posted: deque[Callable[[], None]] = deque()
         self.outq: deque[list] = deque()  # control frames waiting for room in the socket
         self.sock: zmq.Socket | None = None
-        self.reader = None                # a SubSession's native reader (_engine.Reader), if any
+        self.reactions: _engine.Reactions | None = None   # what C answers at once (open() makes them)
+        self.reader = None                # the native reader (_engine.Reader), once started
         self.monitor: zmq.Socket | None = None   # CURVE handshake events (see handshake_failure())
         self._handshake_failure: str | None = None
         self.fd = -1
@@ -179,6 +180,8 @@ class Session:
             s.set_resend(P.RESENT, opts.max_buffer_bytes)
         self.sock = s
         self.fd = s.FD
+        self.reactions = self.make_reactions(s)
+        self.reactions.instance = self._instance
         # zmq_poll gives back a pyzmq socket as itself, anything else as
         # its descriptor (a Stream's FD: readable when its events changed).
         self._polled = s if isinstance(s, zmq.Socket) else s.FD
@@ -225,6 +228,7 @@ class Session:
             self.sock = None
             self._pollers = None
         self.fd = -1
+        self.reactions = None
 
     def bye_frames(self) -> list:
         """The BYE that close() sends."""
@@ -346,33 +350,30 @@ class Session:
         """Start the session's native threads, if it has any, the lock held
         (at open, and when a loop starts driving it).  None here."""
 
-    def native_ping(self) -> tuple:
-        """The ``ping`` of this session's native reader: it pings the broker
-        itself, and takes the PONGs that say the broker is the same one."""
-        return (P.PING, P.PONG, self.options.ping_interval)
+    def make_reactions(self, sock: object) -> _engine.Reactions:
+        """What C answers of what the broker says on this connection, the
+        moment whichever thread reads it (csrc/fb_react.h): the liveness
+        ping on the session's clock and the PONGs that say the broker is
+        the same one, and on a Stream the broker's TOOK."""
+        return _engine.Reactions(sock, ping=(P.PING, P.PONG, self.options.ping_interval), took_command=P.TOOK)
 
     def adopt_reader(self, reader: _engine.Reader) -> None:
-        """The native reader just started for this session (the lock held):
-        it pings on the session's clock, and knows its broker."""
+        """The native reader just started for this session (the lock held)."""
         self.reader = reader
-        if reader.pings:
-            reader.next_ping = self._next_ping
-        reader.instance = self._instance
 
     @property
     def next_ping(self) -> float:
         """When the liveness ping is due (``time.monotonic()``): whoever
-        holds the lock then sends it, the native reader (its clock, when it
-        pings) or a user thread that reads."""
-        r = self.reader
-        return r.next_ping if r is not None and r.pings else self._next_ping
+        holds the lock then sends it (``reactions.ping_if_due``), the
+        native reader or a user thread that reads."""
+        r = self.reactions
+        return r.next_ping if r is not None else self._next_ping
 
     @next_ping.setter
     def next_ping(self, when: float) -> None:
         self._next_ping = when
-        r = self.reader
-        if r is not None and r.pings:
-            r.next_ping = when
+        if self.reactions is not None:
+            self.reactions.next_ping = when
 
     @property
     def instance(self) -> bytes:
@@ -382,8 +383,8 @@ class Session:
     @instance.setter
     def instance(self, value: bytes) -> None:
         self._instance = value
-        if self.reader is not None:
-            self.reader.instance = value  # (its PONGs taken by the reader: the lock is held)
+        if self.reactions is not None:
+            self.reactions.instance = value   # (its liveness PONGs taken in C: the lock is held)
 
     def native_owner_fd(self) -> int | None:
         """Where a native thread of this session wakes whoever serves it:
@@ -557,18 +558,23 @@ class Session:
             if not self.reading():
                 self.more = True           # input may wait: read when there is room
                 return n
-            # What the native reader took off the socket came first.
+            # What the native reader took off the socket came first (its
+            # reactions applied by it).
             frames = reader.pop() if reader is not None else None
-            self.via_reader = frames is not None
-            if frames is None:
-                frames = recv_frames(sock, ready)
-                ready = False
+            if frames is not None:
+                self.via_reader = True
+                n += 1
+                self.handle(frames)
+                continue
+            self.via_reader = False
+            frames = recv_frames(sock, ready)
+            ready = False
             if frames is None:
                 self.more = self.unread = False
                 self.check_lost()
                 return n
             n += 1
-            self.handle(frames)
+            self.react(frames)
         self.more = True
         return n
 
@@ -581,6 +587,20 @@ class Session:
 
     def on_lost(self) -> None:
         """The connection went; the Stream connects again by itself."""
+
+    def react(self, frames: list) -> None:
+        """One message this thread read off the socket: what the
+        connection's reactions take is applied in C (as the native reader
+        applies what it reads), the rest handled here."""
+        fate = self.reactions.take(frames)
+        if fate < 0:
+            self.handle(frames)
+        elif fate:
+            self.on_ack_due(fate)
+
+    def on_ack_due(self, seq: int) -> None:
+        """An ACK of ``seq`` is due that the socket did not take when the
+        reactions applied what made it due: send it our own way."""
 
     def handle(self, frames: list) -> None:
         """One message from the broker; a bad one is logged and dropped."""
@@ -621,11 +641,9 @@ class Session:
                 # HELLO is on its way; one event, one notice.
                 return
             self.resync(reason)
-        elif cmd == P.TOOK and len(frames) == 2:
-            if not isinstance(self.sock, zmq.Socket):
-                self.sock.acked(P.unpack_u64(frames[1]))   # (read here: the native reader takes its own)
-        elif cmd == P.PING:
-            pass                     # the broker's liveness probe: nothing to answer
+        elif cmd == P.PING or cmd == P.TOOK:
+            pass                     # a liveness probe: nothing to answer; a TOOK the reactions did not
+                                     # take: a pyzmq socket keeps nothing (or a malformed count)
         elif cmd == P.LOST_LOCAL:
             self.on_lost()           # (queued by the native reader: csrc/fb_reader.h lost)
         else:
@@ -696,10 +714,10 @@ class Session:
         self.hello()
 
     def tick(self, now: float) -> None:
-        """Ping the broker when due (a restarted broker shows in the PONG)."""
-        if now >= self.next_ping:
-            self.ping()
-            self.next_ping = now + self.options.ping_interval
+        """Ping the broker when due (a restarted broker shows in the PONG):
+        the reactions' ping, on their clock, as the native reader's."""
+        if self.reactions is not None and now >= self.next_ping:
+            self.reactions.ping_if_due()
 
     def due_in(self, now: float) -> float | None:
         """Seconds until this session needs serving again (0: now), if
@@ -708,7 +726,7 @@ class Session:
         reader that pings: no Python thread wakes for a client at rest)."""
         if self.posted or (self.more and self.reading() and (self.reader is None or self._data_owed())):
             return 0.0
-        if self.reader is not None and self.reader.pings:
+        if self.reader is not None:
             # Control frames that met a full socket go when it has room
             # (a ZMQ_FD edge we may have missed: look again soon).
             return OUTQ_BACKSTOP if self.outq else None

@@ -108,13 +108,14 @@ class SubSession(Session):
         max_inbox_bytes more), without the interpreter lock; see
         _engine.Reader.  An event loop's, once the loop drives us, wakes
         the loop for every message (the loop reads only when woken).  It
-        pings the broker too (Session.native_ping)."""
+        applies the session's reactions (Session.make_reactions) to what
+        it reads, and pings the broker."""
         owner_fd = self.native_owner_fd()
         if self.reader is not None or owner_fd is None:
             return                        # (a loop's session: the keeper reads until the loop drives it)
         self.adopt_reader(_engine.Reader(self.lock, self.sock, owner_fd, self.options.max_inbox_bytes, P.DATA,
                                          wake_on_data=self.conns.driven_by_loop or self.wake_on_data,
-                                         ping=self.native_ping(),
+                                         reactions=self.reactions,
                                          lost_command=P.LOST_LOCAL))
 
     def close(self) -> None:
@@ -331,7 +332,7 @@ class SubSession(Session):
             self.deliver(("data", _unpack_u64(frames[1])[0], frames[2]))
             self._took(batch_records(frames[2]))
         else:
-            self.handle(frames)
+            self.react(frames)
 
     def on_message(self, cmd: bytes, frames: list) -> None:
         deliver = self.deliver

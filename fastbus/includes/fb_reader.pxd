@@ -1,9 +1,8 @@
 # Mirrors csrc/fb_reader.h
 from libc.stdint cimport uint64_t
 
+from fastbus.includes.fb_react cimport fb_react
 from fastbus.includes.fb_slock cimport fb_slock
-from fastbus.includes.fb_view cimport fb_view
-from fastbus.includes.fb_wake cimport fb_wake
 
 cdef extern from "fb_reader.h" nogil:
     ctypedef union fb_zmq_msg:
@@ -32,30 +31,7 @@ cdef extern from "fb_reader.h" nogil:
         size_t data_command_len
         int owner_fd
         int wake_on_data
-        const void *flow_command
-        size_t flow_command_len
-        unsigned char flow_pause
-        int *flow_paused
-        fb_wake *flow_wake
-        const void *flow_reset_command
-        size_t flow_reset_command_len
-        const void *want_command
-        size_t want_command_len
-        const void *ack_command
-        size_t ack_command_len
-        fb_view *view
-        const void *pong_command
-        size_t pong_command_len
-        const void *lease_token
-        size_t lease_token_len
-        const void *ping_command
-        size_t ping_command_len
-        const void *live_pong_command
-        size_t live_pong_command_len
-        uint64_t ping_interval_ns
-        const void *took_command
-        size_t took_command_len
-        void (*took)(void *sock, uint64_t n)
+        fb_react *react
         const void *lost_command
         size_t lost_command_len
         int (*lost)(void *sock)
@@ -66,22 +42,16 @@ cdef extern from "fb_reader.h" nogil:
         int owner_recent
         uint64_t owner_left_ns
         uint64_t parks
-        uint64_t next_ping_ns
-        uint64_t pings_sent
-        uint64_t pongs_taken
-        uint64_t flow_pauses
         size_t queued
         size_t queued_bytes
-        size_t instance_len
         int running
 
-    enum: FB_READER_INSTANCE_MAX
+    enum: FB_READER_REACT_FRAMES
 
     int fb_reader_start(fb_reader *r)
     void fb_reader_wake(fb_reader *r)
     void fb_reader_owner_enter(fb_reader *r)
     void fb_reader_owner_leave(fb_reader *r)
-    void fb_reader_set_instance(fb_reader *r, const void *instance, size_t len)
     void fb_reader_stop(fb_reader *r)
     size_t fb_reader_pop(fb_reader *r, fb_reader_item **item, const unsigned char **frames, size_t *lens,
                          size_t max_frames)
