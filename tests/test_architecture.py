@@ -1,7 +1,9 @@
 """docs/ARCHITECTURE.md names, for each step of a message's and a
 subscription's path, the file and function it happens in
-(`` `path:Name` `` or `` `path:Class.method` ``).  Every one must exist,
-so a rename that leaves the page behind fails here."""
+(`` `path:Name` `` or `` `path:Class.method` ``), and, in its last
+section, chains of calls between them (`` `a` → `b` ``: a's body calls
+b).  Every name must exist and every call be made, so a rename or a move
+that leaves the page behind fails here."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
-REF = re.compile(r"`((?:fastbus|csrc)/[\w/]+\.(?:py|pyx|pxi|c)):([\w.]+)`")
+REF = re.compile(r"`((?:fastbus|csrc)/[\w/]+\.(?:py|pyx|pxd|pxi|c)):([\w.]+)`")
+#: A chain line of the last section: refs joined by arrows.
+CHAIN = re.compile(r"^- (`[^`]+`(?: → `[^`]+`)+)\s*$", re.M)
 
 
 def _defines(text: str, suffix: str, name: str) -> bool:
@@ -22,6 +26,49 @@ def _defines(text: str, suffix: str, name: str) -> bool:
         return re.search(rf"^[A-Za-z_][\w \t\*]*\b{n}\([^;{{}}]*\)\s*\{{", text, re.M) is not None
     return re.search(rf"^\s*(?:async\s+)?(?:def|cdef|cpdef|class|cdef class)\s+(?:[\w\*\s]+\s)?{n}\s*[(:]",
                      text, re.M) is not None
+
+
+def _body(text: str, suffix: str, qual: str) -> str | None:
+    """The body of function ``qual`` (``Class.method`` for a method) in a
+    file's text, without its comments and docstrings; None if not there."""
+    if suffix == ".c":
+        m = re.search(rf"^[A-Za-z_][\w \t\*]*\b{re.escape(qual)}\([^;{{}}]*\)\s*\{{", text, re.M)
+        if m is None:
+            return None
+        i, depth = m.end(), 1
+        while depth and i < len(text):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        return re.sub(r"/\*.*?\*/|//[^\n]*", "", text[m.end():i], flags=re.S)
+    lines = text.splitlines()
+    start, indent = 0, -1
+    for part in qual.split("."):
+        head = re.compile(rf"^(\s*)(?:async\s+)?(?:def|cdef|cpdef|class|cdef class)\s+(?:[\w\*\s]+\s)?"
+                          rf"{re.escape(part)}\s*[(:]")
+        for j in range(start, len(lines)):
+            m = head.match(lines[j])
+            if m and len(m.group(1)) > indent:
+                start, indent = j + 1, len(m.group(1))
+                break
+        else:
+            return None
+    body = []
+    for line in lines[start:]:
+        if line.strip() and len(line) - len(line.lstrip()) <= indent:
+            break
+        body.append(line)
+    code = re.sub(r'"""(?:.|\n)*?"""', "", "\n".join(body))
+    return re.sub(r"#[^\n]*", "", code)
+
+
+def _calls(body: str, name: str) -> bool:
+    """Does this body call ``name`` (or hand it on as a bound method)?"""
+    n = re.escape(name)
+    return re.search(rf"\b{n}\s*\(|\.{n}\b", body) is not None
+
+
+def _chains() -> list[list[tuple[str, str]]]:
+    return [REF.findall(line) for line in CHAIN.findall(DOC.read_text())]
 
 
 def _refs() -> list[tuple[str, str]]:
@@ -57,3 +104,30 @@ def test_the_check_fails_for_a_name_that_is_not_there():
     assert _defines(text, ".pyx", "wait") and not _defines(text, ".pyx", "wait_for_nothing")
     c = (ROOT / "csrc/fb_router.c").read_text()
     assert _defines(c, ".c", "fb_router_route") and not _defines(c, ".c", "fb_router_teleport")
+
+
+def test_each_named_call_is_made():
+    chains = _chains()
+    assert len(chains) >= 20, f"only {len(chains)} call chains in {DOC.name}"
+    wrong = []
+    for chain in chains:
+        for (path, qual), (callee_path, callee) in zip(chain, chain[1:]):
+            f = ROOT / path
+            body = _body(f.read_text(), f.suffix, qual) if f.is_file() else None
+            if body is None:
+                wrong.append(f"{path}:{qual} (no such function)")
+            elif not _calls(body, callee.split(".")[-1]):
+                wrong.append(f"{path}:{qual} does not call {callee_path}:{callee}")
+    assert not wrong, "docs/ARCHITECTURE.md says calls are made that are not:\n" + "\n".join(wrong)
+
+
+def test_the_call_check_fails_for_a_call_that_is_not_made():
+    relay = (ROOT / "fastbus/broker/_relay.pyx").read_text()
+    run = _body(relay, ".pyx", "Relay._run")
+    assert run is not None and _calls(run, "_read") and not _calls(run, "_route_nowhere")
+    router = (ROOT / "csrc/fb_router.c").read_text()
+    route = _body(router, ".c", "fb_router_route")
+    assert route is not None and _calls(route, "deliver") and not _calls(route, "fb_trie_match_batch")
+    # A name said only in a comment or a docstring is not a call.
+    assert not _calls(_body('def f():\n    """g() does it"""\n    # g()\n    return 1\n', ".py", "f"), "g")
+
