@@ -2,6 +2,11 @@
 and Valkey, with the same plain redis-py clients (and redis-benchmark), in
 one run.
 
+(This file is over 700 lines because every system and case it compares
+(fastbus --resp, redis-server, Valkey; PUBLISH throughput, fan-out, latency)
+runs from this one file in the same run, so the ratios it reports come from
+one command.)
+
 The clients import redis (with hiredis if installed) and never fastbus (each
 client process says whether it did, and "check" shows it).  The systems:
 

@@ -4,6 +4,9 @@
  * connection subscribed (two small hash sets: channels, with a flag for
  * shard channels, and patterns), and the two translations (requests to
  * fastbus messages, the broker's messages to replies and pushes).
+ *
+ * (Over 700 lines because the three parts share one connection's state and
+ * must agree on it: splitting them would export that state.)
  */
 #include "fb_resp_session.h"
 

@@ -1,4 +1,10 @@
-/* fb_router.c - per-batch routing into per-link outboxes (see fb_router.h). */
+/* fb_router.c - per-batch routing into per-link outboxes (see fb_router.h).
+ *
+ * (Over 700 lines because the router's parts (links and their outboxes,
+ * glob subscriptions, queue groups, the per-batch delivery) share one
+ * structure whose invariants the delivery relies on; the trie and the globs
+ * it matches with are their own modules.)
+ */
 #include "fb_router.h"
 
 #include <stdlib.h>

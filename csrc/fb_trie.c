@@ -36,6 +36,10 @@
  * per-subscriber index and relink() keep one invariant between them, which
  * fb_trie_check verifies: split, each part would reach into the others'
  * layout.  The arena is its own file, fb_arena.c.)
+ *
+ * (Over 700 lines because the trie's operations (add, remove, match, a
+ * batch's match, walks) all keep the canonical form and the holder/index
+ * links described here, which must be read together.)
  */
 #include "fb_trie.h"
 #include "fb_arena.h"

@@ -3,6 +3,11 @@
  * ZMTP 3.0 as a client with the NULL mechanism (the wire format:
  * fb_zmtp_wire.h).  A PING command (ZMTP 3.1 heartbeats, which a libzmq
  * peer may be configured to send) is answered with a PONG.
+ *
+ * (Over 700 lines because the client connection's lifecycle (connect,
+ * handshake, reconnect, keep and resend, the host looked up again) is one
+ * state machine; the wire format is fb_zmtp_wire.c, the resolver
+ * fb_resolve.c.)
  */
 #define _GNU_SOURCE
 #include "fb_zmtp.h"

@@ -17,6 +17,10 @@
  * A connection that is lost keeps its slot, and the whole messages it had
  * read, until they are received: frames given out are views of its buffer,
  * which only a receive may free or move.
+ *
+ * (Over 700 lines because the server's slots, ring and epoll descriptor are
+ * one structure the receive and send paths both maintain; the wire format
+ * is fb_zmtp_wire.c.)
  */
 #define _GNU_SOURCE
 #include "fb_zmtp_server.h"

@@ -1,5 +1,10 @@
 """A Django Channels channel layer on fastbus brokers.
 
+(This file is over 700 lines because the Channels layer's contract (send,
+receive, groups, flush, capacity, expiry) is one class over one set of
+connections, as channels_redis's layer is; the per-loop state is
+``_LoopLayer``, an inbox ``_Inbox``, the wire format ``_Serializer``.)
+
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "fastbus.channels.ChannelLayer",

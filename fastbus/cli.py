@@ -1,5 +1,9 @@
 """The ``fastbus`` command line.
 
+(This file is over 700 lines because it is the command line's table of
+contents: one short function per command and one parser builder per command,
+side by side so that every command's options read alike.)
+
     fastbus broker [options]     run a broker (default tcp://127.0.0.1:6464)
     fastbus stats [--connect EP] a broker's counters (--clients: per peer; --watch: rates each second)
     fastbus demo                 a broker with live publisher and subscribers, printing rates

@@ -131,3 +131,23 @@ def test_the_call_check_fails_for_a_call_that_is_not_made():
     # A name said only in a comment or a docstring is not a call.
     assert not _calls(_body('def f():\n    """g() does it"""\n    # g()\n    return 1\n', ".py", "f"), "g")
 
+
+
+#: Past this, a file says at its top why it is one file (or is split).
+LONG = 700
+
+
+def test_every_long_file_says_why_it_is_one():
+    sources = [p for p in (ROOT / "csrc").rglob("*.[ch]") if "build" not in p.relative_to(ROOT).parts]
+    for top, patterns in (("fastbus", ("*.py", "*.pyx", "*.pxi", "*.pxd")), ("tests", ("*.py",)),
+                          ("bench", ("*.py",))):
+        for pattern in patterns:
+            sources += (ROOT / top).rglob(pattern)
+    assert len(sources) > 100
+    silent = []
+    for p in sources:
+        text = p.read_text()
+        if text.count("\n") > LONG and f"over {LONG} lines" not in text[:4000].lower():
+            silent.append(f"{p.relative_to(ROOT)} ({text.count(chr(10))} lines)")
+    assert not silent, (f"files over {LONG} lines that do not say at their top why they are one file "
+                        f"(a sentence with 'over {LONG} lines'), or split them:\n" + "\n".join(silent))

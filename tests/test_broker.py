@@ -1,4 +1,9 @@
-"""The broker and clients, with real brokers in subprocesses on loopback."""
+"""The broker and clients, with real brokers in subprocesses on loopback.
+
+(This file is over 700 lines because it is the broker's behaviour end to
+end, one test per promise, sharing the broker processes and helpers of
+``brokers.py``; features with their own contract have their own files.)
+"""
 
 from __future__ import annotations
 

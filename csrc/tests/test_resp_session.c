@@ -3,7 +3,11 @@
  * byte buffers (fb_resp_session_input), the messages for the broker come
  * out frame by frame (fb_resp_session_frame), and the broker's answers go
  * in as frames (fb_resp_session_deliver, fb_resp_session_routed); replies
- * are read back from the fb_zbuf they are written to. */
+ * are read back from the fb_zbuf they are written to.
+ *
+ * (Over 700 lines because it drives every command a Redis client sends, in
+ * both protocols, through the one session under test.)
+ */
 #include "ctest.h"
 #include "fb_batch.h"
 #include "fb_common.h"

@@ -1,4 +1,8 @@
-/* Tests of fb_router: routing batches into per-link outboxes. */
+/* Tests of fb_router: routing batches into per-link outboxes.
+ *
+ * (Over 700 lines because it covers each of the router's parts against the
+ * one delivery function.)
+ */
 #include "ctest.h"
 #include "fb_router.h"
 

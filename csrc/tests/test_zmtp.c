@@ -1,6 +1,10 @@
 /* Tests of fb_zmtp: a ZMTP DEALER connection against a peer played by
  * hand over a real loopback TCP socket (the bytes a libzmq ROUTER sends;
- * tests/test_zmtp_transport.py checks the same against libzmq itself). */
+ * tests/test_zmtp_transport.py checks the same against libzmq itself).
+ *
+ * (Over 700 lines because each step of the connection's lifecycle is played
+ * against a hand-written peer that all tests share.)
+ */
 #define _GNU_SOURCE
 #include "ctest.h"
 #include "fb_common.h"

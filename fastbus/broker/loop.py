@@ -2,6 +2,11 @@
 maintenance and stats; it wires the other modules of fastbus.broker
 together and adds and removes links.
 
+(This file is over 700 lines because ``Broker`` is the one place that wires
+the broker's modules together and owns their lifecycle: start and stop, the
+loop, maintenance, links added and removed, and the stats snapshot; what
+each step does lives in the module it calls.)
+
 One thread runs :meth:`Broker.run`.  Its poll is the data plane's
 ``Relay.wait()`` (fastbus/broker/_relay.pyx): in C, without the
 interpreter lock, it waits on the sockets and routes and sends known

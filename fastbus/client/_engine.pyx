@@ -2,6 +2,12 @@
 """The client's native engine: what moves a message while no user thread
 is inside fastbus, in threads that never take the interpreter lock.
 
+(This file is over 700 lines because it is the one extension module of the
+client's native engine, as uvloop is one: thin bindings of fb_zmtp
+(``Stream``), fb_slock (``SessionLock``), fb_sender (``Sender``), fb_react
+(``Reactions``) and fb_reader (``Reader``), which share the libzmq calls
+bound once by ``require()``.)
+
 A Python thread that has work for a connection (the client's keeper, a
 reader of a PubSub) must first get the interpreter lock, which a busy user
 thread holds for up to the switch interval (5 ms by default): a message

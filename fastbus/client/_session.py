@@ -1,5 +1,11 @@
 """One connection to the broker, used by whichever thread holds its lock.
 
+(This file is over 700 lines because the rules for sharing one connection
+between threads (its lock, handing work over, reading, sending, waiting)
+must be read and changed together; the two kinds of session are in
+``_pubsession.py`` and ``_subsession.py``, the native threads and reactions
+in ``_engine.pyx``.)
+
 A client has one session for publishing and one per PubSub.  There is no
 thread that owns the sockets: the thread that has work does it.  A thread
 publishing sends its message itself when the publisher is idle; a thread in

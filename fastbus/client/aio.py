@@ -1,5 +1,10 @@
 """asyncio clients, with the API of redis-py's ``redis.asyncio`` pub/sub.
 
+(This file is over 700 lines because it holds the asyncio twins of
+``Client`` and ``PubSub`` and the loop driver that takes the keeper's place:
+each twin only changes how it waits, and they sit together so that any other
+difference shows.)
+
     client = fastbus.aio.Client()
     await client.publish("news", "hello")
     p = client.pubsub()
