@@ -32,6 +32,7 @@ from fastbus._messages import glob_match, glob_prefix
 from fastbus._messages import names_given
 from fastbus._messages import to_bytes as to_key
 from fastbus.client._connections import Connections
+from fastbus.client._session import driving
 from fastbus.client._subsession import DURABLE_TAKEN_EVERY, HANDSHAKE_CHECK, SUB_OPS_DEFAULT, ConfirmWait, SubSession
 from fastbus.client._subsession import batch_records
 from fastbus.errors import ConnectionClosed
@@ -461,48 +462,41 @@ class PubSub(PubSubBase):
     def _fill(self, deadline: float | None) -> bool:
         """Read the connection in this thread until the inbox holds
         something (True) or ``deadline`` passes (False); ConnectionClosed
-        once closed with nothing left.  (``driving()`` for one session,
-        written out: this is the path of every message a reader waits for.)"""
+        once closed with nothing left."""
         s = self._session
         if self.durable is not None:
             self._tell_taken()                    # (all it was given is taken)
-        token = s.drive()
-        try:
-            if not s.hold(-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+        with driving([s], deadline) as held:
+            if not held:
                 return bool(self._inbox)
-            try:
-                polled = False
-                inbox = self._inbox
-                reader = s.reader
-                while not inbox:
-                    if self._closed:
-                        raise ConnectionClosed("pubsub is closed")
-                    if s.refused is not None:
-                        raise s.refused
-                    if s.posted:
-                        s.run_posted()
-                    elif reader is not None and reader.queued:
-                        # What the native reader took while nobody read: first.
-                        s.handle(reader.pop())
-                    elif s.more:
-                        s.read_one()              # one at a time: it goes to its reader at once
-                    elif polled and deadline is not None and time.monotonic() >= deadline:
-                        return False
-                    elif s.monitor is not None and not s.instance:
-                        # CURVE, not welcomed yet: look at the handshake every
-                        # HANDSHAKE_CHECK seconds (a refused key is said, not
-                        # left as silence).
-                        self._check_handshake(s)
-                        soon = time.monotonic() + HANDSHAKE_CHECK
-                        s.wait(soon if deadline is None or deadline > soon else deadline)
-                        polled = True
-                    else:
-                        s.wait(deadline)          # returns at once if the socket holds something
-                        polled = True
-            finally:
-                s.release()
-        finally:
-            s.undrive(token)
+            polled = False
+            inbox = self._inbox
+            reader = s.reader
+            while not inbox:
+                if self._closed:
+                    raise ConnectionClosed("pubsub is closed")
+                if s.refused is not None:
+                    raise s.refused
+                if s.posted:
+                    s.run_posted()
+                elif reader is not None and reader.queued:
+                    # What the native reader took while nobody read: first.
+                    s.handle(reader.pop())
+                elif s.more:
+                    s.read_one()              # one at a time: it goes to its reader at once
+                elif polled and deadline is not None and time.monotonic() >= deadline:
+                    return False
+                elif s.monitor is not None and not s.instance:
+                    # CURVE, not welcomed yet: look at the handshake every
+                    # HANDSHAKE_CHECK seconds (a refused key is said, not
+                    # left as silence).
+                    self._check_handshake(s)
+                    soon = time.monotonic() + HANDSHAKE_CHECK
+                    s.wait(soon if deadline is None or deadline > soon else deadline)
+                    polled = True
+                else:
+                    s.wait(deadline)          # returns at once if the socket holds something
+                    polled = True
         return True
 
     def _check_handshake(self, s) -> None:

@@ -41,8 +41,7 @@ import os
 import select
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import zmq
@@ -850,25 +849,42 @@ def wait_many(sessions: list[Session], deadline: float | None) -> None:
         s.tick(time.monotonic())
 
 
-@contextmanager
-def driving(sessions: list[Session], deadline: float | None) -> Iterator[bool]:
-    """Hold the locks of ``sessions`` as a user thread that waits on them
-    (the keeper leaves them alone meanwhile).  Yields False if the locks
-    could not be had before ``deadline``."""
-    tokens = [s.drive() for s in sessions]
-    held: list[Session] = []
-    try:
-        for s in sessions:
-            left = -1 if deadline is None else max(0.0, deadline - time.monotonic())
-            if not s.hold(left):
-                break
-            held.append(s)
-        ok = len(held) == len(sessions)
+class driving:
+    """``with driving(sessions, deadline) as held:`` hold the locks of
+    ``sessions`` as a user thread that waits on them (the keeper and the
+    native readers leave them alone meanwhile); ``held`` is False if the
+    locks could not be had before ``deadline``.  They are let go of
+    (release()) when the block ends.  (A class, not a generator: it is on
+    the path of every message a reader waits for, PubSub._fill.)"""
+
+    __slots__ = ("sessions", "deadline", "tokens", "held")
+
+    def __init__(self, sessions: list[Session], deadline: float | None) -> None:
+        self.sessions = sessions
+        self.deadline = deadline
+        self.tokens: list[_Driver] = []
+        self.held: list[Session] = []
+
+    def __enter__(self) -> bool:
+        sessions, deadline = self.sessions, self.deadline
+        self.tokens = [s.drive() for s in sessions]
         try:
-            yield ok
-        finally:
+            for s in sessions:
+                left = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+                if not s.hold(left):
+                    break
+                self.held.append(s)
+        except BaseException:
+            self.__exit__()
+            raise
+        return len(self.held) == len(sessions)
+
+    def __exit__(self, *exc: object) -> None:
+        held, self.held = self.held, []
+        try:
             for s in reversed(held):
                 s.release()
-    finally:
-        for s, token in zip(sessions, tokens):
-            s.undrive(token)
+        finally:
+            tokens, self.tokens = self.tokens, []
+            for s, token in zip(self.sessions, tokens):
+                s.undrive(token)
