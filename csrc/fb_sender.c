@@ -100,9 +100,9 @@ static uint64_t send_due(fb_sender *s, int by_thread, int full, int *batches)
                 fb_lock_release(s->outbox_lock);
                 break;
             }
-            uint64_t last = __atomic_load_n(s->last_send_ns, __ATOMIC_RELAXED);
-            if (by_thread && s->linger_ns && !fb_outbox_full(o) && fb_now_ns() < last + s->linger_ns) {
-                next = last + s->linger_ns;     /* a lingering batch gathers until then */
+            uint64_t due = by_thread && !fb_outbox_full(o) ? fb_burst_linger_due(s->burst, s->linger_ns, fb_now_ns()) : 0;
+            if (due) {
+                next = due;                     /* a lingering batch gathers until then */
                 fb_lock_release(s->outbox_lock);
                 break;
             }
@@ -148,22 +148,14 @@ static uint64_t send_due(fb_sender *s, int by_thread, int full, int *batches)
             __atomic_add_fetch(&s->sent_messages, count, __ATOMIC_SEQ_CST);
             __atomic_add_fetch(&s->sent_batches, 1, __ATOMIC_SEQ_CST);
             /* The publisher is busy: what it publishes next gathers here. */
-            __atomic_store_n(s->last_send_ns, fb_now_ns(), __ATOMIC_RELAXED);
-            __atomic_store_n(s->streak, s->burst_limit, __ATOMIC_RELAXED);
+            fb_burst_sent(s->burst, 1, fb_now_ns());
         } else {
             __atomic_add_fetch(&s->inline_messages, count, __ATOMIC_SEQ_CST);
             __atomic_add_fetch(&s->inline_batches, 1, __ATOMIC_SEQ_CST);
         }
     }
-    if (sent && !by_thread) {
-        /* As Publisher.sent(full): a full batch marks the publisher busy,
-         * else it counts towards the burst limit. */
-        __atomic_store_n(s->last_send_ns, fb_now_ns(), __ATOMIC_RELAXED);
-        int streak = __atomic_load_n(s->streak, __ATOMIC_RELAXED);
-        if (full) streak = s->burst_limit;
-        else if (streak < s->burst_limit) streak++;
-        __atomic_store_n(s->streak, streak, __ATOMIC_RELAXED);
-    }
+    if (sent && !by_thread)
+        fb_burst_sent(s->burst, full, fb_now_ns());   /* a full batch marks it busy */
     *batches += sent;
     /* A send may have taken the edge of the socket's notification
      * descriptor the reader (or the owner) sleeps on: what the broker said

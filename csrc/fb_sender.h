@@ -37,6 +37,7 @@
 #include "fb_batchq.h"
 #include "fb_lock.h"
 #include "fb_outbox.h"
+#include "fb_burst.h"
 #include "fb_reader.h"
 #include "fb_slock.h"
 #include "fb_view.h"
@@ -62,9 +63,7 @@ typedef struct fb_sender {
     fb_outbox *outbox;           /* guarded by *outbox_lock */
     fb_lock *outbox_lock;
     fb_batchq *sealed;           /* full batches sealed before the outbox's; under *outbox_lock */
-    uint64_t *last_send_ns;      /* the publisher's burst state (Publisher.sent) */
-    int *streak;
-    int burst_limit;
+    fb_burst *burst;             /* the publisher's burst state (fb_burst.h), shared with it */
     uint64_t linger_ns;          /* a partial batch waits this long after the last send (0: none) */
     const void *command;         /* the first frame of a data message (the protocol's PUB) */
     size_t command_len;

@@ -5,6 +5,7 @@ from libc.stdint cimport uint64_t
 from fastbus._core cimport Outbox
 
 from fastbus.includes.fb_batchq cimport fb_batchq
+from fastbus.includes.fb_burst cimport fb_burst
 from fastbus.includes.fb_view cimport fb_view
 
 
@@ -26,10 +27,7 @@ cdef class Publisher:
     cdef public Py_ssize_t max_payload
     cdef public object headers_refused
     cdef fb_batchq _sealed          # under outbox._lock (a native sender takes from it)
-    cdef uint64_t _gap_ns
-    cdef int _burst_limit
-    cdef int _streak
-    cdef uint64_t _last_send_ns
+    cdef fb_burst _burst            # who sends a batch, and when (a native sender shares it)
     cdef uint64_t _accepted
     cdef uint64_t _refused
     cdef uint64_t _lapsed

@@ -19,6 +19,7 @@ from libc.string cimport memcpy
 from fastbus._core cimport (Batch, Outbox, _append, _as_message, _check, _encode_headers, _lock, _raise, _unlock,
                             _wrap_batch)
 from fastbus.includes.fb_batchq cimport *
+from fastbus.includes.fb_burst cimport *
 from fastbus.includes.fb_common cimport *
 from fastbus.includes.fb_outbox cimport *
 from fastbus.includes.fb_view cimport *
@@ -47,6 +48,7 @@ cdef class Publisher:
     sender thread sends what gathered by the time it runs.  The owner tells
     the publisher of every send with ``sent(full)``: a full batch, or one the
     sender thread sent, marks the publisher busy until ``burst_gap`` passes.
+    (The rule is csrc/fb_burst.h's, whose state the native sender shares.)
     So at a low rate every message leaves in the publishing thread at once;
     under load batches form by themselves, and nothing waits for a timer.
 
@@ -105,10 +107,7 @@ cdef class Publisher:
         self._room = None
         self._waiting = 0
         fb_batchq_init(&self._sealed)
-        self._gap_ns = <uint64_t>(burst_gap * 1e9)
-        self._burst_limit = burst_limit
-        self._streak = 0
-        self._last_send_ns = 0
+        fb_burst_init(&self._burst, <uint64_t>(burst_gap * 1e9), burst_limit)
         self.max_topic = 0
         self.max_payload = 0
         self.headers_refused = None
@@ -272,14 +271,10 @@ cdef class Publisher:
     cdef int _started(self) except -1:
         """A batch started: send it now if the publisher is idle, else
         leave it to the sender thread (it gathers what comes meanwhile)."""
-        cdef uint64_t now
         if self.send_now is None:
             self.wake()
             return 0
-        now = fb_now_ns()
-        if now - self._last_send_ns >= self._gap_ns:
-            self._streak = 0
-        if self._streak < self._burst_limit:
+        if fb_burst_starts_idle(&self._burst, fb_now_ns()):
             self.send_now(False)
         else:
             self.wake()
@@ -288,16 +283,12 @@ cdef class Publisher:
     def sent(self, bint full=False) -> None:
         """The owner sent a batch of this publisher's (``full``: a full one,
         or one its sender thread sent: the publisher is busy)."""
-        self._last_send_ns = fb_now_ns()
-        if full:
-            self._streak = self._burst_limit
-        elif self._streak < self._burst_limit:
-            self._streak += 1
+        fb_burst_sent(&self._burst, full, fb_now_ns())
 
     @property
     def idle(self) -> bool:
         """Would a batch starting now be sent at once (see the class doc)?"""
-        return fb_now_ns() - self._last_send_ns >= self._gap_ns or self._streak < self._burst_limit
+        return fb_burst_idle(&self._burst, fb_now_ns()) != 0
 
     @property
     def accepted(self) -> int:
@@ -423,10 +414,13 @@ cdef class Publisher:
         channel (it returned 0)."""
         return self._refused
 
-    @property
-    def last_send_ns(self) -> int:
-        """When the owner last reported a send (monotonic ns; 0: never)."""
-        return self._last_send_ns
+    def linger_left(self, uint64_t linger_ns) -> float:
+        """Seconds until a partial batch may leave under a linger of
+        ``linger_ns`` after the last send (0.0: now); the native sender's
+        rule (csrc/fb_burst.h fb_burst_linger_due)."""
+        cdef uint64_t now = fb_now_ns()
+        cdef uint64_t due = fb_burst_linger_due(&self._burst, linger_ns, now)
+        return (due - now) / 1e9 if due else 0.0
 
     def take(self, bint force=False):
         """For the sender: ``(batch, records)`` of the oldest sealed batch,

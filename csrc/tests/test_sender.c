@@ -143,8 +143,7 @@ typedef struct rig {
     fb_lock ol;
     fb_slock sl;
     fb_batchq q;
-    uint64_t last;
-    int streak;
+    fb_burst burst;
     int owner[2];
     fb_sender s;
 } rig;
@@ -176,9 +175,8 @@ static void rig_start(rig *r, size_t max_messages)
     r->s.outbox = &r->o;
     r->s.outbox_lock = &r->ol;
     r->s.sealed = &r->q;
-    r->s.last_send_ns = &r->last;
-    r->s.streak = &r->streak;
-    r->s.burst_limit = 4;
+    fb_burst_init(&r->burst, 1000000, 4);
+    r->s.burst = &r->burst;
     r->s.command = "P";
     r->s.command_len = 1;
     r->s.owner_fd = r->owner[1];
@@ -227,8 +225,8 @@ static void test_sends_what_is_there_in_order(void)
     fb_sender_stop(&r.s);
     CHECK_EQ(F.out_of_order, 0);
     CHECK_EQ(__atomic_load_n(&r.s.sent_messages, __ATOMIC_SEQ_CST), 1000);
-    CHECK_EQ(r.streak, 4);                      /* told the publisher it is busy */
-    CHECK(r.last != 0);
+    CHECK_EQ(r.burst.streak, 4);                      /* told the publisher it is busy */
+    CHECK(r.burst.last_send_ns != 0);
     rig_stop(&r);
 }
 
@@ -331,7 +329,7 @@ static void test_linger_holds_a_partial_batch(void)
     rig_start(&r, 0);
     REQUIRE(fb_slock_try(&r.sl));               /* the thread reads these only holding it */
     r.s.linger_ns = 200000000;                  /* 200 ms after the last send */
-    r.last = fb_now_ns();
+    r.burst.last_send_ns = fb_now_ns();
     CHECK_EQ(fb_slock_release(&r.sl), 0);
     append(&r, 0);
     fb_sender_wake(&r.s);
@@ -350,21 +348,21 @@ static void test_the_publishing_thread_sends_now(void)
     rig_start(&r, 0);
     REQUIRE(fb_slock_try(&r.sl));               /* the thread reads these only holding it */
     r.s.linger_ns = 10000000000ULL;             /* the thread would hold a partial batch 10 s */
-    r.last = fb_now_ns();
+    r.burst.last_send_ns = fb_now_ns();
     CHECK_EQ(fb_slock_release(&r.sl), 0);
     for (uint32_t i = 0; i < 3; i++) append(&r, i);
-    uint64_t before = r.last;
+    uint64_t before = r.burst.last_send_ns;
     CHECK_EQ(fb_sender_send_now(&r.s, 0), 1);
     CHECK_EQ(F.records, 3);                     /* sent before the call returned */
     CHECK_EQ(r.s.inline_messages, 3);
     CHECK_EQ(r.s.inline_batches, 1);
     CHECK_EQ(r.s.sent_messages, 0);             /* (the thread's count) */
-    CHECK_EQ(r.streak, 1);                      /* idle still: one more towards the burst limit */
-    CHECK(r.last >= before);
+    CHECK_EQ(r.burst.streak, 1);                      /* idle still: one more towards the burst limit */
+    CHECK(r.burst.last_send_ns >= before);
     CHECK(!fb_slock_held(&r.sl));
     append(&r, 3);
     CHECK_EQ(fb_sender_send_now(&r.s, 1), 1);   /* a full batch: the publisher is busy */
-    CHECK_EQ(r.streak, 4);
+    CHECK_EQ(r.burst.streak, 4);
 
     /* Sealed batches first, in one call. */
     fb_lock_wait(&r.ol);

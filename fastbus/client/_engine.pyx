@@ -642,9 +642,7 @@ cdef class Sender:
         self._s.outbox = &self._outbox._o
         self._s.outbox_lock = &self._outbox._lock
         self._s.sealed = &publisher._sealed
-        self._s.last_send_ns = &publisher._last_send_ns
-        self._s.streak = &publisher._streak
-        self._s.burst_limit = publisher._burst_limit
+        self._s.burst = &publisher._burst
         self._s.linger_ns = <uint64_t>(linger * 1e9) if linger > 0 else 0
         self._s.command = PyBytes_AS_STRING(command)
         self._s.command_len = PyBytes_GET_SIZE(command)

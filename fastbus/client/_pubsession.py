@@ -271,7 +271,7 @@ class PubSession(Session):
 
     def linger_over(self) -> bool:
         """May a partial batch leave now (no linger, or the linger passed)?"""
-        return not self.linger_ns or time.monotonic_ns() >= self.publisher.last_send_ns + self.linger_ns
+        return self.publisher.linger_left(self.linger_ns) == 0.0
 
     def serve(self, now: float) -> None:
         if self.outq:
@@ -299,7 +299,7 @@ class PubSession(Session):
                 # back-pressure, never what a message on an idle client waits for.
                 wait = BLOCKED_BACKSTOP
             elif self.linger_ns and not pub.has_sealed():
-                wait = max(0.0, (pub.last_send_ns + self.linger_ns - time.monotonic_ns()) / 1e9)
+                wait = pub.linger_left(self.linger_ns)
             else:
                 wait = 0.0
             due = wait if due is None else min(due, wait)

@@ -207,9 +207,7 @@ class Client(_SyncClient):
         elif not self._send_scheduled:
             self._send_scheduled = True
             s = self.session
-            wait = 0.0
-            if s.linger_ns:
-                wait = max(0.0, (s.publisher.last_send_ns + s.linger_ns - time.monotonic_ns()) / 1e9)
+            wait = s.publisher.linger_left(s.linger_ns)
             if wait:
                 self._loop.call_later(wait, self._send_pending)
             else:

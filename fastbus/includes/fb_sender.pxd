@@ -2,6 +2,7 @@
 from libc.stdint cimport uint64_t
 
 from fastbus.includes.fb_batchq cimport fb_batchq
+from fastbus.includes.fb_burst cimport fb_burst
 from fastbus.includes.fb_lock cimport fb_lock
 from fastbus.includes.fb_outbox cimport fb_outbox
 from fastbus.includes.fb_reader cimport fb_reader
@@ -24,9 +25,7 @@ cdef extern from "fb_sender.h" nogil:
         fb_outbox *outbox
         fb_lock *outbox_lock
         fb_batchq *sealed
-        uint64_t *last_send_ns
-        int *streak
-        int burst_limit
+        fb_burst *burst
         uint64_t linger_ns
         const void *command
         size_t command_len
