@@ -141,6 +141,25 @@ int fb_react_ping_if_due(fb_react *x, uint64_t now)
     return 1;
 }
 
+int fb_react_lease_ping(fb_react *x, uint64_t now, unsigned char *token)
+{
+    if (!x->view || !x->lease_ask || !x->ping_command || x->lease_token_len > FB_REACT_TOKEN_MAX ||
+        !fb_view_take_renewal(x->view))
+        return 0;
+    /* The lease counts from no later than now: the ping's send time. */
+    memcpy(token, x->lease_token, x->lease_token_len);
+    for (int i = 0; i < 8; i++) token[x->lease_token_len + i] = (unsigned char)(now >> (8 * i));
+    if (x->send(x->sock, x->ping_command, x->ping_command_len, Z_DONTWAIT | Z_SNDMORE) < 0) {
+        fb_view_renewal_unsent(x->view);
+        return -1;
+    }
+    /* ZeroMQ takes a message's later frames once it took its first. */
+    x->send(x->sock, token, x->lease_token_len + 8, Z_DONTWAIT | Z_SNDMORE);
+    x->send(x->sock, x->lease_ask, x->lease_ask_len, Z_DONTWAIT);
+    __atomic_add_fetch(&x->lease_pings, 1, __ATOMIC_SEQ_CST);
+    return 1;
+}
+
 int fb_react_ping_wait_ms(fb_react *x, uint64_t now)
 {
     if (!x->ping_interval_ns) return -1;

@@ -25,7 +25,10 @@
  *                            connection's kept messages: took(sock, n).
  *
  * and the liveness ping [ping_command, ""] is sent every ping_interval_ns
- * by whoever holds the lock when it is due (fb_react_ping_if_due).
+ * by whoever holds the lock when it is due (fb_react_ping_if_due); the
+ * lease ping [ping_command, lease_token + send time u64 LE, lease_ask] when
+ * the view asks for a renewal (fb_react_lease_ping: the native sender's
+ * thread, or the publishing thread without one).
  *
  * Every hook is optional (its pointer NULL, or ping_interval_ns 0); what a
  * hook does not take (another command, a malformed message) is the
@@ -49,6 +52,8 @@ extern "C" {
 /* The longest broker instance compared (a longer one is never taken as
  * known: its PONGs all go to the owner). */
 #define FB_REACT_INSTANCE_MAX 64
+/* The longest lease token. */
+#define FB_REACT_TOKEN_MAX 32
 
 /* What became of a message (fb_react_message). */
 enum {
@@ -80,8 +85,10 @@ typedef struct fb_react {
     fb_view *view;
     const void *pong_command;
     size_t pong_command_len;
-    const void *lease_token;
+    const void *lease_token;     /* at most FB_REACT_TOKEN_MAX bytes */
     size_t lease_token_len;
+    const void *lease_ask;       /* NULL: no lease pings (they need ping_command too) */
+    size_t lease_ask_len;
 
     /* Liveness (ping_interval_ns 0: none). */
     const void *ping_command;
@@ -101,6 +108,7 @@ typedef struct fb_react {
     uint64_t pongs_taken;
     uint64_t flow_pauses;        /* FLOW pauses read while not paused */
     uint64_t wants_refused;      /* WANTs the view refused (the owner's to report) */
+    uint64_t lease_pings;        /* lease pings sent */
     unsigned char instance[FB_REACT_INSTANCE_MAX];
     size_t instance_len;         /* 0: not known yet (every liveness PONG is the owner's) */
 } fb_react;
@@ -116,6 +124,12 @@ void fb_react_set_instance(fb_react *x, const void *instance, size_t len);
  * was sent.  One the socket does not take now (reconnecting, its queue
  * full) is not sent: the next is a ping_interval_ns later. */
 int fb_react_ping_if_due(fb_react *x, uint64_t now);
+/* Send the lease ping if the view asks for a renewal (fb_view_take_renewal),
+ * its token's time now: 1 if sent, 0 if none is asked for, -1 if the
+ * socket did not take it (the renewal is asked for again; *token, of
+ * lease_token_len + 8 bytes, is the token it would have had, for an owner
+ * that sends it its own way). */
+int fb_react_lease_ping(fb_react *x, uint64_t now, unsigned char *token);
 /* How long until the liveness ping is due: ms, 0 for now, -1 for never. */
 int fb_react_ping_wait_ms(fb_react *x, uint64_t now);
 

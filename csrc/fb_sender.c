@@ -172,25 +172,17 @@ static uint64_t send_due(fb_sender *s, int by_thread, int full, int *batches)
  * Returns when to try again (a socket without room), else UINT64_MAX. */
 static uint64_t send_lease_ping(fb_sender *s)
 {
-    if (!s->view || !fb_view_take_renewal(s->view)) return UINT64_MAX;
-    unsigned char token[FB_SENDER_TOKEN_MAX + 8];
-    uint64_t now = fb_now_ns();              /* the lease counts from no later than this */
-    memcpy(token, s->lease_token, s->lease_token_len);
-    for (int i = 0; i < 8; i++) token[s->lease_token_len + i] = (unsigned char)(now >> (8 * i));
-    if (s->z.send(s->sock, s->ping_command, s->ping_command_len, Z_DONTWAIT | Z_SNDMORE) < 0) {
-        fb_view_renewal_unsent(s->view);
-        return fb_now_ns() + ROOM_RETRY_NS;
-    }
-    /* ZeroMQ takes a message's later frames once it took its first. */
-    s->z.send(s->sock, token, s->lease_token_len + 8, Z_DONTWAIT | Z_SNDMORE);
-    s->z.send(s->sock, s->lease_ask, s->lease_ask_len, Z_DONTWAIT);
-    __atomic_add_fetch(&s->lease_pings, 1, __ATOMIC_SEQ_CST);
+    unsigned char token[FB_REACT_TOKEN_MAX + 8];
+    int rc = s->react ? fb_react_lease_ping(s->react, fb_now_ns(), token) : 0;
+    if (rc < 0) return fb_now_ns() + ROOM_RETRY_NS;
+    if (rc > 0) __atomic_add_fetch(&s->lease_pings, 1, __ATOMIC_SEQ_CST);
     return UINT64_MAX;
 }
 
 static int renewal_wanted(fb_sender *s)
 {
-    return s->view && __atomic_load_n(&s->view->renew, __ATOMIC_SEQ_CST) == FB_VIEW_RENEW_WANTED;
+    fb_view *v = s->react ? s->react->view : NULL;
+    return v && __atomic_load_n(&v->renew, __ATOMIC_SEQ_CST) == FB_VIEW_RENEW_WANTED;
 }
 
 static void *run(void *arg)

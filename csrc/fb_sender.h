@@ -38,6 +38,7 @@
 #include "fb_lock.h"
 #include "fb_outbox.h"
 #include "fb_burst.h"
+#include "fb_react.h"
 #include "fb_reader.h"
 #include "fb_slock.h"
 #include "fb_view.h"
@@ -53,7 +54,6 @@ typedef struct fb_zmq_calls {
     int (*getsockopt)(void *sock, int option, void *value, size_t *len);
 } fb_zmq_calls;
 
-#define FB_SENDER_TOKEN_MAX 32
 
 typedef struct fb_sender {
     /* Set before fb_sender_start, then only read. */
@@ -77,21 +77,15 @@ typedef struct fb_sender {
      * leaves without the owner.  Without one, input it notices and a full
      * socket are the owner's. */
     fb_reader *reader;
-    /* Optional (view NULL: none): the publisher's view, whose lease this
-     * thread renews.  When the publisher asks for a renewal (its filter
-     * drops messages past half the lease: fb_view_ask_renewal, then
-     * fb_sender_wake) this thread sends [ping_command, lease_token + its
-     * send time u64 LE, lease_ask], paused or not; the reader applies the
-     * PONG (fb_react.h pong_command).  A publisher busy in Python keeps
-     * its lease so, without a Python thread.  Not while `owner_first`: the
-     * owner's control frames go first (it wakes this thread after them). */
-    fb_view *view;
-    const void *ping_command;
-    size_t ping_command_len;
-    const void *lease_token;     /* at most FB_SENDER_TOKEN_MAX bytes */
-    size_t lease_token_len;
-    const void *lease_ask;
-    size_t lease_ask_len;
+    /* Optional (NULL: none): the connection's reactions, whose view's
+     * lease this thread renews.  When the publisher asks for a renewal
+     * (its filter drops messages past half the lease: fb_view_ask_renewal,
+     * then fb_sender_wake) this thread sends the lease ping
+     * (fb_react_lease_ping), paused or not; the reactions apply the PONG.
+     * A publisher busy in Python keeps its lease so, without a Python
+     * thread.  Not while `owner_first`: the owner's control frames go
+     * first (it wakes this thread after them). */
+    fb_react *react;
 
     /* Shared with the owner (atomic). */
     int paused;                  /* flow control paused publishing (set by whoever reads the FLOW) */

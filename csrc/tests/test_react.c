@@ -183,6 +183,44 @@ static void test_a_lease_pong_is_applied(void)
     fb_view_free(&view);
 }
 
+static void test_the_lease_ping_goes_when_the_view_asks(void)
+{
+    fb_react x;
+    fb_view_init(&view);
+    fb_view_forget(&view);
+    setup(&x, 1);
+    x.lease_ask = "ask";
+    x.lease_ask_len = 3;
+    unsigned char token[FB_REACT_TOKEN_MAX + 8];
+    uint64_t now = fb_now_ns();
+    CHECK_EQ(fb_react_lease_ping(&x, now, token), 0);   /* nobody asked */
+    CHECK_EQ(sent_len, 0);
+    CHECK_EQ(fb_view_ask_renewal(&view, now, 1), 1);
+    CHECK_EQ(fb_react_lease_ping(&x, now, token), 1);
+    /* [p, lease: + now u64 LE, ask] */
+    CHECK(sent_len == 2 + 15 + 4 && sent[0] == 1 && sent[1] == 'p' && sent[2] == 14);
+    CHECK(memcmp(sent + 3, "lease:", 6) == 0);
+    uint64_t t = 0;
+    for (int i = 7; i >= 0; i--) t = t << 8 | sent[9 + i];
+    CHECK_EQ(t, now);
+    CHECK(sent[17] == 3 && memcmp(sent + 18, "ask", 3) == 0);
+    CHECK_EQ(view.renew, FB_VIEW_RENEW_SENT);
+    CHECK_EQ(x.lease_pings, 1);
+    CHECK_EQ(fb_react_lease_ping(&x, now, token), 0);   /* asked once, sent once */
+    /* The socket does not take it: asked for again, the token handed back. */
+    fb_view_lease(&view, now, 100000);
+    CHECK_EQ(fb_view_ask_renewal(&view, now, 1), 1);
+    send_fails = 1;
+    CHECK_EQ(fb_react_lease_ping(&x, now + 7, token), -1);
+    CHECK_EQ(view.renew, FB_VIEW_RENEW_WANTED);
+    CHECK(memcmp(token, "lease:", 6) == 0 && token[6] == (unsigned char)(now + 7));
+    x.lease_ask = NULL;                             /* no lease pings configured */
+    send_fails = 0;
+    CHECK_EQ(fb_react_lease_ping(&x, now, token), 0);
+    CHECK_EQ(view.renew, FB_VIEW_RENEW_WANTED);
+    fb_view_free(&view);
+}
+
 static void test_liveness_pings_and_pongs(void)
 {
     fb_react x;
@@ -246,6 +284,7 @@ int main(void)
     RUN(test_flow_pauses_and_resumes);
     RUN(test_a_want_is_applied_and_its_ack_sent_or_handed_back);
     RUN(test_a_lease_pong_is_applied);
+    RUN(test_the_lease_ping_goes_when_the_view_asks);
     RUN(test_liveness_pings_and_pongs);
     RUN(test_took_frees_what_the_broker_took);
     CTEST_END();

@@ -514,13 +514,18 @@ static void test_sends_the_lease_ping_the_publisher_asks_for_even_paused(void)
     memset(&r, 0, sizeof r);
     rig_start(&r, 0);
     fb_sender_stop(&r.s);
-    r.s.view = &v;
-    r.s.ping_command = "p";
-    r.s.ping_command_len = 1;
-    r.s.lease_token = "lease:";
-    r.s.lease_token_len = 6;
-    r.s.lease_ask = "lease";
-    r.s.lease_ask_len = 5;
+    fb_react x;                                 /* the connection's reactions: their view's lease */
+    memset(&x, 0, sizeof x);
+    x.send = fake_send;
+    x.sock = &F;
+    x.view = &v;
+    x.ping_command = "p";
+    x.ping_command_len = 1;
+    x.lease_token = "lease:";
+    x.lease_token_len = 6;
+    x.lease_ask = "lease";
+    x.lease_ask_len = 5;
+    r.s.react = &x;
     REQUIRE(fb_sender_start(&r.s) == 0);
     __atomic_store_n(&r.s.paused, 1, __ATOMIC_SEQ_CST);       /* a pause stops data, not this */
     fb_sender_wake(&r.s);

@@ -55,12 +55,13 @@ from fastbus._core cimport Outbox
 from fastbus.includes.fb_batch cimport fb_batch_header
 from fastbus._publisher cimport Publisher
 from fastbus.includes.fb_common cimport fb_now_ns
-from fastbus.includes.fb_react cimport (FB_REACT_ACK, FB_REACT_OWNER, fb_react, fb_react_message,
-                                        fb_react_ping_if_due, fb_react_set_instance)
+from fastbus.includes.fb_react cimport (FB_REACT_ACK, FB_REACT_OWNER, FB_REACT_TOKEN_MAX, fb_react,
+                                        fb_react_lease_ping, fb_react_message, fb_react_ping_if_due,
+                                        fb_react_set_instance)
 from fastbus.includes.fb_reader cimport (FB_READER_REACT_FRAMES, fb_reader, fb_zmq_recv_calls, fb_reader_item,
                                          fb_reader_pop, fb_reader_release, fb_reader_start, fb_reader_stop,
                                          fb_reader_wake, fb_zmq_msg, fb_reader_owner_enter, fb_reader_owner_leave)
-from fastbus.includes.fb_sender cimport (FB_SENDER_TOKEN_MAX, fb_sender, fb_sender_start, fb_sender_stop,
+from fastbus.includes.fb_sender cimport (fb_sender, fb_sender_start, fb_sender_stop,
                                          fb_sender_send_now, fb_sender_wake)
 from fastbus.includes.fb_zmtp cimport (FB_ZMTP_FD, fb_zmtp, fb_zmtp_buffered, fb_zmtp_close, fb_zmtp_connected,
                                        fb_zmtp_get_stats, fb_zmtp_set_host, fb_zmtp_address,
@@ -614,8 +615,8 @@ cdef class Sender:
     its outbox, on one connection (``sock``, guarded by ``lock``), and hands
     back to its owner (a byte written to ``owner_fd``) what it does not
     send: see csrc/fb_sender.h.  ``wake()`` is the publisher's wake-up.
-    With ``lease_ping`` (ping command, lease token, lease ask) it also sends
-    the lease ping the publisher asks for (its ``renew``)."""
+    With ``reactions`` (the connection's, with a lease) it also sends the
+    lease ping the publisher asks for (its ``renew``): their lease_ping."""
 
     cdef fb_sender _s
     cdef Publisher _pub
@@ -623,10 +624,10 @@ cdef class Sender:
     cdef SessionLock _lock
     cdef object _sock
     cdef bytes _command
-    cdef tuple _lease_ping
+    cdef Reactions _reactions
 
     def __cinit__(self, Publisher publisher not None, SessionLock lock not None, sock, int owner_fd,
-                  double linger=0.0, bytes command=b"P", tuple lease_ping=None):
+                  double linger=0.0, bytes command=b"P", Reactions reactions=None):
         require()
         self._pub = publisher
         self._outbox = publisher.outbox
@@ -647,22 +648,11 @@ cdef class Sender:
         self._s.command = PyBytes_AS_STRING(command)
         self._s.command_len = PyBytes_GET_SIZE(command)
         self._s.owner_fd = owner_fd
-        if lease_ping is not None:
-            # (ping command, lease token, lease ask): it renews the
-            # publisher's lease when asked (wake), csrc/fb_sender.h view.
-            ping, token, ask = lease_ping
-            if not (isinstance(ping, bytes) and isinstance(token, bytes) and isinstance(ask, bytes)):
-                raise TypeError("lease_ping must be three bytes objects")
-            if len(token) > FB_SENDER_TOKEN_MAX:
-                raise ValueError(f"a lease token of at most {FB_SENDER_TOKEN_MAX} bytes")
-            self._lease_ping = (ping, token, ask)
-            self._s.ping_command = PyBytes_AS_STRING(ping)
-            self._s.ping_command_len = PyBytes_GET_SIZE(ping)
-            self._s.lease_token = PyBytes_AS_STRING(token)
-            self._s.lease_token_len = PyBytes_GET_SIZE(token)
-            self._s.lease_ask = PyBytes_AS_STRING(ask)
-            self._s.lease_ask_len = PyBytes_GET_SIZE(ask)
-            self._s.view = &publisher._view
+        if reactions is not None:
+            # It renews their view's lease when the publisher asks (wake):
+            # csrc/fb_sender.h react, fb_react_lease_ping.
+            self._reactions = reactions
+            self._s.react = &reactions._x
         cdef int rc = fb_sender_start(&self._s)
         if rc:
             raise OSError(rc, strerror(rc).decode())
@@ -797,7 +787,8 @@ cdef class Reactions:
     cdef bytes _instance
 
     def __cinit__(self, sock, tuple flow=None, Publisher view_of=None, bytes want_command=b"W",
-                  bytes ack_command=b"A", tuple lease_pong=None, tuple ping=None, bytes took_command=b"a"):
+                  bytes ack_command=b"A", tuple lease_pong=None, bytes lease_ask=None, tuple ping=None,
+                  bytes took_command=b"a"):
         require()
         cdef void *h
         self._x.send = _calls_of(sock, &h).send
@@ -827,11 +818,18 @@ cdef class Reactions:
                 pong, token = lease_pong
                 if not (isinstance(pong, bytes) and isinstance(token, bytes)):
                     raise TypeError("lease_pong must be two bytes objects")
+                if len(token) > FB_REACT_TOKEN_MAX:
+                    raise ValueError(f"a lease token of at most {FB_REACT_TOKEN_MAX} bytes")
                 keep += [pong, token]
                 self._x.pong_command = PyBytes_AS_STRING(pong)
                 self._x.pong_command_len = PyBytes_GET_SIZE(pong)
                 self._x.lease_token = PyBytes_AS_STRING(token)
                 self._x.lease_token_len = PyBytes_GET_SIZE(token)
+                if lease_ask is not None:
+                    # Lease pings (with ``ping``'s command): lease_ping().
+                    keep.append(lease_ask)
+                    self._x.lease_ask = PyBytes_AS_STRING(lease_ask)
+                    self._x.lease_ask_len = PyBytes_GET_SIZE(lease_ask)
         if ping is not None:
             ping_command, pong_command, interval = ping
             if not (isinstance(ping_command, bytes) and isinstance(pong_command, bytes)):
@@ -873,6 +871,24 @@ cdef class Reactions:
         if fate == FB_REACT_OWNER:
             return -1
         return ack if fate == FB_REACT_ACK else 0
+
+    def lease_ping(self):
+        """Send the lease ping the publisher's view asks for, if it does
+        (the lock held): None if sent or none is asked for, else the
+        message as a list of frames, which the socket did not take now,
+        for the caller to send its own way (the renewal is asked for
+        again meanwhile)."""
+        cdef unsigned char token[FB_REACT_TOKEN_MAX + 8]
+        if fb_react_lease_ping(&self._x, fb_now_ns(), token) >= 0:
+            return None
+        return [PyBytes_FromStringAndSize(<const char *>self._x.ping_command, self._x.ping_command_len),
+                PyBytes_FromStringAndSize(<const char *>token, self._x.lease_token_len + 8),
+                PyBytes_FromStringAndSize(<const char *>self._x.lease_ask, self._x.lease_ask_len)]
+
+    @property
+    def lease_pings(self) -> int:
+        """Lease pings sent (by the native sender or the caller's thread)."""
+        return fbe_load_u64(&self._x.lease_pings)
 
     def ping_if_due(self) -> bool:
         """Send the liveness ping if it is due (the lock held); True if sent."""

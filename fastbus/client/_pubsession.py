@@ -112,7 +112,8 @@ class PubSession(Session):
         to a lease ping grants."""
         return _engine.Reactions(sock, flow=(P.FLOW, P.FLOW_PAUSE, P.WELCOME), view_of=self.publisher,
                                  want_command=P.WANT, ack_command=P.ACK, lease_pong=(P.PONG, P.LEASE_TOKEN),
-                                 ping=(P.PING, P.PONG, self.options.ping_interval), took_command=P.TOOK)
+                                 lease_ask=P.LEASE_ASK, ping=(P.PING, P.PONG, self.options.ping_interval),
+                                 took_command=P.TOOK)
 
     def open_native(self) -> None:
         """The native sender and reader.  The sender sends what a burst
@@ -129,7 +130,7 @@ class PubSession(Session):
         if self.engine is None:
             self.engine = _engine.Sender(self.publisher, self.lock, self.sock, owner_fd,
                                          linger=self.linger_ns / 1e9, command=P.PUB,
-                                         lease_ping=(P.PING, P.LEASE_TOKEN, P.LEASE_ASK))
+                                         reactions=self.reactions)
             self.publisher.wake = self.engine.wake
             self.publisher.renew = self.engine.wake     # it sends the lease ping asked for
             if not self.conns.driven_by_loop:
@@ -435,9 +436,13 @@ class PubSession(Session):
         self.post(self._lease_ping)
 
     def _lease_ping(self) -> None:
-        # Its send time in its token, taken before it leaves: the lease
-        # counts from no later, and whoever reads the PONG can apply it.
-        self.ping(P.LEASE_TOKEN + P.pack_u64(time.monotonic_ns()), lease=True)
+        # The reactions' (its send time in its token: the lease counts from
+        # no later), as the native sender sends it; one the socket did not
+        # take goes behind the control frames waiting for room.
+        if self.reactions is not None:
+            frames = self.reactions.lease_ping()
+            if frames is not None:
+                self.send(frames)
 
     def filtering(self) -> bool:
         """Does the publisher drop what nobody wants now: a view from the

@@ -708,10 +708,10 @@ class Session:
         """What this kind of session adds to its HELLO."""
         return {"session": self.session_id}
 
-    def ping(self, token: bytes = b"", lease: bool = False) -> None:
+    def ping(self, token: bytes = b"") -> None:
         """Send a PING (its PONG comes back behind everything the broker
-        sent before it; ``lease``: asking for a filter lease)."""
-        self.send([P.PING, token, P.LEASE_ASK] if lease else [P.PING, token])
+        sent before it; a lease ping is the reactions', lease_ping)."""
+        self.send([P.PING, token])
 
     def resync(self, why: str) -> None:
         log.info("%s: resending to %s (%s)", self.options.name, self.options.endpoint, why)

@@ -6,6 +6,7 @@ from fastbus.includes.fb_wake cimport fb_wake
 
 cdef extern from "fb_react.h" nogil:
     enum: FB_REACT_INSTANCE_MAX
+    enum: FB_REACT_TOKEN_MAX
     enum:
         FB_REACT_OWNER
         FB_REACT_TAKEN
@@ -30,6 +31,8 @@ cdef extern from "fb_react.h" nogil:
         size_t pong_command_len
         const void *lease_token
         size_t lease_token_len
+        const void *lease_ask
+        size_t lease_ask_len
         const void *ping_command
         size_t ping_command_len
         const void *live_pong_command
@@ -43,10 +46,12 @@ cdef extern from "fb_react.h" nogil:
         uint64_t pongs_taken
         uint64_t flow_pauses
         uint64_t wants_refused
+        uint64_t lease_pings
         size_t instance_len
 
     int fb_react_message(fb_react *x, size_t nframes, const unsigned char *const *frames, const size_t *lens,
                          uint64_t *ack)
     void fb_react_set_instance(fb_react *x, const void *instance, size_t len)
     int fb_react_ping_if_due(fb_react *x, uint64_t now)
+    int fb_react_lease_ping(fb_react *x, uint64_t now, unsigned char *token)
     int fb_react_ping_wait_ms(fb_react *x, uint64_t now)

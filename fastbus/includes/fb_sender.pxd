@@ -5,15 +5,12 @@ from fastbus.includes.fb_batchq cimport fb_batchq
 from fastbus.includes.fb_burst cimport fb_burst
 from fastbus.includes.fb_lock cimport fb_lock
 from fastbus.includes.fb_outbox cimport fb_outbox
+from fastbus.includes.fb_react cimport fb_react
 from fastbus.includes.fb_reader cimport fb_reader
 from fastbus.includes.fb_slock cimport fb_slock
-from fastbus.includes.fb_view cimport fb_view
 from fastbus.includes.fb_wake cimport fb_wake
 
 cdef extern from "fb_sender.h" nogil:
-    enum:
-        FB_SENDER_TOKEN_MAX
-
     ctypedef struct fb_zmq_calls:
         int (*send)(void *sock, const void *buf, size_t len, int flags) noexcept nogil
         int (*getsockopt)(void *sock, int option, void *value, size_t *len) noexcept nogil
@@ -31,13 +28,7 @@ cdef extern from "fb_sender.h" nogil:
         size_t command_len
         int owner_fd
         fb_reader *reader
-        fb_view *view
-        const void *ping_command
-        size_t ping_command_len
-        const void *lease_token
-        size_t lease_token_len
-        const void *lease_ask
-        size_t lease_ask_len
+        fb_react *react
         int paused
         int owner_first
         int handed
