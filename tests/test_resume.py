@@ -218,10 +218,11 @@ def test_a_lingering_session_over_its_bound_is_told_the_exact_gap(brokers):
         # (Where things stood, for a failure seen once in CI: one GAP of
         # everything, nothing replayed.)
         st = b.stats()
-        where = ({k: st.get(k) for k in ("messages_out", "batches_out", "sessions_detached", "sessions_resumed",
-                                         "messages_replayed", "resume_lost", "gap_notices", "drops")},
-                 f"the cut at {fw.cut_at:.3f}, its publishing done {published:.3f} s after the cut began",
-                 b.log()[-2000:])
+        # (A str, not a tuple: pytest shortens a tuple's repr, and what it
+        # cut was the part that says why.)
+        where = (f"{ {k: st.get(k) for k in ('messages_out', 'batches_out', 'sessions_detached', 'sessions_resumed', 'messages_replayed', 'resume_lost', 'gap_notices', 'drops', 'messages_in')} }; "
+                 f"the cut at {fw.cut_at:.3f}, its publishing done {published:.3f} s after the cut began; "
+                 f"the subscriber's own: {got.other!r}; the broker's log: {b.log()[-2000:]}")
         _told_disconnected_once([m for m in got.other if m["type"] != "gap"])
         assert len(gaps) == 1, where
         assert len(got.seqs) + gaps[0] == n, (len(got.seqs), gaps, where)
