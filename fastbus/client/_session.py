@@ -209,6 +209,14 @@ class Session:
         socket's poll shows them: False.  No syscall."""
         return self._polled is not self.sock and self.sock is not None and self.sock.buffered()
 
+    def reader_holds(self) -> bool:
+        """Did the native reader queue messages that a read would take now?
+        It may have read them just before this thread took the lock (the
+        owner it woke for them is the keeper, which leaves a driven session
+        alone): a wait must not sleep on a socket they already left."""
+        r = self.reader
+        return r is not None and r.queued > 0 and self.reading()
+
     def _stream(self) -> _engine.Stream | None:
         """The connection as a Stream where it can be one (native_stream)."""
         return None if self.options.curve else native_stream(self.options.endpoint)
@@ -766,7 +774,7 @@ class Session:
             if ms < 0:
                 ms = 0
         out = self.outq or self.blocked
-        if ms and self.buffered():
+        if ms and (self.buffered() or self.reader_holds()):
             ms = 0
             self.more = True
         if self._pollers is not None:
@@ -832,7 +840,7 @@ def wait_many(sessions: list[Session], deadline: float | None) -> None:
     else:
         ms = max(0, math.ceil((until - now) * 1000))
     for s in sessions:
-        if ms and s.buffered():
+        if ms and (s.buffered() or s.reader_holds()):
             ms = 0
             s.more = True
     ready = dict(_zmq_poll(items, ms))
