@@ -114,7 +114,7 @@ static int take_took(fb_react *x, size_t n, const unsigned char *const *f, const
 
 int fb_react_message(fb_react *x, size_t n, const unsigned char *const *f, const size_t *l, uint64_t *ack)
 {
-    if (n == 0) return FB_REACT_OWNER;
+    if (n == 0 || n > FB_REACT_FRAMES_MAX) return FB_REACT_OWNER;
     int fate;
     if ((fate = take_flow(x, n, f, l)) >= 0) return fate;
     if ((fate = take_want(x, n, f, l, ack)) >= 0) return fate;

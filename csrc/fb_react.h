@@ -54,6 +54,9 @@ extern "C" {
 #define FB_REACT_INSTANCE_MAX 64
 /* The longest lease token. */
 #define FB_REACT_TOKEN_MAX 32
+/* The most frames a reaction's message has: a longer message is the
+ * owner's (a caller needs arrays of no more). */
+#define FB_REACT_FRAMES_MAX 8
 
 /* What became of a message (fb_react_message). */
 enum {
@@ -113,8 +116,9 @@ typedef struct fb_react {
     size_t instance_len;         /* 0: not known yet (every liveness PONG is the owner's) */
 } fb_react;
 
-/* A message read off the connection, frames[i] / lens[i] for i < nframes:
- * apply what is a reaction's (above).  FB_REACT_ACK sets *ack. */
+/* A message read off the connection, frames[i] / lens[i] for i < nframes
+ * (at most FB_REACT_FRAMES_MAX are looked at): apply what is a reaction's
+ * (above).  FB_REACT_ACK sets *ack. */
 int fb_react_message(fb_react *x, size_t nframes, const unsigned char *const *frames, const size_t *lens,
                      uint64_t *ack);
 /* The broker's instance, as its WELCOME (or a PONG) said; an empty or

@@ -3,7 +3,6 @@
 #include "fb_reader.h"
 
 #include <errno.h>
-#include <limits.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,12 +106,12 @@ static size_t item_frames(const fb_reader_item *it, const unsigned char **frames
  * to run out confirms without it). */
 static fb_reader_item *react(fb_reader *r, fb_reader_item *it)
 {
-    const unsigned char *frames[FB_READER_REACT_FRAMES];
-    size_t lens[FB_READER_REACT_FRAMES];
+    const unsigned char *frames[FB_REACT_FRAMES_MAX];
+    size_t lens[FB_REACT_FRAMES_MAX];
     uint64_t ack = 0;
-    if (!r->react || it->nframes > FB_READER_REACT_FRAMES) return it;   /* (no reaction has as many) */
-    int fate = fb_react_message(r->react, item_frames(it, frames, lens, FB_READER_REACT_FRAMES), frames, lens,
-                                &ack);
+    if (!r->react) return it;
+    item_frames(it, frames, lens, FB_REACT_FRAMES_MAX);
+    int fate = fb_react_message(r->react, it->nframes, frames, lens, &ack);
     if (fate == FB_REACT_OWNER) return it;
     item_free(it);
     if (fate == FB_REACT_TAKEN) return NULL;

@@ -64,9 +64,6 @@ typedef struct fb_zmq_recv_calls {
 
 typedef struct fb_reader_item fb_reader_item;
 
-/* The most frames of a message given to the reactions (none has more). */
-#define FB_READER_REACT_FRAMES 8
-
 typedef struct fb_reader {
     /* Set before fb_reader_start, then only read. */
     fb_zmq_recv_calls z;

@@ -96,7 +96,6 @@ typedef struct fb_sender {
     uint64_t full_waits;         /* times it found the socket full and waited (with a reader) */
     uint64_t sent_messages;      /* records this thread sent */
     uint64_t sent_batches;
-    uint64_t lease_pings;        /* lease renewals this thread asked for */
     uint64_t inline_messages;    /* records the publishing thread sent (fb_sender_send_now) */
     uint64_t inline_batches;
 

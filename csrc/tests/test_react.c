@@ -108,6 +108,15 @@ static void test_flow_pauses_and_resumes(void)
     CHECK_EQ(paused, 0);
     CHECK_EQ(react(&x, 2, (const char *[]){"D", "data"}, NULL, &ack), FB_REACT_OWNER);
     CHECK_EQ(sent_len, 0);
+    /* More frames than any reaction's message: the owner's, untouched. */
+    const unsigned char *many[FB_REACT_FRAMES_MAX + 1];
+    size_t many_lens[FB_REACT_FRAMES_MAX + 1];
+    for (int i = 0; i <= FB_REACT_FRAMES_MAX; i++) {
+        many[i] = (const unsigned char *)(i ? "p" : "F");
+        many_lens[i] = 1;
+    }
+    CHECK_EQ(fb_react_message(&x, FB_REACT_FRAMES_MAX + 1, many, many_lens, &ack), FB_REACT_OWNER);
+    CHECK_EQ(paused, 0);
 }
 
 /* A WANT [W, flags, ops, seq] subscribing key, into store. */

@@ -543,7 +543,7 @@ static void test_sends_the_lease_ping_the_publisher_asks_for_even_paused(void)
     CHECK(sent >= before && sent <= fb_now_ns());            /* its send time, which the lease counts from */
     CHECK(strcmp(ping_ask, "lease") == 0);
     CHECK_EQ(v.renew, FB_VIEW_RENEW_SENT);
-    CHECK_EQ(r.s.lease_pings, 1);
+    CHECK_EQ(x.lease_pings, 1);
     CHECK_EQ(F.messages, 0);
     /* No room: it tries again until the socket takes it. */
     fb_view_lease(&v, sent, 100000);                          /* (the answer) */

@@ -55,12 +55,12 @@ from fastbus._core cimport Outbox
 from fastbus.includes.fb_batch cimport fb_batch_header
 from fastbus._publisher cimport Publisher
 from fastbus.includes.fb_common cimport fb_now_ns
-from fastbus.includes.fb_react cimport (FB_REACT_ACK, FB_REACT_OWNER, FB_REACT_TOKEN_MAX, fb_react,
-                                        fb_react_lease_ping, fb_react_message, fb_react_ping_if_due,
+from fastbus.includes.fb_react cimport (FB_REACT_ACK, FB_REACT_FRAMES_MAX, FB_REACT_OWNER, FB_REACT_TOKEN_MAX,
+                                        fb_react, fb_react_lease_ping, fb_react_message, fb_react_ping_if_due,
                                         fb_react_set_instance)
-from fastbus.includes.fb_reader cimport (FB_READER_REACT_FRAMES, fb_reader, fb_zmq_recv_calls, fb_reader_item,
-                                         fb_reader_pop, fb_reader_release, fb_reader_start, fb_reader_stop,
-                                         fb_reader_wake, fb_zmq_msg, fb_reader_owner_enter, fb_reader_owner_leave)
+from fastbus.includes.fb_reader cimport (fb_reader, fb_zmq_recv_calls, fb_reader_item, fb_reader_pop,
+                                         fb_reader_release, fb_reader_start, fb_reader_stop, fb_reader_wake,
+                                         fb_zmq_msg, fb_reader_owner_enter, fb_reader_owner_leave)
 from fastbus.includes.fb_sender cimport (fb_sender, fb_sender_start, fb_sender_stop,
                                          fb_sender_send_now, fb_sender_wake)
 from fastbus.includes.fb_zmtp cimport (FB_ZMTP_FD, fb_zmtp, fb_zmtp_buffered, fb_zmtp_close, fb_zmtp_connected,
@@ -740,11 +740,6 @@ cdef class Sender:
         return fbe_load_u64(&self._s.inline_batches)
 
     @property
-    def lease_pings(self) -> int:
-        """Lease renewals this thread asked the broker for."""
-        return fbe_load_u64(&self._s.lease_pings)
-
-    @property
     def full_waits(self) -> int:
         """Times the thread found the socket full and waited for room
         itself (with a reader: see csrc/fb_sender.h)."""
@@ -855,11 +850,11 @@ cdef class Reactions:
         malformed: the caller's reading says what is wrong), 0 if it was
         applied, or the seq of an ACK due that the socket did not take now
         (applied: the caller sends [ack_command, seq] its own way)."""
-        cdef const unsigned char *f[FB_READER_REACT_FRAMES]
-        cdef size_t l[FB_READER_REACT_FRAMES]
+        cdef const unsigned char *f[FB_REACT_FRAMES_MAX]
+        cdef size_t l[FB_REACT_FRAMES_MAX]
         cdef Py_ssize_t i, n = len(frames)
         cdef uint64_t ack = 0
-        if n == 0 or n > FB_READER_REACT_FRAMES:
+        if n == 0 or n > FB_REACT_FRAMES_MAX:
             return -1
         for i in range(n):
             frame = frames[i]
@@ -919,10 +914,6 @@ cdef class Reactions:
     def paused(self, bint value):
         if self._x.flow_paused is not NULL:
             fbe_store_int(self._x.flow_paused, value)
-
-    @property
-    def pings(self) -> bool:
-        return self._x.ping_interval_ns != 0
 
     @property
     def next_ping(self) -> float:

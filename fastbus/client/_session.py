@@ -729,7 +729,7 @@ class Session:
     def tick(self, now: float) -> None:
         """Ping the broker when due (a restarted broker shows in the PONG):
         the reactions' ping, on their clock, as the native reader's."""
-        if self.reactions is not None and now >= self.next_ping:
+        if self.reactions is not None:
             self.reactions.ping_if_due()
 
     def due_in(self, now: float) -> float | None:

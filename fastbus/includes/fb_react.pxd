@@ -7,6 +7,7 @@ from fastbus.includes.fb_wake cimport fb_wake
 cdef extern from "fb_react.h" nogil:
     enum: FB_REACT_INSTANCE_MAX
     enum: FB_REACT_TOKEN_MAX
+    enum: FB_REACT_FRAMES_MAX
     enum:
         FB_REACT_OWNER
         FB_REACT_TAKEN

@@ -46,7 +46,6 @@ cdef extern from "fb_reader.h" nogil:
         size_t queued_bytes
         int running
 
-    enum: FB_READER_REACT_FRAMES
 
     int fb_reader_start(fb_reader *r)
     void fb_reader_wake(fb_reader *r)

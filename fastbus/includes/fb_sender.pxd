@@ -36,7 +36,6 @@ cdef extern from "fb_sender.h" nogil:
         uint64_t full_waits
         uint64_t sent_messages
         uint64_t sent_batches
-        uint64_t lease_pings
         uint64_t inline_messages
         uint64_t inline_batches
         int running
