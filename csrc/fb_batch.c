@@ -287,28 +287,45 @@ int fb_batch_decode(const void *buf, size_t len, const fb_decode_limits *lim,
     /* Each record takes at least two bytes (three with headers): a larger
      * count cannot be true. */
     int has_headers = (flags & FB_BATCH_F_HEADERS) != 0;
+    int again = has_headers && (flags & FB_BATCH_F_HEADERS_AGAIN);
+    if ((flags & FB_BATCH_F_HEADERS_AGAIN) && !has_headers) return FB_EMALFORMED;
     if ((size_t)count > (size_t)(end - p - FB_BATCH_HEADER) / (has_headers ? 3 : 2)) return FB_ETRUNCATED;
     const unsigned char *q = p + FB_BATCH_HEADER;
+    const unsigned char *prev_h = NULL;    /* the block of the record before (NULL: it had none) */
+    uint32_t prev_hl = 0;
     for (uint32_t i = 0; i < count; i++) {
-        uint32_t tl, pl, hl = 0;
+        uint32_t tl, pl, hl = 0, wire_hl;
         if ((rc = get_varint(&q, end, &tl)) < 0) return rc;
         if ((rc = get_varint(&q, end, &pl)) < 0) return rc;
         if (has_headers && (rc = get_varint(&q, end, &hl)) < 0) return rc;
+        wire_hl = hl;
+        const unsigned char *h = NULL;
+        if (again && hl == FB_HEADERS_AGAIN_LEN) {
+            if (!prev_h || prev_hl > FB_HEADERS_AGAIN_MAX) return FB_EMALFORMED;
+            wire_hl = 0;                    /* nothing on the wire: the block before stands */
+            h = prev_h;
+            hl = prev_hl;
+        }
         if ((lim->max_topic && tl > lim->max_topic) ||
             (lim->max_payload && (uint64_t)pl + hl > lim->max_payload))
             return FB_ELIMIT;
         size_t left = (size_t)(end - q);
-        if ((size_t)tl > left || (size_t)hl > left - tl || (size_t)pl > left - tl - hl) return FB_ETRUNCATED;
-        if (hl && !fb_headers_valid(q + tl, hl)) return FB_EMALFORMED;
+        if ((size_t)tl > left || (size_t)wire_hl > left - tl || (size_t)pl > left - tl - wire_hl) return FB_ETRUNCATED;
+        if (wire_hl) {
+            h = q + tl;
+            if (!fb_headers_valid(h, wire_hl)) return FB_EMALFORMED;
+        }
         if (out) {
             out[i].topic = q;
             out[i].topic_len = tl;
-            out[i].headers = hl ? q + tl : NULL;
+            out[i].headers = h;
             out[i].headers_len = hl;
-            out[i].payload = q + tl + hl;
+            out[i].payload = q + tl + wire_hl;
             out[i].payload_len = pl;
         }
-        q += (size_t)tl + hl + pl;
+        prev_h = h;
+        prev_hl = hl;
+        q += (size_t)tl + wire_hl + pl;
     }
     if (q != end) return FB_EMALFORMED; /* bytes after the last record */
     if (n) *n = count;

@@ -18,6 +18,16 @@
  * exactly.  A batch none of whose records has headers never sets the flag,
  * so the header-less format is byte for byte what it was.
  *
+ * Flag bit 2 (FB_BATCH_F_HEADERS_AGAIN, only with bit 1): a headers_len of
+ * 1, with no header bytes after the topic, stands for the block of the
+ * record just before (a stream's messages mostly carry the same headers:
+ * a content type, a source).  No block is 1 byte long (the shortest is 3),
+ * so the value is free.  The record before must have a block, of at most
+ * FB_HEADERS_AGAIN_MAX bytes (a repeat may not make a few bytes on the wire
+ * stand for much more).  A decoder hands out the earlier block itself, so
+ * every reader of fb_record sees whole blocks; an encoder writes repeats
+ * only for a peer that said it reads them (docs/BATCH_FORMAT.md).
+ *
  * Lengths are unsigned LEB128, at most 5 bytes, minimal (no redundant 0x80
  * continuation), at most 2^32 - 1.  The decoder checks every length against
  * what remains before using it, requires exactly `count` records and no
@@ -41,7 +51,10 @@ extern "C" {
 #define FB_BATCH_HEADER 8
 #define FB_BATCH_F_CRC32C 0x01
 #define FB_BATCH_F_HEADERS 0x02
-#define FB_BATCH_KNOWN_FLAGS (FB_BATCH_F_CRC32C | FB_BATCH_F_HEADERS)
+#define FB_BATCH_F_HEADERS_AGAIN 0x04
+#define FB_BATCH_KNOWN_FLAGS (FB_BATCH_F_CRC32C | FB_BATCH_F_HEADERS | FB_BATCH_F_HEADERS_AGAIN)
+#define FB_HEADERS_AGAIN_LEN 1        /* headers_len of a repeat */
+#define FB_HEADERS_AGAIN_MAX 4096     /* the longest block a repeat may stand for */
 #define FB_VARINT_MAX 5
 
 /* One decoded record: views into the caller's buffer (no copy).  headers

@@ -175,10 +175,15 @@ int fb_outbox_append_h(fb_outbox *o, const void *topic, size_t tlen, const void 
         if (rc < 0) return rc;
         flagged = 1;
     }
+    /* A repeat: the record before (in this batch) has this very block.
+     * (count: a batch taken, untaken or cleared starts again without.) */
+    int repeat = o->again && hlen && o->count && hlen == o->last_hl && hlen <= FB_HEADERS_AGAIN_MAX &&
+                 memcmp(o->buf + o->last_h, headers, hlen) == 0;
+    size_t wire_hl = repeat ? 0 : hlen;
     size_t rec = fb_varint_len((uint32_t)tlen) + fb_varint_len((uint32_t)plen) +
-                 (flagged ? fb_varint_len((uint32_t)hlen) : 0);
+                 (flagged ? fb_varint_len(repeat ? FB_HEADERS_AGAIN_LEN : (uint32_t)hlen) : 0);
     if (tlen + plen > SIZE_MAX - hlen - rec - FB_BATCH_HEADER - 4) return FB_ETOOBIG;
-    rec += tlen + hlen + plen;
+    rec += tlen + wire_hl + plen;
     int rc = reserve(o, rec + (o->count ? 0 : FB_BATCH_HEADER));
     if (rc < 0) return rc;
     if (o->count == 0) {
@@ -194,16 +199,27 @@ int fb_outbox_append_h(fb_outbox *o, const void *topic, size_t tlen, const void 
     unsigned char *p = o->buf + o->len;
     p += fb_put_varint(p, (uint32_t)tlen);
     p += fb_put_varint(p, (uint32_t)plen);
-    if (flagged) p += fb_put_varint(p, (uint32_t)hlen);
+    if (flagged) p += fb_put_varint(p, repeat ? FB_HEADERS_AGAIN_LEN : (uint32_t)hlen);
     if (tlen) memcpy(p, topic, tlen);
     p += tlen;
-    if (hlen) memcpy(p, headers, hlen);
-    p += hlen;
+    if (repeat) {
+        o->buf[3] |= FB_BATCH_F_HEADERS_AGAIN;
+    } else {
+        if (hlen) memcpy(p, headers, hlen);
+        o->last_h = (size_t)(p - o->buf);
+        o->last_hl = (uint32_t)hlen;
+        p += hlen;
+    }
     if (plen) memcpy(p, payload, plen);
     p += plen;
     o->len = (size_t)(p - o->buf);
     o->count++;
     return due_now(o);
+}
+
+void fb_outbox_set_again(fb_outbox *o, int on)
+{
+    o->again = on != 0;
 }
 
 int fb_outbox_full(const fb_outbox *o)

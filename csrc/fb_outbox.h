@@ -41,6 +41,12 @@ typedef struct fb_outbox {
     size_t cap_hint;       /* size to allocate for the next batch */
     uint32_t count;
     uint64_t first_ns;     /* append time of the oldest record */
+    /* Repeats (FB_BATCH_F_HEADERS_AGAIN): on when the reader takes them;
+     * the block of the record appended last, where it lies in buf
+     * (last_hl 0: that record had none). */
+    int again;
+    size_t last_h;
+    uint32_t last_hl;
 } fb_outbox;
 
 /* lim may be NULL (no limits).  Allocates nothing until the first append. */
@@ -68,10 +74,18 @@ int fb_outbox_append(fb_outbox *o, const void *topic, size_t tlen,
  * first record with headers makes the pending batch a headers batch
  * (FB_BATCH_F_HEADERS): its records so far are rewritten once with an
  * empty block each, so a batch without headers is never larger for the
- * feature.  A RESP outbox has no place for headers: they are left out
- * (Redis's PUBLISH carries none).  Returns as fb_outbox_append. */
+ * feature.  With repeats on (fb_outbox_set_again), a block byte for byte
+ * the one before is written as a repeat.  A RESP outbox has no place for
+ * headers: they are left out (Redis's PUBLISH carries none).  Returns as
+ * fb_outbox_append. */
 int fb_outbox_append_h(fb_outbox *o, const void *topic, size_t tlen, const void *headers, size_t hlen,
                        const void *payload, size_t plen, uint64_t now_ns);
+
+/* Whether records may repeat the block of the record before instead of
+ * carrying it again (fb_batch.h, FB_BATCH_F_HEADERS_AGAIN): only for a
+ * reader that said it takes them.  An outbox starts with it off; from
+ * the next append on.  A RESP outbox ignores it. */
+void fb_outbox_set_again(fb_outbox *o, int on);
 
 /* 1 if a flush is due at time now_ns. */
 int fb_outbox_due(const fb_outbox *o, uint64_t now_ns);

@@ -434,9 +434,11 @@ int fb_router_add_link(fb_router *r, uint32_t link)
     return FB_OK;
 }
 
-void fb_router_set_headers(fb_router *r, uint32_t link, int keep)
+void fb_router_set_headers(fb_router *r, uint32_t link, int keep, int again)
 {
-    if (link < r->caplinks && r->links[link].active) r->links[link].no_headers = !keep;
+    if (link >= r->caplinks || !r->links[link].active) return;
+    r->links[link].no_headers = !keep;
+    fb_outbox_set_again(&r->links[link].ob, keep && again);
 }
 
 void fb_router_set_notify(fb_router *r, uint32_t link, int on)

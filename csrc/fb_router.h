@@ -129,9 +129,11 @@ int fb_router_take(fb_router *r, uint32_t link, uint64_t now_ns, unsigned char *
 
 /* Whether a link's records keep their headers (keep != 0, what a new link
  * does) or go without them (a peer that does not read them: an older
- * client, a bridge to a protocol with no place for them).  Unknown links:
- * no-op. */
-void fb_router_set_headers(fb_router *r, uint32_t link, int keep);
+ * client, a bridge to a protocol with no place for them), and whether a
+ * block the record before had is sent as a repeat (again != 0: a peer
+ * that said it reads them; fb_batch.h, FB_BATCH_F_HEADERS_AGAIN; a new
+ * link does not).  Unknown links: no-op. */
+void fb_router_set_headers(fb_router *r, uint32_t link, int keep, int again);
 
 /* Requests from this link (records whose header block starts with
  * :reply-to, fb_batch.h) that reach no link are answered at once: a

@@ -50,6 +50,7 @@ def _source_tree_error(exc: ImportError) -> ImportError:
 try:
     from fastbus._core import (
         BATCH_F_HEADERS,
+        BATCH_F_HEADERS_AGAIN,
         BATCH_VERSION,
         CORE_VERSION,
         EXACT,
@@ -105,7 +106,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
-    "BATCH_F_HEADERS", "BATCH_VERSION", "CORE_VERSION", "EXACT", "PREFIX", "SUBSCRIBE", "UNSUBSCRIBE",
+    "BATCH_F_HEADERS", "BATCH_F_HEADERS_AGAIN", "BATCH_VERSION", "CORE_VERSION", "EXACT", "PREFIX", "SUBSCRIBE", "UNSUBSCRIBE",
     "Batch", "Forwarder", "Outbox", "Publisher", "Router", "Trie", "batch_count", "crc32c", "decode", "decode_messages", "encode",
     "BatchError", "FastbusError", "ForwarderError", "MessagesRejected", "MessageTooLarge", "NotSubscribedError", "ProtocolError",
     "PublishTimeout", "AddressInUse", "BrokerTimeout", "BrokerUnavailable", "FlushTimeout", "InvalidEndpoint",

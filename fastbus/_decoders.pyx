@@ -24,7 +24,7 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memset
 
-from fastbus._core cimport _batch_records, _headers_dict, _raise, _text_or_bytes
+from fastbus._core cimport _batch_records, _header_memo, _headers_memo, _hm_clear, _raise, _text_or_bytes
 from fastbus.includes.fb_batch cimport fb_record, fb_record_reply_to
 from fastbus.includes.fb_resp cimport fb_resp_elem, fb_resp_flat_array
 
@@ -66,7 +66,9 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
     cdef const unsigned char *to
     cdef uint32_t tl
     cdef _topic_cache cache
+    cdef _header_memo memo
     memset(&cache, 0, sizeof(cache))
+    memset(&memo, 0, sizeof(memo))
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
         recs = _batch_records(&view, NULL, &n)
@@ -87,7 +89,7 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
             PyDict_SetItem(d, _K_CHANNEL, topic)
             PyDict_SetItem(d, _K_DATA, payload)
             if recs[i].headers_len:             # (a dict of str and bytes: untracked as they are)
-                h = _headers_dict(recs[i].headers, recs[i].headers_len, utf8, False)
+                h = _headers_memo(&memo, recs[i].headers, recs[i].headers_len, utf8, False)
                 if h is not None:
                     PyDict_SetItem(d, _K_HEADERS, h)
                 if fb_record_reply_to(&recs[i], &to, &tl):   # a request: where its reply goes
@@ -101,6 +103,7 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
         return out
     finally:
         _tc_clear(&cache)
+        _hm_clear(&memo)
         PyMem_Free(recs)
         PyBuffer_Release(&view)
 
@@ -121,7 +124,9 @@ def decode_matching(data, dict classes not None, classify not None) -> list:
     cdef object topic, cls
     cdef tuple tup
     cdef _topic_cache cache
+    cdef _header_memo memo
     memset(&cache, 0, sizeof(cache))
+    memset(&memo, 0, sizeof(memo))
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
         recs = _batch_records(&view, NULL, &n)
@@ -133,7 +138,7 @@ def decode_matching(data, dict classes not None, classify not None) -> list:
                 continue
             if recs[i].headers_len:
                 tup = (topic, PyBytes_FromStringAndSize(<const char *>recs[i].payload, recs[i].payload_len),
-                       _headers_dict(recs[i].headers, recs[i].headers_len, False))
+                       _headers_memo(&memo, recs[i].headers, recs[i].headers_len, False, True))
             else:
                 tup = (topic, PyBytes_FromStringAndSize(<const char *>recs[i].payload, recs[i].payload_len))
             PyObject_GC_UnTrack(<void *>tup)   # bytes (and a dict of them) only: no cycles
@@ -141,6 +146,7 @@ def decode_matching(data, dict classes not None, classify not None) -> list:
         return out
     finally:
         _tc_clear(&cache)
+        _hm_clear(&memo)
         PyMem_Free(recs)
         PyBuffer_Release(&view)
 

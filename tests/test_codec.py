@@ -45,6 +45,42 @@ def test_round_trip_with_headers(records, checksum):
     assert bool(bytes(b)[3] & fastbus.BATCH_F_HEADERS) == any(len(r) == 3 for r in want)
 
 
+#: A stream's records mostly repeat their headers: records drawn from a
+#: few header mappings (None among them), so runs of the same one occur.
+repeated_st = st.lists(headers_st | st.none(), min_size=1, max_size=3).flatmap(
+    lambda pool: st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=40), st.sampled_from(pool)),
+                          max_size=30))
+
+
+@given(repeated_st, st.booleans())
+def test_header_repeats_round_trip(records, checksum):
+    """A batch with repeats (flag bit 2) decodes to what the same records
+    without them do, is never longer, and says so exactly where a record
+    carries the non-empty headers of the one before; each decoded record
+    gets a dict of its own (changing one leaves the others)."""
+    plain = bytes(encode(records, checksum=checksum))
+    again = bytes(encode(records, checksum=checksum, header_repeats=True))
+    assert decode(again) == decode(plain) == [_as_decoded(r) for r in records]
+    assert len(again) <= len(plain)
+    blocks = [list(_as_decoded(r)[2].items()) if len(_as_decoded(r)) == 3 else None for r in records]
+    repeats = any(b is not None and b == blocks[i - 1] for i, b in enumerate(blocks) if i)   # (the same bytes)
+    assert bool(again[3] & fastbus.BATCH_F_HEADERS_AGAIN) == repeats
+    assert not plain[3] & fastbus.BATCH_F_HEADERS_AGAIN
+    dicts = [r[2] for r in decode(again) if len(r) == 3]
+    assert len({id(d) for d in dicts}) == len(dicts)
+    if dicts:
+        dicts[0]["mine"] = b"changed"
+        assert all("mine" not in d for d in dicts[1:])
+
+
+def test_a_repeat_in_a_batch_without_the_flag_is_refused():
+    """flag bit 2 cleared by hand: a 1-byte block is not a block."""
+    data = bytearray(encode([(b"t", b"a", {"k": "v"}), (b"t", b"b", {"k": "v"})], header_repeats=True))
+    assert data[3] & fastbus.BATCH_F_HEADERS_AGAIN
+    data[3] &= ~fastbus.BATCH_F_HEADERS_AGAIN
+    with pytest.raises(BatchError):
+        decode(bytes(data))
+
 def test_large_records_round_trip():
     records = [(b"t" * 70_000, b"\x00\xff" * 3_000_000), (b"", b"")]   # 64 KiB+ topic, 6 MB payload
     assert decode(encode(records, checksum=True)) == records

@@ -223,19 +223,27 @@ def test_headers_count_against_max_payload(brokers, clients):
     s.close()
 
 
-@pytest.mark.parametrize("block", [b"\x00\x01v", b"\x03k\x01v", b"\x01k\x03v", b"\x81\x00k\x01v"],
-                         ids=["empty name", "name past the block", "value past the block", "non-minimal length"])
-def test_a_malformed_header_block_from_the_network_is_refused(brokers, clients, block):
-    """A batch whose header block is malformed is refused whole (the sender
-    is told and dropped, as for any malformed batch); the broker serves
-    others on."""
+def _one_record(block: bytes) -> bytes:
+    return b"FB\x01\x02\x01\x00\x00\x00" + bytes([1, 1, len(block)]) + b"t" + block + b"x"
+
+
+@pytest.mark.parametrize("bad", [_one_record(b"\x00\x01v"), _one_record(b"\x03k\x01v"), _one_record(b"\x01k\x03v"),
+                                 _one_record(b"\x81\x00k\x01v"),
+                                 b"FB\x01\x06\x01\x00\x00\x00\x01\x01\x01tx",
+                                 b"FB\x01\x06\x02\x00\x00\x00\x01\x01\x00tx\x01\x01\x01tx",
+                                 b"FB\x01\x04\x01\x00\x00\x00\x01\x01tx"],
+                         ids=["empty name", "name past the block", "value past the block", "non-minimal length",
+                              "a repeat first", "a repeat after no headers", "repeats without headers"])
+def test_a_malformed_header_block_from_the_network_is_refused(brokers, clients, bad):
+    """A batch whose header block is malformed, or a repeat (flag bit 2)
+    of no block, is refused whole (the sender is told and dropped, as for
+    any malformed batch); the broker serves others on."""
     b = brokers()
     p = clients(b.endpoint).pubsub()
     p.subscribe("t")
     confirm(p, 1)
     s = raw_dealer(b.endpoint)
     s.send_multipart([P.HELLO, P.dump_json({"v": 1, "role": "client", "pub": True, "name": "evil"})])
-    bad = b"FB\x01\x02\x01\x00\x00\x00" + bytes([1, 1, len(block)]) + b"t" + block + b"x"
     with pytest.raises(fastbus.BatchError):
         fastbus.decode(bad)
     s.send_multipart([P.PUB, bad])
@@ -386,6 +394,77 @@ def test_a_broker_whose_welcome_does_not_say_headers_is_sent_none():
             c.publish("t", b"x", headers={"k": "v"})
         assert c.stats()["published"] == before
         assert c.publish("t", b"plain") == 1
+    finally:
+        c.close(timeout=0.5)
+        router.close()
+
+
+def test_repeated_headers_go_as_repeats_only_to_peers_that_read_them(brokers, clients):
+    """A stream whose messages carry the same headers: the broker sends a
+    record whose block is the one before's as a repeat (flag bit 2, one
+    byte; docs/BATCH_FORMAT.md) to a peer whose HELLO said
+    ``"headers_again": true``, and whole blocks to one that did not.  Both
+    read the same messages, each with its headers."""
+    b = brokers()
+    plain = _raw_subscriber(b.endpoint, {"headers": True})
+    again = _raw_subscriber(b.endpoint, {"headers": True, "headers_again": True})
+    c = clients(b.endpoint)
+    wait_wanted(c, "t")
+    sent = [(b"%d" % i, TRACE if i != 10 else {"k": "v"}) for i in range(20)] + [(b"none", None)]
+    for payload, headers in sent:
+        c.publish("t", payload, headers=headers)
+    c.flush()
+    want = [(b"t", p, {k: v.encode() for k, v in h.items()}) if h else (b"t", p) for p, h in sent]
+    for s, repeats in ((plain, False), (again, True)):
+        got, flags = [], 0
+        while len(got) < len(want):
+            batch = _data(s)
+            flags |= batch[3]
+            got += fastbus.decode(batch)
+        assert got == want
+        assert bool(flags & fastbus.BATCH_F_HEADERS_AGAIN) == repeats
+        s.close()
+
+
+@pytest.mark.parametrize("takes_repeats", [False, True])
+def test_a_client_sends_repeats_only_to_a_broker_that_reads_them(takes_repeats):
+    """The client's HELLO says it reads repeats; its own batches carry
+    them only once the WELCOME says the broker reads them (an older broker
+    would refuse the whole batch for the unknown flag)."""
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.linger = 0
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    c = fastbus.Client(endpoint=f"tcp://127.0.0.1:{port}")
+    try:
+        c.publish("t", b"first")                                    # (connects; says HELLO)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            assert router.poll(5000), "no HELLO"
+            ident, cmd, *rest = router.recv_multipart()
+            if cmd == P.HELLO:
+                break
+        assert P.load_json(rest[0])["headers_again"] is True        # it reads them
+        welcome = {"v": 1, "instance": "fake", "name": "fake", "headers": True, "limits": {"max_topic": 1234}}
+        if takes_repeats:
+            welcome["headers_again"] = True
+        router.send_multipart([ident, P.WELCOME, P.dump_json(welcome)])
+        wait_for(lambda: c._publisher.max_topic == 1234, what="the WELCOME to be read")
+        for i in range(10):
+            c.publish("t", b"%d" % i, headers=TRACE)
+        records, flags = [], 0
+        deadline = time.monotonic() + 10
+        while len(records) < 10 and time.monotonic() < deadline:
+            if router.poll(500):
+                frames = router.recv_multipart()
+                if frames[1] == P.PUB:
+                    batch = frames[2]
+                    recs = [r for r in fastbus.decode(batch) if r[1] != b"first"]
+                    if recs:
+                        flags |= batch[3]
+                        records += recs
+        assert records == [(b"t", b"%d" % i, {k: v.encode() for k, v in TRACE.items()}) for i in range(10)]
+        assert bool(flags & fastbus.BATCH_F_HEADERS_AGAIN) == takes_repeats
+        assert c._publisher.outbox.header_repeats == takes_repeats
     finally:
         c.close(timeout=0.5)
         router.close()

@@ -405,6 +405,123 @@ static void test_headers(void)
     CHECK_EQ(n, 2);
 }
 
+/* Repeats (FB_BATCH_F_HEADERS_AGAIN): an outbox with them on writes a block
+ * that is the record before's as one length byte; the decoder gives every
+ * record its whole block back; what a repeat may not be is rejected. */
+static void test_headers_again(void)
+{
+    unsigned char blk[64], other[64];
+    size_t bl = make_block(blk, 2), ol = make_block(other, 1);
+    for (int cs = 0; cs < 2; cs++) {
+        fb_outbox_limits lim = { 0, 0, 0, cs };
+        fb_outbox on, off;
+        fb_outbox_init(&on, &lim);
+        fb_outbox_init(&off, &lim);
+        fb_outbox_set_again(&on, 1);
+        /* The blocks of records 0..11: the same run, a change, none, the
+         * first again (not a repeat: the record before had none). */
+        const unsigned char *want[12];
+        size_t wantl[12];
+        for (size_t i = 0; i < 12; i++) {
+            int none = i == 7, alt = i == 4 || i == 5;
+            want[i] = none ? NULL : alt ? other : blk;
+            wantl[i] = none ? 0 : alt ? ol : bl;
+            REQUIRE(fb_outbox_append_h(&on, "t", 1, want[i], wantl[i], "pp", 2, 0) >= 0);
+            REQUIRE(fb_outbox_append_h(&off, "t", 1, want[i], wantl[i], "pp", 2, 0) >= 0);
+        }
+        unsigned char *a, *b;
+        size_t al, blen, n;
+        CHECK_EQ(fb_outbox_take(&on, &a, &al), FB_OK);
+        CHECK_EQ(fb_outbox_take(&off, &b, &blen), FB_OK);
+        CHECK(a[3] & FB_BATCH_F_HEADERS_AGAIN);
+        CHECK(!(b[3] & FB_BATCH_F_HEADERS_AGAIN));
+        /* Repeats at records 1-3, 5 and 9-11: those blocks not carried. */
+        CHECK_EQ(blen - al, 6 * bl + ol);     /* (each repeat: a length byte, as the block's own) */
+        fb_record ra[12], rb[12];
+        CHECK_EQ(fb_batch_decode(a, al, NULL, ra, 12, &n), FB_OK);
+        CHECK_EQ(n, 12);
+        CHECK_EQ(fb_batch_decode(b, blen, NULL, rb, 12, &n), FB_OK);
+        for (size_t i = 0; i < 12; i++) {
+            CHECK_EQ(ra[i].headers_len, wantl[i]);
+            CHECK(wantl[i] ? !memcmp(ra[i].headers, want[i], wantl[i]) : ra[i].headers == NULL);
+            CHECK(ra[i].payload_len == 2 && !memcmp(ra[i].payload, "pp", 2));
+            CHECK(ra[i].topic_len == 1 && ra[i].topic[0] == 't');
+            CHECK(rb[i].headers_len == ra[i].headers_len);
+        }
+        /* max_payload counts a repeated block as a carried one. */
+        fb_decode_limits dl = { 0, (uint32_t)(2 + bl), 0, 0 };
+        CHECK_EQ(fb_batch_decode(a, al, &dl, NULL, 0, &n), FB_OK);
+        dl.max_payload = (uint32_t)(1 + bl);
+        CHECK_EQ(fb_batch_decode(a, al, &dl, NULL, 0, &n), FB_ELIMIT);
+        /* Every truncation rejected, every corruption too with the
+         * checksum, none read outside the buffer without it. */
+        for (size_t cut = 0; cut < al; cut++) {
+            unsigned char *c = malloc(cut ? cut : 1);
+            memcpy(c, a, cut);
+            CHECK(fb_batch_decode(c, cut, NULL, NULL, 0, &n) < 0);
+            free(c);
+        }
+        check_corruptions(a, al, cs, 1);
+        fb_free(a);
+        fb_free(b);
+        /* A batch taken starts again without: its first record carries its block. */
+        REQUIRE(fb_outbox_append_h(&on, "t", 1, blk, bl, "p", 1, 0) >= 0);
+        CHECK_EQ(fb_outbox_take(&on, &a, &al), FB_OK);
+        CHECK(!(a[3] & FB_BATCH_F_HEADERS_AGAIN));
+        fb_free(a);
+        fb_outbox_destroy(&on);
+        fb_outbox_destroy(&off);
+    }
+    size_t n;
+    /* A repeat in the first record, after a record without headers, in a
+     * batch without the flag, or the flag without headers: malformed. */
+    unsigned char first[] = { 'F', 'B', 1, 6, 1, 0, 0, 0, 1, 1, 1, 't', 'p' };
+    CHECK_EQ(fb_batch_decode(first, sizeof first, NULL, NULL, 0, &n), FB_EMALFORMED);
+    unsigned char after_none[] = { 'F', 'B', 1, 6, 2, 0, 0, 0, 1, 1, 0, 't', 'p', 1, 1, 1, 't', 'p' };
+    CHECK_EQ(fb_batch_decode(after_none, sizeof after_none, NULL, NULL, 0, &n), FB_EMALFORMED);
+    unsigned char ok[] = { 'F', 'B', 1, 6, 2, 0, 0, 0, 1, 1, 4, 't', 1, 'k', 1, 'v', 'p', 1, 1, 1, 't', 'q' };
+    fb_record r[2];
+    CHECK_EQ(fb_batch_decode(ok, sizeof ok, NULL, r, 2, &n), FB_OK);
+    CHECK(n == 2 && r[1].headers == r[0].headers && r[1].headers_len == 4 && r[1].payload[0] == 'q');
+    ok[3] = 2;                                  /* no repeats flag: a 1-byte block is refused */
+    CHECK(fb_batch_decode(ok, sizeof ok, NULL, NULL, 0, &n) < 0);
+    unsigned char flag_only[] = { 'F', 'B', 1, 4, 1, 0, 0, 0, 1, 1, 't', 'p' };
+    CHECK_EQ(fb_batch_decode(flag_only, sizeof flag_only, NULL, NULL, 0, &n), FB_EMALFORMED);
+    /* A repeat of a block over FB_HEADERS_AGAIN_MAX: malformed (a few bytes
+     * may not stand for much more); the outbox carries such a block again. */
+    size_t big = FB_HEADERS_AGAIN_MAX + 1;
+    unsigned char *hb = malloc(big);
+    hb[0] = 1;
+    hb[1] = 'k';
+    size_t vl = big - 4;                        /* key length, key, a two-byte value length */
+    hb[2] = (unsigned char)(0x80 | (vl & 0x7f));
+    hb[3] = (unsigned char)(vl >> 7);
+    memset(hb + 4, 'v', vl);
+    REQUIRE(fb_headers_valid(hb, big));
+    fb_outbox o;
+    fb_outbox_init(&o, NULL);
+    fb_outbox_set_again(&o, 1);
+    REQUIRE(fb_outbox_append_h(&o, "t", 1, hb, big, "p", 1, 0) >= 0);
+    REQUIRE(fb_outbox_append_h(&o, "t", 1, hb, big, "p", 1, 0) >= 0);
+    unsigned char *bb;
+    size_t bbl;
+    CHECK_EQ(fb_outbox_take(&o, &bb, &bbl), FB_OK);
+    CHECK(!(bb[3] & FB_BATCH_F_HEADERS_AGAIN));
+    CHECK_EQ(fb_batch_decode(bb, bbl, NULL, NULL, 0, &n), FB_OK);
+    /* The same batch with its second block made a repeat by hand. */
+    size_t rec2 = FB_BATCH_HEADER + (bbl - FB_BATCH_HEADER) / 2;   /* where the second record starts */
+    unsigned char *hand = malloc(bbl);
+    memcpy(hand, bb, rec2);
+    hand[3] |= FB_BATCH_F_HEADERS_AGAIN;
+    unsigned char tail[] = { 1, 1, 1, 't', 'p' };
+    memcpy(hand + rec2, tail, sizeof tail);
+    CHECK_EQ(fb_batch_decode(hand, rec2 + sizeof tail, NULL, NULL, 0, &n), FB_EMALFORMED);
+    free(hand);
+    fb_free(bb);
+    free(hb);
+    fb_outbox_destroy(&o);
+}
+
 int main(void)
 {
     RUN(test_crc32c);
@@ -415,5 +532,6 @@ int main(void)
     RUN(test_hostile_inputs);
     RUN(test_outbox_policy);
     RUN(test_headers);
+    RUN(test_headers_again);
     CTEST_END();
 }

@@ -421,12 +421,12 @@ static void test_headers_routed(void)
     CHECK(n == 1 && !(keep[3] & FB_BATCH_F_HEADERS));
     fb_free(keep);
     /* A link set to go without headers gets the records bare. */
-    fb_router_set_headers(r, 1, 0);
+    fb_router_set_headers(r, 1, 0, 0);
     CHECK_EQ(fb_router_route(r, t, b, len, NULL, 0, 2), 3);
     n = take_records(r, 1, recs, &keep);
     CHECK(n == 2 && recs[1].headers == NULL && recs[1].payload_len == 5 && !(keep[3] & FB_BATCH_F_HEADERS));
     fb_free(keep);
-    fb_router_set_headers(r, 1, 1);
+    fb_router_set_headers(r, 1, 1, 0);
     /* 5 + 7 bytes is over a max_payload of 11: only h.2 is oversize. */
     fb_decode_limits lim = { 0, 11, 0, 0 };
     CHECK_EQ(fb_router_route(r, t, b, len, &lim, 0, 3), 3);   /* (the records of the batch) */
@@ -436,6 +436,58 @@ static void test_headers_routed(void)
     fb_router_stats st;
     fb_router_get_stats(r, &st);
     CHECK_EQ(st.oversize, 1);
+    fb_free(b);
+    fb_router_free(r);
+    fb_trie_free(t);
+}
+
+/* Repeats through a router: a batch whose records repeat their block, in;
+ * out, each link's records in turn, repeats only to a link that reads them
+ * and only where the record before on that link had the same block (link 2
+ * gets every other record: they repeat among themselves). */
+static void test_headers_again_routed(void)
+{
+    fb_trie *t = fb_trie_new();
+    fb_router *r = fb_router_new(NULL);
+    CHECK_EQ(fb_router_add_link(r, 1), FB_OK);
+    CHECK_EQ(fb_router_add_link(r, 2), FB_OK);
+    CHECK_EQ(fb_router_add_link(r, 3), FB_OK);
+    fb_trie_add(t, "a", 1, FB_PREFIX, 1);
+    fb_trie_add(t, "a.0", 3, FB_EXACT, 2);
+    fb_trie_add(t, "a", 1, FB_PREFIX, 3);
+    fb_router_set_headers(r, 1, 1, 1);
+    fb_router_set_headers(r, 2, 1, 1);
+    fb_outbox o;
+    fb_outbox_init(&o, NULL);
+    fb_outbox_set_again(&o, 1);
+    unsigned char blk[] = { 2, 'c', 't', 4, 'j', 's', 'o', 'n' }, blk2[] = { 1, 'k', 1, 'v' };
+    for (int i = 0; i < 8; i++) {
+        const char *topic = i % 2 ? "a.1" : "a.0";
+        int two = i == 5;
+        REQUIRE(fb_outbox_append_h(&o, topic, 3, two ? blk2 : blk, two ? sizeof blk2 : sizeof blk, "p", 1, 0) >= 0);
+    }
+    unsigned char *b, *keep;
+    size_t len;
+    REQUIRE(fb_outbox_take(&o, &b, &len) == FB_OK);
+    fb_outbox_destroy(&o);
+    CHECK(b[3] & FB_BATCH_F_HEADERS_AGAIN);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 0, 9), 8);
+    fb_record recs[64];
+    size_t bytes[4] = { 0 };
+    for (uint32_t link = 1; link <= 3; link++) {
+        bytes[link] = fb_outbox_bytes(fb_router_outbox(r, link));
+        size_t n = take_records(r, link, recs, &keep);
+        CHECK_EQ(n, link == 2 ? 4 : 8);
+        for (size_t i = 0; i < n; i++) {
+            int two = link != 2 && i == 5;
+            CHECK_EQ(recs[i].headers_len, two ? sizeof blk2 : sizeof blk);
+            CHECK(!memcmp(recs[i].headers, two ? blk2 : blk, recs[i].headers_len));
+        }
+        CHECK_EQ(!!(keep[3] & FB_BATCH_F_HEADERS_AGAIN), link != 3);
+        fb_free(keep);
+    }
+    /* Link 1: blocks carried at records 0, 5 and 6 only (5 repeats). */
+    CHECK_EQ(bytes[3] - bytes[1], 5 * sizeof blk);
     fb_free(b);
     fb_router_free(r);
     fb_trie_free(t);
@@ -1084,6 +1136,7 @@ int main(void)
     RUN(test_catchall);
     RUN(test_globs_matched_at_the_router);
     RUN(test_headers_routed);
+    RUN(test_headers_again_routed);
     RUN(test_no_responders);
     RUN(test_queue_groups);
     RUN(test_queue_groups_across_brokers);

@@ -219,7 +219,8 @@ class Upstream:
         self._lease_ping_at = 0.0
         self._last_heard = time.monotonic()
         hello = {"v": P.VERSION, "role": "broker", "pub": True, "name": b.config.name, "ack": True,
-                 "headers": True, "groups": True, "session": self.session_id, "taken": self.taken()}
+                 "headers": True, "headers_again": True, "groups": True, "session": self.session_id,
+                 "taken": self.taken()}
         send = b.sender.send
         self._hellos.append(time.monotonic_ns())
         del self._hellos[1:-1]                   # the oldest counts (see WELCOME); bounded
@@ -241,7 +242,7 @@ class Upstream:
             b.sender.discard_queue(link)
             b.router.remove_link(link.link)
             b.router.add_link(link.link)
-            b.router.set_headers(link.link, link.headers)
+            b.router.set_headers(link.link, link.headers, link.headers_again)
             b.router.set_broker(link.link, link.groups)
         b.router.set_catchall(None)
 
@@ -310,6 +311,7 @@ class Upstream:
                 # (What it takes, before what we send it on the strength of it.)
                 had_groups = link.groups
                 link.headers = info.get("headers") is True   # (an older upstream reads none)
+                link.headers_again = info.get("headers_again") is True
                 link.groups = info.get("groups") is True     # (nor takes queue group ops)
                 b.router.set_broker(link.link, link.groups)
                 if self.native:
@@ -317,7 +319,7 @@ class Upstream:
                 elif link.groups and not had_groups:
                     b.interest.announce_groups(link)     # (our wants went before it said so)
                 link.instance = str(info.get("instance", "")).encode()
-                b.router.set_headers(link.link, link.headers)
+                b.router.set_headers(link.link, link.headers, link.headers_again)
                 limits = info.get("limits") or {}
                 if isinstance(limits.get("max_sub_ops"), int) and limits["max_sub_ops"] > 0:
                     link.sub_ops = limits["max_sub_ops"]

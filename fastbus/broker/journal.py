@@ -252,6 +252,7 @@ class Journal:
         link.linger = float(meta.get("linger") or b.config.session_linger)
         link.acks = meta.get("acks") is True
         link.headers = meta.get("headers") is True
+        link.headers_again = meta.get("headers_again") is True
         link.durable = meta.get("durable")
         link.claim = meta.get("claim")
         link.consumed = r.taken if link.durable else 0
@@ -284,7 +285,8 @@ class Journal:
     @staticmethod
     def _meta(link) -> dict:
         return {"sid": link.session_id, "pub": link.publisher, "name": link.name, "linger": link.linger,
-                "user": link.user_id, "acks": link.acks, "headers": link.headers, "durable": link.durable,
+                "user": link.user_id, "acks": link.acks, "headers": link.headers,
+                "headers_again": link.headers_again, "durable": link.durable,
                 "claim": link.claim}
 
     def subscribed(self, link, seq: int, ops: list, refused: list) -> None:

@@ -55,7 +55,7 @@ class Link:
     holds_lease = False
 
     __slots__ = ("link", "name", "sock", "publisher", "subs", "sub_bytes", "globs", "queues", "forwarder",
-                 "address", "since", "acks", "headers", "groups", "change_seq", "change_at", "change_acked")
+                 "address", "since", "acks", "headers", "headers_again", "groups", "change_seq", "change_at", "change_acked")
 
     def __init__(self, link: int, name: str, sock: zmq.Socket, publisher: bool = False) -> None:
         self.link = link
@@ -71,6 +71,7 @@ class Link:
         self.since = time.time()          # connected since (wall clock, for monitoring)
         self.acks = False                 # it acknowledges the changes we send it
         self.headers = False              # it reads message headers (its HELLO or WELCOME said so)
+        self.headers_again = False        # ... and a repeat of the block before (flag bit 2; the same)
         self.groups = False               # a broker that takes queue group ops (its HELLO or WELCOME said so)
         self.change_seq = 0               # the latest change sent to it (WANT, or SUB upstream)
         self.change_at = 0.0              # when (time.monotonic())

@@ -397,7 +397,8 @@ class Broker:
         """A new neighbour: an outbox, and (for a broker) a forwarder."""
         self.links.add(link)
         self.router.add_link(link.link)
-        self.router.set_headers(link.link, link.headers)     # (a peer that does not read them gets none)
+        # (A peer that does not read them gets none; repeats only to one that reads them.)
+        self.router.set_headers(link.link, link.headers, link.headers_again)
         # A request that entered here from a client and reached nobody is
         # answered at once; one from another broker is that broker's to answer.
         self.router.set_notify(link.link, not link.is_broker)

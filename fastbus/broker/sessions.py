@@ -277,6 +277,7 @@ class Sessions:
         link.address = meta.get("Peer-Address") or None
         link.acks = hello.get("ack") is True       # it acknowledges WANT and filters under a lease
         link.headers = hello.get("headers") is True   # it reads headers (docs/BATCH_FORMAT.md)
+        link.headers_again = hello.get("headers_again") is True   # ... and repeats of a record's block
         link.groups = hello.get("groups") is True     # (a downstream broker) it takes queue group ops
         linger = b.config.durable_linger if durable is not None else b.config.session_linger
         if session_id is not None and linger > 0:
@@ -320,6 +321,7 @@ class Sessions:
                 "held": True,                 # ... and held group declarations (flags bit 4)
                 "bye": True,                  # BYE is answered with BYE once the peer is forgotten
                 "headers": True,              # batches may carry headers (flag bit 1)
+                "headers_again": True,        # ... and repeats of the block before (flag bit 2)
                 # A resumable session outlives its connection this long.
                 "linger": link.linger if link.session_id is not None else cfg.session_linger,
                 "limits": {"max_topic": cfg.max_topic, "max_payload": cfg.max_payload,
@@ -392,7 +394,8 @@ class Sessions:
         if not isinstance(taken, int) or isinstance(taken, bool) or taken < 0:
             raise P.ProtocolError("HELLO's taken is a count (an integer >= 0)")
         link.headers = hello.get("headers") is True      # (the resuming process's own)
-        b.router.set_headers(link.link, link.headers)
+        link.headers_again = hello.get("headers_again") is True
+        b.router.set_headers(link.link, link.headers, link.headers_again)
         if takeover:
             # Another process presents a durable name: the stream goes on
             # from what the last one took (its TAKEN; what it had read and

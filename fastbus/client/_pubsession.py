@@ -374,6 +374,9 @@ class PubSession(Session):
         # would refuse a whole batch for one record with them.
         pub.headers_refused = None if self.welcome.get("headers") is True else (
             f"the broker at {self.options.endpoint} does not take headers (an older fastbus): not sent")
+        # A record whose headers are the one's before goes as a repeat
+        # (docs/BATCH_FORMAT.md) to a broker that reads them.
+        pub.outbox.header_repeats = self.welcome.get("headers_again") is True
         # The answer to our oldest HELLO in flight (or a later one): its
         # lease counts from the oldest, never longer than granted.
         sent = self._hellos[0] if self._hellos else 0

@@ -706,7 +706,7 @@ class Session:
 
     def hello(self) -> None:
         hello = {"v": P.VERSION, "role": "client", "pub": self.kind == "pub", "name": self.options.name,
-                 "headers": True}
+                 "headers": True, "headers_again": True}
         if self.acks:
             hello["ack"] = True
         hello.update(self.hello_fields())

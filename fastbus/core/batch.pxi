@@ -60,11 +60,14 @@ cdef Batch _wrap_batch(unsigned char *buf, size_t n):
     return b
 
 
-def encode(records, *, bint checksum=False) -> Batch:
+def encode(records, *, bint checksum=False, bint header_repeats=False) -> Batch:
     """Encode ``(topic, payload)`` or ``(topic, payload, headers)`` records
     into one Batch (no records: a valid empty batch).  ``headers``: a
-    mapping of str to str or bytes, or None."""
+    mapping of str to str or bytes, or None.  ``header_repeats``: a
+    record whose headers are the record before's goes as a repeat
+    (``Outbox.header_repeats``; for a reader that takes them)."""
     cdef Outbox ob = Outbox(0, 0, None, checksum)
+    fb_outbox_set_again(&ob._o, header_repeats)
     ob.extend(records, 0)
     b = ob.take()
     return _empty_batch(checksum) if b is None else b
@@ -159,7 +162,9 @@ cdef list _records_to_list(const fb_record *recs, size_t n, int headers):
     cdef tuple tup
     cdef bint triple
     cdef _topic_cache cache
+    cdef _header_memo memo
     memset(&cache, 0, sizeof(cache))
+    memset(&memo, 0, sizeof(memo))
     try:
         for i in range(n):
             t = _tc_get(&cache, <const char *>recs[i].topic, recs[i].topic_len)
@@ -171,7 +176,7 @@ cdef list _records_to_list(const fb_record *recs, size_t n, int headers):
             Py_INCREF(p)
             PyTuple_SET_ITEM(tup, 1, p)
             if triple:
-                h = _headers_dict(recs[i].headers, recs[i].headers_len, False)
+                h = _headers_memo(&memo, recs[i].headers, recs[i].headers_len, False, True)
                 Py_INCREF(h)
                 PyTuple_SET_ITEM(tup, 2, h)
             PyObject_GC_UnTrack(<void *>tup)
@@ -179,6 +184,7 @@ cdef list _records_to_list(const fb_record *recs, size_t n, int headers):
             PyList_SET_ITEM(out, i, tup)
     finally:
         _tc_clear(&cache)
+        _hm_clear(&memo)
     return out
 
 

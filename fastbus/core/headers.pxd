@@ -1,5 +1,6 @@
 # Message headers: a dict <-> a header block (fb_batch.h, FB_BATCH_F_HEADERS).
 # Included by fastbus/_core.pxd: ``from fastbus._core cimport _encode_headers``.
+from cpython.object cimport PyObject
 from libc.stdint cimport uint32_t
 
 # A headers mapping as a block to append (fb_outbox_append_h); None for
@@ -16,6 +17,20 @@ cdef bytes _encode_headers(object headers, bytes reply_to=*, bytes hold=*)
 # protocol=False leaves the protocol's (':') headers out, and gives None
 # if nothing else is left.
 cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8, bint protocol=*)
+
+# _headers_dict for a batch's records in turn: a record whose block is the
+# one before it, byte for byte, gets a copy of the dict made for that one
+# (a stream's records mostly carry the same headers; a copy of a small dict
+# is a third of building it).  A decoder keeps one memo per batch, zeroed
+# before the first record, and clears it (_hm_clear) after the last; the
+# block pointers it holds are the batch's, so it must not outlive the batch.
+cdef struct _header_memo:
+    const unsigned char *block
+    uint32_t n
+    PyObject *made              # (owned) the dict made for block, or None
+
+cdef object _headers_memo(_header_memo *m, const unsigned char *block, uint32_t n, bint utf8, bint protocol)
+cdef void _hm_clear(_header_memo *m) noexcept
 
 # decode_responses's rule for what is read: the str of UTF-8 bytes, the
 # bytes themselves where they are not UTF-8 (nothing is lost, nothing raises).

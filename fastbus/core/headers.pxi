@@ -12,12 +12,13 @@
 # out the same str object for a name it made before (names repeat: every
 # message of a traced stream says "traceparent").
 
-from cpython.dict cimport PyDict_CheckExact, PyDict_Next, PyDict_New, PyDict_SetItem
+from cpython.dict cimport PyDict_CheckExact, PyDict_Copy, PyDict_Next, PyDict_New, PyDict_SetItem
 from cpython.unicode cimport PyUnicode_CheckExact, PyUnicode_DecodeUTF8
 
 cdef extern from "Python.h":
     const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
     char *PyBytes_AS_STRING_MUT "PyBytes_AS_STRING" (object b)
+    Py_ssize_t PyDict_GET_SIZE(object d)
 
 
 cdef inline int _header_part(object o, const char **p, Py_ssize_t *n) except -1:
@@ -75,14 +76,72 @@ cdef inline unsigned char *_put_header(unsigned char *w, bytes key, bytes value)
     return w + vn
 
 
+# -- the block made last ------------------------------------------------------
+#
+# A publisher mostly sends the same headers again (a content type, a
+# source, a tenant): often the very same dict, or a new dict of the same
+# str objects.  The encoder keeps the last block it made from a plain dict
+# with the objects it was made of (owned, so none can be freed and another
+# take its address): a dict that holds those same objects, in that order,
+# gets that block back after a pointer compare per header.  str and bytes
+# are immutable, so the same objects are the same bytes.  (Encoding runs
+# with the GIL held and releases it nowhere: one table for all threads.)
+
+cdef enum:
+    _EM_PAIRS = 8               # a block of more headers is not kept
+
+cdef PyObject *_em_objs[2 * _EM_PAIRS]
+cdef Py_ssize_t _em_n = 0       # pairs in _em_objs
+cdef bytes _em_block = None
+
+
+cdef inline bytes _encoded_before(dict d):
+    """The block made last, if ``d`` holds exactly its objects; else None."""
+    if _em_block is None or PyDict_GET_SIZE(d) != _em_n:
+        return None
+    cdef Py_ssize_t pos = 0, i = 0
+    cdef PyObject *k
+    cdef PyObject *v
+    while PyDict_Next(d, &pos, &k, &v):
+        if k != _em_objs[i] or v != _em_objs[i + 1]:
+            return None
+        i += 2
+    return _em_block
+
+
+cdef void _encoded_now(dict d, bytes block):
+    global _em_n, _em_block
+    cdef Py_ssize_t pos = 0, i = 0
+    cdef PyObject *k
+    cdef PyObject *v
+    if PyDict_GET_SIZE(d) > _EM_PAIRS:
+        return
+    for i in range(2 * _em_n):
+        Py_XDECREF(_em_objs[i])
+    i = 0
+    while PyDict_Next(d, &pos, &k, &v):
+        Py_INCREF(<object>k)
+        Py_INCREF(<object>v)
+        _em_objs[i] = k
+        _em_objs[i + 1] = v
+        i += 2
+    _em_n = i // 2
+    _em_block = block
+
+
 cdef bytes _encode_headers(object headers, bytes reply_to=None, bytes hold=None):
     if headers is None:
         if reply_to is None:
             return None
         headers = {}
     cdef dict d
+    cdef bytes again
     if PyDict_CheckExact(headers):
         d = <dict>headers
+        if reply_to is None:
+            again = _encoded_before(d)
+            if again is not None:
+                return again
     else:
         d = _checked_headers(headers)
     cdef Py_ssize_t pos = 0, kn, vn, total = 0
@@ -130,6 +189,8 @@ cdef bytes _encode_headers(object headers, bytes reply_to=None, bytes hold=None)
         w += fb_put_varint(w, <uint32_t>vn)
         memcpy(w, vp, vn)
         w += vn
+    if reply_to is None and d is headers:
+        _encoded_now(d, out)
     return out
 
 
@@ -194,3 +255,35 @@ cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8, bin
             value = PyBytes_FromStringAndSize(<const char *>h.value, h.value_len)
         PyDict_SetItem(out, _header_name(h.key, h.key_len), value)
     return out if out or protocol else None
+
+
+cdef enum:
+    # A block longer than this is compared only by where it lies: the same
+    # bytes of the batch (a record that repeats the block before, on the
+    # wire).  (Comparing a long block with memcmp would cost what building
+    # it does.)
+    _HM_COMPARE_MAX = 512
+
+
+cdef object _headers_memo(_header_memo *m, const unsigned char *block, uint32_t n, bint utf8, bint protocol):
+    if block is NULL or n == 0:
+        return None
+    cdef object d
+    if m.made is not NULL and n == m.n and (block == m.block or (n <= _HM_COMPARE_MAX and memcmp(block, m.block, n) == 0)):
+        d = <object>m.made
+        return PyDict_Copy(d) if d is not None else None
+    # The first of its kind: the memo keeps the very dict handed out.  No
+    # user code runs while a batch is decoded (one call), so nothing can
+    # change it before the copies are made.
+    d = _headers_dict(block, n, utf8, protocol)
+    Py_INCREF(d)
+    Py_XDECREF(m.made)
+    m.made = <PyObject *>d
+    m.block = block
+    m.n = n
+    return d
+
+
+cdef void _hm_clear(_header_memo *m) noexcept:
+    Py_XDECREF(m.made)
+    m.made = NULL

@@ -56,6 +56,20 @@ cdef class Outbox:
     def __dealloc__(self):
         fb_outbox_destroy(&self._o)
 
+    @property
+    def header_repeats(self) -> bool:
+        """Whether a record whose headers are byte for byte those of the
+        record before goes as a repeat (one byte instead of its block:
+        docs/BATCH_FORMAT.md, flag bit 2).  Off at first: set it only when
+        the reader says it takes them (a fastbus broker's WELCOME does)."""
+        return self._o.again != 0
+
+    @header_repeats.setter
+    def header_repeats(self, bint on) -> None:
+        _lock(&self._lock)              # (a publisher's sender may be appending)
+        fb_outbox_set_again(&self._o, on)
+        _unlock(&self._lock)
+
     def append(self, topic, payload, now_ns=None, *, headers=None) -> bool:
         """Add one record (with ``headers``: a mapping of str to str or
         bytes, None for none); True when a flush is due by count or size."""

@@ -81,11 +81,13 @@ cdef class Router:
         _unlock(&self._lock)
         _check(rc, "add_link")
 
-    def set_headers(self, uint32_t link, bint keep) -> None:
+    def set_headers(self, uint32_t link, bint keep, bint again=False) -> None:
         """Whether a link's records keep their headers (what a new link
-        does) or go to it without them (a peer that does not read them)."""
+        does) or go to it without them (a peer that does not read them);
+        ``again``: whether a block the record before had goes as a repeat
+        (a peer that said it reads them; docs/BATCH_FORMAT.md)."""
         _lock(&self._lock)
-        fb_router_set_headers(self._r, link, keep)
+        fb_router_set_headers(self._r, link, keep, again)
         _unlock(&self._lock)
 
     def set_notify(self, uint32_t link, bint on) -> None:

@@ -9,6 +9,7 @@ cdef extern from "fb_batch.h" nogil:
         FB_BATCH_HEADER
         FB_BATCH_F_CRC32C
         FB_BATCH_F_HEADERS
+        FB_BATCH_F_HEADERS_AGAIN
         FB_BATCH_KNOWN_FLAGS
         FB_VARINT_MAX
 

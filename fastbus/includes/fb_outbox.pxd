@@ -21,6 +21,7 @@ cdef extern from "fb_outbox.h" nogil:
         size_t cap_hint
         uint32_t count
         uint64_t first_ns
+        int again
 
     void fb_outbox_init(fb_outbox *o, const fb_outbox_limits *lim)
     int fb_outbox_init_resp(fb_outbox *o, const fb_outbox_limits *lim, const char *verb)
@@ -29,6 +30,7 @@ cdef extern from "fb_outbox.h" nogil:
                          const void *payload, size_t plen, uint64_t now_ns)
     int fb_outbox_append_h(fb_outbox *o, const void *topic, size_t tlen, const void *headers, size_t hlen,
                            const void *payload, size_t plen, uint64_t now_ns)
+    void fb_outbox_set_again(fb_outbox *o, int on)
     int fb_outbox_due(const fb_outbox *o, uint64_t now_ns)
     int fb_outbox_full(const fb_outbox *o)
     uint64_t fb_outbox_deadline(const fb_outbox *o)

@@ -36,7 +36,7 @@ cdef extern from "fb_router.h" nogil:
     size_t fb_router_pending(fb_router *r, uint32_t *links, size_t cap)
     uint64_t fb_router_deadline(const fb_router *r)
     int fb_router_take(fb_router *r, uint32_t link, uint64_t now_ns, unsigned char **buf, size_t *len)
-    void fb_router_set_headers(fb_router *r, uint32_t link, int keep)
+    void fb_router_set_headers(fb_router *r, uint32_t link, int keep, int again)
     void fb_router_set_notify(fb_router *r, uint32_t link, int on)
     uint64_t FB_ROUTER_GROUP_BASE
     int fb_router_add_group(fb_router *r, const void *pattern, size_t len, uint64_t *id)
