@@ -368,23 +368,33 @@ def test_a_peer_whose_hello_does_not_say_headers_gets_none(brokers, clients):
         s.close()
 
 
+def _fake_broker() -> tuple[zmq.Socket, fastbus.Client]:
+    """A raw ROUTER standing for a broker, and a client of it."""
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.linger = 0
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    return router, fastbus.Client(endpoint=f"tcp://127.0.0.1:{port}")
+
+
+def _hello_of(router: zmq.Socket, c: fastbus.Client) -> tuple[bytes, dict]:
+    """Make the client connect (a first publish) and read its HELLO."""
+    c.publish("t", b"first")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        assert router.poll(5000), "no HELLO"
+        ident, cmd, *rest = router.recv_multipart()
+        if cmd == P.HELLO:
+            return ident, P.load_json(rest[0])
+    raise AssertionError("no HELLO")
+
+
 def test_a_broker_whose_welcome_does_not_say_headers_is_sent_none():
     """An older broker refuses a whole batch with an unknown flag: once its
     WELCOME shows it takes no headers, publish() with headers is a clear
     error and queues nothing, and messages without them go on."""
-    router = zmq.Context.instance().socket(zmq.ROUTER)
-    router.linger = 0
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    c = fastbus.Client(endpoint=f"tcp://127.0.0.1:{port}")
+    router, c = _fake_broker()
     try:
-        c.publish("t", b"first")                                    # (connects; says HELLO)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            assert router.poll(5000), "no HELLO"
-            ident, cmd, *rest = router.recv_multipart()
-            if cmd == P.HELLO:
-                break
-        hello = P.load_json(rest[0])
+        ident, hello = _hello_of(router, c)
         assert hello["headers"] is True                             # what this client says
         router.send_multipart([ident, P.WELCOME, P.dump_json({"v": 1, "instance": "old", "name": "old",
                                                               "limits": {}})])
@@ -431,19 +441,10 @@ def test_a_client_sends_repeats_only_to_a_broker_that_reads_them(takes_repeats):
     """The client's HELLO says it reads repeats; its own batches carry
     them only once the WELCOME says the broker reads them (an older broker
     would refuse the whole batch for the unknown flag)."""
-    router = zmq.Context.instance().socket(zmq.ROUTER)
-    router.linger = 0
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    c = fastbus.Client(endpoint=f"tcp://127.0.0.1:{port}")
+    router, c = _fake_broker()
     try:
-        c.publish("t", b"first")                                    # (connects; says HELLO)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            assert router.poll(5000), "no HELLO"
-            ident, cmd, *rest = router.recv_multipart()
-            if cmd == P.HELLO:
-                break
-        assert P.load_json(rest[0])["headers_again"] is True        # it reads them
+        ident, hello = _hello_of(router, c)
+        assert hello["headers_again"] is True                       # it reads them
         welcome = {"v": 1, "instance": "fake", "name": "fake", "headers": True, "limits": {"max_topic": 1234}}
         if takes_repeats:
             welcome["headers_again"] = True
