@@ -180,12 +180,23 @@ class QueueSpace:
                                      lambda ms: Call("RESOLVE", self.ready, (self.ns, *ms)), started))
 
     def put(self, payload: Any) -> Op:
+        payload = yield from self.admit(payload)
+        return (yield from self.put_gathered([payload]))
+
+    def admit(self, payload: Any) -> Op:
+        """What put() checks before its message may be sent: the payload as
+        bytes (its size checked), the queue listed."""
         payload = as_bytes(payload)
         if len(payload) > MIN_MAX_BULK_LEN:
             yield from self.sizes.check(f"put on queue {self.name!r}", [payload])
         if not self.names.listed:
             yield from self.names.listing()
-        first = yield Call("PUT", self.ready, (self.ns, "", payload))
+        return payload
+
+    def put_gathered(self, payloads: list[bytes]) -> Op:
+        """Admitted payloads (at most one script call's: gather_limit) in one
+        PUT: the first one's id (the others follow it, in order)."""
+        first = yield Call("PUT", self.ready, (self.ns, "", *payloads))
         if first == 1:
             yield from self.names.listing(first)
         return first

@@ -34,6 +34,7 @@ from fastbus._twins import twin_of
 from fastbus.queue.common import Message, MessageRef
 from fastbus.queue.names import DEFAULT_PREFIX, check_name
 from fastbus.queue.driver import AsyncDriver, AsyncHandle, SyncDriver, SyncHandle
+from fastbus.queue.gather import AsyncGathering, SyncGathering
 from fastbus.queue.engine import (
     NETWORK_ERRORS,
     CleanResult,
@@ -159,11 +160,18 @@ class WorkQueue(SyncHandle):
                  prefix: str = DEFAULT_PREFIX) -> None:
         self.name = check_name("queue name", name)
         self._space = QueueSpace(self.name, queue_namespace(prefix, name), "", max_deliveries_of(max_deliveries))
+        self._puts = SyncGathering()
         super().__init__(redis)
 
     def put(self, payload: bytes) -> int:
-        """Append one message; returns its id once the server has it."""
-        return self._driver.run(self._space.put(payload))
+        """Append one message; returns its id once the server has it.
+        put()s from several threads that overlap go in one script call
+        (fastbus/queue/gather.py), each still returning its own id."""
+        payload = self._driver.run(self._space.admit(payload))
+        return self._puts.put(payload, self._put_gathered)
+
+    def _put_gathered(self, payloads: list[bytes]) -> int:
+        return self._driver.run(self._space.put_gathered(payloads))
 
     def put_many(self, payloads: Iterable[bytes]) -> list[int]:
         """Append many messages in one round trip (script calls of up to
@@ -297,10 +305,15 @@ class AsyncWorkQueue(AsyncHandle):
                  prefix: str = DEFAULT_PREFIX) -> None:
         self.name = check_name("queue name", name)
         self._space = QueueSpace(self.name, queue_namespace(prefix, name), "", max_deliveries_of(max_deliveries))
+        self._puts = AsyncGathering()
         super().__init__(redis)
 
     async def put(self, payload: bytes) -> int:
-        return await self._driver.run(self._space.put(payload))
+        payload = await self._driver.run(self._space.admit(payload))
+        return await self._puts.put(payload, self._put_gathered)
+
+    async def _put_gathered(self, payloads: list[bytes]) -> int:
+        return await self._driver.run(self._space.put_gathered(payloads))
 
     async def put_many(self, payloads: Iterable[bytes]) -> list[int]:
         return await self._driver.run(self._space.put_many(payloads))
