@@ -57,9 +57,13 @@ class _Gathering:
         self.calls = 0            # PUT calls made (for tests and benchmarks)
         self.gathered = 0         # messages that went in a call with others
 
-    def _next_group(self) -> list[_Put] | None:
-        """(Under the lock.)  The next group, oldest first, within one
-        call's bounds; None, and nothing in flight, if none waits."""
+    def _next_group(self, sent: list[_Put]) -> list[_Put] | None:
+        """(Under the lock, once the group ``sent`` is answered.)  The next
+        group, oldest first, within one call's bounds; None, and nothing in
+        flight, if none waits."""
+        self.calls += 1
+        if len(sent) > 1:
+            self.gathered += len(sent)
         if not self.waiting:
             self.busy = False
             return None
@@ -73,9 +77,6 @@ class _Gathering:
 
     def _settled(self, group: list[_Put], first: int, error: BaseException | None) -> None:
         """Every member but the sender (group[0]) gets its outcome."""
-        self.calls += 1
-        if len(group) > 1:
-            self.gathered += len(group)
         for i, p in enumerate(group[1:], 1):
             if error is not None:
                 p.error = error
@@ -140,7 +141,7 @@ class SyncGathering(_Gathering):
         except BaseException as e:
             error = e
         with self._lock:
-            nxt = self._next_group()
+            nxt = self._next_group(group)
             if nxt is not None:
                 nxt[0].group = nxt
         if nxt is not None:
@@ -197,7 +198,7 @@ class AsyncGathering(_Gathering):
         # is not sent: its caller was told it was cancelled.)
         if any(p.done.cancelled() for p in self.waiting):
             self.waiting = deque(p for p in self.waiting if not p.done.cancelled())
-        nxt = self._next_group()
+        nxt = self._next_group(group)
         if nxt is not None:
             nxt[0].group = nxt
             nxt[0].done.set_result(None)
