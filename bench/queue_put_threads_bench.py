@@ -33,7 +33,7 @@ def putter(system: str, url: str):
     if system == "fastbus":
         from fastbus.queue import WorkQueue
         q = WorkQueue("putbench", url)
-        return q.put, q.close, q
+        return q.put, q.close, (q if hasattr(q, "_puts") else None)   # (a build from before gathering: no count)
     import redis
     r = redis.Redis.from_url(url, max_connections=64)
     if system == "streams":
