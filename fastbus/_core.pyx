@@ -55,6 +55,7 @@ UNSUBSCRIBE = FB_OP_UNSUBSCRIBE
 BATCH_VERSION = FB_BATCH_VERSION
 #: The batch header's flag (byte 3) of a batch whose records carry headers.
 BATCH_F_HEADERS = FB_BATCH_F_HEADERS
+#: ... and the flag of one whose records may repeat the block before (docs/BATCH_FORMAT.md).
 BATCH_F_HEADERS_AGAIN = FB_BATCH_F_HEADERS_AGAIN
 CORE_VERSION = (FB_VERSION_MAJOR, FB_VERSION_MINOR, FB_VERSION_PATCH)
 #: The share of a granted filter lease a peer counts on (csrc/fb_view.h).

@@ -88,7 +88,7 @@ cdef inline unsigned char *_put_header(unsigned char *w, bytes key, bytes value)
 # with the GIL held and releases it nowhere: one table for all threads.)
 
 cdef enum:
-    _EM_PAIRS = 8               # a block of more headers is not kept
+    _EM_PAIRS = 8               # a block of more headers (or over FB_HEADERS_AGAIN_MAX bytes) is not kept
 
 cdef PyObject *_em_objs[2 * _EM_PAIRS]
 cdef Py_ssize_t _em_n = 0       # pairs in _em_objs
@@ -189,8 +189,8 @@ cdef bytes _encode_headers(object headers, bytes reply_to=None, bytes hold=None)
         w += fb_put_varint(w, <uint32_t>vn)
         memcpy(w, vp, vn)
         w += vn
-    if reply_to is None and d is headers:
-        _encoded_now(d, out)
+    if reply_to is None and d is headers and total <= FB_HEADERS_AGAIN_MAX:
+        _encoded_now(d, out)          # (a large block is not kept alive for a next time)
     return out
 
 

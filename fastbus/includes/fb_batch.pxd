@@ -11,6 +11,8 @@ cdef extern from "fb_batch.h" nogil:
         FB_BATCH_F_HEADERS
         FB_BATCH_F_HEADERS_AGAIN
         FB_BATCH_KNOWN_FLAGS
+        FB_HEADERS_AGAIN_LEN
+        FB_HEADERS_AGAIN_MAX
         FB_VARINT_MAX
 
     const char *FB_HEADER_REPLY_TO

@@ -75,17 +75,17 @@ class _Gathering:
             group.append(p)
         return group
 
-    def _settled(self, group: list[_Put], first: int, error: BaseException | None) -> None:
-        """Every member but the sender (group[0]) gets its outcome."""
-        for i, p in enumerate(group[1:], 1):
+    @staticmethod
+    def _settled(group: list[_Put], first: int, error: BaseException | None) -> list[_Put]:
+        """Every member but the sender (group[0]) gets its outcome: those
+        members, for the caller to wake its own way."""
+        others = group[1:]
+        for i, p in enumerate(others, 1):
             if error is not None:
                 p.error = error
             else:
                 p.id = first + i
-            self._wake(p)
-
-    def _wake(self, p: _Put) -> None:
-        raise NotImplementedError
+        return others
 
 
 class SyncGathering(_Gathering):
@@ -146,13 +146,11 @@ class SyncGathering(_Gathering):
                 nxt[0].group = nxt
         if nxt is not None:
             nxt[0].done.set()
-        self._settled(group, first, error)
+        for p in self._settled(group, first, error):
+            p.done.set()
         if error is not None:
             raise error
         return first
-
-    def _wake(self, p: _Put) -> None:
-        p.done.set()
 
 
 class AsyncGathering(_Gathering):
@@ -202,7 +200,9 @@ class AsyncGathering(_Gathering):
         if nxt is not None:
             nxt[0].group = nxt
             nxt[0].done.set_result(None)
-        self._settled(group, first, error)
+        for p in self._settled(group, first, error):
+            if not p.done.done():                 # (cancelled while its call was out)
+                p.done.set_result(None)
         if error is not None:
             raise error
         return first
@@ -212,10 +212,6 @@ class AsyncGathering(_Gathering):
             await self._send(group, send)
         except BaseException:                     # (the others were told; the cancelled one is gone)
             pass
-
-    def _wake(self, p: _Put) -> None:
-        if not p.done.done():
-            p.done.set_result(None)
 
 
 _sync_gatherings: weakref.WeakSet[SyncGathering] = weakref.WeakSet()
