@@ -59,6 +59,7 @@ try:
         UNSUBSCRIBE,
         Batch,
         Forwarder,
+        Headers,
         Outbox,
         Router,
         Trie,
@@ -107,7 +108,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BATCH_F_HEADERS", "BATCH_F_HEADERS_AGAIN", "BATCH_VERSION", "CORE_VERSION", "EXACT", "PREFIX", "SUBSCRIBE", "UNSUBSCRIBE",
-    "Batch", "Forwarder", "Outbox", "Publisher", "Router", "Trie", "batch_count", "crc32c", "decode", "decode_messages", "encode",
+    "Batch", "Forwarder", "Headers", "Outbox", "Publisher", "Router", "Trie", "batch_count", "crc32c", "decode", "decode_messages", "encode",
     "BatchError", "FastbusError", "ForwarderError", "MessagesRejected", "MessageTooLarge", "NotSubscribedError", "ProtocolError",
     "PublishTimeout", "AddressInUse", "BrokerTimeout", "BrokerUnavailable", "FlushTimeout", "InvalidEndpoint",
     "InvalidKey", "KeyRefused", "DurableNameInUse", "ListenError", "NotABroker", "NoResponders", "RequestTimeout",

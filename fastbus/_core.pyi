@@ -22,6 +22,15 @@ _Headers = Mapping[str, str | Buffer]
 #: that has headers (decode's default), headers None where asked for all.
 _Record = tuple[bytes, bytes] | tuple[bytes, bytes, dict[str, bytes] | None]
 
+class Headers(dict[str, Any]):
+    """A received message's headers: read-only (messages share one).  The
+    decoders' results are typed as the dicts they are; every method that
+    would change one raises TypeError."""
+    def __setitem__(self, key: str, value: Any, /) -> None: ...
+    def __delitem__(self, key: str, /) -> None: ...
+    def __copy__(self) -> Headers: ...
+    def __deepcopy__(self, memo: Any) -> Headers: ...
+
 EXACT: Final[int]
 PREFIX: Final[int]
 SUBSCRIBE: Final[int]

@@ -48,9 +48,9 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
     ``classify(channel)`` fills it for channels not yet in it.  With ``utf8``,
     channels and payloads are decoded to str (one that is not UTF-8 stays
     bytes: a batch is never lost for one such record).  A record with headers gets
-    a ``headers`` key (a dict of str to bytes; with ``utf8``, str where a
-    value is UTF-8); one
-    without has none, so its dict is redis-py's exactly.  A request (a
+    a ``headers`` key (a read-only :class:`fastbus.Headers` of str to bytes,
+    with ``utf8`` str where a value is UTF-8; the records that repeat the
+    headers of the one before share it); one without has none, so its dict is redis-py's exactly.  A request (a
     record whose headers name a reply channel) gets a ``reply_to`` key,
     the channel to answer on (bytes, str with ``utf8``), and with
     ``request`` given is the message ``request(dict)`` returns instead
@@ -88,7 +88,7 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
             PyDict_SetItem(d, _K_PATTERN, (<tuple>cls)[1])
             PyDict_SetItem(d, _K_CHANNEL, topic)
             PyDict_SetItem(d, _K_DATA, payload)
-            if recs[i].headers_len:             # (a dict of str and bytes: untracked as they are)
+            if recs[i].headers_len:             # (a read-only Headers, shared by the records that repeat it)
                 h = _headers_memo(&memo, recs[i].headers, recs[i].headers_len, utf8, False)
                 if h is not None:
                     PyDict_SetItem(d, _K_HEADERS, h)

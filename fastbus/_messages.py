@@ -8,9 +8,10 @@ Used by :class:`fastbus.PubSub` (and its asyncio twin),
 
 Messages are dicts shaped as redis-py's (:class:`PubSubMessage`):
 ``type``, ``pattern``, ``channel``, ``data``; a data message published with
-headers also has ``headers`` (a dict of str to bytes; with ``decode_responses``
-to str where a value is UTF-8), so ``message.get("headers")`` is None for one
-without.  Kinds:
+headers also has ``headers`` (a :class:`fastbus.Headers`, a read-only dict
+of str to bytes; with ``decode_responses`` to str where a value is UTF-8;
+messages with the same headers share one), so ``message.get("headers")``
+is None for one without.  Kinds:
 
 * ``message`` / ``pmessage``: data (``pattern`` set for ``pmessage``);
 * ``subscribe`` / ``psubscribe`` / ``unsubscribe`` / ``punsubscribe``:
@@ -35,10 +36,10 @@ from here, never from the subscribers directly.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, NotRequired, TypedDict, Union
 
-from fastbus._core import decode, glob_match, glob_prefix
+from fastbus._core import Headers, decode, glob_match, glob_prefix
 from fastbus._decoders import decode_matching, decode_messages, resp_pubsub_decode
 
 __all__ = [
@@ -71,7 +72,7 @@ class PubSubMessage(TypedDict):
     pattern: Union[bytes, str, None]
     channel: Union[bytes, str, None]
     data: Any               # bytes/str payload; int count; GapInfo for ``gap``
-    headers: NotRequired[dict[str, Any]]   # a data message published with headers
+    headers: NotRequired[Headers]          # a data message published with headers (read-only)
     reply_to: NotRequired[Union[bytes, str]]   # a request (Client.request): the channel its reply goes to
 
 
@@ -129,7 +130,7 @@ def pattern_prefix(pattern: object) -> bytes:
 # -- builders ----------------------------------------------------------------
 
 def message(channel: bytes | str, data: bytes | str, pattern: bytes | str | None = None,
-            headers: dict[str, Any] | None = None) -> PubSubMessage:
+            headers: Headers | None = None) -> PubSubMessage:
     """A data message: ``pmessage`` when a pattern matched, else ``message``
     (with ``headers`` if it has any)."""
     m: PubSubMessage = {"type": "pmessage" if pattern is not None else "message", "pattern": pattern,
@@ -139,7 +140,7 @@ def message(channel: bytes | str, data: bytes | str, pattern: bytes | str | None
     return m
 
 
-def headers_as_text(headers: dict[str, Any]) -> dict[str, Any]:
+def headers_as_text(headers: Mapping[str, Any]) -> Headers:
     """Header values as decode_responses reads them: str where a value is
     UTF-8, bytes where it is not (binary headers are not lost)."""
     out = {}
@@ -150,7 +151,7 @@ def headers_as_text(headers: dict[str, Any]) -> dict[str, Any]:
             except UnicodeDecodeError:
                 pass
         out[k] = v
-    return out
+    return Headers(out)
 
 
 def item_as_text(item: tuple) -> tuple:

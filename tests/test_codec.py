@@ -56,8 +56,9 @@ repeated_st = st.lists(headers_st | st.none(), min_size=1, max_size=3).flatmap(
 def test_header_repeats_round_trip(records, checksum):
     """A batch with repeats (flag bit 2) decodes to what the same records
     without them do, is never longer, and says so exactly where a record
-    carries the non-empty headers of the one before; each decoded record
-    gets a dict of its own (changing one leaves the others)."""
+    carries the non-empty headers of the one before; a record that repeats
+    the headers of the one before shares its Headers, which nobody can
+    change (so sharing cannot leak a change from one message to another)."""
     plain = bytes(encode(records, checksum=checksum))
     again = bytes(encode(records, checksum=checksum, header_repeats=True))
     assert decode(again) == decode(plain) == [_as_decoded(r) for r in records]
@@ -66,11 +67,45 @@ def test_header_repeats_round_trip(records, checksum):
     repeats = any(b is not None and b == blocks[i - 1] for i, b in enumerate(blocks) if i)   # (the same bytes)
     assert bool(again[3] & fastbus.BATCH_F_HEADERS_AGAIN) == repeats
     assert not plain[3] & fastbus.BATCH_F_HEADERS_AGAIN
-    dicts = [r[2] for r in decode(again) if len(r) == 3]
-    assert len({id(d) for d in dicts}) == len(dicts)
-    if dicts:
-        dicts[0]["mine"] = b"changed"
-        assert all("mine" not in d for d in dicts[1:])
+    decoded = decode(again)
+    for i, r in enumerate(decoded):
+        if len(r) == 3:
+            assert type(r[2]) is fastbus.Headers
+            if i and blocks[i] == blocks[i - 1]:
+                assert r[2] is decoded[i - 1][2]
+            with pytest.raises(TypeError, match="read-only"):
+                r[2]["mine"] = b"changed"
+            with pytest.raises(TypeError, match="read-only"):
+                r[2].update(mine=b"changed")
+            assert "mine" not in r[2]
+            mine = dict(r[2])
+            mine["mine"] = b"changed"             # (a copy is a plain dict to change)
+            assert "mine" not in r[2]
+
+
+def test_received_headers_are_read_only_and_behave_as_a_dict():
+    """Every way to change a Headers raises; reading, comparing, copying,
+    pickling, JSON and sending it on work as they do for a dict."""
+    import copy
+    import json
+    import pickle
+    h = decode(encode([(b"t", b"a", {"k": "v", "bin": b"\xff"})]))[0][2]
+    want = {"k": b"v", "bin": b"\xff"}
+    changes = [lambda: h.__setitem__("x", b"1"), lambda: h.__delitem__("k"), lambda: h.clear(),
+               lambda: h.pop("k"), lambda: h.pop("nope", None), lambda: h.popitem(), lambda: h.setdefault("x", b"1"),
+               lambda: h.update(x=b"1"), lambda: h.update({"x": b"1"}), lambda: h.__init__(x=b"1"),
+               lambda: h.__ior__({"x": b"1"})]
+    for change in changes:
+        with pytest.raises(TypeError, match="read-only"):
+            change()
+    assert h == want and isinstance(h, dict) and len(h) == 2 and h.get("k") == b"v" and list(h) == ["k", "bin"]
+    assert type(h.copy()) is dict and h.copy() == want and type(h | {"x": b"1"}) is dict
+    assert copy.copy(h) is h and copy.deepcopy(h) is h
+    back = pickle.loads(pickle.dumps(h))
+    assert type(back) is fastbus.Headers and back == want
+    assert json.loads(json.dumps(fastbus.Headers(k="v"))) == {"k": "v"}
+    assert decode(encode([(b"t", b"b", h)]))[0][2] == want        # (sent on as it came)
+    assert fastbus.Headers() == {} and fastbus.Headers({"a": "1"}, b="2") == {"a": "1", "b": "2"}
 
 
 def test_a_repeat_in_a_batch_without_the_flag_is_refused():

@@ -97,7 +97,7 @@ def decode(data, *, uint32_t max_topic=0, uint32_t max_payload=0, uint32_t max_r
            bint require_checksum=False, headers=None) -> list:
     """Validate a whole batch and return its records: ``(topic, payload)``
     for a record without headers, ``(topic, payload, headers)`` for one
-    with them (a dict of str to bytes).  ``headers=True``: every record as
+    with them (a read-only Headers of str to bytes, shared by records that repeat it).  ``headers=True``: every record as
     a triple (None for no headers); ``headers=False``: every record as a
     pair, its headers left out.
 

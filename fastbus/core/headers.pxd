@@ -12,16 +12,17 @@ from libc.stdint cimport uint32_t
 # it (its value: the capacity, decimal).
 cdef bytes _encode_headers(object headers, bytes reply_to=*, bytes hold=*)
 
-# A checked block (fb_record.headers) as a dict: str keys; bytes values,
-# with utf8 str where a value is UTF-8 (bytes where not).  None for a record without headers.
+# A checked block (fb_record.headers) as a Headers (a read-only dict,
+# headers.pxi): str keys; bytes values, with utf8 str where a value is
+# UTF-8 (bytes where not).  None for a record without headers.
 # protocol=False leaves the protocol's (':') headers out, and gives None
 # if nothing else is left.
 cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8, bint protocol=*)
 
 # _headers_dict for a batch's records in turn: a record whose block is the
-# one before it, byte for byte, gets a copy of the dict made for that one
-# (a stream's records mostly carry the same headers; a copy of a small dict
-# is a third of building it).  A decoder keeps one memo per batch, zeroed
+# one before it, byte for byte, gets the very Headers made for that one
+# (a stream's records mostly carry the same headers; sharing one costs a
+# reference, where a copy of a small dict cost a third of building it).  A decoder keeps one memo per batch, zeroed
 # before the first record, and clears it (_hm_clear) after the last; the
 # block pointers it holds are the batch's, so it must not outlive the batch.
 cdef struct _header_memo:

@@ -12,7 +12,7 @@
 # out the same str object for a name it made before (names repeat: every
 # message of a traced stream says "traceparent").
 
-from cpython.dict cimport PyDict_CheckExact, PyDict_Copy, PyDict_Next, PyDict_New, PyDict_SetItem
+from cpython.dict cimport PyDict_CheckExact, PyDict_Next, PyDict_SetItem
 from cpython.unicode cimport PyUnicode_CheckExact, PyUnicode_DecodeUTF8
 
 cdef extern from "Python.h":
@@ -58,6 +58,64 @@ cdef dict _checked_headers(object headers):
             raise TypeError(f"header {key!r}: a value must be str or bytes, not {type(value).__name__}")
         out[str(key)] = value
     return out
+
+
+# -- what a subscriber gets ---------------------------------------------------
+
+cdef str _READ_ONLY = ("a received message's headers are read-only (the messages of a batch that carry "
+                       "the same headers share one Headers): dict(headers) is a copy to change")
+
+
+cdef class Headers(dict):
+    """A received message's headers: a dict to read, not to change.
+
+    A stream's messages mostly carry the same headers (a content type, a
+    tenant, a trace's context), and decoding a batch makes their mapping
+    once for every record that repeats it (docs/BATCH_FORMAT.md,
+    "Repeats"), so messages share one.  Everything that would change it
+    raises TypeError; ``dict(headers)`` and ``headers.copy()`` are plain
+    dicts to change.  It is a dict otherwise: ``isinstance(h, dict)``,
+    ``==`` with a dict, ``json.dumps``, pickling and ``publish(...,
+    headers=h)`` work as they do for one.  (JMS treats a received
+    message's properties the same way.)"""
+
+    def __init__(self, *args, **kwargs):
+        if len(self):                       # (dict.__init__ again would change it)
+            raise TypeError(_READ_ONLY)
+        dict.__init__(self, *args, **kwargs)
+
+    def __setitem__(self, key, value):
+        raise TypeError(_READ_ONLY)
+
+    def __delitem__(self, key):
+        raise TypeError(_READ_ONLY)
+
+    def __ior__(self, other):
+        raise TypeError(_READ_ONLY)
+
+    def clear(self):
+        raise TypeError(_READ_ONLY)
+
+    def pop(self, *args):
+        raise TypeError(_READ_ONLY)
+
+    def popitem(self):
+        raise TypeError(_READ_ONLY)
+
+    def setdefault(self, *args):
+        raise TypeError(_READ_ONLY)
+
+    def update(self, *args, **kwargs):
+        raise TypeError(_READ_ONLY)
+
+    def __reduce__(self):
+        return (Headers, (dict(self),))
+
+    def __copy__(self):
+        return self                         # (nothing can change it: the copy may be itself)
+
+    def __deepcopy__(self, memo):
+        return self
 
 
 cdef str _RESERVED = ("header {!r}: names beginning with ':' belong to the protocol "
@@ -136,7 +194,7 @@ cdef bytes _encode_headers(object headers, bytes reply_to=None, bytes hold=None)
         headers = {}
     cdef dict d
     cdef bytes again
-    if PyDict_CheckExact(headers):
+    if PyDict_CheckExact(headers) or type(headers) is Headers:     # (a received message's, sent on)
         d = <dict>headers
         if reply_to is None:
             again = _encoded_before(d)
@@ -241,7 +299,7 @@ cdef object _text_or_bytes(const char *p, Py_ssize_t n):
 cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8, bint protocol=True):
     if block is NULL or n == 0:
         return None
-    cdef dict out = PyDict_New()
+    cdef Headers out = Headers.__new__(Headers)
     cdef const unsigned char *p = block
     cdef const unsigned char *end = block + n
     cdef fb_header h
@@ -253,7 +311,8 @@ cdef object _headers_dict(const unsigned char *block, uint32_t n, bint utf8, bin
             value = _text_or_bytes(<const char *>h.value, h.value_len)
         else:
             value = PyBytes_FromStringAndSize(<const char *>h.value, h.value_len)
-        PyDict_SetItem(out, _header_name(h.key, h.key_len), value)
+        PyDict_SetItem(out, _header_name(h.key, h.key_len), value)   # (dict's own: Headers refuses users only)
+    PyObject_GC_UnTrack(<void *>out)       # only str and bytes inside: no cycles
     return out if out or protocol else None
 
 
@@ -270,11 +329,7 @@ cdef object _headers_memo(_header_memo *m, const unsigned char *block, uint32_t 
         return None
     cdef object d
     if m.made is not NULL and n == m.n and (block == m.block or (n <= _HM_COMPARE_MAX and memcmp(block, m.block, n) == 0)):
-        d = <object>m.made
-        return PyDict_Copy(d) if d is not None else None
-    # The first of its kind: the memo keeps the very dict handed out.  No
-    # user code runs while a batch is decoded (one call), so nothing can
-    # change it before the copies are made.
+        return <object>m.made              # (read-only: every record that repeats it shares it)
     d = _headers_dict(block, n, utf8, protocol)
     Py_INCREF(d)
     Py_XDECREF(m.made)
