@@ -47,6 +47,9 @@ typedef struct qgroup {
     uint8_t mark_len;         /* 0: no mark, this router's alone */
     unsigned char mark[FB_ROUTER_MARK_MAX];
     fb_backlog *held;         /* a held group's (fb_router_group_hold), NULL: not held */
+    unsigned char *topic;     /* fb_router_set_group_topic's: records from bound channels go as this */
+    size_t topic_len;
+    uint32_t bound_capacity;  /* ... and what the backlog keeps of them (0: no count bound) */
 } qgroup;
 
 /* A group's pick of a broker link for the record being routed: the record
@@ -252,6 +255,7 @@ int fb_router_remove_group(fb_router *r, uint64_t id)
     if (!g) return FB_ENOTFOUND;
     free(g->pat);
     free(g->members);
+    free(g->topic);
     if (g->held) r->st.held_dropped += free_backlog(r, g);
     *g = (qgroup){ .next = r->freegroup };
     r->freegroup = (uint32_t)(id - FB_ROUTER_GROUP_BASE);
@@ -295,6 +299,23 @@ size_t fb_router_group_size(const fb_router *r, uint64_t id)
 {
     const qgroup *g = group_of(r, id);
     return g ? g->nmembers : 0;
+}
+
+int fb_router_set_group_topic(fb_router *r, uint64_t id, const void *topic, size_t len, uint32_t capacity)
+{
+    qgroup *g = group_of(r, id);
+    if (!g) return FB_ENOTFOUND;
+    if (g->pat || (!topic && len)) return FB_EINVAL;
+    unsigned char *t = NULL;
+    if (topic) {
+        if (!(t = malloc(len ? len : 1))) return FB_ENOMEM;
+        if (len) memcpy(t, topic, len);
+    }
+    free(g->topic);
+    g->topic = t;
+    g->topic_len = t ? len : 0;
+    g->bound_capacity = t ? capacity : 0;
+    return FB_OK;
 }
 
 void fb_router_set_away(fb_router *r, uint32_t link, int away)
@@ -519,12 +540,23 @@ static int reserve(void **p, size_t *cap, size_t need, size_t item)
 
 /* Append the record being routed to a link's outbox: 1 if appended, 0 if
  * the link has no outbox or already has this record, or an error. */
+static int append_copy(fb_router *r, uint32_t id, const fb_record *rec, uint64_t now_ns);
+
 static int append_to(fb_router *r, uint32_t id, const fb_record *rec, uint64_t now_ns)
 {
     linkbox *lb = &r->links[id];
-    int rc;
     if (!lb->active || lb->stamp == r->stamp) return 0;
     lb->stamp = r->stamp;
+    return append_copy(r, id, rec, now_ns);
+}
+
+/* append_to without the "each link once": a copy under a group's own
+ * topic (fb_router_set_group_topic) is another record for the link. */
+static int append_copy(fb_router *r, uint32_t id, const fb_record *rec, uint64_t now_ns)
+{
+    linkbox *lb = &r->links[id];
+    int rc;
+    if (!lb->active) return 0;
     if (fb_outbox_count(&lb->ob) == 0 && (rc = list_link(r, id)) < 0) return rc;
     uint32_t hl = lb->no_headers ? 0 : rec->headers_len;
     rc = fb_outbox_append_h(&lb->ob, rec->topic, rec->topic_len, rec->headers, hl, rec->payload,
@@ -636,9 +668,10 @@ enum { HELD_KEPT = 1, HELD_FULL = 2 };
 /* A held group without a member to take the record: keep it if the
  * sender's capacity (r->rec_capacity) and the router's bound allow;
  * r->rec_held says which. */
-static int keep(fb_router *r, qgroup *g, const fb_record *rec, uint64_t now_ns)
+static int keep(fb_router *r, qgroup *g, const fb_record *rec, uint64_t now_ns, int bound)
 {
-    const uint32_t capacity = r->rec_capacity;
+    uint32_t capacity = r->rec_capacity;
+    if (bound && g->bound_capacity && (!capacity || g->bound_capacity < capacity)) capacity = g->bound_capacity;
     size_t cost = fb_backlog_cost(rec);
     if ((capacity && fb_backlog_count(g->held) >= capacity) ||
         (r->max_held_bytes && r->held_bytes + cost > r->max_held_bytes)) {
@@ -685,17 +718,30 @@ static int pick_for_groups(fb_router *r, const fb_record *rec, const fb_record *
         if (from_broker && g->mark_len && !(named && fb_groups_has(marks, marks_len, g->mark, g->mark_len)))
             continue;
         uint32_t m = pick_member(r, g, source);
+        /* From a bound channel: the group's own copy, under its topic. */
+        fb_record own;
+        int bound = g->topic && (rec->topic_len != g->topic_len || memcmp(rec->topic, g->topic, g->topic_len));
+        if (bound) {
+            own = *plain;
+            own.topic = g->topic;
+            own.topic_len = (uint32_t)g->topic_len;
+        }
         /* A held group keeps what only an away member could take: a
          * member that joins meanwhile gets it at once, and the away one
          * when it resumes (fb_router_group_give), rather than the record
          * waiting for that session's resume or expiry. */
         if (g->held && (m == UINT32_MAX || (m < r->caplinks && r->links[m].away))) {
             if (from_broker && g->mark_len) named_picked++;
-            if ((rc = keep(r, g, plain, now_ns)) < 0) return rc;
+            if ((rc = keep(r, g, bound ? &own : plain, now_ns, bound)) < 0) return rc;
             continue;
         }
         if (m == UINT32_MAX || m >= r->caplinks) continue;
         if (from_broker && g->mark_len) named_picked++;
+        if (bound) {
+            if ((rc = append_copy(r, m, &own, now_ns)) < 0) return rc;
+            *delivered += (uint64_t)rc;
+            continue;
+        }
         if (r->links[m].broker && g->mark_len) {
             if ((rc = reserve((void **)&r->picks, &r->cappicks, r->npicks + 1, sizeof(bpick))) < 0) return rc;
             r->picks[r->npicks++] = (bpick){ m, (uint32_t)(id - FB_ROUTER_GROUP_BASE) };

@@ -236,6 +236,21 @@ int64_t fb_router_group_give(fb_router *r, uint64_t id, uint64_t now_ns);
 /* Drop the records a group kept before before_ns; returns how many. */
 size_t fb_router_group_expire(fb_router *r, uint64_t id, uint64_t before_ns);
 
+/* Bound channels: a group held in the trie under more keys than its own
+ * (the caller adds its id under them) takes what they get as if it had
+ * been published on the group's own channel, `topic`: the member it picks
+ * gets, and its backlog keeps, the record under that topic (AMQP's queue
+ * bound to an exchange; a Channels layer's named channel in a group).
+ * Such a copy is the group's own: a member that also gets the record by
+ * its first topic (a plain subscription of the bound channel) gets both.
+ * `capacity` bounds what the backlog keeps of records that came so (0: no
+ * count bound; a record's :hold still applies).  topic NULL: none (the
+ * records keep their topics, the group's own key decides).  A broker link
+ * the group picks gets such a copy as a plain record under `topic` (no
+ * :groups header: the other broker routes it as published there).  Not
+ * for a glob group: FB_EINVAL.  FB_ENOTFOUND, FB_ENOMEM. */
+int fb_router_set_group_topic(fb_router *r, uint64_t id, const void *topic, size_t len, uint32_t capacity);
+
 /* Every change of a backlog, told as it happens, for a journal to keep
  * (fastbus's --journal: a restart finds each held group's backlog as it
  * was).  FB_HELD_KEPT: rec was kept at at_ns (the router's clock), the

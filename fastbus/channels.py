@@ -132,6 +132,9 @@ NAMED_CHANNELS = ("queue", "pubsub")
 QUEUE_GROUP = b"channels"
 #: Seconds a send() to a named channel waits for the broker's answer.
 SEND_TIMEOUT = 10.0
+#: A named channel's group membership lasts group_expiry, at most this
+#: (the broker's bound of a binding's life: add it again to renew it).
+BIND_LIFE_MAX = P.MAX_HOLD_MS / 1000
 #: While a named channel has receivers (the broker's last answer said one
 #: took the message), at most this many sends to it (and at most its
 #: capacity) go without waiting for an answer before one waits again.
@@ -397,10 +400,10 @@ class _LoopLayer:
         self.readers: list[asyncio.Task | None] = [None] * n
         self.inboxes: dict[str, _Inbox] = {}
         self.groups: dict[str, dict[str, float]] = {}     # group -> {channel: added at, monotonic}
-        self.topics: dict[bytes, int] = {}                 # subscribed topic -> shard
+        self.topics: set[tuple[bytes, int]] = set()        # (topic, shard) subscribed
         self._locks = [asyncio.Lock() for _ in range(n)]   # subscribing, one at a time per broker
         self.queues = channel_layer.named_channels == "queue"
-        self.held: set[bytes] = set()                      # named channels' topics declared held (queue mode)
+        self.held: set[tuple[bytes, int]] = set()          # (named channel's topic, shard) declared held (queue mode)
         self.unchecked: dict[bytes, int] = {}              # topic -> sends left that need no answer
         self._returning: collections.deque[tuple[bytes, tuple[float, bytes]]] = collections.deque()
         self._returner: asyncio.Task | None = None         # gives _returning back to the broker
@@ -435,10 +438,10 @@ class _LoopLayer:
         """Subscribe a topic once (returns when the broker has confirmed it
         for every publisher), as a member of queue group ``queue`` if
         given.  A failed or cancelled subscribe leaves nothing subscribed."""
-        if topic in self.topics:
+        if (topic, shard) in self.topics:
             return
         async with self._locks[shard]:            # (one broker's slowness holds up no other)
-            if topic in self.topics:
+            if (topic, shard) in self.topics:
                 return
             p = self.pubsubs[shard]
             if p is None:
@@ -450,17 +453,19 @@ class _LoopLayer:
                 if not p.closed:                  # it stays requested otherwise
                     _drop(p, topic + b"*" if pattern else topic, pattern)
                 raise
-            self.topics[topic] = shard
+            self.topics.add((topic, shard))
             reader = self.readers[shard]
             if reader is None or reader.done():
                 self.readers[shard] = asyncio.get_running_loop().create_task(self._read(p))
 
     def _unsubscribe(self, topic: bytes) -> None:
-        """Drop a topic's subscription (the broker needs no answer)."""
-        shard = self.topics.pop(topic, None)
-        p = self.pubsubs[shard] if shard is not None else None
-        if p is not None and not p.closed:
-            _drop(p, topic, False)
+        """Drop a topic's subscriptions, on every broker that has one (the
+        broker needs no answer)."""
+        for shard, p in enumerate(self.pubsubs):
+            if (topic, shard) in self.topics:
+                self.topics.discard((topic, shard))
+                if p is not None and not p.closed:
+                    _drop(p, topic, False)
 
     async def _publish(self, topic: bytes, shard: int, message: Any) -> None:
         cl = self.channel_layer
@@ -511,13 +516,13 @@ class _LoopLayer:
         cl = self.channel_layer
         client = self._client(shard)
         for again in (False, True):
-            if topic not in self.held:
+            if (topic, shard) not in self.held:
                 await client.hold(topic, QUEUE_GROUP, expiry=cl.expiry or 60)
-                self.held.add(topic)
+                self.held.add((topic, shard))
             try:
                 return await client.enqueue(topic, payload, capacity, timeout=SEND_TIMEOUT)
             except NoResponders:
-                self.held.discard(topic)       # (its declaration ran out at the broker)
+                self.held.discard((topic, shard))   # (its declaration ran out at the broker)
                 if again:
                     raise
         raise AssertionError("unreachable")
@@ -546,8 +551,11 @@ class _LoopLayer:
         elif self.queues:
             # One receiver a message, kept by the broker until one is here:
             # what it gives this loop is this loop's (no bound here but
-            # the connection's: the broker's slow-consumer rules).
-            await self._subscribe(topic, shard, pattern=False, queue=QUEUE_GROUP)
+            # the connection's: the broker's slow-consumer rules).  A
+            # member on every broker: its own sends come through its home
+            # broker, its groups' messages through each group's (_bind).
+            for s in [shard] + [s for s in range(len(self.pubsubs)) if s != shard]:
+                await self._subscribe(topic, s, pattern=False, queue=QUEUE_GROUP)
             return self.inboxes.setdefault(channel, _Inbox(0))
         else:
             await self._subscribe(topic, shard, pattern=False)
@@ -606,6 +614,9 @@ class _LoopLayer:
             self._unsubscribe(self._topic(channel)[0])
 
     async def group_add(self, group: str, channel: str) -> None:
+        if self.queues and "!" not in channel:
+            await self._bind(group, channel)
+            return
         if channel not in self.inboxes:
             # Membership lives in the loop that receives the channel: held
             # anywhere else it would end with that loop, or deliver twice.
@@ -629,6 +640,9 @@ class _LoopLayer:
             members.pop(channel, None)
 
     async def group_discard(self, group: str, channel: str) -> None:
+        if self.queues and "!" not in channel:
+            await self._bind(group, channel, unbind=True)
+            return
         members = self.groups.get(group)
         if members is None or members.pop(channel, None) is None:
             return
@@ -636,6 +650,27 @@ class _LoopLayer:
         if not members:
             del self.groups[group]
             self._unsubscribe(self.channel_layer._group_key(group))
+
+    async def _bind(self, group: str, channel: str, unbind: bool = False) -> None:
+        """A named channel's membership of a group (queue mode): kept by the
+        broker where the group's messages are published, as a binding of
+        the group's fastbus channel to the named channel's held group
+        there (Client.bind), for ``group_expiry`` (at most a day): every
+        message sent to the group goes to one receiver of the channel, in
+        whatever process, or is kept for one, within the channel's
+        capacity.  Any process may add or discard it."""
+        cl = self.channel_layer
+        topic = self._topic(channel)[0]
+        key = cl._group_key(group)
+        shard = cl._ring.shard(key)
+        client = self._client(shard)
+        if unbind:
+            await client.unbind(key, topic, QUEUE_GROUP)
+            return
+        await client.hold(topic, QUEUE_GROUP, expiry=cl.expiry or 60)    # (declared, or renewed)
+        self.held.add((topic, shard))
+        life = min(cl.group_expiry or BIND_LIFE_MAX, BIND_LIFE_MAX)
+        await client.bind(key, topic, QUEUE_GROUP, life=life, capacity=cl.get_capacity(channel))
 
     # -- a named channel's messages no receiver here takes (queue mode) ---------
 
@@ -674,11 +709,11 @@ class _LoopLayer:
         for channel in named:
             self._end(channel, unsubscribe=False)
         for shard, p in enumerate(self.pubsubs):
-            topics = [t for t, sh in self.topics.items() if sh == shard and t.startswith(self._channel_b)]
+            topics = [t for t, sh in self.topics if sh == shard and t.startswith(self._channel_b)]
             if p is None or p.closed or not topics:
                 continue
             for t in topics:
-                del self.topics[t]
+                self.topics.discard((t, shard))
             try:
                 await asyncio.wait_for(p.wait_confirmed(p.unsubscribe_nowait(*topics)), SEND_TIMEOUT)
             except Exception as exc:              # (the broker gone: it gave nothing more)
@@ -794,8 +829,8 @@ class _LoopLayer:
         if self.queues:
             await self._leave_named()
         if release:
-            for topic in self.held:
-                c = self.clients[self.channel_layer._ring.shard(topic)]
+            for topic, shard in self.held:
+                c = self.clients[shard]
                 if c is not None and not c.closed:
                     try:
                         await c.release(topic, QUEUE_GROUP)

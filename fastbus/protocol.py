@@ -134,6 +134,8 @@ OP_PREFIX = 0x02
 OP_GLOB = 0x04          # the key is a Redis glob (never with OP_PREFIX)
 OP_QUEUE = 0x08         # a queue group member's: the group's name follows the flags byte
 OP_HOLD = 0x10          # with OP_QUEUE: the group is held (no membership); u32 expiry ms, then the name
+OP_BIND = 0x20          # with OP_HOLD: the key is bound to a held group; u32 life ms, u32 capacity,
+                        # u16 length and the group's channel, then the name
 #: The third field of an op ``(op, key, prefix)`` for a glob: neither exact
 #: (False) nor prefix (True).  Only a subscriber's SUB and the REFUSED
 #: naming it carry globs; brokers and publishers' filters see prefixes.
@@ -154,11 +156,20 @@ class Queue(NamedTuple):
     no member can take, for a member to come, at most that long (and
     refreshes the declaration's own life by as much); or that it is no
     longer (UNSUBSCRIBE: what it kept is dropped).  docs/PROTOCOL.md,
-    "Held groups"."""
+    "Held groups".
+
+    ``into`` (with ``hold``): not a declaration but a binding: what is
+    published on the op's key goes to channel ``into``'s held group
+    ``name`` too, as if published on ``into``, for ``hold`` ms (bound
+    again: renewed; UNSUBSCRIBE: unbound); of what comes so, its backlog
+    keeps at most ``capacity`` (0: no count bound).  docs/PROTOCOL.md,
+    "Bound channels"."""
 
     name: bytes
     glob: bool
     hold: int = 0
+    into: bytes | None = None
+    capacity: int = 0
 
 #: The :status of the broker's answer to a request to a held group (its
 #: :hold header; csrc/fb_batch.h): a member has it, kept for one, not kept.
@@ -168,6 +179,7 @@ STATUS_FULL = "507"
 #: A held group's expiry: at most this many milliseconds (a day).
 MAX_HOLD_MS = 86_400_000
 _HOLD_MS = struct.Struct("!I")
+_BIND = struct.Struct("!IIH")      # a binding's life (ms), capacity, the group's channel's length
 
 U64 = struct.Struct("<Q")
 
@@ -197,6 +209,9 @@ def encode_ops(ops: Iterable[tuple[int, bytes, bool | int]]) -> Batch:
 def _op_payload(op: int, prefix) -> bytes:
     sub = OP_SUBSCRIBE if op == SUBSCRIBE else 0
     if isinstance(prefix, Queue):
+        if prefix.into is not None:
+            return (bytes((sub | OP_QUEUE | OP_HOLD | OP_BIND,)) +
+                    _BIND.pack(prefix.hold, prefix.capacity, len(prefix.into)) + prefix.into + prefix.name)
         if prefix.hold:
             return bytes((sub | OP_QUEUE | OP_HOLD,)) + _HOLD_MS.pack(prefix.hold) + prefix.name
         return bytes((sub | OP_QUEUE | (OP_GLOB if prefix.glob else 0),)) + prefix.name
@@ -207,18 +222,30 @@ def decode_ops(data, *, max_key: int = 0, max_ops: int = 0) -> list[tuple[int, b
     """An ops batch back into ``(op, key, prefix)`` (``prefix``: False, True
     or GLOB); ProtocolError if invalid."""
     try:
-        records = decode(data, max_topic=max_key, max_payload=1 + _HOLD_MS.size + MAX_QUEUE_NAME,
-                         max_records=max_ops)
+        records = decode(data, max_topic=max_key,
+                         max_payload=1 + _BIND.size + (max_key or 0xFFFF) + MAX_QUEUE_NAME, max_records=max_ops)
     except ValueError as exc:
         raise ProtocolError(f"bad subscription batch: {exc}") from exc
     ops = []
     for key, flags in records:
         f = flags[0] if flags else 0xFF
-        if f & ~(OP_SUBSCRIBE | OP_PREFIX | OP_GLOB | OP_QUEUE | OP_HOLD) or \
+        if f & ~(OP_SUBSCRIBE | OP_PREFIX | OP_GLOB | OP_QUEUE | OP_HOLD | OP_BIND) or \
                 (f & OP_PREFIX and f & (OP_GLOB | OP_QUEUE)) or \
-                (f & OP_HOLD and (f & (OP_GLOB | OP_PREFIX) or not f & OP_QUEUE)):
+                (f & OP_HOLD and (f & (OP_GLOB | OP_PREFIX) or not f & OP_QUEUE)) or \
+                (f & OP_BIND and not f & OP_HOLD):
             raise ProtocolError(f"bad subscription flags {flags[:1]!r}")
-        if f & OP_HOLD:
+        if f & OP_BIND:
+            if len(flags) < 1 + _BIND.size:
+                raise ProtocolError("a binding without its life, capacity and channel")
+            life, capacity, n = _BIND.unpack_from(flags, 1)
+            o = 1 + _BIND.size
+            name = bytes(flags[o + n:])
+            if not 0 < life <= MAX_HOLD_MS or not 0 < n <= len(flags) - o or not 0 < len(name) <= MAX_QUEUE_NAME \
+                    or (max_key and n > max_key):
+                raise ProtocolError("a binding's life must be 1 to {} ms, and its channel and group name given"
+                                    .format(MAX_HOLD_MS))
+            kind = Queue(name, False, life, bytes(flags[o:o + n]), capacity)
+        elif f & OP_HOLD:
             if not 1 + _HOLD_MS.size < len(flags) <= 1 + _HOLD_MS.size + MAX_QUEUE_NAME:
                 raise ProtocolError("a held group's declaration without its expiry and name")
             hold = _HOLD_MS.unpack_from(flags, 1)[0]

@@ -352,8 +352,8 @@ def test_expired_messages_are_dropped_and_counted(brokers):
 
 def test_group_add_of_a_channel_not_received_in_this_loop_is_refused(brokers):
     """As from a sync view through async_to_sync (a loop per call): the
-    membership would end with that call's loop, so it is refused, saying
-    what to do; the consumer's own group_add works."""
+    membership of a consumer's channel would end with that call's loop, so
+    it is refused, saying what to do; the consumer's own group_add works."""
     b = brokers()
     layer = ChannelLayer(b.endpoint)
     from asgiref.sync import async_to_sync
@@ -369,8 +369,6 @@ def test_group_add_of_a_channel_not_received_in_this_loop_is_refused(brokers):
         await started.wait()
         with pytest.raises(RuntimeError, match="not received in this event loop.*self.channel_name"):
             await asyncio.to_thread(async_to_sync(layer.group_add), "room", names[0])
-        with pytest.raises(RuntimeError, match="not received"):
-            await layer.group_add("room", "worker-jobs")           # a named channel nobody receives here
         await layer.group_add("room", names[0])                    # where it is received: fine
         await layer.group_send("room", {"n": 1})
         assert (await asyncio.wait_for(layer.receive(names[0]), 5))["n"] == 1
@@ -378,6 +376,65 @@ def test_group_add_of_a_channel_not_received_in_this_loop_is_refused(brokers):
         await layer.flush()
 
     asyncio.run(main())
+
+
+def test_a_named_channel_in_a_group_is_served_by_its_workers_in_any_process(brokers):
+    """RedisChannelLayer's rule: a named channel added to a group (from a
+    sync view, in a loop of its own, with no worker running) gets each of
+    the group's messages once, kept by the broker until a worker comes,
+    and then shared by the workers of two processes; a consumer's channel
+    in the same group still gets every one; group_discard ends it."""
+    b = brokers()
+    layer = ChannelLayer(b.endpoint, capacity=1000)
+    from asgiref.sync import async_to_sync
+
+    async_to_sync(layer.group_add)("uploads", "thumbnails")     # a sync view's call: nothing receives it yet
+
+    async def publish(start: int, n: int, consumer: bool) -> list:
+        got = []
+        ch = await layer.new_channel() if consumer else None
+        if ch:
+            await layer.group_add("uploads", ch)
+        for i in range(start, start + n):
+            await layer.group_send("uploads", {"type": "thumbnail.make", "i": i})
+        while ch and len(got) < n:
+            got.append((await asyncio.wait_for(layer.receive(ch), 10))["i"])
+        await layer.close()
+        return got
+
+    assert asyncio.run(publish(0, 200, consumer=True)) == list(range(200))   # (the consumer's: every one)
+    wait_for(lambda: b.stats()["held_messages"] == 200, what="the named channel's share kept")
+    procs = [python_process(WORKER, b.endpoint, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        for p in procs:
+            assert _line(p)["ready"]
+        wait_for(lambda: b.stats()["queue_group_members"] == 2, what="both workers receiving")
+        asyncio.run(publish(200, 300, consumer=False))
+
+        async def stop():
+            stopper = ChannelLayer(b.endpoint)
+            deadline = time.monotonic() + 30
+            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                for _ in range(b.stats()["queue_group_members"]):
+                    await stopper.send("thumbnails", {"type": "stop"})
+                await asyncio.sleep(1.0)
+            await stopper.close()
+
+        asyncio.run(stop())
+        outs = [_line(p) for p in procs]
+        done = [i for out in outs for i in out["done"]]
+        assert sorted(done) == list(range(500)), "a task done twice or never"
+        assert all(p.wait(20) == 0 for p in procs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    async_to_sync(layer.group_discard)("uploads", "thumbnails")
+    asyncio.run(publish(500, 10, consumer=False))
+    time.sleep(0.3)
+    assert b.stats()["held_messages"] == 0                        # (not in the group any more: not kept)
 
 
 def test_a_cancelled_receive_ends_its_channel_and_leaves_its_groups(brokers):

@@ -38,6 +38,8 @@ NEEDS = {
     'client.request("time.now", b"", timeout=5)': {"broker": True},
     'w.subscribe("jobs", queue="workers")': {"broker": True},
     'client.hold("thumbnails", queue="workers", expiry=60)': {"broker": True},
+    'client.bind("uploads", "thumbnails", queue="workers", capacity=100)': {"broker": True,
+                                                                          "until": "b'thumbnails' b'photo 4'"},
     "fastbus.curve.client_keys": {"setup": ["keygen --name server", "keygen --dir clients --name client"]},
 }
 DEFAULT_PORT = 6464

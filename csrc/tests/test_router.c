@@ -1126,6 +1126,96 @@ static void test_held_hook(void)
     fb_trie_free(t);
 }
 
+/* Bound channels (fb_router_set_group_topic): a held group under a second
+ * key takes its records as published on the group's own channel: kept
+ * under that topic (within the bound capacity) while it has no member,
+ * given so, and to a member that also subscribes the bound channel
+ * plainly, both copies; a record on the group's own channel is as ever. */
+static void test_bound_channels(void)
+{
+    fb_trie *t = fb_trie_new();
+    fb_router *r = fb_router_new(NULL);
+    for (uint32_t l = 1; l <= 3; l++) CHECK_EQ(fb_router_add_link(r, l), FB_OK);
+    uint64_t g, h, glob;
+    CHECK_EQ(fb_router_add_group(r, NULL, 0, &g), FB_OK);
+    CHECK_EQ(fb_router_add_group(r, NULL, 0, &h), FB_OK);
+    CHECK_EQ(fb_router_add_group(r, "w*", 2, &glob), FB_OK);
+    CHECK_EQ(fb_router_set_group_topic(r, glob, "work", 4, 0), FB_EINVAL);
+    CHECK_EQ(fb_router_set_group_topic(r, 12345, "work", 4, 0), FB_ENOTFOUND);
+    CHECK_EQ(fb_router_set_group_topic(r, g, "work", 4, 2), FB_OK);
+    CHECK_EQ(fb_router_set_group_topic(r, h, "jobs", 4, 0), FB_OK);
+    CHECK_EQ(fb_router_group_hold(r, g), FB_OK);
+    CHECK_EQ(fb_router_group_hold(r, h), FB_OK);
+    fb_trie_add(t, "work", 4, FB_EXACT, g);
+    fb_trie_add(t, "jobs", 4, FB_EXACT, h);
+    fb_trie_add(t, "grp", 3, FB_EXACT, g);          /* both bound to "grp" */
+    fb_trie_add(t, "grp", 3, FB_EXACT, h);
+    size_t len, n;
+    fb_record recs[64];
+    unsigned char *keep;
+    /* No members: three on "grp" kept by each, "work"'s only two (its
+     * bound capacity), under their own topics. */
+    unsigned char *b = batch_with("grp", 3, NULL, 0, &len);
+    CHECK_EQ(fb_router_route(r, t, b, len, NULL, 1, 10), 3);
+    CHECK_EQ(fb_router_group_held(r, g), 2);
+    CHECK_EQ(fb_router_group_held(r, h), 3);
+    fb_router_stats st;
+    fb_router_get_stats(r, &st);
+    CHECK(st.held_kept == 5 && st.held_full == 1);
+    /* A record on the group's own channel is not bound: no capacity. */
+    unsigned char *own = batch_with("work", 1, NULL, 0, &len);
+    CHECK_EQ(fb_router_route(r, t, own, len, NULL, 1, 11), 1);
+    CHECK_EQ(fb_router_group_held(r, g), 3);
+    /* A member joins: the backlog, under "work". */
+    CHECK_EQ(fb_router_group_join(r, g, 2), FB_OK);
+    CHECK_EQ(fb_router_group_give(r, g, 12), 3);
+    n = take_records(r, 2, recs, &keep);
+    CHECK_EQ(n, 3);
+    for (size_t i = 0; i < n; i++) CHECK(recs[i].topic_len == 4 && !memcmp(recs[i].topic, "work", 4));
+    fb_free(keep);
+    /* Link 2 also subscribes "grp" plainly, link 3 joins "jobs": a record
+     * on "grp" reaches link 2 twice (as "grp" and as "work"), link 3 as
+     * "jobs" (h's backlog first, once given). */
+    fb_trie_add(t, "grp", 3, FB_EXACT, 2);
+    CHECK_EQ(fb_router_group_join(r, h, 3), FB_OK);
+    CHECK_EQ(fb_router_group_give(r, h, 13), 3);
+    take_and_free(r, 3, 14);
+    unsigned char *one = batch_with("grp", 1, NULL, 0, &len);
+    CHECK_EQ(fb_router_route(r, t, one, len, NULL, 1, 15), 1);
+    n = take_records(r, 2, recs, &keep);
+    CHECK_EQ(n, 2);
+    if (n == 2) {
+        int as_grp = 0, as_work = 0;
+        for (size_t i = 0; i < 2; i++) {
+            as_grp += recs[i].topic_len == 3 && !memcmp(recs[i].topic, "grp", 3);
+            as_work += recs[i].topic_len == 4 && !memcmp(recs[i].topic, "work", 4);
+        }
+        CHECK(as_grp == 1 && as_work == 1);
+    }
+    fb_free(keep);
+    n = take_records(r, 3, recs, &keep);
+    CHECK(n == 1 && recs[0].topic_len == 4 && !memcmp(recs[0].topic, "jobs", 4));
+    fb_free(keep);
+    /* Never to its source: link 2 sends on "grp", g's only member is 2: g
+     * keeps it (a held group without another member). */
+    CHECK_EQ(fb_router_route(r, t, one, len, NULL, 2, 16), 1);
+    CHECK_EQ(fb_router_group_held(r, g), 1);
+    take_and_free(r, 3, 17);
+    /* The topic off: records keep their own. */
+    CHECK_EQ(fb_router_set_group_topic(r, h, NULL, 0, 0), FB_OK);
+    CHECK_EQ(fb_router_route(r, t, one, len, NULL, 1, 18), 1);
+    n = take_records(r, 3, recs, &keep);
+    CHECK(n == 1 && recs[0].topic_len == 3);
+    fb_free(keep);
+    take_and_free(r, 2, 19);
+    CHECK_EQ(fb_router_remove_group(r, g), FB_OK);   /* (its topic freed with it: ASan) */
+    fb_free(b);
+    fb_free(own);
+    fb_free(one);
+    fb_router_free(r);
+    fb_trie_free(t);
+}
+
 int main(void)
 {
     RUN(test_route_and_split_horizon);
@@ -1143,5 +1233,6 @@ int main(void)
     RUN(test_route_to_groups);
     RUN(test_held_groups);
     RUN(test_held_hook);
+    RUN(test_bound_channels);
     CTEST_END();
 }

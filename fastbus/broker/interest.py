@@ -32,7 +32,12 @@ group_hold``): a member that joins gets that backlog first.  It stays
 without members while its backlog holds records or its latest
 declaration is younger than its expiry (``expire_held``); it is this
 broker's alone (not announced to other brokers: the sender declares it on
-the broker it sends to).
+the broker it sends to).  A held group may be bound to other channels
+(``P.Queue`` with ``into``: a Channels layer's named channel in a group):
+its id is held in the trie under each of them too, and the router gives
+what they get to the group as published on the group's own channel
+(``Router.set_group_topic``); a binding lasts its life unless bound again,
+and keeps its group as a declaration does.
 
 Every such message is built here (``want_diff``, ``want_reset``,
 ``upstream_snapshot``), numbered by its link for a peer that acknowledges,
@@ -69,7 +74,7 @@ class Group:
     holds it, and its members (link ids); a held group's expiry (ms, 0: not
     held) and its latest declaration (monotonic)."""
 
-    __slots__ = ("gid", "key", "queue", "tkey", "prefix", "members", "hold_ms", "declared", "hold_cost")
+    __slots__ = ("gid", "key", "queue", "tkey", "prefix", "members", "hold_ms", "declared", "hold_cost", "binds")
 
     def __init__(self, gid: int, key: bytes, queue: P.Queue, tkey: bytes, prefix: bool) -> None:
         self.gid, self.key, self.queue, self.tkey, self.prefix = gid, key, queue, tkey, prefix
@@ -77,6 +82,8 @@ class Group:
         self.hold_ms = 0
         self.declared = 0.0
         self.hold_cost = 0          # what its declaration counts in Interest.total_bytes
+        #: The channels bound to it: key -> [until (monotonic), capacity].
+        self.binds: dict[bytes, list] = {}
 
     def wanted_by(self, link: Link) -> bool:
         """Does ``link`` (a broker) hear of this group: members besides it?"""
@@ -301,6 +308,9 @@ class Interest:
         group (held once per link: more subscriptions only count) or
         leaves it; the group is held while it has members.  A broker link
         joins for the members behind it."""
+        if queue.into is not None:
+            self._apply_bind(op, key, queue, diff_all, refused)
+            return
         group = (queue.name, key, queue.glob)
         if queue.hold:
             if op == SUBSCRIBE:
@@ -362,6 +372,7 @@ class Interest:
         g = self.groups.pop(group)
         if self.held.pop(group, None) is not None:
             self._unhold(g)
+        self._unbind_all(g, diff_all)
         diff_all += self.all.unsubscribe(g.gid, g.tkey, prefix=g.prefix)
         self.router.remove_group(g.gid)
 
@@ -426,8 +437,90 @@ class Interest:
             return
         self._counters["held_purged"] += self.router.group_release(g.gid)
         self._unhold(g)
+        self._unbind_all(g, diff_all)
         if not g.members:
             self._remove_group(group, diff_all)
+
+    # -- bound channels ------------------------------------------------------
+
+    def _apply_bind(self, op: int, key: bytes, queue: P.Queue, diff_all: list, refused: list) -> None:
+        """Bind channel ``key`` to held group ``queue.name`` of channel
+        ``queue.into`` for ``queue.hold`` ms (again: renewed, the new
+        capacity applies), or unbind it.  The group must be held (declare
+        it first, in the same SUB or before); a binding costs what a
+        subscription does, against the broker's total."""
+        group = (queue.name, queue.into, False)
+        g = self.held.get(group)
+        if op != SUBSCRIBE:
+            if g is not None and key in g.binds:
+                self._unbind(g, key, diff_all)
+                self._note_held(group, g)
+            else:
+                self._drops["not_subscribed"] += 1
+            return
+        why = None
+        if g is None:
+            why = (f"channel {queue.into[:200]!r} has no held group {queue.name[:100]!r} to bind to "
+                   f"(declare it held first: Client.hold)")
+        elif key == queue.into:
+            why = "a held group takes its own channel already: bind another"
+        elif key not in g.binds:
+            cost = len(key) + SUB_OVERHEAD
+            if self.total_bytes + cost > self._max_total:
+                why = (f"the broker's subscriptions would take {self.total_bytes + cost:,} bytes, over its limit "
+                       f"of {self._max_total:,} (max_total_subscription_bytes)")
+        if why is not None:
+            if g is not None and key != queue.into:
+                self._drops["too_many_subscriptions"] += 1
+            refused.append((key, queue, why))
+            return
+        until = time.monotonic() + queue.hold / 1000
+        bind = g.binds.get(key)
+        if bind is None:
+            diff_all += self.all.subscribe(g.gid, key, prefix=False)
+            g.binds[key] = [until, queue.capacity]
+            self.total_bytes += len(key) + SUB_OVERHEAD
+        else:
+            bind[0], bind[1] = max(bind[0], until), queue.capacity
+        self.router.set_group_topic(g.gid, g.key, self._bound_capacity(g))
+        self._note_held(group, g)
+
+    def _bound_capacity(self, g: Group) -> int:
+        """The count bound of what a group keeps from its bound channels:
+        the smallest its bindings name (0: none names one)."""
+        caps = [c for _until, c in g.binds.values() if c]
+        return min(caps) if caps else 0
+
+    def _unbind(self, g: Group, key: bytes, diff_all: list) -> None:
+        del g.binds[key]
+        diff_all += self.all.unsubscribe(g.gid, key, prefix=False)
+        self.total_bytes -= len(key) + SUB_OVERHEAD
+        self.released += 1
+        self.released_bytes += len(key) + SUB_OVERHEAD
+        self.router.set_group_topic(g.gid, g.key if g.binds else None, self._bound_capacity(g))
+
+    def _unbind_all(self, g: Group, diff_all: list) -> None:
+        for key in list(g.binds):
+            self._unbind(g, key, diff_all)
+
+    def restore_binds(self, group: tuple, binds: list) -> None:
+        """A held group's bindings read back from the journal: ``(key,
+        ms left, capacity)`` each."""
+        diff_all: list = []
+        refused: list = []
+        journal, self.journal = self.journal, None
+        try:
+            for key, left_ms, capacity in binds:
+                if left_ms > 0:
+                    self._apply_bind(SUBSCRIBE, key, P.Queue(group[0], False, min(P.MAX_HOLD_MS, max(1, left_ms)),
+                                                             group[1], capacity), diff_all, refused)
+        finally:
+            self.journal = journal
+        self._emit_all(P.encode_ops(diff_all) if diff_all else None)
+
+    def _note_held(self, group: tuple, g: Group) -> None:
+        if self.journal is not None:
+            self.journal.held_declared(group, g)
 
     def _unhold(self, g: Group) -> None:
         if self.journal is not None:
@@ -463,7 +556,13 @@ class Interest:
         now_ns = time.monotonic_ns()
         for group, g in list(self.held.items()):
             dropped += self.router.group_expire(g.gid, max(0, now_ns - g.hold_ms * 1_000_000))
-            if not g.members and not self.router.group_held(g.gid) and now - g.declared > g.hold_ms / 1000:
+            gone = [key for key, (until, _c) in g.binds.items() if until < now]
+            for key in gone:
+                self._unbind(g, key, diff_all)
+            if gone:
+                self._note_held(group, g)
+            if not g.members and not g.binds and not self.router.group_held(g.gid) and \
+                    now - g.declared > g.hold_ms / 1000:
                 self._remove_group(group, diff_all)
         self._emit_all(P.encode_ops(diff_all) if diff_all else None)
         return dropped

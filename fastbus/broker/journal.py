@@ -25,8 +25,9 @@ Records (a type byte and a payload; csrc/fb_journal.h frames them):
 and of the held queue groups (docs/PROTOCOL.md, "Held groups"), each by
 its mark (``interest.group_mark``; ``mlen u8 | mark``):
 
-    H  JSON {"mark", "name", "key", "glob", "hold_ms", "declared"}: held
-       (declared, or again; ``declared`` wall-clock seconds)
+    H  JSON {"mark", "name", "key", "glob", "hold_ms", "declared", "binds"}: held
+       (declared, or again, or its bindings changed; ``declared`` wall-clock
+       seconds; ``binds`` [channel hex, until (wall-clock s), capacity] each)
     X  mlen | mark: no longer held
     K  mlen | mark | wall ns u64 | topic_len u32 | headers_len u32 |
        payload_len u32 | topic, headers, payload: kept, the newest (relay)
@@ -223,6 +224,8 @@ class Journal:
             self._held_lost(len(r.items), group[0].decode(errors="replace"), g)
             return
         self.held_restored += 1
+        b.interest.restore_binds(group, [(bytes.fromhex(k), round((until - wall) * 1000), int(capacity))
+                                         for k, until, capacity in meta.get("binds", ())])
         mono_ns, wall_ns = time.monotonic_ns(), time.time_ns()
         lost = 0
         for at, topic, headers, payload in r.items:
@@ -318,9 +321,12 @@ class Journal:
     def held_declared(self, group: tuple, g) -> None:
         """A held group declared (again): its expiry and when."""
         name, key, glob = group
-        declared = time.time() - (time.monotonic() - g.declared)
+        wall, mono = time.time(), time.monotonic()
+        declared = wall - (mono - g.declared)
+        binds = [[k.hex(), wall + (until - mono), capacity] for k, (until, capacity) in g.binds.items()]
         self._append(HELD, json.dumps({"mark": group_mark(*group).hex(), "name": name.hex(), "key": key.hex(),
-                                       "glob": glob, "hold_ms": g.hold_ms, "declared": declared}).encode())
+                                       "glob": glob, "hold_ms": g.hold_ms, "declared": declared,
+                                       "binds": binds}).encode())
 
     def held_ended(self, g) -> None:
         """A held group no longer held (its backlog's end: the router's G)."""

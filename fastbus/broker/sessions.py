@@ -319,6 +319,7 @@ class Sessions:
                 "globs": True,                # SUB may hold glob ops (flags bit 2)
                 "groups": True,               # SUB may hold queue group ops (flags bit 3)
                 "held": True,                 # ... and held group declarations (flags bit 4)
+                "bind": True,                 # ... and bindings to held groups (flags bit 5)
                 "bye": True,                  # BYE is answered with BYE once the peer is forgotten
                 "headers": True,              # batches may carry headers (flag bit 1)
                 "headers_again": True,        # ... and repeats of the block before (flag bit 2)

@@ -329,11 +329,37 @@ class Client(ClientBase):
         with its last member.  Returns once in effect."""
         self._hold(channel, queue, 1.0, True)
 
+    def bind(self, source: ChannelT, channel: ChannelT, queue: str | bytes, life: float = 86400.0,
+             capacity: int = 0) -> None:
+        """Bind channel ``source`` to ``channel``'s held group ``queue``
+        (declared with :meth:`hold` first): what is published on
+        ``source`` goes to the group too, as if it had been published on
+        ``channel`` (one member gets it, with ``channel`` as its channel,
+        or the group keeps it while none can take it), while plain
+        subscribers of ``source`` still get it as ever.  Of what comes so,
+        the group keeps at most ``capacity`` while nobody takes it (0: no
+        count bound but the broker's ``max_held_bytes``).  The binding
+        lasts ``life`` seconds (at most a day; bind again to renew it) and
+        keeps the group as long, as its declaration does; it lives on this
+        client's broker, in its journal if it has one.  This is how a
+        Channels layer's named channel joins a group.  Returns once in
+        effect for every publisher; :class:`~fastbus.HoldRefused` if the
+        group is not held, or past the broker's bounds."""
+        self._hold_op(lambda inbox: inbox.bind_nowait(source, channel, queue, life, capacity))
+
+    def unbind(self, source: ChannelT, channel: ChannelT, queue: str | bytes) -> None:
+        """End :meth:`bind`'s binding (what the group kept stays in it).
+        Returns once in effect."""
+        self._hold_op(lambda inbox: inbox.bind_nowait(source, channel, queue, 1.0, 0, True))
+
     def _hold(self, channel: ChannelT, queue: str | bytes, expiry: float, release: bool) -> None:
+        self._hold_op(lambda inbox: inbox.hold_nowait(channel, queue, expiry, release))
+
+    def _hold_op(self, send: Any) -> None:
         if self._closed:
             raise ConnectionClosed("client is closed")
         inbox = self._inbox or self._open_inbox()
-        seq = inbox.hold_nowait(channel, queue, expiry, release)
+        seq = send(inbox)
         try:
             inbox.wait_confirmed(seq)
         finally:

@@ -80,19 +80,32 @@ class InboxMixin:
         held for ``expiry`` seconds (``release``: that it is no longer):
         the seq whose confirmation says it is in effect (then
         :meth:`hold_outcome`)."""
-        key = to_key(channel)
         name = queue_name(queue, {})
         if name is None:
             raise TypeError("hold() needs the queue group's name")
-        if not isinstance(expiry, (int, float)) or not 0.001 <= expiry <= P.MAX_HOLD_MS / 1000:
-            raise ValueError(f"a held group's expiry is 0.001 to {P.MAX_HOLD_MS // 1000} seconds, not {expiry!r}")
+        return self._declare(channel, P.Queue(name, False, _ms(expiry, "a held group's expiry")), release)
+
+    def bind_nowait(self, source: Any, channel: Any, queue: Any, life: float, capacity: int = 0,
+                    unbind: bool = False) -> int:
+        """Send the binding of channel ``source`` to ``channel``'s held group
+        ``queue`` for ``life`` seconds (``unbind``: its end); the seq whose
+        confirmation says it is in effect (then :meth:`hold_outcome`)."""
+        name = queue_name(queue, {})
+        if name is None:
+            raise TypeError("bind() needs the queue group's name")
+        if not isinstance(capacity, int) or not 0 <= capacity < 1 << 32:
+            raise ValueError(f"a binding's capacity is 0 (no bound) to 2**32 - 1, not {capacity!r}")
+        into = to_key(channel)
+        return self._declare(source, P.Queue(name, False, _ms(life, "a binding's life"), into, capacity), unbind)
+
+    def _declare(self, key: Any, op: P.Queue, end: bool) -> int:
         self._seq += 1
         seq = self._seq
         self._confirms[seq] = []                  # (nothing of it for get_message())
         self._holds[seq] = None
         s = self._session
-        op = (UNSUBSCRIBE if release else SUBSCRIBE, key, P.Queue(name, False, max(1, round(expiry * 1000))))
-        s.post(lambda: s.change(seq, [op]))
+        change = (UNSUBSCRIBE if end else SUBSCRIBE, to_key(key), op)
+        s.post(lambda: s.change(seq, [change]))
         return seq
 
     def hold_outcome(self, seq: int) -> None:
@@ -187,6 +200,13 @@ class Inbox(InboxMixin, PubSub):
             replies.close(rid)
             raise
         return (outcome or self._outcome)(channel, rid, timeout)
+
+
+def _ms(seconds: Any, what: str) -> int:
+    """A held group's expiry or a binding's life, in the protocol's ms."""
+    if not isinstance(seconds, (int, float)) or not 0.001 <= seconds <= P.MAX_HOLD_MS / 1000:
+        raise ValueError(f"{what} is 0.001 to {P.MAX_HOLD_MS // 1000} seconds, not {seconds!r}")
+    return max(1, round(seconds * 1000))
 
 
 def reply_message(channel: bytes, headers: dict | None, payload: bytes, utf8: bool) -> dict:

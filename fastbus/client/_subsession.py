@@ -281,7 +281,9 @@ class SubSession(Session):
         for feature, unknown, what in (("globs", lambda p: p == P.GLOB, "match glob patterns"),
                                        ("groups", lambda p: isinstance(p, P.Queue), "have queue groups"),
                                        ("held", lambda p: isinstance(p, P.Queue) and p.hold,
-                                        "keep messages for held groups")):
+                                        "keep messages for held groups"),
+                                       ("bind", lambda p: isinstance(p, P.Queue) and p.into is not None,
+                                        "bind channels to held groups")):
             if self.welcome.get(feature):
                 continue
             refused = {(key, prefix) for op, key, prefix in ops if op == SUBSCRIBE and unknown(prefix)}

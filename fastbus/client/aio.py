@@ -363,9 +363,21 @@ class Client(_SyncClient):
         """As the sync Client's; awaited."""
         await self._hold(channel, queue, 1.0, True)
 
+    async def bind(self, source: ChannelT, channel: ChannelT, queue: str | bytes, life: float = 86400.0,
+                   capacity: int = 0) -> None:
+        """As the sync Client's; awaited."""
+        await self._hold_op(lambda inbox: inbox.bind_nowait(source, channel, queue, life, capacity))
+
+    async def unbind(self, source: ChannelT, channel: ChannelT, queue: str | bytes) -> None:
+        """As the sync Client's; awaited."""
+        await self._hold_op(lambda inbox: inbox.bind_nowait(source, channel, queue, 1.0, 0, True))
+
     async def _hold(self, channel: ChannelT, queue: str | bytes, expiry: float, release: bool) -> None:
+        await self._hold_op(lambda inbox: inbox.hold_nowait(channel, queue, expiry, release))
+
+    async def _hold_op(self, send: Any) -> None:
         inbox = await self._async_inbox()
-        seq = inbox.hold_nowait(channel, queue, expiry, release)
+        seq = send(inbox)
         inbox._drive()
         try:
             await inbox.wait_confirmed(seq)

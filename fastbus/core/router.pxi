@@ -255,6 +255,21 @@ cdef class Router:
         _check(rc, "group_restore")
         return True
 
+    def set_group_topic(self, uint64_t group_id, bytes topic, uint32_t capacity=0) -> None:
+        """What the group takes from the channels it is bound to (its id
+        held in the trie under them) goes as published on ``topic``, its
+        own channel; of those, its backlog keeps at most ``capacity`` (0:
+        no count bound).  None: records keep their topics (csrc/fb_router.h,
+        "Bound channels")."""
+        _lock(&self._lock)
+        if topic is None:
+            rc = fb_router_set_group_topic(self._r, group_id, NULL, 0, 0)
+        else:
+            rc = fb_router_set_group_topic(self._r, group_id, PyBytes_AS_STRING(topic),
+                                           <size_t>PyBytes_GET_SIZE(topic), capacity)
+        _unlock(&self._lock)
+        _check(rc, "set_group_topic")
+
     def set_group_mark(self, uint64_t group_id, bytes mark not None) -> None:
         """The group's name in every broker of a federation (1 to 32 bytes):
         what a record's ``:groups`` header says when this broker gives the

@@ -59,6 +59,7 @@ cdef extern from "fb_router.h" nogil:
     void fb_router_set_held_hook(fb_router *r, fb_router_held_fn fn, void *arg)
     const fb_backlog *fb_router_group_backlog(const fb_router *r, uint64_t id)
     int fb_router_group_restore(fb_router *r, uint64_t id, const fb_record *rec, uint64_t at_ns)
+    int fb_router_set_group_topic(fb_router *r, uint64_t id, const void *topic, size_t len, uint32_t capacity)
     enum: FB_ROUTER_MARK_MAX
     int fb_router_set_group_mark(fb_router *r, uint64_t id, const void *mark, size_t len)
     int64_t fb_router_route_groups(fb_router *r, fb_trie *t, const void *batch, size_t len, size_t skip,
