@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 
 import pytest
-from brokers import wait_for
+from brokers import free_port, wait_for
 
 import fastbus
 import fastbus.aio
@@ -114,7 +115,8 @@ def test_a_binding_keeps_its_group_for_its_life_then_ends(brokers, clients):
 
 
 def test_refusals(brokers, clients):
-    b = brokers()
+    port = free_port()
+    b = brokers("--http", f"127.0.0.1:{port}")
     c = clients(b.endpoint)
     with pytest.raises(fastbus.HoldRefused, match="no held group"):
         c.bind("g", "jobs", "workers")
@@ -130,8 +132,15 @@ def test_refusals(brokers, clients):
     c.unbind("g", "jobs", "workers")                                 # (nothing bound: nothing happens)
     c.bind("g", "jobs", "workers")
     c.bind("g", "jobs", "workers")                                   # (again: renewed, one binding)
+    c.bind("h", "jobs", "workers")
     st = b.stats()
-    assert st["held_groups"] == 1, st
+    assert (st["held_groups"], st["held_bindings"]) == (1, 2), st
+
+    def bindings_shown() -> bool:                                    # (the monitor samples the stats)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return "fastbus_broker_held_bindings 2.0" in r.read().decode()
+
+    wait_for(bindings_shown, what="held_bindings in /metrics")
     c.release("jobs", "workers")                                     # the group's end ends its bindings
     with pytest.raises(fastbus.NoResponders):
         c.request("g", b"anyone?", timeout=1)

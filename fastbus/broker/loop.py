@@ -701,6 +701,7 @@ class Broker:
             # they keep for a member to come.
             "held_groups": len(self.interest.held), "held_messages": self.interest.held_messages(),
             "held_bytes": self.router.held_bytes,
+            "held_bindings": sum(len(g.binds) for g in self.interest.held.values()),
             "upstream": {"endpoint": self.config.upstream, "connected": up.connected} if up is not None else None,
             **counters, "deliveries": rs["deliveries"], "drops": drops,
             "queued_bytes": relay.queued_bytes,

@@ -252,6 +252,8 @@ class BrokerSource:
                                 value=stats.get("held_messages", 0))
         yield GaugeMetricFamily(p + "held_bytes", "What the held groups keep now costs (bytes; bound: "
                                                   "--max-held-bytes).", value=stats.get("held_bytes", 0))
+        yield GaugeMetricFamily(p + "held_bindings", "Channels bound to held groups (Client.bind: the groups "
+                                                     "take what they get).", value=stats.get("held_bindings", 0))
         conns = stats.get("connections")
         if conns:                                   # the broker's own transport (None: libzmq's)
             yield CounterMetricFamily(p + "connections_accepted", "Client connections accepted.",
