@@ -289,6 +289,8 @@ cdef class Relay:
     cdef uint32_t *_jdirty        # links whose received count the next commit writes, nslots room
     cdef uint32_t _njdirty
     cdef public uint64_t journal_errors   # commits that failed (a full disk): retried
+    cdef uint64_t _jcompact_at    # journal_compact_at's: wait() returns once the journal holds this much (0: never)
+    cdef public bint journal_due  # ... and did: Python compacts it (Journal.compact)
     cdef bint _disconnect         # the slow-consumer policy: disconnect (else drop the oldest data)
     cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out, dropped
     cdef public uint64_t dropped_slow, gap_notices, control_collapsed
@@ -790,6 +792,14 @@ cdef class Relay:
             return 0
         _j_commit(self)
         return _j_snapshot(self, budget)
+
+    def journal_compact_at(self, uint64_t nbytes) -> None:
+        """wait() returns once the journal's segments hold ``nbytes`` (0:
+        never), with ``journal_due`` set: checked after every turn's commit,
+        so a compaction is never a maintenance interval of writes late (the
+        directory's bound).  It fires once: Journal.compact arms it again."""
+        self._jcompact_at = nbytes
+        self.journal_due = False
 
     def journal_backlog(self, uint64_t group_id, bytes mark not None) -> int:
         """Append held group ``group_id``'s backlog as it is now, under its
@@ -1643,6 +1653,10 @@ cdef class Relay:
         while True:
             if self._journal is not NULL:
                 _j_commit(self)                  # what this turn routed, journaled before it goes
+                if self._jcompact_at and fb_journal_disk_bytes(self._journal, NULL) >= self._jcompact_at:
+                    self._jcompact_at = 0
+                    self.journal_due = True
+                    return FOUND_EVENTS          # (Python's turn: its compaction)
             if self._nblocked:
                 self._drain(fb_now_ns())
             if self._nevents:

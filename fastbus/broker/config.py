@@ -124,8 +124,8 @@ class BrokerConfig:
     #: (the kernel's choice).
     fsync: str = "everysec"
     #: The journal's disk bound: past half of it, what sessions are still
-    #: owed is rewritten and older segments deleted; what does not fit is
-    #: told, at a restart, as a GAP with its exact count.
+    #: owed (up to a quarter of it) is rewritten and older segments deleted;
+    #: what does not fit is told, at a restart, as a GAP with its exact count.
     journal_bytes: int = 1024 * 1024 * 1024
     #: Limits on what a peer may send.
     max_topic: int = 65535

@@ -338,19 +338,29 @@ class Journal:
 
     # -- the directory's bound ---------------------------------------------
 
+    # The directory holds at most the trigger plus one turn's writes, and
+    # for the moment a compaction takes, the new snapshot besides: the
+    # trigger is half the bound and the snapshot (what sessions are owed)
+    # gets a quarter, so a compaction never rewrites more than half of
+    # what it finds, and the directory stays at three quarters of its
+    # bound and a turn's writes.
+
+    def _trigger(self) -> int:
+        return self.max_bytes // 2
+
     def maintain(self) -> None:
-        """Once a maintenance turn: past half its bound (and twice what the
-        last snapshot wrote), the journal is compacted."""
-        st = self.b.relay.journal_stats()
-        if st is not None and st["bytes"] >= max(self.max_bytes // 2, 2 * self._snapshot_bytes):
-            self.compact()
+        """Once a maintenance turn: the relay's trigger armed again (a
+        compaction that found the disk full disarmed it)."""
+        self.b.relay.journal_compact_at(self._trigger())
 
     def compact(self) -> None:
         """Write, into a new segment, every journaled session and what it
-        is owed (at most half the bound of batches: past it a session's
-        oldest are not kept, and a restart tells its client the exact
-        loss), then delete the segments before it."""
+        is owed (at most a quarter of the bound of batches: past it a
+        session's oldest are not kept, and a restart tells its client the
+        exact loss), then delete the segments before it, and arm the
+        relay's trigger for the next."""
         relay = self.b.relay
+        relay.journal_compact_at(0)               # (armed again below, or by the next maintenance turn)
         if not relay.journal_commit(roll=True):
             return                                # (a full disk: nothing is deleted, the next turn tries again)
         first = relay.journal_stats()["segment"]
@@ -368,10 +378,11 @@ class Journal:
         for group, g in self.b.interest.held.items():
             self.held_declared(group, g)
             relay.journal_backlog(g.gid, group_mark(*group))
-        self._snapshot_bytes = relay.journal_snapshot(self.max_bytes // 2)
+        self._snapshot_bytes = relay.journal_snapshot(self.max_bytes // 4)
         if not relay.journal_commit():
             return                                # (the older segments stay until a snapshot is written)
         dropped = relay.journal_drop_before(first)
+        relay.journal_compact_at(self._trigger())
         if dropped:
             log.info("journal %s: compacted (%d bytes owed to sessions rewritten), %d segments deleted",
                      self.path, self._snapshot_bytes, dropped)

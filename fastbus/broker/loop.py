@@ -534,6 +534,8 @@ class Broker:
                 # returns after each turn that routed anything.
                 for i in wait(self._waited, self._poll_timeout(next_maint), sender.paused):
                     guarded(on_sessions if i < 0 else self._on_ready[i])
+                if self.relay.journal_due:
+                    guarded(self.journal.compact)    # (the trigger reached this turn: the directory's bound)
                 # What this turn brought goes out now, one batch per link.
                 guarded(sender.flush_due)
                 if settler.dirty or settler.next_deadline <= time.monotonic():
