@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "fb_batch.h"
 #include "fb_common.h"
 
 /* zmq.h's values (stable across libzmq 4.x). */
@@ -124,6 +125,21 @@ static fb_reader_item *react(fb_reader *r, fb_reader_item *it)
     return NULL;
 }
 
+/* A data message for the inbox (fb_reader.h replies): its batch to the
+ * waiting requests, its records counted as the owner's _took counts them
+ * (the header's count, 1 for a batch without one). */
+static void take_replies(fb_reader *r, const fb_reader_item *it)
+{
+    const unsigned char *frames[3];
+    size_t lens[3];
+    uint32_t count = 0;
+    if (item_frames(it, frames, lens, 3) == 3 && it->nframes == 3) {
+        fb_replies_take(r->replies, frames[2], lens[2]);
+        if (fb_batch_header(frames[2], lens[2], &count, NULL) != FB_OK) count = 0;
+    }
+    __atomic_add_fetch(&r->replies_taken, count ? count : 1, __ATOMIC_SEQ_CST);
+}
+
 /* The connection went (lost): [lost_command] for the owner, queued
  * behind what was read before.  1 if queued. */
 static int queue_lost(fb_reader *r)
@@ -190,6 +206,11 @@ static int read_messages(fb_reader *r)
             break;
         }
         __atomic_add_fetch(&r->read_messages, 1, __ATOMIC_SEQ_CST);
+        if (is_data && r->replies) {
+            take_replies(r, it);
+            item_free(it);
+            continue;
+        }
         if (!is_data && !(it = react(r, it))) continue;
         if (r->tail) r->tail->next = it;
         else r->head = it;

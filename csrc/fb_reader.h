@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "fb_react.h"
+#include "fb_replies.h"
 #include "fb_slock.h"
 #include "fb_wake.h"
 
@@ -93,6 +94,14 @@ typedef struct fb_reader {
     const void *lost_command;
     size_t lost_command_len;
     int (*lost)(void *sock);
+    /* Optional (NULL: none): a client's inbox (fb_replies.h).  Each data
+     * message [data_command, seq, batch] is matched to the waiting
+     * requests the moment it is read (fb_replies_take, which wakes their
+     * threads) and not queued, so no thread needs the interpreter lock,
+     * nor to read the socket, for a reply to reach its request; the
+     * records those batches held are added to replies_taken, for the
+     * owner to tell the broker (its TAKEN, in its own time). */
+    fb_replies *replies;
 
     /* Shared with the owner (atomic). */
     int want_wake;               /* the lock was taken, or the queue full: whoever lets go of
@@ -104,6 +113,7 @@ typedef struct fb_reader {
                                     cleared by this thread STEP_IN after the last leave) */
     uint64_t owner_left_ns;      /* when the last one left (fb_now_ns) */
     uint64_t parks;              /* times this thread, woken by input, left it to a user thread */
+    uint64_t replies_taken;      /* records of the data messages handed to replies */
 
     /* The queue: guarded by *slock. */
     fb_reader_item *head, *tail;

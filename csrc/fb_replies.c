@@ -32,6 +32,7 @@ struct fb_replies {
     uint32_t cap, pending;
     uint64_t next_id;
     int leading;                 /* a thread reads the inbox now */
+    int read_elsewhere;          /* fb_replies_set_read_elsewhere: nobody is asked to lead */
     int closed;
     int wake_fd;
     uint64_t *done;              /* async requests completed, for fb_replies_done */
@@ -161,6 +162,7 @@ static void completed(fb_replies *t, slot *s)
 static void pass_lead(fb_replies *t)
 {
     t->leading = 0;
+    if (t->read_elsewhere) return;
     for (uint32_t i = 0; i < t->cap; i++) {
         slot *s = t->slots[i];
         if (s && s->waiting && s->state == FB_REPLY_WAITING && !s->asked_to_lead) {
@@ -198,7 +200,7 @@ int fb_replies_wait(fb_replies *t, uint64_t id, uint64_t deadline_ns)
                 rc = FB_REPLY_LEAD;
                 break;
             }
-            if (!t->leading) {
+            if (!t->leading && !t->read_elsewhere) {
                 t->leading = 1;
                 rc = FB_REPLY_LEAD;
                 break;
@@ -210,6 +212,14 @@ int fb_replies_wait(fb_replies *t, uint64_t id, uint64_t deadline_ns)
     }
     pthread_mutex_unlock(&t->mu);
     return rc;
+}
+
+void fb_replies_set_read_elsewhere(fb_replies *t, int on)
+{
+    pthread_mutex_lock(&t->mu);
+    t->read_elsewhere = on;
+    if (!on && !t->leading) pass_lead(t);   /* (a waiter reads from now on) */
+    pthread_mutex_unlock(&t->mu);
 }
 
 void fb_replies_unlead(fb_replies *t)

@@ -86,6 +86,11 @@ int fb_replies_wait(fb_replies *t, uint64_t id, uint64_t deadline_ns);
  * asked to lead. */
 void fb_replies_unlead(fb_replies *t);
 
+/* on: a native reader takes every batch the inbox gets (fb_reader.h
+ * replies), so no waiter is asked to lead; off again (that reader
+ * stopped): a waiter is, at once. */
+void fb_replies_set_read_elsewhere(fb_replies *t, int on);
+
 /* Request id's state now (FB_REPLY_WAITING, _DONE, _NO_RESPONDERS), or
  * FB_ENOTFOUND. */
 int fb_replies_state(fb_replies *t, uint64_t id);

@@ -109,6 +109,24 @@ def test_many_concurrent_requests_are_matched_by_id(brokers, clients):
         r.stop()
 
 
+def test_the_native_reader_takes_the_replies_and_tells_the_broker(brokers, clients):
+    """A sync client's replies reach their threads through the native
+    reader (matched in C as they are read: no waiting thread reads the
+    inbox), and what it took is told the broker (TAKEN), so a session
+    that resumes is not sent those replies again."""
+    b = brokers()
+    responder = Responder(clients(b.endpoint), "work", lambda m: m["data"])
+    c = clients(b.endpoint)
+    for i in range(5000):
+        assert c.request("work", b"%d" % i, timeout=10)["data"] == b"%d" % i
+    inbox = c._inbox
+    s = inbox._session
+    assert s.reader is not None and s.reader.replies_taken >= 5000
+    assert s.taken_told >= 4096                   # (one TAKEN per 4,096 records)
+    assert inbox.replies.stats()["replied"] == 5000
+    responder.stop()
+
+
 def test_no_responders_is_said_at_once(brokers, clients):
     """A request to a channel nobody subscribes to: NoResponders, not a
     timeout: from the broker (it routed it to nobody) while the client's

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "ctest.h"
+#include "fb_outbox.h"
 #include "fb_reader.h"
 
 /* -- a fake libzmq socket: a script of messages (frames), readable through
@@ -116,6 +117,7 @@ static int *rig_flow_paused;        /* set before rig_start: the flow hook under
 static fb_wake *rig_flow_wake;
 static fb_view *rig_view;           /* and the WANT hook */
 static int rig_ping;                /* and liveness pings, every 20 ms */
+static fb_replies *rig_replies;     /* and a client's inbox */
 
 static void rig_start(rig *g, size_t max_bytes)
 {
@@ -168,6 +170,8 @@ static void rig_start(rig *g, size_t max_bytes)
         rig_ping = 0;
     }
     g->r.react = &g->x;
+    g->r.replies = rig_replies;
+    rig_replies = NULL;
     g->r.data_command_len = 1;
     g->r.owner_fd = g->owner[1];
     REQUIRE(fb_reader_start(&g->r) == 0);
@@ -555,9 +559,61 @@ static void test_pings_when_due_and_takes_the_pongs_of_the_broker_it_knows(void)
     rig_stop(&g);
 }
 
+/* A client's inbox (fb_reader.h replies): a DATA message's batch is
+ * matched to the waiting requests as it is read, not queued, and its
+ * records counted; no waiter is asked to lead while the reader takes
+ * them, and one is once it stops; other messages go to the owner as ever. */
+static void test_replies_are_matched_as_they_are_read(void)
+{
+    fb_replies *t = fb_replies_new("_I.", 3, 16);
+    REQUIRE(t);
+    uint64_t a, b;
+    REQUIRE(fb_replies_open(t, 0, &a) == FB_OK && fb_replies_open(t, 0, &b) == FB_OK);
+    fb_replies_set_read_elsewhere(t, 1);
+    CHECK_EQ(fb_replies_wait(t, a, fb_now_ns() + 20000000), FB_REPLY_TIMEOUT);   /* (not LEAD) */
+    rig g;
+    rig_replies = t;
+    rig_start(&g, 1 << 20);
+    fb_outbox o;
+    fb_outbox_init(&o, NULL);
+    char ch[16];
+    int n = snprintf(ch, sizeof ch, "_I.%llu", (unsigned long long)a);
+    REQUIRE(fb_outbox_append(&o, ch, (size_t)n, "ra", 2, 0) >= 0);
+    REQUIRE(fb_outbox_append(&o, "_I.999", 6, "stray", 5, 0) >= 0);
+    unsigned char *batch;
+    size_t blen;
+    REQUIRE(fb_outbox_take(&o, &batch, &blen) == FB_OK);
+    static const char seq[8] = {0};
+    const char *frames[3] = {"D", seq, (const char *)batch};
+    size_t lens[3] = {1, 8, blen};
+    script_frames(3, frames, lens);
+    script("C", "confirm");                         /* (the owner's, queued) */
+    CHECK_EQ(fb_replies_wait(t, a, fb_now_ns() + 5000000000ull), FB_REPLY_DONE);
+    CHECK(wait_queued(&g, 1));
+    CHECK_EQ(__atomic_load_n(&g.r.replies_taken, __ATOMIC_SEQ_CST), 2);   /* the batch's two records */
+    char cmd[8], body[16];
+    CHECK_EQ(pop(&g, cmd, body), 2);
+    CHECK(strcmp(cmd, "C") == 0);                   /* the DATA was not queued */
+    fb_reply rep;
+    CHECK_EQ(fb_replies_close(t, a, &rep), FB_REPLY_DONE);
+    CHECK(rep.len == 2 && !memcmp(rep.buf, "ra", 2));
+    fb_free(rep.buf);
+    fb_replies_stats st;
+    fb_replies_get_stats(t, &st);
+    CHECK_EQ(st.unmatched, 1);
+    rig_stop(&g);
+    fb_replies_set_read_elsewhere(t, 0);            /* the reader gone: b's waiter leads */
+    CHECK_EQ(fb_replies_wait(t, b, fb_now_ns() + 20000000), FB_REPLY_LEAD);
+    fb_replies_unlead(t);
+    fb_free(batch);
+    fb_outbox_destroy(&o);
+    fb_replies_free(t);
+}
+
 int main(void)
 {
     RUN(test_queues_messages_in_order);
+    RUN(test_replies_are_matched_as_they_are_read);
     RUN(test_control_messages_wake_the_owner);
     RUN(test_stops_at_its_bound_and_goes_on_when_emptied);
     RUN(test_leaves_a_held_connection_alone);

@@ -51,7 +51,8 @@ import time
 
 import zmq
 
-from fastbus._core cimport Outbox
+from fastbus._core cimport Outbox, Replies
+from fastbus.includes.fb_replies cimport fb_replies_set_read_elsewhere
 from fastbus.includes.fb_batch cimport fb_batch_header
 from fastbus._publisher cimport Publisher
 from fastbus.includes.fb_common cimport fb_now_ns
@@ -968,7 +969,10 @@ cdef class Reader:
     is not queued) and it sends their liveness ping when due; ``sender``
     (the native Sender) reads through this reader between its batches, so
     a FLOW pause stops it after one.  With ``lost_command``, a cut of a
-    Stream is queued as that message.  See csrc/fb_reader.h."""
+    Stream is queued as that message.  With ``replies`` (a client's
+    inbox), each data message is matched to the waiting requests as it is
+    read and not queued; ``replies_taken`` counts its records.  See
+    csrc/fb_reader.h."""
 
     cdef fb_reader _r
     cdef SessionLock _lock
@@ -977,10 +981,11 @@ cdef class Reader:
     cdef Reactions _reactions
     cdef Sender _flow_to
     cdef bytes _lost_command
+    cdef Replies _replies
 
     def __cinit__(self, SessionLock lock not None, sock, int owner_fd, Py_ssize_t max_bytes,
                   bytes data_command=b"D", Reactions reactions=None, Sender sender=None, bint wake_on_data=False,
-                  bytes lost_command=None):
+                  bytes lost_command=None, Replies replies=None):
         require()
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, not {max_bytes}")
@@ -1007,9 +1012,14 @@ cdef class Reader:
             self._r.lost_command = PyBytes_AS_STRING(lost_command)
             self._r.lost_command_len = PyBytes_GET_SIZE(lost_command)
             self._r.lost = fb_zmtp_take_lost
+        if replies is not None:
+            self._replies = replies
+            self._r.replies = replies._t
         cdef int rc = fb_reader_start(&self._r)
         if rc:
             raise OSError(rc, strerror(rc).decode())
+        if replies is not None:
+            fb_replies_set_read_elsewhere(replies._t, 1)    # (no waiter reads the socket: we do)
         if sender is not None:
             # The sender reads through us between its batches (fb_sender.h
             # reader), so a pause stops it after one; until stop() detaches it.
@@ -1024,6 +1034,8 @@ cdef class Reader:
     cdef void _detach(self) noexcept:
         if self._flow_to is not None:
             fbe_store_ptr(<void **>&self._flow_to._s.reader, NULL)
+        if self._replies is not None and self._replies._t is not NULL:
+            fb_replies_set_read_elsewhere(self._replies._t, 0)   # (a waiting thread leads from now on)
 
     def stop(self) -> None:
         """Stop the thread and wait for it; what it still holds is dropped.
@@ -1045,6 +1057,11 @@ cdef class Reader:
     def owner_leave(self) -> None:
         """It stops; if none is back within STEP_IN, the thread reads on."""
         fb_reader_owner_leave(&self._r)
+
+    @property
+    def replies_taken(self) -> int:
+        """Records of the data messages handed to ``replies``."""
+        return fbe_load_u64(&self._r.replies_taken)
 
     @property
     def parks(self) -> int:

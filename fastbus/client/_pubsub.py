@@ -122,6 +122,11 @@ class PubSub(PubSubBase):
     #: (a client's inbox of replies, fastbus.client._requests).
     _wake_on_data = False
 
+    def _reader_replies(self) -> Any:
+        """The table the native reader hands data to (a sync client's inbox,
+        fastbus.client._requests), or None: data is this PubSub's."""
+        return None
+
     def __init__(self, conns: Connections, ignore_subscribe_messages: bool = False,
                  durable: str | None = None) -> None:
         if durable is not None and not P.valid_durable_name(durable):
@@ -186,7 +191,7 @@ class PubSub(PubSubBase):
         self._closed = False
         self.handled: list = []                   # awaitables handlers returned, not yet awaited
         self._session = SubSession(self._conns, self._deliver, self._inbox_full, self.durable,
-                                   wake_on_data=self._wake_on_data)
+                                   wake_on_data=self._wake_on_data, replies=self._reader_replies())
         self._session.seq = self._seq
         self._conns.open(self._session)
         self._conns.join(self)

@@ -9,10 +9,14 @@ requests by id in C (``fastbus._core.Replies``, csrc/fb_replies.h): the
 inbox's batches go there whole, never through Python per message, and each
 waiting thread sleeps on its own request without the interpreter lock.
 
-The thread that waits also reads the inbox's connection while no other
-waiting thread does (the table names one leader at a time), as a thread in
-``get_message()`` reads its PubSub: a reply reaches its thread with no
-hand-over when it is the only one waiting.  A request nobody subscribes to
+A sync client's inbox is read by its native reader, which hands each
+batch to the table as it reads it (csrc/fb_reader.h ``replies``): a reply
+reaches its waiting thread with no other thread, and no interpreter lock,
+on the way, however many wait; what it took is told the broker (TAKEN)
+by the next request that finds one due.  Without a native reader (before
+it starts, or an event loop's inbox) the thread that waits reads the
+inbox's connection while no other waiting thread does (the table names
+one leader at a time).  A request nobody subscribes to
 is answered at once: by this client's filter (the broker's view) when it
 says nobody wants the channel, else by the broker, which routed it to
 nobody and replies ``:status 503``: :class:`~fastbus.NoResponders`.
@@ -158,9 +162,10 @@ class InboxMixin:
 
 
 class Inbox(InboxMixin, PubSub):
-    """A client's replies (see InboxMixin); the thread that waits for one
-    reads the connection while no other waiting thread does, and the
-    keeper takes what comes while none waits (a late reply, dropped)."""
+    """A client's replies (see InboxMixin), matched by the native reader as
+    it reads them; without one, the thread that waits for one reads the
+    connection while no other waiting thread does, and the keeper takes
+    what comes while none waits (a late reply, dropped)."""
 
     _wake_on_data = True
 
@@ -168,6 +173,12 @@ class Inbox(InboxMixin, PubSub):
         self._open_inbox()
         super().__init__(conns, ignore_subscribe_messages=True)
         self.psubscribe(self.prefix + "*")        # confirmed: in effect for every publisher
+
+    def _reader_replies(self) -> Any:
+        # The native reader matches the inbox's DATA itself: a reply
+        # reaches its thread with no thread reading for it (no interpreter
+        # lock on the way), however many wait.
+        return self.replies
 
     def lead(self, rid: int, deadline: float) -> None:
         """Read the inbox's connection (this thread leads) until request
@@ -199,6 +210,9 @@ class Inbox(InboxMixin, PubSub):
         except BaseException:
             replies.close(rid)
             raise
+        s = self._session
+        if s.native_taken_due():
+            s.post(s.took_natively)               # (what the native reader took: its TAKEN)
         return (outcome or self._outcome)(channel, rid, timeout)
 
 

@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -57,11 +58,16 @@ class SubSession(Session):
 
     def __init__(self, conns: Connections, deliver: Callable[[tuple], None],
                  inbox_full: Callable[[int], bool], durable: str | None = None,
-                 wake_on_data: bool = False) -> None:
+                 wake_on_data: bool = False, replies: Any = None) -> None:
         super().__init__(conns)
         #: Data too wakes the keeper while nobody reads (a client's inbox of
         #: replies: what comes when no request waits is taken, not left).
         self.wake_on_data = wake_on_data
+        #: A sync client's inbox (fastbus._core.Replies): the native reader
+        #: matches its DATA to the waiting requests itself (fb_reader.h
+        #: replies); what it took is told the broker by took_natively().
+        self.replies = replies
+        self._native_taken = 0
         #: A durable subscriber's name: its session outlives this process
         #: (any process presenting the name takes it over, where this one
         #: stopped taking); ``claim``: this process's, drawn once.
@@ -113,10 +119,28 @@ class SubSession(Session):
         owner_fd = self.native_owner_fd()
         if self.reader is not None or owner_fd is None:
             return                        # (a loop's session: the keeper reads until the loop drives it)
+        replies = None if self.conns.driven_by_loop else self.replies
+        self._native_taken = 0
         self.adopt_reader(_engine.Reader(self.lock, self.sock, owner_fd, self.options.max_inbox_bytes, P.DATA,
                                          wake_on_data=self.conns.driven_by_loop or self.wake_on_data,
                                          reactions=self.reactions,
-                                         lost_command=P.LOST_LOCAL))
+                                         lost_command=P.LOST_LOCAL, replies=replies))
+
+    def took_natively(self) -> None:
+        """What the native reader handed to ``replies`` since the last call,
+        counted as taken (the lock held): its TAKEN, when one is due."""
+        reader = self.reader
+        if reader is None or self.replies is None:
+            return
+        total = reader.replies_taken
+        if total > self._native_taken:
+            n, self._native_taken = total - self._native_taken, total
+            self._took(n)
+
+    def native_taken_due(self) -> bool:
+        """Has the native reader taken a TAKEN's worth since the last told?"""
+        reader = self.reader
+        return reader is not None and reader.replies_taken - self._native_taken >= TAKEN_EVERY
 
     def close(self) -> None:
         if self.reader is not None:

@@ -2,6 +2,7 @@
 from libc.stdint cimport uint64_t
 
 from fastbus.includes.fb_react cimport fb_react
+from fastbus.includes.fb_replies cimport fb_replies
 from fastbus.includes.fb_slock cimport fb_slock
 
 cdef extern from "fb_reader.h" nogil:
@@ -35,6 +36,7 @@ cdef extern from "fb_reader.h" nogil:
         const void *lost_command
         size_t lost_command_len
         int (*lost)(void *sock)
+        fb_replies *replies
         int want_wake
         int handed
         uint64_t read_messages
@@ -42,6 +44,7 @@ cdef extern from "fb_reader.h" nogil:
         int owner_recent
         uint64_t owner_left_ns
         uint64_t parks
+        uint64_t replies_taken
         size_t queued
         size_t queued_bytes
         int running

@@ -31,6 +31,7 @@ cdef extern from "fb_replies.h" nogil:
     int fb_replies_open(fb_replies *t, int async_, uint64_t *id)
     int fb_replies_wait(fb_replies *t, uint64_t id, uint64_t deadline_ns)
     void fb_replies_unlead(fb_replies *t)
+    void fb_replies_set_read_elsewhere(fb_replies *t, int on)
     int fb_replies_state(fb_replies *t, uint64_t id)
     int fb_replies_close(fb_replies *t, uint64_t id, fb_reply *out)
     int fb_replies_take(fb_replies *t, const void *batch, size_t len)
