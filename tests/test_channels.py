@@ -110,6 +110,42 @@ asyncio.run(main())
 """
 
 
+def _start_workers(b, n: int) -> list:
+    """n WORKER processes, each receiving "thumbnails" once this returns."""
+    procs = [python_process(WORKER, b.endpoint, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(n)]
+    try:
+        for p in procs:
+            assert _line(p)["ready"]
+        wait_for(lambda: b.stats()["queue_group_members"] == n, what="every worker receiving")
+    except BaseException:
+        for p in procs:
+            p.kill()
+            p.wait(10)
+        raise
+    return procs
+
+
+def _stop_workers(b, procs: list, flush: bool) -> list[dict]:
+    """Stop WORKER processes; their last lines.  A stop is a task like any
+    other, given to one worker, behind what it was given before: one per
+    worker still running, each second until all are gone (a worker the
+    broker held back, slow, gets none while the other can take it; then
+    that one's stop comes again), 30 s at most.  ``flush``: the stopping
+    layer flushes (what the broker keeps goes), else it closes."""
+    async def stop() -> None:
+        layer = ChannelLayer(b.endpoint)
+        deadline = time.monotonic() + 30
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            for _ in range(b.stats()["queue_group_members"]):
+                await layer.send("thumbnails", {"type": "stop"})
+            await asyncio.sleep(1.0)
+        await (layer.flush() if flush else layer.close())
+
+    asyncio.run(stop())
+    return [_line(p) for p in procs]
+
+
 def test_a_named_channel_is_a_work_queue_across_worker_processes(brokers):
     """RedisChannelLayer's rule for a named channel, the layer's default:
     tasks sent before any worker runs wait at the broker, and with two
@@ -133,30 +169,11 @@ def test_a_named_channel_is_a_work_queue_across_worker_processes(brokers):
         await layer.close()
 
     asyncio.run(full())
-    procs = [python_process(WORKER, b.endpoint, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = _start_workers(b, 2)
     try:
-        for p in procs:
-            assert _line(p)["ready"]
-        wait_for(lambda: b.stats()["queue_group_members"] == 2, what="both workers receiving")
         asyncio.run(send(700, start=300))      # (the first to join took the 300 kept)
 
-        async def stop():
-            # A stop is a task like any other, given to one worker, behind
-            # what it was given before: one per worker still running (a
-            # worker the broker held back, slow, gets none while the other
-            # can take it; then that one's stop comes again).
-            layer = ChannelLayer(b.endpoint)
-            deadline = time.monotonic() + 30
-            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-                members = b.stats()["queue_group_members"]
-                for _ in range(members):
-                    await layer.send("thumbnails", {"type": "stop"})
-                await asyncio.sleep(1.0)
-            await layer.flush()
-
-        asyncio.run(stop())
-        outs = [_line(p) for p in procs]
+        outs = _stop_workers(b, procs, flush=True)
         done = [i for out in outs for i in out["done"]]
         assert sorted(done) == list(range(1000)), "a task done twice or never"
         assert all(out["done"] for out in outs), "one worker did everything"
@@ -404,25 +421,11 @@ def test_a_named_channel_in_a_group_is_served_by_its_workers_in_any_process(brok
 
     assert asyncio.run(publish(0, 200, consumer=True)) == list(range(200))   # (the consumer's: every one)
     wait_for(lambda: b.stats()["held_messages"] == 200, what="the named channel's share kept")
-    procs = [python_process(WORKER, b.endpoint, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = _start_workers(b, 2)
     try:
-        for p in procs:
-            assert _line(p)["ready"]
-        wait_for(lambda: b.stats()["queue_group_members"] == 2, what="both workers receiving")
         asyncio.run(publish(200, 300, consumer=False))
 
-        async def stop():
-            stopper = ChannelLayer(b.endpoint)
-            deadline = time.monotonic() + 30
-            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-                for _ in range(b.stats()["queue_group_members"]):
-                    await stopper.send("thumbnails", {"type": "stop"})
-                await asyncio.sleep(1.0)
-            await stopper.close()
-
-        asyncio.run(stop())
-        outs = [_line(p) for p in procs]
+        outs = _stop_workers(b, procs, flush=False)
         done = [i for out in outs for i in out["done"]]
         assert sorted(done) == list(range(500)), "a task done twice or never"
         assert all(p.wait(20) == 0 for p in procs)

@@ -83,6 +83,7 @@ NOT_RUN = {
     "python bench/pubsub_bench.py": "a benchmark, minutes",
     "python bench/percall_bench.py": "a benchmark: minutes, a server and a peer process a round",
     "python bench/threads_bench.py": "a benchmark: a broker (or a proxy) and two client processes a round",
+    "python bench/journal_bound.py": "a benchmark: a minute, a broker writing 80 MB to its journal",
     'pip install "fastbus[spark]"': "an install from PyPI",
 }
 
