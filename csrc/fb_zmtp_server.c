@@ -702,6 +702,14 @@ int fb_zmtp_server_listen_resp(fb_zmtp_server *s, const void *addr, size_t addrl
     return listen_on(s, addr, addrlen, bound, boundlen, 1);
 }
 
+/* How many connections the kernel completes before the relay accepts them.
+ * A storm of connects (every client of a restarted broker reconnecting at
+ * once, 10,000 Redis clients opened together) fills a short queue while the
+ * relay is busy with a turn, and the kernel then drops SYNs: each dropped one
+ * costs its client a 1 s, then 3 s, retransmit.  Redis's tcp-backlog is 511;
+ * the kernel caps this at net.core.somaxconn (4096 on current kernels). */
+#define LISTEN_BACKLOG 4096
+
 static int listen_on(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen, int resp)
 {
     if (!s || s->closed) return ENOTSOCK;
@@ -716,7 +724,7 @@ static int listen_on(fb_zmtp_server *s, const void *addr, size_t addrlen, void *
     int rc = bind(fd, addr, (socklen_t)addrlen);
     if (rc < 0 && errno == EADDRINUSE && family == AF_UNIX && stale_unix_socket(addr, addrlen))
         rc = bind(fd, addr, (socklen_t)addrlen);
-    if (rc < 0 || listen(fd, 128) < 0) {
+    if (rc < 0 || listen(fd, LISTEN_BACKLOG) < 0) {
         int e = errno;
         close(fd);
         return e;
