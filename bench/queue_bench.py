@@ -13,6 +13,10 @@ Systems (every one driven from Python through redis-py with hiredis):
   fastbus-ackget  the same, the worker's loop as m = c.get(ack=m) at B=1:
             each ack rides in the next get's round trip (two script calls,
             one round trip).
+  fastbus-prefetch  that loop on a consumer(prefetch=16): a take asks for
+            up to 16 ready messages, get() hands them out one at a time, and
+            the acks given meanwhile go with the next take (B=1; B > 1 as
+            fastbus).
   streams   Redis Streams as a Streams user drives them: XADD pipelined B per
             round trip (B=1: one XADD per call); XGROUP CREATE once; the
             consumer XREADGROUP GROUP g c COUNT B BLOCK, then one XACK of the
@@ -91,8 +95,9 @@ import time
 import traceback
 from urllib.parse import urlsplit
 
-SYSTEMS = ("fastbus", "fastbus-ackget", "streams", "list")
+SYSTEMS = ("fastbus", "fastbus-ackget", "fastbus-prefetch", "streams", "list")
 LABEL = {"fastbus": "fastbus WorkQueue", "fastbus-ackget": "fastbus WorkQueue, get(ack=prev)",
+         "fastbus-prefetch": "fastbus WorkQueue, get(ack=prev), prefetch 16",
          "streams": "Redis Streams (redis-py)",
          "list": "rmq-style list (redis-py)"}
 QUEUE = "bench"                       # fastbus queue / topic name
@@ -156,11 +161,12 @@ class FastbusAckGet(Fastbus):
     on its own.  B > 1 as fastbus."""
 
     expect = 0
+    prefetch = 1
 
     def taker(self, b: int):
         if b != 1:
             return super().taker(b)
-        self.c = c = self.q.consumer(TAG)
+        self.c = c = self.q.consumer(TAG, prefetch=self.prefetch)
         get = c.get
         pending: list = []
         taken = 0
@@ -262,7 +268,14 @@ class ListQueue:
         self.r.close()
 
 
-CLASSES = {"fastbus": Fastbus, "fastbus-ackget": FastbusAckGet, "streams": Streams, "list": ListQueue}
+class FastbusPrefetch(FastbusAckGet):
+    """fastbus-ackget's loop on a consumer taking 16 ahead (B=1)."""
+
+    prefetch = 16
+
+
+CLASSES = {"fastbus": Fastbus, "fastbus-ackget": FastbusAckGet, "fastbus-prefetch": FastbusPrefetch,
+           "streams": Streams, "list": ListQueue}
 
 
 def setup_system(r, system: str) -> None:
@@ -865,7 +878,8 @@ def report(results: list[dict], systems: list[str], head: str) -> None:
         print("| system | read of a ready message p50 | p99 | p99.9 | max | read + ack p50 | p99 | "
               "blocked read woken by a put p50 | p99 | max |")
         print("|---|---|---|---|---|---|---|---|---|---|")
-        reads = {"fastbus": "get(timeout) + ack", "fastbus-ackget": "get(timeout) + ack (the latency run reads as fastbus)", "streams": "XREADGROUP COUNT 1 + XACK",
+        reads = {"fastbus": "get(timeout) + ack", "fastbus-ackget": "get(timeout) + ack (the latency run reads as fastbus)",
+                 "fastbus-prefetch": "get(timeout) + ack (the latency run reads as fastbus)", "streams": "XREADGROUP COUNT 1 + XACK",
                  "list": "LMOVE + LREM"}
         for s in systems:
             if s not in lat and s not in wake:

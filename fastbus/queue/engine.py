@@ -25,6 +25,7 @@ import secrets
 import socket
 import struct
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -78,6 +79,11 @@ GONE = -1                      # the scripts' reply when a topic instance's logi
 # below these, a consumer would load the server and gain nothing.
 MIN_HEARTBEAT_TTL = 0.1
 MIN_CLEAN_INTERVAL = 0.1
+MAX_PREFETCH = 1000            # messages a consumer takes ahead in one round trip
+# A message taken ahead is handed out only while the consumer's heartbeat
+# is surely alive on the server: until this share of heartbeat_ttl after
+# the last heartbeat was sent (what remains covers a clock running slow).
+HELD_SHARE = 0.9
 
 
 @dataclass(slots=True)
@@ -252,7 +258,7 @@ class ConsumerState:
     """One consumer's side of a namespace: its tag, token and heartbeat."""
 
     def __init__(self, space: QueueSpace, tag: str | None, heartbeat_ttl: Any, clean_interval: Any,
-                 owner: Any) -> None:
+                 owner: Any, prefetch: Any = 1) -> None:
         heartbeat_ttl = positive_seconds("heartbeat_ttl", heartbeat_ttl)
         if heartbeat_ttl < MIN_HEARTBEAT_TTL:
             raise ValueError(f"heartbeat_ttl must be at least {MIN_HEARTBEAT_TTL} s (the heartbeat is a script "
@@ -274,6 +280,22 @@ class ConsumerState:
         # the arguments of the one-at-a-time scripts, made once
         self._get1 = (space.ns, self.tag, self.token, self.ttl_ms, space.body_ns, "")
         self._get1_woke = self._get1[:-1] + ("1",)
+        # Taking ahead (prefetch > 1): messages this consumer holds on the
+        # server (in its unacked hash) and has not handed out yet, and the
+        # acks given with get(ack=) while the next message was one of them,
+        # sent with the next round trip (a refill, the heartbeat, close).
+        # Deques: the heartbeat's thread takes from them too.
+        self.prefetch = positive_int("prefetch", prefetch)
+        if self.prefetch > MAX_PREFETCH:
+            raise ValueError(f"prefetch is at most {MAX_PREFETCH}, not {prefetch!r}")
+        self._ahead: deque = deque()
+        self._deferred: deque = deque()
+        # Until when (monotonic) the heartbeat is surely alive on the server
+        # (set by register and each heartbeat), and whether it may have
+        # lapsed since the messages ahead were taken: a cleaner may have
+        # given them to another consumer, so they go back, not out.
+        self._held_until = 0.0
+        self._lapsed = False
 
     def _check(self, reply: Any) -> Any:
         """A script's reply, unless it says this instance's logical consumer is gone."""
@@ -291,8 +313,10 @@ class ConsumerState:
     def register(self) -> Op:
         s = self.space
         yield from s.names.listing(1)   # a consumer starting: registered whatever this process did before
+        sent = time.monotonic()
         reply = yield Call("REGISTER", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, s.body_ns, s.max))
         back, dead = self._check(reply)
+        self._alive(sent)
         if back or dead:
             log.info("consumer %s of %s: %d messages a previous consumer with this tag held went back "
                      "to the queue, %d to failed", self.tag, s.name, back, dead)
@@ -300,7 +324,17 @@ class ConsumerState:
 
     def heartbeat(self) -> Op:
         s = self.space
+        sent = time.monotonic()
         self._check((yield Call("HEARTBEAT", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, s.body_ns))))
+        self._alive(sent)
+
+    def _alive(self, sent: float) -> None:
+        """The server took a heartbeat sent at ``sent`` (monotonic): it
+        lives until ``sent + heartbeat_ttl`` at least.  One sent after the
+        last one's life may have found it expired and taken it anew."""
+        if sent >= self._held_until and self._ahead:
+            self._lapsed = True
+        self._held_until = sent + self.ttl_ms / 1000 * HELD_SHARE
 
     def wait(self) -> float:
         """Seconds until the next tick is due: the heartbeat's or the cleaner's."""
@@ -309,12 +343,22 @@ class ConsumerState:
 
     def tick(self) -> Op:
         """What the consumer's thread (or task) does when :meth:`wait` is
-        over: extend the heartbeat (every ``period``), and run the cleaner
-        (every ``clean_interval``) when it is due."""
+        over: extend the heartbeat (every ``period``) and send the acks
+        waiting for a round trip, and run the cleaner (every
+        ``clean_interval``) when it is due."""
         now = time.monotonic()
         if now >= self.next_beat:
             self.next_beat = now + self.period
             yield from self.heartbeat()
+            acks = _drain(self._deferred)
+            if acks:
+                done = False
+                try:
+                    yield from self._settle(acks, [])
+                    done = True
+                finally:
+                    if not done:
+                        self._unsettled(acks, [])
         if self.next_clean is not None and now >= self.next_clean:
             self.next_clean = now + self.clean_interval
             r = yield from self.space.clean()
@@ -339,24 +383,52 @@ class ConsumerState:
     def get_many(self, n: int, timeout: float | None, ack: Any = None) -> Op:
         """Up to ``n`` messages; ``ack``: a message this consumer holds,
         acknowledged in the same round trip (pipelined before the take, in
-        the queue's slot: a worker's loop is one round trip a message)."""
+        the queue's slot: a worker's loop is one round trip a message).
+        With ``prefetch`` > 1, a take asks for that many and keeps what is
+        not asked for now: later gets hand them out with no round trip (an
+        ``ack`` then waits for the next one; see :meth:`tick`)."""
         positive_int("n", n)
         positive_seconds("timeout", timeout, allow_none=True, allow_zero=True)
         if self.gone:
             raise self.gone_error()
+        ahead = self._ahead
+        if ahead and not self._lapsed and time.monotonic() < self._held_until:
+            out = _drain(ahead, n)
+            if out:
+                if ack is not None:
+                    self._deferred.append(ack)
+                return out
+        deferred = _drain(self._deferred)
+        acks = deferred + [ack] if ack is not None else deferred
+        # Taken ahead while the heartbeat may have lapsed: back to the queue
+        # (a cleaner may have given them to another consumer meanwhile).
+        back = _drain(ahead) if ahead else []
+        self._lapsed = False
         s = self.space
         deadline = None if timeout is None else time.monotonic() + timeout
-        if n == 1:
+        want = max(n, self.prefetch)
+        if want == 1:
             first = Call("GET1", s.ready, self._get1)
             get = Call("GET1", s.ready, self._get1_woke)
         else:
-            first = Call("GET", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, n, s.body_ns, ""))
-            get = Call("GET", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, n, s.body_ns, "1"))
-        if ack is None:
+            first = Call("GET", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, want, s.body_ns, ""))
+            get = Call("GET", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, want, s.body_ns, "1"))
+        if not acks and not back:
             items = self._check((yield first))
         else:
-            acked, items = yield Many([self._ack1_call(ack), first])
-            self._ack1_result(self._check(acked), ack)
+            settle = self._ack1_call(acks[0]) if len(acks) == 1 and not back else self._settle_call(acks, [], back)
+            done = False
+            try:
+                settled, items = yield Many([settle, first])
+                done = True
+            finally:
+                if not done:                    # (not known to be sent: they wait for the next round trip)
+                    self._unsettled(deferred, back)
+            settled = self._check(settled)
+            if len(acks) == 1 and not back:
+                self._ack1_result(settled, acks[0])
+            else:
+                self._settle_result(settled, acks + back, len(acks))
             items = self._check(items)
         while not items:
             wait = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
@@ -370,7 +442,11 @@ class ConsumerState:
             # holding it.
             _token, items = yield Many([Cmd(("BLPOP", s.ns + "notify", max(0.01, round(wait, 3)))), get])
             self._check(items)
-        return decode_items(items, self.owner)
+        got = decode_items(items, self.owner)
+        if len(got) > n:
+            ahead.extend(got[n:])
+            del got[n:]
+        return got
 
     def ack1(self, message: Any) -> Op:
         """settle(ack=[message]), one script call lighter (ACK1)."""
@@ -394,30 +470,75 @@ class ConsumerState:
         ack, reject, requeue = list(ack), list(reject), list(requeue)
         if len(ack) == 1 and not reject and not requeue:
             return (yield from self.ack1(ack[0]))
-        given = ack + reject + requeue
-        if not given:
+        if not (ack or reject or requeue):
             return SettleResult()
         if self.gone:
             raise self.gone_error()
+        return (yield from self._settle(ack, reject, requeue))
+
+    def _settle(self, ack: list, reject: list, requeue: list = ()) -> Op:
+        r = self._check((yield self._settle_call(ack, reject, requeue)))
+        return self._settle_result(r, ack + reject + list(requeue))
+
+    def _settle_call(self, ack: list, reject: list, requeue: Any = ()) -> Call:
+        given = [*ack, *reject, *requeue]
         keys = [id_key(m) for m in given]
         if len(set(keys)) != len(keys):
             raise ValueError("a message is given twice to settle")
         a, r = len(ack), len(ack) + len(reject)
         ids = (b"".join(keys[:a]), b"".join(keys[a:r]), b"".join(keys[r:]))
         s = self.space
-        r = self._check((yield Call("SETTLE", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, s.body_ns, s.max,
-                                                          *ids))))
+        return Call("SETTLE", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, s.body_ns, s.max, *ids))
+
+    def _settle_result(self, r: Any, given: list, told: int | None = None) -> SettleResult:
+        """SETTLE's reply; a warning for the messages it did not find held
+        (of the first ``told`` of ``given``: the rest are messages taken
+        ahead that go back, and a cleaner may have taken them first)."""
         missing = [given[i - 1] for i in r[4]]
-        if missing:
+        told_missing = missing if told is None else [m for i, m in zip(r[4], missing) if i <= told]
+        if told_missing:
+            s = self.space
             log.warning("consumer %s of %s: %d of %d messages settled were not held by it (its heartbeat "
                         "expired and they went back to the queue, or they were settled already)",
-                        self.tag, s.name, len(missing), len(given))
+                        self.tag, s.name, len(told_missing), len(given) if told is None else told)
         return SettleResult(r[0], r[1], r[2], r[3], missing)
 
+    def _unsettled(self, acks: list, back: list) -> None:
+        """A round trip that carried waiting acks (and messages taken ahead
+        going back) failed: they wait for the next one."""
+        self._deferred.extendleft(reversed(acks))
+        if back:
+            self._ahead.extendleft(reversed(back))
+            self._lapsed = True
+
     def release(self) -> Op:
+        """Close: the acks still waiting sent, then everything held given
+        back (messages taken ahead among them), not counted as deliveries."""
         s = self.space
-        r = yield Call("RELEASE", s.ready, (s.ns, self.tag, self.token, s.body_ns))
+        acks = _drain(self._deferred)
+        _drain(self._ahead)
+        release = Call("RELEASE", s.ready, (s.ns, self.tag, self.token, s.body_ns))
+        if not acks:
+            return (yield release)[0]
+        settled, r = yield Many([self._settle_call(acks, []), release])
+        if not isinstance(settled, list) or settled == GONE:
+            log.warning("consumer %s of %s closed: %d acks could not be sent (%r): those messages go back "
+                        "to the queue", self.tag, s.name, len(acks), settled)
+        else:
+            self._settle_result(settled, acks)
         return r[0]
+
+
+def _drain(q: deque, n: int | None = None) -> list:
+    """Up to ``n`` (None: all) items off the left of ``q``, which another
+    thread may take from at the same time."""
+    out: list = []
+    while n is None or len(out) < n:
+        try:
+            out.append(q.popleft())
+        except IndexError:
+            break
+    return out
 
 
 # -- topics

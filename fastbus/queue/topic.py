@@ -100,14 +100,15 @@ class Topic(SyncHandle):
         return self._driver.run(self._ops.consumers())
 
     def consumer(self, consumer: str, tag: str | None = None, *, register: bool = True,
-                 heartbeat_ttl: float = 15.0, clean_interval: float | None = 30.0) -> Consumer:
+                 heartbeat_ttl: float = 15.0, clean_interval: float | None = 30.0, prefetch: int = 1) -> Consumer:
         """An instance of logical consumer ``consumer`` (registering it first
         unless ``register=False``).  Instances share the consumer's messages;
-        each needs its own ``tag`` (None: host-pid-random)."""
+        each needs its own ``tag`` (None: host-pid-random).  ``prefetch``: as
+        for :meth:`WorkQueue.consumer <fastbus.queue.WorkQueue.consumer>`."""
         space = self._ops.space(consumer)
         if register:
             self.register(consumer)
-        return Consumer(self._driver, space, tag, heartbeat_ttl, clean_interval)
+        return Consumer(self._driver, space, tag, heartbeat_ttl, clean_interval, prefetch)
 
     def last_id(self) -> int:
         """The id of the newest message (0 before the first)."""
@@ -190,14 +191,14 @@ class AsyncTopic(AsyncHandle):
         return await self._driver.run(self._ops.consumers())
 
     def consumer(self, consumer: str, tag: str | None = None, *, register: bool = True,
-                 heartbeat_ttl: float = 15.0, clean_interval: float | None = 30.0) -> AsyncConsumer:
+                 heartbeat_ttl: float = 15.0, clean_interval: float | None = 30.0, prefetch: int = 1) -> AsyncConsumer:
         """An instance of logical consumer ``consumer`` (registered first
         unless ``register=False``): ``async with t.consumer("billing") as c:``
         or ``c = await t.consumer("billing")``."""
         space = self._ops.space(consumer)
         if not register:
-            return AsyncConsumer(self._driver, space, tag, heartbeat_ttl, clean_interval)
-        return _RegisteringConsumer(self, consumer, self._driver, space, tag, heartbeat_ttl, clean_interval)
+            return AsyncConsumer(self._driver, space, tag, heartbeat_ttl, clean_interval, prefetch)
+        return _RegisteringConsumer(self, consumer, self._driver, space, tag, heartbeat_ttl, clean_interval, prefetch)
 
     async def last_id(self) -> int:
         return await self._driver.run(self._ops.last_id())

@@ -65,9 +65,9 @@ class Consumer:
     delivery) and removes the consumer's keys.  Thread-safe."""
 
     def __init__(self, driver: SyncDriver, space: QueueSpace, tag: str | None, heartbeat_ttl: float,
-                 clean_interval: float | None) -> None:
+                 clean_interval: float | None, prefetch: int = 1) -> None:
         self._driver = driver
-        self._h = ConsumerState(space, tag, heartbeat_ttl, clean_interval, self)
+        self._h = ConsumerState(space, tag, heartbeat_ttl, clean_interval, self, prefetch)
         self._stop = threading.Event()
         self._closed = False
         self.lost: Exception | None = None   # set if another consumer took the tag
@@ -180,9 +180,16 @@ class WorkQueue(SyncHandle):
         return self._driver.run(self._space.put_many(payloads))
 
     def consumer(self, tag: str | None = None, *, heartbeat_ttl: float = 15.0,
-                 clean_interval: float | None = 30.0) -> Consumer:
-        """Register a consumer (``tag`` None: host-pid-random)."""
-        return Consumer(self._driver, self._space, tag, heartbeat_ttl, clean_interval)
+                 clean_interval: float | None = 30.0, prefetch: int = 1) -> Consumer:
+        """Register a consumer (``tag`` None: host-pid-random).
+        ``prefetch``: how many ready messages a take asks for (at most
+        1000): get() hands out the ones taken ahead with no round trip, and
+        an ack given with get(ack=) then goes with the next round trip (a
+        take, the heartbeat every ``heartbeat_ttl / 3``, close()).  Those
+        ahead are held by this consumer like the one it works on: close()
+        gives them back uncounted, a death has the cleaner return them
+        (a delivery each).  docs/QUEUES.md, "Taking ahead"."""
+        return Consumer(self._driver, self._space, tag, heartbeat_ttl, clean_interval, prefetch)
 
     def peek(self, count: int = 10, *, failed: bool = False) -> list[Message]:
         """The first ``count`` messages of ready (or failed), left in place."""
@@ -216,9 +223,9 @@ class AsyncConsumer:
     the heartbeat is a task of the running loop."""
 
     def __init__(self, driver: AsyncDriver, space: QueueSpace, tag: str | None, heartbeat_ttl: float,
-                 clean_interval: float | None) -> None:
+                 clean_interval: float | None, prefetch: int = 1) -> None:
         self._driver = driver
-        self._h = ConsumerState(space, tag, heartbeat_ttl, clean_interval, self)
+        self._h = ConsumerState(space, tag, heartbeat_ttl, clean_interval, self, prefetch)
         self._task: asyncio.Task | None = None
         self.lost: Exception | None = None
 
@@ -319,8 +326,8 @@ class AsyncWorkQueue(AsyncHandle):
         return await self._driver.run(self._space.put_many(payloads))
 
     def consumer(self, tag: str | None = None, *, heartbeat_ttl: float = 15.0,
-                 clean_interval: float | None = 30.0) -> AsyncConsumer:
-        return AsyncConsumer(self._driver, self._space, tag, heartbeat_ttl, clean_interval)
+                 clean_interval: float | None = 30.0, prefetch: int = 1) -> AsyncConsumer:
+        return AsyncConsumer(self._driver, self._space, tag, heartbeat_ttl, clean_interval, prefetch)
 
     async def peek(self, count: int = 10, *, failed: bool = False) -> list[Message]:
         return await self._driver.run(self._space.peek(count, failed))
