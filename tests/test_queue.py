@@ -330,7 +330,7 @@ def test_asyncio_queue(redis_url):
 def test_scripts_are_loaded_again_after_the_server_forgot_them(queue, redis_url):
     """A restart (here SCRIPT FLUSH) empties the server's script cache: plain
     and pipelined calls (put_many of several script calls; the wake-up's
-    BLPOP + GET) load them again."""
+    BLPOP + GET; get(ack=)'s ACK1 + GET1) load them again."""
     client = redis.Redis.from_url(redis_url)
     queue.put(b"warm")
     client.script_flush()
@@ -346,6 +346,12 @@ def test_scripts_are_loaded_again_after_the_server_forgot_them(queue, redis_url)
         client.script_flush()
         late = threading.Timer(0.2, queue.put, (b"x",))
         late.start()
-        assert c.get(timeout=5).payload == b"x"
+        x = c.get(timeout=5)
+        assert x.payload == b"x"
         late.join()
+        queue.put(b"y")
+        client.script_flush()
+        y = c.get(timeout=0, ack=x)                         # ACK1 + GET1 pipelined, both reloaded
+        assert y.payload == b"y" and queue.stats().totals["ack"] == 2502
+        c.ack(y)
     client.close()
