@@ -166,7 +166,8 @@ class FastbusAckGet(Fastbus):
     def taker(self, b: int):
         if b != 1:
             return super().taker(b)
-        self.c = c = self.q.consumer(TAG, prefetch=self.prefetch)
+        # (prefetch only where asked: a build before it takes no such argument)
+        self.c = c = self.q.consumer(TAG, **({"prefetch": self.prefetch} if self.prefetch > 1 else {}))
         get = c.get
         pending: list = []
         taken = 0
