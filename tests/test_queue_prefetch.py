@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from fastbus.queue import AsyncWorkQueue, WorkQueue
+from fastbus.queue import AsyncWorkQueue, Topic, WorkQueue
 
 
 def _script_calls(r) -> int:
@@ -116,6 +116,24 @@ def test_the_asyncio_consumer_takes_ahead_as_the_sync_one(redis_url):
 
     ids, got = asyncio.run(main())
     assert got == ids
+
+
+def test_a_topic_consumer_takes_ahead_with_the_bodies(redis_url):
+    t = Topic("news", redis_url)
+    t.register("billing")
+    ids = t.publish_many([b"story-%d" % i for i in range(40)])
+    got, m = [], None
+    with t.consumer("billing", tag="b1", prefetch=8, clean_interval=None) as c:
+        while True:
+            m = c.get(0, ack=m)
+            if m is None:
+                break
+            got.append((m.id, m.payload))
+    assert got == [(i, b"story-%d" % k) for k, i in enumerate(ids)]
+    st = t.stats()
+    billing = st.consumers["billing"]
+    assert (billing.ready, billing.unacked, billing.totals["ack"]) == (0, {}, 40)
+    t.close()
 
 
 def test_prefetch_is_bounded(redis_url):
