@@ -23,6 +23,8 @@ sequence, so the random generator does not dominate).  Two consumer styles:
   fastbus-http  (only when named in --systems) fastbus with --http, its
            monitoring endpoints read every second during the run: run with
            --systems fastbus,fastbus-http for what monitoring costs
+  fastbus-linger  (only when named) fastbus, the publishers' clients with
+           max_delay=50e-6: a burst's batches wait up to 50 µs to fill
   fastbus-headers  (only when named) fastbus, every message published with
            two headers (HEADERS: a traceparent and a content type); the
            seed style's subscribers get them in each message dict
@@ -105,6 +107,8 @@ class _CPU:
             self.out[0], self.out[1] = time.thread_time() - self.t0, time.process_time() - self.p0
 
 
+#: fastbus-linger: the publishers' max_delay (seconds).
+LINGER = 50e-6
 #: fastbus-headers: what every message carries (two headers, as a traced
 #: JSON message would).
 HEADERS = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
@@ -112,7 +116,8 @@ HEADERS = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-
 
 
 def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed: int,
-              window: int = 0, pub_counts=(), sub_counts=(), cpu_out=None, headers: bool = False) -> None:
+              window: int = 0, pub_counts=(), sub_counts=(), cpu_out=None, headers: bool = False,
+              max_delay: float | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     chans = channel_cycle(seed)
     msg = b"x" * size
@@ -126,7 +131,7 @@ def publisher(system: str, server: dict, size: int, stop, ready_pub, count, seed
         stop = _Paced(stop, window, pub_counts, sub_counts)
     if system == "fastbus":
         import fastbus
-        c = fastbus.Client(endpoint=server["endpoint"])
+        c = fastbus.Client(endpoint=server["endpoint"], max_delay=max_delay)
         while not c.stats()["filter_active"]:
             time.sleep(0.01)
         publish = c.publish
@@ -413,7 +418,8 @@ def run_case(system: str, style: str, npubs: int, nclients: int, seconds: float,
                                                  sub_cpu[i]))
             for i in range(nclients)]
     pubs = [ctx.Process(target=publisher, args=(client, info, size, stop_pub, ready_pub, pubc[i], i,
-                                                window, pubc, subc, pub_cpu[i], system == "fastbus-headers"))
+                                                window, pubc, subc, pub_cpu[i], system == "fastbus-headers",
+                                                LINGER if system == "fastbus-linger" else None))
             for i in range(npubs)]
     try:
         for p in subs:

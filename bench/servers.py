@@ -19,6 +19,10 @@ benchmark (bench/pubsub_bench.py, bench/latency_bench.py):
   fastbus-headers  (not in the default list) the `fastbus` broker, every
            message published with two headers (a W3C traceparent and a
            content type, 84 bytes): what headers cost, beside fastbus
+  fastbus-linger  (not in the default list) the `fastbus` broker, the
+           publishers' clients with max_delay=50e-6 (a 50 µs linger for
+           the batches of a burst): what the default's send-at-once costs
+           in throughput
   fastbus-noresume  (not in the default list) `fastbus broker --session-linger 0`:
            sessions end with their connection, nothing kept for a resume,
            no TOOK (the clients keep nothing either): what resuming costs
@@ -63,11 +67,11 @@ import time
 
 SYSTEMS = ("fastbus", "redis", "zmq", "nats")
 #: Accepted by --systems, not run by default.
-EXTRA_SYSTEMS = ("fastbus-http", "fastbus-headers", "fastbus-noresume", "fastbus-journal", "fastbus-journal-always", "fastbus-resp",
+EXTRA_SYSTEMS = ("fastbus-http", "fastbus-headers", "fastbus-linger", "fastbus-noresume", "fastbus-journal", "fastbus-journal-always", "fastbus-resp",
                  "jetstream", "zenoh", "zenoh-router", "valkey-io1", "valkey-io2")
 #: fastbus with a broker option: the same clients (``info["system"]`` is
 #: "fastbus"), what the option costs or saves in the same run.
-FASTBUS_VARIANTS = {"fastbus-http": (), "fastbus-headers": (), "fastbus-noresume": ("--session-linger", "0"),
+FASTBUS_VARIANTS = {"fastbus-http": (), "fastbus-headers": (), "fastbus-linger": (), "fastbus-noresume": ("--session-linger", "0"),
                     "fastbus-journal": ("--fsync", "everysec"), "fastbus-journal-always": ("--fsync", "always")}
 #: fastbus's broker to Redis clients (``--resp``): ``info["system"]`` is
 #: "redis" (redis-py's clients), ``info["port"]`` the Redis-protocol port.
