@@ -323,10 +323,13 @@ class ConsumerState:
         return CleanResult(back, dead, 0)
 
     def heartbeat(self) -> Op:
-        s = self.space
         sent = time.monotonic()
-        self._check((yield Call("HEARTBEAT", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, s.body_ns))))
+        self._check((yield self._heartbeat_call()))
         self._alive(sent)
+
+    def _heartbeat_call(self) -> Call:
+        s = self.space
+        return Call("HEARTBEAT", s.ready, (s.ns, self.tag, self.token, self.ttl_ms, s.body_ns))
 
     def _alive(self, sent: float) -> None:
         """The server took a heartbeat sent at ``sent`` (monotonic): it
@@ -417,13 +420,24 @@ class ConsumerState:
             items = self._check((yield first))
         else:
             settle = self._ack1_call(acks[0]) if len(acks) == 1 and not back else self._settle_call(acks, [], back)
+            calls = [settle, first]
+            if back:
+                # The heartbeat is overdue (its thread stalled, or failed):
+                # renewed in the same round trip, so the messages this take
+                # keeps ahead can go out (not be given back in turn).
+                calls.insert(0, self._heartbeat_call())
+            sent = time.monotonic()
             done = False
             try:
-                settled, items = yield Many([settle, first])
+                replies = yield Many(calls)
                 done = True
             finally:
                 if not done:                    # (not known to be sent: they wait for the next round trip)
                     self._unsettled(deferred, back)
+            if back:
+                self._check(replies[0])
+                self._alive(sent)
+            settled, items = replies[-2:]
             settled = self._check(settled)
             if len(acks) == 1 and not back:
                 self._ack1_result(settled, acks[0])
