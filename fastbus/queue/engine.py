@@ -353,15 +353,7 @@ class ConsumerState:
         if now >= self.next_beat:
             self.next_beat = now + self.period
             yield from self.heartbeat()
-            acks = _drain(self._deferred)
-            if acks:
-                done = False
-                try:
-                    yield from self._settle(acks, [])
-                    done = True
-                finally:
-                    if not done:
-                        self._unsettled(acks, [])
+            yield from self._send_waiting_acks()
         if self.next_clean is not None and now >= self.next_clean:
             self.next_clean = now + self.clean_interval
             r = yield from self.space.clean()
@@ -490,11 +482,11 @@ class ConsumerState:
             raise self.gone_error()
         return (yield from self._settle(ack, reject, requeue))
 
-    def _settle(self, ack: list, reject: list, requeue: list = ()) -> Op:
+    def _settle(self, ack: list, reject: list, requeue: Iterable = ()) -> Op:
         r = self._check((yield self._settle_call(ack, reject, requeue)))
         return self._settle_result(r, ack + reject + list(requeue))
 
-    def _settle_call(self, ack: list, reject: list, requeue: Any = ()) -> Call:
+    def _settle_call(self, ack: list, reject: list, requeue: Iterable = ()) -> Call:
         given = [*ack, *reject, *requeue]
         keys = [id_key(m) for m in given]
         if len(set(keys)) != len(keys):
@@ -517,6 +509,20 @@ class ConsumerState:
                         self.tag, s.name, len(told_missing), len(given) if told is None else told)
         return SettleResult(r[0], r[1], r[2], r[3], missing)
 
+    def _send_waiting_acks(self) -> Op:
+        """The acks get(ack=) left waiting, in one SETTLE (kept for the
+        next round trip if it fails)."""
+        acks = _drain(self._deferred)
+        if not acks:
+            return
+        done = False
+        try:
+            yield from self._settle(acks, [])
+            done = True
+        finally:
+            if not done:
+                self._unsettled(acks, [])
+
     def _unsettled(self, acks: list, back: list) -> None:
         """A round trip that carried waiting acks (and messages taken ahead
         going back) failed: they wait for the next one."""
@@ -534,9 +540,13 @@ class ConsumerState:
         release = Call("RELEASE", s.ready, (s.ns, self.tag, self.token, s.body_ns))
         if not acks:
             return (yield release)[0]
-        settled, r = yield Many([self._settle_call(acks, []), release])
-        if not isinstance(settled, list) or settled == GONE:
-            log.warning("consumer %s of %s closed: %d acks could not be sent (%r): those messages go back "
+        # (partial: a SETTLE refused, say the tag was lost, still lets the
+        # RELEASE's answer through; only that one's failure fails close())
+        settled, r = yield Many([self._settle_call(acks, []), release], partial=True)
+        if isinstance(r, Exception):
+            raise r
+        if isinstance(settled, Exception) or settled == GONE:
+            log.warning("consumer %s of %s closed: %d acks could not be sent (%s): those messages go back "
                         "to the queue", self.tag, s.name, len(acks), settled)
         else:
             self._settle_result(settled, acks)
