@@ -121,7 +121,11 @@ def test_the_native_reader_takes_the_replies_and_tells_the_broker(brokers, clien
         assert c.request("work", b"%d" % i, timeout=10)["data"] == b"%d" % i
     inbox = c._inbox
     s = inbox._session
-    assert s.reader is not None and s.reader.replies_taken >= 5000
+    # The reader takes them, but for the few a user thread read while it
+    # held the socket (fb_reader.h owner_recent: the keeper, or a
+    # requester at its turn; 1 of 5,000 under ASan): matched the same,
+    # counted in "replied" below, not in replies_taken.
+    assert s.reader is not None and s.reader.replies_taken >= 4900, s.reader.replies_taken
     assert s.taken_told >= 4096                   # (one TAKEN per 4,096 records)
     assert inbox.replies.stats()["replied"] == 5000
     responder.stop()
