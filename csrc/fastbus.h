@@ -9,6 +9,7 @@
  *   fb_glob.h       Redis's glob patterns: match, literal prefix
  *   fb_resp.h       reading Redis replies (RESP), many per call
  *   fb_common.h     status codes, id vectors, key lists
+ *   fb_protocol.h   the wire protocol's command bytes and flag bits
  *
  * Plain C11, no dependencies.  Build with the Makefile in this directory
  * (libfastbus.a) or compile the .c files into your program.
@@ -17,6 +18,7 @@
 #define FASTBUS_H
 
 #include "fb_common.h"
+#include "fb_protocol.h"
 #include "fb_trie.h"
 #include "fb_forwarder.h"
 #include "fb_batch.h"

@@ -17,6 +17,7 @@
 #include "fb_batch.h"
 #include "fb_common.h"
 #include "fb_glob.h"
+#include "fb_protocol.h"
 
 #define MAX_BULK (512ull * 1024 * 1024)
 #define OPS_PER_SUB 1000u           /* protocol.MIN_SUB_OPS: every broker takes this many */
@@ -299,7 +300,7 @@ static int make_hello(fb_resp_session *r)
 {
     static const char hello[] = "{\"v\": 1, \"role\": \"redis\", \"pub\": false, \"name\": \"redis\"}";
     msg_start(r);
-    if (msg_frame(r, "H", 1) < 0 || msg_frame(r, hello, sizeof hello - 1) < 0) return FB_ENOMEM;
+    if (msg_frame(r, FB_CMD_HELLO_S, 1) < 0 || msg_frame(r, hello, sizeof hello - 1) < 0) return FB_ENOMEM;
     r->msg_ready = 1;
     r->wait = WAIT_WELCOME;
     return FB_OK;
@@ -308,7 +309,7 @@ static int make_hello(fb_resp_session *r)
 static int make_pub(fb_resp_session *r, const unsigned char *ch, size_t chn, const unsigned char *m, size_t mn)
 {
     msg_start(r);
-    if (msg_frame(r, "P", 1) < 0) return FB_ENOMEM;
+    if (msg_frame(r, FB_CMD_PUB_S, 1) < 0) return FB_ENOMEM;
     size_t at = r->msg.len;
     if (batch_header(r, 1) < 0 || batch_record(r, ch, chn, m, mn) < 0) return FB_ENOMEM;
     r->foff[r->nframes] = at;
@@ -340,7 +341,7 @@ static int make_sub(fb_resp_session *r)
     r->seq++;
     for (int i = 0; i < 8; i++) seq[i] = (unsigned char)(r->seq >> (8 * i));
     msg_start(r);
-    if (msg_frame(r, "S", 1) < 0 || msg_frame(r, seq, 8) < 0) return FB_ENOMEM;
+    if (msg_frame(r, FB_CMD_SUB_S, 1) < 0 || msg_frame(r, seq, 8) < 0) return FB_ENOMEM;
     size_t at = r->msg.len;
     if (batch_header(r, n) < 0) return FB_ENOMEM;
     for (uint32_t i = 0; i < n; i++) {
@@ -556,7 +557,7 @@ static int to_broker(fb_resp_session *r, const args *a)
                                           | (r->auth_required ? FB_RESP_STATE_NEED_AUTH : 0)
                                           | (r->nch + r->nsh + r->pats.count ? FB_RESP_STATE_SUBSCRIBED : 0));
     msg_start(r);
-    if (msg_frame(r, "r", 1) < 0 || msg_frame(r, &state, 1) < 0) return FB_ENOMEM;
+    if (msg_frame(r, FB_CMD_RESP_REQUEST_S, 1) < 0 || msg_frame(r, &state, 1) < 0) return FB_ENOMEM;
     size_t at = r->msg.len;
     if (put_line(&r->msg, '*', a->n) < 0) return FB_ENOMEM;
     for (uint32_t i = 0; i < a->n; i++)
@@ -986,18 +987,18 @@ int fb_resp_session_deliver(fb_resp_session *r, const fb_resp_frame *f, int n, f
 {
     if (n < 1 || f[0].n != 1) return FB_OK;
     switch (f[0].p[0]) {
-    case 'D':
+    case FB_CMD_DATA:
         return n == 3 ? data(r, &f[2], out) : FB_OK;
-    case 'h':
+    case FB_CMD_WELCOME:
         if (r->wait != WAIT_WELCOME) return FB_OK;
         r->wait = WAIT_NONE;
         return FB_RESP_RESUME;
-    case 'c':
+    case FB_CMD_CONFIRM:
         if (r->wait != WAIT_CONFIRM || n < 2 || get_u64(&f[1]) < r->pend_seq) return FB_OK;
         return subscribed(r, out);
-    case 'N':
+    case FB_CMD_REFUSED:
         return refused(r, f, n);
-    case 'r': {
+    case FB_CMD_RESP_REQUEST: {
         if (r->wait != WAIT_REPLY) return FB_OK;
         if (n >= 2 && put(out, f[1].p, f[1].n) < 0) return FB_ENOMEM;
         r->wait = WAIT_NONE;
@@ -1012,10 +1013,10 @@ int fb_resp_session_deliver(fb_resp_session *r, const fb_resp_frame *f, int n, f
         }
         return FB_RESP_RESUME;
     }
-    case 'X':                                    /* the session ended (a slow consumer): Redis closes */
+    case FB_CMD_KICK:                                    /* the session ended (a slow consumer): Redis closes */
         r->closing = 1;
         return FB_RESP_CLOSE;
-    case 'G':
+    case FB_CMD_GAP:
         if (n >= 2) r->st.gaps_lost += get_u64(&f[1]);
         return FB_OK;
     default:                                     /* PING, PONG, WANT, FLOW, TOOK, NOTICE, STATS, BYE */

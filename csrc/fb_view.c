@@ -44,7 +44,7 @@ static int decode_ops(const void *ops, size_t len, fb_record **recs, size_t *n)
     fb_decode_limits lim = {0, 1, count, 0};
     rc = fb_batch_decode(ops, len, &lim, r, count, n);
     for (size_t i = 0; rc == FB_OK && i < *n; i++)
-        if (r[i].payload_len != 1 || (r[i].payload[0] & ~(FB_VIEW_OP_SUBSCRIBE | FB_VIEW_OP_PREFIX)))
+        if (r[i].payload_len != 1 || (r[i].payload[0] & ~(FB_OP_F_SUBSCRIBE | FB_OP_F_PREFIX)))
             rc = FB_EMALFORMED;
     if (rc < 0) {
         free(r);
@@ -57,7 +57,7 @@ static int decode_ops(const void *ops, size_t len, fb_record **recs, size_t *n)
 
 static int kind_of(const fb_record *r)
 {
-    return (r->payload[0] & FB_VIEW_OP_PREFIX) ? FB_PREFIX : FB_EXACT;
+    return (r->payload[0] & FB_OP_F_PREFIX) ? FB_PREFIX : FB_EXACT;
 }
 
 int fb_view_apply(fb_view *v, unsigned flags, const void *ops, size_t len, int has_seq, uint64_t seq,
@@ -69,12 +69,12 @@ int fb_view_apply(fb_view *v, unsigned flags, const void *ops, size_t len, int h
     int rc = decode_ops(ops, len, &recs, &n);
     if (rc < 0) return rc;
     fb_trie *fresh = NULL, *old = NULL;
-    if (flags & FB_VIEW_RESET) {
+    if (flags & FB_WANT_RESET) {
         /* A snapshot is built outside the lock (it may hold many keys),
          * then swapped in. */
         fresh = fb_trie_new();
         for (size_t i = 0; fresh && i < n; i++)
-            if ((recs[i].payload[0] & FB_VIEW_OP_SUBSCRIBE) &&
+            if ((recs[i].payload[0] & FB_OP_F_SUBSCRIBE) &&
                 fb_trie_add(fresh, recs[i].topic, recs[i].topic_len, kind_of(&recs[i]), 0) < 0) {
                 fb_trie_free(fresh);
                 fresh = NULL;
@@ -82,14 +82,14 @@ int fb_view_apply(fb_view *v, unsigned flags, const void *ops, size_t len, int h
         if (!fresh) rc = FB_ENOMEM;
     }
     fb_lock_wait(&v->lock);
-    if (flags & FB_VIEW_RESET) {
+    if (flags & FB_WANT_RESET) {
         old = v->trie;
         v->trie = fresh;
         v->on = fresh != NULL;
     } else if (v->on) {
         for (size_t i = 0; i < n; i++) {
             const fb_record *r = &recs[i];
-            if (r->payload[0] & FB_VIEW_OP_SUBSCRIBE) {
+            if (r->payload[0] & FB_OP_F_SUBSCRIBE) {
                 if (fb_trie_add(v->trie, r->topic, r->topic_len, kind_of(r), 0) == FB_ENOMEM) {
                     v->on = 0;          /* an incomplete view would drop wanted messages */
                     rc = FB_ENOMEM;

@@ -15,7 +15,7 @@
  * A WANT is [W, flags u8, ops batch(, seq u64 LE)]: flag bit 0 (reset) says
  * the ops are a full snapshot; otherwise they are a diff on the last one.
  * Ops are a batch (fb_batch.h) whose records are (key, one flags byte:
- * FB_VIEW_OP_SUBSCRIBE | FB_VIEW_OP_PREFIX).  The seq, when present, is
+ * FB_OP_F_SUBSCRIBE | FB_OP_F_PREFIX).  The seq, when present, is
  * acknowledged while the lease the broker granted us may still run as the
  * broker sees it (ack_until_ns, set by the owner when a lease arrives);
  * what is applied outside it is acknowledged when the next lease arrives
@@ -39,15 +39,13 @@
 #include <stdint.h>
 
 #include "fb_lock.h"
+#include "fb_protocol.h"     /* FB_WANT_RESET, FB_OP_F_* */
 #include "fb_trie.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define FB_VIEW_RESET 0x01u          /* WANT flags */
-#define FB_VIEW_OP_SUBSCRIBE 0x01u   /* an op record's flags byte */
-#define FB_VIEW_OP_PREFIX 0x02u
 /* The share of a granted lease a publisher counts on (per mille): clocks
  * may run at slightly different rates on two hosts (protocol.LEASE_USE). */
 #define FB_VIEW_LEASE_USE_PERMILLE 900u

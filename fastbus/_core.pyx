@@ -42,6 +42,7 @@ from fastbus.includes.fb_resp cimport *
 from fastbus.includes.fb_view cimport *
 from fastbus.includes.fb_glob cimport *
 from fastbus.includes.fb_replies cimport *
+from fastbus.includes.fb_protocol cimport *
 
 import array as _pyarray
 import os
@@ -58,6 +59,42 @@ BATCH_F_HEADERS = FB_BATCH_F_HEADERS
 #: ... and the flag of one whose records may repeat the block before (docs/BATCH_FORMAT.md).
 BATCH_F_HEADERS_AGAIN = FB_BATCH_F_HEADERS_AGAIN
 CORE_VERSION = (FB_VERSION_MAJOR, FB_VERSION_MINOR, FB_VERSION_PATCH)
+#: csrc/fb_protocol.h's values as this extension was built with them, by
+#: fastbus/protocol.py's names (tests/test_protocol_header.py holds the
+#: two to each other): each command as (its byte, its one-byte string),
+#: FLOW's bytes likewise, the flags as ints.
+WIRE_HEADER = {
+    "HELLO": (bytes([FB_CMD_HELLO]), FB_CMD_HELLO_S[:1]),
+    "SUB": (bytes([FB_CMD_SUB]), FB_CMD_SUB_S[:1]),
+    "PUB": (bytes([FB_CMD_PUB]), FB_CMD_PUB_S[:1]),
+    "PING": (bytes([FB_CMD_PING]), FB_CMD_PING_S[:1]),
+    "STATS": (bytes([FB_CMD_STATS]), FB_CMD_STATS_S[:1]),
+    "BYE": (bytes([FB_CMD_BYE]), FB_CMD_BYE_S[:1]),
+    "ACK": (bytes([FB_CMD_ACK]), FB_CMD_ACK_S[:1]),
+    "TAKEN": (bytes([FB_CMD_TAKEN]), FB_CMD_TAKEN_S[:1]),
+    "RESP_REQUEST": (bytes([FB_CMD_RESP_REQUEST]), FB_CMD_RESP_REQUEST_S[:1]),
+    "WELCOME": (bytes([FB_CMD_WELCOME]), FB_CMD_WELCOME_S[:1]),
+    "CONFIRM": (bytes([FB_CMD_CONFIRM]), FB_CMD_CONFIRM_S[:1]),
+    "DATA": (bytes([FB_CMD_DATA]), FB_CMD_DATA_S[:1]),
+    "WANT": (bytes([FB_CMD_WANT]), FB_CMD_WANT_S[:1]),
+    "GAP": (bytes([FB_CMD_GAP]), FB_CMD_GAP_S[:1]),
+    "TOOK": (bytes([FB_CMD_TOOK]), FB_CMD_TOOK_S[:1]),
+    "PONG": (bytes([FB_CMD_PONG]), FB_CMD_PONG_S[:1]),
+    "STATS_REPLY": (bytes([FB_CMD_STATS_REPLY]), FB_CMD_STATS_REPLY_S[:1]),
+    "KICK": (bytes([FB_CMD_KICK]), FB_CMD_KICK_S[:1]),
+    "FLOW": (bytes([FB_CMD_FLOW]), FB_CMD_FLOW_S[:1]),
+    "REFUSED": (bytes([FB_CMD_REFUSED]), FB_CMD_REFUSED_S[:1]),
+    "NOTICE": (bytes([FB_CMD_NOTICE]), FB_CMD_NOTICE_S[:1]),
+    "FLOW_PAUSE": (bytes([FB_FLOW_PAUSE]), FB_FLOW_PAUSE_S[:1]),
+    "FLOW_RESUME": (bytes([FB_FLOW_RESUME]), FB_FLOW_RESUME_S[:1]),
+    "WANT_RESET": FB_WANT_RESET,
+    "OP_SUBSCRIBE": FB_OP_F_SUBSCRIBE,
+    "OP_PREFIX": FB_OP_F_PREFIX,
+    "OP_GLOB": FB_OP_F_GLOB,
+    "OP_QUEUE": FB_OP_F_QUEUE,
+    "OP_HOLD": FB_OP_F_HOLD,
+    "OP_BIND": FB_OP_F_BIND,
+}
 #: The share of a granted filter lease a peer counts on (csrc/fb_view.h).
 LEASE_USE = FB_VIEW_LEASE_USE_PERMILLE / 1000.0
 

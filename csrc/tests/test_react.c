@@ -128,7 +128,7 @@ static int want(fb_react *x, unsigned char flags, const char *key, unsigned seq,
     ops[8] = (unsigned char)k;
     ops[9] = 1;
     memcpy(ops + 10, key, k);
-    ops[10 + k] = FB_VIEW_OP_SUBSCRIBE;
+    ops[10 + k] = FB_OP_F_SUBSCRIBE;
     put_u64(s, seq);
     const char *frames[4] = {"W", (const char *)f, (const char *)ops, (const char *)s};
     size_t lens[4] = {1, 1, 11 + k, 8};
@@ -142,7 +142,7 @@ static void test_a_want_is_applied_and_its_ack_sent_or_handed_back(void)
     fb_view_grant(&view, UINT64_MAX);               /* under a lease: acknowledge at once */
     setup(&x, 0);
     uint64_t ack = 0;
-    CHECK_EQ(want(&x, FB_VIEW_RESET, "room.1", 1, &ack), FB_REACT_TAKEN);
+    CHECK_EQ(want(&x, FB_WANT_RESET, "room.1", 1, &ack), FB_REACT_TAKEN);
     CHECK_EQ(fb_view_match(&view, "room.1", 6), 1);
     CHECK(sent_len == 11 && sent[0] == 1 && sent[1] == 'A' && sent[2] == 8 && sent[3] == 1);   /* [A, 1] */
     CHECK_EQ(view.acked, 1);

@@ -384,7 +384,7 @@ static void script_want(unsigned char flags, const char *key, unsigned seq)
     b[8] = (unsigned char)k;
     b[9] = 1;
     memcpy(b + 10, key, k);
-    b[10 + k] = FB_VIEW_OP_SUBSCRIBE;
+    b[10 + k] = FB_OP_F_SUBSCRIBE;
     unsigned char *f = b + 32, *s = b + 40;
     f[0] = flags;
     memset(s, 0, 8);
@@ -414,7 +414,7 @@ static void test_a_want_is_applied_and_acknowledged_at_once(void)
     fb_view_grant(&view, UINT64_MAX);               /* under a lease: acknowledge at once */
     rig_view = &view;
     rig_start(&g, 1 << 20);
-    script_want(FB_VIEW_RESET, "room.1", 1);
+    script_want(FB_WANT_RESET, "room.1", 1);
     CHECK(wait_wants(&view, 1));
     CHECK_EQ(fb_view_match(&view, "room.1", 6), 1);
     CHECK_EQ(fb_view_match(&view, "room.2", 6), 0);

@@ -28,8 +28,8 @@ static void ops_add(ops *o, const char *key, unsigned flags)
     memcpy(o->b + 4, &o->count, 4);
 }
 
-#define SUB FB_VIEW_OP_SUBSCRIBE
-#define PFX FB_VIEW_OP_PREFIX
+#define SUB FB_OP_F_SUBSCRIBE
+#define PFX FB_OP_F_PREFIX
 
 static int wanted(fb_view *v, const char *topic) { return fb_view_match(v, topic, strlen(topic)); }
 
@@ -50,7 +50,7 @@ static void test_reset_then_diffs(void)
     ops_add(&o, "room.1", SUB);
     ops_add(&o, "news.", SUB | PFX);
     ops_add(&o, "ignored", 0);                             /* an unsubscribe in a snapshot */
-    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET, o.b, o.len, 0, 0, 0, &ack), FB_OK);
+    CHECK_EQ(fb_view_apply(&v, FB_WANT_RESET, o.b, o.len, 0, 0, 0, &ack), FB_OK);
     CHECK_EQ(wanted(&v, "room.1"), 1);
     CHECK_EQ(wanted(&v, "room.2"), 0);
     CHECK_EQ(wanted(&v, "news.sport"), 1);
@@ -67,7 +67,7 @@ static void test_reset_then_diffs(void)
 
     ops_start(&o);                                         /* a new snapshot replaces the view */
     ops_add(&o, "only", SUB);
-    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET | 0x80, o.b, o.len, 0, 0, 0, &ack), FB_OK);
+    CHECK_EQ(fb_view_apply(&v, FB_WANT_RESET | 0x80, o.b, o.len, 0, 0, 0, &ack), FB_OK);
     CHECK_EQ(wanted(&v, "room.1"), 0);
     CHECK_EQ(wanted(&v, "only"), 1);
 
@@ -84,11 +84,11 @@ static void test_malformed_ops_leave_the_view_as_it_was(void)
     uint64_t ack;
     ops_start(&o);
     ops_add(&o, "keep", SUB);
-    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET, o.b, o.len, 1, 1, 0, &ack), FB_OK);
+    CHECK_EQ(fb_view_apply(&v, FB_WANT_RESET, o.b, o.len, 1, 1, 0, &ack), FB_OK);
 
     ops_start(&o);
     ops_add(&o, "bad", 0x80);                              /* unknown op bits */
-    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET, o.b, o.len, 1, 2, 0, &ack), FB_EMALFORMED);
+    CHECK_EQ(fb_view_apply(&v, FB_WANT_RESET, o.b, o.len, 1, 2, 0, &ack), FB_EMALFORMED);
     /* A well-formed batch whose record's flags are two bytes. */
     unsigned char two[15] = {'F', 'B', 1, 0, 1, 0, 0, 0, 3, 2, 't', 'w', 'o', SUB, 0};
     CHECK(fb_view_apply(&v, 0, two, sizeof two, 1, 3, 0, &ack) < 0);   /* over the decoder's limit */
@@ -109,7 +109,7 @@ static void test_acks_within_the_lease_and_when_the_next_one_comes(void)
     ops_start(&o);
     ops_add(&o, "a", SUB);
     /* No lease yet: applied, not acknowledged now. */
-    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET, o.b, o.len, 1, 1, 1000, &ack), FB_OK);
+    CHECK_EQ(fb_view_apply(&v, FB_WANT_RESET, o.b, o.len, 1, 1, 1000, &ack), FB_OK);
     CHECK_EQ(ack, 0);
     CHECK_EQ(fb_view_grant(&v, 5000), 1);                  /* the lease says it */
     fb_view_acked(&v, 1);
@@ -180,7 +180,7 @@ static void test_a_lease_acknowledges_what_was_applied_outside_the_last(void)
     fb_view_forget(&v);
     ops_start(&o);
     ops_add(&o, "a", SUB);
-    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET, o.b, o.len, 1, 7, 5000, &ack), FB_OK);
+    CHECK_EQ(fb_view_apply(&v, FB_WANT_RESET, o.b, o.len, 1, 7, 5000, &ack), FB_OK);
     CHECK_EQ(ack, 0);                                      /* no lease: not acknowledged now */
     CHECK_EQ(fb_view_lease(&v, 6000, 100), 7);             /* the next lease says it */
     fb_view_acked(&v, 7);
@@ -198,7 +198,7 @@ static void test_a_zero_lease_grants_nothing_and_the_lease_is_read_with_the_view
     fb_view_forget(&v);
     ops_start(&o);
     ops_add(&o, "a", SUB);
-    CHECK_EQ(fb_view_apply(&v, FB_VIEW_RESET, o.b, o.len, 1, 1, 1000, &ack), FB_OK);
+    CHECK_EQ(fb_view_apply(&v, FB_WANT_RESET, o.b, o.len, 1, 1, 1000, &ack), FB_OK);
     CHECK_EQ(fb_view_match_lease(&v, "b", 1, &until), 0);
     CHECK_EQ(until, 0);                                    /* no lease yet */
     fb_view_lease(&v, 1000000000ull, 100000);

@@ -72,6 +72,7 @@ from fastbus.includes.fb_journal cimport (fb_journal, fb_journal_append, fb_jour
                                          fb_journal_get_stats, fb_journal_open, fb_journal_pending, fb_journal_read,
                                          fb_journal_stats, FB_JOURNAL_FSYNC_ALWAYS, FB_JOURNAL_FSYNC_EVERYSEC,
                                          FB_JOURNAL_FSYNC_NO, FB_JOURNAL_MAX_RECORD)
+from fastbus.includes.fb_protocol cimport *
 from fastbus.includes.fb_lock cimport fb_lock, fb_lock_try, fb_lock_release, fb_lock_wait
 from fastbus.includes.fb_backlog cimport fb_backlog, fb_backlog_at
 from fastbus.includes.fb_router cimport (fb_router_deadline, fb_router_due, fb_router_full, fb_router_get_stats, fb_router_hold,
@@ -80,6 +81,8 @@ from fastbus.includes.fb_router cimport (fb_router_deadline, fb_router_due, fb_r
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 import zmq
+
+from fastbus import protocol as P
 
 include "_zmq_calls.pxi"
 
@@ -642,7 +645,7 @@ cdef class Relay:
                     lost += r.records
                 else:
                     e = _qentry_new(3)
-                    if e is NULL or _qentry_frame(e, 0, b"D", 1) < 0 or _qentry_frame(e, 1, r.seq, 8) < 0:
+                    if e is NULL or _qentry_frame(e, 0, FB_CMD_DATA_S, 1) < 0 or _qentry_frame(e, 1, r.seq, 8) < 0:
                         if e is not NULL:
                             _qentry_free(e)
                         lost += r.records           # (no memory: announced, as any loss)
@@ -904,18 +907,18 @@ cdef class Relay:
             return
         _put_u64(buf, took)
         if s.q.head is NULL and not s.q.lost:
-            if self._send_small(link, b"a", buf, 8) == 0:
+            if self._send_small(link, FB_CMD_TOOK_S, buf, 8) == 0:
                 s.received_told = took
                 s.received_bytes = 0
             return
         if not queue:
             return
         e = _qentry_new(2)
-        if e is NULL or _qentry_frame(e, 0, b"a", 1) < 0 or _qentry_frame(e, 1, buf, 8) < 0:
+        if e is NULL or _qentry_frame(e, 0, FB_CMD_TOOK_S, 1) < 0 or _qentry_frame(e, 1, buf, 8) < 0:
             if e is not NULL:
                 _qentry_free(e)
             return
-        e.cmd = b'a'
+        e.cmd = FB_CMD_TOOK
         _q_push(&s.q, e)
         s.received_told = took
         s.received_bytes = 0
@@ -1053,9 +1056,9 @@ cdef class Relay:
                 self._lose(link, EVENT_GONE, 0)
                 if s.gone:
                     return GONE                  # (a resumable session lingers: queued below)
-        if len(f) == 1 and ((cmd == b'W' and s.session) or cmd == b'F'):
-            if _q_collapse(&s.q, cmd, MARK_WANT if cmd == b'W' else MARK_FLOW,
-                           Q_WANT_MARK if cmd == b'W' else Q_FLOW_MARK):
+        if len(f) == 1 and ((cmd == FB_CMD_WANT and s.session) or cmd == FB_CMD_FLOW):
+            if _q_collapse(&s.q, cmd, MARK_WANT if cmd == FB_CMD_WANT else MARK_FLOW,
+                           Q_WANT_MARK if cmd == FB_CMD_WANT else Q_FLOW_MARK):
                 self.control_collapsed += 1
                 return self._queued(link, COLLAPSED)
         e = _qentry_new(n)
@@ -1173,7 +1176,7 @@ cdef class Relay:
         cdef const char *reason = _KICK_SLOW if why == 0 else _KICK_CONTROL
         self._lose(link, EVENT_SLOW, why)
         if self.R.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) >= 0:
-            self.R.send(self.sock, b"X", 1, DONTWAIT | SNDMORE)
+            self.R.send(self.sock, FB_CMD_KICK_S, 1, DONTWAIT | SNDMORE)
             self.R.send(self.sock, reason, strlen(reason), DONTWAIT)
 
     cdef void _lose(self, uint32_t link, uint32_t kind, uint32_t value) noexcept nogil:
@@ -1277,7 +1280,7 @@ cdef class Relay:
                     rc = 0                       # plain SUB sockets have no GAP: the loss is only counted
                 else:
                     _put_u64(buf, s.q.lost)
-                    rc = self._send_small(link, b"G", buf, 8)
+                    rc = self._send_small(link, FB_CMD_GAP_S, buf, 8)
                 if rc == EAGAIN:
                     break
                 if rc:
@@ -1299,7 +1302,7 @@ cdef class Relay:
                     self._event(EVENT_WANT, link, 0)
                 break
             if e.kind == Q_FLOW_MARK:
-                rc = self._send_small(link, b"F", b"\x00" if self.paused else b"\x01", 1)
+                rc = self._send_small(link, FB_CMD_FLOW_S, FB_FLOW_PAUSE_S if self.paused else FB_FLOW_RESUME_S, 1)
                 if rc == 0:
                     s.q.marks &= ~MARK_FLOW
             else:
@@ -1421,10 +1424,10 @@ cdef class Relay:
         if e is NULL:
             return NULL
         if nhead == 2:
-            if _qentry_frame(e, 0, b"D", 1) < 0 or _qentry_frame(e, 1, self.slots[link].seq, 8) < 0:
+            if _qentry_frame(e, 0, FB_CMD_DATA_S, 1) < 0 or _qentry_frame(e, 1, self.slots[link].seq, 8) < 0:
                 _qentry_free(e)
                 return NULL
-        elif nhead == 1 and _qentry_frame(e, 0, b"P", 1) < 0:
+        elif nhead == 1 and _qentry_frame(e, 0, FB_CMD_PUB_S, 1) < 0:
             _qentry_free(e)
             return NULL
         Z.msg_close(&e.frames[nhead])
@@ -1461,7 +1464,7 @@ cdef class Relay:
         e = _qentry_new(n)
         if e is NULL:
             raise MemoryError()
-        e.cmd = b'W'
+        e.cmd = FB_CMD_WANT
         for i in range(n):
             f = frames[i]
             if _qentry_frame(e, i, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f)) < 0:
@@ -1762,12 +1765,12 @@ cdef class Relay:
         cdef zmq_api *R = &self.R
         self._rc = 0
         self._over = 0
-        if (n == 3 or n == 4) and R.msg_size(&parts[1]) == 1 and (<uint8_t *>R.msg_data(&parts[1]))[0] == b'p':
+        if (n == 3 or n == 4) and R.msg_size(&parts[1]) == 1 and (<uint8_t *>R.msg_data(&parts[1]))[0] == FB_CMD_PING:
             return self._ping(parts, n)
         if n != 3 or R.msg_size(&parts[1]) != 1:
             return False
         cmd = <uint8_t *>R.msg_data(&parts[1])
-        if cmd[0] != b'P':
+        if cmd[0] != FB_CMD_PUB:
             return False
         link = self._find(<const uint8_t *>R.msg_data(&parts[0]), R.msg_size(&parts[0]))
         if link == UINT32_MAX:
@@ -1838,7 +1841,7 @@ cdef class Relay:
             if n == 0:
                 break
             got += 1
-            if n == 3 and U.msg_size(&self._upv[0]) == 1 and (<uint8_t *>U.msg_data(&self._upv[0]))[0] == b'D':
+            if n == 3 and U.msg_size(&self._upv[0]) == 1 and (<uint8_t *>U.msg_data(&self._upv[0]))[0] == FB_CMD_DATA:
                 rc = self._route_batch(self._uplink, U.msg_data(&self._upv[2]), U.msg_size(&self._upv[2]), &over)
                 if rc >= 0:
                     count = 0
@@ -1866,7 +1869,7 @@ cdef class Relay:
     def take_upstream(self) -> list | None:
         """The message from upstream that wait() kept for Python (its
         frames, bytes), or None.  A DATA the router refused comes as
-        ``[b"D", seq, status]``, the status < 0 (a core status code)."""
+        ``[P.DATA, seq, status]``, the status < 0 (a core status code)."""
         cdef int i, n = self._nup
         if not n:
             return None
@@ -1922,7 +1925,7 @@ cdef class Relay:
         _put_u64(lease, self._lease_ns // 1000u)
         if s.q.head is NULL and not s.q.lost:
             if R.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) >= 0:
-                R.send(self.sock, b"q", 1, DONTWAIT | SNDMORE)
+                R.send(self.sock, FB_CMD_PONG_S, 1, DONTWAIT | SNDMORE)
                 R.send(self.sock, R.msg_data(&parts[2]), R.msg_size(&parts[2]), DONTWAIT | SNDMORE)
                 R.send(self.sock, self._instance, self._instlen, DONTWAIT | (SNDMORE if lease_ping else 0))
                 if lease_ping:
@@ -1938,8 +1941,8 @@ cdef class Relay:
         e = _qentry_new(4 if lease_ping else 3)
         if e is NULL:
             return False
-        e.cmd = b'q'
-        if _qentry_frame(e, 0, b"q", 1) < 0 or \
+        e.cmd = FB_CMD_PONG
+        if _qentry_frame(e, 0, FB_CMD_PONG_S, 1) < 0 or \
                 _qentry_frame(e, 1, R.msg_data(&parts[2]), R.msg_size(&parts[2])) < 0 or \
                 _qentry_frame(e, 2, self._instance, self._instlen) < 0 or \
                 (lease_ping and _qentry_frame(e, 3, lease, 8) < 0):
@@ -1964,11 +1967,11 @@ cdef class Relay:
         meta = None
         if self._rc < 0 or self._over:
             frames = [PyBytes_FromStringAndSize(<char *>self.R.msg_data(&self._parts[0]), self.R.msg_size(&self._parts[0])),
-                      b"P", self._rc if self._rc < 0 else <long>self._over]
+                      P.PUB, self._rc if self._rc < 0 else <long>self._over]
         else:
             frames = [PyBytes_FromStringAndSize(<char *>self.R.msg_data(&self._parts[i]), self.R.msg_size(&self._parts[i]))
                       for i in range(n)]
-            if n >= 2 and frames[1] == b"H":
+            if n >= 2 and frames[1] == P.HELLO:
                 meta = {"Peer-Address": _prop(&self.R, &self._parts[1], b"Peer-Address"),
                         "User-Id": _prop(&self.R, &self._parts[1], b"User-Id")}
         for i in range(n):
@@ -1984,7 +1987,7 @@ cdef class Relay:
         goes at once), so a message leaves in the call that read it.
         Returns ``(frames or None, meta, messages read)``.  ``frames`` is a
         message's frames (bytes), or for a known session's PUB
-        ``[ident, b"P", n]``: n < 0, the router refused the batch (a core
+        ``[ident, P.PUB, n]``: n < 0, the router refused the batch (a core
         status code); n > 0, it routed the batch but n records over the
         size limits (the other records went).  ``meta`` is, for a HELLO,
         the connection's ``{"Peer-Address": ..., "User-Id": ...}``
@@ -2146,7 +2149,7 @@ cdef class Relay:
         if self.R.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) < 0:
             err = self.R.last_error()
             return err if err != 0 else EAGAIN
-        self.R.send(self.sock, b"D", 1, DONTWAIT | SNDMORE)
+        self.R.send(self.sock, FB_CMD_DATA_S, 1, DONTWAIT | SNDMORE)
         self.R.send(self.sock, s.seq, 8, DONTWAIT | SNDMORE)
         if s.resumable:
             # Copied into the connection, and kept for a resume.
@@ -2168,7 +2171,7 @@ cdef class Relay:
         batch follows it."""
         cdef fbz_msg m
         cdef int err
-        if self.U.send(sock, b"P", 1, DONTWAIT | SNDMORE) < 0:
+        if self.U.send(sock, FB_CMD_PUB_S, 1, DONTWAIT | SNDMORE) < 0:
             err = self.U.last_error()
             return err if err != 0 else EAGAIN
         if len <= COPY_MAX or self._upnative:

@@ -137,7 +137,7 @@ class RespCommands:
             reply, state = self._dispatch(link, args, state, w)
         except (ValueError, IndexError, UnicodeDecodeError) as exc:
             reply = w.error(f"ERR {exc}")
-        self.b.sender.send(link, [b"r", reply, bytes([state & (RESP3 | AUTHED | CLOSE)])])
+        self.b.sender.send(link, [P.RESP_REQUEST, reply, bytes([state & (RESP3 | AUTHED | CLOSE)])])
 
     def _dispatch(self, link, args: list[bytes], state: int, w: Writer) -> tuple[bytes, int]:
         name = args[0].upper().decode("latin-1")

@@ -56,6 +56,7 @@ from fastbus.includes.fb_replies cimport fb_replies_set_read_elsewhere
 from fastbus.includes.fb_batch cimport fb_batch_header
 from fastbus._publisher cimport Publisher
 from fastbus.includes.fb_common cimport fb_now_ns
+from fastbus.includes.fb_protocol cimport FB_CMD_ACK_S, FB_CMD_DATA_S, FB_CMD_PUB_S, FB_CMD_TOOK_S, FB_CMD_WANT_S
 from fastbus.includes.fb_react cimport (FB_REACT_ACK, FB_REACT_FRAMES_MAX, FB_REACT_OWNER, FB_REACT_TOKEN_MAX,
                                         fb_react, fb_react_lease_ping, fb_react_message, fb_react_ping_if_due,
                                         fb_react_set_instance)
@@ -628,7 +629,7 @@ cdef class Sender:
     cdef Reactions _reactions
 
     def __cinit__(self, Publisher publisher not None, SessionLock lock not None, sock, int owner_fd,
-                  double linger=0.0, bytes command=b"P", Reactions reactions=None):
+                  double linger=0.0, bytes command=FB_CMD_PUB_S[:1], Reactions reactions=None):
         require()
         self._pub = publisher
         self._outbox = publisher.outbox
@@ -782,9 +783,9 @@ cdef class Reactions:
     cdef int _paused                   # the FLOW flag while no sender has it
     cdef bytes _instance
 
-    def __cinit__(self, sock, tuple flow=None, Publisher view_of=None, bytes want_command=b"W",
-                  bytes ack_command=b"A", tuple lease_pong=None, bytes lease_ask=None, tuple ping=None,
-                  bytes took_command=b"a"):
+    def __cinit__(self, sock, tuple flow=None, Publisher view_of=None, bytes want_command=FB_CMD_WANT_S[:1],
+                  bytes ack_command=FB_CMD_ACK_S[:1], tuple lease_pong=None, bytes lease_ask=None, tuple ping=None,
+                  bytes took_command=FB_CMD_TOOK_S[:1]):
         require()
         cdef void *h
         self._x.send = _calls_of(sock, &h).send
@@ -984,7 +985,7 @@ cdef class Reader:
     cdef Replies _replies
 
     def __cinit__(self, SessionLock lock not None, sock, int owner_fd, Py_ssize_t max_bytes,
-                  bytes data_command=b"D", Reactions reactions=None, Sender sender=None, bint wake_on_data=False,
+                  bytes data_command=FB_CMD_DATA_S[:1], Reactions reactions=None, Sender sender=None, bint wake_on_data=False,
                   bytes lost_command=None, Replies replies=None):
         require()
         if max_bytes <= 0:

@@ -24,8 +24,8 @@ cdef object _keylist_to_ops(const fb_keylist *kl):
         with nogil:
             for i in range(kl.n):
                 e = &kl.ents[i]
-                flags = ((FB_VIEW_OP_SUBSCRIBE if e.flags & FB_KL_SUBSCRIBE else 0)
-                         | (FB_VIEW_OP_PREFIX if e.flags & FB_KL_PREFIX else 0))
+                flags = ((FB_OP_F_SUBSCRIBE if e.flags & FB_KL_SUBSCRIBE else 0)
+                         | (FB_OP_F_PREFIX if e.flags & FB_KL_PREFIX else 0))
                 rc = fb_outbox_append(&ob, fb_keylist_key(kl, i), e.len, &flags, 1, 0)
                 if rc < 0:
                     break

@@ -6,9 +6,6 @@ from fastbus.includes.fb_trie cimport fb_trie
 
 cdef extern from "fb_view.h" nogil:
     enum:
-        FB_VIEW_RESET
-        FB_VIEW_OP_SUBSCRIBE
-        FB_VIEW_OP_PREFIX
         FB_VIEW_LEASE_USE_PERMILLE
         FB_VIEW_RENEW_NONE
         FB_VIEW_RENEW_WANTED
