@@ -139,13 +139,16 @@ def test_what_is_not_a_known_sessions_pub_comes_back(setup):
     known.send_multipart([b"x"] * 12)                      # too many frames: the first 8 come back
     known.send_multipart([P.PING, b"after"])               # and the next message is read cleanly
     got = _read_all(relay, 6)
-    assert [m for m in got if m[0] == b"stranger"] == [[b"stranger", P.PUB, good]]
-    got = [m for m in got if m[0] == b"known"]             # in order per sender
+    ident = lambda m: m.ident if isinstance(m, relay_mod.PubRouted) else m[0]   # noqa: E731
+    assert [m for m in got if ident(m) == b"stranger"] == [[b"stranger", P.PUB, good]]
+    got = [m for m in got if ident(m) == b"known"]         # in order per sender
     assert got[0] == [b"known", P.PING, b"tok"]
-    assert got[1][:2] == [b"known", P.PUB] and isinstance(got[1][2], int) and got[1][2] < 0
+    # A known session's PUB not routed whole: a typed event, not frames.
+    assert isinstance(got[1], relay_mod.PubRouted) and got[1].status < 0 and got[1].over == 0
     with pytest.raises(fastbus.BatchError):
-        raise fastbus._core.error_for(got[1][2], "batch")
-    assert got[2] == [b"known", P.PUB, 1]                  # routed, one record over the limit: how many
+        raise fastbus._core.error_for(got[1].status, "batch")
+    assert isinstance(got[2], relay_mod.PubRouted)       # routed, one record over the limit: how many
+    assert got[2].status >= 0 and got[2].over == 1
     assert got[3] == [b"known"] + [b"x"] * 7
     assert got[4] == [b"known", P.PING, b"after"]
     st = router.stats()
@@ -379,7 +382,7 @@ def test_the_upstream_brokers_batches_go_both_ways_in_c(setup):
         assert relay.take_upstream() == [P.PONG, b"t", b"up-1"] and relay.take_upstream() is None
         assert relay.wait([dealer], 5000) == [0]
         refused = relay.take_upstream()
-        assert refused[:2] == [P.DATA, P.pack_u64(0)] and refused[2] < 0
+        assert isinstance(refused, relay_mod.UpstreamRefused) and refused.status < 0
         assert relay.wait([dealer], 10) == []             # the next DATA: routed again
         assert sub.poll(5000) and sub.recv_multipart()[0] == P.DATA
         assert relay.send(3, [P.PING, b"up"]) == relay_mod.SENT   # Python's control messages go up too

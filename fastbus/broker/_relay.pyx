@@ -86,6 +86,31 @@ from fastbus import protocol as P
 
 include "_zmq_calls.pxi"
 
+
+cdef class PubRouted:
+    """What Relay.receive hands Python for a known session's PUB that the
+    data plane could not route whole: ``status`` < 0, the router refused
+    the batch (a core status code: the sender is dropped with the
+    reason); else the batch went but ``over`` of its records were over
+    the size limits (the sender is told).  The router counted either."""
+
+    cdef readonly bytes ident
+    cdef readonly int status
+    cdef readonly uint64_t over
+
+    def __repr__(self) -> str:
+        return f"PubRouted(ident={self.ident!r}, status={self.status}, over={self.over})"
+
+
+cdef class UpstreamRefused:
+    """What Relay.take_upstream hands Python for a DATA from upstream that
+    the router refused (``status``: a core status code)."""
+
+    cdef readonly int status
+
+    def __repr__(self) -> str:
+        return f"UpstreamRefused(status={self.status})"
+
 cdef enum:
     DONTWAIT = 1                 # ZMQ_DONTWAIT
     SNDMORE = 2                  # ZMQ_SNDMORE
@@ -1866,17 +1891,21 @@ cdef class Relay:
             self._nup = n
         return got
 
-    def take_upstream(self) -> list | None:
+    def take_upstream(self) -> list | UpstreamRefused | None:
         """The message from upstream that wait() kept for Python (its
-        frames, bytes), or None.  A DATA the router refused comes as
-        ``[P.DATA, seq, status]``, the status < 0 (a core status code)."""
+        frames, bytes), or None; for a DATA the router refused, an
+        :class:`UpstreamRefused`."""
         cdef int i, n = self._nup
+        cdef UpstreamRefused refused
         if not n:
             return None
-        frames = [PyBytes_FromStringAndSize(<char *>Z.msg_data(&self._up[i]), Z.msg_size(&self._up[i]))
-                  for i in range(n)]
         if self._uprc < 0:
-            frames[2] = self._uprc
+            refused = UpstreamRefused.__new__(UpstreamRefused)
+            refused.status = self._uprc
+            frames = refused
+        else:
+            frames = [PyBytes_FromStringAndSize(<char *>Z.msg_data(&self._up[i]), Z.msg_size(&self._up[i]))
+                      for i in range(n)]
         for i in range(n):
             Z.msg_close(&self._up[i])
         self._nup = 0
@@ -1961,13 +1990,18 @@ cdef class Relay:
             self.leases_granted += 1
 
     cdef tuple _take_parts(self):
-        """The message _read kept for Python, as ``(frames, meta)``
-        (see receive); its parts are closed."""
+        """The message _read kept for Python, as ``(frames, meta)``,
+        frames a PubRouted for a PUB routed in part or refused (see
+        receive); its parts are closed."""
         cdef int i, n = self._nparts
+        cdef PubRouted routed
         meta = None
         if self._rc < 0 or self._over:
-            frames = [PyBytes_FromStringAndSize(<char *>self.R.msg_data(&self._parts[0]), self.R.msg_size(&self._parts[0])),
-                      P.PUB, self._rc if self._rc < 0 else <long>self._over]
+            routed = PubRouted.__new__(PubRouted)
+            routed.ident = PyBytes_FromStringAndSize(<char *>self.R.msg_data(&self._parts[0]), self.R.msg_size(&self._parts[0]))
+            routed.status = self._rc
+            routed.over = self._over
+            frames = routed
         else:
             frames = [PyBytes_FromStringAndSize(<char *>self.R.msg_data(&self._parts[i]), self.R.msg_size(&self._parts[i]))
                       for i in range(n)]
@@ -1987,9 +2021,8 @@ cdef class Relay:
         goes at once), so a message leaves in the call that read it.
         Returns ``(frames or None, meta, messages read)``.  ``frames`` is a
         message's frames (bytes), or for a known session's PUB
-        ``[ident, P.PUB, n]``: n < 0, the router refused the batch (a core
-        status code); n > 0, it routed the batch but n records over the
-        size limits (the other records went).  ``meta`` is, for a HELLO,
+        a :class:`PubRouted` (the router refused the batch, or routed it
+        without the records over the size limits).  ``meta`` is, for a HELLO,
         the connection's ``{"Peer-Address": ..., "User-Id": ...}``
         (ZeroMQ's message properties; None where unknown), else None.
 

@@ -294,17 +294,20 @@ class Upstream:
         fastbus.broker._relay Relay.take_upstream); the rest of what the
         socket holds it reads at its next wait, in order."""
         frames = self.b.relay.take_upstream()
-        if frames is not None:
-            self._message(frames)
+        if frames is None:
+            return
+        if type(frames) is not list:             # (an UpstreamRefused: the relay's typed event)
+            self.b.drops["protocol"] += 1
+            log.warning("bad message from upstream: %s", error_for(frames.status, "batch from upstream"))
+            return
+        self._message(frames)
 
     def _message(self, frames: list) -> None:
         """One message from upstream."""
         b, link = self.b, self.link
         cmd = frames[0]
         try:
-            if cmd == P.DATA and len(frames) == 3 and isinstance(frames[2], int):
-                raise error_for(frames[2], "batch from upstream")   # the data plane's router refused it
-            elif cmd == P.WANT and len(frames) in (3, 4):
+            if cmd == P.WANT and len(frames) in (3, 4):
                 self._on_want(frames[1], frames[2], frames[3] if len(frames) == 4 else None)
             elif cmd == P.WELCOME:
                 info = P.load_json(frames[1])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -23,6 +24,9 @@ from fastbus.errors import BatchError
 from .config import RECV_BUDGET, SUB_OPS_PER_TURN, broker_allowed, broker_network
 from .links import ClientLink, DownstreamLink, RedisLink, Session, peer_dicts
 from .resp import RespCommands
+
+if TYPE_CHECKING:
+    from ._relay import PubRouted
 
 log = logging.getLogger("fastbus.broker")
 
@@ -87,7 +91,21 @@ class Sessions:
             left -= n
             if frames is None:
                 return
-            self._message(frames, meta)
+            if type(frames) is not list:         # (a PubRouted: the relay's typed event)
+                self._pub_routed(frames)
+            else:
+                self._message(frames, meta)
+
+    def _pub_routed(self, routed: PubRouted) -> None:
+        """A known session's PUB the data plane routed only in part, or
+        refused (it counted either): a refusal drops the sender with the
+        reason, records over the size limits are told to it."""
+        if routed.status < 0:
+            self._protocol_error(routed.ident, error_for(routed.status, "batch"))
+            return
+        link = self.b.links.by_ident.get(routed.ident)
+        if link is not None:
+            self._oversize(link, routed.over)
 
     def _message(self, frames: list, meta: dict | None = None) -> None:
         """One message the data plane did not route (see _relay.pyx)."""
@@ -105,15 +123,6 @@ class Sessions:
         if cmd == _PUB:
             if len(rest) != 1:
                 raise P.ProtocolError("PUB takes one batch frame")
-            if isinstance(rest[0], int):
-                # The C data plane on a known sender's batch: refused whole
-                # (a negative status), or routed without the records over
-                # the size limits (how many).
-                if rest[0] < 0:
-                    raise error_for(rest[0], "batch")
-                if link is not None:
-                    self._oversize(link, rest[0])
-                return
             if link is not None:
                 b.route(rest[0], link.link)    # a link the relay does not know (none today)
                 return
