@@ -1041,11 +1041,23 @@ cdef class Relay:
         self._count_routed(&self.slots[link], records, nbytes)
 
     def confirm(self, uint32_t link, uint64_t seq) -> None:
-        """The seq that the link's DATA frames carry from now on."""
+        """The seq that the link's DATA frames carry from now on (the SUB
+        with this seq is applied; the relay is the one place that holds
+        it: data_seq)."""
         cdef int i
         if link < self.nslots:
             for i in range(8):
                 self.slots[link].seq[i] = <uint8_t>(seq >> (8 * i))
+
+    def data_seq(self, uint32_t link) -> int:
+        """The seq the link's DATA frames carry (confirm's; 0 for a link
+        the relay does not know)."""
+        cdef int i
+        cdef uint64_t seq = 0
+        if link < self.nslots:
+            for i in range(8):
+                seq |= (<uint64_t>self.slots[link].seq[i]) << (8 * i)
+        return seq
 
     # -- queues: what a link's socket would not take yet -----------------------
 

@@ -260,7 +260,6 @@ class Journal:
         link.claim = meta.get("claim")
         link.consumed = r.taken if link.durable else 0
         link.confirmed = r.confirmed
-        link.acked_seq = r.seq
         b.add_link(link)
         if r.subs:
             b.interest.apply(link, [(SUBSCRIBE, key, prefix) for key, prefix in r.subs])
@@ -370,7 +369,7 @@ class Journal:
                 continue
             sid = bytes.fromhex(link.session_id)
             self._append(OPENED, json.dumps(self._meta(link)).encode())
-            self._append(RESET, sid + _U64.pack(link.acked_seq) +
+            self._append(RESET, sid + _U64.pack(relay.data_seq(link.link)) +
                          P.encode_ops([(SUBSCRIBE, key, prefix) for key, prefix in subs]))
             self._append(CONFIRMED, sid + _U64.pack(link.confirmed))
             taken = link.consumed if link.durable else relay.ring_from(link.link)

@@ -122,13 +122,12 @@ class Session(Link):
     limited = True
     holds_lease = True
 
-    __slots__ = ("ident", "acked_seq", "session_id", "user_id", "detached_at", "confirmed", "linger", "durable",
+    __slots__ = ("ident", "session_id", "user_id", "detached_at", "confirmed", "linger", "durable",
                  "claim", "consumed", "took")
 
     def __init__(self, link: int, ident: bytes, name: str, sock: zmq.Socket, publisher: bool) -> None:
         super().__init__(link, name, sock, publisher)
         self.ident = ident
-        self.acked_seq = 0
         #: Resumable (its HELLO named a session): the id, and the CURVE key
         #: it was opened with (a resume must present the same one).
         self.session_id: str | None = None
@@ -155,11 +154,6 @@ class Session(Link):
     @property
     def lingering(self) -> bool:
         return self.detached_at is not None
-
-    def confirm(self, seq: int) -> None:
-        """The SUB with this seq is applied: data from now on carries it
-        (the data plane's Relay.confirm stamps it)."""
-        self.acked_seq = seq
 
     def probe(self, idle: bool) -> list | None:
         return [P.PING, b""] if idle else None

@@ -406,7 +406,7 @@ class Broker:
         # (one that has none: by ours here).
         self.router.set_broker(link.link, link.is_broker and link.groups)
         if isinstance(link, Session) and link.sock is self._sock:
-            self.relay.add_session(link.link, link.ident, link.acked_seq, link.acks, link.session_id is not None)
+            self.relay.add_session(link.link, link.ident, 0, link.acks, link.session_id is not None)
         self.interest.attach(link)
         self.counters["peers_joined"] += 1
 

@@ -200,7 +200,6 @@ class Sessions:
                 b.journal.subscribed(link, seq, ops, refused)
             # Data routed from now on carries this seq; the CONFIRM says
             # more, and may wait (below).
-            link.confirm(seq)
             b.relay.confirm(link.link, seq)
             if refused:
                 # Never confirmed: the client learns which, and why, first.
