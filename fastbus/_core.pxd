@@ -9,6 +9,8 @@
 # every method takes; code that calls the C API directly on an object other
 # threads also use takes it too (fb_lock_wait / fb_lock_release on &obj._lock,
 # without holding the GIL while waiting).
+# (The broker's data plane uses Router's dp_ calls instead, which take the
+# locks they need: fastbus/core/router.pxd.)
 #
 # The declarations live by concern in fastbus/core/*.pxd, next to the .pxi
 # that implements them (included by fastbus/_core.pyx).

@@ -80,15 +80,14 @@ cdef size_t _j_backlog(Relay r, uint64_t gid, const unsigned char *mark, size_t 
     cdef uint64_t at, mono = fb_now_ns(), wall = _wall_ns()
     cdef uint8_t head[JK_HEAD]
     cdef size_t i = 0, hl
-    _lock(&r.router._lock)
-    bl = fb_router_group_backlog(r.router._r, gid)
+    bl = r.router.dp_lock_backlog(gid)
     while bl is not NULL and fb_backlog_at(bl, i, &rec, &at):
         hl = _jk_head(head, mark, mlen, at, mono, wall, &rec)
         if fb_journal_append2(r._journal, JREC_KEPT, head, hl, rec.topic,
                               <size_t>rec.topic_len + rec.headers_len + rec.payload_len) < 0:
             r.journal_errors += 1
         i += 1
-    fb_lock_release(&r.router._lock)
+    r.router.dp_unlock()
     return i
 
 
@@ -130,9 +129,7 @@ cdef int _j_commit(Relay r) noexcept nogil:
     # What the router still holds for anyone: taken, journaled (for a
     # resumable session) and queued, so the counts below cover all of it.
     while True:
-        _lock(&r.router._lock)
-        n = fb_router_pending(r.router._r, r._links, LINKS_PER_CALL)
-        fb_lock_release(&r.router._lock)
+        n = r.router.dp_pending(r._links, LINKS_PER_CALL)
         if n:
             r._send_links(r._links, n, fb_now_ns())
         if n < LINKS_PER_CALL:

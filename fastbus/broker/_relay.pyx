@@ -73,11 +73,8 @@ from fastbus.includes.fb_journal cimport (fb_journal, fb_journal_append, fb_jour
                                          fb_journal_stats, FB_JOURNAL_FSYNC_ALWAYS, FB_JOURNAL_FSYNC_EVERYSEC,
                                          FB_JOURNAL_FSYNC_NO, FB_JOURNAL_MAX_RECORD)
 from fastbus.includes.fb_protocol cimport *
-from fastbus.includes.fb_lock cimport fb_lock, fb_lock_try, fb_lock_release, fb_lock_wait
 from fastbus.includes.fb_backlog cimport fb_backlog, fb_backlog_at
-from fastbus.includes.fb_router cimport (fb_router_deadline, fb_router_due, fb_router_full, fb_router_get_stats, fb_router_hold,
-                                         fb_router_group_backlog, fb_router_pending, fb_router_route,
-                                         fb_router_set_held_hook, fb_router_stats, fb_router_take, FB_HELD_KEPT)
+from fastbus.includes.fb_router cimport FB_HELD_KEPT   # (the router itself: Router's dp_ calls)
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 import zmq
@@ -180,11 +177,6 @@ cdef object _prop(zmq_api *api, fbz_msg *msg, const char *name):
     """A message property (ZeroMQ metadata of its connection), or None."""
     cdef const char *v = api.msg_gets(msg, name)
     return None if v is NULL else v.decode("utf-8", "replace")
-
-
-cdef inline void _lock(fb_lock *l) noexcept nogil:
-    if not fb_lock_try(l):
-        fb_lock_wait(l)
 
 
 cdef struct _jhook:
@@ -776,15 +768,11 @@ cdef class Relay:
         if self._journal is NULL:
             err = errno
             raise OSError(err, f"cannot write a journal in {path}: {strerror(err).decode()}")
-        _lock(&self.router._lock)
         self._jh.journal = self._journal
-        fb_router_set_held_hook(self.router._r, _j_held, &self._jh)     # (held groups' backlogs: _j_held)
-        fb_lock_release(&self.router._lock)
+        self.router.dp_set_held_hook(_j_held, &self._jh)     # (held groups' backlogs: _j_held)
 
     cdef void _journal_unhook(self) noexcept:
-        _lock(&self.router._lock)
-        fb_router_set_held_hook(self.router._r, NULL, NULL)
-        fb_lock_release(&self.router._lock)
+        self.router.dp_set_held_hook(NULL, NULL)
         self._jh.journal = NULL
 
     def journal_session(self, uint32_t link, bytes sid not None) -> None:
@@ -1251,9 +1239,7 @@ cdef class Relay:
         if not self.slots[link].detached:       # (a lingering session waits for its client, not for room)
             self._blocked[self._nblocked] = link
             self._nblocked += 1
-        _lock(&self.router._lock)
-        fb_router_hold(self.router._r, link, 1)
-        fb_lock_release(&self.router._lock)
+        self.router.dp_hold(link, 1)
 
     cdef void _unblock(self, uint32_t link) noexcept nogil:
         cdef uint32_t i
@@ -1265,9 +1251,7 @@ cdef class Relay:
                 self._nblocked -= 1
                 self._blocked[i] = self._blocked[self._nblocked]
                 break
-        _lock(&self.router._lock)
-        fb_router_hold(self.router._r, link, 0)       # its next batch goes at the end of a turn
-        fb_lock_release(&self.router._lock)
+        self.router.dp_hold(link, 0)       # its next batch goes at the end of a turn
 
     cdef void _drain(self, uint64_t now) noexcept nogil:
         """Retry every blocked link's queue (see _drain_link); once none
@@ -1601,9 +1585,7 @@ cdef class Relay:
         cdef int rounds = 0
         with nogil:
             while rounds < 64:
-                _lock(&self.router._lock)
-                n = fb_router_pending(self.router._r, self._links, LINKS_PER_CALL)
-                fb_lock_release(&self.router._lock)
+                n = self.router.dp_pending(self._links, LINKS_PER_CALL)
                 if not n:
                     break
                 self._send_links(self._links, n, fb_now_ns())
@@ -1702,9 +1684,7 @@ cdef class Relay:
             if self._nevents:
                 return FOUND_EVENTS
             now = fb_now_ns()
-            _lock(&self.router._lock)
-            due = fb_router_deadline(self.router._r)          # a lingering batch (0: none)
-            fb_lock_release(&self.router._lock)
+            due = self.router.dp_deadline()          # a lingering batch (0: none)
             if due > deadline:
                 due = deadline
             ms = 0 if due <= now else <long>((due - now + 999999u) // 1000000u)
@@ -1840,23 +1820,8 @@ cdef class Relay:
         cdef int rc
         cdef size_t nfull = 0
         cdef uint64_t over
-        cdef fb_router_stats st
-        _lock(&self.router._lock)
-        _lock(&self.router._trie._lock)
-        fb_router_get_stats(self.router._r, &st)
-        over = st.oversize
-        self._delivered = st.deliveries
-        rc = fb_router_route(self.router._r, self.router._trie._t, <const void *>data, len, &self.router._lim,
-                             link, fb_now_ns())
-        if rc >= 0:
-            nfull = fb_router_full(self.router._r, self._links, LINKS_PER_CALL)
-            fb_router_get_stats(self.router._r, &st)
-            over = st.oversize - over
-            self._delivered = st.deliveries - self._delivered
-        else:
-            self._delivered = 0
-        fb_lock_release(&self.router._trie._lock)
-        fb_lock_release(&self.router._lock)
+        rc = self.router.dp_route(link, <const void *>data, len, fb_now_ns(), self._links, LINKS_PER_CALL,
+                                  &nfull, &over, &self._delivered)
         if rc >= 0:
             self._count_routed(&self.slots[link], <uint64_t>rc, len)
         if nfull:
@@ -2094,9 +2059,7 @@ cdef class Relay:
     cdef void _send_due(self, uint64_t now) noexcept nogil:
         cdef size_t n
         while True:
-            _lock(&self.router._lock)
-            n = fb_router_due(self.router._r, now, self._links, LINKS_PER_CALL)
-            fb_lock_release(&self.router._lock)
+            n = self.router.dp_due(now, self._links, LINKS_PER_CALL)
             if n:
                 self._send_links(self._links, n, now)
             if n < LINKS_PER_CALL:
@@ -2117,9 +2080,7 @@ cdef class Relay:
             link = links[k]
             buf = NULL
             len = 0
-            _lock(&self.router._lock)
-            rc = fb_router_take(self.router._r, link, now, &buf, &len)
-            fb_lock_release(&self.router._lock)
+            rc = self.router.dp_take(link, now, &buf, &len)
             if rc < 0 or buf is NULL:
                 continue                      # FB_ENOMEM: the batch stays for the next turn
             count = 0

@@ -9,6 +9,12 @@ cdef enum:
     FULL_PER_CALL = 64
 
 
+cdef inline void _dp_lock(fb_lock *l) noexcept nogil:
+    # (the data plane's thread holds no GIL: wait for the lock as it is)
+    if not fb_lock_try(l):
+        fb_lock_wait(l)
+
+
 cdef list _router_links(Router self, bint only_due, uint64_t now):
     cdef uint32_t *buf = <uint32_t *>PyMem_Malloc(LINKS_PER_CALL * sizeof(uint32_t))
     cdef size_t n, i
@@ -500,3 +506,71 @@ cdef class Router:
                 "oversize": s.oversize, "no_responders": s.no_responders, "group_orphaned": s.group_orphaned,
                 "held_kept": s.held_kept, "held_given": s.held_given, "held_full": s.held_full,
                 "held_dropped": s.held_dropped}
+
+    # -- the data plane's calls (see core/router.pxd) ---------------------
+
+    cdef int dp_route(self, uint32_t link, const void *data, size_t len, uint64_t now, uint32_t *full,
+                      size_t cap, size_t *nfull, uint64_t *oversize, uint64_t *deliveries) noexcept nogil:
+        cdef fb_router_stats st
+        cdef uint64_t over0, del0
+        cdef int rc
+        _dp_lock(&self._lock)
+        _dp_lock(&self._trie._lock)
+        fb_router_get_stats(self._r, &st)
+        over0, del0 = st.oversize, st.deliveries
+        rc = fb_router_route(self._r, self._trie._t, data, len, &self._lim, link, now)
+        nfull[0] = 0
+        oversize[0] = deliveries[0] = 0
+        if rc >= 0:
+            nfull[0] = fb_router_full(self._r, full, cap)
+            fb_router_get_stats(self._r, &st)
+            oversize[0] = st.oversize - over0
+            deliveries[0] = st.deliveries - del0
+        fb_lock_release(&self._trie._lock)
+        fb_lock_release(&self._lock)
+        return rc
+
+    cdef size_t dp_pending(self, uint32_t *links, size_t cap) noexcept nogil:
+        cdef size_t n
+        _dp_lock(&self._lock)
+        n = fb_router_pending(self._r, links, cap)
+        fb_lock_release(&self._lock)
+        return n
+
+    cdef size_t dp_due(self, uint64_t now, uint32_t *links, size_t cap) noexcept nogil:
+        cdef size_t n
+        _dp_lock(&self._lock)
+        n = fb_router_due(self._r, now, links, cap)
+        fb_lock_release(&self._lock)
+        return n
+
+    cdef int dp_take(self, uint32_t link, uint64_t now, unsigned char **buf, size_t *len) noexcept nogil:
+        cdef int rc
+        _dp_lock(&self._lock)
+        rc = fb_router_take(self._r, link, now, buf, len)
+        fb_lock_release(&self._lock)
+        return rc
+
+    cdef uint64_t dp_deadline(self) noexcept nogil:
+        cdef uint64_t due
+        _dp_lock(&self._lock)
+        due = fb_router_deadline(self._r)
+        fb_lock_release(&self._lock)
+        return due
+
+    cdef void dp_hold(self, uint32_t link, int held) noexcept nogil:
+        _dp_lock(&self._lock)
+        fb_router_hold(self._r, link, held)
+        fb_lock_release(&self._lock)
+
+    cdef void dp_set_held_hook(self, fb_router_held_fn fn, void *arg) noexcept nogil:
+        _dp_lock(&self._lock)
+        fb_router_set_held_hook(self._r, fn, arg)
+        fb_lock_release(&self._lock)
+
+    cdef const fb_backlog *dp_lock_backlog(self, uint64_t gid) noexcept nogil:
+        _dp_lock(&self._lock)
+        return fb_router_group_backlog(self._r, gid)
+
+    cdef void dp_unlock(self) noexcept nogil:
+        fb_lock_release(&self._lock)
