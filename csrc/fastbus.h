@@ -10,6 +10,7 @@
  *   fb_resp.h       reading Redis replies (RESP), many per call
  *   fb_common.h     status codes, id vectors, key lists
  *   fb_protocol.h   the wire protocol's command bytes and flag bits
+ *   fb_ring.h       what a resumable session was sent, kept for its resume
  *
  * Plain C11, no dependencies.  Build with the Makefile in this directory
  * (libfastbus.a) or compile the .c files into your program.
@@ -19,6 +20,7 @@
 
 #include "fb_common.h"
 #include "fb_protocol.h"
+#include "fb_ring.h"
 #include "fb_trie.h"
 #include "fb_forwarder.h"
 #include "fb_batch.h"

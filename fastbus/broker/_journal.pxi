@@ -168,7 +168,7 @@ cdef size_t _j_snapshot(Relay r, size_t budget) noexcept nogil:
     client the loss, GAP).  The batch bytes appended."""
     cdef uint32_t link
     cdef slot *s
-    cdef rentry *e
+    cdef fb_ring_entry *e
     cdef qentry *q
     cdef uint8_t rec[24]
     cdef uint8_t head[JB_HEAD]

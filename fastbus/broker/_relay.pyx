@@ -73,6 +73,8 @@ from fastbus.includes.fb_journal cimport (fb_journal, fb_journal_append, fb_jour
                                          fb_journal_stats, FB_JOURNAL_FSYNC_ALWAYS, FB_JOURNAL_FSYNC_EVERYSEC,
                                          FB_JOURNAL_FSYNC_NO, FB_JOURNAL_MAX_RECORD)
 from fastbus.includes.fb_protocol cimport *
+from fastbus.includes.fb_ring cimport (fb_ring, fb_ring_clear, fb_ring_detach, fb_ring_entry, fb_ring_entry_free,
+                                       fb_ring_forget, fb_ring_keep, fb_ring_trim)
 from fastbus.includes.fb_backlog cimport fb_backlog, fb_backlog_at
 from fastbus.includes.fb_router cimport FB_HELD_KEPT   # (the router itself: Router's dp_ calls)
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
@@ -165,7 +167,6 @@ cdef const char *_KICK_SLOW = b'{"reason":"slow consumer"}'
 cdef const char *_KICK_CONTROL = b'{"reason":"slow consumer (not reading its control messages)"}'
 
 include "_linkq.pxi"
-include "_ring.pxi"
 include "_listener.pxi"
 
 cdef void _free_batch(void *data, void *hint) noexcept nogil:
@@ -209,9 +210,9 @@ cdef struct slot:
     linkq q                       # what waits for its socket (_linkq.pxi)
     # A resumable session's stream: records sent to it as DATA or
     # announced lost by GAP, counted as its client counts what it takes
-    # ("taken" in a resuming HELLO), and what was sent, kept (_ring.pxi).
+    # ("taken" in a resuming HELLO), and what was sent, kept (csrc/fb_ring.h).
     uint64_t taken
-    rring ring
+    fb_ring ring                 # what it was sent, kept for a resume (csrc/fb_ring.h)
     # What it sent that the client counts and keeps until told (PUB, SUB;
     # csrc/fb_zmtp.h resend): how many came, and how many TOOK last said.
     uint64_t received, received_told
@@ -362,7 +363,7 @@ cdef class Relay:
             Z.msg_close(&self._up[i])
         for k in range(self.nslots):
             _q_clear(&self.slots[k].q)
-            _ring_clear(&self.slots[k].ring)
+            fb_ring_clear(&self.slots[k].ring)
         free(self.slots)
         free(self.table)
         free(self._blocked)
@@ -632,7 +633,7 @@ cdef class Relay:
         ``taken``, again, then what waited while it was away, then the live
         stream.  Returns ``(records replayed, records announced lost)``."""
         cdef slot *s
-        cdef rentry *r
+        cdef fb_ring_entry *r
         cdef qentry *e
         cdef qentry *head = NULL
         cdef qentry *tail = NULL
@@ -654,9 +655,8 @@ cdef class Relay:
             lost = s.ring.trimmed - taken
         # The ring's entries past ``taken`` become queue entries, in order,
         # ahead of what waits (zero copy: the batches move).
-        while s.ring.head is not NULL:
-            r = s.ring.head
-            s.ring.head = r.next
+        r = fb_ring_detach(&s.ring)
+        while r is not NULL:
             if r.end > taken:
                 if r.buf is NULL:
                     lost += r.records
@@ -679,10 +679,9 @@ cdef class Relay:
                             tail.next = e
                         tail = e
                         s.q.bytes += e.size
-            _rentry_free(r)
-        s.ring.tail = NULL
-        s.ring.bytes = 0
-        s.ring.trimmed = taken
+            fb_ring_entry_free(r)
+            r = fb_ring_detach(&s.ring)
+        s.ring.trimmed = taken                  # (empty now: a resume from before is one GAP)
         s.taken = taken                         # the stream counts on from what the client has
         if head is not NULL:
             tail.next = s.q.head
@@ -719,7 +718,7 @@ cdef class Relay:
         queue group hands them to another member when the session runs out
         (fastbus.broker.loop).  GAPs and control messages are not in it."""
         cdef slot *s
-        cdef rentry *r
+        cdef fb_ring_entry *r
         cdef qentry *e
         cdef uint64_t start
         out = []
@@ -752,7 +751,7 @@ cdef class Relay:
         """The client of a resumable session says it took its stream up to
         ``taken`` (TAKEN): what that covers is no longer kept."""
         if link < self.nslots and self.slots[link].resumable:
-            _ring_trim(&self.slots[link].ring, taken)
+            fb_ring_trim(&self.slots[link].ring, taken)
 
     # -- the journal (_journal.pxi) ---------------------------------------
 
@@ -843,8 +842,7 @@ cdef class Relay:
         if link >= self.nslots or not self.slots[link].session or not self.slots[link].resumable:
             raise ValueError(f"link {link} is not a resumable session")
         s = &self.slots[link]
-        _ring_clear(&s.ring)
-        s.ring.trimmed = taken
+        fb_ring_forget(&s.ring, taken)
         batches = sorted(x for x in batches if x[0] > taken and x[1] > 0 and len(x[2]) == 8)
         if batches and batches[0][0] - batches[0][1] > taken:
             # The journal did not keep what came before (its bound): a
@@ -854,12 +852,12 @@ cdef class Relay:
             n = PyBytes_GET_SIZE(b)
             buf = <unsigned char *>malloc(n if n else 1)
             if buf is NULL:
-                _ring_forget(&s.ring, end)
+                fb_ring_forget(&s.ring, end)
                 continue
             memcpy(buf, PyBytes_AS_STRING(b), n)
             # (Within the queue's bound, not the ring's: a lingering
             # session's queue was journaled too.)
-            _ring_keep(&s.ring, buf, n, records, end, <const uint8_t *>PyBytes_AS_STRING(seq), self._max_queue)
+            fb_ring_keep(&s.ring, buf, n, records, end, <const uint8_t *>PyBytes_AS_STRING(seq), self._max_queue)
             kept += records
         s.taken = s.jend = max(stream_end, taken)
         s.received = s.received_told = s.received_committed = received
@@ -963,7 +961,7 @@ cdef class Relay:
         went to a resumable session with DATA seq ``seq``: counted in its
         stream and kept."""
         s.taken += records
-        _ring_keep(&s.ring, buf, len, records, s.taken, seq, self._retain)
+        fb_ring_keep(&s.ring, buf, len, records, s.taken, seq, self._retain)
 
     def remove_link(self, uint32_t link) -> None:
         """The link left: its slot (session, lease, traffic, queue) is
@@ -1003,7 +1001,7 @@ cdef class Relay:
             return
         s = &self.slots[link]
         _q_clear(&s.q)
-        _ring_clear(&s.ring)
+        fb_ring_clear(&s.ring)
         s.detached = 0
         if s.holding:
             s.holding = 0
@@ -1344,7 +1342,7 @@ cdef class Relay:
                             # No memory for the copy: a resume from before
                             # it is told the loss (the ring forgets it).
                             s.taken += records
-                            _ring_forget(&s.ring, s.taken)
+                            fb_ring_forget(&s.ring, s.taken)
                         else:
                             self._retain_sent(s, kept, nb, records, buf)
                             kept = NULL
