@@ -11,6 +11,7 @@
  *   fb_common.h     status codes, id vectors, key lists
  *   fb_protocol.h   the wire protocol's command bytes and flag bits
  *   fb_ring.h       what a resumable session was sent, kept for its resume
+ *   fb_linkq.h      a broker link's send queue
  *
  * Plain C11, no dependencies.  Build with the Makefile in this directory
  * (libfastbus.a) or compile the .c files into your program.
@@ -21,6 +22,7 @@
 #include "fb_common.h"
 #include "fb_protocol.h"
 #include "fb_ring.h"
+#include "fb_linkq.h"
 #include "fb_trie.h"
 #include "fb_forwarder.h"
 #include "fb_batch.h"

@@ -169,7 +169,7 @@ cdef size_t _j_snapshot(Relay r, size_t budget) noexcept nogil:
     cdef uint32_t link
     cdef slot *s
     cdef fb_ring_entry *e
-    cdef qentry *q
+    cdef fb_qentry *q
     cdef uint8_t rec[24]
     cdef uint8_t head[JB_HEAD]
     cdef uint64_t end

@@ -27,7 +27,7 @@ kind carries them (``[routing id, DATA, seq, batch]`` to a session,
 ``[PUB, batch]`` on the upstream broker's DEALER socket, ``set_upstream``,
 one ``[channel, payload]`` per record on the XPUB socket, ``set_xpub``),
 and the control messages Python builds (``send``).  What a full pipe will
-not take waits in the link's queue here (_linkq.pxi), retried as the
+not take waits in the link's queue (csrc/fb_linkq.h), retried as the
 socket reports room, under the slow-consumer policy (``set_policy``): a
 queue past ``max_queue_bytes`` loses its oldest data, reported with GAP,
 or its session is disconnected; past ``flow_bytes`` it holds publishers
@@ -35,7 +35,8 @@ back.  Python decides only what needs it, told by ``events()``: removing a
 disconnected or vanished peer, pausing and resuming publishers (FLOW),
 building the WANT reset that a queue's mark stands for.  Every other
 message read (HELLO, SUB, an ACK, a PUB from an unknown peer, a batch the
-decoder refuses) is handed back to Python as a list of frames.
+decoder refuses) is handed back to Python as a list of frames; a PUB
+routed in part or refused, as a typed event (PubRouted).
 
 Its ROUTER is, by default, a Listener (_listener.pxi, csrc/fb_zmtp_server.h):
 the ROUTER's end of ZMTP, which this thread reads and writes itself inside
@@ -52,8 +53,10 @@ thread uses a Relay, as it does the socket.
 (This file is over 700 lines because the data plane is one extension type
 whose parts share its slots without a call between them, and Cython does
 not split a class's methods across files.  What needs no Relay is in
-included files: _zmq_calls.pxi, the libzmq calls; _linkq.pxi, a queue and
-its entries; _listener.pxi, the Listener.  The class reads in three
+included files: _zmq_calls.pxi, the libzmq calls; _listener.pxi, the
+Listener; _journal.pxi, the journal's group commit; and in C, beside
+csrc/fb_router.c: a link's queue (csrc/fb_linkq.h), a resumable
+session's ring (csrc/fb_ring.h), the protocol's bytes (csrc/fb_protocol.h).  The class reads in three
 sections: sessions and links (their sockets, leases, books, the policy),
 queues, and the data plane (the poll, reading, routing, sending).)
 """
@@ -73,6 +76,10 @@ from fastbus.includes.fb_journal cimport (fb_journal, fb_journal_append, fb_jour
                                          fb_journal_stats, FB_JOURNAL_FSYNC_ALWAYS, FB_JOURNAL_FSYNC_EVERYSEC,
                                          FB_JOURNAL_FSYNC_NO, FB_JOURNAL_MAX_RECORD)
 from fastbus.includes.fb_protocol cimport *
+from fastbus.includes.fb_linkq cimport (fb_linkq, fb_linkq_clear, fb_linkq_collapse, fb_linkq_drop_data, fb_linkq_pop,
+                                        fb_linkq_push, fb_qentry, fb_qentry_frame, fb_qentry_free, fb_qentry_new,
+                                        fb_zmsg, fb_zmsg_calls, FB_Q_ENTRY_BYTES, FB_Q_FLOW_MARK, FB_Q_FRAMES,
+                                        FB_Q_MARK_FLOW, FB_Q_MARK_WANT, FB_Q_WANT_MARK)
 from fastbus.includes.fb_ring cimport (fb_ring, fb_ring_clear, fb_ring_detach, fb_ring_entry, fb_ring_entry_free,
                                        fb_ring_forget, fb_ring_keep, fb_ring_trim)
 from fastbus.includes.fb_backlog cimport fb_backlog, fb_backlog_at
@@ -166,7 +173,6 @@ SLOW_REASONS = ("slow consumer", "slow consumer (not reading its control message
 cdef const char *_KICK_SLOW = b'{"reason":"slow consumer"}'
 cdef const char *_KICK_CONTROL = b'{"reason":"slow consumer (not reading its control messages)"}'
 
-include "_linkq.pxi"
 include "_listener.pxi"
 
 cdef void _free_batch(void *data, void *hint) noexcept nogil:
@@ -207,7 +213,7 @@ cdef struct slot:
     uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out
     uint64_t lease_end_ns         # the latest end of a lease granted it, here or by grant() (fb_now_ns's clock)
     uint64_t last_sent_ns         # when a message last went to its socket
-    linkq q                       # what waits for its socket (_linkq.pxi)
+    fb_linkq q                   # what waits for its socket (csrc/fb_linkq.h)
     # A resumable session's stream: records sent to it as DATA or
     # announced lost by GAP, counted as its client counts what it takes
     # ("taken" in a resuming HELLO), and what was sent, kept (csrc/fb_ring.h).
@@ -362,7 +368,7 @@ cdef class Relay:
         for i in range(self._nup):
             Z.msg_close(&self._up[i])
         for k in range(self.nslots):
-            _q_clear(&self.slots[k].q)
+            fb_linkq_clear(&ZM, &self.slots[k].q)
             fb_ring_clear(&self.slots[k].ring)
         free(self.slots)
         free(self.table)
@@ -634,9 +640,9 @@ cdef class Relay:
         stream.  Returns ``(records replayed, records announced lost)``."""
         cdef slot *s
         cdef fb_ring_entry *r
-        cdef qentry *e
-        cdef qentry *head = NULL
-        cdef qentry *tail = NULL
+        cdef fb_qentry *e
+        cdef fb_qentry *head = NULL
+        cdef fb_qentry *tail = NULL
         cdef uint64_t lost = 0, replayed = 0
         cdef Py_ssize_t n = PyBytes_GET_SIZE(ident)
         cdef int i, nf = len(first)
@@ -661,10 +667,10 @@ cdef class Relay:
                 if r.buf is NULL:
                     lost += r.records
                 else:
-                    e = _qentry_new(3)
-                    if e is NULL or _qentry_frame(e, 0, FB_CMD_DATA_S, 1) < 0 or _qentry_frame(e, 1, r.seq, 8) < 0:
+                    e = fb_qentry_new(&ZM, 3)
+                    if e is NULL or fb_qentry_frame(&ZM, e, 0, FB_CMD_DATA_S, 1) < 0 or fb_qentry_frame(&ZM, e, 1, r.seq, 8) < 0:
                         if e is not NULL:
-                            _qentry_free(e)
+                            fb_qentry_free(&ZM, e)
                         lost += r.records           # (no memory: announced, as any loss)
                     else:
                         Z.msg_close(&e.frames[2])
@@ -689,13 +695,13 @@ cdef class Relay:
                 s.q.tail = tail
             s.q.head = head
         # ``first`` ahead of everything.
-        e = _qentry_new(nf)
+        e = fb_qentry_new(&ZM, nf)
         if e is NULL:
             raise MemoryError()
         for i in range(nf):
             f = first[i] if type(first[i]) is bytes else bytes(first[i])
-            if _qentry_frame(e, i, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f)) < 0:
-                _qentry_free(e)
+            if fb_qentry_frame(&ZM, e, i, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f)) < 0:
+                fb_qentry_free(&ZM, e)
                 raise MemoryError()
         e.next = s.q.head
         if s.q.head is NULL:
@@ -719,7 +725,7 @@ cdef class Relay:
         (fastbus.broker.loop).  GAPs and control messages are not in it."""
         cdef slot *s
         cdef fb_ring_entry *r
-        cdef qentry *e
+        cdef fb_qentry *e
         cdef uint64_t start
         out = []
         if link >= self.nslots:
@@ -733,7 +739,7 @@ cdef class Relay:
             r = r.next
         e = s.q.head
         while e is not NULL:
-            if e.kind == Q_FRAMES and e.records and e.nframes == 3 and not e.done:
+            if e.kind == FB_Q_FRAMES and e.records and e.nframes == 3 and not e.done:
                 out.append((PyBytes_FromStringAndSize(<char *>Z.msg_data(&e.frames[2]),
                                                       Z.msg_size(&e.frames[2])), 0))
             e = e.next
@@ -894,7 +900,7 @@ cdef class Relay:
         """``(detached, stream count, bytes kept for a resume, records
         waiting in its queue or lost there and not yet announced)``."""
         cdef slot *s
-        cdef qentry *e
+        cdef fb_qentry *e
         cdef uint64_t waiting = 0
         if link >= self.nslots:
             return (False, 0, 0, 0)
@@ -912,7 +918,7 @@ cdef class Relay:
         queue waits (the next one says it)."""
         cdef slot *s = &self.slots[link]
         cdef uint8_t buf[8]
-        cdef qentry *e
+        cdef fb_qentry *e
         cdef uint64_t took = s.received_committed if self._journal is not NULL else s.received
         if s.detached or s.gone:
             return
@@ -924,13 +930,13 @@ cdef class Relay:
             return
         if not queue:
             return
-        e = _qentry_new(2)
-        if e is NULL or _qentry_frame(e, 0, FB_CMD_TOOK_S, 1) < 0 or _qentry_frame(e, 1, buf, 8) < 0:
+        e = fb_qentry_new(&ZM, 2)
+        if e is NULL or fb_qentry_frame(&ZM, e, 0, FB_CMD_TOOK_S, 1) < 0 or fb_qentry_frame(&ZM, e, 1, buf, 8) < 0:
             if e is not NULL:
-                _qentry_free(e)
+                fb_qentry_free(&ZM, e)
             return
         e.cmd = FB_CMD_TOOK
-        _q_push(&s.q, e)
+        fb_linkq_push(&s.q, e)
         s.received_told = took
         s.received_bytes = 0
         self._queued(link, QUEUED)
@@ -1000,7 +1006,7 @@ cdef class Relay:
         if link >= self.nslots:
             return
         s = &self.slots[link]
-        _q_clear(&s.q)
+        fb_linkq_clear(&ZM, &s.q)
         fb_ring_clear(&s.ring)
         s.detached = 0
         if s.holding:
@@ -1058,7 +1064,7 @@ cdef class Relay:
         slow consumer: remove it; an EVENT_SLOW says why)."""
         cdef int n = len(frames), i, rc
         cdef slot *s
-        cdef qentry *e
+        cdef fb_qentry *e
         cdef uint8_t cmd
         cdef bytes f
         if n < 1 or n > MAX_SEND_FRAMES:
@@ -1080,20 +1086,20 @@ cdef class Relay:
                 if s.gone:
                     return GONE                  # (a resumable session lingers: queued below)
         if len(f) == 1 and ((cmd == FB_CMD_WANT and s.session) or cmd == FB_CMD_FLOW):
-            if _q_collapse(&s.q, cmd, MARK_WANT if cmd == FB_CMD_WANT else MARK_FLOW,
-                           Q_WANT_MARK if cmd == FB_CMD_WANT else Q_FLOW_MARK):
+            if fb_linkq_collapse(&ZM, &s.q, cmd, FB_Q_MARK_WANT if cmd == FB_CMD_WANT else FB_Q_MARK_FLOW,
+                           FB_Q_WANT_MARK if cmd == FB_CMD_WANT else FB_Q_FLOW_MARK):
                 self.control_collapsed += 1
                 return self._queued(link, COLLAPSED)
-        e = _qentry_new(n)
+        e = fb_qentry_new(&ZM, n)
         if e is NULL:
             raise MemoryError()
         e.cmd = cmd
         for i in range(n):
             f = frames[i]
-            if _qentry_frame(e, i, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f)) < 0:
-                _qentry_free(e)
+            if fb_qentry_frame(&ZM, e, i, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f)) < 0:
+                fb_qentry_free(&ZM, e)
                 raise MemoryError()
-        _q_push(&s.q, e)
+        fb_linkq_push(&s.q, e)
         return self._queued(link, QUEUED)
 
     def reply(self, bytes ident not None, list frames not None) -> bool:
@@ -1155,10 +1161,10 @@ cdef class Relay:
             return DISCONNECTED
         return status
 
-    cdef void _enqueue(self, uint32_t link, qentry *e) noexcept nogil:
+    cdef void _enqueue(self, uint32_t link, fb_qentry *e) noexcept nogil:
         """Queue a data entry (the policy applies)."""
         cdef slot *s = &self.slots[link]
-        _q_push(&s.q, e)
+        fb_linkq_push(&s.q, e)
         if self._flow_bytes and s.q.bytes > self._flow_bytes and not s.exempt and not s.holding and \
                 not s.detached:
             s.holding = 1
@@ -1181,7 +1187,7 @@ cdef class Relay:
         if self._disconnect and s.session:
             self._kick(link, 0)
             return True
-        self.dropped_slow += _q_drop_data(&s.q, self._max_queue)
+        self.dropped_slow += fb_linkq_drop_data(&ZM, &s.q, self._max_queue)
         if s.q.bytes <= self._max_queue:
             return False
         if s.session:
@@ -1287,7 +1293,7 @@ cdef class Relay:
         before the data that follows it, until its socket refuses; a WANT
         mark at the head waits for Python to build it (EVENT_WANT)."""
         cdef slot *s = &self.slots[link]
-        cdef qentry *e
+        cdef fb_qentry *e
         cdef int rc
         cdef uint8_t buf[8]
         cdef size_t nb
@@ -1315,15 +1321,15 @@ cdef class Relay:
             e = s.q.head
             if e is NULL:
                 break
-            if e.kind == Q_WANT_MARK:
+            if e.kind == FB_Q_WANT_MARK:
                 if not s.asked:
                     s.asked = 1
                     self._event(EVENT_WANT, link, 0)
                 break
-            if e.kind == Q_FLOW_MARK:
+            if e.kind == FB_Q_FLOW_MARK:
                 rc = self._send_small(link, FB_CMD_FLOW_S, FB_FLOW_PAUSE_S if self.paused else FB_FLOW_RESUME_S, 1)
                 if rc == 0:
-                    s.q.marks &= ~MARK_FLOW
+                    s.q.marks &= ~FB_Q_MARK_FLOW
             else:
                 records = e.records
                 nb = Z.msg_size(&e.frames[e.nframes - 1])
@@ -1355,7 +1361,7 @@ cdef class Relay:
                 if s.gone:
                     return
                 continue                         # detached: the entry waits for the resume
-            _q_pop(&s.q)
+            fb_linkq_pop(&ZM, &s.q)
             s.last_sent_ns = now
         if s.gone or s.detached:
             return
@@ -1383,7 +1389,7 @@ cdef class Relay:
         api.send(sock, arg, n, DONTWAIT)
         return 0
 
-    cdef int _send_entry(self, uint32_t link, qentry *e) noexcept nogil:
+    cdef int _send_entry(self, uint32_t link, fb_qentry *e) noexcept nogil:
         """Send a queued entry's frames (the socket consumes them): 0, EAGAIN
         (nothing went, or for the XPUB link the records that went are
         counted in e.done), or another errno (the peer is gone)."""
@@ -1404,7 +1410,7 @@ cdef class Relay:
                 return err if err != 0 else EAGAIN
         return 0
 
-    cdef int _send_records(self, qentry *e) noexcept nogil:
+    cdef int _send_records(self, fb_qentry *e) noexcept nogil:
         """A batch to the XPUB socket, one [channel, payload] message per
         record from e.done on (XPUB filters per subscriber; XPUB_NODROP
         refuses a message while a subscriber's pipe is full)."""
@@ -1432,22 +1438,22 @@ cdef class Relay:
         free(recs)
         return 0
 
-    cdef qentry *_data_entry(self, uint32_t link, unsigned char *buf, size_t len, uint32_t count) noexcept nogil:
+    cdef fb_qentry *_data_entry(self, uint32_t link, unsigned char *buf, size_t len, uint32_t count) noexcept nogil:
         """A queue entry for a batch to a link, as its kind carries it:
         [DATA, seq, batch] (a session), [PUB, batch] (upstream), [batch]
         (the XPUB link); the batch becomes the entry's (NULL for want of
         memory: then it is still the caller's)."""
-        cdef qentry *e
+        cdef fb_qentry *e
         cdef int nhead = 2 if self.slots[link].session else (1 if link == self._uplink else 0)
-        e = _qentry_new(nhead + 1)
+        e = fb_qentry_new(&ZM, nhead + 1)
         if e is NULL:
             return NULL
         if nhead == 2:
-            if _qentry_frame(e, 0, FB_CMD_DATA_S, 1) < 0 or _qentry_frame(e, 1, self.slots[link].seq, 8) < 0:
-                _qentry_free(e)
+            if fb_qentry_frame(&ZM, e, 0, FB_CMD_DATA_S, 1) < 0 or fb_qentry_frame(&ZM, e, 1, self.slots[link].seq, 8) < 0:
+                fb_qentry_free(&ZM, e)
                 return NULL
-        elif nhead == 1 and _qentry_frame(e, 0, FB_CMD_PUB_S, 1) < 0:
-            _qentry_free(e)
+        elif nhead == 1 and fb_qentry_frame(&ZM, e, 0, FB_CMD_PUB_S, 1) < 0:
+            fb_qentry_free(&ZM, e)
             return NULL
         Z.msg_close(&e.frames[nhead])
         Z.msg_init_data(&e.frames[nhead], buf, len, _free_batch, NULL)
@@ -1461,7 +1467,7 @@ cdef class Relay:
         builds the reset only then: building one numbers a change the
         peer will be waited for."""
         return link < self.nslots and self.slots[link].q.head is not NULL and \
-            self.slots[link].q.head.kind == Q_WANT_MARK
+            self.slots[link].q.head.kind == FB_Q_WANT_MARK
 
     def fill_want(self, uint32_t link, list frames not None) -> None:
         """The WANT reset that the mark at the head of a link's queue
@@ -1469,25 +1475,25 @@ cdef class Relay:
         place, and goes when the socket has room.  Ignored if the mark is
         gone (the link left or started over)."""
         cdef slot *s
-        cdef qentry *e
-        cdef qentry *m
+        cdef fb_qentry *e
+        cdef fb_qentry *m
         cdef int i, n = len(frames)
         cdef bytes f
         if link >= self.nslots or n < 1 or n > MAX_SEND_FRAMES:
             return
         s = &self.slots[link]
         m = s.q.head
-        if m is NULL or m.kind != Q_WANT_MARK:
+        if m is NULL or m.kind != FB_Q_WANT_MARK:
             return
         frames = [x if type(x) is bytes else bytes(x) for x in frames]
-        e = _qentry_new(n)
+        e = fb_qentry_new(&ZM, n)
         if e is NULL:
             raise MemoryError()
         e.cmd = FB_CMD_WANT
         for i in range(n):
             f = frames[i]
-            if _qentry_frame(e, i, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f)) < 0:
-                _qentry_free(e)
+            if fb_qentry_frame(&ZM, e, i, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f)) < 0:
+                fb_qentry_free(&ZM, e)
                 raise MemoryError()
         e.next = m.next
         s.q.head = e
@@ -1495,7 +1501,7 @@ cdef class Relay:
             s.q.tail = e
         s.q.bytes += e.size - m.size
         free(m)                                  # a mark has no frames
-        s.q.marks &= ~MARK_WANT
+        s.q.marks &= ~FB_Q_MARK_WANT
         s.asked = 0
         self._drain_link(link, fb_now_ns())
         self._enforce(link)
@@ -1905,7 +1911,7 @@ cdef class Relay:
         cdef uint8_t lease[8]
         cdef bint lease_ping = n == 4
         cdef slot *s
-        cdef qentry *e
+        cdef fb_qentry *e
         cdef int err
         cdef zmq_api *R = &self.R
         if not self._instlen:
@@ -1942,17 +1948,17 @@ cdef class Relay:
                 self._lose(link, EVENT_GONE, 0)
                 return True
         # Behind what waits for it.
-        e = _qentry_new(4 if lease_ping else 3)
+        e = fb_qentry_new(&ZM, 4 if lease_ping else 3)
         if e is NULL:
             return False
         e.cmd = FB_CMD_PONG
-        if _qentry_frame(e, 0, FB_CMD_PONG_S, 1) < 0 or \
-                _qentry_frame(e, 1, R.msg_data(&parts[2]), R.msg_size(&parts[2])) < 0 or \
-                _qentry_frame(e, 2, self._instance, self._instlen) < 0 or \
-                (lease_ping and _qentry_frame(e, 3, lease, 8) < 0):
-            _qentry_free(e)
+        if fb_qentry_frame(&ZM, e, 0, FB_CMD_PONG_S, 1) < 0 or \
+                fb_qentry_frame(&ZM, e, 1, R.msg_data(&parts[2]), R.msg_size(&parts[2])) < 0 or \
+                fb_qentry_frame(&ZM, e, 2, self._instance, self._instlen) < 0 or \
+                (lease_ping and fb_qentry_frame(&ZM, e, 3, lease, 8) < 0):
+            fb_qentry_free(&ZM, e)
             return False
-        _q_push(&s.q, e)
+        fb_linkq_push(&s.q, e)
         self._answered(s, lease_ping, now)
         self._queued(link, QUEUED)
         return True
@@ -2072,7 +2078,7 @@ cdef class Relay:
         cdef size_t len
         cdef int rc
         cdef slot *s
-        cdef qentry *e
+        cdef fb_qentry *e
         cdef bint journaled
         for k in range(n):
             link = links[k]
@@ -2120,7 +2126,7 @@ cdef class Relay:
                 if rc == 0:
                     self._count_sent(s, count, len)
                     s.last_sent_ns = now
-                    _qentry_free(e)
+                    fb_qentry_free(&ZM, e)
                     continue
             self._enqueue(link, e)
 

@@ -3,13 +3,9 @@
 # handle is only valid in the library instance that made it).
 # Part of fastbus/broker/_relay.pyx (included there).
 
-cdef extern from *:
-    """
-    /* libzmq's zmq_msg_t (zmq.h, 4.x): 64 opaque bytes, pointer-aligned. */
-    typedef union { unsigned char _[64]; void *p; double d; long long l; } fbz_msg;
-    """
-    ctypedef struct fbz_msg:
-        pass
+# libzmq's zmq_msg_t (zmq.h, 4.x): 64 opaque bytes, pointer-aligned
+# (csrc/fb_linkq.h, whose queues hold them).
+ctypedef fb_zmsg fbz_msg
 
 # libzmq's zmq_pollitem_t on POSIX (zmq.h).
 cdef struct fbz_pollitem:
@@ -56,6 +52,8 @@ FUNCTIONS = ("zmq_msg_init", "zmq_msg_init_size", "zmq_msg_init_data", "zmq_msg_
              "zmq_poll", "zmq_getsockopt")
 
 cdef zmq_api Z
+#: Z's message calls, for the links' queues (csrc/fb_linkq.h).
+cdef fb_zmsg_calls ZM
 cdef bint _bound = False
 
 
@@ -79,6 +77,10 @@ def bind(dict addresses) -> None:
     Z.msg_gets = <f_msg_gets><uintptr_t>addresses["zmq_msg_gets"]
     Z.poll = <f_poll><uintptr_t>addresses["zmq_poll"]
     Z.getsockopt = <f_getsockopt><uintptr_t>addresses["zmq_getsockopt"]
+    ZM.init = Z.msg_init
+    ZM.init_size = Z.msg_init_size
+    ZM.close = Z.msg_close
+    ZM.data = Z.msg_data
     _bound = True
 
 
