@@ -669,8 +669,9 @@ class Broker:
             roles[link.role] = roles.get(link.role, 0) + 1
         counters = dict(self.counters)
         counters["control_in"] += self.relay.pings_answered      # PINGs the data plane answered
-        counters["gap_notices"] += self.relay.gap_notices        # what the data plane's queues did
-        counters["control_collapsed"] += self.relay.control_collapsed
+        # What only the data plane's queues do: its book alone.
+        counters["gap_notices"] = self.relay.gap_notices
+        counters["control_collapsed"] = self.relay.control_collapsed
         counters.update(batches_in=rs["batches"], messages_in=rs["records"], bytes_in=rs["bytes"],
                         no_responders=rs["no_responders"], held_kept=rs["held_kept"], held_given=rs["held_given"])
         relay = self.relay                         # the books of what went out: the data plane's
