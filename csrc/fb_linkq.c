@@ -4,10 +4,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-fb_qentry *fb_qentry_new(const fb_zmsg_calls *z, int nframes)
+fb_qentry *fb_qentry_new(const fb_zmq_msg_calls *z, int nframes)
 {
     if (nframes < 0 || nframes > 255) return NULL;
-    size_t n = sizeof(fb_qentry) + (size_t)(nframes > 1 ? nframes - 1 : 0) * sizeof(fb_zmsg);
+    size_t n = sizeof(fb_qentry) + (size_t)(nframes > 1 ? nframes - 1 : 0) * sizeof(fb_zmq_msg);
     fb_qentry *e = calloc(1, n);
     if (!e) return NULL;
     e->nframes = (uint8_t)nframes;
@@ -16,13 +16,13 @@ fb_qentry *fb_qentry_new(const fb_zmsg_calls *z, int nframes)
     return e;
 }
 
-void fb_qentry_free(const fb_zmsg_calls *z, fb_qentry *e)
+void fb_qentry_free(const fb_zmq_msg_calls *z, fb_qentry *e)
 {
     for (int i = 0; i < e->nframes; i++) z->close(&e->frames[i]);
     free(e);
 }
 
-int fb_qentry_frame(const fb_zmsg_calls *z, fb_qentry *e, int i, const void *data, size_t n)
+int fb_qentry_frame(const fb_zmq_msg_calls *z, fb_qentry *e, int i, const void *data, size_t n)
 {
     z->close(&e->frames[i]);
     if (z->init_size(&e->frames[i], n) < 0) {
@@ -35,7 +35,7 @@ int fb_qentry_frame(const fb_zmsg_calls *z, fb_qentry *e, int i, const void *dat
 }
 
 /* Make an entry a mark (its frames go). */
-static void make_mark(const fb_zmsg_calls *z, fb_qentry *e, uint8_t kind)
+static void make_mark(const fb_zmq_msg_calls *z, fb_qentry *e, uint8_t kind)
 {
     for (int i = 0; i < e->nframes; i++) z->close(&e->frames[i]);
     e->nframes = 0;
@@ -62,14 +62,14 @@ static void unlink_entry(fb_linkq *q, fb_qentry *prev, fb_qentry *e)
     q->bytes -= e->size;
 }
 
-void fb_linkq_pop(const fb_zmsg_calls *z, fb_linkq *q)
+void fb_linkq_pop(const fb_zmq_msg_calls *z, fb_linkq *q)
 {
     fb_qentry *e = q->head;
     unlink_entry(q, NULL, e);
     fb_qentry_free(z, e);
 }
 
-void fb_linkq_clear(const fb_zmsg_calls *z, fb_linkq *q)
+void fb_linkq_clear(const fb_zmq_msg_calls *z, fb_linkq *q)
 {
     while (q->head) fb_linkq_pop(z, q);
     q->bytes = 0;
@@ -77,7 +77,7 @@ void fb_linkq_clear(const fb_zmsg_calls *z, fb_linkq *q)
     q->marks = 0;
 }
 
-uint64_t fb_linkq_drop_data(const fb_zmsg_calls *z, fb_linkq *q, size_t limit)
+uint64_t fb_linkq_drop_data(const fb_zmq_msg_calls *z, fb_linkq *q, size_t limit)
 {
     fb_qentry *e = q->head, *prev = NULL;
     uint64_t dropped = 0;
@@ -96,7 +96,7 @@ uint64_t fb_linkq_drop_data(const fb_zmsg_calls *z, fb_linkq *q, size_t limit)
     return dropped;
 }
 
-int fb_linkq_collapse(const fb_zmsg_calls *z, fb_linkq *q, uint8_t cmd, uint8_t mark, uint8_t kind)
+int fb_linkq_collapse(const fb_zmq_msg_calls *z, fb_linkq *q, uint8_t cmd, uint8_t mark, uint8_t kind)
 {
     if (q->marks & mark) return 1;
     fb_qentry *e = q->head, *prev = NULL;

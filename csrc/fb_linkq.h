@@ -19,7 +19,7 @@
  *   them is bounded without losing the last word.
  *
  * Messages are libzmq's zmq_msg_t (the relay sends them with zero copy),
- * made and closed through the calls the caller gives (fb_zmsg_calls: the
+ * made and closed through the calls the caller gives (fb_zmq_msg_calls: the
  * libzmq that pyzmq loaded, or a test's).  Not thread-safe: the data
  * plane's thread.
  */
@@ -29,25 +29,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fb_zmq_msg.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* libzmq's zmq_msg_t (zmq.h, 4.x): 64 opaque bytes, pointer-aligned. */
-typedef union fb_zmsg {
-    unsigned char _[64];
-    void *p;
-    double d;
-    long long l;
-} fb_zmsg;
-
 /* The message calls a queue makes (zmq.h's signatures). */
-typedef struct fb_zmsg_calls {
-    int (*init)(fb_zmsg *msg);
-    int (*init_size)(fb_zmsg *msg, size_t size);
-    int (*close)(fb_zmsg *msg);
-    void *(*data)(fb_zmsg *msg);
-} fb_zmsg_calls;
+typedef struct fb_zmq_msg_calls {
+    int (*init)(fb_zmq_msg *msg);
+    int (*init_size)(fb_zmq_msg *msg, size_t size);
+    int (*close)(fb_zmq_msg *msg);
+    void *(*data)(fb_zmq_msg *msg);
+} fb_zmq_msg_calls;
 
 /* An entry's kind. */
 enum {
@@ -75,7 +69,7 @@ typedef struct fb_qentry {
     uint8_t kind;                /* FB_Q_* */
     uint8_t cmd;                 /* a control message's command byte (WANT and FLOW collapse) */
     uint8_t nframes;
-    fb_zmsg frames[1];           /* nframes of them (allocated so) */
+    fb_zmq_msg frames[1];           /* nframes of them (allocated so) */
 } fb_qentry;
 
 typedef struct fb_linkq {
@@ -88,35 +82,35 @@ typedef struct fb_linkq {
 
 /* An entry for `nframes` messages (0 to 255, each initialised empty), its
  * size FB_Q_ENTRY_BYTES; NULL for want of memory. */
-fb_qentry *fb_qentry_new(const fb_zmsg_calls *z, int nframes);
+fb_qentry *fb_qentry_new(const fb_zmq_msg_calls *z, int nframes);
 
 /* Close an entry's messages (those not sent) and free it. */
-void fb_qentry_free(const fb_zmsg_calls *z, fb_qentry *e);
+void fb_qentry_free(const fb_zmq_msg_calls *z, fb_qentry *e);
 
 /* Frame i a copy of `n` bytes at `data` (counted in its size); 0, or -1
  * for want of memory (the frame left empty). */
-int fb_qentry_frame(const fb_zmsg_calls *z, fb_qentry *e, int i, const void *data, size_t n);
+int fb_qentry_frame(const fb_zmq_msg_calls *z, fb_qentry *e, int i, const void *data, size_t n);
 
 /* Append an entry (the queue's now), counting its size. */
 void fb_linkq_push(fb_linkq *q, fb_qentry *e);
 
 /* Free the head entry (there must be one). */
-void fb_linkq_pop(const fb_zmsg_calls *z, fb_linkq *q);
+void fb_linkq_pop(const fb_zmq_msg_calls *z, fb_linkq *q);
 
 /* Free every entry; empty, as new. */
-void fb_linkq_clear(const fb_zmsg_calls *z, fb_linkq *q);
+void fb_linkq_clear(const fb_zmq_msg_calls *z, fb_linkq *q);
 
 /* Drop the oldest data entries (none partly sent) until the queue holds at
  * most `limit` bytes; control messages and marks stay.  The records
  * dropped, also added to `lost`. */
-uint64_t fb_linkq_drop_data(const fb_zmsg_calls *z, fb_linkq *q, size_t limit);
+uint64_t fb_linkq_drop_data(const fb_zmq_msg_calls *z, fb_linkq *q, size_t limit);
 
 /* A control message of command `cmd` that a later one of its kind makes
  * moot is to be queued: make sure the queue holds one mark of `kind` for
  * it (flag `mark` in marks), where the first such message waits, and
  * nothing else of its command.  1, or 0 for want of memory (then nothing
  * changed). */
-int fb_linkq_collapse(const fb_zmsg_calls *z, fb_linkq *q, uint8_t cmd, uint8_t mark, uint8_t kind);
+int fb_linkq_collapse(const fb_zmq_msg_calls *z, fb_linkq *q, uint8_t cmd, uint8_t mark, uint8_t kind);
 
 #ifdef __cplusplus
 }

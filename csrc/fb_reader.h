@@ -43,13 +43,12 @@
 #include "fb_replies.h"
 #include "fb_slock.h"
 #include "fb_wake.h"
+#include "fb_zmq_msg.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* libzmq's zmq_msg_t (zmq.h, 4.x): 64 opaque bytes, pointer-aligned. */
-typedef union fb_zmq_msg { unsigned char _[64]; void *p; double d; long long l; } fb_zmq_msg;
 
 /* The libzmq calls the reader makes (zmq.h's signatures). */
 typedef struct fb_zmq_recv_calls {

@@ -13,8 +13,8 @@ typedef struct { void *data; size_t size; } fake;   /* what a test message holds
 
 static int live;                                     /* messages with memory, not closed */
 
-static int m_init(fb_zmsg *m) { ((fake *)m)->data = NULL; ((fake *)m)->size = 0; return 0; }
-static int m_init_size(fb_zmsg *m, size_t n)
+static int m_init(fb_zmq_msg *m) { ((fake *)m)->data = NULL; ((fake *)m)->size = 0; return 0; }
+static int m_init_size(fb_zmq_msg *m, size_t n)
 {
     fake *f = (fake *)m;
     f->data = malloc(n ? n : 1);
@@ -23,7 +23,7 @@ static int m_init_size(fb_zmsg *m, size_t n)
     live++;
     return 0;
 }
-static int m_close(fb_zmsg *m)
+static int m_close(fb_zmq_msg *m)
 {
     fake *f = (fake *)m;
     if (f->data) { free(f->data); live--; }
@@ -31,9 +31,9 @@ static int m_close(fb_zmsg *m)
     f->size = 0;
     return 0;
 }
-static void *m_data(fb_zmsg *m) { return ((fake *)m)->data; }
+static void *m_data(fb_zmq_msg *m) { return ((fake *)m)->data; }
 
-static const fb_zmsg_calls Z = {m_init, m_init_size, m_close, m_data};
+static const fb_zmq_msg_calls Z = {m_init, m_init_size, m_close, m_data};
 
 /* A data entry of `records` records and a batch of `n` bytes. */
 static fb_qentry *data_entry(uint64_t records, size_t n)

@@ -78,7 +78,7 @@ from fastbus.includes.fb_journal cimport (fb_journal, fb_journal_append, fb_jour
 from fastbus.includes.fb_protocol cimport *
 from fastbus.includes.fb_linkq cimport (fb_linkq, fb_linkq_clear, fb_linkq_collapse, fb_linkq_drop_data, fb_linkq_pop,
                                         fb_linkq_push, fb_qentry, fb_qentry_frame, fb_qentry_free, fb_qentry_new,
-                                        fb_zmsg, fb_zmsg_calls, FB_Q_ENTRY_BYTES, FB_Q_FLOW_MARK, FB_Q_FRAMES,
+                                        fb_zmq_msg, fb_zmq_msg_calls, FB_Q_ENTRY_BYTES, FB_Q_FLOW_MARK, FB_Q_FRAMES,
                                         FB_Q_MARK_FLOW, FB_Q_MARK_WANT, FB_Q_WANT_MARK)
 from fastbus.includes.fb_ring cimport (fb_ring, fb_ring_clear, fb_ring_detach, fb_ring_entry, fb_ring_entry_free,
                                        fb_ring_forget, fb_ring_keep, fb_ring_trim)

@@ -5,7 +5,7 @@
 
 # libzmq's zmq_msg_t (zmq.h, 4.x): 64 opaque bytes, pointer-aligned
 # (csrc/fb_linkq.h, whose queues hold them).
-ctypedef fb_zmsg fbz_msg
+ctypedef fb_zmq_msg fbz_msg
 
 # libzmq's zmq_pollitem_t on POSIX (zmq.h).
 cdef struct fbz_pollitem:
@@ -53,7 +53,7 @@ FUNCTIONS = ("zmq_msg_init", "zmq_msg_init_size", "zmq_msg_init_data", "zmq_msg_
 
 cdef zmq_api Z
 #: Z's message calls, for the links' queues (csrc/fb_linkq.h).
-cdef fb_zmsg_calls ZM
+cdef fb_zmq_msg_calls ZM
 cdef bint _bound = False
 
 

@@ -1,15 +1,14 @@
 # Mirrors csrc/fb_linkq.h
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 
-cdef extern from "fb_linkq.h" nogil:
-    ctypedef union fb_zmsg:
-        unsigned char _[64]
+from fastbus.includes.fb_zmq_msg cimport fb_zmq_msg
 
-    ctypedef struct fb_zmsg_calls:
-        int (*init)(fb_zmsg *msg) noexcept nogil
-        int (*init_size)(fb_zmsg *msg, size_t size) noexcept nogil
-        int (*close)(fb_zmsg *msg) noexcept nogil
-        void *(*data)(fb_zmsg *msg) noexcept nogil
+cdef extern from "fb_linkq.h" nogil:
+    ctypedef struct fb_zmq_msg_calls:
+        int (*init)(fb_zmq_msg *msg) noexcept nogil
+        int (*init_size)(fb_zmq_msg *msg, size_t size) noexcept nogil
+        int (*close)(fb_zmq_msg *msg) noexcept nogil
+        void *(*data)(fb_zmq_msg *msg) noexcept nogil
 
     enum:
         FB_Q_FRAMES
@@ -27,7 +26,7 @@ cdef extern from "fb_linkq.h" nogil:
         uint8_t kind
         uint8_t cmd
         uint8_t nframes
-        fb_zmsg frames[1]
+        fb_zmq_msg frames[1]
 
     ctypedef struct fb_linkq:
         fb_qentry *head
@@ -36,11 +35,11 @@ cdef extern from "fb_linkq.h" nogil:
         uint64_t lost
         uint8_t marks
 
-    fb_qentry *fb_qentry_new(const fb_zmsg_calls *z, int nframes)
-    void fb_qentry_free(const fb_zmsg_calls *z, fb_qentry *e)
-    int fb_qentry_frame(const fb_zmsg_calls *z, fb_qentry *e, int i, const void *data, size_t n)
+    fb_qentry *fb_qentry_new(const fb_zmq_msg_calls *z, int nframes)
+    void fb_qentry_free(const fb_zmq_msg_calls *z, fb_qentry *e)
+    int fb_qentry_frame(const fb_zmq_msg_calls *z, fb_qentry *e, int i, const void *data, size_t n)
     void fb_linkq_push(fb_linkq *q, fb_qentry *e)
-    void fb_linkq_pop(const fb_zmsg_calls *z, fb_linkq *q)
-    void fb_linkq_clear(const fb_zmsg_calls *z, fb_linkq *q)
-    uint64_t fb_linkq_drop_data(const fb_zmsg_calls *z, fb_linkq *q, size_t limit)
-    int fb_linkq_collapse(const fb_zmsg_calls *z, fb_linkq *q, uint8_t cmd, uint8_t mark, uint8_t kind)
+    void fb_linkq_pop(const fb_zmq_msg_calls *z, fb_linkq *q)
+    void fb_linkq_clear(const fb_zmq_msg_calls *z, fb_linkq *q)
+    uint64_t fb_linkq_drop_data(const fb_zmq_msg_calls *z, fb_linkq *q, size_t limit)
+    int fb_linkq_collapse(const fb_zmq_msg_calls *z, fb_linkq *q, uint8_t cmd, uint8_t mark, uint8_t kind)

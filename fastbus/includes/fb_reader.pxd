@@ -5,10 +5,9 @@ from fastbus.includes.fb_react cimport fb_react
 from fastbus.includes.fb_replies cimport fb_replies
 from fastbus.includes.fb_slock cimport fb_slock
 
-cdef extern from "fb_reader.h" nogil:
-    ctypedef union fb_zmq_msg:
-        pass
+from fastbus.includes.fb_zmq_msg cimport fb_zmq_msg
 
+cdef extern from "fb_reader.h" nogil:
     ctypedef struct fb_zmq_recv_calls:
         int (*msg_init)(fb_zmq_msg *msg) noexcept nogil
         int (*msg_recv)(fb_zmq_msg *msg, void *sock, int flags) noexcept nogil

@@ -1,0 +1,5 @@
+# Mirrors csrc/fb_zmq_msg.h
+
+cdef extern from "fb_zmq_msg.h" nogil:
+    ctypedef union fb_zmq_msg:
+        pass
