@@ -74,6 +74,11 @@
 #define FB_FLOW_RESUME      0x01
 #define FB_FLOW_RESUME_S    "\x01"
 
+/* A PING's third frame that asks for a filter lease (its PONG carries
+ * one, u64 microseconds). */
+#define FB_LEASE_ASK_S      "lease"
+#define FB_LEASE_ASK_LEN    5
+
 /* WANT's flags byte. */
 #define FB_WANT_RESET       0x01u  /* the batch is the whole set, not a diff */
 

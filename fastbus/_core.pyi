@@ -41,7 +41,7 @@ BATCH_F_HEADERS_AGAIN: Final[int]
 CORE_VERSION: Final[tuple[int, int, int]]
 LEASE_USE: Final[float]
 #: csrc/fb_protocol.h's values as built, by fastbus/protocol.py's names.
-WIRE_HEADER: Final[dict[str, tuple[bytes, bytes] | int]]
+WIRE_HEADER: Final[dict[str, tuple[bytes, bytes] | bytes | int]]
 
 class Trie:
     """Subscription table: which subscribers want a topic (exact and prefix

@@ -29,7 +29,8 @@ def test_every_command_byte_is_the_same_in_the_header_and_in_protocol_py():
         assert byte == string == getattr(P, name), name
     for name in FLAGS:
         assert _core.WIRE_HEADER[name] == getattr(P, name), name
-    assert set(_core.WIRE_HEADER) == set(COMMANDS + FLAGS + ("FLOW_PAUSE", "FLOW_RESUME"))
+    assert _core.WIRE_HEADER["LEASE_ASK"] == P.LEASE_ASK
+    assert set(_core.WIRE_HEADER) == set(COMMANDS + FLAGS + ("FLOW_PAUSE", "FLOW_RESUME", "LEASE_ASK"))
 
 
 def test_the_commands_are_distinct_and_protocol_py_has_no_other():
@@ -49,14 +50,15 @@ def test_every_define_of_the_header_is_exported_for_the_check():
     expected = set()
     for name in COMMANDS:
         expected |= {f"FB_CMD_{name}", f"FB_CMD_{name}_S"}
-    expected |= {"FB_FLOW_PAUSE", "FB_FLOW_PAUSE_S", "FB_FLOW_RESUME", "FB_FLOW_RESUME_S", "FB_WANT_RESET"}
+    expected |= {"FB_FLOW_PAUSE", "FB_FLOW_PAUSE_S", "FB_FLOW_RESUME", "FB_FLOW_RESUME_S", "FB_WANT_RESET",
+                 "FB_LEASE_ASK_S", "FB_LEASE_ASK_LEN"}
     expected |= {f"FB_OP_F_{n[3:]}" for n in FLAGS if n.startswith("OP_")}
     assert defined == expected
 
 
-# A command byte as a literal: b"D" / b'W' in Cython, 'D' as a case or a
+# A command byte (or the lease ask) as a literal: b"D" / b'W' in Cython, 'D' as a case or a
 # one-byte frame "P", 1 in C.
-_PYX_LITERAL = re.compile(r"""\bb(["'])[A-Za-z]\1""")
+_PYX_LITERAL = re.compile(r"""\bb(["'])[A-Za-z]\1|b["']lease["']""")
 _C_LITERAL = re.compile(r"""case '[A-Za-z]':|\("[A-Za-z]", 1\)|, "[A-Za-z]", 1\)""")
 
 

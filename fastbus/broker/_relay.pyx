@@ -1916,8 +1916,8 @@ cdef class Relay:
         cdef zmq_api *R = &self.R
         if not self._instlen:
             return False                       # Python has not said the instance yet
-        if lease_ping and (not self._lease_ns or R.msg_size(&parts[3]) != 5 or
-                           memcmp(R.msg_data(&parts[3]), b"lease", 5) != 0):
+        if lease_ping and (not self._lease_ns or R.msg_size(&parts[3]) != FB_LEASE_ASK_LEN or
+                           memcmp(R.msg_data(&parts[3]), FB_LEASE_ASK_S, FB_LEASE_ASK_LEN) != 0):
             return False
         link = self._find(<const uint8_t *>R.msg_data(&parts[0]), R.msg_size(&parts[0]))
         if link == UINT32_MAX or (lease_ping and not self.slots[link].acks):

@@ -26,6 +26,7 @@ cdef extern from "fb_protocol.h" nogil:
         FB_FLOW_PAUSE
         FB_FLOW_RESUME
         FB_WANT_RESET
+        FB_LEASE_ASK_LEN
         FB_OP_F_SUBSCRIBE
         FB_OP_F_PREFIX
         FB_OP_F_GLOB
@@ -56,3 +57,4 @@ cdef extern from "fb_protocol.h" nogil:
     const char *FB_CMD_NOTICE_S
     const char *FB_FLOW_PAUSE_S
     const char *FB_FLOW_RESUME_S
+    const char *FB_LEASE_ASK_S
