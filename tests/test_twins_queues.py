@@ -176,3 +176,30 @@ def test_list_producer_writes_every_push_in_order(twin, redis_url):
         assert r.lrange("twin-list", 0, -1) == [b"v%d" % i for i in range(500)]
     finally:
         r.close()
+
+
+def test_a_worker_loop_survives_a_forgotten_script_and_a_killed_connection(twin, redis_url):
+    """Both twins send script calls and get(ack=)'s pipelined pair on a
+    connection they keep of the client's pool: a server that forgot the
+    scripts (SCRIPT FLUSH, as a restart does) has them loaded again, and a
+    connection the server closed while it was idle (CLIENT KILL, its idle
+    timeout) is connected again before the call, not failed by it."""
+    admin = redis_py.Redis.from_url(redis_url)
+    q = twin.make(WorkQueue, "twin-kept", redis_url)
+    q.put_many([b"a", b"b", b"c"])
+    c = q.consumer("worker-1", heartbeat_ttl=5.0, clean_interval=None)
+    m = c.get(timeout=1.0)
+    assert m.payload == b"a"
+    admin.script_flush()
+    m = c.get(timeout=1.0, ack=m)                   # ACK1 + GET1 pipelined, both loaded again
+    assert m.payload == b"b"
+    assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+    time.sleep(0.2)                                 # (closed while idle: its end has reached us)
+    m = c.get(timeout=1.0, ack=m)                   # on a connection made again
+    assert m.payload == b"c"
+    admin.script_flush()
+    c.ack(m)                                        # a lone script call, loaded again
+    st = q.stats()
+    assert (st.ready, st.totals["ack"]) == (0, 3)
+    c.close()
+    admin.close()

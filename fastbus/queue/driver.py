@@ -9,12 +9,15 @@ a queue made from a URL.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import select
 import threading
 from typing import Any, Self
 
 import redis
+import redis.asyncio
 from redis.exceptions import NoScriptError
 
 from fastbus._twins import twin_of
@@ -390,7 +393,110 @@ class SyncDriver(_Driver):
 
 
 class AsyncDriver(_Driver):
-    """Runs operations on a ``redis.asyncio`` client (plain or cluster)."""
+    """Runs operations on a ``redis.asyncio`` client (plain or cluster).
+
+    As :class:`SyncDriver`: script calls, and calls pipelined together (a
+    :class:`Many`), go on a connection the driver keeps from the client's
+    pool, straight through its ``Connection``; one task at a time uses it
+    (a call made while another task holds it takes the client's ordinary
+    path), in the event loop that connected it (another loop's call takes
+    the ordinary path too).  Not retried; cluster clients and
+    instrumented ones always take the ordinary path."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self._fast = self._pipeline and type(client).execute_command is redis.asyncio.Redis.execute_command
+        self._held = None                    # the kept connection
+        self._held_loop: Any = None          # the loop it belongs to
+        self._held_pid = 0
+        self._held_busy = False              # a task is using it (one loop: no lock needed)
+        self._shas: dict[str, str] = {}
+
+    async def _take(self):
+        """The kept connection, marked busy for this task; None if another
+        task has it, it is another loop's, or the client is a cluster
+        client."""
+        if not self._fast or self._held_busy:
+            return None
+        loop = asyncio.get_running_loop()
+        if self._held is not None and self._held_loop is not loop:
+            return None
+        self._held_busy = True
+        if self._held is None or self._held_pid != os.getpid():
+            try:
+                try:
+                    conn = await self.client.connection_pool.get_connection()      # redis-py >= 5.3
+                except TypeError:                                               # pragma: no cover
+                    conn = await self.client.connection_pool.get_connection("EVALSHA")
+            except BaseException:
+                self._held_busy = False
+                raise
+            self._held, self._held_loop, self._held_pid = conn, loop, os.getpid()
+        return self._held
+
+    def _give(self) -> None:
+        self._held_busy = False
+
+    _evalsha = SyncDriver._evalsha
+
+    @staticmethod
+    async def _send_held(conn, commands: list[tuple]) -> None:
+        """:meth:`SyncDriver._send_held` on asyncio."""
+        try:
+            if _readable(conn) or await (getattr(conn, "can_read", None) or conn.can_read_destructive)():
+                raise redis.ConnectionError("connection has data")
+        except _NETWORK:
+            await conn.disconnect()
+        await conn.connect()
+        if _pack_command is not None:
+            await conn.send_packed_command([_pack_command(c) for c in commands])
+        else:
+            await conn.send_packed_command(conn.pack_commands(commands))
+
+    async def _call_held(self, conn, request: "Call") -> Any:
+        """:meth:`SyncDriver._call_held` on asyncio."""
+        command = self._evalsha(request)
+        try:
+            await self._send_held(conn, [command])
+            try:
+                return await conn.read_response()
+            except NoScriptError:                        # the server forgot it (a restart): load, call again
+                await conn.send_command("SCRIPT", "LOAD", _lua.SCRIPTS[request.script])
+                await conn.read_response()
+                await conn.send_command(*command)
+                return await conn.read_response()
+        except BaseException as e:
+            if not isinstance(e, redis.ResponseError):   # a network error, a timeout, a cancel:
+                await _disconnect(conn)                  # the connection's state is unknown
+            raise
+
+    async def _many_held(self, conn, calls: list) -> list:
+        """:meth:`SyncDriver._many_held` on asyncio."""
+        try:
+            await self._send_held(conn, [self._evalsha(c) if isinstance(c, Call) else c.args for c in calls])
+            replies: list = []
+            for _ in calls:
+                try:
+                    replies.append(await conn.read_response())
+                except redis.ResponseError as e:
+                    replies.append(e)
+        except BaseException:                            # (the connection's state is unknown)
+            await _disconnect(conn)
+            raise
+        out = []
+        for c, r in zip(calls, replies):
+            if isinstance(r, NoScriptError) and isinstance(c, Call):
+                r = await self._call_held(conn, c)
+            elif isinstance(r, redis.ResponseError) and not (isinstance(c, Cmd) and c.soft):
+                raise r
+            out.append(r)
+        return out
+
+    async def release(self) -> None:
+        """Give the kept connection back to the client's pool."""
+        conn, self._held = self._held, None
+        if conn is not None and self._held_pid == os.getpid() and not self._held_busy:
+            await self.client.connection_pool.release(conn)
 
     async def run(self, op: Op) -> Any:
         """As :meth:`SyncDriver.run`."""
@@ -414,6 +520,12 @@ class AsyncDriver(_Driver):
 
     async def _execute(self, request: Any) -> Any:
         if isinstance(request, Call):
+            conn = await self._take()
+            if conn is not None:
+                try:
+                    return await self._call_held(conn, request)
+                finally:
+                    self._give()
             return await self._script(request.script)(keys=[request.key], args=request.args)
         if isinstance(request, Cmd):
             if request.soft:
@@ -433,6 +545,13 @@ class AsyncDriver(_Driver):
             return True
         if request.partial:
             return await self._partial(request.calls)
+        if len(request.calls) > 1 and all(isinstance(c, (Call, Cmd)) for c in request.calls):
+            conn = await self._take()
+            if conn is not None:
+                try:
+                    return await self._many_held(conn, request.calls)
+                finally:
+                    self._give()
         if len(request.calls) > 1 and self._pipeline:
             pipe = self.client.pipeline(transaction=False)
             for c in request.calls:
@@ -471,7 +590,34 @@ class AsyncDriver(_Driver):
         return out
 
     async def close(self) -> None:
+        await self.release()
         await self.client.aclose()
+
+
+def _readable(conn) -> bool:
+    """Does an idle asyncio connection's socket hold anything (data, or
+    the server's close)?  Asked of the kernel: redis-py's own check
+    (can_read) reads with a zero timeout, which an event loop that has not
+    run since the close passes as nothing to read (a connection the server
+    closed while idle was then used, and the call failed).  False where
+    the socket cannot be had."""
+    transport = getattr(getattr(conn, "_writer", None), "transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    try:
+        return bool(select.select([sock.fileno()], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True                                      # (closed under us: connect again)
+
+
+async def _disconnect(conn) -> None:
+    """Close a connection whose state is unknown; a cancel meanwhile still
+    leaves it closed (shielded)."""
+    try:
+        await asyncio.shield(conn.disconnect())
+    except Exception:                                    # pragma: no cover - closing anyway
+        pass
 
 
 def sync_driver(target: Any) -> tuple[SyncDriver, bool]:
@@ -529,6 +675,8 @@ class AsyncHandle:
     async def close(self) -> None:
         if self._own:
             await self._driver.close()
+        else:
+            await self._driver.release()
 
     async def __aenter__(self) -> Self:
         return self

@@ -157,6 +157,8 @@ def _run_sync(redis: Any, op: Op) -> Any:
     finally:
         if own:
             driver.close()
+        else:
+            driver.release()             # (the connection it kept of the caller's pool)
 
 def inboxes_of(redis: Any, member: str, *, prefix: str = DEFAULT_PREFIX) -> list[str]:
     """The inboxes ``member`` is a member of, sorted (each checked against
@@ -218,6 +220,8 @@ async def _run_async(redis: Any, op: Op) -> Any:
     finally:
         if own:
             await driver.close()
+        else:
+            await driver.release()       # (the connection it kept of the caller's pool)
 
 async def async_inboxes_of(redis: Any, member: str, *, prefix: str = DEFAULT_PREFIX) -> list[str]:
     """:func:`inboxes_of` for asyncio."""

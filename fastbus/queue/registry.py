@@ -232,6 +232,8 @@ async def async_list_queues(redis: Any = None, *, prefix: str = DEFAULT_PREFIX, 
     finally:
         if own:
             await driver.close()
+        else:
+            await driver.release()
 
 
 async def async_prune_queues(redis: Any = None, *, prefix: str = DEFAULT_PREFIX) -> list[QueueName]:
@@ -242,3 +244,5 @@ async def async_prune_queues(redis: Any = None, *, prefix: str = DEFAULT_PREFIX)
     finally:
         if own:
             await driver.close()
+        else:
+            await driver.release()
