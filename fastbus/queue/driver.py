@@ -420,7 +420,9 @@ class AsyncDriver(_Driver):
             return None
         loop = asyncio.get_running_loop()
         if self._held is not None and self._held_loop is not loop:
-            return None
+            if not self._held_loop.is_closed():
+                return None                  # (another live loop's)
+            self._held = None                # its loop is gone: a connection of this one instead
         self._held_busy = True
         if self._held is None or self._held_pid != os.getpid():
             try:
@@ -495,7 +497,8 @@ class AsyncDriver(_Driver):
     async def release(self) -> None:
         """Give the kept connection back to the client's pool."""
         conn, self._held = self._held, None
-        if conn is not None and self._held_pid == os.getpid() and not self._held_busy:
+        if conn is not None and self._held_pid == os.getpid() and not self._held_busy and \
+                self._held_loop is asyncio.get_running_loop():
             await self.client.connection_pool.release(conn)
 
     async def run(self, op: Op) -> Any:
