@@ -15,6 +15,11 @@ cdef inline void _lock(fb_lock *l) noexcept:
         with nogil:
             fb_lock_wait(l)
 
+cdef inline void _lock_nogil(fb_lock *l) noexcept nogil:
+    # For a caller that holds no GIL (the broker's data plane): wait as it is.
+    if not fb_lock_try(l):
+        fb_lock_wait(l)
+
 cdef inline void _unlock(fb_lock *l) noexcept nogil:
     fb_lock_release(l)
 

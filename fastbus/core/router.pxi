@@ -9,12 +9,6 @@ cdef enum:
     FULL_PER_CALL = 64
 
 
-cdef inline void _dp_lock(fb_lock *l) noexcept nogil:
-    # (the data plane's thread holds no GIL: wait for the lock as it is)
-    if not fb_lock_try(l):
-        fb_lock_wait(l)
-
-
 cdef list _router_links(Router self, bint only_due, uint64_t now):
     cdef uint32_t *buf = <uint32_t *>PyMem_Malloc(LINKS_PER_CALL * sizeof(uint32_t))
     cdef size_t n, i
@@ -514,8 +508,8 @@ cdef class Router:
         cdef fb_router_stats st
         cdef uint64_t over0, del0
         cdef int rc
-        _dp_lock(&self._lock)
-        _dp_lock(&self._trie._lock)
+        _lock_nogil(&self._lock)
+        _lock_nogil(&self._trie._lock)
         fb_router_get_stats(self._r, &st)
         over0, del0 = st.oversize, st.deliveries
         rc = fb_router_route(self._r, self._trie._t, data, len, &self._lim, link, now)
@@ -532,44 +526,44 @@ cdef class Router:
 
     cdef size_t dp_pending(self, uint32_t *links, size_t cap) noexcept nogil:
         cdef size_t n
-        _dp_lock(&self._lock)
+        _lock_nogil(&self._lock)
         n = fb_router_pending(self._r, links, cap)
         fb_lock_release(&self._lock)
         return n
 
     cdef size_t dp_due(self, uint64_t now, uint32_t *links, size_t cap) noexcept nogil:
         cdef size_t n
-        _dp_lock(&self._lock)
+        _lock_nogil(&self._lock)
         n = fb_router_due(self._r, now, links, cap)
         fb_lock_release(&self._lock)
         return n
 
     cdef int dp_take(self, uint32_t link, uint64_t now, unsigned char **buf, size_t *len) noexcept nogil:
         cdef int rc
-        _dp_lock(&self._lock)
+        _lock_nogil(&self._lock)
         rc = fb_router_take(self._r, link, now, buf, len)
         fb_lock_release(&self._lock)
         return rc
 
     cdef uint64_t dp_deadline(self) noexcept nogil:
         cdef uint64_t due
-        _dp_lock(&self._lock)
+        _lock_nogil(&self._lock)
         due = fb_router_deadline(self._r)
         fb_lock_release(&self._lock)
         return due
 
     cdef void dp_hold(self, uint32_t link, int held) noexcept nogil:
-        _dp_lock(&self._lock)
+        _lock_nogil(&self._lock)
         fb_router_hold(self._r, link, held)
         fb_lock_release(&self._lock)
 
     cdef void dp_set_held_hook(self, fb_router_held_fn fn, void *arg) noexcept nogil:
-        _dp_lock(&self._lock)
+        _lock_nogil(&self._lock)
         fb_router_set_held_hook(self._r, fn, arg)
         fb_lock_release(&self._lock)
 
     cdef const fb_backlog *dp_lock_backlog(self, uint64_t gid) noexcept nogil:
-        _dp_lock(&self._lock)
+        _lock_nogil(&self._lock)
         return fb_router_group_backlog(self._r, gid)
 
     cdef void dp_unlock(self) noexcept nogil:

@@ -200,7 +200,6 @@ class SyncDriver(_Driver):
         self._held = None                    # the kept connection
         self._held_pid = 0
         self._held_lock = threading.Lock()
-        self._shas: dict[str, str] = {}
 
     def _take(self):
         """The kept connection, locked for this thread; None if another
@@ -220,12 +219,6 @@ class SyncDriver(_Driver):
             self._held, self._held_pid = conn, os.getpid()
         return conn
 
-    def _evalsha(self, request: "Call") -> tuple:
-        sha = self._shas.get(request.script)
-        if sha is None:
-            sha = self._shas[request.script] = self._script(request.script).sha
-        return ("EVALSHA", sha, 1, request.key, *request.args)
-
     @staticmethod
     def _send_held(conn, commands: list[tuple]) -> None:
         """Send on the kept connection.  As the pool checks a connection it
@@ -243,7 +236,7 @@ class SyncDriver(_Driver):
             conn.send_packed_command(conn.pack_commands(commands))
 
     def _call_held(self, conn, request: "Call") -> Any:
-        command = self._evalsha(request)
+        command = self._command(request)
         try:
             self._send_held(conn, [command])
             try:
@@ -265,7 +258,7 @@ class SyncDriver(_Driver):
         first error raised).  redis-py's pipeline object, pool checkout
         and retry wrapper cost more client CPU than the round trip."""
         try:
-            self._send_held(conn, [self._evalsha(c) if isinstance(c, Call) else c.args for c in calls])
+            self._send_held(conn, [self._command(c) for c in calls])
             replies: list = []
             for _ in calls:
                 try:
@@ -410,7 +403,6 @@ class AsyncDriver(_Driver):
         self._held_loop: Any = None          # the loop it belongs to
         self._held_pid = 0
         self._held_busy = False              # a task is using it (one loop: no lock needed)
-        self._shas: dict[str, str] = {}
 
     async def _take(self):
         """The kept connection, marked busy for this task; None if another
@@ -439,8 +431,6 @@ class AsyncDriver(_Driver):
     def _give(self) -> None:
         self._held_busy = False
 
-    _evalsha = SyncDriver._evalsha
-
     @staticmethod
     async def _send_held(conn, commands: list[tuple]) -> None:
         """:meth:`SyncDriver._send_held` on asyncio."""
@@ -457,7 +447,7 @@ class AsyncDriver(_Driver):
 
     async def _call_held(self, conn, request: "Call") -> Any:
         """:meth:`SyncDriver._call_held` on asyncio."""
-        command = self._evalsha(request)
+        command = self._command(request)
         try:
             await self._send_held(conn, [command])
             try:
@@ -475,7 +465,7 @@ class AsyncDriver(_Driver):
     async def _many_held(self, conn, calls: list) -> list:
         """:meth:`SyncDriver._many_held` on asyncio."""
         try:
-            await self._send_held(conn, [self._evalsha(c) if isinstance(c, Call) else c.args for c in calls])
+            await self._send_held(conn, [self._command(c) for c in calls])
             replies: list = []
             for _ in calls:
                 try:
