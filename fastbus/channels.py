@@ -485,6 +485,11 @@ class _LoopLayer:
             raise ChannelFull(channel)
         topic, shard = self._topic(channel)
         await self._publish(topic, shard, message)
+        if "!" not in channel:
+            # (pub/sub mode: answered once the broker has routed it, as
+            # RedisPubSubChannelLayer's PUBLISH is -- what is sent before
+            # a receiver subscribes is not kept for it)
+            await self._client(shard).flush(SEND_TIMEOUT)
 
     async def _enqueue(self, channel: str, message: Any) -> None:
         """A named channel's message (queue mode): to one of its receivers,
