@@ -5,6 +5,14 @@ from typing import Any
 
 from typing_extensions import Buffer
 
+class Matcher:
+    """A PubSub's subscriptions as its decoder reads them (see fastbus/_decoders.pyx)."""
+    trie: Any
+    entries: dict[int, tuple[Any, ...]]
+    classes: dict[bytes, tuple[str, Any] | None]
+    def __init__(self, text: bool = False) -> None: ...
+    def __call__(self, channel: bytes | str) -> tuple[str, Any] | None: ...
+
 def decode_messages(data: Buffer, classes: dict[bytes, tuple[str, Any] | None],
                     classify: Callable[[bytes], tuple[str, Any] | None],
                     utf8: bool = False,

@@ -24,8 +24,12 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memset
 
-from fastbus._core cimport _batch_records, _header_memo, _headers_memo, _hm_clear, _raise, _text_or_bytes
+from fastbus._core cimport Trie, _as_bytes, _batch_records, _check, _header_memo, _headers_memo, _hm_clear, _lock
+from fastbus._core cimport _raise, _text_or_bytes, _unlock
 from fastbus.includes.fb_batch cimport fb_record, fb_record_reply_to
+from fastbus.includes.fb_common cimport fb_idvec, fb_idvec_free, fb_idvec_init
+from fastbus.includes.fb_glob cimport fb_glob_match
+from fastbus.includes.fb_trie cimport fb_trie_match
 from fastbus.includes.fb_resp cimport fb_resp_elem, fb_resp_flat_array
 
 cdef extern from "Python.h":
@@ -39,13 +43,105 @@ cdef str _K_TYPE = "type", _K_PATTERN = "pattern", _K_CHANNEL = "channel", _K_DA
 cdef str _K_HEADERS = "headers", _K_REPLY_TO = "reply_to"
 
 
+cdef tuple _EXACT = ("message", None)
+#: Channels a Matcher remembers the answer for before it starts again.
+cdef Py_ssize_t _CLASSES_MAX = 100_000
+
+
+@cython.final
+cdef class Matcher:
+    """A PubSub's subscriptions as its decoder reads them: which one a
+    received channel's records are for, answered in C (the decoder never
+    calls back into Python for a channel it has not met).
+
+    ``trie`` maps each subscription's local key (a channel; a pattern's
+    literal prefix, as a prefix key) to its id; ``entries`` maps the id to
+    ``(name, is pattern, local key, is glob, ...)`` (the PubSub keeps its
+    own fields after those four); ``classes`` caches the answer per channel
+    and is cleared by the PubSub whenever its subscriptions change.  The
+    answer: ``("message", None)`` if a channel subscription matches,
+    ``("pmessage", pattern)`` for the matching pattern of the longest
+    literal prefix (of those, the first subscribed; str with ``text``),
+    None if nothing matches (unsubscribed while in flight, or only a
+    glob's literal prefix matched)."""
+
+    cdef readonly Trie trie
+    cdef readonly dict entries
+    cdef readonly dict classes
+    cdef bint _text
+
+    def __init__(self, bint text=False):
+        self.trie = Trie()
+        self.entries = {}
+        self.classes = {}
+        self._text = text
+
+    def __call__(self, channel):
+        """The answer for ``channel`` (bytes or str), cached."""
+        cdef bytes c = _as_bytes(channel)
+        cdef PyObject *found = PyDict_GetItem(self.classes, c)
+        return <object>found if found is not NULL else self.classify(c)
+
+    cdef object classify(self, bytes channel):
+        cdef fb_idvec v
+        cdef size_t k
+        cdef int rc
+        cdef uint64_t i, best_id = 0
+        cdef Py_ssize_t best_len = -1, klen
+        cdef PyObject *found
+        cdef tuple e
+        cdef object result = None
+        fb_idvec_init(&v)
+        try:
+            _lock(&self.trie._lock)
+            rc = fb_trie_match(self.trie._t, <const char *>channel, len(channel), &v)
+            _unlock(&self.trie._lock)
+            _check(rc, "match")
+            for k in range(v.n):
+                i = v.ids[k]
+                found = PyDict_GetItem(self.entries, i)
+                if found is NULL:
+                    continue
+                e = <tuple>found
+                if not e[1]:
+                    result = _EXACT
+                    break
+                klen = len(<bytes>e[2])
+                if klen < best_len or (klen == best_len and i > best_id):
+                    continue
+                if e[3] and fb_glob_match(<const char *><bytes>e[0], len(<bytes>e[0]),
+                                          <const char *>channel, len(channel)) != 1:
+                    continue
+                best_len, best_id = klen, i
+                result = ("pmessage", (<bytes>e[0]).decode("utf-8") if self._text else e[0])
+        finally:
+            fb_idvec_free(&v)
+        if len(self.classes) >= _CLASSES_MAX:
+            self.classes.clear()
+        self.classes[channel] = result
+        return result
+
+
+cdef inline object _classified(dict classes, object classify, bytes topic):
+    """The class of ``topic``: cached, else a Matcher's answer (in C) or
+    ``classify(topic)``'s."""
+    cdef PyObject *found = PyDict_GetItem(classes, topic)
+    if found is not NULL:
+        return <object>found
+    if type(classify) is Matcher:
+        return (<Matcher>classify).classify(topic)
+    return classify(topic)
+
+
 def decode_messages(data, dict classes not None, classify not None, bint utf8=False, request=None) -> list:
     """Decode a batch straight into redis-py message dicts, for
     ``PubSub.listen()`` / ``get_message()``: one call per batch.
 
     ``classes`` maps a channel (bytes) to ``(type, pattern)``, or to None for
     a channel no subscription matches any more (those records are skipped);
-    ``classify(channel)`` fills it for channels not yet in it.  With ``utf8``,
+    ``classify(channel)`` fills it for channels not yet in it: a
+    :class:`Matcher` (whose ``classes`` it is), answered in C, or any
+    callable.  With ``utf8``,
     channels and payloads are decoded to str (one that is not UTF-8 stays
     bytes: a batch is never lost for one such record).  A record with headers gets
     a ``headers`` key (a read-only :class:`fastbus.Headers` of str to bytes,
@@ -61,7 +157,6 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
     cdef fb_record *recs = NULL
     cdef size_t n = 0, i
     cdef list out = []
-    cdef PyObject *found
     cdef object topic, payload, cls, d, h
     cdef const unsigned char *to
     cdef uint32_t tl
@@ -74,8 +169,7 @@ def decode_messages(data, dict classes not None, classify not None, bint utf8=Fa
         recs = _batch_records(&view, NULL, &n)
         for i in range(n):
             topic = _tc_get(&cache, <const char *>recs[i].topic, recs[i].topic_len)
-            found = PyDict_GetItem(classes, topic)
-            cls = <object>found if found is not NULL else classify(topic)
+            cls = _classified(classes, classify, topic)
             if cls is None:
                 continue
             if utf8:                            # (what is not UTF-8 stays bytes: the batch's others are not lost)
@@ -120,7 +214,6 @@ def decode_matching(data, dict classes not None, classify not None) -> list:
     cdef fb_record *recs = NULL
     cdef size_t n = 0, i
     cdef list out = []
-    cdef PyObject *found
     cdef object topic, cls
     cdef tuple tup
     cdef _topic_cache cache
@@ -132,8 +225,7 @@ def decode_matching(data, dict classes not None, classify not None) -> list:
         recs = _batch_records(&view, NULL, &n)
         for i in range(n):
             topic = _tc_get(&cache, <const char *>recs[i].topic, recs[i].topic_len)
-            found = PyDict_GetItem(classes, topic)
-            cls = <object>found if found is not NULL else classify(topic)
+            cls = _classified(classes, classify, topic)
             if cls is None:
                 continue
             if recs[i].headers_len:

@@ -25,13 +25,14 @@ from typing import Any
 from fastbus import _messages as M
 from fastbus import protocol as P
 from fastbus import _core, tracing
-from fastbus._core import BATCH_F_HEADERS, SUBSCRIBE, UNSUBSCRIBE, Trie
-from fastbus._decoders import PubSubBase
+from fastbus._core import BATCH_F_HEADERS, SUBSCRIBE, UNSUBSCRIBE
+from fastbus._decoders import Matcher, PubSubBase
 from fastbus._messages import CONFIRM_KINDS, MessageBuffer, PubSubMessage, Request, decode, decode_matching, decode_messages
-from fastbus._messages import glob_match, glob_prefix
+from fastbus._messages import glob_prefix
 from fastbus._messages import names_given
 from fastbus._messages import to_bytes as to_key
 from fastbus.client._connections import Connections
+from fastbus.client._items import Batch, Confirmed, Gap, InboxItem, Notice, Refused
 from fastbus.client._session import driving
 from fastbus.client._subsession import DURABLE_TAKEN_EVERY, HANDSHAKE_CHECK, SUB_OPS_DEFAULT, ConfirmWait, SubSession
 from fastbus.client._subsession import batch_records
@@ -157,9 +158,14 @@ class PubSub(PubSubBase):
         # Our subscriptions.  A name (channel, or pattern) is held at the
         # broker under a key (_broker_key): the channel, a "prefix*"
         # pattern's prefix (patterns may share one), or a glob itself.
-        self._local = Trie()                      # local key (channel or literal prefix) -> ids
+        # What the decoder reads, in C (fastbus._decoders.Matcher): the
+        # local keys (channel or literal prefix) -> ids, the ids' entries,
+        # and its answer per channel met (cleared on (un)subscribe).
+        self._matcher = Matcher(self._options.decode_responses)
+        self._local = self._matcher.trie
+        self._byid: dict[int, tuple] = self._matcher.entries   # id -> (name, is pattern, local key, is glob, broker key)
+        self._classes: dict = self._matcher.classes
         self._ids: dict[tuple[bytes, bool], int] = {}             # (name, is pattern) -> id
-        self._byid: dict[int, tuple] = {}         # id -> (name, is pattern, local key, is glob, broker key)
         self._under: dict[tuple, set[int]] = {}   # broker key -> ids held under it
         self._next_id = itertools.count(1)
         # A durable subscriber's SUBs are numbered from the clock (µs): a
@@ -174,7 +180,6 @@ class PubSub(PubSubBase):
         #: unsubscribe is in effect: (seq, ids).  What the group gave this
         #: member before is its own to take (nobody else will get it).
         self._leaving: deque[tuple[int, list[int]]] = deque()
-        self._classes: dict = {}                  # channel -> (type, pattern) or None; reset on (un)subscribe
         # What the session read and nobody took yet: filled by the reader
         # (the holder of the session's lock), emptied by the user's thread.
         # The byte count has one writer each way, so neither loses updates.
@@ -378,29 +383,25 @@ class PubSub(PubSubBase):
             return
         s = self._session
         wait = ConfirmWait(s, seq)
-        token = s.drive()
         s.awaiting += 1
         try:
             while s.confirmed < seq:
                 # (The native reader holds the lock for moments only: worth
                 # a short wait before falling back to being woken.)
-                if s.hold(0.002):
-                    try:
+                with driving([s], time.monotonic() + 0.002) as held:
+                    if held:
                         wait.check(locked=True)
                         s.run_posted()
                         s.read()
                         if s.confirmed < seq:
                             s.wait(wait.wake_by())
                             s.read()
-                    finally:
-                        s.release()
-                else:
-                    # Another thread reads the connection: its reading wakes us.
-                    wait.check(locked=False)
-                    s.wait_read_elsewhere(seq, min(time.monotonic() + 0.05, wait.wake_by()))
+                        continue
+                # Another thread reads the connection: its reading wakes us.
+                wait.check(locked=False)
+                s.wait_read_elsewhere(seq, min(time.monotonic() + 0.05, wait.wake_by()))
         finally:
             s.awaiting -= 1
-            s.undrive(token)
 
     def _handler_map(self, handlers: dict) -> dict | None:
         """Handlers keyed as ``channels``/``patterns`` are."""
@@ -455,11 +456,11 @@ class PubSub(PubSubBase):
 
     # -- the inbox (filled by whoever reads the session) ---------------------
 
-    def _deliver(self, item: tuple) -> None:
+    def _deliver(self, item: InboxItem) -> None:
         """An item read from the broker (the session's lock held)."""
         self._inbox.append(item)
-        if item[0] == "data":
-            self._in_bytes += len(item[2])
+        if type(item) is Batch:
+            self._in_bytes += len(item.batch)
 
     def _inbox_full(self, times: int = 1) -> bool:
         return self._in_bytes - self._out_bytes > times * self._options.max_inbox_bytes
@@ -527,10 +528,10 @@ class PubSub(PubSubBase):
         if self._consumed() - s.consumed_told >= DURABLE_TAKEN_EVERY:
             self._tell_taken()
 
-    def _take_item(self, item: tuple, as_dicts: bool, sink: list | None) -> None:
-        kind = item[0]
-        if kind == "data":
-            _, acked, batch = item
+    def _take_item(self, item: InboxItem, as_dicts: bool, sink: list | None) -> None:
+        kind = type(item)
+        if kind is Batch:
+            acked, batch = item.acked, item.batch
             self._out_bytes += len(batch)
             if self._confirms and next(iter(self._confirms)) <= acked:
                 # Routed under a SUB whose CONFIRM is still to come (it
@@ -545,7 +546,7 @@ class PubSub(PubSubBase):
                 # Classification also drops what no subscription matches.
                 # (A request's dict becomes a Request, with respond(): in the
                 # decoder's call, one Python call a request.)
-                dicts = decode_messages(batch, self._classes, self._classify, self._options.decode_responses,
+                dicts = decode_messages(batch, self._classes, self._matcher, self._options.decode_responses,
                                         self._request)
                 if self._tracing is not None and memoryview(batch)[3] & BATCH_F_HEADERS:
                     self._tracing.dicts(dicts)
@@ -554,42 +555,39 @@ class PubSub(PubSubBase):
             if self._unsub_seqs or self._session.adopted:
                 # Routed before an unsubscribe took effect (or under another
                 # process's subscriptions): keep only what still matches ours.
-                records = decode_matching(batch, self._classes, self._classify)
+                records = decode_matching(batch, self._classes, self._matcher)
             else:
                 records = decode(batch)
             if self._tracing is not None and memoryview(batch)[3] & BATCH_F_HEADERS:
                 self._tracing.tuples(records)
             (self._pending if sink is None else sink).extend(records)
-        elif kind == "confirm":
-            self._emit_confirms(item[1])
-        elif kind == "refused":
-            _, seq, refused, reason = item
-            forgotten = self._forget(refused)
-            self._refused[seq] = (refused, reason, self._refusals_seen)
+        elif kind is Confirmed:
+            self._emit_confirms(item.seq)
+        elif kind is Refused:
+            forgotten = self._forget(item.refused)
+            self._refused[item.seq] = (item.refused, item.reason, self._refusals_seen)
             self._refusals_seen += forgotten
-        elif kind == "gap":
-            self._control.append(M.gap(lost=item[1]))
-        elif kind == "reconnect":
-            self._control.append(M.notice("reconnect", self._out(item[1])))
-        elif kind == "disconnected":
-            self._control.append(M.notice("disconnected", self._out(item[1])))
+        elif kind is Gap:
+            self._control.append(M.gap(lost=item.lost))
+        elif kind is Notice:
+            self._control.append(M.notice(item.kind, self._out(item.why)))
 
     # -- a durable subscriber: what its application took --------------------
 
-    def _skip_taken(self, item: tuple) -> tuple[tuple, int]:
+    def _skip_taken(self, item: InboxItem) -> tuple[InboxItem, int]:
         """A durable subscriber's inbox item, less what a process it took
         the name over from had taken of it (the first batch of a takeover
         may hold some), and the records it counts in the stream."""
         s = self._session
-        if item[0] == "gap":
-            return item, item[1]
-        if item[0] != "data":
+        if type(item) is Gap:
+            return item, item.lost
+        if type(item) is not Batch:
             return item, 0
-        batch = item[2]
+        batch = item.batch
         n = batch_records(batch)
         if s.skip:
             skip, s.skip = min(s.skip, n), max(0, s.skip - n)
-            item = ("data", item[1], _core.encode(_core.decode(batch)[skip:]))
+            item = Batch(item.acked, _core.encode(_core.decode(batch)[skip:]))
         return item, n
 
     def _consumed(self) -> int:
@@ -642,35 +640,8 @@ class PubSub(PubSubBase):
                     if msg["type"] in ("unsubscribe", "punsubscribe") and not (self.channels or self.patterns):
                         self._subscribed = False   # redis-py: when the confirmation is read
 
-    def _classify(self, channel: bytes):
-        """("message", None) if a channel matches exactly, ("pmessage",
-        pattern) for the matching pattern of the longest literal prefix
-        (of those, the first subscribed), None if nothing matches
-        (unsubscribed while in flight, or only a glob's prefix matched).
-        Cached per channel."""
-        result = None
-        best = None
-        for i in self._local.match(channel):
-            entry = self._byid.get(i)
-            if entry is None:
-                continue
-            name, pattern, key, glob = entry[:4]
-            if not pattern:
-                result = ("message", None)
-                break
-            rank = (len(key), -i)
-            if (best is None or rank > best) and (not glob or glob_match(name, channel)):
-                best = rank
-                result = ("pmessage", self._out(name))
-        if len(self._classes) >= 100_000:
-            self._classes.clear()
-        self._classes[channel] = result
-        return result
-
     def _message(self, channel: bytes, data: bytes, headers: dict | None = None) -> PubSubMessage | None:
-        cls = self._classes.get(channel, False)
-        if cls is False:
-            cls = self._classify(channel)
+        cls = self._matcher(channel)
         if cls is None:
             return None
         if self._options.decode_responses:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from fastbus import protocol as P
 from fastbus._core import SUBSCRIBE, UNSUBSCRIBE, REPLY_CLOSED, REPLY_DONE, REPLY_LEAD, REPLY_NO_RESPONDERS, REPLY_WAITING, Replies
 from fastbus._messages import to_bytes as to_key
+from fastbus.client._items import Batch, InboxItem, Refused, Replied
 from fastbus.client._pubsub import PubSub, queue_name
 from fastbus.errors import ConnectionClosed, HoldRefused, NoResponders, QueueFull, RequestTimeout
 
@@ -58,24 +59,24 @@ class InboxMixin:
     def reply_channel(self, rid: int) -> bytes:
         return self._prefix_b + str(rid).encode()
 
-    def _deliver(self, item: tuple) -> None:
+    def _deliver(self, item: InboxItem) -> None:
         """An item read from the broker (the session's lock held): a batch
         of replies goes to the table, which wakes what it completes; the
         refusal of a hold declaration, to its caller (held_outcome)."""
-        if item[0] != "data":
-            if item[0] == "refused" and item[1] in self._holds:
-                self._holds[item[1]] = item[3]
+        if type(item) is not Batch:
+            if type(item) is Refused and item.seq in self._holds:
+                self._holds[item.seq] = item.reason
                 return
             super()._deliver(item)               # type: ignore[misc]
             return
-        self.replies.take(item[2])
+        self.replies.take(item.batch)
         self._replied()
 
     def _replied(self) -> None:
         """After a batch of replies: the reading thread's own reply ends
         its read (the table woke the other threads)."""
         if self._lead_rid and self.replies.state(self._lead_rid) != REPLY_WAITING:
-            self._inbox.append(("replied",))
+            self._inbox.append(Replied())
 
     # -- held groups (docs/PROTOCOL.md, "Held groups") -----------------------
 
@@ -152,7 +153,7 @@ class InboxMixin:
         inbox = self._inbox
         while inbox:
             item = inbox.popleft()
-            if item[0] != "replied":
+            if type(item) is not Replied:
                 self._take_item(item, False, [])
         self._control.clear()
 

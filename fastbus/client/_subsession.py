@@ -18,6 +18,7 @@ from fastbus._core import SUBSCRIBE, batch_count
 from fastbus.client import _engine
 from fastbus.client._connections import Connections
 from fastbus.client._endpoint import AbsenceProbe
+from fastbus.client._items import Batch, Confirmed, Gap, InboxItem, Notice, Refused
 from fastbus.client._session import BROKER_RESTARTED, Session, recv_frames
 from fastbus.errors import BrokerTimeout, BrokerUnavailable, ConnectionClosed, DurableNameInUse
 
@@ -56,7 +57,7 @@ class SubSession(Session):
 
     kind = "sub"
 
-    def __init__(self, conns: Connections, deliver: Callable[[tuple], None],
+    def __init__(self, conns: Connections, deliver: Callable[[InboxItem], None],
                  inbox_full: Callable[[int], bool], durable: str | None = None,
                  wake_on_data: bool = False, replies: Any = None) -> None:
         super().__init__(conns)
@@ -243,7 +244,7 @@ class SubSession(Session):
                 why = (f"the broker at {self.options.endpoint} ended this session after "
                        f"{expired.get('linger')} s without a connection: {expired.get('lost')} messages "
                        f"that waited for it were dropped, and what was published after was not kept")
-            self.deliver(("reconnect", why.encode()))
+            self.deliver(Notice("reconnect", why.encode()))
         # The broker knows us again (a reconnect, or a restarted broker):
         # resend what we hold, now that WELCOME said how many operations it
         # takes in one SUB frame (a larger frame is a protocol error: the
@@ -266,8 +267,8 @@ class SubSession(Session):
         then = (f"the broker keeps this session {linger:g} s: back within that, nothing is missed"
                 if isinstance(linger, (int, float)) and linger > 0 and not isinstance(linger, bool) else
                 "reconnecting: what is published until then is not delivered")
-        self.deliver(("disconnected", f"the connection to the broker at {self.options.endpoint} was lost; "
-                                      f"{then}".encode()))
+        self.deliver(Notice("disconnected", f"the connection to the broker at {self.options.endpoint} was lost; "
+                                            f"{then}".encode()))
 
     def refuse(self, info: dict) -> None:
         """The broker refused this durable session (KICK): every call of its
@@ -291,7 +292,7 @@ class SubSession(Session):
                 self.resync_why = why
         elif not self.resyncing or self.resync_why is not None:
             self.resync_why = None
-            self.deliver(("reconnect", why.encode()))
+            self.deliver(Notice("reconnect", why.encode()))
         super().resync(why)
 
     def _refuse_unknown(self, seq: int, ops: list) -> list:
@@ -314,8 +315,8 @@ class SubSession(Session):
             if not refused:
                 continue
             self.subs -= refused
-            self.deliver(("refused", seq, refused, f"the broker at {self.options.endpoint} does not {what} "
-                                                   f"(a version before they came): upgrade it"))
+            self.deliver(Refused(seq, refused, f"the broker at {self.options.endpoint} does not {what} "
+                                                f"(a version before they came): upgrade it"))
             ops = [op for op in ops if op[0] != SUBSCRIBE or not unknown(op[2])]
         return ops
 
@@ -355,7 +356,7 @@ class SubSession(Session):
             # says when more comes (no receive that would find nothing).
             self.more = False
         if frames[0] == _DATA and len(frames) == 3 and len(frames[1]) == 8:
-            self.deliver(("data", _unpack_u64(frames[1])[0], frames[2]))
+            self.deliver(Batch(_unpack_u64(frames[1])[0], frames[2]))
             self._took(batch_records(frames[2]))
         else:
             self.react(frames)
@@ -363,11 +364,11 @@ class SubSession(Session):
     def on_message(self, cmd: bytes, frames: list) -> None:
         deliver = self.deliver
         if cmd == P.DATA and len(frames) == 3:
-            deliver(("data", P.unpack_u64(frames[1]), frames[2]))
+            deliver(Batch(P.unpack_u64(frames[1]), frames[2]))
             self._took(batch_records(frames[2]))
         elif cmd == P.CONFIRM and len(frames) == 2:
             seq = P.unpack_u64(frames[1])
-            deliver(("confirm", seq))
+            deliver(Confirmed(seq))
             if seq > self.confirmed:
                 self.confirmed = seq
                 if self.awaiting:
@@ -379,10 +380,10 @@ class SubSession(Session):
             self.subs -= refused                  # never held: not resent after a reconnect
             log.warning("%s: the broker at %s refused %d subscriptions: %s", self.options.name,
                         self.options.endpoint, len(refused), reason)
-            deliver(("refused", P.unpack_u64(frames[1]), refused, reason))
+            deliver(Refused(P.unpack_u64(frames[1]), refused, reason))
         elif cmd == P.GAP and len(frames) == 2:
             lost = P.unpack_u64(frames[1])
-            deliver(("gap", lost))
+            deliver(Gap(lost))
             self._took(lost)
         else:
             super().on_message(cmd, frames)
