@@ -171,7 +171,10 @@ static int read_some(fb_reader *r)
 static int read_messages(fb_reader *r)
 {
     int notify = 0;
-    while (r->queued_bytes < r->max_bytes && has_input(r)) {
+    for (int first = 1; r->queued_bytes < r->max_bytes; first = 0) {
+        /* After the first message, a level-triggered socket says without a
+         * read whether more waits (after a short read the poll says when). */
+        if (!first && r->z.pending ? !r->z.pending(r->sock) : !has_input(r)) break;
         fb_reader_item *it = calloc(1, sizeof *it);
         int ok = it != NULL, more = 1, is_data = 0;
         fb_zmq_msg m;
@@ -283,7 +286,9 @@ static void *run(void *arg)
             struct pollfd p[2] = {{r->wake.r, POLLIN, 0}, {r->sock_fd, POLLIN, 0}};
             int n = poll(p, watch_socket && !parked ? 2 : 1, timeout);
             if (n < 0 && errno != EINTR) break;
-            fb_wake_clear(&r->wake);
+            /* (Emptied only when it holds a byte: a wake that comes later
+             * writes one, and an empty pipe costs a read for nothing.) */
+            if (p[0].revents & POLLIN) fb_wake_clear(&r->wake);
             if (__atomic_load_n(&r->stop, __ATOMIC_SEQ_CST)) break;
             if (parked) {
                 if (!(p[0].revents & POLLIN)) continue;   /* time to look again */

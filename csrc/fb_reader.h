@@ -60,6 +60,15 @@ typedef struct fb_zmq_recv_calls {
     int (*msg_close)(fb_zmq_msg *msg);
     int (*getsockopt)(void *sock, int option, void *value, size_t *len);
     int (*send)(void *sock, const void *buf, size_t len, int flags);   /* (the engine's sends: fb_react.h send) */
+    /* Optional (NULL for libzmq): a socket whose descriptor is
+     * level-triggered (a Stream, fb_zmtp.h) says whether input waits
+     * without asking the kernel again: a whole message buffered, or the
+     * last read filled its room.  After a short read the descriptor itself
+     * says when more comes, so a reader stops there instead of making a
+     * read that finds nothing; and a send never hides input from the
+     * descriptor (libzmq's ZMQ_FD is edge-triggered: after a send its
+     * owner must look). */
+    int (*pending)(void *sock);
 } fb_zmq_recv_calls;
 
 typedef struct fb_reader_item fb_reader_item;

@@ -57,6 +57,19 @@ static int look(fb_sender *s, int *unread)
     return ev;
 }
 
+/* Nothing to send: no sealed batch, an empty outbox (a hint: a publisher
+ * appending now holds the outbox's lock, and then something comes). */
+static int nothing_queued(fb_sender *s)
+{
+    if (!fb_lock_try(s->outbox_lock)) return 0;
+    unsigned char *buf;
+    size_t len;
+    uint32_t count;
+    int empty = !fb_batchq_peek(s->sealed, &buf, &len, &count) && fb_outbox_count(s->outbox) == 0;
+    fb_lock_release(s->outbox_lock);
+    return empty;
+}
+
 /* Send what is due, the connection's lock held: the sealed batches, then
  * the outbox's, at most SEND_BURST.  `by_thread`: this thread's turn (a
  * lingering batch waits for its time, and every batch sent marks the
@@ -71,6 +84,9 @@ static uint64_t send_due(fb_sender *s, int by_thread, int full, int *batches)
     uint64_t next = UINT64_MAX;
     int hand = 0, sent = 0, unread = 0, n;
     for (n = 0; n < SEND_BURST; n++) {
+        /* (A look reads the socket: a system call, not made for nothing
+         * after a batch that emptied the queue.) */
+        if (n && nothing_queued(s)) break;
         /* What the broker said first (outside the outbox's lock: reading
          * applies a WANT under the view's, which a publisher takes first). */
         int ev = look(s, &unread);
@@ -157,10 +173,11 @@ static uint64_t send_due(fb_sender *s, int by_thread, int full, int *batches)
     if (sent && !by_thread)
         fb_burst_sent(s->burst, full, fb_now_ns());   /* a full batch marks it busy */
     *batches += sent;
-    /* A send may have taken the edge of the socket's notification
-     * descriptor the reader (or the owner) sleeps on: what the broker said
-     * meanwhile (WANT, FLOW, PONG) is read now, or by the owner. */
-    if (sent) look(s, &unread);
+    /* A send may have taken the edge of libzmq's notification descriptor,
+     * which the reader (or the owner) sleeps on: what the broker said
+     * meanwhile (WANT, FLOW, PONG) is read now, or by the owner.  (A
+     * Stream's is level-triggered, z.pending: it still says so.) */
+    if (sent && !s->z.pending) look(s, &unread);
     if (hand || unread)
         hand_back(s);
     if (n == SEND_BURST && !hand)
@@ -196,7 +213,8 @@ static void *run(void *arg)
         }
         struct pollfd p = {s->wake.r, POLLIN, 0};
         if (poll(&p, 1, ms) < 0 && errno != EINTR) break;
-        fb_wake_clear(&s->wake);            /* before the look: a later wake writes */
+        if (p.revents & POLLIN)
+            fb_wake_clear(&s->wake);        /* before the look: a later wake writes */
         if (__atomic_load_n(&s->stop, __ATOMIC_SEQ_CST)) break;
         due = UINT64_MAX;
         if (__atomic_load_n(&s->paused, __ATOMIC_SEQ_CST) && !renewal_wanted(s)) continue;

@@ -52,6 +52,7 @@ extern "C" {
 typedef struct fb_zmq_calls {
     int (*send)(void *sock, const void *buf, size_t len, int flags);
     int (*getsockopt)(void *sock, int option, void *value, size_t *len);
+    int (*pending)(void *sock);  /* optional: see fb_reader.h's fb_zmq_recv_calls */
 } fb_zmq_calls;
 
 

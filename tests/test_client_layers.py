@@ -18,7 +18,7 @@ from brokers import STEADY_FILTER, collect, confirm, wait_wanted
 CLIENT = Path(__file__).resolve().parents[1] / "fastbus" / "client"
 
 #: Top down: a module may import at run time only modules after it here.
-LAYERS = ["_client", "_requests", "_pubsub", "_subsession", "_pubsession", "_connections", "_keeper", "_session",
+LAYERS = ["_client", "_requests", "_pubsub", "_subsession", "_items", "_pubsession", "_connections", "_keeper", "_session",
           "_options", "_stats", "_endpoint", "_engine", "_keys", "_redis_compat"]
 
 

@@ -3,6 +3,7 @@
  * of what is not data, the lock respected. */
 #define _POSIX_C_SOURCE 200809L
 #include <fcntl.h>
+#include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -22,6 +23,13 @@ typedef struct fake {
     unsigned char sent[256];  /* what was sent, each frame as a length byte and the bytes */
     size_t sent_len;
     int send_fails;           /* send() says EAGAIN */
+    /* Level-triggered (a Stream's descriptor): readable while a message
+     * waits (the pipe is emptied with the last one read, under `mu`, as
+     * the script fills it), z.pending says nothing is buffered, and
+     * ZMQ_EVENTS reads the kernel, as a Stream's does. */
+    int level;
+    pthread_mutex_t mu;
+    int recvs, empty_reads;   /* frames read; reads of the kernel that found nothing */
 } fake;
 static fake F;
 
@@ -37,18 +45,29 @@ static int f_recv(fb_zmq_msg *m, void *sock, int flags)
 {
     (void)sock;
     (void)flags;
+    if (F.level) pthread_mutex_lock(&F.mu);
     int next = __atomic_load_n(&F.next, __ATOMIC_SEQ_CST);
-    if (next >= __atomic_load_n(&F.n, __ATOMIC_SEQ_CST)) return -1;
+    if (next >= __atomic_load_n(&F.n, __ATOMIC_SEQ_CST)) {
+        __atomic_add_fetch(&F.empty_reads, 1, __ATOMIC_SEQ_CST);
+        if (F.level) pthread_mutex_unlock(&F.mu);
+        return -1;
+    }
     fmsg *msg = &F.msgs[next];
     fake_msg *fm = (fake_msg *)m;
     fm->data = msg->frames[F.frame];
     fm->size = msg->lens[F.frame];
     fm->more = F.frame + 1 < msg->nframes;
+    __atomic_add_fetch(&F.recvs, 1, __ATOMIC_SEQ_CST);
     if (fm->more) F.frame++;
     else {
         F.frame = 0;
         __atomic_store_n(&F.next, next + 1, __ATOMIC_SEQ_CST);
+        char b[64];
+        if (F.level && next + 1 == F.n)
+            while (read(F.fd[0], b, sizeof b) > 0) {    /* nothing waits: no longer readable */
+            }
     }
+    if (F.level) pthread_mutex_unlock(&F.mu);
     return (int)fm->size;
 }
 
@@ -57,8 +76,10 @@ static int f_getsockopt(void *sock, int option, void *value, size_t *len)
     (void)sock;
     (void)len;
     REQUIRE(option == 15);
+    if (F.level && __atomic_load_n(&F.next, __ATOMIC_SEQ_CST) >= __atomic_load_n(&F.n, __ATOMIC_SEQ_CST))
+        __atomic_add_fetch(&F.empty_reads, 1, __ATOMIC_SEQ_CST);
     char b[64];
-    while (read(F.fd[0], b, sizeof b) > 0) {      /* commands processed: the edge is consumed */
+    while (!F.level && read(F.fd[0], b, sizeof b) > 0) {   /* commands processed: the edge is consumed */
     }
     *(int *)value = __atomic_load_n(&F.next, __ATOMIC_SEQ_CST) < __atomic_load_n(&F.n, __ATOMIC_SEQ_CST);
     return 0;
@@ -91,8 +112,15 @@ static void script_frames(int n, const char **frames, const size_t *lens)
     (void)w;
 }
 
+static int f_nothing_buffered(void *sock)
+{
+    (void)sock;
+    return 0;
+}
+
 static void script(const char *cmd, const char *body)
 {
+    if (F.level) pthread_mutex_lock(&F.mu);
     fmsg *m = &F.msgs[F.n];
     m->nframes = 2;
     m->frames[0] = cmd;
@@ -103,6 +131,7 @@ static void script(const char *cmd, const char *body)
     char c = 0;
     ssize_t w = write(F.fd[1], &c, 1);              /* the socket's descriptor says "look" */
     (void)w;
+    if (F.level) pthread_mutex_unlock(&F.mu);
 }
 
 static void sleep_ms(int ms)
@@ -118,18 +147,25 @@ static fb_wake *rig_flow_wake;
 static fb_view *rig_view;           /* and the WANT hook */
 static int rig_ping;                /* and liveness pings, every 20 ms */
 static fb_replies *rig_replies;     /* and a client's inbox */
+static int rig_level;               /* and a level-triggered socket (F.level) */
 
 static void rig_start(rig *g, size_t max_bytes)
 {
     memset(g, 0, sizeof *g);
     memset(&F, 0, sizeof F);
+    if (rig_level) {
+        F.level = 1;
+        REQUIRE(pthread_mutex_init(&F.mu, NULL) == 0);
+    }
     REQUIRE(pipe(F.fd) == 0);
     fcntl(F.fd[0], F_SETFL, O_NONBLOCK);
     fcntl(F.fd[1], F_SETFL, O_NONBLOCK);
     REQUIRE(pipe(g->owner) == 0);
     fcntl(g->owner[0], F_SETFL, O_NONBLOCK);
     REQUIRE(fb_slock_init(&g->sl) == 0);
-    g->r.z = (fb_zmq_recv_calls){f_init, f_recv, f_data, f_size, f_more, f_close, f_getsockopt, f_send};
+    g->r.z = (fb_zmq_recv_calls){f_init, f_recv, f_data, f_size, f_more, f_close, f_getsockopt, f_send,
+                                 rig_level ? f_nothing_buffered : NULL};
+    rig_level = 0;
     g->r.sock = &F;
     g->r.sock_fd = F.fd[0];
     g->r.slock = &g->sl;
@@ -186,6 +222,7 @@ static void rig_stop(rig *g)
     close(g->owner[1]);
     close(F.fd[0]);
     close(F.fd[1]);
+    if (F.level) pthread_mutex_destroy(&F.mu);
 }
 
 static int queued(rig *g)
@@ -263,6 +300,38 @@ static void test_queues_messages_in_order(void)
         CHECK(strcmp(cmd, "D") == 0 && atoi(body) == i);
     }
     CHECK_EQ(pop(&g, cmd, body), 0);
+    rig_stop(&g);
+}
+
+/* On a level-triggered socket (a Stream) the reader stops after a read
+ * that left nothing buffered, and its descriptor brings it back: every
+ * message read, in order, and no read that finds nothing (a system call
+ * each, on the path of every reply a requester waits for). */
+static void test_a_level_triggered_socket_is_read_without_empty_reads(void)
+{
+    rig g;
+    rig_level = 1;
+    rig_start(&g, 1 << 20);
+    static char bodies[200][12];
+    for (int i = 0; i < 100; i++) {
+        snprintf(bodies[i], sizeof bodies[i], "%d", i);
+        script("D", bodies[i]);
+    }
+    CHECK(wait_queued(&g, 100));
+    for (int i = 100; i < 200; i++) {               /* and while it reads */
+        snprintf(bodies[i], sizeof bodies[i], "%d", i);
+        script("D", bodies[i]);
+        if (i % 10 == 0) sleep_ms(1);
+    }
+    CHECK(wait_queued(&g, 200));
+    sleep_ms(20);                                   /* (nothing more to read: nothing more read) */
+    CHECK_EQ(__atomic_load_n(&F.recvs, __ATOMIC_SEQ_CST), 400);   /* two frames each */
+    CHECK_EQ(__atomic_load_n(&F.empty_reads, __ATOMIC_SEQ_CST), 0);
+    char cmd[8], body[12];
+    for (int i = 0; i < 200; i++) {
+        CHECK_EQ(pop(&g, cmd, body), 2);
+        CHECK(strcmp(cmd, "D") == 0 && strcmp(body, bodies[i]) == 0);
+    }
     rig_stop(&g);
 }
 
@@ -613,6 +682,7 @@ static void test_replies_are_matched_as_they_are_read(void)
 int main(void)
 {
     RUN(test_queues_messages_in_order);
+    RUN(test_a_level_triggered_socket_is_read_without_empty_reads);
     RUN(test_replies_are_matched_as_they_are_read);
     RUN(test_control_messages_wake_the_owner);
     RUN(test_stops_at_its_bound_and_goes_on_when_emptied);

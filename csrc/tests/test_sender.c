@@ -33,6 +33,8 @@ static fake F;
 typedef struct said { const char *frames[2]; int next, frame; } said;
 static said IN[8];
 static int in_n, in_next, in_frame, pause_after = -1;
+static int looks;             /* ZMQ_EVENTS asked: on a Stream, a read of the kernel each */
+static int rig_level;         /* the next rig's socket is level-triggered (z.pending) */
 static int in_fd[2];                            /* stands for ZMQ_FD */
 
 static void say(const char *cmd, const char *body)
@@ -119,10 +121,17 @@ static int fake_getsockopt(void *sock, int option, void *value, size_t *len)
     (void)sock;
     (void)len;
     REQUIRE(option == 15);                      /* ZMQ_EVENTS */
+    __atomic_add_fetch(&looks, 1, __ATOMIC_SEQ_CST);
     char b[16];
     while (read(in_fd[0], b, sizeof b) > 0) {  /* commands processed: the edge is consumed */
     }
     *(int *)value = (F.room ? 2 : 0) | (in_next < __atomic_load_n(&in_n, __ATOMIC_SEQ_CST) ? 1 : 0);
+    return 0;
+}
+
+static int fake_nothing_buffered(void *sock)
+{
+    (void)sock;
     return 0;
 }
 
@@ -152,7 +161,7 @@ static void rig_start(rig *r, size_t max_messages)
 {
     memset(r, 0, sizeof *r);
     memset(&F, 0, sizeof F);
-    in_n = in_next = in_frame = 0;
+    in_n = in_next = in_frame = looks = 0;
     pause_after = -1;
     pings = ping_frames = frame_no = in_ping = 0;
     ping_token_len = 0;
@@ -170,6 +179,8 @@ static void rig_start(rig *r, size_t max_messages)
     fcntl(r->owner[1], F_SETFL, O_NONBLOCK);
     r->s.z.send = fake_send;
     r->s.z.getsockopt = fake_getsockopt;
+    r->s.z.pending = rig_level ? fake_nothing_buffered : NULL;
+    rig_level = 0;
     r->s.sock = &F;
     r->s.slock = &r->sl;
     r->s.outbox = &r->o;
@@ -342,6 +353,37 @@ static void test_linger_holds_a_partial_batch(void)
 /* fb_sender_send_now: the publishing thread sends in C, at once (a
  * lingering batch too), and marks the publisher busy only for a full
  * batch; what it cannot do goes to the thread or the owner. */
+/* On a level-triggered socket (a Stream) a send is looked at once before
+ * each batch (what the broker said: a FLOW pause), never for nothing after
+ * the last (its descriptor still says what came): one read of the kernel
+ * a batch, on the path of every message published one at a time. */
+static void test_a_level_triggered_socket_is_looked_at_once_a_batch(void)
+{
+    rig r;
+    rig_level = 1;
+    rig_start(&r, 0);
+    append(&r, 0);
+    int before = __atomic_load_n(&looks, __ATOMIC_SEQ_CST);
+    CHECK_EQ(fb_sender_send_now(&r.s, 0), 1);
+    CHECK_EQ(F.records, 1);
+    CHECK_EQ(__atomic_load_n(&looks, __ATOMIC_SEQ_CST) - before, 1);
+    /* A sealed batch and the outbox's: two batches, two looks. */
+    fb_lock_wait(&r.ol);
+    for (uint32_t i = 1; i < 3; i++) REQUIRE(fb_outbox_append(&r.o, "t", 1, &i, sizeof i, 1) >= 0);
+    unsigned char *buf;
+    size_t len;
+    REQUIRE(fb_outbox_take(&r.o, &buf, &len) == FB_OK);
+    REQUIRE(fb_batchq_push(&r.q, buf, len, 2) == FB_OK);
+    fb_lock_release(&r.ol);
+    append(&r, 3);
+    before = __atomic_load_n(&looks, __ATOMIC_SEQ_CST);
+    CHECK_EQ(fb_sender_send_now(&r.s, 0), 2);
+    CHECK_EQ(F.records, 4);
+    CHECK_EQ(F.out_of_order, 0);
+    CHECK_EQ(__atomic_load_n(&looks, __ATOMIC_SEQ_CST) - before, 2);
+    rig_stop(&r);
+}
+
 static void test_the_publishing_thread_sends_now(void)
 {
     rig r;
@@ -450,7 +492,7 @@ static void test_reads_between_batches_and_stops_at_a_pause(void)
     fcntl(owner[0], F_SETFL, O_NONBLOCK);
     fb_reader rd;
     memset(&rd, 0, sizeof rd);
-    rd.z = (fb_zmq_recv_calls){f_init, f_recv, f_data, f_size, f_more, f_close, fake_getsockopt, fake_send};
+    rd.z = (fb_zmq_recv_calls){f_init, f_recv, f_data, f_size, f_more, f_close, fake_getsockopt, fake_send, NULL};
     rd.sock = &F;
     rd.sock_fd = in_fd[0];
     rd.slock = &r.sl;
@@ -628,6 +670,7 @@ static void test_batchq_and_untake(void)
 int main(void)
 {
     RUN(test_sends_the_lease_ping_the_publisher_asks_for_even_paused);
+    RUN(test_a_level_triggered_socket_is_looked_at_once_a_batch);
     RUN(test_slock);
     RUN(test_batchq_and_untake);
     RUN(test_sends_what_is_there_in_order);

@@ -105,6 +105,10 @@ ctypedef int (*f_msg_close)(fb_zmq_msg *msg) noexcept nogil
 FUNCTIONS = ("zmq_send", "zmq_getsockopt", "zmq_msg_init", "zmq_msg_recv", "zmq_msg_data", "zmq_msg_size",
              "zmq_msg_more", "zmq_msg_close")
 
+cdef int _zmtp_pending(void *z) noexcept nogil:
+    return fb_zmtp_pending(<fb_zmtp *>z)
+
+
 # The calls of a connection, by kind: a pyzmq socket's (the libzmq that
 # pyzmq loaded, bound by require()) or a Stream's (csrc/fb_zmtp.h, the
 # same signatures).  The native threads and send_frames/recv_frames use
@@ -119,6 +123,7 @@ _ZMTP.msg_more = fb_zmtp_msg_more
 _ZMTP.msg_close = fb_zmtp_msg_close
 _ZMTP.getsockopt = fb_zmtp_getsockopt
 _ZMTP.send = fb_zmtp_send
+_ZMTP.pending = _zmtp_pending             # (level-triggered: csrc/fb_reader.h; libzmq's is NULL)
 cdef bint _found = False
 
 
@@ -640,6 +645,7 @@ cdef class Sender:
         cdef const fb_zmq_recv_calls *z = _calls_of(sock, &h)
         self._s.z.send = z.send
         self._s.z.getsockopt = z.getsockopt
+        self._s.z.pending = z.pending
         self._s.sock = h
         self._s.slock = &lock._l
         self._s.outbox = &self._outbox._o

@@ -17,6 +17,7 @@ cdef extern from "fb_reader.h" nogil:
         int (*msg_close)(fb_zmq_msg *msg) noexcept nogil
         int (*getsockopt)(void *sock, int option, void *value, size_t *len) noexcept nogil
         int (*send)(void *sock, const void *buf, size_t len, int flags) noexcept nogil
+        int (*pending)(void *sock) noexcept nogil
 
     ctypedef struct fb_reader_item:
         pass

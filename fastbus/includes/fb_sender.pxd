@@ -14,6 +14,7 @@ cdef extern from "fb_sender.h" nogil:
     ctypedef struct fb_zmq_calls:
         int (*send)(void *sock, const void *buf, size_t len, int flags) noexcept nogil
         int (*getsockopt)(void *sock, int option, void *value, size_t *len) noexcept nogil
+        int (*pending)(void *sock) noexcept nogil
 
     ctypedef struct fb_sender:
         fb_zmq_calls z
