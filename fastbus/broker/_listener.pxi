@@ -27,7 +27,7 @@ cdef int _last_errno() noexcept nogil:
     return errno
 
 
-cdef int _send_zmq_msg(fbz_msg *m, void *s, int flags) noexcept nogil:
+cdef int _send_zmq_msg(fb_zmq_msg *m, void *s, int flags) noexcept nogil:
     """zmq_msg_send for a Listener.  What the relay sends as a message (a
     queued entry's frames, a large batch) is a libzmq message: its bytes go
     by copy, and the message is consumed, as libzmq's zmq_msg_send consumes
@@ -43,24 +43,24 @@ cdef int _send_zmq_msg(fbz_msg *m, void *s, int flags) noexcept nogil:
 # received frames are views: fb_zmtp's msg calls read them; the messages it
 # sends are libzmq's, _send_zmq_msg).  What the relay never does on its
 # ROUTER (msg_init_data, msg_init_size: those make libzmq messages) is NULL.
-cdef zmq_api _NATIVE
-_NATIVE.msg_init = <f_msg_init>fb_zmtp_msg_init
+cdef fb_zmq_api _NATIVE
+_NATIVE.msg_init = <fb_zmq_msg_init_fn>fb_zmtp_msg_init
 _NATIVE.msg_init_size = NULL
 _NATIVE.msg_init_data = NULL
-_NATIVE.msg_close = <f_msg_close>fb_zmtp_msg_close
-_NATIVE.msg_recv = <f_msg_recv>fb_zmtp_server_msg_recv
+_NATIVE.msg_close = <fb_zmq_msg_close_fn>fb_zmtp_msg_close
+_NATIVE.msg_recv = <fb_zmq_msg_recv_fn>fb_zmtp_server_msg_recv
 _NATIVE.msg_send = _send_zmq_msg
-_NATIVE.msg_data = <f_msg_data>fb_zmtp_msg_data
-_NATIVE.msg_size = <f_msg_size>fb_zmtp_msg_size
-_NATIVE.msg_more = <f_msg_more>fb_zmtp_msg_more
-_NATIVE.send = <f_send>fb_zmtp_server_send
+_NATIVE.msg_data = <fb_zmq_msg_data_fn>fb_zmtp_msg_data
+_NATIVE.msg_size = <fb_zmq_msg_size_fn>fb_zmtp_msg_size
+_NATIVE.msg_more = <fb_zmq_msg_more_fn>fb_zmtp_msg_more
+_NATIVE.send = <fb_zmq_send_fn>fb_zmtp_server_send
 _NATIVE.last_error = _last_errno
-_NATIVE.msg_gets = <f_msg_gets>fb_zmtp_server_msg_gets
+_NATIVE.msg_gets = <fb_zmq_msg_gets_fn>fb_zmtp_server_msg_gets
 _NATIVE.poll = NULL                   # (the relay polls through libzmq's zmq_poll: the Listener is a descriptor)
-_NATIVE.getsockopt = <f_getsockopt>fb_zmtp_server_getsockopt
+_NATIVE.getsockopt = <fb_zmq_getsockopt_fn>fb_zmtp_server_getsockopt
 
 
-cdef int _send_zmq_msg_up(fbz_msg *m, void *z, int flags) noexcept nogil:
+cdef int _send_zmq_msg_up(fb_zmq_msg *m, void *z, int flags) noexcept nogil:
     """zmq_msg_send for the upstream link's Stream (fb_zmtp.h), as
     _send_zmq_msg for a Listener: by copy, the message consumed."""
     cdef int rc = fb_zmtp_send(z, Z.msg_data(m), Z.msg_size(m), flags)
@@ -75,21 +75,21 @@ cdef int _send_zmq_msg_up(fbz_msg *m, void *z, int flags) noexcept nogil:
 # what upstream did not take goes again after a cut), the table the relay
 # calls that link through.  Its received frames are views (the relay
 # copies a message it keeps for Python).
-cdef zmq_api _STREAM
-_STREAM.msg_init = <f_msg_init>fb_zmtp_msg_init
+cdef fb_zmq_api _STREAM
+_STREAM.msg_init = <fb_zmq_msg_init_fn>fb_zmtp_msg_init
 _STREAM.msg_init_size = NULL
 _STREAM.msg_init_data = NULL
-_STREAM.msg_close = <f_msg_close>fb_zmtp_msg_close
-_STREAM.msg_recv = <f_msg_recv>fb_zmtp_msg_recv
+_STREAM.msg_close = <fb_zmq_msg_close_fn>fb_zmtp_msg_close
+_STREAM.msg_recv = <fb_zmq_msg_recv_fn>fb_zmtp_msg_recv
 _STREAM.msg_send = _send_zmq_msg_up
-_STREAM.msg_data = <f_msg_data>fb_zmtp_msg_data
-_STREAM.msg_size = <f_msg_size>fb_zmtp_msg_size
-_STREAM.msg_more = <f_msg_more>fb_zmtp_msg_more
-_STREAM.send = <f_send>fb_zmtp_send
+_STREAM.msg_data = <fb_zmq_msg_data_fn>fb_zmtp_msg_data
+_STREAM.msg_size = <fb_zmq_msg_size_fn>fb_zmtp_msg_size
+_STREAM.msg_more = <fb_zmq_msg_more_fn>fb_zmtp_msg_more
+_STREAM.send = <fb_zmq_send_fn>fb_zmtp_send
 _STREAM.last_error = _last_errno
 _STREAM.msg_gets = NULL
 _STREAM.poll = NULL
-_STREAM.getsockopt = <f_getsockopt>fb_zmtp_getsockopt
+_STREAM.getsockopt = <fb_zmq_getsockopt_fn>fb_zmtp_getsockopt
 
 
 cdef class Listener:

@@ -53,10 +53,11 @@ thread uses a Relay, as it does the socket.
 (This file is over 700 lines because the data plane is one extension type
 whose parts share its slots without a call between them, and Cython does
 not split a class's methods across files.  What needs no Relay is in
-included files: _zmq_calls.pxi, the libzmq calls; _listener.pxi, the
-Listener; _journal.pxi, the journal's group commit; and in C, beside
-csrc/fb_router.c: a link's queue (csrc/fb_linkq.h), a resumable
-session's ring (csrc/fb_ring.h), the protocol's bytes (csrc/fb_protocol.h).  The class reads in three
+included files: _zmq_calls.pxi, the libzmq calls (their table's shape in
+C, csrc/fb_zmq_api.h); _listener.pxi, the Listener; _journal.pxi, the
+journal's group commit; and in C, beside csrc/fb_router.c: a link's queue
+(csrc/fb_linkq.h), a resumable session's ring (csrc/fb_ring.h), the
+protocol's bytes (csrc/fb_protocol.h).  The class reads in three
 sections: sessions and links (their sockets, leases, books, the policy),
 queues, and the data plane (the poll, reading, routing, sending).)
 """
@@ -180,7 +181,7 @@ cdef void _free_batch(void *data, void *hint) noexcept nogil:
     fb_free(data)
 
 
-cdef object _prop(zmq_api *api, fbz_msg *msg, const char *name):
+cdef object _prop(fb_zmq_api *api, fb_zmq_msg *msg, const char *name):
     """A message property (ZeroMQ metadata of its connection), or None."""
     cdef const char *v = api.msg_gets(msg, name)
     return None if v is NULL else v.decode("utf-8", "replace")
@@ -274,13 +275,13 @@ cdef class Relay:
     cdef Router router
     cdef object pysock            # keeps the socket (and its handle) alive
     cdef void *sock
-    cdef zmq_api R                # the calls of that socket: libzmq's (Z), or a Listener's (_NATIVE)
+    cdef fb_zmq_api R                # the calls of that socket: libzmq's (Z), or a Listener's (_NATIVE)
     cdef fb_zmtp_server *_srv     # ... the Listener's server (NULL: a libzmq ROUTER)
     cdef slot *slots
     cdef uint32_t nslots
     cdef uint32_t *table          # open addressing: link + 1, 0 empty, UINT32_MAX a tombstone
     cdef uint32_t tcap, tused
-    cdef fbz_msg _parts[MAX_PARTS]  # a message read for Python, until taken
+    cdef fb_zmq_msg _parts[MAX_PARTS]  # a message read for Python, until taken
     cdef int _nparts
     cdef int _rc                  # of that message, if a PUB: the router's status
     cdef uint64_t _over           # ... and the records it dropped over the limits
@@ -290,12 +291,12 @@ cdef class Relay:
     cdef uint32_t _links[LINKS_PER_CALL]
     cdef uint32_t _uplink         # the upstream broker's link (UINT32_MAX: none)
     cdef void *_upsock            # ... and its DEALER socket
-    cdef zmq_api U                # that socket's calls: libzmq's (Z), or a Stream's (_STREAM)
+    cdef fb_zmq_api U                # that socket's calls: libzmq's (Z), or a Stream's (_STREAM)
     cdef bint _upnative           # ... a Stream (csrc/fb_zmtp.h: it resends what upstream did not take)
     cdef object _uppysock         # (kept alive)
     cdef int _upidx               # that socket's item in wait()'s poll (0: not watched)
-    cdef fbz_msg _upv[MAX_PARTS]  # a message from upstream as read (U's messages)
-    cdef fbz_msg _up[MAX_PARTS]   # a message from upstream read for Python, until taken (a copy: libzmq's)
+    cdef fb_zmq_msg _upv[MAX_PARTS]  # a message from upstream as read (U's messages)
+    cdef fb_zmq_msg _up[MAX_PARTS]   # a message from upstream read for Python, until taken (a copy: libzmq's)
     cdef readonly uint64_t up_records  # records of upstream's DATA routed here (its session's stream)
     cdef int _nup
     cdef int _uprc                # of that message, if a DATA: the router's status
@@ -1125,7 +1126,7 @@ cdef class Relay:
         errno of the first frame (EAGAIN: the socket's pipe is full; the
         rest cannot fail once the first went)."""
         cdef void *sock = self._upsock if link == self._uplink else self.sock
-        cdef zmq_api *api = self._api(link)
+        cdef fb_zmq_api *api = self._api(link)
         cdef int i, n = len(frames), err
         cdef bytes f
         if link != self._uplink:
@@ -1140,7 +1141,7 @@ cdef class Relay:
                 return err if err != 0 else EAGAIN
         return 0
 
-    cdef inline zmq_api *_api(self, uint32_t link) noexcept nogil:
+    cdef inline fb_zmq_api *_api(self, uint32_t link) noexcept nogil:
         """The calls of a link's socket: the upstream DEALER's self.U, the
         XPUB's libzmq's, the sessions' ROUTER's self.R."""
         if link == self._uplink:
@@ -1376,7 +1377,7 @@ cdef class Relay:
     cdef int _send_small(self, uint32_t link, const char *cmd, const void *arg, size_t n) noexcept nogil:
         """[cmd, arg] to a session or the upstream link: 0 or the errno."""
         cdef void *sock = self.sock
-        cdef zmq_api *api = self._api(link)
+        cdef fb_zmq_api *api = self._api(link)
         cdef int err
         if link == self._uplink:
             sock = self._upsock
@@ -1394,7 +1395,7 @@ cdef class Relay:
         (nothing went, or for the XPUB link the records that went are
         counted in e.done), or another errno (the peer is gone)."""
         cdef void *sock = self.sock
-        cdef zmq_api *api = self._api(link)
+        cdef fb_zmq_api *api = self._api(link)
         cdef int i, err, flags
         if link == self._xplink:
             return self._send_records(e)
@@ -1614,7 +1615,7 @@ cdef class Relay:
         work: a flow pause).  Meanwhile it retries the queues of links
         whose sockets were full, as they take more.  A terminated context
         raises zmq.ContextTerminated, as pyzmq's poll does."""
-        cdef fbz_pollitem items[MAX_WAITED + 1 + BLOCKED_SOCKETS]
+        cdef fb_zmq_pollitem items[MAX_WAITED + 1 + BLOCKED_SOCKETS]
         cdef int n = len(others), i, found
         cdef uint64_t deadline
         if n > MAX_WAITED:
@@ -1667,7 +1668,7 @@ cdef class Relay:
                     ready.append(i)
         return ready
 
-    cdef int _run(self, fbz_pollitem *items, int n, uint64_t deadline, bint once) noexcept nogil:
+    cdef int _run(self, fb_zmq_pollitem *items, int n, uint64_t deadline, bint once) noexcept nogil:
         """wait()'s loop (see there): poll, read and route what the ROUTER
         has, send what is due, retry blocked links' queues, until
         something is Python's.  ``items`` has room for BLOCKED_SOCKETS
@@ -1773,7 +1774,7 @@ cdef class Relay:
             if link != UINT32_MAX and link < self.nslots and self.slots[link].session:
                 self._lose(link, EVENT_GONE, 0)
 
-    cdef bint _route(self, fbz_msg *parts, int n) noexcept nogil:
+    cdef bint _route(self, fb_zmq_msg *parts, int n) noexcept nogil:
         """A known session's PUB: route it here (an outbox it fills goes
         at once) and return True.  False for a message Python must see:
         any other, and a PUB the router refused (rc < 0) or took only in
@@ -1783,7 +1784,7 @@ cdef class Relay:
         cdef uint32_t link
         cdef int rc
         cdef uint64_t over
-        cdef zmq_api *R = &self.R
+        cdef fb_zmq_api *R = &self.R
         self._rc = 0
         self._over = 0
         if (n == 3 or n == 4) and R.msg_size(&parts[1]) == 1 and (<uint8_t *>R.msg_data(&parts[1]))[0] == FB_CMD_PING:
@@ -1840,7 +1841,7 @@ cdef class Relay:
         cdef int got = 0, n, rc, i
         cdef uint64_t over
         cdef uint32_t count
-        cdef zmq_api *U = &self.U
+        cdef fb_zmq_api *U = &self.U
         cdef size_t size
         while got < budget and not self._nup and not self._nevents:
             n = self._recv_on(U, self._upsock, self._upv)
@@ -1893,7 +1894,7 @@ cdef class Relay:
         self._uprc = 0
         return frames
 
-    cdef bint _ping(self, fbz_msg *parts, int n) noexcept nogil:
+    cdef bint _ping(self, fb_zmq_msg *parts, int n) noexcept nogil:
         """A known session's PING: ``[ident, PING, token]`` (liveness, or a
         flush's marker: every client sends one a ``ping_interval``) or,
         from a session that acknowledges, a lease ping ``[ident, PING,
@@ -1913,7 +1914,7 @@ cdef class Relay:
         cdef slot *s
         cdef fb_qentry *e
         cdef int err
-        cdef zmq_api *R = &self.R
+        cdef fb_zmq_api *R = &self.R
         if not self._instlen:
             return False                       # Python has not said the instance yet
         if lease_ping and (not self._lease_ns or R.msg_size(&parts[3]) != FB_LEASE_ASK_LEN or
@@ -2023,16 +2024,16 @@ cdef class Relay:
             return frames, meta, got
         return None, None, got
 
-    cdef int _recv(self, fbz_msg *parts) noexcept nogil:
+    cdef int _recv(self, fb_zmq_msg *parts) noexcept nogil:
         """Read one message from the ROUTER socket (see _recv_on)."""
         return self._recv_on(&self.R, self.sock, parts)
 
-    cdef int _recv_on(self, zmq_api *api, void *sock, fbz_msg *parts) noexcept nogil:
+    cdef int _recv_on(self, fb_zmq_api *api, void *sock, fb_zmq_msg *parts) noexcept nogil:
         """Read one message (``api``: the socket's calls): its frame count
         (at most MAX_PARTS kept; the rest read and dropped), 0 if none is
         waiting."""
         cdef int n = 0
-        cdef fbz_msg extra
+        cdef fb_zmq_msg extra
         api.msg_init(&parts[0])
         if api.msg_recv(&parts[0], sock, DONTWAIT) < 0:
             api.msg_close(&parts[0])
@@ -2154,7 +2155,7 @@ cdef class Relay:
         batch is still ours).  Only the routing id can fail
         (ROUTER_MANDATORY: EAGAIN for a full pipe, EHOSTUNREACH for a peer
         that left); the other frames follow it."""
-        cdef fbz_msg m
+        cdef fb_zmq_msg m
         cdef int err
         if self.R.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) < 0:
             err = self.R.last_error()
@@ -2179,7 +2180,7 @@ cdef class Relay:
         _send_data: 0 when sent, else the errno (the batch still ours).
         Only the first frame can fail (EAGAIN: its pipe is full); the
         batch follows it."""
-        cdef fbz_msg m
+        cdef fb_zmq_msg m
         cdef int err
         if self.U.send(sock, FB_CMD_PUB_S, 1, DONTWAIT | SNDMORE) < 0:
             err = self.U.last_error()
