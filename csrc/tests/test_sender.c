@@ -214,6 +214,18 @@ static void append(rig *r, uint32_t id)
     fb_lock_release(&r->ol);
 }
 
+/* Records from..to-1 as one sealed batch (as a publisher seals a full one). */
+static void seal(rig *r, uint32_t from, uint32_t to)
+{
+    fb_lock_wait(&r->ol);
+    for (uint32_t i = from; i < to; i++) REQUIRE(fb_outbox_append(&r->o, "t", 1, &i, sizeof i, 1) >= 0);
+    unsigned char *buf;
+    size_t len;
+    REQUIRE(fb_outbox_take(&r->o, &buf, &len) == FB_OK);
+    REQUIRE(fb_batchq_push(&r->q, buf, len, to - from) == FB_OK);
+    fb_lock_release(&r->ol);
+}
+
 static int owner_woken(rig *r)
 {
     char b[16];
@@ -368,13 +380,7 @@ static void test_a_level_triggered_socket_is_looked_at_once_a_batch(void)
     CHECK_EQ(F.records, 1);
     CHECK_EQ(__atomic_load_n(&looks, __ATOMIC_SEQ_CST) - before, 1);
     /* A sealed batch and the outbox's: two batches, two looks. */
-    fb_lock_wait(&r.ol);
-    for (uint32_t i = 1; i < 3; i++) REQUIRE(fb_outbox_append(&r.o, "t", 1, &i, sizeof i, 1) >= 0);
-    unsigned char *buf;
-    size_t len;
-    REQUIRE(fb_outbox_take(&r.o, &buf, &len) == FB_OK);
-    REQUIRE(fb_batchq_push(&r.q, buf, len, 2) == FB_OK);
-    fb_lock_release(&r.ol);
+    seal(&r, 1, 3);
     append(&r, 3);
     before = __atomic_load_n(&looks, __ATOMIC_SEQ_CST);
     CHECK_EQ(fb_sender_send_now(&r.s, 0), 2);
@@ -407,13 +413,7 @@ static void test_the_publishing_thread_sends_now(void)
     CHECK_EQ(r.burst.streak, 4);
 
     /* Sealed batches first, in one call. */
-    fb_lock_wait(&r.ol);
-    for (uint32_t i = 4; i < 6; i++) REQUIRE(fb_outbox_append(&r.o, "t", 1, &i, sizeof i, 1) >= 0);
-    unsigned char *buf;
-    size_t len;
-    REQUIRE(fb_outbox_take(&r.o, &buf, &len) == FB_OK);
-    REQUIRE(fb_batchq_push(&r.q, buf, len, 2) == FB_OK);
-    fb_lock_release(&r.ol);
+    seal(&r, 4, 6);
     append(&r, 6);
     CHECK_EQ(fb_sender_send_now(&r.s, 0), 2);
     CHECK_EQ(F.records, 7);
