@@ -1,10 +1,11 @@
 """Type stubs for fastbus._decoders (redis-py message dicts, one call per batch)."""
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, final
 
 from typing_extensions import Buffer
 
+@final
 class Matcher:
     """A PubSub's subscriptions as its decoder reads them (see fastbus/_decoders.pyx)."""
     trie: Any

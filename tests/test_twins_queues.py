@@ -203,3 +203,35 @@ def test_a_worker_loop_survives_a_forgotten_script_and_a_killed_connection(twin,
     assert (st.ready, st.totals["ack"]) == (0, 3)
     c.close()
     admin.close()
+
+
+def test_async_queues_made_from_a_url_work_in_one_event_loop_after_another(redis_url):
+    """A redis.asyncio client's connections belong to the event loop that
+    opened them: an AsyncWorkQueue or AsyncTopic made from a URL (its
+    client its own) makes a new one for a loop that follows a closed one
+    (a script's second asyncio.run(), a test framework's loop per test),
+    and nothing put in one loop is lost to the next."""
+    q = AsyncWorkQueue("twin-loops", redis_url)
+    t = AsyncTopic("twin-loops-events", redis_url)
+
+    async def put(i: int) -> None:
+        await q.put(b"%d" % i)
+        await t.publish(b"%d" % i)
+
+    async def take() -> tuple[list[bytes], list[bytes]]:
+        got = []
+        async with q.consumer("w") as c:
+            m = await c.get(timeout=1.0)
+            while m is not None:
+                got.append(m.payload)
+                m = await c.get(timeout=0.2, ack=m)
+        seen = [m.payload for m in await t.read(1, await t.last_id())]
+        return got, seen
+
+    asyncio.run(t.register("reader"))
+    for i in range(3):
+        asyncio.run(put(i))                          # each in a loop of its own
+    got, seen = asyncio.run(take())
+    assert got == [b"0", b"1", b"2"] and seen == [b"0", b"1", b"2"]
+    asyncio.run(q.close())
+    asyncio.run(t.close())

@@ -14,6 +14,7 @@ import os
 import re
 import select
 import threading
+from collections.abc import Callable
 from typing import Any, Self
 
 import redis
@@ -394,15 +395,40 @@ class AsyncDriver(_Driver):
     (a call made while another task holds it takes the client's ordinary
     path), in the event loop that connected it (another loop's call takes
     the ordinary path too).  Not retried; cluster clients and
-    instrumented ones always take the ordinary path."""
+    instrumented ones always take the ordinary path.
 
-    def __init__(self, client: Any) -> None:
+    ``remake`` (a client the driver made, from a URL): how to make it
+    again.  A ``redis.asyncio`` client's connections belong to the event
+    loop that opened them, so once that loop has closed (a second
+    ``asyncio.run()``, a test framework's loop per test) the driver's next
+    call makes a new client for the running loop instead of failing on
+    the old one's (a client the caller gave is the caller's: used as it
+    is, as redis-py would)."""
+
+    def __init__(self, client: Any, remake: Callable[[], Any] | None = None) -> None:
         super().__init__(client)
         self._fast = self._pipeline and type(client).execute_command is redis.asyncio.Redis.execute_command
+        self._remake = remake
+        self._client_loop: Any = None        # the loop the client's connections belong to (remake only)
         self._held = None                    # the kept connection
         self._held_loop: Any = None          # the loop it belongs to
         self._held_pid = 0
         self._held_busy = False              # a task is using it (one loop: no lock needed)
+
+    def _in_this_loop(self) -> None:
+        """A client the driver made, whose loop has closed: a new one for
+        the running loop (the old one's connections went with its loop:
+        they are dropped, not closed, which would need that loop)."""
+        loop = asyncio.get_running_loop()
+        if self._client_loop is loop:
+            return
+        if self._client_loop is not None and self._client_loop.is_closed():
+            self.client.connection_pool.reset()
+            self.client = self._remake()
+            self._scripts.clear()            # (registered on the old client)
+            self._held = None
+            self._held_busy = False
+        self._client_loop = loop
 
     async def _take(self):
         """The kept connection, marked busy for this task; None if another
@@ -486,6 +512,8 @@ class AsyncDriver(_Driver):
 
     async def release(self) -> None:
         """Give the kept connection back to the client's pool."""
+        if self._remake is not None:
+            self._in_this_loop()
         conn, self._held = self._held, None
         if conn is not None and self._held_pid == os.getpid() and not self._held_busy and \
                 self._held_loop is asyncio.get_running_loop():
@@ -493,6 +521,8 @@ class AsyncDriver(_Driver):
 
     async def run(self, op: Op) -> Any:
         """As :meth:`SyncDriver.run`."""
+        if self._remake is not None:
+            self._in_this_loop()
         request = None
         try:
             request = next(op)
@@ -623,7 +653,7 @@ def sync_driver(target: Any) -> tuple[SyncDriver, bool]:
 def async_driver(target: Any) -> tuple[AsyncDriver, bool]:
     """As :func:`sync_driver`, for a ``redis.asyncio`` client."""
     client, own = async_client(target)
-    return AsyncDriver(client), own
+    return AsyncDriver(client, (lambda: async_client(target)[0]) if own else None), own
 
 
 class SyncHandle:
