@@ -343,6 +343,24 @@ def test_a_held_groups_expiry_runs_on_across_a_restart(brokers, tmp_path):
         assert _drain_group(w, idle=0.5) == []
 
 
+def test_what_a_confirm_said_survives_a_kill_the_moment_after(brokers, tmp_path):
+    """Written before it is said: a hold(), a release() and a subscribe()
+    that returned (their CONFIRM came) hold after a kill -9 sent the moment
+    they returned, before the broker's turn was over (its group commit
+    once came only after the turn, and the CONFIRM went before it)."""
+    b = brokers("--journal", str(tmp_path / "journal"))
+    for i in range(5):
+        with fastbus.Client(b.endpoint) as c:
+            c.hold(f"kept{i}", "workers")
+            c.hold(f"gone{i}", "workers")
+            c.release(f"gone{i}", "workers")
+            b.kill()
+            b.start()
+            st = b.stats()
+            assert st["journal"]["held_groups_restored"] == i + 1, (i, st)
+            assert st["held_groups"] == i + 1, (i, st)
+
+
 def test_a_released_held_group_stays_released_after_a_restart(brokers, tmp_path):
     """Released, then the broker killed while the client that declared it is
     still connected (its session lingers again after the restart): the

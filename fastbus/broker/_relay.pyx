@@ -1071,6 +1071,7 @@ cdef class Relay:
         if n < 1 or n > MAX_SEND_FRAMES:
             raise ValueError(f"a control message has 1 to {MAX_SEND_FRAMES} frames, not {n}")
         frames = [x if type(x) is bytes else bytes(x) for x in frames]
+        self._written_before_said()
         if link >= self.nslots or link == self._xplink or self.slots[link].gone or \
                 not (self.slots[link].session or link == self._uplink):
             return DROPPED
@@ -1114,6 +1115,7 @@ cdef class Relay:
         if n < 1 or n > MAX_SEND_FRAMES or not 1 <= len(ident) <= IDENT_MAX:
             raise ValueError(f"a reply has 1 to {MAX_SEND_FRAMES} frames and a routing id of 1 to {IDENT_MAX} bytes")
         frames = [x if type(x) is bytes else bytes(x) for x in frames]
+        self._written_before_said()
         if self.R.send(self.sock, PyBytes_AS_STRING(ident), PyBytes_GET_SIZE(ident), DONTWAIT | SNDMORE) < 0:
             return False
         for i in range(n):
@@ -1140,6 +1142,16 @@ cdef class Relay:
                 err = api.last_error()
                 return err if err != 0 else EAGAIN
         return 0
+
+    cdef inline void _written_before_said(self) noexcept nogil:
+        # What Python appended to the journal this turn (a subscription,
+        # a held group declared or released) is written before anything
+        # Python says next (its CONFIRM, a STATS answer): a kill -9 after
+        # the word cannot undo what it said was done.  The turn's own
+        # commit would come only after Python's turn, which may answer
+        # several peers first.
+        if self._journal is not NULL and fb_journal_pending(self._journal):
+            _j_commit(self)
 
     cdef inline fb_zmq_api *_api(self, uint32_t link) noexcept nogil:
         """The calls of a link's socket: the upstream DEALER's self.U, the
