@@ -12,22 +12,31 @@ connections, as channels_redis's layer is; the per-loop state is
         },
     }
 
-Consumers' channels and groups are pub/sub, as in channels_redis's
-``RedisPubSubChannelLayer``: a message reaches the receivers that exist
-when it is sent, through the broker, and waits in the receiving process
-(up to ``capacity`` per channel, at most ``expiry`` seconds) until a
-consumer takes it.  Named channels are work queues, as in its default
-``RedisChannelLayer``: each message to one receiver, kept by the broker
-while none receives (``named_channels="pubsub"``: pub/sub too).
+Groups are pub/sub, as in channels_redis's ``RedisPubSubChannelLayer``: a
+message reaches the receivers that exist when it is sent, through the
+broker, and waits in the receiving process (up to ``capacity`` per
+channel, at most ``expiry`` seconds) until a consumer takes it.  Named
+channels are work queues, as in its default ``RedisChannelLayer``: each
+message to one receiver, kept by the broker while none receives.  A
+consumer's channel (``new_channel()``'s) goes to the loop that receives
+it, and once that loop has closed the broker keeps what is sent to it for
+the next loop of the process that receives it, as ``RedisChannelLayer``
+keeps it in Redis (``named_channels="pubsub"``: named channels pub/sub
+too, and a consumer's channel received only in the loop that made it).
 
 How it maps onto fastbus (docs/channels.md says more):
 
 * Each event loop that uses the layer has its own connections (a
   :class:`fastbus.aio.Client` and one subscribing connection per broker)
   and its own client prefix.  The channels ``new_channel()`` makes there
-  all live under one pattern subscription, ``{prefix}:specific:{client
-  prefix}:*``, taken once: making a channel costs no round trip after the
-  first.
+  all travel on one fastbus channel, ``{prefix}:specific:{client
+  prefix}:``, each message carrying its channel's name, whose queue group
+  the loop joins once: making a channel costs no round trip after the
+  first.  When the loop closes with channels still open, it declares that
+  group held (:meth:`fastbus.Client.hold`) before it leaves, and gives
+  back what waited in them; another loop that receives one of them joins
+  the group and gets what was kept.  (Pub/sub mode: one pattern
+  subscription, ``{prefix}:specific:{client prefix}:*``.)
 * A group is a fastbus channel, ``{prefix}:group:{name}``, subscribed by
   each loop that has a member of it.  ``group_send()`` publishes once: the
   message crosses each broker link once however many members a process
@@ -102,10 +111,41 @@ DEFAULT_ENDPOINT = f"tcp://127.0.0.1:{P.DEFAULT_PORT}"
 #: Each payload on the wire: the sender's time.time() (for ``expiry``), then
 #: the serialized message.
 _STAMP = struct.Struct("!d")
+#: A consumer's channel's payload in queue mode: the stamp, then the
+#: channel's name (its length first), then the serialized message.
+_NAMED = struct.Struct("!dB")
 
 def _unstamp(data: bytes) -> tuple[float, bytes]:
     """A payload as (its sender's time.time(), the serialized message)."""
     return _STAMP.unpack_from(data)[0], data[_STAMP.size:]
+
+
+def _owner(channel: str, bang: int) -> str:
+    """The client prefix of a consumer's channel (``prefix.OWNER!random``)."""
+    return channel[:bang].rpartition(".")[2]
+
+
+def _stamped(sent_at: float, data: bytes, name: str | None = None) -> bytes:
+    """The wire payload of a message: its sender's time, then (a consumer's
+    channel in queue mode, whose loop's channels share one fastbus channel)
+    the channel's name, one length byte first, then the serialized message."""
+    if name is None:
+        return _STAMP.pack(sent_at) + data
+    b = name.encode()
+    return _NAMED.pack(sent_at, len(b)) + b + data
+
+
+def _unname(data: bytes) -> tuple[str, tuple[float, bytes]]:
+    """A consumer's channel's payload (queue mode) as (the channel, (its
+    sender's time, the serialized message)); ValueError if it holds no
+    whole name."""
+    if len(data) <= _NAMED.size:
+        raise ValueError("no channel name")
+    sent_at, n = _NAMED.unpack_from(data)
+    end = _NAMED.size + n
+    if n < 1 or len(data) < end:
+        raise ValueError("no channel name")
+    return data[_NAMED.size:end].decode(), (sent_at, data[end:])
 
 
 _COUNTERS = ("sent", "unwanted", "delivered", "received", "given_back", "dropped_full", "dropped_expired",
@@ -135,6 +175,13 @@ SEND_TIMEOUT = 10.0
 #: A named channel's group membership lasts group_expiry, at most this
 #: (the broker's bound of a binding's life: add it again to renew it).
 BIND_LIFE_MAX = P.MAX_HOLD_MS / 1000
+#: How many event loops' client prefixes a layer remembers (queue mode: a
+#: channel of a loop it no longer remembers is not received elsewhere).
+MADE_PREFIXES = 4096
+#: How many channels of other loops' a loop keeps messages for that no
+#: receive() of its has asked for (they came with one it receives): past
+#: it, such a message is dropped and counted (``dropped_full``).
+MAX_WAITING_CHANNELS = 1024
 #: While a named channel has receivers (the broker's last answer said one
 #: took the message), at most this many sends to it (and at most its
 #: capacity) go without waiting for an answer before one waits again.
@@ -230,6 +277,9 @@ class ChannelLayer(BaseChannelLayer):
         self.client_prefix = secrets.token_hex(6)
         self._serializer = _Serializer(serializer_format, symmetric_encryption_keys, expiry)
         self._layers: dict[asyncio.AbstractEventLoop, _LoopLayer] = {}
+        # The client prefixes of the loops that made channels (the latest
+        # MADE_PREFIXES): their channels may be received in any loop.
+        self._made: dict[str, None] = {}
         self._wrapped: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()   # loops whose close closes ours
         _LIVE.add(self)
         self.counters = dict.fromkeys(_COUNTERS, 0)
@@ -246,7 +296,10 @@ class ChannelLayer(BaseChannelLayer):
 
     async def receive(self, channel: str) -> Any:
         """The next message of a channel (waits for one).  A channel of
-        ``new_channel()`` is received in the event loop that made it."""
+        ``new_channel()`` is received in any event loop of this layer
+        (queue mode: once the loop that made it has closed, what is sent
+        to it waits at the broker for the next loop that receives it), in
+        the loop that made it with ``named_channels="pubsub"``."""
         layer = self._get_layer()
         if channel not in layer.inboxes:       # (checked when it was opened)
             self.require_valid_channel_name(channel)
@@ -256,6 +309,11 @@ class ChannelLayer(BaseChannelLayer):
         """A new channel name for a consumer of this event loop; it receives
         from now on."""
         return await self._get_layer().new_channel(prefix)
+
+    async def close_pools(self) -> None:
+        """RedisChannelLayer's name for :meth:`close` (code written for
+        channels_redis calls it)."""
+        await self.close()
 
     async def group_add(self, group: str, channel: str) -> None:
         """Add a channel received in this event loop (a consumer's own) to a
@@ -405,9 +463,11 @@ class _LoopLayer:
         self.queues = channel_layer.named_channels == "queue"
         self.held: set[tuple[bytes, int]] = set()          # (named channel's topic, shard) declared held (queue mode)
         self.unchecked: dict[bytes, int] = {}              # topic -> sends left that need no answer
-        self._returning: collections.deque[tuple[bytes, tuple[float, bytes]]] = collections.deque()
+        self._returning: collections.deque[tuple[bytes, str | None, tuple[float, bytes]]] = collections.deque()
         self._returner: asyncio.Task | None = None         # gives _returning back to the broker
         self.member_of: dict[str, set[str]] = {}           # channel -> its groups here
+        self.ended: set[str] = set()                       # other loops' channels whose receive() ended here
+        self.waiting: set[str] = set()                     # other loops' channels no receive() here asked for yet
         p = cl.prefix
         self.mine = f"{p}:specific:{client_prefix}:"       # this loop's channels' topics start so
         self._mine_b = self.mine.encode()
@@ -418,14 +478,21 @@ class _LoopLayer:
     # -- topics ---------------------------------------------------------------
 
     def _topic(self, channel: str) -> tuple[bytes, int]:
-        """The fastbus channel a Channels channel travels on, and its broker."""
+        """The fastbus channel a Channels channel travels on, and its
+        broker.  A consumer's channel travels on its loop's (its client
+        prefix's) channel: in queue mode that one, a held group with the
+        channel's name in each message, in pub/sub mode one per channel
+        under it."""
         bang = channel.find("!")
         if bang < 0:
             topic = self._channel_b + channel.encode()
             return topic, self.channel_layer._ring.shard(topic)
-        owner = channel[:bang].rpartition(".")[2]
-        home = self._specific_b + owner.encode() + b":"
-        return home + channel.encode(), self.channel_layer._ring.shard(home)
+        home = self._home(channel, bang)
+        return (home if self.queues else home + channel.encode()), self.channel_layer._ring.shard(home)
+
+    def _home(self, channel: str, bang: int) -> bytes:
+        """The fastbus channel under which a consumer's channel's loop's go."""
+        return self._specific_b + _owner(channel, bang).encode() + b":"
 
     def _client(self, shard: int) -> Client:
         c = self.clients[shard]
@@ -467,9 +534,9 @@ class _LoopLayer:
                 if p is not None and not p.closed:
                     _drop(p, topic, False)
 
-    async def _publish(self, topic: bytes, shard: int, message: Any) -> None:
+    async def _publish(self, topic: bytes, shard: int, message: Any, name: str | None = None) -> None:
         cl = self.channel_layer
-        payload = _STAMP.pack(time.time()) + cl.serialize(message)
+        payload = _stamped(time.time(), cl.serialize(message), name)
         cl.counters["sent"] += 1
         if not await self._client(shard).publish(topic, payload):
             cl.counters["unwanted"] += 1
@@ -484,7 +551,9 @@ class _LoopLayer:
         if inbox is not None and inbox.queue.full():
             raise ChannelFull(channel)
         topic, shard = self._topic(channel)
-        await self._publish(topic, shard, message)
+        # (queue mode: a plain message to its loop's held group, which the
+        # broker keeps while that loop is gone)
+        await self._publish(topic, shard, message, channel if self.queues else None)
         if "!" not in channel:
             # (pub/sub mode: answered once the broker has routed it, as
             # RedisPubSubChannelLayer's PUBLISH is -- what is sent before
@@ -538,8 +607,13 @@ class _LoopLayer:
 
     async def new_channel(self, prefix: str) -> str:
         name = f"{prefix}.{self.client_prefix}!{secrets.token_hex(12)}"
-        self.channel_layer.require_valid_channel_name(name)
+        cl = self.channel_layer
+        cl.require_valid_channel_name(name)
         await self._open(name)
+        if self.client_prefix not in cl._made:
+            cl._made[self.client_prefix] = None
+            if len(cl._made) > MADE_PREFIXES:
+                del cl._made[next(iter(cl._made))]
         return name
 
     async def _open(self, channel: str) -> _Inbox:
@@ -548,10 +622,25 @@ class _LoopLayer:
         if inbox is not None:
             return inbox
         topic, shard = self._topic(channel)
-        if "!" in channel:
+        if "!" in channel and self.queues:
+            # The channel's loop's queue group: this loop joins it, its
+            # maker at new_channel(), another once the maker has closed
+            # (the maker declared it held then, so what was sent
+            # meanwhile waited; joining renews that).
+            foreign = topic != self._mine_b
+            if foreign and _owner(channel, channel.find("!")) not in self.channel_layer._made:
+                raise AssertionError(f"{channel!r} was not made by new_channel() of this layer (in any event loop "
+                                     f"of this process)")
+            if (topic, shard) not in self.topics:
+                if foreign and (topic, shard) not in self.held:
+                    await self._client(shard).hold(topic, QUEUE_GROUP, expiry=self.channel_layer.expiry or 60)
+                    self.held.add((topic, shard))
+                await self._subscribe(topic, shard, pattern=False, queue=QUEUE_GROUP)
+            self.ended.discard(channel)
+        elif "!" in channel:
             if not topic.startswith(self._mine_b):
                 raise AssertionError(f"{channel!r} was not made by new_channel() in this event loop: "
-                                     f"a specific channel is received where it was made")
+                                     f"with named_channels='pubsub' a specific channel is received where it was made")
             await self._subscribe(self._mine_b, shard, pattern=True)
         elif self.queues:
             # One receiver a message, kept by the broker until one is here:
@@ -571,6 +660,7 @@ class _LoopLayer:
         inbox = self.inboxes.get(channel)
         if inbox is None:
             inbox = await self._open(channel)
+        self.waiting.discard(channel)
         queue = inbox.queue
         inbox.receivers += 1
         try:
@@ -604,10 +694,13 @@ class _LoopLayer:
         subscriptions go (what a named channel's inbox holds goes back to
         the broker, for another receiver)."""
         inbox = self.inboxes.pop(channel)
+        self.waiting.discard(channel)
         if self.queues and "!" not in channel:
             topic = self._topic(channel)[0]
             while inbox.queue.qsize():
                 self._give_back(topic, inbox.queue.get_nowait())
+        if self.queues and "!" in channel and self._topic(channel)[0] != self._mine_b:
+            self.ended.add(channel)            # (what comes for it here now is dropped, not kept)
         for group in self.member_of.pop(channel, ()):
             members = self.groups.get(group)
             if members is not None:
@@ -679,12 +772,13 @@ class _LoopLayer:
 
     # -- a named channel's messages no receiver here takes (queue mode) ---------
 
-    def _give_back(self, topic: bytes, item: tuple[float, bytes]) -> None:
-        """A named channel's message the broker gave this loop, which no
-        receiver here will take (its receive() ended): back to the broker,
-        as it was sent (its time kept, for ``expiry``), for another
+    def _give_back(self, topic: bytes, item: tuple[float, bytes], name: str | None = None) -> None:
+        """A held group's message the broker gave this loop, which no
+        receiver here will take (a named channel's receive() ended; the
+        loop closes): back to the broker, as it was sent (its time kept,
+        for ``expiry``; ``name``, a consumer's channel's), for another
         receiver, or kept for one."""
-        self._returning.append((topic, item))
+        self._returning.append((topic, name, item))
         if self._returner is None or self._returner.done():
             self._returner = asyncio.get_running_loop().create_task(self._return_all())
 
@@ -692,29 +786,52 @@ class _LoopLayer:
         counters = self.channel_layer.counters
         ring = self.channel_layer._ring
         while self._returning:
-            topic, (sent_at, data) = self._returning.popleft()
+            topic, name, (sent_at, data) = self._returning.popleft()
             try:
-                await self._put(topic, ring.shard(topic), _STAMP.pack(sent_at) + data, 0)
+                await self._put(topic, ring.shard(topic), _stamped(sent_at, data, name), 0)
                 counters["given_back"] += 1
             except Exception as exc:            # (the broker gone, the loop closing)
                 counters["dropped_gone"] += 1
                 log.warning("fastbus.channels: a message of %r this process could not give back: %s", topic, exc)
 
-    async def _leave_named(self) -> None:
+    async def _leave_held(self) -> None:
         """Closing (queue mode): this loop stops receiving its named
-        channels, and what the broker gave it for them that no receiver
-        here took (waiting in their inboxes, or on its way until the
-        unsubscribe took effect) goes back, for another receiver."""
+        channels and its consumers' channels, and what the broker gave it
+        for them that no receiver here took (waiting in their inboxes, or on
+        its way until the unsubscribe took effect) goes back, for another
+        receiver (a consumer's channel's: for the next loop that receives
+        it).  What came for a consumer's channel whose receive() ended is
+        dropped (``dropped_gone``)."""
         for task in self.readers:                 # (what is left is read here)
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         self.readers = [None] * len(self.readers)
-        named = [c for c in self.inboxes if "!" not in c]
-        for channel in named:
+        for channel in [c for c in self.inboxes if "!" not in c]:
             self._end(channel, unsubscribe=False)
+        # The consumers' channels still open here are kept by the broker
+        # from now on, for the next loop that receives them: their loop's
+        # group is declared held while this loop is still its member (so
+        # nothing is kept twice), then left.  (A process that exits
+        # without closing its loop, or is killed, declares nothing: its
+        # channels end with it.)
+        for topic, shard in {self._topic(c) for c in self.inboxes} - self.held:
+            if (topic, shard) in self.topics:
+                try:
+                    await asyncio.wait_for(self._client(shard).hold(topic, QUEUE_GROUP,
+                                                                    expiry=self.channel_layer.expiry or 60),
+                                           SEND_TIMEOUT)
+                    self.held.add((topic, shard))
+                except Exception as exc:
+                    log.warning("fastbus.channels: what is sent to this loop's channels from now on is not kept "
+                                "(the broker did not hold them: %s)", exc)
+        for channel, inbox in self.inboxes.items():
+            topic = self._topic(channel)[0]
+            while inbox.queue.qsize():
+                self._give_back(topic, inbox.queue.get_nowait(), channel)
         for shard, p in enumerate(self.pubsubs):
-            topics = [t for t, sh in self.topics if sh == shard and t.startswith(self._channel_b)]
+            topics = [t for t, sh in self.topics
+                      if sh == shard and (t.startswith(self._channel_b) or t.startswith(self._specific_b))]
             if p is None or p.closed or not topics:
                 continue
             for t in topics:
@@ -722,11 +839,20 @@ class _LoopLayer:
             try:
                 await asyncio.wait_for(p.wait_confirmed(p.unsubscribe_nowait(*topics)), SEND_TIMEOUT)
             except Exception as exc:              # (the broker gone: it gave nothing more)
-                log.warning("fastbus.channels: leaving named channels unconfirmed: %s", exc)
+                log.warning("fastbus.channels: leaving held channels unconfirmed: %s", exc)
             while batch := p.ready_batch():
                 for topic, data, *_h in batch:
-                    if topic.startswith(self._channel_b) and len(data) >= _STAMP.size:
-                        self._give_back(topic, _unstamp(data))
+                    try:
+                        if topic.startswith(self._channel_b):
+                            self._give_back(topic, _unstamp(data))
+                        elif topic.startswith(self._specific_b):
+                            name, item = _unname(data)
+                            if name in self.inboxes or (topic != self._mine_b and name not in self.ended):
+                                self._give_back(topic, item, name)
+                            else:
+                                self.channel_layer.counters["dropped_gone"] += 1
+                    except (ValueError, UnicodeDecodeError, struct.error):
+                        self.channel_layer.counters["malformed"] += 1
         if self._returner is not None:
             await asyncio.gather(self._returner, return_exceptions=True)
 
@@ -757,6 +883,8 @@ class _LoopLayer:
                         raise ValueError(f"{len(data)} bytes")
                     if topic.startswith(self._group_b):
                         self._deliver_group(topic[len(self._group_b):].decode(), data)
+                    elif self.queues and topic.startswith(self._specific_b):
+                        self._deliver_specific(topic, data)
                     elif topic.startswith(self._mine_b):
                         self._deliver(topic[len(self._mine_b):].decode(), data)
                     elif topic.startswith(self._channel_b):
@@ -792,6 +920,26 @@ class _LoopLayer:
         queue.put_nowait(item or _unstamp(data))
         counters["delivered"] += 1
         return True
+
+    def _deliver_specific(self, home: bytes, data: bytes) -> None:
+        """A consumer's channel's message (queue mode), from its loop's
+        held group.  A channel of another loop's (one that has gone) that
+        no receive() here asked for yet waits here for one, or goes back
+        when this loop closes."""
+        name, item = _unname(data)
+        if name in self.inboxes:                  # (the common case: checked when it was opened)
+            self._deliver(name, data, item)
+            return
+        bang = name.find("!")
+        if bang < 0 or self._home(name, bang) != home:
+            raise ValueError(f"channel {name[:200]!r} on {home[:200]!r}")
+        if home != self._mine_b and name not in self.ended:
+            if len(self.waiting) >= MAX_WAITING_CHANNELS:
+                self.channel_layer.counters["dropped_full"] += 1
+                return
+            self.inboxes[name] = _Inbox(self.channel_layer.get_capacity(name))
+            self.waiting.add(name)
+        self._deliver(name, data, item)
 
     def _deliver_group(self, group: str, data: bytes) -> None:
         """Put a group message in each member's inbox (once unpacked)."""
@@ -832,9 +980,12 @@ class _LoopLayer:
         the broker keeps for the named channels this loop sent to is
         dropped first."""
         if self.queues:
-            await self._leave_named()
+            await self._leave_held()
         if release:
+            # (not another loop's channels', which this loop only received)
             for topic, shard in self.held:
+                if topic.startswith(self._specific_b) and topic != self._mine_b:
+                    continue
                 c = self.clients[shard]
                 if c is not None and not c.closed:
                     try:
@@ -868,6 +1019,8 @@ class _LoopLayer:
         self.pubsubs = [None] * len(self.pubsubs)
         self.clients = [None] * len(self.clients)
         self.inboxes.clear()
+        self.waiting.clear()
+        self.ended.clear()
         self.groups.clear()
         self.member_of.clear()
         self.topics.clear()

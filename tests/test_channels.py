@@ -497,14 +497,54 @@ def test_unreadable_messages_are_dropped_and_counted_and_receiving_goes_on(broke
         async with fastbus.aio.Client(endpoint=b.endpoint) as raw:
             await raw.publish(b"asgi:group:g", struct.pack("!d", time.time()) + b"\xc1")   # a stamp, then no msgpack
             await raw.publish(b"asgi:group:g", b"abc")                       # shorter than the stamp
-            await raw.publish(mine + b"\xff\xfe", b"\x00" * 9)               # not a name
+            # a consumer's channel's messages carry its name (queue mode):
+            await raw.publish(mine, b"\x00" * 8 + b"\x32abc")                 # a name cut short
+            await raw.publish(mine, b"\x00" * 8 + b"\x02\xff\xfe")            # not UTF-8
+            await raw.publish(mine, b"\x00" * 8 + b"\x10specific.other!x")     # another loop's channel
             await raw.flush()
         await layer.group_send("g", {"n": 2})
         assert (await asyncio.wait_for(layer.receive(ch), 5))["n"] == 2
-        assert layer.stats()["malformed"] == 3
+        assert layer.stats()["malformed"] == 5
         await layer.flush()
 
     asyncio.run(main())
+
+
+def test_a_consumers_channel_is_received_in_another_event_loop_once_its_own_has_closed(brokers):
+    """As RedisChannelLayer's (channels_redis's test_double_receive): a
+    channel new_channel() made in one async_to_sync call is sent to and
+    received in others.  What waited in the closed loop, what was sent
+    while no loop received, and what came for another channel with it,
+    each reaches the next loop that receives its channel, once."""
+    b = brokers()
+    layer = ChannelLayer(b.endpoint)
+
+    async def make():
+        names = [await layer.new_channel() for _ in range(2)]
+        await layer.send(names[0], {"type": "x", "i": 0})       # waits in this loop's inbox: given back at close
+        return names
+
+    c1, c2 = asyncio.run(make())
+
+    async def send_more():
+        await layer.send(c1, {"type": "x", "i": 1})              # no loop receives c1 now: kept by the broker
+        await layer.send(c2, {"type": "x", "i": 2})
+
+    asyncio.run(send_more())
+
+    async def receive(name, n):
+        got = [(await asyncio.wait_for(layer.receive(name), 10))["i"] for _ in range(n)]
+        with pytest.raises(asyncio.TimeoutError):                # nothing more: none twice
+            await asyncio.wait_for(layer.receive(name), 0.3)
+        return got
+
+    assert asyncio.run(receive(c1, 2)) == [0, 1]                  # (c2's came here too, and went back)
+    assert asyncio.run(receive(c2, 1)) == [2]
+    stats = layer.stats()
+    assert stats["received"] == 3 and stats["given_back"] >= 2, stats
+    assert stats["dropped_gone"] == stats["dropped_full"] == stats["malformed"] == 0, stats
+    asyncio.run(layer.flush())
+    assert b.stats()["held_messages"] == 0
 
 
 def test_each_event_loop_closes_what_it_opened(brokers):
