@@ -1023,11 +1023,11 @@ int fb_zmtp_server_expire(fb_zmtp_server *s, uint64_t handshake_ns)
     return n;
 }
 
-int fb_zmtp_server_close_peer(fb_zmtp_server *s, const unsigned char *id, size_t len)
+int fb_zmtp_server_close_peer(fb_zmtp_server *s, const unsigned char *id, size_t len, int any)
 {
     uint32_t k = 0;
     conn *c = s && !s->closed ? lookup(s, id, len, &k) : NULL;
-    if (!c || !c->resp || c->state != C_UP || s->sending == c) return 0;
+    if (!c || (!c->resp && !any) || c->state != C_UP || s->sending == c) return 0;
     /* Reset, not a graceful close: what the kernel still holds for a
      * client too slow to read it would otherwise trickle out first. */
     struct linger lg = {1, 0};
@@ -1104,8 +1104,8 @@ int fb_zmtp_server_listen_resp(fb_zmtp_server *s, const void *addr, size_t addrl
 { (void)s; (void)addr; (void)addrlen; (void)bound; (void)boundlen; return ENOSYS; }
 void fb_zmtp_server_routed(fb_zmtp_server *s, uint64_t receivers, uint64_t over)
 { (void)s; (void)receivers; (void)over; }
-int fb_zmtp_server_close_peer(fb_zmtp_server *s, const unsigned char *id, size_t len)
-{ (void)s; (void)id; (void)len; return 0; }
+int fb_zmtp_server_close_peer(fb_zmtp_server *s, const unsigned char *id, size_t len, int any)
+{ (void)s; (void)id; (void)len; (void)any; return 0; }
 void fb_zmtp_server_get_stats(const fb_zmtp_server *s, fb_zmtp_server_stats *out)
 { (void)s; memset(out, 0, sizeof *out); }
 

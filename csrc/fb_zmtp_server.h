@@ -105,8 +105,10 @@ int fb_zmtp_server_listen_resp(fb_zmtp_server *s, const void *addr, size_t addrl
 void fb_zmtp_server_routed(fb_zmtp_server *s, uint64_t receivers, uint64_t over);
 /* A RESP connection whose session the broker ended (a slow consumer, as
  * Redis's output buffer limit): closed now, what was queued for it
- * dropped; 1 if it was.  A ZMTP peer is never closed (0): it is told. */
-int fb_zmtp_server_close_peer(fb_zmtp_server *s, const unsigned char *id, size_t len);
+ * dropped; 1 if it was.  A ZMTP peer is told (KICK), not closed (0), but
+ * with `any`: one that takes nothing at all (a process stopped with its
+ * connection open) would otherwise hold the kernel's buffers for good. */
+int fb_zmtp_server_close_peer(fb_zmtp_server *s, const unsigned char *id, size_t len, int any);
 /* Close every connection and listener: whole messages still queued get up
  * to linger_ms to leave.  The calls then fail with ENOTSOCK (whoever still
  * holds the server, a relay, finds it closed), until it is freed. */

@@ -152,7 +152,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
         max_messages=args.max_messages, max_bytes=args.max_bytes, max_delay=args.max_delay,
         max_queue_bytes=args.max_queue_bytes, slow_policy=args.slow_policy, max_topic=args.max_topic,
         flow_pause_bytes=None if args.flow_pause_bytes is None else int(args.flow_pause_bytes),
-        flow_max_pause=args.flow_max_pause, session_linger=args.session_linger,
+        flow_max_pause=args.flow_max_pause, stuck_timeout=args.stuck_timeout, session_linger=args.session_linger,
         durable_linger=args.durable_linger, journal=args.journal, fsync=args.fsync,
         journal_bytes=args.journal_bytes, filter_lease=args.filter_lease,
         upstream_confirm_timeout=args.upstream_confirm_timeout,
@@ -523,6 +523,9 @@ def _add_broker_parser(sub) -> None:
                         "0: no flow control (default: 4 MiB or a quarter of --max-queue-bytes)")
     g.add_argument("--flow-max-pause", type=float, default=5.0,
                    help="seconds one subscriber may keep publishers paused (default: %(default)s)")
+    g.add_argument("--stuck-timeout", type=nonnegative, default=60.0, metavar="SECONDS",
+                   help="disconnect, as a slow consumer, a session that takes nothing for this long while "
+                        "messages wait for it (a stopped or hung process); 0: never (default: %(default)s)")
     g.add_argument("--session-linger", type=nonnegative, default=30.0, metavar="SECONDS",
                    help="how long a client whose connection was lost keeps its session (subscriptions, and "
                         "what is routed to it, within --max-queue-bytes): back within it, it resumes and "

@@ -697,6 +697,54 @@ def test_stuck_subscriber_holds_publishers_back_only_briefly(brokers, client_fac
     assert got + lost == 100_000 and lost > 0
 
 
+def test_a_subscriber_that_takes_nothing_for_the_stuck_timeout_is_disconnected(brokers, client_factory):
+    """A subscriber that takes nothing at all (its client stopped reading:
+    its inbox full, its TCP window shut) while messages wait for it is
+    disconnected after --stuck-timeout, as a slow consumer, and told once
+    it reads again; one that takes, however slowly, is not, and loses
+    nothing."""
+    b = brokers("--max-queue-bytes", "2000000", "--flow-max-pause", "0.5", "--stuck-timeout", "2")
+    stuck = client_factory(b.endpoint, max_inbox_bytes=100_000)
+    p = stuck.pubsub(ignore_subscribe_messages=True)
+    p.subscribe("flow")
+    slow = client_factory(b.endpoint)
+    q = slow.pubsub(ignore_subscribe_messages=True)
+    q.subscribe("flow")
+    pub = client_factory(b.endpoint, max_buffer_bytes=1 << 20, block_timeout=30)
+    wait_wanted(pub, "flow")
+    seen = {"message": 0}
+    done = threading.Event()
+
+    def take_slowly():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (done.is_set() and seen["message"] >= n):
+            m = q.get_message(timeout=0.5)
+            if m is not None:
+                seen[m["type"]] = seen.get(m["type"], 0) + 1
+                time.sleep(0.0005)               # slow, not stuck
+
+    n = 10_000
+    reader = threading.Thread(target=take_slowly, daemon=True)
+    reader.start()
+    for _ in range(n):
+        pub.publish("flow", b"z" * 1000)
+    pub.flush(timeout=30)
+    done.set()
+    st = wait_for(lambda: b.stats()["drops"]["disconnected_slow"] >= 1 and b.stats(), timeout=20,
+                  what="the stuck subscriber to be disconnected")
+    reader.join(60)
+    assert seen == {"message": n}, seen               # the slow one: everything, no gap, no reconnect
+    assert st["drops"]["disconnected_slow"] == 1, st
+    assert "took nothing" in b.log()
+    told = None
+    for _ in range(n + 100):                          # what it held, then the word of it
+        m = p.get_message(timeout=5)
+        if m is None or m["type"] in ("reconnect", "disconnected"):
+            told = m
+            break
+    assert told is not None, "the stuck subscriber was not told"
+
+
 def test_publish_times_out_on_a_buffer_that_stays_full(brokers, client_factory):
     """With the publisher paused for long (a stuck subscriber, a long
     --flow-max-pause), publish() blocks for block_timeout, then raises

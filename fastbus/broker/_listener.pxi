@@ -178,14 +178,15 @@ cdef class Listener:
     def closed(self) -> bool:
         return self._closed
 
-    def close_peer(self, bytes ident not None) -> bool:
+    def close_peer(self, bytes ident not None, bint any_peer=False) -> bool:
         """Close a Redis client's connection (routing id ``ident``) whose
         session ended, as Redis closes a client over its output buffer
-        limit; False for anything else (a fastbus peer is told, by KICK)."""
+        limit; False for anything else (a fastbus peer is told, by KICK),
+        but with ``any_peer`` (a peer stuck, taking nothing: reset)."""
         if self._closed:
             return False
         return fb_zmtp_server_close_peer(self._s, <const unsigned char *>PyBytes_AS_STRING(ident),
-                                         <size_t>PyBytes_GET_SIZE(ident)) == 1
+                                         <size_t>PyBytes_GET_SIZE(ident), any_peer) == 1
 
     def close(self, linger=None) -> None:
         """Close every connection and listener; whole messages still queued

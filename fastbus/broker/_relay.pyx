@@ -170,9 +170,11 @@ cpdef enum:
     DISCONNECTED = 5             # a slow consumer, disconnected: remove it (an EVENT_SLOW says why)
 
 #: Why a slow consumer was disconnected (EVENT_SLOW's value), as the KICK says.
-SLOW_REASONS = ("slow consumer", "slow consumer (not reading its control messages)")
+SLOW_REASONS = ("slow consumer", "slow consumer (not reading its control messages)",
+                "slow consumer (took nothing for --stuck-timeout)")
 cdef const char *_KICK_SLOW = b'{"reason":"slow consumer"}'
 cdef const char *_KICK_CONTROL = b'{"reason":"slow consumer (not reading its control messages)"}'
+cdef const char *_KICK_STUCK = b'{"reason":"slow consumer (took nothing for --stuck-timeout)"}'
 
 include "_listener.pxi"
 
@@ -1215,7 +1217,7 @@ cdef class Relay:
         """Disconnect a slow consumer: its queue goes, the peer is told
         (KICK, if its socket takes it) and Python removes it."""
         cdef slot *s = &self.slots[link]
-        cdef const char *reason = _KICK_SLOW if why == 0 else _KICK_CONTROL
+        cdef const char *reason = _KICK_SLOW if why == 0 else _KICK_CONTROL if why == 1 else _KICK_STUCK
         self._lose(link, EVENT_SLOW, why)
         if self.R.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) >= 0:
             self.R.send(self.sock, FB_CMD_KICK_S, 1, DONTWAIT | SNDMORE)
@@ -1538,12 +1540,12 @@ cdef class Relay:
         """How many links have a queue or a loss to report."""
         return self._nblocked
 
-    def held_back(self) -> list:
-        """The links holding publishers back: ``(link, last sent
-        (time.monotonic() s), queued bytes, unsent bytes)``, the last what
-        its connection was given and its peer has not taken yet
-        (fb_zmtp_server_unsent: falling while the peer reads; -1 where
-        the connection is libzmq's)."""
+    def held_back(self, bint every: bool = False) -> list:
+        """The links holding publishers back (``every``: every link with
+        a queue): ``(link, last sent (time.monotonic() s), queued bytes,
+        unsent bytes)``, the last what its connection was given and its
+        peer has not taken yet (fb_zmtp_server_unsent: falling while the
+        peer reads; -1 where the connection is libzmq's)."""
         cdef uint32_t i, link
         cdef slot *s
         cdef int64_t unsent
@@ -1551,10 +1553,19 @@ cdef class Relay:
         for i in range(self._nblocked):
             link = self._blocked[i]
             s = &self.slots[link]
-            if s.holding:
+            if s.holding or (every and not s.gone and s.q.bytes):
                 unsent = fb_zmtp_server_unsent(self._srv, s.ident, s.idlen) if self._srv is not NULL else -1
                 out.append((link, s.last_sent_ns / 1e9, s.q.bytes, unsent))
         return out
+
+    def kick_stuck(self, uint32_t link) -> bool:
+        """Disconnect a session that took nothing for too long while
+        messages waited for it, as a slow consumer (EVENT_SLOW, reason
+        2); False if the link is no live session."""
+        if link >= self.nslots or self.slots[link].gone or not self.slots[link].session:
+            return False
+        self._kick(link, 2)
+        return True
 
     def exempt(self, uint32_t link) -> None:
         """The link no longer holds publishers back (it took nothing for

@@ -101,6 +101,12 @@ class BrokerConfig:
     #: whichever is less.
     flow_pause_bytes: int | None = None
     flow_max_pause: float = 5.0
+    #: A session that takes nothing for stuck_timeout seconds while
+    #: messages wait for it (a process stopped or hung with its connection
+    #: open, a peer whose TCP window stays shut) is disconnected as a slow
+    #: consumer: its queue, its session and its connection go, so neither
+    #: the broker nor the kernel holds buffers for it for good.  0: never.
+    stuck_timeout: float = 60.0
     #: A client session whose connection is lost (a network cut, a
     #: forwarder restarted) is kept this many seconds, its subscriptions
     #: and what is routed to it with it (within max_queue_bytes, and a
@@ -240,6 +246,8 @@ class BrokerConfig:
             raise InvalidConfig("flow_pause_bytes must be 0 (no flow control) or less than max_queue_bytes")
         if not 0 < self.flow_max_pause <= 600:
             raise InvalidConfig("flow_max_pause must be between 0 and 600 seconds")
+        if not 0 <= self.stuck_timeout <= 86400:
+            raise InvalidConfig("stuck_timeout must be between 0 (never) and 86400 seconds")
         if not 0 <= self.session_linger <= 86400:
             raise InvalidConfig("session_linger must be between 0 (sessions end with their connection) "
                                 "and 86400 seconds")

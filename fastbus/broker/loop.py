@@ -637,6 +637,7 @@ class Broker:
                 self.sender.send(link, frames)
         if self.upstream is not None:
             self.upstream.check(now)
+        self.sender.check_stuck(now)
         self._expire_sessions(now)
         self.drops["held_expired"] += self.interest.expire_held(now)
         if self.journal is not None:

@@ -56,6 +56,9 @@ log = logging.getLogger("fastbus.broker")
 
 _monotonic = time.monotonic
 
+#: The relay's SLOW_REASONS index of a session disconnected by check_stuck.
+STUCK = 2
+
 
 class Sender:
     """Hands control messages to the data plane and acts on its events:
@@ -79,6 +82,9 @@ class Sender:
         self._unsent: dict[int, int] = {}
         self._taking: dict[int, float] = {}
         self._next_look = 0.0
+        # check_stuck: each queued link's unsent bytes at the last look, and
+        # when it was last seen taking.
+        self._stuck_look: dict[int, tuple[int, float]] = {}
         #: link -> the frames of a WANT reset for it (whole snapshot), built
         #: when a queued reset mark reaches the head of its queue.
         self.want_reset = None
@@ -158,6 +164,10 @@ class Sender:
             elif kind == R.EVENT_SLOW:
                 self.drops["disconnected_slow"] += 1
                 self._remove(link, R.SLOW_REASONS[value])
+                if value == STUCK and link.role != "redis":   # (a Redis client's is closed by the removal)
+                    close = getattr(link.sock, "close_peer", None)
+                    if close is not None:
+                        close(link.ident, True)
             elif kind == R.EVENT_OVERFLOW and link not in self.overflowed:
                 self.overflowed.add(link)
                 log.warning("%s (link %d) is not reading: %d bytes of control messages queued",
@@ -227,3 +237,34 @@ class Sender:
                             link.name if link is not None else "?", link_id, idle, queued)
         self._unsent = unsent
         self._update_flow()
+
+    def check_stuck(self, now: float) -> None:
+        """A session that took nothing for stuck_timeout seconds while
+        messages waited for it is stuck for good (a process stopped or hung
+        with its connection open, a TCP window that stays shut): it is
+        disconnected as a slow consumer, and its connection is reset, so
+        that neither its queue here nor the kernel's buffers wait for it for
+        ever.  Taking is judged as in check_flow: a queued batch handed to
+        its connection, or its connection's unsent bytes falling.  (The
+        maintenance's, about once a second.)"""
+        limit = self.config.stuck_timeout
+        if not limit:
+            return
+        seen: dict[int, tuple[int, float]] = {}
+        for link_id, last_sent, queued, out in self.relay.held_back(True):
+            was_out, taking = self._stuck_look.get(link_id, (out, now))
+            if out >= 0 and out < was_out:
+                taking = now
+            seen[link_id] = (out, taking)
+            idle = now - max(last_sent, taking)
+            if idle < limit:
+                continue
+            link = self.links.by_id.get(link_id)
+            if link is None or link.role == "upstream" or link.lingering or not self.links.is_current(link):
+                continue
+            log.warning("subscriber %s (link %d) took nothing for %.1f s with %d bytes waiting for it: "
+                        "disconnected as a slow consumer (--stuck-timeout)", link.name, link_id, idle, queued)
+            if self.relay.kick_stuck(link_id):
+                seen.pop(link_id, None)
+        self._stuck_look = seen
+        self.events()

@@ -33,7 +33,7 @@ cdef extern from "fb_zmtp_server.h" nogil:
     fb_zmtp_server *fb_zmtp_server_new(const fb_zmtp_server_options *opts, int *err)
     int fb_zmtp_server_listen(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen)
     int fb_zmtp_server_listen_resp(fb_zmtp_server *s, const void *addr, size_t addrlen, void *bound, size_t *boundlen)
-    int fb_zmtp_server_close_peer(fb_zmtp_server *s, const unsigned char *id, size_t len)
+    int fb_zmtp_server_close_peer(fb_zmtp_server *s, const unsigned char *id, size_t len, int any)
     void fb_zmtp_server_routed(fb_zmtp_server *s, uint64_t receivers, uint64_t over)
     void fb_zmtp_server_close(fb_zmtp_server *s, int linger_ms)
     void fb_zmtp_server_free(fb_zmtp_server *s)
