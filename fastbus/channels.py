@@ -628,9 +628,16 @@ class _LoopLayer:
             # (the maker declared it held then, so what was sent
             # meanwhile waited; joining renews that).
             foreign = topic != self._mine_b
-            if foreign and _owner(channel, channel.find("!")) not in self.channel_layer._made:
-                raise AssertionError(f"{channel!r} was not made by new_channel() of this layer (in any event loop "
-                                     f"of this process)")
+            if foreign:
+                owner, cl = _owner(channel, channel.find("!")), self.channel_layer
+                if owner not in cl._made:
+                    raise AssertionError(f"{channel!r} was not made by new_channel() of this layer (in any event "
+                                         f"loop of this process)")
+                if any(other.client_prefix == owner for other in cl._layers.values()):
+                    # (two loops taking turns at one loop's channels would
+                    # each get some of every consumer's messages)
+                    raise AssertionError(f"{channel!r} is received in the event loop that made it while that loop "
+                                         f"is open; another loop receives it once that one has closed")
             if (topic, shard) not in self.topics:
                 if foreign and (topic, shard) not in self.held:
                     await self._client(shard).hold(topic, QUEUE_GROUP, expiry=self.channel_layer.expiry or 60)

@@ -526,6 +526,26 @@ def test_a_consumers_channel_is_received_in_another_event_loop_once_its_own_has_
 
     c1, c2 = asyncio.run(make())
 
+    async def while_its_loop_is_open():
+        import threading
+        made, go = [], threading.Event()
+
+        def maker():                                 # a loop of its own, open while another receives
+            async def run():
+                made.append(await layer.new_channel())
+                go.set()
+                await asyncio.sleep(1)
+            asyncio.run(run())
+
+        t = threading.Thread(target=maker)
+        t.start()
+        await asyncio.to_thread(go.wait, 10)
+        with pytest.raises(AssertionError, match="while that loop is open"):
+            await layer.receive(made[0])
+        await asyncio.to_thread(t.join, 10)
+
+    asyncio.run(while_its_loop_is_open())
+
     async def send_more():
         await layer.send(c1, {"type": "x", "i": 1})              # no loop receives c1 now: kept by the broker
         await layer.send(c2, {"type": "x", "i": 2})
