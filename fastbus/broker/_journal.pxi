@@ -97,7 +97,7 @@ cdef inline void _put_u32(uint8_t *p, uint32_t v) noexcept nogil:
         p[i] = <uint8_t>(v >> (8 * i))
 
 
-cdef int _j_batch(Relay r, slot *s, const unsigned char *buf, size_t len, uint32_t count) noexcept nogil:
+cdef int _j_batch(Relay r, fb_link *s, const unsigned char *buf, size_t len, uint32_t count) noexcept nogil:
     """Journal a batch routed to resumable session ``s``: the next of its
     stream (counted as the ring counts it).  0, or -1 (no memory)."""
     cdef uint8_t head[JB_HEAD]
@@ -111,12 +111,7 @@ cdef int _j_batch(Relay r, slot *s, const unsigned char *buf, size_t len, uint32
 
 cdef void _j_mark(Relay r, uint32_t link) noexcept nogil:
     """A counted message came from ``link``: the next commit writes its count."""
-    cdef slot *s = &r.slots[link]
-    if s.jdirty or not s.jhas or r._njdirty >= r.nslots:
-        return
-    s.jdirty = 1
-    r._jdirty[r._njdirty] = link
-    r._njdirty += 1
+    fb_links_mark_dirty(&r.L, link)
 
 
 cdef int _j_commit(Relay r) noexcept nogil:
@@ -125,7 +120,7 @@ cdef int _j_commit(Relay r) noexcept nogil:
     cdef uint8_t rec[24]
     cdef uint32_t i, link
     cdef size_t n
-    cdef slot *s
+    cdef fb_link *s
     # What the router still holds for anyone: taken, journaled (for a
     # resumable session) and queued, so the counts below cover all of it.
     while True:
@@ -134,8 +129,8 @@ cdef int _j_commit(Relay r) noexcept nogil:
             r._send_links(r._links, n, fb_now_ns())
         if n < LINKS_PER_CALL:
             break
-    for i in range(r._njdirty):
-        s = &r.slots[r._jdirty[i]]
+    for i in range(r.L.ndirty):
+        s = &r.L.at[r.L.dirty[i]]
         if s.jdirty and s.jhas:
             memcpy(rec, s.jsid, 16)
             _put_u64(rec + 16, s.received)
@@ -145,9 +140,9 @@ cdef int _j_commit(Relay r) noexcept nogil:
     if fb_journal_commit(r._journal, 0) < 0:
         r.journal_errors += 1
         return -1
-    for i in range(r._njdirty):
-        link = r._jdirty[i]
-        s = &r.slots[link]
+    for i in range(r.L.ndirty):
+        link = r.L.dirty[i]
+        s = &r.L.at[link]
         if not s.jdirty:
             continue
         s.jdirty = 0
@@ -155,7 +150,7 @@ cdef int _j_commit(Relay r) noexcept nogil:
         if s.session and s.resumable and (s.received - s.received_told >= TOOK_EVERY or
                                           s.received_bytes >= TOOK_BYTES):
             r._tell_took(link, False)
-    r._njdirty = 0
+    r.L.ndirty = 0
     return 0
 
 
@@ -167,15 +162,15 @@ cdef size_t _j_snapshot(Relay r, size_t budget) noexcept nogil:
     of batches (a session's oldest go first past it: a restart tells its
     client the loss, GAP).  The batch bytes appended."""
     cdef uint32_t link
-    cdef slot *s
+    cdef fb_link *s
     cdef fb_ring_entry *e
     cdef fb_qentry *q
     cdef uint8_t rec[24]
     cdef uint8_t head[JB_HEAD]
     cdef uint64_t end
     cdef size_t total = 0, nb
-    for link in range(r.nslots):
-        s = &r.slots[link]
+    for link in range(r.L.n):
+        s = &r.L.at[link]
         if not (s.session and s.jhas and s.resumable) or s.gone:
             continue
         memcpy(rec, s.jsid, 16)

@@ -55,7 +55,9 @@ whose parts share its slots without a call between them, and Cython does
 not split a class's methods across files.  What needs no Relay is in
 included files: _zmq_calls.pxi, the libzmq calls (their table's shape in
 C, csrc/fb_zmq_api.h); _listener.pxi, the Listener; _journal.pxi, the
-journal's group commit; and in C, beside csrc/fb_router.c: a link's queue
+journal's group commit; and in C, beside csrc/fb_router.c: the links'
+state, found by number or routing id, and the lists over them (the links
+it retries, the events for Python: csrc/fb_links.h), a link's queue
 (csrc/fb_linkq.h), a resumable session's ring (csrc/fb_ring.h), the
 protocol's bytes (csrc/fb_protocol.h).  The class reads in three
 sections: sessions and links (their sockets, leases, books, the policy),
@@ -77,6 +79,10 @@ from fastbus.includes.fb_journal cimport (fb_journal, fb_journal_append, fb_jour
                                          fb_journal_stats, FB_JOURNAL_FSYNC_ALWAYS, FB_JOURNAL_FSYNC_EVERYSEC,
                                          FB_JOURNAL_FSYNC_NO, FB_JOURNAL_MAX_RECORD)
 from fastbus.includes.fb_protocol cimport *
+from fastbus.includes.fb_links cimport (fb_link, fb_links, fb_links_block, fb_links_event, fb_links_find,
+                                       fb_links_forget_events, fb_links_free, fb_links_has_event, fb_links_init,
+                                       fb_links_mark_dirty, fb_links_name, fb_links_reserve, fb_links_unblock, fb_links_unname,
+                                       FB_LINK_IDENT_MAX, FB_LINKS_MAX)
 from fastbus.includes.fb_linkq cimport (fb_linkq, fb_linkq_clear, fb_linkq_collapse, fb_linkq_drop_data, fb_linkq_pop,
                                         fb_linkq_push, fb_qentry, fb_qentry_frame, fb_qentry_free, fb_qentry_new,
                                         fb_zmq_msg, fb_zmq_msg_calls, FB_Q_ENTRY_BYTES, FB_Q_FLOW_MARK, FB_Q_FRAMES,
@@ -132,7 +138,6 @@ cdef enum:
     # resend stays far below the bound that makes it wait (max_buffer_bytes).
     TOOK_EVERY = 1024
     TOOK_BYTES = 65536
-    IDENT_MAX = 255              # ZeroMQ routing ids are 1..255 bytes
     INSTANCE_MAX = 64            # the broker instance id a PONG carries (protocol.new_instance_id: 16)
     POLLIN = 1                   # ZMQ_POLLIN
     MAX_WAITED = 64              # sockets and descriptors wait() watches besides the ROUTER
@@ -196,64 +201,10 @@ cdef struct _jhook:
     uint64_t errors
 
 
-cdef struct slot:
-    uint8_t session               # a session on this socket: the relay sends its batches
-    uint8_t acks                  # it said "ack" in HELLO: it filters under our lease, asked for by lease pings
-    uint8_t gone                  # disconnected or unreachable: nothing more goes to it (Python removes it)
-    uint8_t blocked               # in the relay's list of links with a queue or an unreported loss
-    uint8_t holding               # its queue is over flow_bytes: publishers are asked to pause for it
-    uint8_t exempt                # held publishers back too long (Python's check): no longer does
-    uint8_t asked                 # Python was asked for the WANT reset its queue's mark stands for
-    uint8_t overflowed            # reported: not even its control messages are read (not a session)
-    uint8_t resumable             # its HELLO named a session to resume: a lost connection detaches it
-    uint8_t detached              # ... and it was lost: what is routed to it waits in its queue
-    uint8_t idlen
-    uint8_t ident[IDENT_MAX]
-    uint8_t seq[8]                # the DATA frame's seq, little-endian
-    # The link's traffic, per batch (never per message): batches routed
-    # from it (by the relay, or by Python: count_in) and sent to it, for
-    # any kind of link: the broker's one set of books.
-    uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out
-    uint64_t lease_end_ns         # the latest end of a lease granted it, here or by grant() (fb_now_ns's clock)
-    uint64_t last_sent_ns         # when a message last went to its socket
-    fb_linkq q                   # what waits for its socket (csrc/fb_linkq.h)
-    # A resumable session's stream: records sent to it as DATA or
-    # announced lost by GAP, counted as its client counts what it takes
-    # ("taken" in a resuming HELLO), and what was sent, kept (csrc/fb_ring.h).
-    uint64_t taken
-    fb_ring ring                 # what it was sent, kept for a resume (csrc/fb_ring.h)
-    # What it sent that the client counts and keeps until told (PUB, SUB;
-    # csrc/fb_zmtp.h resend): how many came, and how many TOOK last said.
-    uint64_t received, received_told
-    uint64_t received_bytes       # ... and their bytes since TOOK last said
-    # With a journal (_journal.pxi): the session's id there, its stream
-    # count through the last batch journaled for it, and how many of what
-    # it sent the last commit covers (TOOK says no more).
-    uint8_t jhas
-    uint8_t jdirty                # in the relay's list of links whose count the next commit writes
-    uint8_t jsid[16]
-    uint64_t jend
-    uint64_t received_committed
-
-
-cdef struct event:
-    uint32_t kind
-    uint32_t link
-    uint32_t value
-
-
 cdef inline void _put_u64(uint8_t *p, uint64_t v) noexcept nogil:
     cdef int i
     for i in range(8):
         p[i] = <uint8_t>(v >> (8 * i))
-
-
-cdef inline uint32_t _hash(const uint8_t *p, size_t n) noexcept nogil:
-    cdef uint32_t h = 2166136261u
-    cdef size_t i
-    for i in range(n):
-        h = (h ^ p[i]) * 16777619u
-    return h
 
 
 cdef class Relay:
@@ -279,10 +230,7 @@ cdef class Relay:
     cdef void *sock
     cdef fb_zmq_api R                # the calls of that socket: libzmq's (Z), or a Listener's (_NATIVE)
     cdef fb_zmtp_server *_srv     # ... the Listener's server (NULL: a libzmq ROUTER)
-    cdef slot *slots
-    cdef uint32_t nslots
-    cdef uint32_t *table          # open addressing: link + 1, 0 empty, UINT32_MAX a tombstone
-    cdef uint32_t tcap, tused
+    cdef fb_links L               # every link's state, by number and by routing id (csrc/fb_links.h)
     cdef fb_zmq_msg _parts[MAX_PARTS]  # a message read for Python, until taken
     cdef int _nparts
     cdef int _rc                  # of that message, if a PUB: the router's status
@@ -306,18 +254,12 @@ cdef class Relay:
     cdef void *_xpsock            # ... and its XPUB socket (XPUB_NODROP: a message per record)
     cdef object _xppysock
     cdef int _fds[BLOCKED_SOCKETS]  # ZMQ_FD of the ROUTER, upstream and XPUB sockets (-1: none)
-    cdef uint32_t *_blocked       # links with a queue or an unreported loss (slot.blocked), nslots room
-    cdef uint32_t _nblocked
-    cdef event *_events           # for Python (events()); room for 3 a link and one more
-    cdef uint32_t _nevents
-    cdef bint _flow_asked         # an EVENT_FLOW waits in _events
+    cdef bint _flow_asked         # an EVENT_FLOW waits in L's events
     cdef uint32_t _nholding       # links over flow_bytes, not exempt
     cdef size_t _max_queue, _flow_bytes
     cdef size_t _retain           # what a resumable session's ring keeps (bytes)
     cdef fb_journal *_journal     # --journal (_journal.pxi), or NULL
     cdef _jhook _jh               # the router's held hook's (_j_held)
-    cdef uint32_t *_jdirty        # links whose received count the next commit writes, nslots room
-    cdef uint32_t _njdirty
     cdef public uint64_t journal_errors   # commits that failed (a full disk): retried
     cdef uint64_t _jcompact_at    # journal_compact_at's: wait() returns once the journal holds this much (0: never)
     cdef public bint journal_due  # ... and did: Python compacts it (Journal.compact)
@@ -350,9 +292,7 @@ cdef class Relay:
             self.sock = <void *><uintptr_t>sock.underlying
             self.R = Z
             self._fds[0] = sock.getsockopt(zmq.FD)
-        self.tcap = 64
-        self.table = <uint32_t *>calloc(self.tcap, sizeof(uint32_t))
-        if self.table is NULL:
+        if fb_links_init(&self.L) < 0:
             raise MemoryError()
         self.budget = 256
         self._uplink = UINT32_MAX
@@ -361,7 +301,6 @@ cdef class Relay:
         self._fds[2] = -1
         self._max_queue = 64 << 20
         self._retain = 16 << 20
-        self._grow_slots(0)
 
     def __dealloc__(self):
         cdef uint32_t k
@@ -370,113 +309,23 @@ cdef class Relay:
             self.R.msg_close(&self._parts[i])
         for i in range(self._nup):
             Z.msg_close(&self._up[i])
-        for k in range(self.nslots):
-            fb_linkq_clear(&ZM, &self.slots[k].q)
-            fb_ring_clear(&self.slots[k].ring)
-        free(self.slots)
-        free(self.table)
-        free(self._blocked)
-        free(self._jdirty)
         if self._journal is not NULL:
             self._journal_unhook()
             fb_journal_commit(self._journal, 0)
             fb_journal_close(self._journal)
             self._journal = NULL
-        free(self._events)
+        fb_links_free(&self.L, &ZM)
 
     # -- sessions ----------------------------------------------------------------
 
-    cdef int _grow_slots(self, uint32_t link) except -1:
-        """Slots up to ``link``, and room for the blocked list and the
-        events of that many links (so adding to them never fails)."""
-        cdef uint32_t n
-        cdef slot *p
-        cdef uint32_t *b
-        cdef event *e
-        if link < self.nslots:
-            return 0
-        n = self.nslots * 2 if self.nslots else 64
-        while n <= link:
-            n *= 2
-        b = <uint32_t *>realloc(self._blocked, n * sizeof(uint32_t))
-        if b is NULL:
+    cdef int _reserve(self, uint32_t link) except -1:
+        """Room for link ``link`` (and in the lists over links, so adding
+        to them never fails)."""
+        if fb_links_reserve(&self.L, link) < 0:
+            if link >= FB_LINKS_MAX:
+                raise ValueError(f"link id {link} out of range (below {FB_LINKS_MAX})")
             raise MemoryError()
-        self._blocked = b
-        b = <uint32_t *>realloc(self._jdirty, n * sizeof(uint32_t))
-        if b is NULL:
-            raise MemoryError()
-        self._jdirty = b
-        e = <event *>realloc(self._events, (3 * n + 1) * sizeof(event))
-        if e is NULL:
-            raise MemoryError()
-        self._events = e
-        p = <slot *>realloc(self.slots, n * sizeof(slot))
-        if p is NULL:
-            raise MemoryError()
-        memset(p + self.nslots, 0, (n - self.nslots) * sizeof(slot))
-        self.slots = p
-        self.nslots = n
         return 0
-
-    cdef uint32_t _find(self, const uint8_t *ident, size_t n) noexcept nogil:
-        """The link of a routing id, or UINT32_MAX."""
-        cdef uint32_t mask = self.tcap - 1
-        cdef uint32_t i = _hash(ident, n) & mask
-        cdef uint32_t v
-        cdef slot *s
-        while True:
-            v = self.table[i]
-            if v == 0:
-                return UINT32_MAX
-            if v != UINT32_MAX:
-                s = &self.slots[v - 1]
-                if s.idlen == n and memcmp(s.ident, ident, n) == 0:
-                    return v - 1
-            i = (i + 1) & mask
-
-    cdef int _rehash(self) except -1:
-        """A table for the live routing ids, at most a quarter full (and
-        without the tombstones that sessions leaving left)."""
-        cdef uint32_t *old = self.table
-        cdef uint32_t oldcap = self.tcap, k, v, i, live = 0, cap = 64
-        cdef slot *s
-        for k in range(oldcap):
-            if old[k] != 0 and old[k] != UINT32_MAX:
-                live += 1
-        while cap < 4 * (live + 1):
-            cap *= 2
-        self.table = <uint32_t *>calloc(cap, sizeof(uint32_t))
-        if self.table is NULL:
-            self.table = old
-            raise MemoryError()
-        self.tcap = cap
-        self.tused = 0
-        for k in range(oldcap):
-            v = old[k]
-            if v != 0 and v != UINT32_MAX:
-                s = &self.slots[v - 1]
-                i = _hash(s.ident, s.idlen) & (cap - 1)
-                while self.table[i] != 0:
-                    i = (i + 1) & (cap - 1)
-                self.table[i] = v
-                self.tused += 1
-        free(old)
-        return 0
-
-    cdef void _unlink(self, uint32_t link) noexcept nogil:
-        """Take a link's routing id out of the table."""
-        cdef uint32_t mask = self.tcap - 1
-        cdef slot *s = &self.slots[link]
-        cdef uint32_t i = _hash(s.ident, s.idlen) & mask
-        cdef uint32_t v
-        while True:
-            v = self.table[i]
-            if v == 0:
-                return
-            if v == link + 1:
-                self.table[i] = UINT32_MAX
-                return
-            i = (i + 1) & mask
 
     def add_session(self, uint32_t link, bytes ident not None, uint64_t seq=0, bint acks=False,
                     bint resumable=False) -> None:
@@ -486,16 +335,14 @@ cdef class Relay:
         kept (the ring) and a lost connection detaches it (EVENT_DETACHED)
         instead of removing it, until ``resume`` or ``remove_link``."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(ident)
-        if n < 1 or n > IDENT_MAX:
-            raise ValueError(f"a routing id has 1 to {IDENT_MAX} bytes, not {n}")
-        if link >= UINT32_MAX - 1:
-            raise ValueError("link id out of range")
-        self._grow_slots(link)
-        if self.slots[link].session:
-            self._unlink(link)
+        if n < 1 or n > FB_LINK_IDENT_MAX:
+            raise ValueError(f"a routing id has 1 to {FB_LINK_IDENT_MAX} bytes, not {n}")
+        self._reserve(link)
+        if self.L.at[link].session:
+            fb_links_unname(&self.L, link)
         self._reset_queue(link)
-        cdef slot *s = &self.slots[link]
-        memset(s, 0, sizeof(slot))
+        cdef fb_link *s = &self.L.at[link]
+        memset(s, 0, sizeof(fb_link))
         s.session = 1
         s.acks = acks
         s.resumable = resumable
@@ -503,26 +350,11 @@ cdef class Relay:
         self.confirm(link, seq)
 
     cdef int _link_ident(self, uint32_t link, bytes ident) except -1:
-        """Make ``ident`` (1..IDENT_MAX bytes, checked) the routing id of
-        session ``link``, whose slot is not in the table: a session that
-        held it before loses it (its peer is gone: ids are not reused)."""
-        cdef Py_ssize_t n = PyBytes_GET_SIZE(ident)
-        cdef uint32_t other = self._find(<const uint8_t *>PyBytes_AS_STRING(ident), n)
-        cdef slot *s = &self.slots[link]
-        if other != UINT32_MAX:
-            self._unlink(other)
-            self.slots[other].session = 0
-        if (self.tused + 1) * 2 > self.tcap:
-            self._rehash()
-        s.idlen = <uint8_t>n
-        memcpy(s.ident, PyBytes_AS_STRING(ident), n)
-        cdef uint32_t mask = self.tcap - 1
-        cdef uint32_t i = _hash(s.ident, s.idlen) & mask
-        while self.table[i] != 0 and self.table[i] != UINT32_MAX:
-            i = (i + 1) & mask
-        if self.table[i] == 0:
-            self.tused += 1
-        self.table[i] = link + 1
+        """Make ``ident`` (1..FB_LINK_IDENT_MAX bytes, checked) the routing
+        id of session ``link``, not in the index now: a session that held
+        it before loses it (its peer is gone: ids are not reused)."""
+        if fb_links_name(&self.L, link, <const uint8_t *>PyBytes_AS_STRING(ident), PyBytes_GET_SIZE(ident)) < 0:
+            raise MemoryError()
         return 0
 
     def answer_leases(self, bytes instance not None, double lease_s) -> None:
@@ -547,16 +379,16 @@ cdef class Relay:
         The peer keeps the latest end it was granted, so this never
         shortens it."""
         cdef uint64_t end
-        if link < self.nslots and self.slots[link].session:
+        if link < self.L.n and self.L.at[link].session:
             end = fb_now_ns() + lease_us * 1000u
-            if end > self.slots[link].lease_end_ns:
-                self.slots[link].lease_end_ns = end
+            if end > self.L.at[link].lease_end_ns:
+                self.L.at[link].lease_end_ns = end
 
     def lease_end(self, uint32_t link) -> float:
         """When the last lease granted to the session ends (by the relay
         or through ``grant``), in time.monotonic() seconds (-inf: none)."""
-        if link < self.nslots and self.slots[link].session and self.slots[link].lease_end_ns:
-            return self.slots[link].lease_end_ns / 1e9
+        if link < self.L.n and self.L.at[link].session and self.L.at[link].lease_end_ns:
+            return self.L.at[link].lease_end_ns / 1e9
         return float("-inf")
 
     def set_upstream(self, uint32_t link, sock not None) -> None:
@@ -591,7 +423,7 @@ cdef class Relay:
         descriptors): its slot, and the socket's libzmq handle."""
         if link >= UINT32_MAX - 1:
             raise ValueError("link id out of range")
-        self._grow_slots(link)
+        self._reserve(link)
         self._fds[k] = sock.getsockopt(zmq.FD) if isinstance(sock, zmq.Socket) else sock.FD
         return <void *><uintptr_t>sock.underlying
 
@@ -618,8 +450,7 @@ cdef class Relay:
         """A resumable session's connection is gone: nothing more is sent
         until it resumes; what is routed to it waits in its queue (the
         slow-consumer policy bounds it, and it holds no publisher back)."""
-        cdef slot *s = &self.slots[link]
-        cdef uint32_t i
+        cdef fb_link *s = &self.L.at[link]
         if s.detached:
             return
         self._unblock(link)                      # (out of the list the poll retries)
@@ -629,10 +460,8 @@ cdef class Relay:
             self._nholding -= 1
             self._ask_flow()
         self._block(link)                        # the router holds its outbox
-        for i in range(self._nevents):
-            if self._events[i].kind == EVENT_DETACHED and self._events[i].link == link:
-                return                           # (one pending: the event array's room is counted so)
-        self._event(EVENT_DETACHED, link, 0)
+        if not fb_links_has_event(&self.L, EVENT_DETACHED, link):   # (one pending: the events' room is counted so)
+            self._event(EVENT_DETACHED, link, 0)
 
     def resume(self, uint32_t link, bytes ident not None, uint64_t taken, list first not None) -> tuple:
         """The client of resumable session ``link`` is back on connection
@@ -641,7 +470,7 @@ cdef class Relay:
         ring no longer holds (exact), then what the ring holds past
         ``taken``, again, then what waited while it was away, then the live
         stream.  Returns ``(records replayed, records announced lost)``."""
-        cdef slot *s
+        cdef fb_link *s
         cdef fb_ring_entry *r
         cdef fb_qentry *e
         cdef fb_qentry *head = NULL
@@ -650,15 +479,15 @@ cdef class Relay:
         cdef Py_ssize_t n = PyBytes_GET_SIZE(ident)
         cdef int i, nf = len(first)
         cdef bytes f
-        if link >= self.nslots or not self.slots[link].session or not self.slots[link].resumable or \
-                self.slots[link].gone:
+        if link >= self.L.n or not self.L.at[link].session or not self.L.at[link].resumable or \
+                self.L.at[link].gone:
             raise ValueError(f"link {link} is not a resumable session")
-        if n < 1 or n > IDENT_MAX or nf < 1 or nf > MAX_SEND_FRAMES:
+        if n < 1 or n > FB_LINK_IDENT_MAX or nf < 1 or nf > MAX_SEND_FRAMES:
             raise ValueError("a routing id of 1 to 255 bytes and a control message of 1 to 8 frames")
-        s = &self.slots[link]
+        s = &self.L.at[link]
         if taken > s.taken:
             raise ValueError(f"taken {taken} is past what the session was sent ({s.taken})")
-        self._unlink(link)
+        fb_links_unname(&self.L, link)
         self._link_ident(link, ident)
         if taken < s.ring.trimmed:
             lost = s.ring.trimmed - taken
@@ -726,14 +555,14 @@ cdef class Relay:
         then those waiting, as ``(batch bytes, records of it to skip)``; a
         queue group hands them to another member when the session runs out
         (fastbus.broker.loop).  GAPs and control messages are not in it."""
-        cdef slot *s
+        cdef fb_link *s
         cdef fb_ring_entry *r
         cdef fb_qentry *e
         cdef uint64_t start
         out = []
-        if link >= self.nslots:
+        if link >= self.L.n:
             return out
-        s = &self.slots[link]
+        s = &self.L.at[link]
         r = s.ring.head
         while r is not NULL:
             start = r.end - r.records
@@ -752,15 +581,15 @@ cdef class Relay:
         """A resumable session's client left saying it keeps the session (a
         durable subscriber's BYE): it lingers as if its connection were
         lost (EVENT_DETACHED follows)."""
-        if link < self.nslots and self.slots[link].session and self.slots[link].resumable and \
-                not self.slots[link].gone:
+        if link < self.L.n and self.L.at[link].session and self.L.at[link].resumable and \
+                not self.L.at[link].gone:
             self._detach(link)
 
     def trim(self, uint32_t link, uint64_t taken) -> None:
         """The client of a resumable session says it took its stream up to
         ``taken`` (TAKEN): what that covers is no longer kept."""
-        if link < self.nslots and self.slots[link].resumable:
-            fb_ring_trim(&self.slots[link].ring, taken)
+        if link < self.L.n and self.L.at[link].resumable:
+            fb_ring_trim(&self.L.at[link].ring, taken)
 
     # -- the journal (_journal.pxi) ---------------------------------------
 
@@ -787,10 +616,10 @@ cdef class Relay:
         """Resumable session ``link`` is journaled under ``sid`` (16 bytes):
         what is routed to it from now on is appended, and goes out only once
         committed."""
-        if link >= self.nslots or not self.slots[link].session or PyBytes_GET_SIZE(sid) != 16:
+        if link >= self.L.n or not self.L.at[link].session or PyBytes_GET_SIZE(sid) != 16:
             raise ValueError("a session and a 16-byte id")
-        memcpy(self.slots[link].jsid, PyBytes_AS_STRING(sid), 16)
-        self.slots[link].jhas = self._journal is not NULL
+        memcpy(self.L.at[link].jsid, PyBytes_AS_STRING(sid), 16)
+        self.L.at[link].jhas = self._journal is not NULL
 
     def journal_append(self, int kind, bytes payload not None) -> None:
         """A record of Python's (what describes a session), in order with
@@ -843,14 +672,14 @@ cdef class Relay:
         (what its client took, as it last said), its stream counts on from
         ``stream_end``, and ``received`` of what it sent had come.  The
         records kept."""
-        cdef slot *s
+        cdef fb_link *s
         cdef unsigned char *buf
         cdef bytes b, seq
         cdef uint64_t kept = 0, end
         cdef size_t n
-        if link >= self.nslots or not self.slots[link].session or not self.slots[link].resumable:
+        if link >= self.L.n or not self.L.at[link].session or not self.L.at[link].resumable:
             raise ValueError(f"link {link} is not a resumable session")
-        s = &self.slots[link]
+        s = &self.L.at[link]
         fb_ring_forget(&s.ring, taken)
         batches = sorted(x for x in batches if x[0] > taken and x[1] > 0 and len(x[2]) == 8)
         if batches and batches[0][0] - batches[0][1] > taken:
@@ -897,17 +726,17 @@ cdef class Relay:
         """Where what the ring keeps for session ``link`` starts: the stream
         count through the last entry it let go (a resume from there or
         later misses nothing)."""
-        return self.slots[link].ring.trimmed if link < self.nslots else 0
+        return self.L.at[link].ring.trimmed if link < self.L.n else 0
 
     def resume_state(self, uint32_t link) -> tuple:
         """``(detached, stream count, bytes kept for a resume, records
         waiting in its queue or lost there and not yet announced)``."""
-        cdef slot *s
+        cdef fb_link *s
         cdef fb_qentry *e
         cdef uint64_t waiting = 0
-        if link >= self.nslots:
+        if link >= self.L.n:
             return (False, 0, 0, 0)
-        s = &self.slots[link]
+        s = &self.L.at[link]
         e = s.q.head
         while e is not NULL:
             waiting += e.records - e.done
@@ -919,7 +748,7 @@ cdef class Relay:
         session's PUBs and SUBs up to it.  At once, or (``queue``) behind
         what waits for the session; not at all while it is detached or a
         queue waits (the next one says it)."""
-        cdef slot *s = &self.slots[link]
+        cdef fb_link *s = &self.L.at[link]
         cdef uint8_t buf[8]
         cdef fb_qentry *e
         cdef uint64_t took = s.received_committed if self._journal is not NULL else s.received
@@ -946,25 +775,25 @@ cdef class Relay:
 
     def count_received(self, uint32_t link) -> None:
         """Python took a counted message (a SUB) from a session."""
-        if link < self.nslots:
-            self.slots[link].received += 1
+        if link < self.L.n:
+            self.L.at[link].received += 1
             if self._journal is not NULL:
                 _j_mark(self, link)
 
     def received(self, uint32_t link) -> int:
         """The counted messages (PUB, SUB) the session sent that came."""
-        return self.slots[link].received if link < self.nslots else 0
+        return self.L.at[link].received if link < self.L.n else 0
 
     def tell_took(self, uint32_t link) -> None:
         """TOOK to a resumable session, before a PONG Python answers (with
         a journal, what it covers committed first)."""
         if self._journal is not NULL:
             _j_commit(self)
-        if link < self.nslots and self.slots[link].resumable and \
-                self.slots[link].received != self.slots[link].received_told:
+        if link < self.L.n and self.L.at[link].resumable and \
+                self.L.at[link].received != self.L.at[link].received_told:
             self._tell_took(link, True)
 
-    cdef void _retain_sent(self, slot *s, unsigned char *buf, size_t len, uint64_t records,
+    cdef void _retain_sent(self, fb_link *s, unsigned char *buf, size_t len, uint64_t records,
                            const uint8_t *seq) noexcept nogil:
         """A batch (``buf``, now the ring's; NULL: a GAP of ``records``)
         went to a resumable session with DATA seq ``seq``: counted in its
@@ -989,26 +818,25 @@ cdef class Relay:
             self._xpsock = NULL
             self._xppysock = None
             self._fds[2] = -1
-        if link < self.nslots:
+        if link < self.L.n:
             self._reset_queue(link)
-            if self.slots[link].session:
-                self._unlink(link)
-            memset(&self.slots[link], 0, sizeof(slot))
+            if self.L.at[link].session:
+                fb_links_unname(&self.L, link)
+            memset(&self.L.at[link], 0, sizeof(fb_link))
 
     def discard_queue(self, uint32_t link) -> None:
         """Forget what waits for a link, its unreported loss included (a
         session that starts over)."""
-        if link < self.nslots:
+        if link < self.L.n:
             self._reset_queue(link)
 
     cdef void _reset_queue(self, uint32_t link) noexcept nogil:
         """Empty a link's queue and forget its events, its flow hold and
         its place among the blocked (the router no longer holds it)."""
-        cdef slot *s
-        cdef uint32_t i, k = 0
-        if link >= self.nslots:
+        cdef fb_link *s
+        if link >= self.L.n:
             return
-        s = &self.slots[link]
+        s = &self.L.at[link]
         fb_linkq_clear(&ZM, &s.q)
         fb_ring_clear(&s.ring)
         s.detached = 0
@@ -1020,11 +848,7 @@ cdef class Relay:
         s.asked = 0
         s.overflowed = 0
         self._unblock(link)
-        for i in range(self._nevents):
-            if self._events[i].kind == EVENT_FLOW or self._events[i].link != link:
-                self._events[k] = self._events[i]
-                k += 1
-        self._nevents = k
+        fb_links_forget_events(&self.L, link, EVENT_FLOW)
 
     def count_in(self, uint32_t link, uint64_t records, uint64_t nbytes) -> None:
         """Python routed a batch from the link (a batch from upstream it
@@ -1032,26 +856,26 @@ cdef class Relay:
         relay's."""
         if link >= UINT32_MAX - 1:
             raise ValueError("link id out of range")
-        self._grow_slots(link)
-        self._count_routed(&self.slots[link], records, nbytes)
+        self._reserve(link)
+        self._count_routed(&self.L.at[link], records, nbytes)
 
     def confirm(self, uint32_t link, uint64_t seq) -> None:
         """The seq that the link's DATA frames carry from now on (the SUB
         with this seq is applied; the relay is the one place that holds
         it: data_seq)."""
         cdef int i
-        if link < self.nslots:
+        if link < self.L.n:
             for i in range(8):
-                self.slots[link].seq[i] = <uint8_t>(seq >> (8 * i))
+                self.L.at[link].seq[i] = <uint8_t>(seq >> (8 * i))
 
     def data_seq(self, uint32_t link) -> int:
         """The seq the link's DATA frames carry (confirm's; 0 for a link
         the relay does not know)."""
         cdef int i
         cdef uint64_t seq = 0
-        if link < self.nslots:
+        if link < self.L.n:
             for i in range(8):
-                seq |= (<uint64_t>self.slots[link].seq[i]) << (8 * i)
+                seq |= (<uint64_t>self.L.at[link].seq[i]) << (8 * i)
         return seq
 
     # -- queues: what a link's socket would not take yet -----------------------
@@ -1066,7 +890,7 @@ cdef class Relay:
         vanished: remove it) or DISCONNECTED (queueing it made the link a
         slow consumer: remove it; an EVENT_SLOW says why)."""
         cdef int n = len(frames), i, rc
-        cdef slot *s
+        cdef fb_link *s
         cdef fb_qentry *e
         cdef uint8_t cmd
         cdef bytes f
@@ -1074,10 +898,10 @@ cdef class Relay:
             raise ValueError(f"a control message has 1 to {MAX_SEND_FRAMES} frames, not {n}")
         frames = [x if type(x) is bytes else bytes(x) for x in frames]
         self._written_before_said()
-        if link >= self.nslots or link == self._xplink or self.slots[link].gone or \
-                not (self.slots[link].session or link == self._uplink):
+        if link >= self.L.n or link == self._xplink or self.L.at[link].gone or \
+                not (self.L.at[link].session or link == self._uplink):
             return DROPPED
-        s = &self.slots[link]
+        s = &self.L.at[link]
         f = frames[0]
         cmd = <uint8_t>f[0] if len(f) else 0
         if s.q.head is NULL and not s.q.lost and not s.detached:
@@ -1114,8 +938,8 @@ cdef class Relay:
         (a full pipe, a peer gone).  True if it went."""
         cdef int i, n = len(frames)
         cdef bytes f
-        if n < 1 or n > MAX_SEND_FRAMES or not 1 <= len(ident) <= IDENT_MAX:
-            raise ValueError(f"a reply has 1 to {MAX_SEND_FRAMES} frames and a routing id of 1 to {IDENT_MAX} bytes")
+        if n < 1 or n > MAX_SEND_FRAMES or not 1 <= len(ident) <= FB_LINK_IDENT_MAX:
+            raise ValueError(f"a reply has 1 to {MAX_SEND_FRAMES} frames and a routing id of 1 to {FB_LINK_IDENT_MAX} bytes")
         frames = [x if type(x) is bytes else bytes(x) for x in frames]
         self._written_before_said()
         if self.R.send(self.sock, PyBytes_AS_STRING(ident), PyBytes_GET_SIZE(ident), DONTWAIT | SNDMORE) < 0:
@@ -1134,7 +958,7 @@ cdef class Relay:
         cdef int i, n = len(frames), err
         cdef bytes f
         if link != self._uplink:
-            if api.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
+            if api.send(sock, self.L.at[link].ident, self.L.at[link].idlen, DONTWAIT | SNDMORE) < 0:
                 err = api.last_error()
                 return err if err != 0 else EAGAIN
         for i in range(n):
@@ -1178,7 +1002,7 @@ cdef class Relay:
 
     cdef void _enqueue(self, uint32_t link, fb_qentry *e) noexcept nogil:
         """Queue a data entry (the policy applies)."""
-        cdef slot *s = &self.slots[link]
+        cdef fb_link *s = &self.L.at[link]
         fb_linkq_push(&s.q, e)
         if self._flow_bytes and s.q.bytes > self._flow_bytes and not s.exempt and not s.holding and \
                 not s.detached:
@@ -1196,7 +1020,7 @@ cdef class Relay:
         session is disconnected whatever the policy, another link
         reported (EVENT_OVERFLOW: the upstream link is resynced).  True
         if it was disconnected."""
-        cdef slot *s = &self.slots[link]
+        cdef fb_link *s = &self.L.at[link]
         if s.q.bytes <= self._max_queue:
             return False
         if self._disconnect and s.session:
@@ -1216,7 +1040,7 @@ cdef class Relay:
     cdef void _kick(self, uint32_t link, uint32_t why) noexcept nogil:
         """Disconnect a slow consumer: its queue goes, the peer is told
         (KICK, if its socket takes it) and Python removes it."""
-        cdef slot *s = &self.slots[link]
+        cdef fb_link *s = &self.L.at[link]
         cdef const char *reason = _KICK_SLOW if why == 0 else _KICK_CONTROL if why == 1 else _KICK_STUCK
         self._lose(link, EVENT_SLOW, why)
         if self.R.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) >= 0:
@@ -1226,22 +1050,20 @@ cdef class Relay:
     cdef void _lose(self, uint32_t link, uint32_t kind, uint32_t value) noexcept nogil:
         """A link the relay sends nothing more to (gone, or disconnected):
         its queue goes, and Python hears of it (``kind``) to remove it."""
-        if self.slots[link].gone:
+        if self.L.at[link].gone:
             return
-        if kind == EVENT_GONE and self.slots[link].resumable:
+        if kind == EVENT_GONE and self.L.at[link].resumable:
             self._detach(link)                   # it may come back: it lingers
             return
         self._reset_queue(link)
-        self.slots[link].gone = 1
+        self.L.at[link].gone = 1
         self._event(kind, link, value)
 
     cdef void _event(self, uint32_t kind, uint32_t link, uint32_t value) noexcept nogil:
-        # _grow_slots keeps room: at most one of each kind a link is pending
-        # (gone or slow once, overflow once, a WANT mark asked once) and one flow.
-        self._events[self._nevents].kind = kind
-        self._events[self._nevents].link = link
-        self._events[self._nevents].value = value
-        self._nevents += 1
+        # The events' room (csrc/fb_links.h): at most one of each kind a link
+        # is pending (gone or slow once, overflow once, a WANT mark asked or
+        # a detach once) and one flow.
+        fb_links_event(&self.L, kind, link, value)
 
     cdef void _ask_flow(self) noexcept nogil:
         if not self._flow_asked:
@@ -1252,25 +1074,12 @@ cdef class Relay:
         """The link has a queue (or a loss to report): the relay retries it
         when its socket has room, and the router holds its outbox (sent
         only when full, so what arrives meanwhile makes larger batches)."""
-        if self.slots[link].blocked:
-            return
-        self.slots[link].blocked = 1
-        if not self.slots[link].detached:       # (a lingering session waits for its client, not for room)
-            self._blocked[self._nblocked] = link
-            self._nblocked += 1
-        self.router.dp_hold(link, 1)
+        if fb_links_block(&self.L, link):      # (a detached session is not retried: it waits for its client)
+            self.router.dp_hold(link, 1)
 
     cdef void _unblock(self, uint32_t link) noexcept nogil:
-        cdef uint32_t i
-        if not self.slots[link].blocked:
-            return
-        self.slots[link].blocked = 0
-        for i in range(self._nblocked):
-            if self._blocked[i] == link:
-                self._nblocked -= 1
-                self._blocked[i] = self._blocked[self._nblocked]
-                break
-        self.router.dp_hold(link, 0)       # its next batch goes at the end of a turn
+        if fb_links_unblock(&self.L, link):
+            self.router.dp_hold(link, 0)       # its next batch goes at the end of a turn
 
     cdef void _drain(self, uint64_t now) noexcept nogil:
         """Retry every blocked link's queue (see _drain_link); once none
@@ -1295,10 +1104,10 @@ cdef class Relay:
                     self.U.getsockopt(socks[k], ZMQ_EVENTS, &events, &sz)
                 else:
                     Z.getsockopt(socks[k], ZMQ_EVENTS, &events, &sz)
-        while i < self._nblocked:
-            n = self._nblocked
-            self._drain_link(self._blocked[i], now)
-            if self._nblocked == n:
+        while i < self.L.nblocked:
+            n = self.L.nblocked
+            self._drain_link(self.L.blocked[i], now)
+            if self.L.nblocked == n:
                 i += 1                           # still blocked (else the last took its place)
         if self.paused and not self._nholding:
             self._ask_flow()
@@ -1307,7 +1116,7 @@ cdef class Relay:
         """Send what waits for a link, in order, each loss reported (GAP)
         before the data that follows it, until its socket refuses; a WANT
         mark at the head waits for Python to build it (EVENT_WANT)."""
-        cdef slot *s = &self.slots[link]
+        cdef fb_link *s = &self.L.at[link]
         cdef fb_qentry *e
         cdef int rc
         cdef uint8_t buf[8]
@@ -1395,7 +1204,7 @@ cdef class Relay:
         cdef int err
         if link == self._uplink:
             sock = self._upsock
-        elif api.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
+        elif api.send(sock, self.L.at[link].ident, self.L.at[link].idlen, DONTWAIT | SNDMORE) < 0:
             err = api.last_error()
             return err if err != 0 else EAGAIN
         if api.send(sock, cmd, 1, DONTWAIT | SNDMORE) < 0:
@@ -1415,7 +1224,7 @@ cdef class Relay:
             return self._send_records(e)
         if link == self._uplink:
             sock = self._upsock
-        elif api.send(sock, self.slots[link].ident, self.slots[link].idlen, DONTWAIT | SNDMORE) < 0:
+        elif api.send(sock, self.L.at[link].ident, self.L.at[link].idlen, DONTWAIT | SNDMORE) < 0:
             err = api.last_error()
             return err if err != 0 else EAGAIN
         for i in range(e.nframes):
@@ -1459,12 +1268,12 @@ cdef class Relay:
         (the XPUB link); the batch becomes the entry's (NULL for want of
         memory: then it is still the caller's)."""
         cdef fb_qentry *e
-        cdef int nhead = 2 if self.slots[link].session else (1 if link == self._uplink else 0)
+        cdef int nhead = 2 if self.L.at[link].session else (1 if link == self._uplink else 0)
         e = fb_qentry_new(&ZM, nhead + 1)
         if e is NULL:
             return NULL
         if nhead == 2:
-            if fb_qentry_frame(&ZM, e, 0, FB_CMD_DATA_S, 1) < 0 or fb_qentry_frame(&ZM, e, 1, self.slots[link].seq, 8) < 0:
+            if fb_qentry_frame(&ZM, e, 0, FB_CMD_DATA_S, 1) < 0 or fb_qentry_frame(&ZM, e, 1, self.L.at[link].seq, 8) < 0:
                 fb_qentry_free(&ZM, e)
                 return NULL
         elif nhead == 1 and fb_qentry_frame(&ZM, e, 0, FB_CMD_PUB_S, 1) < 0:
@@ -1481,22 +1290,22 @@ cdef class Relay:
         said so, and the link has not left or started over since)?  Python
         builds the reset only then: building one numbers a change the
         peer will be waited for."""
-        return link < self.nslots and self.slots[link].q.head is not NULL and \
-            self.slots[link].q.head.kind == FB_Q_WANT_MARK
+        return link < self.L.n and self.L.at[link].q.head is not NULL and \
+            self.L.at[link].q.head.kind == FB_Q_WANT_MARK
 
     def fill_want(self, uint32_t link, list frames not None) -> None:
         """The WANT reset that the mark at the head of a link's queue
         stands for (EVENT_WANT), built by Python now: it takes the mark's
         place, and goes when the socket has room.  Ignored if the mark is
         gone (the link left or started over)."""
-        cdef slot *s
+        cdef fb_link *s
         cdef fb_qentry *e
         cdef fb_qentry *m
         cdef int i, n = len(frames)
         cdef bytes f
-        if link >= self.nslots or n < 1 or n > MAX_SEND_FRAMES:
+        if link >= self.L.n or n < 1 or n > MAX_SEND_FRAMES:
             return
-        s = &self.slots[link]
+        s = &self.L.at[link]
         m = s.q.head
         if m is NULL or m.kind != FB_Q_WANT_MARK:
             return
@@ -1525,8 +1334,8 @@ cdef class Relay:
         """What Python must act on, oldest first: ``(kind, link, value)``
         (EVENT_*: see the module's constants)."""
         cdef uint32_t i
-        out = [(self._events[i].kind, self._events[i].link, self._events[i].value) for i in range(self._nevents)]
-        self._nevents = 0
+        out = [(self.L.events[i].kind, self.L.events[i].link, self.L.events[i].value) for i in range(self.L.nevents)]
+        self.L.nevents = 0
         self._flow_asked = False
         return out
 
@@ -1538,7 +1347,7 @@ cdef class Relay:
     @property
     def blocked(self) -> int:
         """How many links have a queue or a loss to report."""
-        return self._nblocked
+        return self.L.nblocked
 
     def held_back(self, bint every: bool = False) -> list:
         """The links holding publishers back (``every``: every link with
@@ -1547,12 +1356,12 @@ cdef class Relay:
         peer has not taken yet (fb_zmtp_server_unsent: falling while the
         peer reads; -1 where the connection is libzmq's)."""
         cdef uint32_t i, link
-        cdef slot *s
+        cdef fb_link *s
         cdef int64_t unsent
         out = []
-        for i in range(self._nblocked):
-            link = self._blocked[i]
-            s = &self.slots[link]
+        for i in range(self.L.nblocked):
+            link = self.L.blocked[i]
+            s = &self.L.at[link]
             if s.holding or (every and not s.gone and s.q.bytes):
                 unsent = fb_zmtp_server_unsent(self._srv, s.ident, s.idlen) if self._srv is not NULL else -1
                 out.append((link, s.last_sent_ns / 1e9, s.q.bytes, unsent))
@@ -1562,7 +1371,7 @@ cdef class Relay:
         """Disconnect a session that took nothing for too long while
         messages waited for it, as a slow consumer (EVENT_SLOW, reason
         2); False if the link is no live session."""
-        if link >= self.nslots or self.slots[link].gone or not self.slots[link].session:
+        if link >= self.L.n or self.L.at[link].gone or not self.L.at[link].session:
             return False
         self._kick(link, 2)
         return True
@@ -1570,18 +1379,18 @@ cdef class Relay:
     def exempt(self, uint32_t link) -> None:
         """The link no longer holds publishers back (it took nothing for
         too long while they waited), until its queue drains."""
-        if link < self.nslots and self.slots[link].holding:
-            self.slots[link].holding = 0
-            self.slots[link].exempt = 1
+        if link < self.L.n and self.L.at[link].holding:
+            self.L.at[link].holding = 0
+            self.L.at[link].exempt = 1
             self._nholding -= 1
 
     def queue_state(self, uint32_t link) -> tuple:
         """``(queued bytes, blocked, holding publishers back, exempt, lost
         and not yet reported, last sent (time.monotonic() s))``."""
-        cdef slot *s
-        if link >= self.nslots:
+        cdef fb_link *s
+        if link >= self.L.n:
             return (0, False, False, False, 0, 0.0)
-        s = &self.slots[link]
+        s = &self.L.at[link]
         return (s.q.bytes, bool(s.blocked), bool(s.holding), bool(s.exempt), s.q.lost, s.last_sent_ns / 1e9)
 
     @property
@@ -1589,8 +1398,8 @@ cdef class Relay:
         """What every link's queue holds."""
         cdef uint32_t i
         cdef size_t total = 0
-        for i in range(self._nblocked):
-            total += self.slots[self._blocked[i]].q.bytes
+        for i in range(self.L.nblocked):
+            total += self.L.at[self.L.blocked[i]].q.bytes
         return total
 
     def flush_link(self, uint32_t link) -> None:
@@ -1707,9 +1516,9 @@ cdef class Relay:
                     self._jcompact_at = 0
                     self.journal_due = True
                     return FOUND_EVENTS          # (Python's turn: its compaction)
-            if self._nblocked:
+            if self.L.nblocked:
                 self._drain(fb_now_ns())
-            if self._nevents:
+            if self.L.nevents:
                 return FOUND_EVENTS
             now = fb_now_ns()
             due = self.router.dp_deadline()          # a lingering batch (0: none)
@@ -1721,7 +1530,7 @@ cdef class Relay:
             if self._up_buffered():
                 ms = 0                         # ... or the upstream Stream
             nitems = n
-            if self._nblocked:
+            if self.L.nblocked:
                 if ms > BACKSTOP_MS:
                     ms = BACKSTOP_MS
                 for k in range(BLOCKED_SOCKETS):
@@ -1750,7 +1559,7 @@ cdef class Relay:
             if items[0].revents & POLLIN or (self._srv is not NULL and fb_zmtp_server_buffered(self._srv)):
                 got += self._read(self.budget, &found)
             self._send_due(fb_now_ns())
-            if self._nevents:
+            if self.L.nevents:
                 found |= FOUND_EVENTS
             if found:
                 return found
@@ -1764,7 +1573,7 @@ cdef class Relay:
         (kept in self._parts: FOUND_MESSAGE) or events wait for Python (a
         flow pause goes out before more is read); the number read."""
         cdef int got = 0, n, i
-        while got < budget and not self._nevents:
+        while got < budget and not self.L.nevents:
             n = self._recv(self._parts)
             if n == 0:
                 break
@@ -1793,8 +1602,8 @@ cdef class Relay:
             n = fb_zmtp_server_take_gone(self._srv, id)
             if n == 0:
                 return
-            link = self._find(id, <size_t>n)
-            if link != UINT32_MAX and link < self.nslots and self.slots[link].session:
+            link = fb_links_find(&self.L, id, <size_t>n)
+            if link != UINT32_MAX and link < self.L.n and self.L.at[link].session:
                 self._lose(link, EVENT_GONE, 0)
 
     cdef bint _route(self, fb_zmq_msg *parts, int n) noexcept nogil:
@@ -1817,16 +1626,16 @@ cdef class Relay:
         cmd = <uint8_t *>R.msg_data(&parts[1])
         if cmd[0] != FB_CMD_PUB:
             return False
-        link = self._find(<const uint8_t *>R.msg_data(&parts[0]), R.msg_size(&parts[0]))
+        link = fb_links_find(&self.L, <const uint8_t *>R.msg_data(&parts[0]), R.msg_size(&parts[0]))
         if link == UINT32_MAX:
             return False
-        self.slots[link].received += 1
-        self.slots[link].received_bytes += R.msg_size(&parts[2])
+        self.L.at[link].received += 1
+        self.L.at[link].received_bytes += R.msg_size(&parts[2])
         if self._journal is not NULL:
             _j_mark(self, link)                  # (TOOK once a commit covers it: _j_commit)
-        elif self.slots[link].resumable and \
-                (self.slots[link].received - self.slots[link].received_told >= TOOK_EVERY or
-                 self.slots[link].received_bytes >= TOOK_BYTES):
+        elif self.L.at[link].resumable and \
+                (self.L.at[link].received - self.L.at[link].received_told >= TOOK_EVERY or
+                 self.L.at[link].received_bytes >= TOOK_BYTES):
             self._tell_took(link, False)
         rc = self._route_batch(link, R.msg_data(&parts[2]), R.msg_size(&parts[2]), &over)
         if self._srv is not NULL:
@@ -1851,7 +1660,7 @@ cdef class Relay:
         rc = self.router.dp_route(link, <const void *>data, len, fb_now_ns(), self._links, LINKS_PER_CALL,
                                   &nfull, &over, &self._delivered)
         if rc >= 0:
-            self._count_routed(&self.slots[link], <uint64_t>rc, len)
+            self._count_routed(&self.L.at[link], <uint64_t>rc, len)
         if nfull:
             self._send_links(self._links, nfull, fb_now_ns())
         over_out[0] = over if rc >= 0 else 0
@@ -1866,7 +1675,7 @@ cdef class Relay:
         cdef uint32_t count
         cdef fb_zmq_api *U = &self.U
         cdef size_t size
-        while got < budget and not self._nup and not self._nevents:
+        while got < budget and not self._nup and not self.L.nevents:
             n = self._recv_on(U, self._upsock, self._upv)
             if n == 0:
                 break
@@ -1934,7 +1743,7 @@ cdef class Relay:
         cdef uint64_t now
         cdef uint8_t lease[8]
         cdef bint lease_ping = n == 4
-        cdef slot *s
+        cdef fb_link *s
         cdef fb_qentry *e
         cdef int err
         cdef fb_zmq_api *R = &self.R
@@ -1943,10 +1752,10 @@ cdef class Relay:
         if lease_ping and (not self._lease_ns or R.msg_size(&parts[3]) != FB_LEASE_ASK_LEN or
                            memcmp(R.msg_data(&parts[3]), FB_LEASE_ASK_S, FB_LEASE_ASK_LEN) != 0):
             return False
-        link = self._find(<const uint8_t *>R.msg_data(&parts[0]), R.msg_size(&parts[0]))
-        if link == UINT32_MAX or (lease_ping and not self.slots[link].acks):
+        link = fb_links_find(&self.L, <const uint8_t *>R.msg_data(&parts[0]), R.msg_size(&parts[0]))
+        if link == UINT32_MAX or (lease_ping and not self.L.at[link].acks):
             return False
-        s = &self.slots[link]
+        s = &self.L.at[link]
         # What was routed to it before this PING goes first.
         self._send_links(&link, 1, fb_now_ns())
         if s.gone:
@@ -1987,7 +1796,7 @@ cdef class Relay:
         self._queued(link, QUEUED)
         return True
 
-    cdef void _answered(self, slot *s, bint lease_ping, uint64_t now) noexcept nogil:
+    cdef void _answered(self, fb_link *s, bint lease_ping, uint64_t now) noexcept nogil:
         self.pings_answered += 1
         if lease_ping:
             if now + self._lease_ns > s.lease_end_ns:
@@ -2101,7 +1910,7 @@ cdef class Relay:
         cdef unsigned char *buf
         cdef size_t len
         cdef int rc
-        cdef slot *s
+        cdef fb_link *s
         cdef fb_qentry *e
         cdef bint journaled
         for k in range(n):
@@ -2113,11 +1922,11 @@ cdef class Relay:
                 continue                      # FB_ENOMEM: the batch stays for the next turn
             count = 0
             fb_batch_header(buf, len, &count, NULL)
-            if link >= self.nslots or self.slots[link].gone or \
-                    not (self.slots[link].session or link == self._uplink or link == self._xplink):
+            if link >= self.L.n or self.L.at[link].gone or \
+                    not (self.L.at[link].session or link == self._uplink or link == self._xplink):
                 fb_free(buf)                  # a link that is leaving (Python removes it this turn)
                 continue
-            s = &self.slots[link]
+            s = &self.L.at[link]
             journaled = self._journal is not NULL and s.jhas and s.resumable
             if journaled and _j_batch(self, s, buf, len, count) < 0:
                 self.journal_errors += 1         # (no memory: it goes unjournaled)
@@ -2156,7 +1965,7 @@ cdef class Relay:
 
     # The books: the broker's totals and the link's, per batch.
 
-    cdef void _count_routed(self, slot *s, uint64_t records, size_t len) noexcept nogil:
+    cdef void _count_routed(self, fb_link *s, uint64_t records, size_t len) noexcept nogil:
         self.batches_in += 1
         self.messages_in += records
         self.bytes_in += len
@@ -2164,7 +1973,7 @@ cdef class Relay:
         s.messages_in += records
         s.bytes_in += len
 
-    cdef void _count_sent(self, slot *s, uint64_t records, size_t len) noexcept nogil:
+    cdef void _count_sent(self, fb_link *s, uint64_t records, size_t len) noexcept nogil:
         self.batches_out += 1
         self.messages_out += records
         self.bytes_out += len
@@ -2172,7 +1981,7 @@ cdef class Relay:
         s.messages_out += records
         s.bytes_out += len
 
-    cdef int _send_data(self, slot *s, unsigned char *buf, size_t len, uint32_t count) noexcept nogil:
+    cdef int _send_data(self, fb_link *s, unsigned char *buf, size_t len, uint32_t count) noexcept nogil:
         """[ident, DATA, seq, batch]: 0 when sent (the batch is then libzmq's
         or freed, or a resumable session's ring's), else the errno (the
         batch is still ours).  Only the routing id can fail
@@ -2224,10 +2033,10 @@ cdef class Relay:
         with traffic (one walk of the slots; the broker calls it when it
         builds a monitoring snapshot, about once a second)."""
         cdef uint32_t i
-        cdef slot *s
+        cdef fb_link *s
         out = {}
-        for i in range(self.nslots):
-            s = &self.slots[i]
+        for i in range(self.L.n):
+            s = &self.L.at[i]
             if s.session or s.batches_in or s.batches_out:
                 out[i] = (s.batches_in, s.messages_in, s.bytes_in, s.batches_out, s.messages_out, s.bytes_out)
         return out

@@ -1,0 +1,223 @@
+/* test_links.c - the data plane's table of links (fb_links.h): lookup by
+ * routing id through growth, tombstones and reuse of an id; the lists
+ * grown with the table; events in order, one link's forgotten; every
+ * link's queue and ring freed with the table (ASan checks). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctest.h"
+#include "fb_links.h"
+
+typedef struct { void *data; size_t size; } fake;
+static int live;
+static int m_init(fb_zmq_msg *m) { ((fake *)m)->data = NULL; ((fake *)m)->size = 0; return 0; }
+static int m_init_size(fb_zmq_msg *m, size_t n)
+{
+    fake *f = (fake *)m;
+    f->data = malloc(n ? n : 1);
+    if (!f->data) return -1;
+    f->size = n;
+    live++;
+    return 0;
+}
+static int m_close(fb_zmq_msg *m)
+{
+    fake *f = (fake *)m;
+    if (f->data) { free(f->data); live--; }
+    f->data = NULL;
+    return 0;
+}
+static void *m_data(fb_zmq_msg *m) { return ((fake *)m)->data; }
+static const fb_zmq_msg_calls Z = {m_init, m_init_size, m_close, m_data};
+
+/* A routing id as the Listener makes them: five bytes, a counter. */
+static size_t ident(uint8_t *out, uint32_t k)
+{
+    out[0] = 0;
+    out[1] = (uint8_t)(k >> 24); out[2] = (uint8_t)(k >> 16); out[3] = (uint8_t)(k >> 8); out[4] = (uint8_t)k;
+    return 5;
+}
+
+static void test_names_found_through_growth_and_tombstones(void)
+{
+    fb_links t;
+    REQUIRE(fb_links_init(&t) == 0);
+    uint8_t id[8];
+    enum { N = 5000 };
+    for (uint32_t k = 0; k < N; k++) {
+        REQUIRE(fb_links_reserve(&t, k) == 0);
+        CHECK_EQ(fb_links_name(&t, k, id, ident(id, k)), 0);
+    }
+    CHECK(t.n >= N);
+    CHECK(t.iused * 2 <= t.icap);
+    for (uint32_t k = 0; k < N; k++) CHECK_EQ(fb_links_find(&t, id, ident(id, k)), k);
+    CHECK_EQ(fb_links_find(&t, id, ident(id, N + 1)), FB_LINK_NONE);
+    /* Every other one leaves: the rest are still found past the tombstones. */
+    for (uint32_t k = 0; k < N; k += 2) fb_links_unname(&t, k);
+    for (uint32_t k = 0; k < N; k++)
+        CHECK_EQ(fb_links_find(&t, id, ident(id, k)), k % 2 ? k : FB_LINK_NONE);
+    /* Churn: names come and go many times over the index's size; the
+     * index is rebuilt without tombstones and never fills (a lookup of a
+     * missing id ends). */
+    for (uint32_t round = 0; round < 20; round++) {
+        for (uint32_t k = 0; k < N; k += 2) {
+            CHECK_EQ(fb_links_name(&t, k, id, ident(id, k + (round + 1) * N)), 0);
+        }
+        for (uint32_t k = 0; k < N; k += 2) fb_links_unname(&t, k);
+        CHECK(t.iused * 2 <= t.icap);
+    }
+    for (uint32_t k = 1; k < N; k += 2) CHECK_EQ(fb_links_find(&t, id, ident(id, k)), k);
+    CHECK_EQ(fb_links_find(&t, id, ident(id, 7 * N)), FB_LINK_NONE);
+    fb_links_free(&t, &Z);
+}
+
+static void test_an_id_named_again_leaves_its_old_link(void)
+{
+    fb_links t;
+    REQUIRE(fb_links_init(&t) == 0);
+    const uint8_t a[] = "peer-a";
+    REQUIRE(fb_links_reserve(&t, 3) == 0);
+    t.at[1].session = 1;
+    CHECK_EQ(fb_links_name(&t, 1, a, 6), 0);
+    CHECK_EQ(fb_links_find(&t, a, 6), 1);
+    t.at[3].session = 1;
+    CHECK_EQ(fb_links_name(&t, 3, a, 6), 0);
+    CHECK_EQ(fb_links_find(&t, a, 6), 3);
+    CHECK_EQ(t.at[1].session, 0);
+    CHECK_EQ(t.at[3].session, 1);
+    /* A prefix, or a longer id, is another id. */
+    CHECK_EQ(fb_links_find(&t, a, 5), FB_LINK_NONE);
+    /* Lengths outside 1..255 and links not reserved are refused, changing nothing. */
+    uint8_t big[256] = {0};
+    errno = 0;
+    CHECK_EQ(fb_links_name(&t, 2, big, 256), -1);
+    CHECK_EQ(errno, EINVAL);
+    CHECK_EQ(fb_links_name(&t, 2, big, 0), -1);
+    CHECK_EQ(fb_links_name(&t, t.n, a, 6), -1);
+    CHECK_EQ(fb_links_find(&t, a, 6), 3);
+    CHECK_EQ(fb_links_name(&t, 2, big, 255), 0);
+    CHECK_EQ(fb_links_find(&t, big, 255), 2);
+    fb_links_free(&t, &Z);
+}
+
+static void test_reserve_grows_zeroed_and_refuses_past_the_bound(void)
+{
+    fb_links t;
+    REQUIRE(fb_links_init(&t) == 0);
+    CHECK_EQ(t.n, 64);
+    t.at[5].batches_in = 7;
+    REQUIRE(fb_links_reserve(&t, 1000) == 0);
+    CHECK(t.n > 1000);
+    CHECK_EQ(t.at[5].batches_in, 7);
+    CHECK_EQ(t.at[999].batches_in, 0);
+    CHECK_EQ(t.at[1000].session, 0);
+    uint32_t n = t.n;
+    errno = 0;
+    CHECK_EQ(fb_links_reserve(&t, FB_LINKS_MAX), -1);
+    CHECK_EQ(errno, EINVAL);
+    CHECK_EQ(t.n, n);
+    fb_links_free(&t, &Z);
+}
+
+static void test_blocked_list_and_detached_links(void)
+{
+    fb_links t;
+    REQUIRE(fb_links_init(&t) == 0);
+    CHECK_EQ(fb_links_block(&t, 4), 1);
+    CHECK_EQ(fb_links_block(&t, 4), 0);
+    CHECK_EQ(fb_links_block(&t, 9), 1);
+    t.at[11].detached = 1;
+    CHECK_EQ(fb_links_block(&t, 11), 1);            /* marked, not listed */
+    CHECK_EQ(t.nblocked, 2);
+    CHECK_EQ(t.at[11].blocked, 1);
+    CHECK_EQ(fb_links_unblock(&t, 4), 1);
+    CHECK_EQ(fb_links_unblock(&t, 4), 0);
+    CHECK_EQ(t.nblocked, 1);
+    CHECK_EQ(t.blocked[0], 9);
+    CHECK_EQ(fb_links_unblock(&t, 11), 1);
+    CHECK_EQ(t.nblocked, 1);
+    /* Every link blocked at once fits: the list has the table's room. */
+    for (uint32_t k = 0; k < t.n; k++) fb_links_block(&t, k);
+    CHECK_EQ(t.nblocked, t.n - 1);                  /* 11 is detached */
+    for (uint32_t k = 0; k < t.n; k++) fb_links_unblock(&t, k);
+    CHECK_EQ(t.nblocked, 0);
+    fb_links_free(&t, &Z);
+}
+
+static void test_dirty_list_once_a_link_with_a_journal_id(void)
+{
+    fb_links t;
+    REQUIRE(fb_links_init(&t) == 0);
+    fb_links_mark_dirty(&t, 2);                     /* no journal id: not listed */
+    CHECK_EQ(t.ndirty, 0);
+    t.at[2].jhas = 1;
+    fb_links_mark_dirty(&t, 2);
+    fb_links_mark_dirty(&t, 2);
+    CHECK_EQ(t.ndirty, 1);
+    CHECK_EQ(t.dirty[0], 2);
+    CHECK_EQ(t.at[2].jdirty, 1);
+    fb_links_free(&t, &Z);
+}
+
+static void test_events_in_order_one_links_forgotten(void)
+{
+    fb_links t;
+    REQUIRE(fb_links_init(&t) == 0);
+    enum { FLOW = 2, GONE = 4, DETACHED = 6 };
+    fb_links_event(&t, GONE, 3, 0);
+    fb_links_event(&t, FLOW, 0, 0);
+    fb_links_event(&t, DETACHED, 5, 0);
+    fb_links_event(&t, GONE, 5, 1);
+    fb_links_event(&t, GONE, 7, 2);
+    CHECK(fb_links_has_event(&t, DETACHED, 5));
+    CHECK(!fb_links_has_event(&t, DETACHED, 3));
+    fb_links_forget_events(&t, 5, FLOW);
+    CHECK_EQ(t.nevents, 3);
+    CHECK_EQ(t.events[0].link, 3);
+    CHECK_EQ(t.events[1].kind, FLOW);
+    CHECK_EQ(t.events[2].link, 7);
+    CHECK_EQ(t.events[2].value, 2);
+    fb_links_forget_events(&t, 0, FLOW);            /* link 0's FLOW is the kind kept */
+    CHECK_EQ(t.nevents, 3);
+    /* The list is bounded by its room: past it, nothing is written. */
+    for (uint32_t k = 0; k < 10 * t.n; k++) fb_links_event(&t, GONE, k % t.n, 0);
+    CHECK_EQ(t.nevents, 3 * t.n + 1);
+    fb_links_free(&t, &Z);
+}
+
+static void test_free_closes_every_queue_and_ring(void)
+{
+    fb_links t;
+    REQUIRE(fb_links_init(&t) == 0);
+    REQUIRE(fb_links_reserve(&t, 200) == 0);
+    for (uint32_t k = 0; k < 200; k += 7) {
+        fb_qentry *e = fb_qentry_new(&Z, 1);
+        REQUIRE(e);
+        REQUIRE(fb_qentry_frame(&Z, e, 0, "data", 4) == 0);
+        e->records = 1;
+        fb_linkq_push(&t.at[k].q, e);
+        unsigned char *buf = malloc(16);
+        REQUIRE(buf);
+        memset(buf, 1, 16);
+        const uint8_t seq[8] = {0};
+        fb_ring_keep(&t.at[k].ring, buf, 16, 1, 1, seq, 1 << 20);
+    }
+    CHECK(live > 0);
+    fb_links_free(&t, &Z);
+    CHECK_EQ(live, 0);
+    CHECK(t.at == NULL && t.n == 0);
+}
+
+int main(void)
+{
+    RUN(test_names_found_through_growth_and_tombstones);
+    RUN(test_an_id_named_again_leaves_its_old_link);
+    RUN(test_reserve_grows_zeroed_and_refuses_past_the_bound);
+    RUN(test_blocked_list_and_detached_links);
+    RUN(test_dirty_list_once_a_link_with_a_journal_id);
+    RUN(test_events_in_order_one_links_forgotten);
+    RUN(test_free_closes_every_queue_and_ring);
+    CTEST_END();
+}

@@ -1,0 +1,69 @@
+# Mirrors csrc/fb_links.h
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+
+from fastbus.includes.fb_linkq cimport fb_linkq, fb_zmq_msg_calls
+from fastbus.includes.fb_ring cimport fb_ring
+
+cdef extern from "fb_links.h" nogil:
+    enum:
+        FB_LINK_IDENT_MAX
+        FB_LINK_NONE
+        FB_LINKS_MAX
+
+    ctypedef struct fb_link:
+        uint8_t session
+        uint8_t acks
+        uint8_t gone
+        uint8_t blocked
+        uint8_t holding
+        uint8_t exempt
+        uint8_t asked
+        uint8_t overflowed
+        uint8_t resumable
+        uint8_t detached
+        uint8_t idlen
+        uint8_t ident[255]
+        uint8_t seq[8]
+        uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out
+        uint64_t lease_end_ns
+        uint64_t last_sent_ns
+        fb_linkq q
+        uint64_t taken
+        fb_ring ring
+        uint64_t received, received_told
+        uint64_t received_bytes
+        uint8_t jhas
+        uint8_t jdirty
+        uint8_t jsid[16]
+        uint64_t jend
+        uint64_t received_committed
+
+    ctypedef struct fb_link_event:
+        uint32_t kind
+        uint32_t link
+        uint32_t value
+
+    ctypedef struct fb_links:
+        fb_link *at
+        uint32_t n
+        uint32_t *index
+        uint32_t icap, iused
+        uint32_t *blocked
+        uint32_t nblocked
+        uint32_t *dirty
+        uint32_t ndirty
+        fb_link_event *events
+        uint32_t nevents
+
+    int fb_links_init(fb_links *t)
+    void fb_links_free(fb_links *t, const fb_zmq_msg_calls *z)
+    int fb_links_reserve(fb_links *t, uint32_t link)
+    uint32_t fb_links_find(const fb_links *t, const uint8_t *ident, size_t n)
+    int fb_links_name(fb_links *t, uint32_t link, const uint8_t *ident, size_t n)
+    void fb_links_unname(fb_links *t, uint32_t link)
+    int fb_links_block(fb_links *t, uint32_t link)
+    int fb_links_unblock(fb_links *t, uint32_t link)
+    void fb_links_mark_dirty(fb_links *t, uint32_t link)
+    void fb_links_event(fb_links *t, uint32_t kind, uint32_t link, uint32_t value)
+    int fb_links_has_event(const fb_links *t, uint32_t kind, uint32_t link)
+    void fb_links_forget_events(fb_links *t, uint32_t link, uint32_t keep)
