@@ -5,8 +5,8 @@
  * (GAP).
  *
  * The policy that bounds a queue (slow consumers, flow control) is the
- * relay's (fastbus/broker/_relay.pyx; described in
- * fastbus/broker/sending.py); here are the entries and the operations on
+ * links' table's (fb_links.h; described in fastbus/broker/sending.py);
+ * here are the entries and the operations on
  * one queue, which touch no socket.  Two rules live here:
  *
  * - Data may be dropped to fit a bound (fb_linkq_drop_data), the oldest

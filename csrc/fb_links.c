@@ -28,6 +28,7 @@ int fb_links_init(fb_links *t)
         return -1;
     }
     t->icap = INDEX_MIN;
+    t->max_queue = (size_t)64 << 20;
     if (fb_links_reserve(t, 0) < 0) {
         free(t->index);
         t->index = NULL;
@@ -218,4 +219,61 @@ void fb_links_forget_events(fb_links *t, uint32_t link, uint32_t keep)
     for (uint32_t i = 0; i < t->nevents; i++)
         if (t->events[i].link != link || t->events[i].kind == keep) t->events[k++] = t->events[i];
     t->nevents = k;
+}
+
+/* -- the slow-consumer policy --------------------------------------------- */
+
+void fb_links_ask_flow(fb_links *t)
+{
+    if (t->flow_asked) return;
+    t->flow_asked = 1;
+    fb_links_event(t, FB_EVENT_FLOW, 0, 0);
+}
+
+void fb_links_push(fb_links *t, uint32_t link, fb_qentry *e)
+{
+    fb_link *s = &t->at[link];
+    fb_linkq_push(&s->q, e);
+    if (t->flow_bytes && s->q.bytes > t->flow_bytes && !s->exempt && !s->holding && !s->detached) {
+        s->holding = 1;
+        t->nholding++;
+        if (!t->paused) fb_links_ask_flow(t);
+    }
+}
+
+int fb_links_release(fb_links *t, uint32_t link)
+{
+    fb_link *s = &t->at[link];
+    if (!s->holding) return 0;
+    s->holding = 0;
+    t->nholding--;
+    return 1;
+}
+
+void fb_links_exempt(fb_links *t, uint32_t link)
+{
+    if (fb_links_release(t, link)) t->at[link].exempt = 1;
+}
+
+void fb_links_drained(fb_links *t, uint32_t link)
+{
+    fb_link *s = &t->at[link];
+    if (s->q.bytes > t->flow_bytes / 4) return;
+    s->exempt = 0;
+    fb_links_release(t, link);
+}
+
+int fb_links_enforce(fb_links *t, uint32_t link, const fb_zmq_msg_calls *z)
+{
+    fb_link *s = &t->at[link];
+    if (s->q.bytes <= t->max_queue) return FB_KEPT;
+    if (t->disconnect && s->session) return FB_KICK_SLOW;
+    t->dropped_slow += fb_linkq_drop_data(z, &s->q, t->max_queue);
+    if (s->q.bytes <= t->max_queue) return FB_KEPT;
+    if (s->session) return FB_KICK_CONTROL;
+    if (!s->overflowed) {
+        s->overflowed = 1;
+        fb_links_event(t, FB_EVENT_OVERFLOW, link, 0);
+    }
+    return FB_KEPT;
 }

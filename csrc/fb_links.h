@@ -23,6 +23,14 @@
  *   allocates and never fails.
  * - Events are kept in order; forgetting a link's (its queue was reset)
  *   keeps everyone else's, and the one kind the caller names.
+ * - The slow-consumer policy over the links' queues (fb_links_push,
+ *   fb_links_enforce): past `flow_bytes` a link holds publishers back
+ *   until it drains to a quarter of that (one FLOW event asked of the
+ *   owner however many links start holding); past `max_queue` its oldest
+ *   data is dropped and counted exactly, or, when the policy says so or
+ *   its control messages alone are over, its session is to be
+ *   disconnected (the verdict is returned: the KICK is the owner's to
+ *   send, on its socket).
  *
  * Not thread-safe: the data plane's thread.
  */
@@ -82,8 +90,24 @@ typedef struct fb_link {
     uint64_t received_committed;
 } fb_link;
 
-/* Something the data plane tells its owner: (kind, link, value), kinds
- * and values the owner's. */
+/* What the data plane tells its owner (an event's kind). */
+enum {
+    FB_EVENT_WANT = 1,               /* a WANT reset mark reached the head of the link's queue: build it */
+    FB_EVENT_FLOW = 2,               /* links holding publishers back came or went: pause or resume (link 0) */
+    FB_EVENT_SLOW = 3,               /* a slow consumer, disconnected (value: why, FB_KICK_* - 1) */
+    FB_EVENT_GONE = 4,               /* a send found the peer gone: remove it */
+    FB_EVENT_OVERFLOW = 5,           /* a link without a session reads not even its control messages */
+    FB_EVENT_DETACHED = 6            /* a resumable session's connection is gone: it lingers */
+};
+
+/* fb_links_enforce's verdict. */
+enum {
+    FB_KEPT = 0,                     /* within the bound (perhaps after dropping data) */
+    FB_KICK_SLOW = 1,                /* disconnect the session: its queue is over the bound */
+    FB_KICK_CONTROL = 2              /* ... its control messages alone are (it reads nothing) */
+};
+
+/* Something the data plane tells its owner: (kind, link, value). */
 typedef struct fb_link_event {
     uint32_t kind;
     uint32_t link;
@@ -101,6 +125,15 @@ typedef struct fb_links {
     uint32_t ndirty;
     fb_link_event *events;           /* oldest first */
     uint32_t nevents;
+    /* The slow-consumer policy (fb_links_init's defaults: 64 MiB, no flow
+     * hold, drop the oldest data), and its state. */
+    size_t max_queue;                /* a queue holds at most this many bytes */
+    size_t flow_bytes;               /* past this a link holds publishers back (0: never) */
+    uint8_t disconnect;              /* past max_queue a session is disconnected (else its oldest data goes) */
+    uint8_t paused;                  /* the owner has paused publishers (it sets this) */
+    uint8_t flow_asked;              /* a FLOW event is pending (the owner clears it as it takes events) */
+    uint32_t nholding;               /* links with holding set */
+    uint64_t dropped_slow;           /* records dropped from queues over max_queue */
 } fb_links;
 
 /* An empty table with room for 64 links: 0, or -1 (ENOMEM). */
@@ -151,6 +184,36 @@ int fb_links_has_event(const fb_links *t, uint32_t kind, uint32_t link);
 /* Forget the pending events of `link`, but those of kind `keep`; the
  * others stay, in order. */
 void fb_links_forget_events(fb_links *t, uint32_t link, uint32_t keep);
+
+/* Ask the owner for a FLOW event (once until it takes its events). */
+void fb_links_ask_flow(fb_links *t);
+
+/* Queue a data entry for a link: past flow_bytes (and not exempt, not
+ * detached, not holding yet) it starts holding publishers back, a FLOW
+ * asked unless they are paused already.  (Blocking it, and the bound,
+ * fb_links_enforce, are the caller's next steps.) */
+void fb_links_push(fb_links *t, uint32_t link, fb_qentry *e);
+
+/* The link no longer holds publishers back: 1 if it did (the caller
+ * decides whether publishers may resume: fb_links_ask_flow). */
+int fb_links_release(fb_links *t, uint32_t link);
+
+/* The link no longer holds publishers back, and will not until its queue
+ * drains to a quarter of flow_bytes (it took nothing for too long while
+ * they waited). */
+void fb_links_exempt(fb_links *t, uint32_t link);
+
+/* The queue drained some: at or below a quarter of flow_bytes the link
+ * holds nothing back and may be held by again. */
+void fb_links_drained(fb_links *t, uint32_t link);
+
+/* The policy on a queue that just grew past nothing or past max_queue:
+ * FB_KEPT (within it, its oldest data dropped and counted in lost and
+ * dropped_slow if need be; a link without a session whose control
+ * messages alone are over it is reported once, FB_EVENT_OVERFLOW), or a
+ * session to disconnect: FB_KICK_SLOW (the policy is "disconnect"),
+ * FB_KICK_CONTROL (its control messages alone are over the bound). */
+int fb_links_enforce(fb_links *t, uint32_t link, const fb_zmq_msg_calls *z);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /* test_links.c - the data plane's table of links (fb_links.h): lookup by
  * routing id through growth, tombstones and reuse of an id; the lists
- * grown with the table; events in order, one link's forgotten; every
+ * grown with the table; events in order, one link's forgotten; the
+ * slow-consumer policy (the flow hold, the bound's verdicts); every
  * link's queue and ring freed with the table (ASan checks). */
 #include <errno.h>
 #include <stdio.h>
@@ -210,6 +211,116 @@ static void test_free_closes_every_queue_and_ring(void)
     CHECK(t.at == NULL && t.n == 0);
 }
 
+
+/* A data entry of `records` records with a batch of `n` bytes. */
+static fb_qentry *data(uint64_t records, size_t n)
+{
+    static unsigned char zeros[1 << 20];
+    fb_qentry *e = fb_qentry_new(&Z, 1);
+    REQUIRE(e && n <= sizeof(zeros));
+    REQUIRE(fb_qentry_frame(&Z, e, 0, zeros, n) == 0);
+    e->records = records;
+    return e;
+}
+
+static void test_flow_hold_asks_once_and_lets_go_at_a_quarter(void)
+{
+    fb_links t;
+    REQUIRE(fb_links_init(&t) == 0);
+    t.flow_bytes = 10000;
+    fb_links_push(&t, 1, data(1, 6000));
+    CHECK_EQ(t.nholding, 0);
+    CHECK_EQ(t.nevents, 0);
+    fb_links_push(&t, 1, data(1, 6000));             /* past flow_bytes: holds, FLOW asked */
+    CHECK_EQ(t.at[1].holding, 1);
+    CHECK_EQ(t.nholding, 1);
+    CHECK_EQ(t.nevents, 1);
+    CHECK_EQ(t.events[0].kind, FB_EVENT_FLOW);
+    fb_links_push(&t, 2, data(1, 12000));            /* another: counted, the one FLOW stands */
+    CHECK_EQ(t.nholding, 2);
+    CHECK_EQ(t.nevents, 1);
+    t.nevents = 0;                                   /* the owner took its events ... */
+    t.flow_asked = 0;
+    t.paused = 1;                                    /* ... and paused publishers */
+    fb_links_push(&t, 3, data(1, 12000));            /* holds, asks nothing: already paused */
+    CHECK_EQ(t.nholding, 3);
+    CHECK_EQ(t.nevents, 0);
+    /* Draining: still over a quarter holds; at a quarter lets go. */
+    fb_linkq_pop(&Z, &t.at[1].q);
+    fb_links_drained(&t, 1);
+    CHECK_EQ(t.at[1].holding, 1);
+    fb_linkq_pop(&Z, &t.at[1].q);
+    fb_links_drained(&t, 1);
+    CHECK_EQ(t.at[1].holding, 0);
+    CHECK_EQ(t.nholding, 2);
+    /* Exempt: stops holding and does not again until drained. */
+    fb_links_exempt(&t, 2);
+    CHECK_EQ(t.at[2].holding, 0);
+    CHECK_EQ(t.at[2].exempt, 1);
+    CHECK_EQ(t.nholding, 1);
+    fb_links_push(&t, 2, data(1, 100));
+    CHECK_EQ(t.at[2].holding, 0);
+    while (t.at[2].q.head) fb_linkq_pop(&Z, &t.at[2].q);
+    fb_links_drained(&t, 2);
+    CHECK_EQ(t.at[2].exempt, 0);
+    fb_links_push(&t, 2, data(1, 12000));
+    CHECK_EQ(t.at[2].holding, 1);
+    /* A detached link never holds; release says whether it did. */
+    t.at[5].detached = 1;
+    fb_links_push(&t, 5, data(1, 12000));
+    CHECK_EQ(t.at[5].holding, 0);
+    CHECK_EQ(fb_links_release(&t, 3), 1);
+    CHECK_EQ(fb_links_release(&t, 3), 0);
+    CHECK_EQ(t.nholding, 1);
+    /* No flow bound: nothing holds. */
+    t.flow_bytes = 0;
+    fb_links_push(&t, 6, data(1, 1 << 20));
+    CHECK_EQ(t.at[6].holding, 0);
+    fb_links_free(&t, &Z);
+    CHECK_EQ(live, 0);
+}
+
+static void test_bound_drops_oldest_data_or_says_kick(void)
+{
+    fb_links t;
+    REQUIRE(fb_links_init(&t) == 0);
+    t.max_queue = 10000;
+    /* Drop the oldest: records counted exactly, the newest kept. */
+    t.at[1].session = 1;
+    for (int i = 0; i < 5; i++) fb_links_push(&t, 1, data(10 + (uint64_t)i, 3000));
+    CHECK_EQ(fb_links_enforce(&t, 1, &Z), FB_KEPT);
+    CHECK(t.at[1].q.bytes <= t.max_queue);
+    CHECK_EQ(t.at[1].q.lost, t.dropped_slow);
+    uint64_t kept = 0;
+    for (const fb_qentry *e = t.at[1].q.head; e; e = e->next) kept += e->records;
+    CHECK_EQ(kept + t.dropped_slow, 10 + 11 + 12 + 13 + 14);
+    CHECK_EQ(t.at[1].q.tail->records, 14);
+    /* Control messages alone over the bound: a session is to be kicked ... */
+    for (int i = 0; i < 5; i++) fb_links_push(&t, 2, data(0, 3000));   /* records 0: control */
+    t.at[2].session = 1;
+    CHECK_EQ(fb_links_enforce(&t, 2, &Z), FB_KICK_CONTROL);
+    /* ... another link is reported once. */
+    for (int i = 0; i < 5; i++) fb_links_push(&t, 3, data(0, 3000));
+    CHECK_EQ(fb_links_enforce(&t, 3, &Z), FB_KEPT);
+    CHECK_EQ(fb_links_enforce(&t, 3, &Z), FB_KEPT);
+    CHECK_EQ(t.nevents, 1);
+    CHECK_EQ(t.events[0].kind, FB_EVENT_OVERFLOW);
+    CHECK_EQ(t.events[0].link, 3);
+    /* Policy "disconnect": a session over the bound is to be kicked, its data kept for the owner to drop. */
+    t.disconnect = 1;
+    uint64_t before = t.dropped_slow;
+    t.at[4].session = 1;
+    for (int i = 0; i < 5; i++) fb_links_push(&t, 4, data(1, 3000));
+    CHECK_EQ(fb_links_enforce(&t, 4, &Z), FB_KICK_SLOW);
+    CHECK_EQ(t.dropped_slow, before);
+    /* A link without a session under "disconnect" loses its oldest data instead. */
+    for (int i = 0; i < 5; i++) fb_links_push(&t, 7, data(1, 3000));
+    CHECK_EQ(fb_links_enforce(&t, 7, &Z), FB_KEPT);
+    CHECK(t.dropped_slow > before);
+    fb_links_free(&t, &Z);
+    CHECK_EQ(live, 0);
+}
+
 int main(void)
 {
     RUN(test_names_found_through_growth_and_tombstones);
@@ -218,6 +329,8 @@ int main(void)
     RUN(test_blocked_list_and_detached_links);
     RUN(test_dirty_list_once_a_link_with_a_journal_id);
     RUN(test_events_in_order_one_links_forgotten);
+    RUN(test_flow_hold_asks_once_and_lets_go_at_a_quarter);
+    RUN(test_bound_drops_oldest_data_or_says_kick);
     RUN(test_free_closes_every_queue_and_ring);
     CTEST_END();
 }

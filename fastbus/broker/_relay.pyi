@@ -71,7 +71,8 @@ class Relay:
     messages_out: int
     bytes_out: int
     dropped: int
-    dropped_slow: int
+    @property
+    def dropped_slow(self) -> int: ...
     gap_notices: int
     control_collapsed: int
     pings_answered: int
@@ -80,7 +81,10 @@ class Relay:
     @property
     def up_records(self) -> int: ...
     journal_errors: int
-    paused: bool
+    @property
+    def paused(self) -> bool: ...
+    @paused.setter
+    def paused(self, value: bool) -> None: ...
     budget: int
     def __init__(self, router: Router, sock: Any) -> None: ...
     def add_session(self, link: int, ident: bytes, seq: int = 0, acks: bool = False,

@@ -81,7 +81,10 @@ from fastbus.includes.fb_journal cimport (fb_journal, fb_journal_append, fb_jour
 from fastbus.includes.fb_protocol cimport *
 from fastbus.includes.fb_links cimport (fb_link, fb_links, fb_links_block, fb_links_event, fb_links_find,
                                        fb_links_forget_events, fb_links_free, fb_links_has_event, fb_links_init,
-                                       fb_links_mark_dirty, fb_links_name, fb_links_reserve, fb_links_unblock, fb_links_unname,
+                                       fb_links_mark_dirty, fb_links_name, fb_links_ask_flow, fb_links_drained,
+                                       fb_links_enforce, fb_links_exempt, fb_links_push, fb_links_release,
+                                       FB_KEPT, FB_KICK_SLOW, FB_KICK_CONTROL, FB_EVENT_WANT, FB_EVENT_FLOW,
+                                       FB_EVENT_SLOW, FB_EVENT_GONE, FB_EVENT_OVERFLOW, FB_EVENT_DETACHED, fb_links_reserve, fb_links_unblock, fb_links_unname,
                                        FB_LINK_IDENT_MAX, FB_LINKS_MAX)
 from fastbus.includes.fb_linkq cimport (fb_linkq, fb_linkq_clear, fb_linkq_collapse, fb_linkq_drop_data, fb_linkq_pop,
                                         fb_linkq_push, fb_qentry, fb_qentry_frame, fb_qentry_free, fb_qentry_new,
@@ -157,13 +160,14 @@ cdef enum:
     FOUND_ERROR = 16             # zmq_poll failed (EINTR: a signal for Python; else wait() raises)
 
 # What the data plane tells Python (events()): (kind, link, value).
+# (Their values are csrc/fb_links.h's, where the policy raises some.)
 cpdef enum:
-    EVENT_WANT = 1               # a WANT reset mark reached the head of the link's queue: fill_want()
-    EVENT_FLOW = 2               # links holding publishers back came or went: pause or resume (link: 0)
-    EVENT_SLOW = 3               # a slow consumer, disconnected (value: 0 too slow, 1 not reading control)
-    EVENT_GONE = 4               # a send found the peer gone (EHOSTUNREACH): remove it
-    EVENT_OVERFLOW = 5           # a link without a session reads not even its control messages
-    EVENT_DETACHED = 6           # a resumable session's connection is gone: it lingers (data waits for it)
+    EVENT_WANT = FB_EVENT_WANT           # a WANT reset mark reached the head of the link's queue: fill_want()
+    EVENT_FLOW = FB_EVENT_FLOW           # links holding publishers back came or went: pause or resume (link: 0)
+    EVENT_SLOW = FB_EVENT_SLOW           # a slow consumer, disconnected (value: 0 too slow, 1 not reading control, 2 stuck)
+    EVENT_GONE = FB_EVENT_GONE           # a send found the peer gone (EHOSTUNREACH): remove it
+    EVENT_OVERFLOW = FB_EVENT_OVERFLOW   # a link without a session reads not even its control messages
+    EVENT_DETACHED = FB_EVENT_DETACHED   # a resumable session's connection is gone: it lingers (data waits for it)
 
 # What send() did with a message.
 cpdef enum:
@@ -254,24 +258,19 @@ cdef class Relay:
     cdef void *_xpsock            # ... and its XPUB socket (XPUB_NODROP: a message per record)
     cdef object _xppysock
     cdef int _fds[BLOCKED_SOCKETS]  # ZMQ_FD of the ROUTER, upstream and XPUB sockets (-1: none)
-    cdef bint _flow_asked         # an EVENT_FLOW waits in L's events
-    cdef uint32_t _nholding       # links over flow_bytes, not exempt
-    cdef size_t _max_queue, _flow_bytes
     cdef size_t _retain           # what a resumable session's ring keeps (bytes)
     cdef fb_journal *_journal     # --journal (_journal.pxi), or NULL
     cdef _jhook _jh               # the router's held hook's (_j_held)
     cdef public uint64_t journal_errors   # commits that failed (a full disk): retried
     cdef uint64_t _jcompact_at    # journal_compact_at's: wait() returns once the journal holds this much (0: never)
     cdef public bint journal_due  # ... and did: Python compacts it (Journal.compact)
-    cdef bint _disconnect         # the slow-consumer policy: disconnect (else drop the oldest data)
     cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out, dropped
-    cdef public uint64_t dropped_slow, gap_notices, control_collapsed
+    cdef public uint64_t gap_notices, control_collapsed
     #: PINGs the relay answered itself (control messages Python did not
     #: see), and how many of them were lease pings it granted a lease.
     cdef public uint64_t pings_answered, leases_granted
     cdef public uint64_t messages_replayed
     #: Publishers are asked to pause (Python's set_flow): a FLOW mark sends this state.
-    cdef public bint paused
     cdef uint64_t _lease_ns       # the lease a PONG grants (0: Python answers lease pings)
     cdef uint8_t _instance[INSTANCE_MAX]
     cdef size_t _instlen
@@ -299,7 +298,6 @@ cdef class Relay:
         self._xplink = UINT32_MAX
         self._fds[1] = -1
         self._fds[2] = -1
-        self._max_queue = 64 << 20
         self._retain = 16 << 20
 
     def __dealloc__(self):
@@ -435,9 +433,9 @@ cdef class Relay:
         (EVENT_FLOW) until it is down to a quarter of that."""
         if max_queue_bytes < 1:
             raise ValueError("max_queue_bytes must be positive")
-        self._max_queue = max_queue_bytes
-        self._flow_bytes = flow_bytes
-        self._disconnect = disconnect
+        self.L.max_queue = max_queue_bytes
+        self.L.flow_bytes = flow_bytes
+        self.L.disconnect = disconnect
         # What a resumable session keeps of what it was sent: enough for
         # what a cut connection's buffers held, and a quarter of the queue
         # bound, so that a lingering session (its ring and what waits for
@@ -455,10 +453,8 @@ cdef class Relay:
             return
         self._unblock(link)                      # (out of the list the poll retries)
         s.detached = 1
-        if s.holding:
-            s.holding = 0
-            self._nholding -= 1
-            self._ask_flow()
+        if fb_links_release(&self.L, link):
+            fb_links_ask_flow(&self.L)
         self._block(link)                        # the router holds its outbox
         if not fb_links_has_event(&self.L, EVENT_DETACHED, link):   # (one pending: the events' room is counted so)
             self._event(EVENT_DETACHED, link, 0)
@@ -695,7 +691,7 @@ cdef class Relay:
             memcpy(buf, PyBytes_AS_STRING(b), n)
             # (Within the queue's bound, not the ring's: a lingering
             # session's queue was journaled too.)
-            fb_ring_keep(&s.ring, buf, n, records, end, <const uint8_t *>PyBytes_AS_STRING(seq), self._max_queue)
+            fb_ring_keep(&s.ring, buf, n, records, end, <const uint8_t *>PyBytes_AS_STRING(seq), self.L.max_queue)
             kept += records
         s.taken = s.jend = max(stream_end, taken)
         s.received = s.received_told = s.received_committed = received
@@ -840,10 +836,8 @@ cdef class Relay:
         fb_linkq_clear(&ZM, &s.q)
         fb_ring_clear(&s.ring)
         s.detached = 0
-        if s.holding:
-            s.holding = 0
-            self._nholding -= 1
-            self._ask_flow()
+        if fb_links_release(&self.L, link):
+            fb_links_ask_flow(&self.L)
         s.exempt = 0
         s.asked = 0
         s.overflowed = 0
@@ -1002,40 +996,18 @@ cdef class Relay:
 
     cdef void _enqueue(self, uint32_t link, fb_qentry *e) noexcept nogil:
         """Queue a data entry (the policy applies)."""
-        cdef fb_link *s = &self.L.at[link]
-        fb_linkq_push(&s.q, e)
-        if self._flow_bytes and s.q.bytes > self._flow_bytes and not s.exempt and not s.holding and \
-                not s.detached:
-            s.holding = 1
-            self._nholding += 1
-            if not self.paused:
-                self._ask_flow()
+        fb_links_push(&self.L, link, e)
         self._queued(link, QUEUED)
 
     cdef bint _enforce(self, uint32_t link) noexcept nogil:
-        """The slow-consumer policy, on a queue that just grew: over
-        max_queue_bytes, drop its oldest data (counted; GAP tells the
-        peer) or disconnect it (a session, under "disconnect"); if its
-        control messages alone are over, it reads nothing at all: a
-        session is disconnected whatever the policy, another link
-        reported (EVENT_OVERFLOW: the upstream link is resynced).  True
-        if it was disconnected."""
-        cdef fb_link *s = &self.L.at[link]
-        if s.q.bytes <= self._max_queue:
+        """The slow-consumer policy on a queue that just grew
+        (csrc/fb_links.h: fb_links_enforce): a session it says to
+        disconnect is kicked.  True if it was."""
+        cdef int verdict = fb_links_enforce(&self.L, link, &ZM)
+        if verdict == FB_KEPT:
             return False
-        if self._disconnect and s.session:
-            self._kick(link, 0)
-            return True
-        self.dropped_slow += fb_linkq_drop_data(&ZM, &s.q, self._max_queue)
-        if s.q.bytes <= self._max_queue:
-            return False
-        if s.session:
-            self._kick(link, 1)
-            return True
-        if not s.overflowed:
-            s.overflowed = 1
-            self._event(EVENT_OVERFLOW, link, 0)
-        return False
+        self._kick(link, 0 if verdict == FB_KICK_SLOW else 1)
+        return True
 
     cdef void _kick(self, uint32_t link, uint32_t why) noexcept nogil:
         """Disconnect a slow consumer: its queue goes, the peer is told
@@ -1064,11 +1036,6 @@ cdef class Relay:
         # is pending (gone or slow once, overflow once, a WANT mark asked or
         # a detach once) and one flow.
         fb_links_event(&self.L, kind, link, value)
-
-    cdef void _ask_flow(self) noexcept nogil:
-        if not self._flow_asked:
-            self._flow_asked = True
-            self._event(EVENT_FLOW, 0, 0)
 
     cdef void _block(self, uint32_t link) noexcept nogil:
         """The link has a queue (or a loss to report): the relay retries it
@@ -1109,8 +1076,8 @@ cdef class Relay:
             self._drain_link(self.L.blocked[i], now)
             if self.L.nblocked == n:
                 i += 1                           # still blocked (else the last took its place)
-        if self.paused and not self._nholding:
-            self._ask_flow()
+        if self.L.paused and not self.L.nholding:
+            fb_links_ask_flow(&self.L)
 
     cdef void _drain_link(self, uint32_t link, uint64_t now) noexcept nogil:
         """Send what waits for a link, in order, each loss reported (GAP)
@@ -1151,7 +1118,7 @@ cdef class Relay:
                     self._event(EVENT_WANT, link, 0)
                 break
             if e.kind == FB_Q_FLOW_MARK:
-                rc = self._send_small(link, FB_CMD_FLOW_S, FB_FLOW_PAUSE_S if self.paused else FB_FLOW_RESUME_S, 1)
+                rc = self._send_small(link, FB_CMD_FLOW_S, FB_FLOW_PAUSE_S if self.L.paused else FB_FLOW_RESUME_S, 1)
                 if rc == 0:
                     s.q.marks &= ~FB_Q_MARK_FLOW
             else:
@@ -1189,11 +1156,7 @@ cdef class Relay:
             s.last_sent_ns = now
         if s.gone or s.detached:
             return
-        if s.q.bytes <= self._flow_bytes // 4:
-            s.exempt = 0
-            if s.holding:
-                s.holding = 0
-                self._nholding -= 1
+        fb_links_drained(&self.L, link)
         if s.q.head is NULL and not s.q.lost:
             self._unblock(link)
 
@@ -1336,13 +1299,28 @@ cdef class Relay:
         cdef uint32_t i
         out = [(self.L.events[i].kind, self.L.events[i].link, self.L.events[i].value) for i in range(self.L.nevents)]
         self.L.nevents = 0
-        self._flow_asked = False
+        self.L.flow_asked = 0
         return out
 
     @property
     def holding(self) -> int:
         """How many links' queues hold publishers back (over flow_bytes)."""
-        return self._nholding
+        return self.L.nholding
+
+    @property
+    def paused(self) -> bool:
+        """Publishers are paused (Python sets it as it tells them): a
+        FLOW mark that reaches a queue's head says so."""
+        return bool(self.L.paused)
+
+    @paused.setter
+    def paused(self, bint value) -> None:
+        self.L.paused = value
+
+    @property
+    def dropped_slow(self) -> int:
+        """Records dropped from slow consumers' queues over max_queue_bytes."""
+        return self.L.dropped_slow
 
     @property
     def blocked(self) -> int:
@@ -1379,10 +1357,8 @@ cdef class Relay:
     def exempt(self, uint32_t link) -> None:
         """The link no longer holds publishers back (it took nothing for
         too long while they waited), until its queue drains."""
-        if link < self.L.n and self.L.at[link].holding:
-            self.L.at[link].holding = 0
-            self.L.at[link].exempt = 1
-            self._nholding -= 1
+        if link < self.L.n:
+            fb_links_exempt(&self.L, link)
 
     def queue_state(self, uint32_t link) -> tuple:
         """``(queued bytes, blocked, holding publishers back, exempt, lost

@@ -6,7 +6,9 @@ All of it is sent by the data plane (fastbus.broker._relay, in C): the
 links' batches, and the control messages Python builds (``Sender.send``
 hands them to ``Relay.send``).  Python decides what only it can (which
 links to remove, when to pause publishers, a WANT reset's snapshot), on
-the relay's events.
+the relay's events.  The policy's rules over a link's queue (when it
+holds publishers back, when it loses data or its session) are C's,
+csrc/fb_links.h, with its unit tests.
 
 Batches form by themselves (docs/PROTOCOL.md, "Batching and latency").  The
 relay reads what its sockets hold, routing each received batch into the

@@ -1,7 +1,7 @@
 # Mirrors csrc/fb_links.h
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 
-from fastbus.includes.fb_linkq cimport fb_linkq, fb_zmq_msg_calls
+from fastbus.includes.fb_linkq cimport fb_linkq, fb_qentry, fb_zmq_msg_calls
 from fastbus.includes.fb_ring cimport fb_ring
 
 cdef extern from "fb_links.h" nogil:
@@ -9,6 +9,15 @@ cdef extern from "fb_links.h" nogil:
         FB_LINK_IDENT_MAX
         FB_LINK_NONE
         FB_LINKS_MAX
+        FB_EVENT_WANT
+        FB_EVENT_FLOW
+        FB_EVENT_SLOW
+        FB_EVENT_GONE
+        FB_EVENT_OVERFLOW
+        FB_EVENT_DETACHED
+        FB_KEPT
+        FB_KICK_SLOW
+        FB_KICK_CONTROL
 
     ctypedef struct fb_link:
         uint8_t session
@@ -54,6 +63,13 @@ cdef extern from "fb_links.h" nogil:
         uint32_t ndirty
         fb_link_event *events
         uint32_t nevents
+        size_t max_queue
+        size_t flow_bytes
+        uint8_t disconnect
+        uint8_t paused
+        uint8_t flow_asked
+        uint32_t nholding
+        uint64_t dropped_slow
 
     int fb_links_init(fb_links *t)
     void fb_links_free(fb_links *t, const fb_zmq_msg_calls *z)
@@ -67,3 +83,9 @@ cdef extern from "fb_links.h" nogil:
     void fb_links_event(fb_links *t, uint32_t kind, uint32_t link, uint32_t value)
     int fb_links_has_event(const fb_links *t, uint32_t kind, uint32_t link)
     void fb_links_forget_events(fb_links *t, uint32_t link, uint32_t keep)
+    void fb_links_ask_flow(fb_links *t)
+    void fb_links_push(fb_links *t, uint32_t link, fb_qentry *e)
+    int fb_links_release(fb_links *t, uint32_t link)
+    void fb_links_exempt(fb_links *t, uint32_t link)
+    void fb_links_drained(fb_links *t, uint32_t link)
+    int fb_links_enforce(fb_links *t, uint32_t link, const fb_zmq_msg_calls *z)
