@@ -1,6 +1,8 @@
 /* fb_linkq.c - see fb_linkq.h. */
 #include "fb_linkq.h"
 
+#include "fb_common.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +44,30 @@ static void make_mark(const fb_zmq_msg_calls *z, fb_qentry *e, uint8_t kind)
     e->kind = kind;
     e->records = 0;
     e->size = FB_Q_ENTRY_BYTES;
+}
+
+static void free_batch(void *data, void *hint)
+{
+    (void)hint;
+    fb_free(data);
+}
+
+int fb_qentry_own(const fb_zmq_msg_calls *z, fb_qentry *e, int i, unsigned char *buf, size_t n)
+{
+    fb_zmq_msg m;
+    if (z->init_data(&m, buf, n, free_batch, NULL) < 0) return -1;
+    z->close(&e->frames[i]);
+    e->frames[i] = m;
+    e->size += n;
+    return 0;
+}
+
+void fb_linkq_push_front(fb_linkq *q, fb_qentry *e)
+{
+    e->next = q->head;
+    q->head = e;
+    if (!q->tail) q->tail = e;
+    q->bytes += e->size;
 }
 
 void fb_linkq_push(fb_linkq *q, fb_qentry *e)

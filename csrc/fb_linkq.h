@@ -41,6 +41,9 @@ typedef struct fb_zmq_msg_calls {
     int (*init_size)(fb_zmq_msg *msg, size_t size);
     int (*close)(fb_zmq_msg *msg);
     void *(*data)(fb_zmq_msg *msg);
+    /* A message that takes `data` without a copy, `ffn(data, hint)` called
+     * when it is done with it (zmq_msg_init_data). */
+    int (*init_data)(fb_zmq_msg *msg, void *data, size_t size, void (*ffn)(void *data, void *hint), void *hint);
 } fb_zmq_msg_calls;
 
 /* An entry's kind. */
@@ -91,8 +94,17 @@ void fb_qentry_free(const fb_zmq_msg_calls *z, fb_qentry *e);
  * for want of memory (the frame left empty). */
 int fb_qentry_frame(const fb_zmq_msg_calls *z, fb_qentry *e, int i, const void *data, size_t n);
 
+/* Frame i takes `buf` (`n` bytes, the core's allocation: fb_free frees
+ * it once the frame is sent or closed) without a copy, counted in the
+ * entry's size; 0, or -1 (the frame left as it was, `buf` still the
+ * caller's). */
+int fb_qentry_own(const fb_zmq_msg_calls *z, fb_qentry *e, int i, unsigned char *buf, size_t n);
+
 /* Append an entry (the queue's now), counting its size. */
 void fb_linkq_push(fb_linkq *q, fb_qentry *e);
+
+/* Put an entry at the head, ahead of everything (counting its size). */
+void fb_linkq_push_front(fb_linkq *q, fb_qentry *e);
 
 /* Free the head entry (there must be one). */
 void fb_linkq_pop(const fb_zmq_msg_calls *z, fb_linkq *q);

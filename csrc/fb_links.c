@@ -1,6 +1,8 @@
 /* fb_links.c - the data plane's table of links (see fb_links.h). */
 #include "fb_links.h"
 
+#include "fb_protocol.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -219,6 +221,48 @@ void fb_links_forget_events(fb_links *t, uint32_t link, uint32_t keep)
     for (uint32_t i = 0; i < t->nevents; i++)
         if (t->events[i].link != link || t->events[i].kind == keep) t->events[k++] = t->events[i];
     t->nevents = k;
+}
+
+/* -- a resumable session's resume ------------------------------------------ */
+
+uint64_t fb_links_replay(fb_links *t, uint32_t link, uint64_t taken, const fb_zmq_msg_calls *z, uint64_t *lost)
+{
+    fb_link *s = &t->at[link];
+    fb_qentry *head = NULL, *tail = NULL;
+    uint64_t replayed = 0, gone = taken < s->ring.trimmed ? s->ring.trimmed - taken : 0;
+    fb_ring_entry *r;
+    while ((r = fb_ring_detach(&s->ring)) != NULL) {
+        if (r->end > taken) {
+            fb_qentry *e = r->buf ? fb_qentry_new(z, 3) : NULL;
+            if (e && fb_qentry_frame(z, e, 0, FB_CMD_DATA_S, 1) == 0 && fb_qentry_frame(z, e, 1, r->seq, 8) == 0 &&
+                    fb_qentry_own(z, e, 2, r->buf, r->len) == 0) {
+                r->buf = NULL;                    /* the entry's now */
+                e->records = r->records;
+                replayed += r->records;
+                if (tail) tail->next = e;
+                else head = e;
+                tail = e;
+            } else {
+                if (e) fb_qentry_free(z, e);
+                gone += r->records;               /* a GAP kept, or no memory: announced as any loss */
+            }
+        }
+        fb_ring_entry_free(r);
+    }
+    s->ring.trimmed = taken;                      /* (empty now: a resume from before is one GAP) */
+    s->taken = taken;                             /* the stream counts on from what the client has */
+    /* Ahead of what waited, in order. */
+    if (head) {
+        size_t bytes = 0;
+        for (fb_qentry *e = head; e; e = e->next) bytes += e->size;
+        tail->next = s->q.head;
+        if (!s->q.head) s->q.tail = tail;
+        s->q.head = head;
+        s->q.bytes += bytes;
+    }
+    s->q.lost += gone;
+    *lost = gone;
+    return replayed;
 }
 
 /* -- the slow-consumer policy --------------------------------------------- */

@@ -31,6 +31,9 @@
  *   its control messages alone are over, its session is to be
  *   disconnected (the verdict is returned: the KICK is the owner's to
  *   send, on its socket).
+ * - A resumed session's replay (fb_links_replay): what its ring kept past
+ *   what the client took goes ahead of its queue, in order and without a
+ *   copy; what it did not keep is one exact loss, told by one GAP.
  *
  * Not thread-safe: the data plane's thread.
  */
@@ -184,6 +187,16 @@ int fb_links_has_event(const fb_links *t, uint32_t kind, uint32_t link);
 /* Forget the pending events of `link`, but those of kind `keep`; the
  * others stay, in order. */
 void fb_links_forget_events(fb_links *t, uint32_t link, uint32_t keep);
+
+/* A resumable session's client is back, having taken `taken` of its
+ * stream (at most the link's `taken`): what its ring holds past that goes
+ * ahead of its queue, in order, as DATA entries [DATA, seq, batch] (the
+ * batches move, no copy); what the ring no longer holds past `taken`
+ * (trimmed, or kept as a GAP, or an entry there was no memory to queue)
+ * is added to the queue's loss, to be told by one GAP before the first
+ * entry with records.  The ring is emptied and counts on from `taken`.
+ * The records queued again; *lost set to the loss added. */
+uint64_t fb_links_replay(fb_links *t, uint32_t link, uint64_t taken, const fb_zmq_msg_calls *z, uint64_t *lost);
 
 /* Ask the owner for a FLOW event (once until it takes its events). */
 void fb_links_ask_flow(fb_links *t);

@@ -33,7 +33,7 @@ static int m_close(fb_zmq_msg *m)
 }
 static void *m_data(fb_zmq_msg *m) { return ((fake *)m)->data; }
 
-static const fb_zmq_msg_calls Z = {m_init, m_init_size, m_close, m_data};
+static const fb_zmq_msg_calls Z = {m_init, m_init_size, m_close, m_data, NULL};   /* (no test here takes a batch without a copy) */
 
 /* A data entry of `records` records and a batch of `n` bytes. */
 static fb_qentry *data_entry(uint64_t records, size_t n)

@@ -11,27 +11,42 @@
 #include "ctest.h"
 #include "fb_links.h"
 
-typedef struct { void *data; size_t size; } fake;
-static int live;
-static int m_init(fb_zmq_msg *m) { ((fake *)m)->data = NULL; ((fake *)m)->size = 0; return 0; }
+typedef struct { void *data; size_t size; void (*ffn)(void *, void *); void *hint; } fake;
+static int live;                                     /* messages holding memory, not closed */
+static int m_init(fb_zmq_msg *m) { memset(m, 0, sizeof(fake)); return 0; }
 static int m_init_size(fb_zmq_msg *m, size_t n)
 {
     fake *f = (fake *)m;
+    memset(f, 0, sizeof(*f));
     f->data = malloc(n ? n : 1);
     if (!f->data) return -1;
     f->size = n;
     live++;
     return 0;
 }
+static int m_init_data(fb_zmq_msg *m, void *data, size_t n, void (*ffn)(void *, void *), void *hint)
+{
+    fake *f = (fake *)m;
+    f->data = data;
+    f->size = n;
+    f->ffn = ffn;
+    f->hint = hint;
+    live++;
+    return 0;
+}
 static int m_close(fb_zmq_msg *m)
 {
     fake *f = (fake *)m;
-    if (f->data) { free(f->data); live--; }
-    f->data = NULL;
+    if (f->data) {
+        if (f->ffn) f->ffn(f->data, f->hint);
+        else free(f->data);
+        live--;
+    }
+    memset(f, 0, sizeof(*f));
     return 0;
 }
 static void *m_data(fb_zmq_msg *m) { return ((fake *)m)->data; }
-static const fb_zmq_msg_calls Z = {m_init, m_init_size, m_close, m_data};
+static const fb_zmq_msg_calls Z = {m_init, m_init_size, m_close, m_data, m_init_data};
 
 /* A routing id as the Listener makes them: five bytes, a counter. */
 static size_t ident(uint8_t *out, uint32_t k)
@@ -321,6 +336,76 @@ static void test_bound_drops_oldest_data_or_says_kick(void)
     CHECK_EQ(live, 0);
 }
 
+/* A batch of n bytes, as the core allocates them (fb_free frees it). */
+static unsigned char *batch(size_t n, unsigned char fill)
+{
+    unsigned char *b = malloc(n);
+    REQUIRE(b);
+    memset(b, fill, n);
+    return b;
+}
+
+static void test_replay_puts_the_ring_past_taken_ahead_and_counts_the_rest_lost(void)
+{
+    fb_links t;
+    REQUIRE(fb_links_init(&t) == 0);
+    fb_link *s = &t.at[3];
+    const uint8_t seq1[8] = {1}, seq3[8] = {3}, seq4[8] = {4};
+    fb_ring_keep(&s->ring, batch(100, 'a'), 100, 10, 10, seq1, 1 << 20);    /* through 10 */
+    fb_ring_keep(&s->ring, NULL, 0, 10, 20, seq1, 1 << 20);                /* a GAP of 10, through 20 */
+    fb_ring_keep(&s->ring, batch(200, 'c'), 200, 10, 30, seq3, 1 << 20);   /* through 30 */
+    fb_ring_keep(&s->ring, batch(300, 'd'), 300, 15, 45, seq4, 1 << 20);   /* through 45 */
+    s->taken = 45;
+    fb_links_push(&t, 3, data(5, 50));                                      /* what waited meanwhile */
+    size_t waited = t.at[3].q.bytes;
+    uint64_t lost = 99;
+    uint64_t replayed = fb_links_replay(&t, 3, 10, &Z, &lost);
+    CHECK_EQ(replayed, 25);
+    CHECK_EQ(lost, 10);
+    CHECK_EQ(s->q.lost, 10);
+    CHECK_EQ(s->taken, 10);
+    CHECK_EQ(s->ring.trimmed, 10);
+    CHECK(s->ring.head == NULL);
+    /* In order: through 30, through 45, then what waited. */
+    fb_qentry *e = s->q.head;
+    REQUIRE(e && e->nframes == 3);
+    CHECK_EQ(e->records, 10);
+    CHECK_EQ(((char *)m_data(&e->frames[0]))[0], 'D');
+    CHECK_EQ(((uint8_t *)m_data(&e->frames[1]))[0], 3);
+    CHECK_EQ(((fake *)&e->frames[2])->size, 200);
+    CHECK_EQ(((unsigned char *)m_data(&e->frames[2]))[199], 'c');
+    e = e->next;
+    REQUIRE(e);
+    CHECK_EQ(e->records, 15);
+    CHECK_EQ(((unsigned char *)m_data(&e->frames[2]))[0], 'd');
+    e = e->next;
+    REQUIRE(e);
+    CHECK_EQ(e->records, 5);
+    CHECK(e == s->q.tail && e->next == NULL);
+    CHECK(s->q.bytes > waited + 500);
+    /* A resume from before what the ring let go: one loss of the exact number. */
+    fb_links_free(&t, &Z);
+    CHECK_EQ(live, 0);
+
+    REQUIRE(fb_links_init(&t) == 0);
+    s = &t.at[1];
+    fb_ring_keep(&s->ring, batch(100, 'x'), 100, 10, 60, seq1, 1 << 20);   /* records 51..60 */
+    s->ring.trimmed = 50;                                                   /* 1..50 let go */
+    s->taken = 60;
+    replayed = fb_links_replay(&t, 1, 40, &Z, &lost);
+    CHECK_EQ(replayed, 10);
+    CHECK_EQ(lost, 10);                                                     /* 41..50 */
+    CHECK(s->q.head == s->q.tail && s->q.head->records == 10);
+    /* Nothing kept past taken: nothing queued, nothing lost. */
+    fb_linkq_clear(&Z, &s->q);
+    s->q.lost = 0;
+    replayed = fb_links_replay(&t, 1, 40, &Z, &lost);
+    CHECK_EQ(replayed + lost, 0);
+    CHECK(s->q.head == NULL && s->q.tail == NULL);
+    fb_links_free(&t, &Z);
+    CHECK_EQ(live, 0);
+}
+
 int main(void)
 {
     RUN(test_names_found_through_growth_and_tombstones);
@@ -331,6 +416,7 @@ int main(void)
     RUN(test_events_in_order_one_links_forgotten);
     RUN(test_flow_hold_asks_once_and_lets_go_at_a_quarter);
     RUN(test_bound_drops_oldest_data_or_says_kick);
+    RUN(test_replay_puts_the_ring_past_taken_ahead_and_counts_the_rest_lost);
     RUN(test_free_closes_every_queue_and_ring);
     CTEST_END();
 }

@@ -81,17 +81,17 @@ from fastbus.includes.fb_journal cimport (fb_journal, fb_journal_append, fb_jour
 from fastbus.includes.fb_protocol cimport *
 from fastbus.includes.fb_links cimport (fb_link, fb_links, fb_links_block, fb_links_event, fb_links_find,
                                        fb_links_forget_events, fb_links_free, fb_links_has_event, fb_links_init,
-                                       fb_links_mark_dirty, fb_links_name, fb_links_ask_flow, fb_links_drained,
+                                       fb_links_mark_dirty, fb_links_name, fb_links_replay, fb_links_ask_flow, fb_links_drained,
                                        fb_links_enforce, fb_links_exempt, fb_links_push, fb_links_release,
                                        FB_KEPT, FB_KICK_SLOW, FB_KICK_CONTROL, FB_EVENT_WANT, FB_EVENT_FLOW,
                                        FB_EVENT_SLOW, FB_EVENT_GONE, FB_EVENT_OVERFLOW, FB_EVENT_DETACHED, fb_links_reserve, fb_links_unblock, fb_links_unname,
                                        FB_LINK_IDENT_MAX, FB_LINKS_MAX)
 from fastbus.includes.fb_linkq cimport (fb_linkq, fb_linkq_clear, fb_linkq_collapse, fb_linkq_drop_data, fb_linkq_pop,
-                                        fb_linkq_push, fb_qentry, fb_qentry_frame, fb_qentry_free, fb_qentry_new,
+                                        fb_linkq_push, fb_linkq_push_front, fb_qentry, fb_qentry_frame, fb_qentry_free,
+                                        fb_qentry_new, fb_qentry_own,
                                         fb_zmq_msg, fb_zmq_msg_calls, FB_Q_ENTRY_BYTES, FB_Q_FLOW_MARK, FB_Q_FRAMES,
                                         FB_Q_MARK_FLOW, FB_Q_MARK_WANT, FB_Q_WANT_MARK)
-from fastbus.includes.fb_ring cimport (fb_ring, fb_ring_clear, fb_ring_detach, fb_ring_entry, fb_ring_entry_free,
-                                       fb_ring_forget, fb_ring_keep, fb_ring_trim)
+from fastbus.includes.fb_ring cimport fb_ring, fb_ring_clear, fb_ring_entry, fb_ring_forget, fb_ring_keep, fb_ring_trim
 from fastbus.includes.fb_backlog cimport fb_backlog, fb_backlog_at
 from fastbus.includes.fb_router cimport FB_HELD_KEPT   # (the router itself: Router's dp_ calls)
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
@@ -467,10 +467,7 @@ cdef class Relay:
         ``taken``, again, then what waited while it was away, then the live
         stream.  Returns ``(records replayed, records announced lost)``."""
         cdef fb_link *s
-        cdef fb_ring_entry *r
         cdef fb_qentry *e
-        cdef fb_qentry *head = NULL
-        cdef fb_qentry *tail = NULL
         cdef uint64_t lost = 0, replayed = 0
         cdef Py_ssize_t n = PyBytes_GET_SIZE(ident)
         cdef int i, nf = len(first)
@@ -485,43 +482,9 @@ cdef class Relay:
             raise ValueError(f"taken {taken} is past what the session was sent ({s.taken})")
         fb_links_unname(&self.L, link)
         self._link_ident(link, ident)
-        if taken < s.ring.trimmed:
-            lost = s.ring.trimmed - taken
-        # The ring's entries past ``taken`` become queue entries, in order,
-        # ahead of what waits (zero copy: the batches move).
-        r = fb_ring_detach(&s.ring)
-        while r is not NULL:
-            if r.end > taken:
-                if r.buf is NULL:
-                    lost += r.records
-                else:
-                    e = fb_qentry_new(&ZM, 3)
-                    if e is NULL or fb_qentry_frame(&ZM, e, 0, FB_CMD_DATA_S, 1) < 0 or fb_qentry_frame(&ZM, e, 1, r.seq, 8) < 0:
-                        if e is not NULL:
-                            fb_qentry_free(&ZM, e)
-                        lost += r.records           # (no memory: announced, as any loss)
-                    else:
-                        Z.msg_close(&e.frames[2])
-                        Z.msg_init_data(&e.frames[2], r.buf, r.len, _free_batch, NULL)
-                        r.buf = NULL
-                        e.size += r.len
-                        e.records = r.records
-                        replayed += r.records
-                        if tail is NULL:
-                            head = e
-                        else:
-                            tail.next = e
-                        tail = e
-                        s.q.bytes += e.size
-            fb_ring_entry_free(r)
-            r = fb_ring_detach(&s.ring)
-        s.ring.trimmed = taken                  # (empty now: a resume from before is one GAP)
-        s.taken = taken                         # the stream counts on from what the client has
-        if head is not NULL:
-            tail.next = s.q.head
-            if s.q.head is NULL:
-                s.q.tail = tail
-            s.q.head = head
+        # The ring's entries past ``taken`` ahead of what waits, what it
+        # no longer holds told by a GAP (csrc/fb_links.h).
+        replayed = fb_links_replay(&self.L, link, taken, &ZM, &lost)
         # ``first`` ahead of everything.
         e = fb_qentry_new(&ZM, nf)
         if e is NULL:
@@ -531,12 +494,7 @@ cdef class Relay:
             if fb_qentry_frame(&ZM, e, i, PyBytes_AS_STRING(f), PyBytes_GET_SIZE(f)) < 0:
                 fb_qentry_free(&ZM, e)
                 raise MemoryError()
-        e.next = s.q.head
-        if s.q.head is NULL:
-            s.q.tail = e
-        s.q.head = e
-        s.q.bytes += e.size
-        s.q.lost += lost
+        fb_linkq_push_front(&s.q, e)
         self._unblock(link)
         s.detached = 0
         self.messages_replayed += replayed
@@ -1242,9 +1200,9 @@ cdef class Relay:
         elif nhead == 1 and fb_qentry_frame(&ZM, e, 0, FB_CMD_PUB_S, 1) < 0:
             fb_qentry_free(&ZM, e)
             return NULL
-        Z.msg_close(&e.frames[nhead])
-        Z.msg_init_data(&e.frames[nhead], buf, len, _free_batch, NULL)
-        e.size += len
+        if fb_qentry_own(&ZM, e, nhead, buf, len) < 0:
+            fb_qentry_free(&ZM, e)
+            return NULL
         e.records = count if count else 1
         return e
 

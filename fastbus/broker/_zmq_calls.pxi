@@ -46,6 +46,7 @@ def bind(dict addresses) -> None:
     ZM.init_size = Z.msg_init_size
     ZM.close = Z.msg_close
     ZM.data = Z.msg_data
+    ZM.init_data = Z.msg_init_data
     _bound = True
 
 

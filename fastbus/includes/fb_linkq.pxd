@@ -9,6 +9,8 @@ cdef extern from "fb_linkq.h" nogil:
         int (*init_size)(fb_zmq_msg *msg, size_t size) noexcept nogil
         int (*close)(fb_zmq_msg *msg) noexcept nogil
         void *(*data)(fb_zmq_msg *msg) noexcept nogil
+        int (*init_data)(fb_zmq_msg *msg, void *data, size_t size, void (*ffn)(void *, void *) noexcept nogil,
+                         void *hint) noexcept nogil
 
     enum:
         FB_Q_FRAMES
@@ -38,7 +40,9 @@ cdef extern from "fb_linkq.h" nogil:
     fb_qentry *fb_qentry_new(const fb_zmq_msg_calls *z, int nframes)
     void fb_qentry_free(const fb_zmq_msg_calls *z, fb_qentry *e)
     int fb_qentry_frame(const fb_zmq_msg_calls *z, fb_qentry *e, int i, const void *data, size_t n)
+    int fb_qentry_own(const fb_zmq_msg_calls *z, fb_qentry *e, int i, unsigned char *buf, size_t n)
     void fb_linkq_push(fb_linkq *q, fb_qentry *e)
+    void fb_linkq_push_front(fb_linkq *q, fb_qentry *e)
     void fb_linkq_pop(const fb_zmq_msg_calls *z, fb_linkq *q)
     void fb_linkq_clear(const fb_zmq_msg_calls *z, fb_linkq *q)
     uint64_t fb_linkq_drop_data(const fb_zmq_msg_calls *z, fb_linkq *q, size_t limit)

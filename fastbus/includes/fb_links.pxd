@@ -83,6 +83,7 @@ cdef extern from "fb_links.h" nogil:
     void fb_links_event(fb_links *t, uint32_t kind, uint32_t link, uint32_t value)
     int fb_links_has_event(const fb_links *t, uint32_t kind, uint32_t link)
     void fb_links_forget_events(fb_links *t, uint32_t link, uint32_t keep)
+    uint64_t fb_links_replay(fb_links *t, uint32_t link, uint64_t taken, const fb_zmq_msg_calls *z, uint64_t *lost)
     void fb_links_ask_flow(fb_links *t)
     void fb_links_push(fb_links *t, uint32_t link, fb_qentry *e)
     int fb_links_release(fb_links *t, uint32_t link)
