@@ -13,6 +13,7 @@
  *   fb_ring.h       what a resumable session was sent, kept for its resume
  *   fb_linkq.h      a broker link's send queue
  *   fb_links.h      a broker's links: their state by number and routing id, the lists over them
+ *   fb_leases.h     a session's PING answered in a broker's data plane (PONG, the lease granted)
  *   fb_zmq_api.h    the libzmq calls a data plane makes, as a table (no zmq.h)
  *
  * Plain C11, no dependencies.  Build with the Makefile in this directory
@@ -26,6 +27,7 @@
 #include "fb_ring.h"
 #include "fb_linkq.h"
 #include "fb_links.h"
+#include "fb_leases.h"
 #include "fb_zmq_api.h"
 #include "fb_trie.h"
 #include "fb_forwarder.h"

@@ -57,7 +57,8 @@ included files: _zmq_calls.pxi, the libzmq calls (their table's shape in
 C, csrc/fb_zmq_api.h); _listener.pxi, the Listener; _journal.pxi, the
 journal's group commit; and in C, beside csrc/fb_router.c: the links'
 state, found by number or routing id, and the lists over them (the links
-it retries, the events for Python: csrc/fb_links.h), a link's queue
+it retries, the events for Python: csrc/fb_links.h), a session's PING
+answered (csrc/fb_leases.h), a link's queue
 (csrc/fb_linkq.h), a resumable session's ring (csrc/fb_ring.h), the
 protocol's bytes (csrc/fb_protocol.h).  The class reads in three
 sections: sessions and links (their sockets, leases, books, the policy),
@@ -79,6 +80,8 @@ from fastbus.includes.fb_journal cimport (fb_journal, fb_journal_append, fb_jour
                                          fb_journal_stats, FB_JOURNAL_FSYNC_ALWAYS, FB_JOURNAL_FSYNC_EVERYSEC,
                                          FB_JOURNAL_FSYNC_NO, FB_JOURNAL_MAX_RECORD)
 from fastbus.includes.fb_protocol cimport *
+from fastbus.includes.fb_leases cimport (fb_leases, fb_leases_grant, fb_leases_pong, fb_leases_set, FB_INSTANCE_MAX,
+                                        FB_PONG_GONE, FB_PONG_NOT, FB_PONG_QUEUED)
 from fastbus.includes.fb_links cimport (fb_link, fb_links, fb_links_block, fb_links_event, fb_links_find,
                                        fb_links_forget_events, fb_links_free, fb_links_has_event, fb_links_init,
                                        fb_links_mark_dirty, fb_links_name, fb_links_replay, fb_links_ask_flow, fb_links_drained,
@@ -141,7 +144,6 @@ cdef enum:
     # resend stays far below the bound that makes it wait (max_buffer_bytes).
     TOOK_EVERY = 1024
     TOOK_BYTES = 65536
-    INSTANCE_MAX = 64            # the broker instance id a PONG carries (protocol.new_instance_id: 16)
     POLLIN = 1                   # ZMQ_POLLIN
     MAX_WAITED = 64              # sockets and descriptors wait() watches besides the ROUTER
     BLOCKED_SOCKETS = 3          # ... and the descriptors of the sockets that links wait on (ROUTER, upstream, XPUB)
@@ -266,14 +268,10 @@ cdef class Relay:
     cdef public bint journal_due  # ... and did: Python compacts it (Journal.compact)
     cdef public uint64_t batches_in, messages_in, bytes_in, batches_out, messages_out, bytes_out, dropped
     cdef public uint64_t gap_notices, control_collapsed
-    #: PINGs the relay answered itself (control messages Python did not
-    #: see), and how many of them were lease pings it granted a lease.
-    cdef public uint64_t pings_answered, leases_granted
     cdef public uint64_t messages_replayed
-    #: Publishers are asked to pause (Python's set_flow): a FLOW mark sends this state.
-    cdef uint64_t _lease_ns       # the lease a PONG grants (0: Python answers lease pings)
-    cdef uint8_t _instance[INSTANCE_MAX]
-    cdef size_t _instlen
+    # The PINGs answered here (Python never sees them): the instance, the
+    # lease, and the counts (pings_answered, leases_granted).
+    cdef fb_leases _leases
     #: wait() reads at most this many messages before polling again.
     cdef public int budget
 
@@ -362,13 +360,21 @@ cdef class Relay:
         Python, as a broker with an upstream does, whose lease depends on
         its own from upstream)."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(instance)
-        if n > INSTANCE_MAX:
-            raise ValueError(f"an instance id has at most {INSTANCE_MAX} bytes")
+        if n > FB_INSTANCE_MAX:
+            raise ValueError(f"an instance id has at most {FB_INSTANCE_MAX} bytes")
         if lease_s < 0 or lease_s > 3600:
             raise ValueError("a lease is 0 to 3600 seconds")
-        memcpy(self._instance, PyBytes_AS_STRING(instance), n)
-        self._instlen = n
-        self._lease_ns = <uint64_t>(lease_s * 1e9)
+        fb_leases_set(&self._leases, PyBytes_AS_STRING(instance), n, <uint64_t>(lease_s * 1e9))
+
+    @property
+    def pings_answered(self) -> int:
+        """PINGs answered here (liveness and lease pings)."""
+        return self._leases.answered
+
+    @property
+    def leases_granted(self) -> int:
+        """... of them lease pings, a lease granted."""
+        return self._leases.granted
 
     def grant(self, uint32_t link, uint64_t lease_us) -> None:
         """Python granted the session a lease of ``lease_us`` from now
@@ -376,11 +382,8 @@ cdef class Relay:
         grants, so that the session's lease has one home (``lease_end``).
         The peer keeps the latest end it was granted, so this never
         shortens it."""
-        cdef uint64_t end
         if link < self.L.n and self.L.at[link].session:
-            end = fb_now_ns() + lease_us * 1000u
-            if end > self.L.at[link].lease_end_ns:
-                self.L.at[link].lease_end_ns = end
+            fb_leases_grant(&self.L.at[link], fb_now_ns() + lease_us * 1000u)
 
     def lease_end(self, uint32_t link) -> float:
         """When the last lease granted to the session ends (by the relay
@@ -1670,72 +1673,35 @@ cdef class Relay:
         fastbus.broker.sessions), and return True.  The PONG goes behind
         the DATA routed to the session before the PING (its outbox is sent
         first) and behind what waits in its queue (WANT included: the
-        lease is on the view those give it).  False (Python answers) for
+        lease is on the view those give it): csrc/fb_leases.h.  False (Python answers) for
         an unknown peer, a lease ping from a peer without "ack" or before
         Python said the lease, and for want of memory."""
         cdef uint32_t link
-        cdef uint64_t now
-        cdef uint8_t lease[8]
-        cdef bint lease_ping = n == 4
         cdef fb_link *s
-        cdef fb_qentry *e
-        cdef int err
+        cdef int rc
         cdef fb_zmq_api *R = &self.R
-        if not self._instlen:
+        if not self._leases.instlen:
             return False                       # Python has not said the instance yet
-        if lease_ping and (not self._lease_ns or R.msg_size(&parts[3]) != FB_LEASE_ASK_LEN or
-                           memcmp(R.msg_data(&parts[3]), FB_LEASE_ASK_S, FB_LEASE_ASK_LEN) != 0):
-            return False
         link = fb_links_find(&self.L, <const uint8_t *>R.msg_data(&parts[0]), R.msg_size(&parts[0]))
-        if link == UINT32_MAX or (lease_ping and not self.L.at[link].acks):
+        if link == UINT32_MAX:
             return False
         s = &self.L.at[link]
+        if n == 4 and (not self._leases.lease_ns or not s.acks):
+            return False                       # (before the outbox goes: Python answers this one)
         # What was routed to it before this PING goes first.
         self._send_links(&link, 1, fb_now_ns())
         if s.gone:
             return True                        # leaving: Python removes it this turn
         if s.resumable and s.received != s.received_told:
             self._tell_took(link, True)           # (a flush's PONG finds what it covers acknowledged)
-        # The lease counts from before the PONG leaves (the client counts
-        # from before its PING left: both ends err short).
-        now = fb_now_ns()
-        _put_u64(lease, self._lease_ns // 1000u)
-        if s.q.head is NULL and not s.q.lost:
-            if R.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) >= 0:
-                R.send(self.sock, FB_CMD_PONG_S, 1, DONTWAIT | SNDMORE)
-                R.send(self.sock, R.msg_data(&parts[2]), R.msg_size(&parts[2]), DONTWAIT | SNDMORE)
-                R.send(self.sock, self._instance, self._instlen, DONTWAIT | (SNDMORE if lease_ping else 0))
-                if lease_ping:
-                    R.send(self.sock, lease, 8, DONTWAIT)
-                s.last_sent_ns = now
-                self._answered(s, lease_ping, now)
-                return True
-            err = R.last_error()
-            if err != EAGAIN and err != 0:
-                self._lose(link, EVENT_GONE, 0)
-                return True
-        # Behind what waits for it.
-        e = fb_qentry_new(&ZM, 4 if lease_ping else 3)
-        if e is NULL:
-            return False
-        e.cmd = FB_CMD_PONG
-        if fb_qentry_frame(&ZM, e, 0, FB_CMD_PONG_S, 1) < 0 or \
-                fb_qentry_frame(&ZM, e, 1, R.msg_data(&parts[2]), R.msg_size(&parts[2])) < 0 or \
-                fb_qentry_frame(&ZM, e, 2, self._instance, self._instlen) < 0 or \
-                (lease_ping and fb_qentry_frame(&ZM, e, 3, lease, 8) < 0):
-            fb_qentry_free(&ZM, e)
-            return False
-        fb_linkq_push(&s.q, e)
-        self._answered(s, lease_ping, now)
-        self._queued(link, QUEUED)
-        return True
-
-    cdef void _answered(self, fb_link *s, bint lease_ping, uint64_t now) noexcept nogil:
-        self.pings_answered += 1
-        if lease_ping:
-            if now + self._lease_ns > s.lease_end_ns:
-                s.lease_end_ns = now + self._lease_ns
-            self.leases_granted += 1
+        rc = fb_leases_pong(&self._leases, s, R, self.sock, &ZM, R.msg_data(&parts[2]), R.msg_size(&parts[2]),
+                            R.msg_data(&parts[3]) if n == 4 else NULL, R.msg_size(&parts[3]) if n == 4 else 0,
+                            fb_now_ns())
+        if rc == FB_PONG_QUEUED:
+            self._queued(link, QUEUED)
+        elif rc == FB_PONG_GONE:
+            self._lose(link, EVENT_GONE, 0)
+        return rc != FB_PONG_NOT
 
     cdef tuple _take_parts(self):
         """The message _read kept for Python, as ``(frames, meta)``,
