@@ -553,6 +553,12 @@ def test_routing_ids_survive_churn(setup):
         relay.add_session(4, b"")
     with pytest.raises(ValueError):
         relay.add_session(4, b"x" * 256)
+    # Link ids are bounded (the table grows to the largest id given).
+    with pytest.raises(ValueError, match="out of range"):
+        relay.add_session(1 << 26, b"far")
+    with pytest.raises(ValueError, match="out of range"):
+        relay.count_in(1 << 26, 1, 10)
+    relay.add_session(5, b"near")                              # a refused id changed nothing
 
 
 def test_wait_routes_in_c_and_returns_only_for_python(setup):

@@ -422,9 +422,7 @@ cdef class Relay:
     cdef void *_own_socket(self, uint32_t link, sock, int k) except NULL:
         """A link on a socket of its own (k: its place among the watched
         descriptors): its slot, and the socket's libzmq handle."""
-        if link >= UINT32_MAX - 1:
-            raise ValueError("link id out of range")
-        self._reserve(link)
+        self._reserve(link)                      # (ValueError past FB_LINKS_MAX)
         self._fds[k] = sock.getsockopt(zmq.FD) if isinstance(sock, zmq.Socket) else sock.FD
         return <void *><uintptr_t>sock.underlying
 
@@ -809,9 +807,7 @@ cdef class Relay:
         """Python routed a batch from the link (a batch from upstream it
         read itself, a plain PUB socket's message): counted with the
         relay's."""
-        if link >= UINT32_MAX - 1:
-            raise ValueError("link id out of range")
-        self._reserve(link)
+        self._reserve(link)                      # (ValueError past FB_LINKS_MAX)
         self._count_routed(&self.L.at[link], records, nbytes)
 
     def confirm(self, uint32_t link, uint64_t seq) -> None:
