@@ -174,6 +174,7 @@ int fb_links_block(fb_links *t, uint32_t link)
     if (s->blocked) return 0;
     s->blocked = 1;
     if (!s->detached) t->blocked[t->nblocked++] = link;
+    if (t->hold) t->hold(t->hold_arg, link, 1);
     return 1;
 }
 
@@ -188,6 +189,7 @@ int fb_links_unblock(fb_links *t, uint32_t link)
             break;
         }
     }
+    if (t->hold) t->hold(t->hold_arg, link, 0);
     return 1;
 }
 
@@ -221,6 +223,48 @@ void fb_links_forget_events(fb_links *t, uint32_t link, uint32_t keep)
     for (uint32_t i = 0; i < t->nevents; i++)
         if (t->events[i].link != link || t->events[i].kind == keep) t->events[k++] = t->events[i];
     t->nevents = k;
+}
+
+/* -- a link lost, detached, started over ----------------------------------- */
+
+void fb_links_detach(fb_links *t, uint32_t link)
+{
+    fb_link *s = &t->at[link];
+    if (s->detached) return;
+    fb_links_unblock(t, link);               /* out of the list of links retried ... */
+    s->detached = 1;
+    if (fb_links_release(t, link)) fb_links_ask_flow(t);
+    fb_links_block(t, link);                 /* ... still held (not listed: detached) */
+    if (!fb_links_has_event(t, FB_EVENT_DETACHED, link))   /* (one pending: the events' room counts so) */
+        fb_links_event(t, FB_EVENT_DETACHED, link, 0);
+}
+
+void fb_links_reset(fb_links *t, uint32_t link, const fb_zmq_msg_calls *z)
+{
+    if (link >= t->n) return;
+    fb_link *s = &t->at[link];
+    fb_linkq_clear(z, &s->q);
+    fb_ring_clear(&s->ring);
+    s->detached = 0;
+    if (fb_links_release(t, link)) fb_links_ask_flow(t);
+    s->exempt = 0;
+    s->asked = 0;
+    s->overflowed = 0;
+    fb_links_unblock(t, link);
+    fb_links_forget_events(t, link, FB_EVENT_FLOW);
+}
+
+void fb_links_lose(fb_links *t, uint32_t link, uint32_t kind, uint32_t value, const fb_zmq_msg_calls *z)
+{
+    fb_link *s = &t->at[link];
+    if (s->gone) return;
+    if (kind == FB_EVENT_GONE && s->resumable) {
+        fb_links_detach(t, link);            /* it may come back: it lingers */
+        return;
+    }
+    fb_links_reset(t, link, z);
+    s->gone = 1;
+    fb_links_event(t, kind, link, value);
 }
 
 /* -- a resumable session's resume ------------------------------------------ */

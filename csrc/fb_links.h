@@ -117,6 +117,11 @@ typedef struct fb_link_event {
     uint32_t value;
 } fb_link_event;
 
+/* Told when a link's blocked mark changes (fb_links_block, _unblock): its
+ * owner holds a blocked link's outbox (sent only when full, so what comes
+ * meanwhile forms larger batches). */
+typedef void (*fb_links_hold_fn)(void *arg, uint32_t link, int held);
+
 typedef struct fb_links {
     fb_link *at;                     /* links 0 .. n-1 (zeroed until used) */
     uint32_t n;
@@ -137,6 +142,8 @@ typedef struct fb_links {
     uint8_t flow_asked;              /* a FLOW event is pending (the owner clears it as it takes events) */
     uint32_t nholding;               /* links with holding set */
     uint64_t dropped_slow;           /* records dropped from queues over max_queue */
+    fb_links_hold_fn hold;           /* (NULL: nobody is told) */
+    void *hold_arg;
 } fb_links;
 
 /* An empty table with room for 64 links: 0, or -1 (ENOMEM). */
@@ -165,14 +172,33 @@ int fb_links_name(fb_links *t, uint32_t link, const uint8_t *ident, size_t n);
  * for the reply it may still be sent; a link not in it: no-op). */
 void fb_links_unname(fb_links *t, uint32_t link);
 
-/* Mark a link blocked: 1 if it was not (the caller holds its outbox), 0
- * if it was.  A detached link is marked but not listed (it waits for its
+/* Mark a link blocked (the hold hook told): 1 if it was not, 0 if it was.  A detached link is marked but not listed (it waits for its
  * client, not for its socket's room). */
 int fb_links_block(fb_links *t, uint32_t link);
 
-/* Clear a link's blocked mark and take it out of the list: 1 if it was
- * blocked, 0 if not.  The last listed link takes its place. */
+/* Clear a link's blocked mark (the hold hook told) and take it out of
+ * the list: 1 if it was blocked, 0 if not.  The last listed link takes its place. */
 int fb_links_unblock(fb_links *t, uint32_t link);
+
+/* A resumable session's connection is gone (not detached yet): nothing
+ * more is sent until it resumes; what is routed to it waits in its queue
+ * (the policy bounds it; it holds no publisher back any more, a FLOW
+ * asked if it did); blocked but not listed (it waits for its client, not
+ * for room); one FB_EVENT_DETACHED pending. */
+void fb_links_detach(fb_links *t, uint32_t link);
+
+/* Start a link's queue over: its entries, its ring and its unreported
+ * loss go, it holds nothing back (a FLOW asked if it did), is neither
+ * exempt, asked, overflowed nor detached, no longer blocked, and its
+ * pending events go (but FLOW). */
+void fb_links_reset(fb_links *t, uint32_t link, const fb_zmq_msg_calls *z);
+
+/* A link nothing more goes to (gone: `kind` FB_EVENT_GONE; or a slow
+ * consumer disconnected, FB_EVENT_SLOW): a resumable session that is
+ * gone is detached instead (it may come back); any other is reset, marked
+ * gone and reported once (`kind`, `value`).  Nothing for a link gone
+ * already. */
+void fb_links_lose(fb_links *t, uint32_t link, uint32_t kind, uint32_t value, const fb_zmq_msg_calls *z);
 
 /* Add to the dirty list (a link with a journal id, not in it yet). */
 void fb_links_mark_dirty(fb_links *t, uint32_t link);

@@ -406,6 +406,95 @@ static void test_replay_puts_the_ring_past_taken_ahead_and_counts_the_rest_lost(
     CHECK_EQ(live, 0);
 }
 
+/* The hold hook: what it was told, in order. */
+static uint32_t held_link[16];
+static int held_on[16], nheld;
+static void on_hold(void *arg, uint32_t link, int held)
+{
+    CHECK(arg == (void *)&nheld);
+    if (nheld < 16) { held_link[nheld] = link; held_on[nheld] = held; }
+    nheld++;
+}
+
+static void test_hold_hook_told_of_each_change(void)
+{
+    fb_links t;
+    REQUIRE(fb_links_init(&t) == 0);
+    t.hold = on_hold;
+    t.hold_arg = &nheld;
+    nheld = 0;
+    fb_links_block(&t, 4);
+    fb_links_block(&t, 4);                           /* no change: not told */
+    fb_links_unblock(&t, 4);
+    fb_links_unblock(&t, 4);
+    CHECK_EQ(nheld, 2);
+    CHECK(held_link[0] == 4 && held_on[0] == 1 && held_on[1] == 0);
+    fb_links_free(&t, &Z);
+}
+
+static void test_lose_detaches_a_resumable_session_and_resets_any_other(void)
+{
+    fb_links t;
+    REQUIRE(fb_links_init(&t) == 0);
+    t.hold = on_hold;
+    t.hold_arg = &nheld;
+    t.flow_bytes = 1000;
+    /* A resumable session holding publishers back loses its connection:
+     * detached (held, not listed), no longer holding (FLOW asked), its
+     * queue kept, one DETACHED however often it is lost. */
+    fb_link *s = &t.at[2];
+    s->session = 1;
+    s->resumable = 1;
+    fb_links_push(&t, 2, data(3, 2000));
+    fb_links_block(&t, 2);
+    CHECK_EQ(t.at[2].holding, 1);
+    t.nevents = 0;
+    t.flow_asked = 0;
+    nheld = 0;
+    fb_links_lose(&t, 2, FB_EVENT_GONE, 0, &Z);
+    fb_links_lose(&t, 2, FB_EVENT_GONE, 0, &Z);
+    CHECK_EQ(s->gone, 0);
+    CHECK_EQ(s->detached, 1);
+    CHECK_EQ(s->blocked, 1);
+    CHECK_EQ(t.nblocked, 0);
+    CHECK_EQ(s->holding, 0);
+    CHECK_EQ(t.nholding, 0);
+    CHECK(s->q.head != NULL);
+    CHECK_EQ(t.nevents, 2);
+    CHECK_EQ(t.events[0].kind, FB_EVENT_FLOW);
+    CHECK_EQ(t.events[1].kind, FB_EVENT_DETACHED);
+    CHECK(nheld >= 1 && held_on[nheld - 1] == 1);   /* still held at the end */
+    /* Its queue started over: empty, unblocked, its events gone but FLOW. */
+    nheld = 0;
+    fb_links_reset(&t, 2, &Z);
+    CHECK(s->q.head == NULL && s->q.bytes == 0);
+    CHECK_EQ(s->detached, 0);
+    CHECK_EQ(s->blocked, 0);
+    CHECK_EQ(nheld, 1);
+    CHECK_EQ(held_on[0], 0);
+    CHECK_EQ(t.nevents, 1);
+    CHECK_EQ(t.events[0].kind, FB_EVENT_FLOW);
+    /* Another link, disconnected as slow: reset, gone, reported once. */
+    fb_link *o = &t.at[3];
+    o->session = 1;
+    fb_links_push(&t, 3, data(2, 100));
+    fb_links_block(&t, 3);
+    o->q.lost = 7;
+    fb_links_lose(&t, 3, FB_EVENT_SLOW, 1, &Z);
+    fb_links_lose(&t, 3, FB_EVENT_GONE, 0, &Z);
+    CHECK_EQ(o->gone, 1);
+    CHECK(o->q.head == NULL && o->q.lost == 0);
+    CHECK_EQ(o->blocked, 0);
+    CHECK_EQ(t.nevents, 2);
+    CHECK_EQ(t.events[1].kind, FB_EVENT_SLOW);
+    CHECK_EQ(t.events[1].link, 3);
+    CHECK_EQ(t.events[1].value, 1);
+    /* A link past the table: reset does nothing. */
+    fb_links_reset(&t, t.n + 5, &Z);
+    fb_links_free(&t, &Z);
+    CHECK_EQ(live, 0);
+}
+
 int main(void)
 {
     RUN(test_names_found_through_growth_and_tombstones);
@@ -417,6 +506,8 @@ int main(void)
     RUN(test_flow_hold_asks_once_and_lets_go_at_a_quarter);
     RUN(test_bound_drops_oldest_data_or_says_kick);
     RUN(test_replay_puts_the_ring_past_taken_ahead_and_counts_the_rest_lost);
+    RUN(test_hold_hook_told_of_each_change);
+    RUN(test_lose_detaches_a_resumable_session_and_resets_any_other);
     RUN(test_free_closes_every_queue_and_ring);
     CTEST_END();
 }

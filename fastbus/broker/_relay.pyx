@@ -71,7 +71,7 @@ from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset, strerror, strlen
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
 
-from fastbus._core cimport Router
+from fastbus._core cimport Router, _hold_fn
 from fastbus.includes.fb_batch cimport fb_batch_decode, fb_batch_header, fb_record
 from fastbus.includes.fb_common cimport fb_free, fb_now_ns
 from fastbus.includes.fb_journal cimport (fb_journal, fb_journal_append, fb_journal_append2, fb_journal_close,
@@ -84,7 +84,8 @@ from fastbus.includes.fb_leases cimport (fb_leases, fb_leases_grant, fb_leases_p
                                         FB_PONG_GONE, FB_PONG_NOT, FB_PONG_QUEUED)
 from fastbus.includes.fb_links cimport (fb_link, fb_links, fb_links_block, fb_links_event, fb_links_find,
                                        fb_links_forget_events, fb_links_free, fb_links_has_event, fb_links_init,
-                                       fb_links_mark_dirty, fb_links_name, fb_links_replay, fb_links_ask_flow, fb_links_drained,
+                                       fb_links_mark_dirty, fb_links_name, fb_links_detach, fb_links_reset, fb_links_lose,
+                                       fb_links_hold_fn, fb_links_replay, fb_links_ask_flow, fb_links_drained,
                                        fb_links_enforce, fb_links_exempt, fb_links_push, fb_links_release,
                                        FB_KEPT, FB_KICK_SLOW, FB_KICK_CONTROL, FB_EVENT_WANT, FB_EVENT_FLOW,
                                        FB_EVENT_SLOW, FB_EVENT_GONE, FB_EVENT_OVERFLOW, FB_EVENT_DETACHED, fb_links_reserve, fb_links_unblock, fb_links_unname,
@@ -291,6 +292,11 @@ cdef class Relay:
             self._fds[0] = sock.getsockopt(zmq.FD)
         if fb_links_init(&self.L) < 0:
             raise MemoryError()
+        # A blocked link's outbox is held by the router (sent only when
+        # full): the table tells it as links block and unblock.
+        cdef _hold_fn hold
+        router.dp_hold_hook(&hold, &self.L.hold_arg)
+        self.L.hold = <fb_links_hold_fn>hold
         self.budget = 256
         self._uplink = UINT32_MAX
         self._xplink = UINT32_MAX
@@ -336,7 +342,7 @@ cdef class Relay:
         self._reserve(link)
         if self.L.at[link].session:
             fb_links_unname(&self.L, link)
-        self._reset_queue(link)
+        fb_links_reset(&self.L, link, &ZM)
         cdef fb_link *s = &self.L.at[link]
         memset(s, 0, sizeof(fb_link))
         s.session = 1
@@ -445,21 +451,6 @@ cdef class Relay:
 
     # -- resumable sessions: detached, resumed (docs/PROTOCOL.md) ---------------
 
-    cdef void _detach(self, uint32_t link) noexcept nogil:
-        """A resumable session's connection is gone: nothing more is sent
-        until it resumes; what is routed to it waits in its queue (the
-        slow-consumer policy bounds it, and it holds no publisher back)."""
-        cdef fb_link *s = &self.L.at[link]
-        if s.detached:
-            return
-        self._unblock(link)                      # (out of the list the poll retries)
-        s.detached = 1
-        if fb_links_release(&self.L, link):
-            fb_links_ask_flow(&self.L)
-        self._block(link)                        # the router holds its outbox
-        if not fb_links_has_event(&self.L, EVENT_DETACHED, link):   # (one pending: the events' room is counted so)
-            self._event(EVENT_DETACHED, link, 0)
-
     def resume(self, uint32_t link, bytes ident not None, uint64_t taken, list first not None) -> tuple:
         """The client of resumable session ``link`` is back on connection
         ``ident``, having taken ``taken`` of its stream: ``first`` (a
@@ -496,10 +487,10 @@ cdef class Relay:
                 fb_qentry_free(&ZM, e)
                 raise MemoryError()
         fb_linkq_push_front(&s.q, e)
-        self._unblock(link)
+        fb_links_unblock(&self.L, link)
         s.detached = 0
         self.messages_replayed += replayed
-        self._block(link)
+        fb_links_block(&self.L, link)
         with nogil:
             self._drain_link(link, fb_now_ns())
         return replayed, lost
@@ -538,7 +529,7 @@ cdef class Relay:
         lost (EVENT_DETACHED follows)."""
         if link < self.L.n and self.L.at[link].session and self.L.at[link].resumable and \
                 not self.L.at[link].gone:
-            self._detach(link)
+            fb_links_detach(&self.L, link)
 
     def trim(self, uint32_t link, uint64_t taken) -> None:
         """The client of a resumable session says it took its stream up to
@@ -774,7 +765,7 @@ cdef class Relay:
             self._xppysock = None
             self._fds[2] = -1
         if link < self.L.n:
-            self._reset_queue(link)
+            fb_links_reset(&self.L, link, &ZM)
             if self.L.at[link].session:
                 fb_links_unname(&self.L, link)
             memset(&self.L.at[link], 0, sizeof(fb_link))
@@ -783,25 +774,7 @@ cdef class Relay:
         """Forget what waits for a link, its unreported loss included (a
         session that starts over)."""
         if link < self.L.n:
-            self._reset_queue(link)
-
-    cdef void _reset_queue(self, uint32_t link) noexcept nogil:
-        """Empty a link's queue and forget its events, its flow hold and
-        its place among the blocked (the router no longer holds it)."""
-        cdef fb_link *s
-        if link >= self.L.n:
-            return
-        s = &self.L.at[link]
-        fb_linkq_clear(&ZM, &s.q)
-        fb_ring_clear(&s.ring)
-        s.detached = 0
-        if fb_links_release(&self.L, link):
-            fb_links_ask_flow(&self.L)
-        s.exempt = 0
-        s.asked = 0
-        s.overflowed = 0
-        self._unblock(link)
-        fb_links_forget_events(&self.L, link, EVENT_FLOW)
+            fb_links_reset(&self.L, link, &ZM)
 
     def count_in(self, uint32_t link, uint64_t records, uint64_t nbytes) -> None:
         """Python routed a batch from the link (a batch from upstream it
@@ -861,7 +834,7 @@ cdef class Relay:
                 s.last_sent_ns = fb_now_ns()
                 return SENT
             if rc != EAGAIN:
-                self._lose(link, EVENT_GONE, 0)
+                fb_links_lose(&self.L, link, EVENT_GONE, 0, &ZM)
                 if s.gone:
                     return GONE                  # (a resumable session lingers: queued below)
         if len(f) == 1 and ((cmd == FB_CMD_WANT and s.session) or cmd == FB_CMD_FLOW):
@@ -946,7 +919,7 @@ cdef class Relay:
     cdef int _queued(self, uint32_t link, int status) noexcept nogil:
         """A link's queue just grew: it is blocked, and over the limit the
         policy applies.  ``status``, or DISCONNECTED."""
-        self._block(link)
+        fb_links_block(&self.L, link)
         if self._enforce(link):
             return DISCONNECTED
         return status
@@ -971,39 +944,16 @@ cdef class Relay:
         (KICK, if its socket takes it) and Python removes it."""
         cdef fb_link *s = &self.L.at[link]
         cdef const char *reason = _KICK_SLOW if why == 0 else _KICK_CONTROL if why == 1 else _KICK_STUCK
-        self._lose(link, EVENT_SLOW, why)
+        fb_links_lose(&self.L, link, EVENT_SLOW, why, &ZM)
         if self.R.send(self.sock, s.ident, s.idlen, DONTWAIT | SNDMORE) >= 0:
             self.R.send(self.sock, FB_CMD_KICK_S, 1, DONTWAIT | SNDMORE)
             self.R.send(self.sock, reason, strlen(reason), DONTWAIT)
-
-    cdef void _lose(self, uint32_t link, uint32_t kind, uint32_t value) noexcept nogil:
-        """A link the relay sends nothing more to (gone, or disconnected):
-        its queue goes, and Python hears of it (``kind``) to remove it."""
-        if self.L.at[link].gone:
-            return
-        if kind == EVENT_GONE and self.L.at[link].resumable:
-            self._detach(link)                   # it may come back: it lingers
-            return
-        self._reset_queue(link)
-        self.L.at[link].gone = 1
-        self._event(kind, link, value)
 
     cdef void _event(self, uint32_t kind, uint32_t link, uint32_t value) noexcept nogil:
         # The events' room (csrc/fb_links.h): at most one of each kind a link
         # is pending (gone or slow once, overflow once, a WANT mark asked or
         # a detach once) and one flow.
         fb_links_event(&self.L, kind, link, value)
-
-    cdef void _block(self, uint32_t link) noexcept nogil:
-        """The link has a queue (or a loss to report): the relay retries it
-        when its socket has room, and the router holds its outbox (sent
-        only when full, so what arrives meanwhile makes larger batches)."""
-        if fb_links_block(&self.L, link):      # (a detached session is not retried: it waits for its client)
-            self.router.dp_hold(link, 1)
-
-    cdef void _unblock(self, uint32_t link) noexcept nogil:
-        if fb_links_unblock(&self.L, link):
-            self.router.dp_hold(link, 0)       # its next batch goes at the end of a turn
 
     cdef void _drain(self, uint64_t now) noexcept nogil:
         """Retry every blocked link's queue (see _drain_link); once none
@@ -1057,7 +1007,7 @@ cdef class Relay:
                 if rc == EAGAIN:
                     break
                 if rc:
-                    self._lose(link, EVENT_GONE, 0)
+                    fb_links_lose(&self.L, link, EVENT_GONE, 0, &ZM)
                     if s.gone:
                         return
                     continue                     # detached: the GAP stays to tell
@@ -1105,7 +1055,7 @@ cdef class Relay:
             if rc == EAGAIN:
                 break
             if rc:
-                self._lose(link, EVENT_GONE, 0)
+                fb_links_lose(&self.L, link, EVENT_GONE, 0, &ZM)
                 if s.gone:
                     return
                 continue                         # detached: the entry waits for the resume
@@ -1115,7 +1065,7 @@ cdef class Relay:
             return
         fb_links_drained(&self.L, link)
         if s.q.head is NULL and not s.q.lost:
-            self._unblock(link)
+            fb_links_unblock(&self.L, link)
 
     cdef int _send_small(self, uint32_t link, const char *cmd, const void *arg, size_t n) noexcept nogil:
         """[cmd, arg] to a session or the upstream link: 0 or the errno."""
@@ -1537,7 +1487,7 @@ cdef class Relay:
                 return
             link = fb_links_find(&self.L, id, <size_t>n)
             if link != UINT32_MAX and link < self.L.n and self.L.at[link].session:
-                self._lose(link, EVENT_GONE, 0)
+                fb_links_lose(&self.L, link, EVENT_GONE, 0, &ZM)
 
     cdef bint _route(self, fb_zmq_msg *parts, int n) noexcept nogil:
         """A known session's PUB: route it here (an outbox it fills goes
@@ -1696,7 +1646,7 @@ cdef class Relay:
         if rc == FB_PONG_QUEUED:
             self._queued(link, QUEUED)
         elif rc == FB_PONG_GONE:
-            self._lose(link, EVENT_GONE, 0)
+            fb_links_lose(&self.L, link, EVENT_GONE, 0, &ZM)
         return rc != FB_PONG_NOT
 
     cdef tuple _take_parts(self):
@@ -1836,7 +1786,7 @@ cdef class Relay:
                     s.last_sent_ns = now
                     continue
                 if rc != EAGAIN:
-                    self._lose(link, EVENT_GONE, 0)
+                    fb_links_lose(&self.L, link, EVENT_GONE, 0, &ZM)
                     if s.gone:
                         fb_free(buf)
                         continue
@@ -1848,7 +1798,7 @@ cdef class Relay:
                 fb_free(buf)
                 self.dropped += count
                 s.q.lost += count
-                self._block(link)
+                fb_links_block(&self.L, link)
                 continue
             if link == self._xplink and s.q.head is NULL and not s.q.lost:
                 rc = self._send_records(e)

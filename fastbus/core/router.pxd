@@ -6,8 +6,17 @@ from fastbus.includes.fb_backlog cimport fb_backlog
 from fastbus.includes.fb_router cimport fb_router, fb_router_held_fn
 
 
+# What the data plane's hold hook is given (Router.dp_hold_hook).
+cdef struct _router_hold:
+    fb_router *r
+    fb_lock *lock
+
+ctypedef void (*_hold_fn)(void *arg, uint32_t link, int held) noexcept nogil
+
+
 cdef class Router:
     cdef fb_router *_r
+    cdef _router_hold _hold
     cdef Trie _trie
     cdef fb_decode_limits _lim
     cdef fb_lock _lock
@@ -25,6 +34,9 @@ cdef class Router:
     cdef int dp_take(self, uint32_t link, uint64_t now, unsigned char **buf, size_t *len) noexcept nogil
     cdef uint64_t dp_deadline(self) noexcept nogil
     cdef void dp_hold(self, uint32_t link, int held) noexcept nogil
+    # dp_hold as a C function and its argument, for C that holds links
+    # itself (csrc/fb_links.h's hold hook); valid while the Router lives.
+    cdef void dp_hold_hook(self, _hold_fn *fn, void **arg) noexcept nogil
     cdef void dp_set_held_hook(self, fb_router_held_fn fn, void *arg) noexcept nogil
     # A held group's backlog, the router's lock held until dp_unlock
     # (the caller reads it meanwhile, without the GIL).

@@ -26,6 +26,14 @@ cdef list _router_links(Router self, bint only_due, uint64_t now):
         PyMem_Free(buf)
 
 
+cdef void _dp_hold(void *arg, uint32_t link, int held) noexcept nogil:
+    # Router.dp_hold for C (dp_hold_hook): ``arg`` is the Router's _hold.
+    cdef _router_hold *h = <_router_hold *>arg
+    _lock_nogil(h.lock)
+    fb_router_hold(h.r, link, held)
+    fb_lock_release(h.lock)
+
+
 cdef class Router:
     """A broker's routing step: received batches into per-link outboxes.
 
@@ -64,6 +72,8 @@ cdef class Router:
         self._r = fb_router_new(&lim)
         if self._r is NULL:
             raise MemoryError("cannot allocate a router")
+        self._hold.r = self._r
+        self._hold.lock = &self._lock
 
     def __dealloc__(self):
         if self._r is not NULL:
@@ -556,6 +566,10 @@ cdef class Router:
         _lock_nogil(&self._lock)
         fb_router_hold(self._r, link, held)
         fb_lock_release(&self._lock)
+
+    cdef void dp_hold_hook(self, _hold_fn *fn, void **arg) noexcept nogil:
+        fn[0] = _dp_hold
+        arg[0] = &self._hold
 
     cdef void dp_set_held_hook(self, fb_router_held_fn fn, void *arg) noexcept nogil:
         _lock_nogil(&self._lock)

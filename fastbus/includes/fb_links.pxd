@@ -52,6 +52,8 @@ cdef extern from "fb_links.h" nogil:
         uint32_t link
         uint32_t value
 
+    ctypedef void (*fb_links_hold_fn)(void *arg, uint32_t link, int held) noexcept nogil
+
     ctypedef struct fb_links:
         fb_link *at
         uint32_t n
@@ -70,6 +72,8 @@ cdef extern from "fb_links.h" nogil:
         uint8_t flow_asked
         uint32_t nholding
         uint64_t dropped_slow
+        fb_links_hold_fn hold
+        void *hold_arg
 
     int fb_links_init(fb_links *t)
     void fb_links_free(fb_links *t, const fb_zmq_msg_calls *z)
@@ -79,6 +83,9 @@ cdef extern from "fb_links.h" nogil:
     void fb_links_unname(fb_links *t, uint32_t link)
     int fb_links_block(fb_links *t, uint32_t link)
     int fb_links_unblock(fb_links *t, uint32_t link)
+    void fb_links_detach(fb_links *t, uint32_t link)
+    void fb_links_reset(fb_links *t, uint32_t link, const fb_zmq_msg_calls *z)
+    void fb_links_lose(fb_links *t, uint32_t link, uint32_t kind, uint32_t value, const fb_zmq_msg_calls *z)
     void fb_links_mark_dirty(fb_links *t, uint32_t link)
     void fb_links_event(fb_links *t, uint32_t kind, uint32_t link, uint32_t value)
     int fb_links_has_event(const fb_links *t, uint32_t kind, uint32_t link)
