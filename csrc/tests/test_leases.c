@@ -11,28 +11,7 @@
 #include "fb_leases.h"
 #include "fb_protocol.h"
 
-/* Messages: a test's own (malloc'd). */
-typedef struct { void *data; size_t size; } fake;
-static int live;
-static int m_init(fb_zmq_msg *m) { memset(m, 0, sizeof(fake)); return 0; }
-static int m_init_size(fb_zmq_msg *m, size_t n)
-{
-    fake *f = (fake *)m;
-    f->data = malloc(n ? n : 1);
-    if (!f->data) return -1;
-    f->size = n;
-    live++;
-    return 0;
-}
-static int m_close(fb_zmq_msg *m)
-{
-    fake *f = (fake *)m;
-    if (f->data) { free(f->data); live--; }
-    memset(f, 0, sizeof(*f));
-    return 0;
-}
-static void *m_data(fb_zmq_msg *m) { return ((fake *)m)->data; }
-static const fb_zmq_msg_calls Z = {m_init, m_init_size, m_close, m_data, NULL};
+#include "fake_msg.h"
 
 /* The socket: frames sent, and what it answers. */
 static char sent[16][80];

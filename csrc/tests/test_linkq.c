@@ -9,31 +9,7 @@
 #include "fb_linkq.h"
 #include "fb_protocol.h"
 
-typedef struct { void *data; size_t size; } fake;   /* what a test message holds */
-
-static int live;                                     /* messages with memory, not closed */
-
-static int m_init(fb_zmq_msg *m) { ((fake *)m)->data = NULL; ((fake *)m)->size = 0; return 0; }
-static int m_init_size(fb_zmq_msg *m, size_t n)
-{
-    fake *f = (fake *)m;
-    f->data = malloc(n ? n : 1);
-    if (!f->data) return -1;
-    f->size = n;
-    live++;
-    return 0;
-}
-static int m_close(fb_zmq_msg *m)
-{
-    fake *f = (fake *)m;
-    if (f->data) { free(f->data); live--; }
-    f->data = NULL;
-    f->size = 0;
-    return 0;
-}
-static void *m_data(fb_zmq_msg *m) { return ((fake *)m)->data; }
-
-static const fb_zmq_msg_calls Z = {m_init, m_init_size, m_close, m_data, NULL};   /* (no test here takes a batch without a copy) */
+#include "fake_msg.h"
 
 /* A data entry of `records` records and a batch of `n` bytes. */
 static fb_qentry *data_entry(uint64_t records, size_t n)

@@ -11,42 +11,7 @@
 #include "ctest.h"
 #include "fb_links.h"
 
-typedef struct { void *data; size_t size; void (*ffn)(void *, void *); void *hint; } fake;
-static int live;                                     /* messages holding memory, not closed */
-static int m_init(fb_zmq_msg *m) { memset(m, 0, sizeof(fake)); return 0; }
-static int m_init_size(fb_zmq_msg *m, size_t n)
-{
-    fake *f = (fake *)m;
-    memset(f, 0, sizeof(*f));
-    f->data = malloc(n ? n : 1);
-    if (!f->data) return -1;
-    f->size = n;
-    live++;
-    return 0;
-}
-static int m_init_data(fb_zmq_msg *m, void *data, size_t n, void (*ffn)(void *, void *), void *hint)
-{
-    fake *f = (fake *)m;
-    f->data = data;
-    f->size = n;
-    f->ffn = ffn;
-    f->hint = hint;
-    live++;
-    return 0;
-}
-static int m_close(fb_zmq_msg *m)
-{
-    fake *f = (fake *)m;
-    if (f->data) {
-        if (f->ffn) f->ffn(f->data, f->hint);
-        else free(f->data);
-        live--;
-    }
-    memset(f, 0, sizeof(*f));
-    return 0;
-}
-static void *m_data(fb_zmq_msg *m) { return ((fake *)m)->data; }
-static const fb_zmq_msg_calls Z = {m_init, m_init_size, m_close, m_data, m_init_data};
+#include "fake_msg.h"
 
 /* A routing id as the Listener makes them: five bytes, a counter. */
 static size_t ident(uint8_t *out, uint32_t k)
