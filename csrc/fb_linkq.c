@@ -105,11 +105,13 @@ void fb_linkq_clear(const fb_zmq_msg_calls *z, fb_linkq *q)
 
 uint64_t fb_linkq_drop_data(const fb_zmq_msg_calls *z, fb_linkq *q, size_t limit)
 {
-    fb_qentry *e = q->head, *prev = NULL;
+    fb_qentry *e = q->head, *prev = NULL, *newest = NULL;
     uint64_t dropped = 0;
+    for (fb_qentry *x = q->head; x; x = x->next)
+        if (x->records) newest = x;
     while (e && q->bytes > limit) {
         fb_qentry *next = e->next;
-        if (e->records && !e->done) {
+        if (e->records && !e->done && e != newest) {
             unlink_entry(q, prev, e);
             dropped += e->records;
             fb_qentry_free(z, e);

@@ -10,8 +10,8 @@
  * one queue, which touch no socket.  Two rules live here:
  *
  * - Data may be dropped to fit a bound (fb_linkq_drop_data), the oldest
- *   first and counted exactly in `lost`; control messages never are (the
- *   protocol breaks without them).
+ *   first and counted exactly in `lost`, never the newest batch; control
+ *   messages never are (the protocol breaks without them).
  * - A control message that a later one of its kind makes moot (a WANT
  *   reset, a FLOW) collapses into one mark per kind (fb_linkq_collapse),
  *   where the first such message waited: what goes when the mark reaches
@@ -113,8 +113,11 @@ void fb_linkq_pop(const fb_zmq_msg_calls *z, fb_linkq *q);
 void fb_linkq_clear(const fb_zmq_msg_calls *z, fb_linkq *q);
 
 /* Drop the oldest data entries (none partly sent) until the queue holds at
- * most `limit` bytes; control messages and marks stay.  The records
- * dropped, also added to `lost`. */
+ * most `limit` bytes; control messages and marks stay, and so does the
+ * newest data entry (a batch larger than the bound by itself: what a
+ * consumer that falls behind gets is always the newest, and the queue's
+ * bound is `limit` and one batch).  The records dropped, also added to
+ * `lost`. */
 uint64_t fb_linkq_drop_data(const fb_zmq_msg_calls *z, fb_linkq *q, size_t limit);
 
 /* A control message of command `cmd` that a later one of its kind makes

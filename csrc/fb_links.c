@@ -358,6 +358,12 @@ int fb_links_enforce(fb_links *t, uint32_t link, const fb_zmq_msg_calls *z)
     if (t->disconnect && s->session) return FB_KICK_SLOW;
     t->dropped_slow += fb_linkq_drop_data(z, &s->q, t->max_queue);
     if (s->q.bytes <= t->max_queue) return FB_KEPT;
+    /* Still over: the newest batch is kept whatever its size; over with
+     * control messages alone, the peer reads nothing at all. */
+    size_t data = 0;
+    for (const fb_qentry *e = s->q.head; e; e = e->next)
+        if (e->records) data += e->size;
+    if (s->q.bytes - data <= t->max_queue) return FB_KEPT;
     if (s->session) return FB_KICK_CONTROL;
     if (!s->overflowed) {
         s->overflowed = 1;

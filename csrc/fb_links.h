@@ -248,7 +248,7 @@ void fb_links_drained(fb_links *t, uint32_t link);
 
 /* The policy on a queue that just grew past nothing or past max_queue:
  * FB_KEPT (within it, its oldest data dropped and counted in lost and
- * dropped_slow if need be; a link without a session whose control
+ * dropped_slow if need be, the newest batch kept whatever its size; a link without a session whose control
  * messages alone are over it is reported once, FB_EVENT_OVERFLOW), or a
  * session to disconnect: FB_KICK_SLOW (the policy is "disconnect"),
  * FB_KICK_CONTROL (its control messages alone are over the bound). */

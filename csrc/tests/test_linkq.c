@@ -15,9 +15,9 @@
 static fb_qentry *data_entry(uint64_t records, size_t n)
 {
     fb_qentry *e = fb_qentry_new(&Z, 3);
-    unsigned char batch[512];
+    static unsigned char batch[8192];
     memset(batch, 'x', sizeof batch);
-    CHECK(e != NULL);
+    REQUIRE(e != NULL && n <= sizeof batch);
     CHECK_EQ(fb_qentry_frame(&Z, e, 0, FB_CMD_DATA_S, 1), 0);
     CHECK_EQ(fb_qentry_frame(&Z, e, 1, "12345678", 8), 0);
     CHECK_EQ(fb_qentry_frame(&Z, e, 2, batch, n), 0);
@@ -73,14 +73,31 @@ static void test_data_dropped_oldest_first_control_kept(void)
     CHECK(q.head->next == sending);
     CHECK_EQ(q.tail->records, 40);
     CHECK_EQ(q.bytes, FB_Q_ENTRY_BYTES + 2 + 2 * entry);
-    /* Nothing left to drop but what is being sent and the control message. */
+    /* Nothing left to drop: what is being sent, the control message and
+     * the newest batch stay (a consumer that falls behind gets the newest). */
     dropped = fb_linkq_drop_data(&Z, &q, 0);
-    CHECK_EQ(dropped, 40);
-    CHECK_EQ(q.lost, 70);
-    CHECK(q.tail == sending);
-    CHECK(q.head->next == sending && sending->next == NULL);
+    CHECK_EQ(dropped, 0);
+    CHECK_EQ(q.lost, 30);
+    CHECK_EQ(q.tail->records, 40);
+    CHECK(q.head->next == sending && sending->next == q.tail);
     fb_linkq_clear(&Z, &q);
     CHECK_EQ(q.lost, 0);
+    CHECK_EQ(live, 0);
+}
+
+static void test_a_batch_over_the_bound_by_itself_is_the_one_kept(void)
+{
+    /* A held link's batch grows to the outbox's limit, which may be over
+     * the queue's bound: what was queued before goes, the newest stays. */
+    fb_linkq q = {0};
+    fb_linkq_push(&q, data_entry(5, 100));
+    fb_linkq_push(&q, data_entry(7, 100));
+    fb_linkq_push(&q, data_entry(4096, 5000));
+    uint64_t dropped = fb_linkq_drop_data(&Z, &q, 1000);
+    CHECK_EQ(dropped, 12);
+    CHECK_EQ(q.lost, 12);
+    CHECK(q.head == q.tail && q.head->records == 4096);
+    fb_linkq_clear(&Z, &q);
     CHECK_EQ(live, 0);
 }
 
@@ -142,6 +159,7 @@ int main(void)
 {
     RUN(test_bytes_counted_and_popped_in_order);
     RUN(test_data_dropped_oldest_first_control_kept);
+    RUN(test_a_batch_over_the_bound_by_itself_is_the_one_kept);
     RUN(test_wants_and_flows_collapse_into_one_mark_each);
     RUN(test_entries_of_no_and_many_frames);
     CTEST_END();

@@ -275,6 +275,12 @@ static void test_bound_drops_oldest_data_or_says_kick(void)
     for (const fb_qentry *e = t.at[1].q.head; e; e = e->next) kept += e->records;
     CHECK_EQ(kept + t.dropped_slow, 10 + 11 + 12 + 13 + 14);
     CHECK_EQ(t.at[1].q.tail->records, 14);
+    /* One batch over the bound by itself (a held link's full outbox) is
+     * kept, not taken for control messages the peer does not read. */
+    t.at[6].session = 1;
+    fb_links_push(&t, 6, data(4096, 30000));
+    CHECK_EQ(fb_links_enforce(&t, 6, &Z), FB_KEPT);
+    CHECK(t.at[6].q.head != NULL && t.at[6].q.head->records == 4096);
     /* Control messages alone over the bound: a session is to be kicked ... */
     for (int i = 0; i < 5; i++) fb_links_push(&t, 2, data(0, 3000));   /* records 0: control */
     t.at[2].session = 1;

@@ -26,7 +26,9 @@ outbox is then sent only when full, so what arrives meanwhile forms its
 next batch.  The relay retries the queues as the socket reports room (its
 commands' descriptor, at least every millisecond).  Past
 ``max_queue_bytes`` the slow-consumer policy applies: drop the oldest data
-batches (reported with GAP) or disconnect.  Before that, flow control asks
+batches (reported with GAP; never the newest, whatever its size: a held
+link's batch grows to max_bytes, and a queue holds at most
+max_queue_bytes and that one batch) or disconnect.  Before that, flow control asks
 the publishing clients to pause (FLOW) while any queue holds more than
 ``flow_bytes``, and to resume when all are down to a quarter of it.
 
