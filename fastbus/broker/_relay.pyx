@@ -82,14 +82,14 @@ from fastbus.includes.fb_journal cimport (fb_journal, fb_journal_append, fb_jour
 from fastbus.includes.fb_protocol cimport *
 from fastbus.includes.fb_leases cimport (fb_leases, fb_leases_grant, fb_leases_pong, fb_leases_set, FB_INSTANCE_MAX,
                                         FB_PONG_GONE, FB_PONG_NOT, FB_PONG_QUEUED)
-from fastbus.includes.fb_links cimport (fb_link, fb_links, fb_links_block, fb_links_event, fb_links_find,
-                                       fb_links_forget_events, fb_links_free, fb_links_has_event, fb_links_init,
-                                       fb_links_mark_dirty, fb_links_name, fb_links_detach, fb_links_reset, fb_links_lose,
-                                       fb_links_hold_fn, fb_links_replay, fb_links_ask_flow, fb_links_drained,
-                                       fb_links_enforce, fb_links_exempt, fb_links_push, fb_links_release,
-                                       FB_KEPT, FB_KICK_SLOW, FB_KICK_CONTROL, FB_EVENT_WANT, FB_EVENT_FLOW,
-                                       FB_EVENT_SLOW, FB_EVENT_GONE, FB_EVENT_OVERFLOW, FB_EVENT_DETACHED, fb_links_reserve, fb_links_unblock, fb_links_unname,
-                                       FB_LINK_IDENT_MAX, FB_LINKS_MAX)
+from fastbus.includes.fb_links cimport (fb_link, fb_links, fb_links_ask_flow, fb_links_block, fb_links_detach,
+                                        fb_links_drained, fb_links_enforce, fb_links_event, fb_links_exempt,
+                                        fb_links_find, fb_links_free, fb_links_hold_fn, fb_links_init, fb_links_lose,
+                                        fb_links_mark_dirty, fb_links_name, fb_links_push, fb_links_replay,
+                                        fb_links_reserve, fb_links_reset, fb_links_unblock, fb_links_unname,
+                                        FB_EVENT_DETACHED, FB_EVENT_FLOW, FB_EVENT_GONE, FB_EVENT_OVERFLOW,
+                                        FB_EVENT_SLOW, FB_EVENT_WANT, FB_KEPT, FB_KICK_SLOW, FB_LINKS_MAX,
+                                        FB_LINK_IDENT_MAX)
 from fastbus.includes.fb_linkq cimport (fb_linkq, fb_linkq_clear, fb_linkq_collapse, fb_linkq_drop_data, fb_linkq_pop,
                                         fb_linkq_push, fb_linkq_push_front, fb_qentry, fb_qentry_frame, fb_qentry_free,
                                         fb_qentry_new, fb_qentry_own,
