@@ -514,8 +514,8 @@ def _add_broker_parser(sub) -> None:
                         "0: no linger, each batch leaves as soon as the broker has read what "
                         "arrived (default: %(default)s)")
     g.add_argument("--max-queue-bytes", type=positive, default=32 << 20,
-                   help="bytes queued for a slow subscriber before --slow-policy applies (drop keeps its "
-                        "newest batch whatever its size) (default: %(default)s)")
+                   help="bytes queued for a slow subscriber before --slow-policy applies (at least twice "
+                        "--max-bytes; drop keeps its newest batch) (default: %(default)s)")
     g.add_argument("--slow-policy", choices=["drop", "disconnect"], default="drop",
                    help="slow subscriber: drop its oldest batches (with a gap notice) or disconnect it "
                         "(default: %(default)s)")

@@ -439,7 +439,7 @@ def test_a_plain_zeromq_sub_that_falls_behind_loses_the_oldest_and_the_rest_in_o
     plain ZeroMQ has no GAP), and what they read afterwards is every
     message that was kept, in order, none twice."""
     xpub = f"tcp://127.0.0.1:{free_port()}"
-    b = brokers("--zmq-pub", xpub, "--max-queue-bytes", "200000", "--flow-pause-bytes", "0")
+    b = brokers("--zmq-pub", xpub, "--max-queue-bytes", "200000", "--max-bytes", "65536", "--flow-pause-bytes", "0")
     ctx = zmq.Context.instance()
     sub = ctx.socket(zmq.SUB)
     sub.linger = 0

@@ -279,6 +279,7 @@ def test_a_broker_with_a_malformed_endpoint_is_refused_as_the_client_refuses_it(
 def test_other_broker_settings_that_cannot_work_are_fastbus_errors():
     from fastbus.errors import InvalidConfig
     for kw, word in [({"slow_policy": "nope"}, "slow_policy"), ({"max_bytes": 0}, "max_bytes"),
+                     ({"max_queue_bytes": 200_000}, "max_queue_bytes .200,000. must be at least twice max_bytes"),
                      ({"allow_brokers": ["nope"]}, "allow_brokers"), ({"http": "nope"}, "http")]:
         with pytest.raises(InvalidConfig, match=word) as info:
             fastbus.Broker(**kw)

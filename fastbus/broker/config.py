@@ -233,6 +233,12 @@ class BrokerConfig:
                      "max_message_bytes", "max_subscriptions"):
             if getattr(self, name) <= 0:
                 raise InvalidConfig(f"{name} must be positive")
+        if self.max_queue_bytes < 2 * self.max_bytes:
+            # A blocked subscriber's batch grows to max_bytes: a bound that
+            # cannot hold two would drop (or disconnect) on the first one.
+            raise InvalidConfig(f"max_queue_bytes ({self.max_queue_bytes:,}) must be at least twice max_bytes "
+                                f"({self.max_bytes:,}): a subscriber that falls behind is sent batches of up to "
+                                f"max_bytes, and its queue must hold two")
         if self.max_payload + self.max_topic + P.FRAME_MARGIN > self.max_message_bytes:
             # A larger one could not arrive: its frame closes the connection.
             raise InvalidConfig(f"max_payload {self.max_payload:,} (with max_topic {self.max_topic:,}) is more than a "
